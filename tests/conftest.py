@@ -1,0 +1,104 @@
+"""Shared fixtures: an isolated $TPUNB_HOME, a real IPython shell with tpunb loaded, slices."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from IPython.utils.capture import capture_output
+
+from tpunb import api
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory, monkeypatch):
+    """Tests never read or write the user's ~/.tpunb, gcloud or ssh configuration."""
+    home = tmp_path_factory.mktemp("tpunb-home")
+    monkeypatch.setenv("TPUNB_HOME", str(home))
+    for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE", "TPUNB_TPU_API_ENDPOINT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
+    yield home
+    api.detach_all()
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """A real IPython InteractiveShell with %load_ext tpunb, as a notebook kernel has."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_cell("%load_ext tpunb")
+    return shell
+
+
+@dataclasses.dataclass
+class CellRun:
+    """What a cell printed and displayed, and the exception it ended with (if any)."""
+
+    result: object
+    stdout: str
+    stderr: str
+    outputs: list
+    seconds: float
+
+    @property
+    def error(self):
+        return self.result.error_in_exec or self.result.error_before_exec
+
+    @property
+    def shown(self) -> str:
+        """Everything a notebook user would read: streams, displays' text, and the traceback."""
+        texts = [o.data.get("text/plain", "") for o in self.outputs]
+        return "\n".join([self.stdout, self.stderr, *texts])
+
+
+def run_cell(shell, code: str) -> CellRun:
+    started = time.perf_counter()
+    with capture_output() as captured:
+        result = shell.run_cell(code)
+    return CellRun(result, captured.stdout, captured.stderr, captured.outputs, time.perf_counter() - started)
+
+
+@pytest.fixture
+def cell(ip):
+    return lambda code: run_cell(ip, code)
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    """Wait until predicate() is true: polls a condition, never sleeps a guessed amount."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        threading.Event().wait(0.01)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_for_files(directory: Path, names: list[str], timeout: float = 60.0) -> None:
+    wait_for(lambda: all((directory / n).exists() for n in names), timeout, f"files {names} in {directory}")
+
+
+@pytest.fixture
+def flags(tmp_path):
+    """A directory where host code drops marker files the test waits on."""
+    d = tmp_path / "flags"
+    d.mkdir()
+    return d
+
+
+def interrupt_kernel_when(condition, timeout: float = 60.0) -> dict:
+    """From another thread, send SIGINT to this process (what Jupyter's interrupt does) once condition holds."""
+    sent: dict = {}
+
+    def watch():
+        wait_for(condition, timeout, "hosts to reach the interrupt point")
+        sent["at"] = time.perf_counter()
+        os.kill(os.getpid(), 2)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return sent

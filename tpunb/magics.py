@@ -1,0 +1,117 @@
+"""IPython magics: parse the arguments, make one call into the Python API, render the answer."""
+from __future__ import annotations
+
+import shlex
+
+from IPython.core.error import UsageError as IPythonUsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from tpunb import api
+from tpunb.display import MODES, render_values
+from tpunb.errors import UsageError
+
+
+def _parse(magic, line: str):
+    """magic_arguments parsing whose errors are one line plus the magic's usage."""
+    try:
+        return parse_argstring(magic, line)
+    except (IPythonUsageError, SystemExit, ValueError) as exc:
+        usage = " ".join(magic.parser.format_usage().replace("::", "").split())
+        if getattr(magic, "__name__", "") == "on_tpu":
+            usage = "%" + usage
+        raise UsageError(f"{exc}. Usage: {usage}") from None
+
+
+@magics_class
+class TpuMagics(Magics):
+    @magic_arguments()
+    @argument("accelerator", help="accelerator type, e.g. v4-16, v5litepod-8, v6e-16")
+    @argument("--name", help="slice name (default: the accelerator type)")
+    @argument("--backend", choices=api.BACKENDS, help="where hosts come from (default: local)")
+    @argument("--env", nargs="+", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
+    @line_magic
+    def tpu_launch(self, line: str):
+        """Launch a slice and connect to every host: %tpu_launch v4-16 [--name N] [--backend local]."""
+        args = _parse(self.tpu_launch, line)
+        api.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env)
+
+    @magic_arguments()
+    @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3 (Python slice)")
+    @argument("--timeout", type=float, default=None, help="interrupt the cell on every host after S seconds")
+    @argument("--output", choices=MODES, default="grouped", help="grouped: identical lines once; all; first")
+    @argument("--slice", dest="slice_name", default=None, help="run on this slice instead of the current one")
+    @cell_magic
+    def on_tpu(self, line: str, cell: str):
+        """Run the cell on every host of the slice at once."""
+        args = _parse(self.on_tpu, line)
+        sl = api.current(args.slice_name)
+        if not cell.strip():
+            return
+        result = sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output)
+        render_values(result, args.output, sl.num_hosts)
+        result.raise_for_status()
+
+    @magic_arguments()
+    @argument("name")
+    @line_magic
+    def tpu_use(self, line: str):
+        """Attach a slice by name (after a kernel restart, or to switch slices)."""
+        args = _parse(self.tpu_use, line)
+        sl = api.use(args.name)
+        print(f"current slice: {sl.name} ({sl.accelerator.name}, {sl.num_hosts} hosts, {sl.backend})")
+
+    @magic_arguments()
+    @argument("name", nargs="?", default=None)
+    @argument("--all", action="store_true", help="every known slice")
+    @line_magic
+    def tpu_down(self, line: str):
+        """Delete a slice (default: the current one); deleting twice is fine."""
+        args = _parse(self.tpu_down, line)
+        if args.name and args.all:
+            raise UsageError("give a NAME or --all, not both. usage: %tpu_down [NAME] [--all]")
+        deleted = api.down(args.name, all=args.all)
+        if deleted:
+            print(f"deleted {', '.join(deleted)}")
+        else:
+            print(f"{args.name or 'no slices'}: nothing to delete (already down)")
+
+    @line_magic
+    def tpu_status(self, line: str):
+        """Slices and their hosts as a DataFrame."""
+        if line.strip():
+            raise UsageError("%tpu_status takes no arguments")
+        return api.status()
+
+    @magic_arguments()
+    @argument("names", nargs="+", help="notebook variables to send")
+    @argument("--hosts", default=None)
+    @argument("--slice", dest="slice_name", default=None)
+    @line_magic
+    def tpu_push(self, line: str):
+        """Send notebook variables to the hosts under the same names."""
+        args = _parse(self.tpu_push, line)
+        namespace = self.shell.user_ns
+        missing = [n for n in args.names if n not in namespace]
+        if missing:
+            raise UsageError(f"not defined in this notebook: {', '.join(missing)}")
+        api.current(args.slice_name).push({n: namespace[n] for n in args.names}, hosts=args.hosts)
+
+    @magic_arguments()
+    @argument("name", help="variable to fetch")
+    @argument("--host", type=int, default=None, help="only this host: the value itself instead of {host: value}")
+    @argument("--slice", dest="slice_name", default=None)
+    @line_magic
+    def tpu_pull(self, line: str):
+        """Fetch a variable from the hosts into the notebook: {host: value}, or one host's value."""
+        args = _parse(self.tpu_pull, line)
+        sl = api.current(args.slice_name)
+        values = sl.pull(args.name, hosts=None if args.host is None else [args.host])
+        value = values[sl.num_hosts + args.host if args.host is not None and args.host < 0 else args.host] \
+            if args.host is not None else values
+        self.shell.user_ns[args.name] = value
+        return value
+
+
+def split_line(line: str) -> list[str]:
+    return shlex.split(line)

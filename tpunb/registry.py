@@ -1,0 +1,144 @@
+"""What tpunb remembers between kernels: slices, their hosts, and known host keys.
+
+A small sqlite file under $TPUNB_HOME (default ~/.tpunb). It holds no secrets: environment
+values given with --env and private keys never go here, only their names and paths.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS slices (
+    name TEXT PRIMARY KEY,
+    accelerator TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created REAL NOT NULL,
+    owner_pid INTEGER,
+    spec TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS hosts (
+    slice TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    address TEXT NOT NULL,
+    info TEXT NOT NULL DEFAULT '{}',
+    PRIMARY KEY (slice, idx)
+);
+CREATE TABLE IF NOT EXISTS host_keys (
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    key_type TEXT NOT NULL,
+    key TEXT NOT NULL,
+    added REAL NOT NULL,
+    PRIMARY KEY (host, port)
+);
+"""
+
+
+def tpunb_home() -> Path:
+    """$TPUNB_HOME, or ~/.tpunb; created on first use with owner-only permissions."""
+    home = Path(os.environ.get("TPUNB_HOME") or Path.home() / ".tpunb")
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return home
+
+
+@dataclass
+class HostRecord:
+    index: int
+    address: str
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class SliceRecord:
+    name: str
+    accelerator: str
+    backend: str
+    state: str
+    created: float = field(default_factory=time.time)
+    owner_pid: int | None = None
+    spec: dict = field(default_factory=dict)
+    hosts: list[HostRecord] = field(default_factory=list)
+
+
+class Registry:
+    """sqlite-backed store; each call opens its own short transaction so kernels can share it."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = Path(path) if path else tpunb_home() / "registry.db"
+        with self._connect() as db:
+            db.executescript(SCHEMA)
+        os.chmod(self.path, 0o600)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=10)
+        db.row_factory = sqlite3.Row
+        return db
+
+    def save_slice(self, record: SliceRecord) -> None:
+        with self._connect() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO slices VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (record.name, record.accelerator, record.backend, record.state, record.created,
+                 record.owner_pid, json.dumps(record.spec)),
+            )
+            db.execute("DELETE FROM hosts WHERE slice = ?", (record.name,))
+            db.executemany(
+                "INSERT INTO hosts VALUES (?, ?, ?, ?)",
+                [(record.name, h.index, h.address, json.dumps(h.info)) for h in record.hosts],
+            )
+
+    def set_state(self, name: str, state: str, owner_pid: int | None = None) -> None:
+        with self._connect() as db:
+            db.execute("UPDATE slices SET state = ?, owner_pid = ? WHERE name = ?", (state, owner_pid, name))
+
+    def get_slice(self, name: str) -> SliceRecord | None:
+        with self._connect() as db:
+            row = db.execute("SELECT * FROM slices WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return None
+            hosts = db.execute("SELECT * FROM hosts WHERE slice = ? ORDER BY idx", (name,)).fetchall()
+        return self._record(row, hosts)
+
+    def list_slices(self) -> list[SliceRecord]:
+        with self._connect() as db:
+            rows = db.execute("SELECT * FROM slices ORDER BY created").fetchall()
+            hosts = db.execute("SELECT * FROM hosts ORDER BY slice, idx").fetchall()
+        by_slice: dict[str, list] = {}
+        for h in hosts:
+            by_slice.setdefault(h["slice"], []).append(h)
+        return [self._record(r, by_slice.get(r["name"], [])) for r in rows]
+
+    def delete_slice(self, name: str) -> bool:
+        with self._connect() as db:
+            db.execute("DELETE FROM hosts WHERE slice = ?", (name,))
+            return db.execute("DELETE FROM slices WHERE name = ?", (name,)).rowcount > 0
+
+    @staticmethod
+    def _record(row: sqlite3.Row, hosts: list) -> SliceRecord:
+        return SliceRecord(
+            name=row["name"], accelerator=row["accelerator"], backend=row["backend"],
+            state=row["state"], created=row["created"], owner_pid=row["owner_pid"],
+            spec=json.loads(row["spec"]),
+            hosts=[HostRecord(h["idx"], h["address"], json.loads(h["info"])) for h in hosts],
+        )
+
+    # Known host keys (trust on first use, checked on every later connection).
+    def get_host_key(self, host: str, port: int) -> tuple[str, str] | None:
+        """(key type, base64 key) recorded for host:port, or None if never seen."""
+        with self._connect() as db:
+            row = db.execute("SELECT key_type, key FROM host_keys WHERE host = ? AND port = ?", (host, port)).fetchone()
+        return (row["key_type"], row["key"]) if row else None
+
+    def set_host_key(self, host: str, port: int, key_type: str, key: str) -> None:
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO host_keys VALUES (?, ?, ?, ?, ?)", (host, port, key_type, key, time.time()))
+
+    def forget_host_key(self, host: str, port: int) -> bool:
+        with self._connect() as db:
+            return db.execute("DELETE FROM host_keys WHERE host = ? AND port = ?", (host, port)).rowcount > 0

@@ -1,0 +1,213 @@
+"""Slice: a set of hosts with a persistent agent on each; what magics, widgets and users call."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable
+
+from tpunb import catalog
+from tpunb.display import CellOutput, HostLogs, MODES, format_hosts
+from tpunb.errors import CellInterrupted, TpunbError, UsageError
+from tpunb.registry import Registry, SliceRecord, tpunb_home
+from tpunb.results import RunResult
+from tpunb.session import OutputSink, Session
+from tpunb.transport.base import Transport
+
+
+def parse_hosts(spec: str | int | list[int] | None, num_hosts: int) -> list[int]:
+    """'all', '0', '0,2', '1:3' (Python slice: hosts 1 and 2), '-1', or a list -> host indices."""
+    if spec is None or (isinstance(spec, str) and spec.strip() in ("", "all")):
+        return list(range(num_hosts))
+    every = list(range(num_hosts))
+    hosts: list[int] = []
+    parts = [spec] if isinstance(spec, int) else (spec if isinstance(spec, (list, tuple)) else str(spec).split(","))
+    try:
+        for part in parts:
+            part = str(part).strip()
+            if ":" in part:
+                bits = [int(b) if b.strip() else None for b in part.split(":")]
+                if len(bits) > 3:
+                    raise ValueError(part)
+                chosen = every[slice(*bits)]
+                if not chosen:
+                    raise UsageError(f"--hosts {spec}: {part} selects no host (this slice has hosts 0-{num_hosts - 1})")
+                hosts.extend(chosen)
+            else:
+                index = int(part)
+                if not -num_hosts <= index < num_hosts:
+                    raise UsageError(f"--hosts {spec}: host {index} does not exist (this slice has hosts 0-{num_hosts - 1})")
+                hosts.append(every[index])
+    except ValueError:
+        raise UsageError(f"--hosts {spec}: use all, 0, 0,2 or 1:3") from None
+    return sorted(set(hosts))
+
+
+class Slice:
+    """A slice's hosts and their agents. Make one with tpunb.launch() or tpunb.use()."""
+
+    def __init__(self, record: SliceRecord, transports: list[Transport],
+                 host_init: Callable[[int, int], dict], registry: Registry) -> None:
+        self.record = record
+        self.accelerator = catalog.lookup(record.accelerator)
+        self.registry = registry
+        self._host_init = host_init
+        self._coordinator_port = 0
+        self.session = Session(transports, self._init_for_host)
+        self.logs = HostLogs(tpunb_home() / "logs" / record.name)
+        self.last_result: RunResult | None = None
+        self.started_at = time.time()
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def backend(self) -> str:
+        return self.record.backend
+
+    @property
+    def num_hosts(self) -> int:
+        return len(self.session.hosts)
+
+    def __repr__(self) -> str:
+        alive = sum(h.alive for h in self.session.hosts)
+        return (f"<Slice {self.name!r}: {self.accelerator.name} on {self.backend}, "
+                f"{alive}/{self.num_hosts} hosts up>")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def _init_for_host(self, index: int) -> dict:
+        return self._host_init(index, self._coordinator_port)
+
+    def connect(self, hosts: list[int] | None = None) -> None:
+        """Start the agents (all hosts, or these); a fresh JAX coordinator port for a full start."""
+        if hosts is None or len(hosts) == self.num_hosts:
+            from tpunb.provision.local import free_port
+
+            self._coordinator_port = free_port()
+            self.session.jax_started = False
+            hosts = None
+        self.session.start(hosts)
+
+    def revive(self, say: Callable[[str], None] | None = None) -> list[int]:
+        """Restart hosts whose agent died; returns the restarted hosts.
+
+        Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
+        started, every host restarts together.
+        """
+        dead = self.session.dead_hosts()
+        if not dead:
+            return []
+        say = say or (lambda text: print(text, file=sys.stderr))
+        if self.session.jax_started and self.num_hosts > 1:
+            restart = list(range(self.num_hosts))
+            why = (f"host {format_hosts(dead)} had died and JAX's distributed runtime cannot take a restarted "
+                   f"peer back, so all hosts {format_hosts(restart)} were restarted: their state was lost")
+            self.connect(None)
+        else:
+            restart = dead
+            why = f"host{'s' if len(dead) > 1 else ''} {format_hosts(dead)} had died and was restarted: its state was lost"
+            self.connect(dead)
+        say(f"[tpunb] {why}")
+        return restart
+
+    def delete(self) -> None:
+        """End every host process and forget the slice. Idempotent."""
+        self.session.close()
+        self.logs.close()
+        self.registry.delete_slice(self.name)
+
+    # -- cells --------------------------------------------------------------------------------
+    def run(self, code: str, hosts: str | list[int] | None = None, timeout: float | None = None,
+            output: str | None = "grouped", sink: OutputSink | None = None) -> RunResult:
+        """Run ``code`` on the hosts at once; live output as ``output`` says; per-host results.
+
+        Errors on hosts are in the result (``result.raise_for_status()`` raises them); only a
+        kernel interrupt raises here, after every host was interrupted.
+        """
+        if output is not None and output not in MODES:
+            raise UsageError(f"output must be one of {', '.join(MODES)}, not {output!r}")
+        if timeout is not None and timeout <= 0:
+            raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
+        indices = parse_hosts(hosts, self.num_hosts)
+        self.revive()
+        self._show_backlog()
+        if len(indices) < self.num_hosts and self.num_hosts > 1 and (self.session.jax_started or "jax" in code):
+            print(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {format_hosts(indices)} "
+                  f"of {self.num_hosts}: JAX collectives (jit over the whole slice, psum, ...) would hang "
+                  "waiting for the other hosts", file=sys.stderr)
+        if sink is None:
+            sink = CellOutput(indices, self.num_hosts, output, self.logs) if output else _LogOnly(self.logs)
+        self.logs.begin_cell(indices, code)
+        try:
+            results = self.session.execute(code, indices, timeout, sink)
+        except CellInterrupted as exc:
+            _finish(sink)
+            result = self.last_result = RunResult(exc.results)
+            notes = result.notes()
+            stopped = result.hosts_with("interrupted")
+            message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {format_hosts(stopped)}; their state is kept"
+                       if stopped else "interrupted")
+            error = CellInterrupted("; ".join([message] + [n for n in notes if "stopped cleanly" not in n]))
+            error.results = result
+            raise error from None
+        _finish(sink)
+        self.last_result = RunResult(results, timeout)
+        return self.last_result
+
+    def _show_backlog(self) -> None:
+        """Output hosts wrote between cells (background threads): shown, labelled, before the next cell."""
+        while not self.session.backlog.empty():
+            host, message, _ = self.session.backlog.get_nowait()
+            if message.get("op") == "stream":
+                self.logs.write(host, message["text"])
+                stream = sys.stderr if message.get("name") == "stderr" else sys.stdout
+                for line in message["text"].splitlines():
+                    stream.write(f"[{host}, between cells] {line}\n")
+
+    # -- data ---------------------------------------------------------------------------------
+    def push(self, values: dict[str, Any], hosts: str | list[int] | None = None) -> None:
+        """Set these names to these values in every chosen host's namespace."""
+        if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
+            raise UsageError("push takes a dict of {name: value} with valid Python names")
+        self.revive()
+        self.session.push(values, parse_hosts(hosts, self.num_hosts))
+
+    def pull(self, name: str, hosts: str | list[int] | None = None) -> dict[int, Any]:
+        """{host: value of ``name``} from every chosen host."""
+        self.revive()
+        replies = self.session.pull([name], parse_hosts(hosts, self.num_hosts))
+        return {host: values[name] for host, values in replies.items()}
+
+    # -- status -------------------------------------------------------------------------------
+    def status_rows(self, current: bool = False) -> list[dict]:
+        rows = []
+        for host in self.session.hosts:
+            record = self.record.hosts[host.index] if host.index < len(self.record.hosts) else None
+            rows.append({
+                "slice": self.name, "current": "*" if current else "", "accelerator": self.accelerator.name,
+                "backend": self.backend, "host": host.index,
+                "address": record.address if record else host.transport.address,
+                "state": "running" if host.alive else "dead",
+                "pid": host.info.get("pid"), "runner": host.info.get("runner"),
+                "uptime_s": round(time.time() - host.started_at, 1) if host.alive and host.started_at else None,
+            })
+        return rows
+
+
+class _LogOnly(OutputSink):
+    def __init__(self, logs: HostLogs) -> None:
+        self.logs = logs
+
+    def stream(self, host: int, name: str, text: str) -> None:
+        self.logs.write(host, text)
+
+    def finish(self) -> None:
+        self.logs.flush()
+
+
+def _finish(sink: OutputSink) -> None:
+    finish = getattr(sink, "finish", None)
+    if finish is not None:
+        finish()

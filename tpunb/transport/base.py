@@ -1,0 +1,54 @@
+"""The transport seam: start the agent on a host and carry its byte streams.
+
+A transport knows nothing of frames or cells. It starts one long-lived process per host
+session (``spawn``), gives the session a way to send bytes to it and read bytes back, and can
+signal the agent's process group on that host when a cell must be stopped the hard way.
+Everything else (interrupts, output, values) travels as frames over these two streams.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class AgentProcess(ABC):
+    """One running agent on one host, seen as two byte streams and a process group."""
+
+    @abstractmethod
+    def send(self, data: bytes) -> None:
+        """Write all of ``data`` to the agent's stdin; raise TransportError if it is gone."""
+
+    @abstractmethod
+    def recv_exact(self, n: int) -> bytes:
+        """Read exactly ``n`` bytes from the agent's stdout; fewer only at end of stream."""
+
+    @abstractmethod
+    def signal_group(self, pgid: int, sig: int) -> None:
+        """Deliver ``sig`` to the process group ``pgid`` on the agent's host (escalation)."""
+
+    @abstractmethod
+    def exit_status(self) -> int | None:
+        """How the agent ended (negative: killed by that signal), or None if unknown/running."""
+
+    @abstractmethod
+    def stderr_tail(self) -> str:
+        """The last lines the agent wrote to its own stderr: why it failed to start."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the streams and make sure the agent ends; idempotent."""
+
+
+class Transport(ABC):
+    """A way to start agents on one host."""
+
+    #: what the user would call this host ("127.0.0.2", "local pid 1234", ...)
+    address: str = ""
+    #: the Python interpreter to run on the host
+    python: str = "python3"
+
+    @abstractmethod
+    def spawn(self, argv: list[str]) -> AgentProcess:
+        """Start ``argv`` on the host with its stdin/stdout as the agent's streams."""
+
+    def close(self) -> None:
+        """Release connections held for this host; idempotent."""

@@ -1,0 +1,95 @@
+"""Agents as child processes of the kernel, over pipes: the simulated slice's transport."""
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from tpunb.errors import TransportError
+from tpunb.transport.base import AgentProcess, Transport
+
+
+class LocalAgentProcess(AgentProcess):
+    """A child process whose stdin/stdout carry frames and whose stderr is kept for diagnosis."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self._proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # Ctrl-C in a terminal must reach the kernel only
+            bufsize=0,
+        )
+        self.pid = self._proc.pid
+        self._stdout = self._proc.stdout
+        self._stderr_lines: collections.deque[str] = collections.deque(maxlen=40)
+        threading.Thread(target=self._drain_stderr, daemon=True, name=f"tpunb-stderr-{self.pid}").start()
+
+    def _drain_stderr(self) -> None:
+        for line in iter(self._proc.stderr.readline, b""):
+            self._stderr_lines.append(line.decode(errors="replace").rstrip("\n"))
+
+    def send(self, data: bytes) -> None:
+        try:
+            self._proc.stdin.write(data)
+        except (BrokenPipeError, ValueError, OSError) as exc:
+            raise TransportError(f"local host process {self.pid} is gone ({exc})") from None
+
+    def recv_exact(self, n: int) -> bytes:
+        chunks = []
+        while n:
+            try:
+                chunk = self._stdout.read(n)
+            except (ValueError, OSError):
+                chunk = b""
+            if not chunk:
+                break
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def signal_group(self, pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def exit_status(self) -> int | None:
+        return self._proc.poll()
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self._stderr_lines)
+
+    def close(self) -> None:
+        for stream in (self._proc.stdin,):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.signal_group(self.pid, signal.SIGKILL)
+            self._proc.wait()
+        self._stdout.close()
+
+
+class LocalTransport(Transport):
+    """Starts agents as child processes of this kernel."""
+
+    def __init__(self, label: str = "local", python: str | None = None) -> None:
+        self.address = label
+        self.python = python or sys.executable
+
+    def spawn(self, argv: list[str]) -> LocalAgentProcess:
+        env = dict(os.environ)
+        env.pop("PYTHONSTARTUP", None)
+        try:
+            return LocalAgentProcess(argv, env)
+        except OSError as exc:
+            raise TransportError(f"cannot start a local host process: {exc}") from None
