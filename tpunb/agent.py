@@ -23,6 +23,7 @@ import linecache
 import os
 import pickle
 import queue
+import re
 import select
 import signal
 import socket
@@ -82,9 +83,11 @@ class Channel:
 class OutputPump:
     """Turns everything written to fds 1 and 2 into stream frames tagged with the running cell."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, drop: str | None = None) -> None:
         self.channel = channel
         self.cell_id = None
+        self.drop = re.compile(drop) if drop else None  # noise the host runtime prints (simulated slices)
+        self._held: dict = {}
         self._lock = threading.Lock()
         self._streams = {}
         for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -104,7 +107,20 @@ class OutputPump:
                 with self._lock:
                     self._read(fd)
 
-    def _read(self, fd: int) -> None:
+    def _filter(self, fd: int, text: str, final: bool) -> str:
+        """Drop whole lines matching ``drop``; hold back a partial line that may become one."""
+        text = self._held.pop(fd, "") + text
+        lines = text.split("\n")
+        tail = lines.pop()
+        if tail and not final and self.drop.search(tail + " Rank peer ranks"):
+            self._held[fd] = tail
+            tail = ""
+        kept = [line + "\n" for line in lines if not self.drop.search(line)]
+        if tail and not self.drop.search(tail):
+            kept.append(tail)
+        return "".join(kept)
+
+    def _read(self, fd: int, final: bool = False) -> None:
         name, decoder = self._streams[fd]
         parts = []
         while True:
@@ -116,6 +132,8 @@ class OutputPump:
                 break
             parts.append(decoder.decode(data))
         text = "".join(parts)
+        if self.drop is not None:
+            text = self._filter(fd, text, final)
         if text:
             self.channel.send({"op": "stream", "id": self.cell_id, "name": name, "text": text})
 
@@ -128,7 +146,7 @@ class OutputPump:
                 pass
         with self._lock:
             for fd in self._streams:
-                self._read(fd)
+                self._read(fd, final=True)
 
 
 class NoStdin(io.TextIOBase):
@@ -300,8 +318,6 @@ class JaxStarter(importlib.abc.MetaPathFinder):
                 self.state = f"failed: {exc}"
                 self.agent.send_event("jax_failed", error=f"{type(exc).__name__}: {exc}")
                 raise
-        if self.config.get("warmup"):
-            _quietly(_sync_all_devices)
         original = distributed.initialize
 
         def initialize(*args, **kw):
@@ -320,7 +336,9 @@ class JaxStarter(importlib.abc.MetaPathFinder):
 
         def importer() -> None:
             try:
-                import jax  # noqa: F401 - the import hook does the work
+                import jax  # the import hook joins jax.distributed
+
+                jax.devices()  # and the backend: hosts exchange their topologies when it starts
             except Exception:
                 pass
 
@@ -385,7 +403,7 @@ class Agent:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        self.pump = OutputPump(self.channel)
+        self.pump = OutputPump(self.channel, init.get("drop_output"))
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stdin = NoStdin()
@@ -517,30 +535,6 @@ def _pickler():
         return cloudpickle
     except ImportError:
         return pickle
-
-
-def _sync_all_devices() -> None:
-    """One collective over every device right away: later cells don't pay for (or print) its set-up."""
-    from jax.experimental import multihost_utils
-
-    multihost_utils.sync_global_devices("tpunb-start")
-
-
-def _quietly(function) -> None:
-    """Run with fds 1 and 2 pointing at /dev/null: CPU collectives print connection chatter from C++."""
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    saved = [os.dup(1), os.dup(2)]
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-        function()
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in saved + [devnull]:
-            os.close(fd)
 
 
 def _children_in_group(pgid: int) -> list:

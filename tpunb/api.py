@@ -76,7 +76,8 @@ def _local_slice(record: SliceRecord, reg: Registry) -> Slice:
         env = {"TPUNB_HOST_INDEX": str(index), "TPUNB_NUM_HOSTS": str(num_hosts), "TPUNB_SLICE": record.name,
                "TPUNB_ACCELERATOR": accelerator.name, **local.host_environment(accelerator),
                **_env.get(record.name, {})}
-        return {"env": env, "cwd": os.getcwd(), "jax": local.jax_settings(num_hosts, index, coordinator_port)}
+        return {"env": env, "cwd": os.getcwd(), "jax": local.jax_settings(num_hosts, index, coordinator_port),
+                "drop_output": local.GLOO_CHATTER}
 
     return Slice(record, local.transports(record), host_init, reg)
 
@@ -118,6 +119,13 @@ def launch(accelerator: str, name: str | None = None, backend: str | None = None
 def _attach(sl: Slice) -> None:
     _attached[sl.name] = sl
     _current[:] = [sl.name]
+
+
+def detach(name: str) -> None:
+    """Forget an attached slice in this kernel (its hosts are ended by the caller)."""
+    _attached.pop(name, None)
+    if _current and _current[0] == name:
+        _current.clear()
 
 
 def use(name: str) -> Slice:

@@ -89,7 +89,8 @@ class LineMerger:
             for h in have:
                 groups.setdefault(self.lines[h].popleft(), []).append(h)
             out.extend((hosts, line) for line, hosts in groups.items())
-        self.oldest = self.clock() if any(self.lines.values()) else None
+        if out:  # the oldest waiting line is now younger: restart its clock
+            self.oldest = self.clock() if any(self.lines.values()) else None
         return out
 
 

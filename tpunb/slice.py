@@ -114,6 +114,9 @@ class Slice:
 
     def delete(self) -> None:
         """End every host process and forget the slice. Idempotent."""
+        from tpunb import api  # the kernel's set of attached slices must forget this one too
+
+        api.detach(self.name)
         self.session.close()
         self.logs.close()
         self.registry.delete_slice(self.name)

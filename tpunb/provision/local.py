@@ -43,11 +43,15 @@ def host_environment(accelerator: Accelerator) -> dict[str, str]:
     }
 
 
+#: CPU collectives (gloo) print a line per communicator from C++ threads, unconditionally and
+#: sometimes interleaved: any line with these fragments is noise on a simulated slice
+GLOO_CHATTER = r"\[Gloo\]|peer ranks"
+
+
 def jax_settings(num_hosts: int, index: int, coordinator_port: int) -> dict:
     """How the agent initializes jax.distributed: explicitly, over loopback."""
     return {
         "initialize": num_hosts > 1,
-        "warmup": num_hosts > 1,
         "kwargs": {"coordinator_address": f"127.0.0.1:{coordinator_port}", "num_processes": num_hosts,
                    "process_id": index, "initialization_timeout": 120},
     }

@@ -1,0 +1,107 @@
+"""Slice lifecycle: the registry, several slices, re-attaching after a kernel restart, down."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+import tpunb
+from tpunb import api
+from tpunb.errors import NoSliceError, UsageError
+from tpunb.registry import Registry
+
+
+def test_status_lists_slices_and_hosts_as_a_dataframe(cell, ip):
+    cell("%tpu_launch v4-16 --name alpha")
+    cell("%tpu_launch v4-8 --name beta")
+    run = cell("%tpu_status")
+    frame = ip.user_ns["_"]
+    assert list(frame["slice"]) == ["alpha", "alpha", "beta"]
+    assert list(frame["host"]) == [0, 1, 0]
+    assert list(frame["state"]) == ["running"] * 3
+    assert list(frame["current"]) == ["", "", "*"]  # the last launched is current
+    assert run.error is None
+
+
+def test_several_slices_and_slice_flag(cell):
+    cell("%tpu_launch v4-16 --name alpha")
+    cell("%tpu_launch v4-32 --name beta")
+    assert "Out[0-3]: 4" in cell("%%on_tpu\nimport os\nint(os.environ['TPUNB_NUM_HOSTS'])").shown
+    assert "Out[0-1]: 'alpha'" in cell("%%on_tpu --slice alpha\nimport os\nos.environ['TPUNB_SLICE']").shown
+    cell("%tpu_use alpha")
+    assert "Out[0-1]: 2" in cell("%%on_tpu\nimport os\nint(os.environ['TPUNB_NUM_HOSTS'])").shown
+
+
+def test_registry_persists_under_tpunb_home_without_secrets(isolated_home):
+    api.launch("v4-16", name="kept", env={"TOKEN": "hunter2-secret"})
+    path = isolated_home / "registry.db"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    record = Registry(path).get_slice("kept")
+    assert record.accelerator == "v4-16" and record.backend == "local" and len(record.hosts) == 2
+    assert b"hunter2-secret" not in path.read_bytes()
+
+
+def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
+    cell("%tpu_launch v4-16 --name survivor")
+    cell("%%on_tpu\nkept = 1")
+    old_pids = [h.info["pid"] for h in api.current().session.hosts]
+    api.detach_all()  # what a kernel restart does: this kernel's host processes end
+    assert "no slice yet" in cell("%%on_tpu\npass").shown
+    cell("%tpu_status")
+    assert set(ip.user_ns["_"]["state"]) == {"stopped (use %tpu_use to restart)"}
+    run = cell("%tpu_use survivor")
+    assert run.error is None
+    assert "their state was lost" in run.stderr
+    assert "current slice: survivor" in run.stdout
+    assert [h.info["pid"] for h in api.current().session.hosts] != old_pids
+    assert "Out[0-1]: False" in cell("%%on_tpu\n'kept' in globals()").shown
+
+
+def test_use_unknown_slice_says_what_exists(cell):
+    cell("%tpu_launch v4-8 --name known")
+    run = cell("%tpu_use nosuch")
+    assert "no slice named 'nosuch': known slices: known" in run.shown
+
+
+def test_down_is_idempotent_and_all(cell, isolated_home):
+    cell("%tpu_launch v4-16 --name one")
+    cell("%tpu_launch v4-8 --name two")
+    pids = [h.info["pid"] for h in api.current("one").session.hosts]
+    assert "deleted one" in cell("%tpu_down one").stdout
+    assert "already down" in cell("%tpu_down one").stdout
+    assert cell("%tpu_down one").error is None
+    for pid in pids:  # the host processes are gone, not orphaned
+        with pytest.raises(ProcessLookupError):
+            os.waitpid(pid, os.WNOHANG) if False else os.kill(pid, 0)
+    assert "deleted two" in cell("%tpu_down --all").stdout
+    assert Registry(isolated_home / "registry.db").list_slices() == []
+    assert cell("%tpu_down --all").error is None
+
+
+def test_launch_name_clash_and_bad_names(cell):
+    cell("%tpu_launch v4-8 --name taken")
+    assert "a slice named 'taken' exists: attach with %tpu_use taken" in cell("%tpu_launch v4-8 --name taken").shown
+    assert "slice name 'Bad_Name'" in cell("%tpu_launch v4-8 --name Bad_Name").shown
+    second = api.launch("v4-8")
+    third = api.launch("v4-8")
+    assert (second.name, third.name) == ("v4-8", "v4-8-2")
+
+
+def test_python_api_mirrors_the_magics():
+    sl = tpunb.launch("v4-16", name="api")
+    result = sl.run("import os\nprint('hi')\nint(os.environ['TPUNB_HOST_INDEX'])", output=None)
+    assert result.ok and result.reprs == {0: "0", 1: "1"} and result.stdout == {0: "hi\n", 1: "hi\n"}
+    failed = sl.run("1/0", hosts="1", output=None)
+    assert not failed.ok and failed[1].error["ename"] == "ZeroDivisionError" and list(failed) == [1]
+    with pytest.raises(tpunb.TpunbError, match="ZeroDivisionError"):
+        failed.raise_for_status()
+    sl.push({"a": 2})
+    assert sl.pull("a") == {0: 2, 1: 2}
+    assert tpunb.use("api") is sl and tpunb.current() is sl
+    assert "api" in set(tpunb.status()["slice"])
+    sl.delete()
+    with pytest.raises(NoSliceError):
+        tpunb.current()
+    with pytest.raises(UsageError):
+        tpunb.launch("v4-8", backend="nowhere")

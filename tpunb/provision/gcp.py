@@ -1,0 +1,537 @@
+"""Cloud TPU slices through google-cloud-tpu (tpu_v2 over REST): the one seam for cloud calls.
+
+Four functions with dataclass records in and out: ``create`` (a node, or a queued resource with
+``queued=True``, then wait for READY/ACTIVE), ``get``, ``delete`` and ``list_nodes``. Every
+node is labelled ``created-by=tpunb`` so orphans can be found later, and a create that fails,
+times out or is interrupted deletes what it created before the error reaches the user.
+
+``TPUNB_TPU_API_ENDPOINT=http://127.0.0.1:8470`` points every call at the local emulator
+(``python -m tpunb.emulator``) with anonymous credentials and fast polling; otherwise
+google.auth.default() credentials talk to the real API. google.cloud.tpu_v2 is imported on
+first use, so ``import tpunb`` stays fast.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+from tpunb import catalog
+from tpunb.errors import ProvisionError
+from tpunb.provision import gcp_errors
+from tpunb.provision.gcloud_config import require_project_zone, resolve_project_zone
+
+if TYPE_CHECKING:
+    from google.cloud import tpu_v2
+
+__all__ = [
+    "ENDPOINT_ENV", "TPUNB_LABELS", "HostEndpoint", "NodeInfo", "NodeSpec",
+    "create", "delete", "get", "list_nodes", "resolve_project_zone", "require_project_zone",
+]
+
+ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
+TPUNB_LABELS: Mapping[str, str] = {"created-by": "tpunb"}
+LAUNCH_LABEL = "tpunb-launch"  # a per-create token: proves a node is ours after an interrupted call
+SSH_PORT_LABEL = "tpunb-ssh-port"  # set by the emulator when its sshd is not on port 22
+DEFAULT_TIMEOUT = 1200.0
+DELETE_TIMEOUT = 600.0
+LOST_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN"})
+LOST_QUEUED_STATES = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"})
+
+
+@dataclass
+class NodeSpec:
+    """What to create. ``name`` is both the node id and, with ``queued``, the queued resource id."""
+
+    name: str
+    accelerator: str
+    project: str
+    zone: str
+    runtime: str | None = None  # default: the catalog's runtime for the generation
+    spot: bool = False
+    queued: bool = False
+    network: str | None = None
+    subnetwork: str | None = None
+    service_account: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    internal_ip: bool = False  # no external IPs; tpunb then connects to the internal ones
+    ssh_user: str | None = None
+    ssh_public_key: str | None = None  # "ssh-ed25519 AAAA... comment", goes to metadata ssh-keys
+    startup_script: str | None = None
+
+
+@dataclass(frozen=True)
+class HostEndpoint:
+    """One worker VM of a slice, in networkEndpoints order (index = TPU worker id)."""
+
+    index: int
+    internal_ip: str
+    external_ip: str | None
+    port: int = 22  # its sshd
+
+    def address(self, internal: bool = False) -> str:
+        """The IP to connect to: external unless ``internal`` or the worker has none."""
+        return self.internal_ip if internal or not self.external_ip else self.external_ip
+
+
+@dataclass
+class NodeInfo:
+    """A node as the API reports it (or, before its node exists, a queued resource)."""
+
+    name: str
+    accelerator: str
+    state: str | None  # node state (READY, CREATING, PREEMPTED...); None while only queued
+    health: str | None
+    hosts: list[HostEndpoint]
+    spot: bool
+    labels: dict[str, str]
+    create_time: datetime | None
+    queued_resource: str | None  # full name of its queued resource, if any
+    project: str = ""
+    zone: str = ""
+    runtime: str = ""
+    queued_state: str | None = None  # WAITING_FOR_RESOURCES, ACTIVE, SUSPENDED, FAILED...
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "READY"
+
+    @property
+    def lost(self) -> bool:
+        """Preempted, terminated or otherwise gone for good: its hosts will not come back."""
+        return self.state in ("PREEMPTED", "TERMINATED") or self.queued_state in ("SUSPENDED", "SUSPENDING", "FAILED")
+
+    @property
+    def tpunb_owned(self) -> bool:
+        return all(self.labels.get(k) == v for k, v in TPUNB_LABELS.items())
+
+    def uptime(self, now: datetime | None = None) -> float | None:
+        """Seconds since creation, or None if unknown."""
+        if self.create_time is None:
+            return None
+        return ((now or datetime.now(self.create_time.tzinfo)) - self.create_time).total_seconds()
+
+
+# -- client --------------------------------------------------------------------------------
+
+_clients: dict[str, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def endpoint() -> str | None:
+    """The API endpoint override (the emulator's URL), or None for the real API."""
+    value = os.environ.get(ENDPOINT_ENV, "").strip()
+    if not value:
+        return None
+    return value if "://" in value else f"http://{value}"
+
+
+def _tpu() -> Any:
+    from google.cloud import tpu_v2
+
+    return tpu_v2
+
+
+def client() -> "tpu_v2.TpuClient":
+    """A TpuClient for the current endpoint (cached per endpoint)."""
+    url = endpoint()
+    key = url or "google"
+    with _clients_lock:
+        if key not in _clients:
+            tpu_v2 = _tpu()
+            if url:
+                from google.auth.credentials import AnonymousCredentials
+
+                _clients[key] = tpu_v2.TpuClient(
+                    transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": url}
+                )
+            else:
+                _clients[key] = tpu_v2.TpuClient(transport="rest", credentials=_default_credentials())
+        return _clients[key]
+
+
+def _default_credentials() -> Any:
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    except DefaultCredentialsError:
+        raise gcp_errors.tagged(gcp_errors.CREDENTIALS_MESSAGE, "credentials") from None
+    return credentials
+
+
+def _poll_delays() -> Iterator[float]:
+    """Seconds between polls: short against the emulator, backing off against the real API."""
+    if endpoint():
+        return itertools.repeat(0.02)
+    return (min(10.0, 1.0 * 1.5**i) for i in itertools.count())
+
+
+def _sleep(seconds: float) -> None:
+    """The deliberate wait between polls (a seam the provisioning benchmark measures)."""
+    time.sleep(seconds)
+
+
+def _api_errors() -> tuple[type[BaseException], ...]:
+    from google.api_core.exceptions import GoogleAPICallError
+    from google.auth.exceptions import GoogleAuthError
+
+    return GoogleAPICallError, GoogleAuthError
+
+
+def _translate(exc: BaseException, ctx: gcp_errors.Context) -> ProvisionError:
+    from google.auth.exceptions import GoogleAuthError
+
+    if isinstance(exc, GoogleAuthError):
+        return gcp_errors.tagged(f"{gcp_errors.CREDENTIALS_MESSAGE} ({gcp_errors.one_line(str(exc), 120)})", "credentials")
+    return gcp_errors.error(gcp_errors.from_exception(exc), ctx)
+
+
+# -- records -------------------------------------------------------------------------------
+
+
+def _node_body(spec: NodeSpec, acc: catalog.Accelerator, launch: str) -> "tpu_v2.Node":
+    tpu_v2 = _tpu()
+    metadata = {}
+    if spec.ssh_public_key:
+        metadata["ssh-keys"] = f"{spec.ssh_user or 'tpunb'}:{spec.ssh_public_key.strip()}"
+    if spec.startup_script:
+        metadata["startup-script"] = spec.startup_script
+    network = tpu_v2.NetworkConfig(enable_external_ips=not spec.internal_ip)
+    if spec.network:
+        network.network = spec.network
+    if spec.subnetwork:
+        network.subnetwork = spec.subnetwork
+    node = tpu_v2.Node(
+        accelerator_type=acc.name,
+        runtime_version=spec.runtime or acc.default_runtime,
+        network_config=network,
+        labels={**spec.labels, **TPUNB_LABELS, LAUNCH_LABEL: launch},
+        metadata=metadata,
+    )
+    if spec.service_account:
+        node.service_account = tpu_v2.ServiceAccount(
+            email=spec.service_account, scope=["https://www.googleapis.com/auth/cloud-platform"]
+        )
+    if spec.spot and not spec.queued:
+        node.scheduling_config = tpu_v2.SchedulingConfig(spot=True)
+    return node
+
+
+def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
+    parts = node.name.split("/")
+    port = int(node.labels.get(SSH_PORT_LABEL, 22) or 22)
+    hosts = [
+        HostEndpoint(i, ep.ip_address, ep.access_config.external_ip or None, port)
+        for i, ep in enumerate(node.network_endpoints)
+    ]
+    return NodeInfo(
+        name=parts[-1],
+        accelerator=node.accelerator_type,
+        state=node.state.name,
+        health=node.health.name if node.health else None,
+        hosts=hosts,
+        spot=bool(node.scheduling_config.spot or node.scheduling_config.preemptible),
+        labels=dict(node.labels),
+        create_time=node.create_time or None,
+        queued_resource=node.queued_resource or None,
+        project=parts[1],
+        zone=parts[3],
+        runtime=node.runtime_version,
+        queued_state=queued_state,
+    )
+
+
+def _queued_info(qr: Any) -> NodeInfo:
+    parts = qr.name.split("/")
+    spec = qr.tpu.node_spec[0] if qr.tpu.node_spec else None
+    node = spec.node if spec is not None else None
+    return NodeInfo(
+        name=spec.node_id if spec is not None else parts[-1],
+        accelerator=node.accelerator_type if node is not None else "",
+        state=None,
+        health=None,
+        hosts=[],
+        spot="spot" in qr,
+        labels=dict(node.labels) if node is not None else {},
+        create_time=qr.create_time or None,
+        queued_resource=qr.name,
+        project=parts[1],
+        zone=parts[3],
+        runtime=node.runtime_version if node is not None else "",
+        queued_state=qr.state.state.name,
+    )
+
+
+def _names(project: str, zone: str, name: str) -> tuple[str, str, str]:
+    parent = f"projects/{project}/locations/{zone}"
+    return parent, f"{parent}/nodes/{name}", f"{parent}/queuedResources/{name}"
+
+
+def _get_or_none(getter: Callable[..., Any], name: str) -> Any:
+    from google.api_core.exceptions import NotFound
+
+    try:
+        return getter(name=name)
+    except NotFound:
+        return None
+
+
+# -- create --------------------------------------------------------------------------------
+
+
+class _Transitions:
+    """Calls ``on_state(state, elapsed)`` once per new state, in order."""
+
+    def __init__(self, on_state: Callable[[str, float], Any] | None, started: float) -> None:
+        self.on_state, self.started, self.last = on_state, started, None
+
+    def see(self, state: str) -> None:
+        if state != self.last:
+            self.last = state
+            if self.on_state is not None:
+                self.on_state(state, time.monotonic() - self.started)
+
+
+class _TimedOut(Exception):
+    pass
+
+
+class _OperationFailed(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def create(
+    spec: NodeSpec,
+    on_state: Callable[[str, float], Any] | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+) -> NodeInfo:
+    """Create the node (or queued resource) and wait until it is READY (ACTIVE).
+
+    ``on_state(state, elapsed_seconds)`` is called for every state seen, first to last. On any
+    failure, timeout or interruption (also one raised by ``on_state``), whatever this call
+    created is deleted before the error propagates; API failures become one-line
+    ProvisionErrors whose ``.reason`` names the kind (quota, no_capacity, permission, ...).
+    """
+    acc = catalog.lookup(spec.accelerator)  # UnknownAcceleratorError: one line with suggestions
+    ctx = gcp_errors.Context(spec.name, spec.project, spec.zone, acc.name, spec.spot, spec.queued)
+    started = time.monotonic()
+    api, tpu_v2 = client(), _tpu()
+    launch = secrets.token_hex(4)
+    node = _node_body(spec, acc, launch)
+    parent, node_name, qr_name = _names(spec.project, spec.zone, spec.name)
+    try:
+        if spec.queued:
+            queued = tpu_v2.QueuedResource(
+                tpu=tpu_v2.QueuedResource.Tpu(
+                    node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=spec.name, node=node)]
+                )
+            )
+            if spec.spot:
+                queued.spot = tpu_v2.QueuedResource.Spot()
+            op = api.create_queued_resource(parent=parent, queued_resource_id=spec.name, queued_resource=queued)
+        else:
+            op = api.create_node(parent=parent, node_id=spec.name, node=node)
+    except _api_errors() as e:
+        raise _translate(e, ctx) from None  # the API refused: nothing was created
+    except BaseException:
+        _delete_if_launched(spec, launch)  # interrupted mid-call: it may or may not exist
+        raise
+    watch = _Transitions(on_state, started)
+    deadline = None if timeout is None else started + timeout
+    try:
+        if spec.queued:
+            return _wait_queued(api, op, node_name, qr_name, watch, deadline)
+        return _wait_node(api, op, node_name, watch, deadline)
+    except _TimedOut:
+        note = _cleanup(spec)
+        what = "queued resource" if spec.queued else "node"
+        hint = "no capacity came free: try another zone or --spot" if watch.last == "WAITING_FOR_RESOURCES" else (
+            "retry with a longer --timeout or another zone"
+        )
+        raise gcp_errors.tagged(
+            f"{what} {spec.name} was still {watch.last or 'not visible'} after {timeout:g} s (--timeout); "
+            f"{note}; {hint}",
+            "timeout",
+        ) from None
+    except _OperationFailed as e:
+        raise gcp_errors.error(gcp_errors.from_status(e.code, e.message), _with_cleanup(ctx, _cleanup(spec))) from None
+    except ProvisionError as e:
+        raise gcp_errors.tagged(f"{e}; {_cleanup(spec)}", getattr(e, "reason", "lost")) from None
+    except _api_errors() as e:
+        raise _translate(e, _with_cleanup(ctx, _cleanup(spec))) from None
+    except BaseException:
+        _cleanup(spec)
+        raise
+
+
+def _with_cleanup(ctx: gcp_errors.Context, note: str) -> gcp_errors.Context:
+    return gcp_errors.Context(ctx.name, ctx.project, ctx.zone, ctx.accelerator, ctx.spot, ctx.queued, note)
+
+
+def _wait_node(api: Any, op: Any, node_name: str, watch: _Transitions, deadline: float | None) -> NodeInfo:
+    delays = _poll_delays()
+    while True:
+        node = _get_or_none(api.get_node, node_name)
+        if node is not None:
+            watch.see(node.state.name)
+            if node.state.name == "READY":
+                return _info(node)
+            if node.state.name in LOST_NODE_STATES:
+                spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
+                text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], node.state.name, spot)
+                raise gcp_errors.tagged(text, "preempted" if node.state.name == "PREEMPTED" else "lost")
+        if op.done():
+            if op.operation.error.code:
+                raise _OperationFailed(op.operation.error.code, op.operation.error.message)
+            if node is None:
+                raise gcp_errors.tagged(f"node {node_name.rsplit('/', 1)[-1]} disappeared right after it was created", "lost")
+            continue  # done and fine: the next read sees READY
+        _wait_or_time_out(delays, deadline)
+
+
+def _wait_queued(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transitions, deadline: float | None) -> NodeInfo:
+    delays = _poll_delays()
+    while True:
+        if op.done() and op.operation.error.code:
+            raise _OperationFailed(op.operation.error.code, op.operation.error.message)
+        qr = _get_or_none(api.get_queued_resource, qr_name)
+        if qr is not None:
+            state = qr.state.state.name
+            watch.see(state)
+            if state == "ACTIVE":
+                node = api.get_node(name=node_name)
+                return _info(node, queued_state=state)
+            if state == "FAILED" and qr.state.failed_data.error.code:
+                error = qr.state.failed_data.error
+                raise _OperationFailed(error.code, error.message)
+            if state in LOST_QUEUED_STATES:
+                raise gcp_errors.tagged(f"queued resource {qr_name.rsplit('/', 1)[-1]} became {state} while waiting", "lost")
+        _wait_or_time_out(delays, deadline)
+
+
+def _wait_or_time_out(delays: Iterator[float], deadline: float | None) -> None:
+    delay = next(delays)
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _TimedOut()
+        delay = min(delay, left)
+    _sleep(delay)
+
+
+def _cleanup(spec: NodeSpec) -> str:
+    """Delete what a failed create made; returns what happened, for the error message."""
+    what = "queued resource and node" if spec.queued else "node"
+    try:
+        existed = delete(spec.project, spec.zone, spec.name, wait=True)
+    except Exception as e:  # the original failure matters more; say what is left behind
+        return f"could not delete {what} {spec.name} ({gcp_errors.one_line(str(e), 120)}): delete it with %tpu_down {spec.name}"
+    return f"deleted {what} {spec.name}" if existed else "nothing was left to clean up"
+
+
+def _delete_if_launched(spec: NodeSpec, launch: str) -> None:
+    """After an interrupted create call: delete the node only if this launch created it."""
+    api = client()
+    _, node_name, qr_name = _names(spec.project, spec.zone, spec.name)
+    try:
+        if spec.queued:
+            qr = _get_or_none(api.get_queued_resource, qr_name)
+            labels = qr.tpu.node_spec[0].node.labels if qr is not None and qr.tpu.node_spec else {}
+        else:
+            node = _get_or_none(api.get_node, node_name)
+            labels = node.labels if node is not None else {}
+        if labels.get(LAUNCH_LABEL) == launch:
+            delete(spec.project, spec.zone, spec.name, wait=True)
+    except Exception:
+        pass  # best effort while an interrupt is already on its way up
+
+
+# -- get / delete / list -------------------------------------------------------------------
+
+
+def get(project: str, zone: str, name: str) -> NodeInfo | None:
+    """The node called ``name`` (with its queued resource's state), its queued resource alone
+    while the node does not exist yet, or None."""
+    api = client()
+    _, node_name, qr_name = _names(project, zone, name)
+    ctx = gcp_errors.Context(name, project, zone)
+    try:
+        node = _get_or_none(api.get_node, node_name)
+        if node is not None and not node.queued_resource:
+            return _info(node)
+        qr = _get_or_none(api.get_queued_resource, node.queued_resource if node is not None else qr_name)
+    except _api_errors() as e:
+        raise _translate(e, ctx) from None
+    if node is not None:
+        return _info(node, queued_state=qr.state.state.name if qr is not None else None)
+    return _queued_info(qr) if qr is not None else None
+
+
+def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float = DELETE_TIMEOUT) -> bool:
+    """Delete the node ``name`` and its queued resource; True if there was something to delete.
+
+    Idempotent: a node that is already gone is success. With ``wait``, returns once both are gone.
+    """
+    from google.api_core.exceptions import NotFound
+
+    api, tpu_v2 = client(), _tpu()
+    _, node_name, qr_name = _names(project, zone, name)
+    ctx = gcp_errors.Context(name, project, zone)
+    found = False
+    try:
+        try:  # force: also deletes the node the queued resource made
+            api.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(name=qr_name, force=True))
+            found = True
+        except NotFound:
+            pass
+        if not found:
+            try:
+                api.delete_node(name=node_name)
+                found = True
+            except NotFound:
+                pass
+        if found and wait:
+            _wait_gone(api, node_name, qr_name, time.monotonic() + timeout)
+    except _api_errors() as e:
+        raise _translate(e, ctx) from None
+    return found
+
+
+def _wait_gone(api: Any, node_name: str, qr_name: str, deadline: float) -> None:
+    delays = _poll_delays()
+    while _get_or_none(api.get_queued_resource, qr_name) is not None or _get_or_none(api.get_node, node_name) is not None:
+        try:
+            _wait_or_time_out(delays, deadline)
+        except _TimedOut:
+            name = node_name.rsplit("/", 1)[-1]
+            raise gcp_errors.tagged(f"{name} is still being deleted; check it later with %tpu_status", "timeout") from None
+
+
+def list_nodes(
+    project: str, zone: str | None = None, label_filter: Mapping[str, str] | None = TPUNB_LABELS
+) -> list[NodeInfo]:
+    """Nodes in ``zone`` (every zone if None) whose labels include ``label_filter``, plus queued
+    resources whose node does not exist yet. ``label_filter=None`` lists everything."""
+    api = client()
+    parent = f"projects/{project}/locations/{zone or '-'}"
+    ctx = gcp_errors.Context("nodes", project, zone or "-")
+    try:
+        nodes = list(api.list_nodes(parent=parent))
+        queued = list(api.list_queued_resources(parent=parent))
+    except _api_errors() as e:
+        raise _translate(e, ctx) from None
+    states = {q.name: q.state.state.name for q in queued}
+    infos = [_info(n, states.get(n.queued_resource)) for n in nodes]
+    have = {(i.project, i.zone, i.name) for i in infos}
+    infos += [q for q in map(_queued_info, queued) if (q.project, q.zone, q.name) not in have]
+    wanted = dict(label_filter or {})
+    return [i for i in infos if all(i.labels.get(k) == v for k, v in wanted.items())]

@@ -1,0 +1,251 @@
+"""Cloud TPU API failures as one-line ProvisionErrors that say what to do next.
+
+The same failure reaches us three ways: an HTTP error on the call (google.api_core exception
+built from the response), an error in a finished long-running operation (exception built from
+a google.rpc.Status code), or a queued resource's ``failedData.error``. All three become one
+``Failure`` (status name, reason, raw message), are classified into a ``kind``, and get a
+message written for a notebook user. The kind is kept on the error as ``.reason`` so callers
+can branch (e.g. try another zone on "no_capacity") without parsing text.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tpunb import catalog
+from tpunb.errors import ProvisionError, UnknownAcceleratorError
+
+CREDENTIALS_MESSAGE = (
+    "no Google Cloud credentials: run `gcloud auth application-default login` "
+    "(in Colab: `from google.colab import auth; auth.authenticate_user()`)"
+)
+
+_GRPC_STATUS = {
+    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+    16: "UNAUTHENTICATED",
+}
+_HTTP_STATUS = {
+    400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+    409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE",
+}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What the API said, reduced to what classification needs."""
+
+    status: str  # google.rpc status name, e.g. "RESOURCE_EXHAUSTED"
+    message: str  # the API's own message, one line, without request URL or EID
+    reason: str = ""  # ErrorInfo reason, e.g. "IAM_PERMISSION_DENIED"
+    permission: str = ""  # ErrorInfo metadata permission, when given
+
+
+@dataclass(frozen=True)
+class Context:
+    """What was being attempted: enough to name alternatives in the message."""
+
+    name: str
+    project: str
+    zone: str
+    accelerator: str = ""
+    spot: bool = False
+    queued: bool = False
+    cleanup: str = ""  # what was cleaned up, e.g. "deleted node n1"
+
+
+def one_line(message: str, limit: int = 240) -> str:
+    """The API's message without the EID tag and newlines, cut to ``limit`` characters."""
+    text = " ".join(re.sub(r"\s*\[EID: [^\]]*\]", "", message or "").split()).rstrip(".")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def from_status(code: int, message: str) -> Failure:
+    """A Failure from a google.rpc.Status (operation error, queued resource failedData)."""
+    return Failure(_GRPC_STATUS.get(int(code), "UNKNOWN"), one_line(message))
+
+
+def from_exception(exc: BaseException) -> Failure:
+    """A Failure from a google.api_core exception, HTTP or operation-born."""
+    message, status, reason, permission = getattr(exc, "message", "") or str(exc), "", "", ""
+    body = _json_error(getattr(exc, "response", None))
+    if body:
+        message, status = body.get("message", message), body.get("status", "")
+    grpc_code = getattr(exc, "grpc_status_code", None)
+    if not status and grpc_code is not None:
+        status = getattr(grpc_code, "name", "") or _GRPC_STATUS.get(int(grpc_code), "")
+    if not status:
+        status = _HTTP_STATUS.get(getattr(exc, "code", 0) or 0, "UNKNOWN")
+    info = getattr(exc, "error_info", None)
+    if info is not None:
+        reason = getattr(info, "reason", "") or (info.get("reason", "") if isinstance(info, dict) else "")
+        meta = getattr(info, "metadata", None) or (info.get("metadata", {}) if isinstance(info, dict) else {})
+        permission = dict(meta).get("permission", "")
+    if not body and re.match(r"^[A-Z]+ https?://\S+: ", message):
+        message = message.split(": ", 1)[1]  # api_core prefixes "METHOD URL: "
+    return Failure(status, one_line(message), reason, permission)
+
+
+def _json_error(response: object) -> dict:
+    try:
+        payload = response.json()  # type: ignore[union-attr]
+    except Exception:
+        return {}
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def classify(f: Failure) -> str:
+    """One of: invalid_zone, api_disabled, preempted, credentials, permission, quota, no_capacity,
+    invalid_accelerator, already_exists, not_found, invalid, unavailable, other."""
+    text = f.message.lower()
+    if re.search(r"location \S+ (is )?not found", text) or "unknown location" in text:
+        return "invalid_zone"
+    if f.reason == "SERVICE_DISABLED" or "has not been used in project" in text or "api is disabled" in text:
+        return "api_disabled"
+    if f.status == "ABORTED" and "preempted" in text:
+        return "preempted"
+    if f.status == "UNAUTHENTICATED":
+        return "credentials"
+    if f.status == "PERMISSION_DENIED":
+        return "permission"
+    if "no more capacity" in text or "stockout" in text or "insufficient reserved capacity" in text:
+        return "no_capacity"
+    if f.status == "RESOURCE_EXHAUSTED":
+        return "quota"
+    if f.status == "ALREADY_EXISTS":
+        return "already_exists"
+    if f.status == "NOT_FOUND":
+        return "not_found"
+    if f.status == "INVALID_ARGUMENT":
+        return "invalid_accelerator" if "accelerator" in text else "invalid"
+    if f.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL"):
+        return "unavailable"
+    return "other"
+
+
+def error(f: Failure, ctx: Context) -> ProvisionError:
+    """The one-line ProvisionError for ``f``; ``.reason`` holds its kind."""
+    kind = classify(f)
+    text = _MESSAGES.get(kind, _other)(f, ctx)
+    if ctx.cleanup:
+        text = f"{text} ({ctx.cleanup})"
+    return tagged(text, kind)
+
+
+def tagged(text: str, reason: str) -> ProvisionError:
+    """A ProvisionError carrying its kind as ``.reason`` (until errors.py grows subclasses)."""
+    err = ProvisionError(text)
+    err.reason = reason  # type: ignore[attr-defined]
+    return err
+
+
+def _zones_with(accelerator: str, except_zone: str = "", limit: int = 4) -> list[str]:
+    try:
+        zones = [z for z in catalog.lookup(accelerator).zones if z != except_zone]
+    except UnknownAcceleratorError:
+        return []
+    return zones[:limit]
+
+
+def _invalid_zone(f: Failure, ctx: Context) -> str:
+    where = _zones_with(ctx.accelerator)
+    hint = f"; {ctx.accelerator} is offered in {', '.join(where)}" if where else ""
+    return f"zone {ctx.zone!r} does not exist or has no Cloud TPUs for project {ctx.project}{hint}: pass another --zone"
+
+
+def _invalid_accelerator(f: Failure, ctx: Context) -> str:
+    where = _zones_with(ctx.accelerator, ctx.zone)
+    hint = f"; zones with {ctx.accelerator}: {', '.join(where)}" if where else ""
+    return f"{ctx.accelerator or 'this accelerator'} cannot be created in {ctx.zone}: {f.message}{hint}"
+
+
+def _api_disabled(f: Failure, ctx: Context) -> str:
+    return (
+        f"the Cloud TPU API is not enabled in project {ctx.project}: "
+        f"run `gcloud services enable tpu.googleapis.com --project {ctx.project}`"
+    )
+
+
+def _credentials(f: Failure, ctx: Context) -> str:
+    return f"{CREDENTIALS_MESSAGE}; the API said: {f.message}"
+
+
+def _permission(f: Failure, ctx: Context) -> str:
+    match = re.search(r"Permission '([^']+)'", f.message)
+    permission = f.permission or (match.group(1) if match else "the needed tpu.* permission")
+    return (
+        f"permission denied: your account lacks {permission} in project {ctx.project}; ask a project owner "
+        f"for roles/tpu.admin (`gcloud projects add-iam-policy-binding {ctx.project} "
+        f"--member=user:YOUR_EMAIL --role=roles/tpu.admin`)"
+    )
+
+
+def _either(options: list[str]) -> str:
+    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+
+
+def _quota(f: Failure, ctx: Context) -> str:
+    options = [f"request more TPU quota (https://console.cloud.google.com/iam-admin/quotas?project={ctx.project})"]
+    if not ctx.spot:
+        options.append("try --spot (spot has its own quota)")
+    options.append("try another zone")
+    return f"quota exceeded for {ctx.accelerator} in {ctx.zone} (RESOURCE_EXHAUSTED: {f.message}): {_either(options)}"
+
+
+def _no_capacity(f: Failure, ctx: Context) -> str:
+    others = _zones_with(ctx.accelerator, ctx.zone, limit=3)
+    options = [f"try another zone ({', '.join(others)})" if others else "try another zone"]
+    if not ctx.queued:
+        options.append("--queued to wait for capacity")
+    if not ctx.spot:
+        options.append("--spot")
+    return f"no capacity for {ctx.accelerator} in {ctx.zone} right now: {_either(options)}"
+
+
+def _preempted(f: Failure, ctx: Context) -> str:
+    return preempted_message(ctx.name, "PREEMPTED", ctx.spot)
+
+
+def preempted_message(name: str, state: str, spot: bool) -> str:
+    """A node lost while it was being created (spot capacity taken back, maintenance)."""
+    verb = "preempted" if state == "PREEMPTED" else state.lower()
+    advice = "retry, try another zone, or launch without --spot" if spot else "retry or try another zone"
+    return f"{name} was {verb} while being created: {advice}"
+
+
+def _already_exists(f: Failure, ctx: Context) -> str:
+    return f"a TPU named {ctx.name} already exists in {ctx.zone}: pick another name, or delete it first (%tpu_down {ctx.name})"
+
+
+def _not_found(f: Failure, ctx: Context) -> str:
+    return f"{ctx.name} was not found in {ctx.zone} of project {ctx.project}: {f.message}"
+
+
+def _invalid(f: Failure, ctx: Context) -> str:
+    return f"the Cloud TPU API rejected the request for {ctx.name}: {f.message}"
+
+
+def _unavailable(f: Failure, ctx: Context) -> str:
+    return f"the Cloud TPU API is unavailable ({f.status}: {f.message}): retry in a minute"
+
+
+def _other(f: Failure, ctx: Context) -> str:
+    return f"Cloud TPU API error for {ctx.name} ({f.status}): {f.message}"
+
+
+_MESSAGES = {
+    "invalid_zone": _invalid_zone,
+    "invalid_accelerator": _invalid_accelerator,
+    "api_disabled": _api_disabled,
+    "preempted": _preempted,
+    "credentials": _credentials,
+    "permission": _permission,
+    "quota": _quota,
+    "no_capacity": _no_capacity,
+    "already_exists": _already_exists,
+    "not_found": _not_found,
+    "invalid": _invalid,
+    "unavailable": _unavailable,
+}
