@@ -101,6 +101,8 @@ class HostLogs:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._files: dict[int, TextIO] = {}
+        self._header = ""
+        self._header_due: set[int] = set()
 
     def path(self, host: int) -> Path:
         return self.directory / f"host-{host}.log"
@@ -109,13 +111,15 @@ class HostLogs:
         f = self._files.get(host)
         if f is None:
             f = self._files[host] = open(self.path(host), "a", encoding="utf-8")
+        if host in self._header_due:  # a cell's header only above output it actually produced
+            self._header_due.discard(host)
+            f.write(self._header)
         f.write(text)
 
     def begin_cell(self, hosts: Iterable[int], code: str) -> None:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         first = code.strip().splitlines()[0][:80] if code.strip() else ""
-        for host in hosts:
-            self.write(host, f"\n--- cell at {stamp}: {first}\n")
+        self._header = f"\n--- cell at {time.strftime('%Y-%m-%d %H:%M:%S')}: {first}\n"
+        self._header_due = set(hosts)
 
     def flush(self) -> None:
         for f in self._files.values():

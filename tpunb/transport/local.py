@@ -12,6 +12,17 @@ from tpunb.errors import TransportError
 from tpunb.transport.base import AgentProcess, Transport
 
 
+def _batch_scheduling(pid: int) -> None:
+    """Simulated hosts share this machine's cores with the kernel. As SCHED_BATCH they do not
+    preempt the kernel when a frame wakes them, so it can hand a cell to all hosts before any
+    starts: on 2 cores a 64-host cell takes about half the time."""
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
+        except OSError:
+            pass
+
+
 class LocalAgentProcess(AgentProcess):
     """A child process whose stdin/stdout carry frames and whose stderr is kept for diagnosis."""
 
@@ -26,6 +37,7 @@ class LocalAgentProcess(AgentProcess):
             bufsize=0,
         )
         self.pid = self._proc.pid
+        _batch_scheduling(self.pid)
         self._stdout = self._proc.stdout
         self._stderr_lines: collections.deque[str] = collections.deque(maxlen=40)
         threading.Thread(target=self._drain_stderr, daemon=True, name=f"tpunb-stderr-{self.pid}").start()
