@@ -28,9 +28,9 @@ def isolated_home(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def ip():
     """A real IPython InteractiveShell with %load_ext tpunb, as a notebook kernel has."""
-    from IPython.testing.globalipapp import start_ipython
+    from IPython.testing.globalipapp import get_ipython
 
-    shell = start_ipython()
+    shell = get_ipython()  # the process-wide test shell, whoever started it first
     shell.run_cell("%load_ext tpunb")
     return shell
 

@@ -172,11 +172,21 @@ def test_rich_display_from_host_zero(make_slice, cell):
     assert [o.data["text/html"] for o in every.outputs if "text/html" in o.data] == ["<i>0</i>", "<i>1</i>"]
 
 
-def test_shell_escapes_and_stderr_on_hosts(make_slice, cell):
+def test_shell_escapes_magics_and_stderr_on_hosts(make_slice, cell):
     make_slice(2)
-    run = cell("%%on_tpu\n!echo from-shell $TPUNB_HOST_INDEX\nimport sys\nprint('warn', file=sys.stderr)")
+    run = cell("%%on_tpu\n!echo from-shell $TPUNB_HOST_INDEX\nimport sys\nprint('warn', file=sys.stderr)\n"
+               "%timeit -n 1 -r 1 pass")
     assert "[0] from-shell 0" in run.stdout and "[1] from-shell 1" in run.stdout
     assert "[0-1] warn" in run.stderr
+    assert run.stdout.count("per loop") == 2
+
+
+def test_matplotlib_figure_from_host_zero_renders_inline(make_slice, cell):
+    make_slice(2)
+    run = cell("%%on_tpu\nimport matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.title('host plot')")
+    assert run.error is None, run.shown
+    images = [o.data for o in run.outputs if "image/png" in o.data]
+    assert len(images) == 1 and images[0]["image/png"][:4] == "iVBO"  # one PNG, from host 0
 
 
 def test_push_and_pull(make_slice, cell, ip):

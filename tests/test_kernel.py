@@ -1,0 +1,61 @@
+"""Through a real Jupyter kernel (jupyter_client), as JupyterLab drives it: the kernel interrupt."""
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+
+@pytest.fixture
+def kernel(isolated_home):
+    manager, client = start_new_kernel(kernel_name="python3")
+    yield manager, client
+    client.stop_channels()
+    manager.shutdown_kernel(now=True)
+
+
+def execute(client, code: str, on_output=None, timeout: float = 120):
+    """Run code; collect iopub outputs until idle; returns (reply content, outputs)."""
+    msg_id = client.execute(code)
+    outputs = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"no reply to {code!r} within {timeout} s") from None
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] in ("stream", "error", "display_data", "execute_result"):
+            outputs.append(msg["content"])
+            if on_output:
+                on_output(msg["content"])
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    return client.get_shell_msg(timeout=timeout)["content"], outputs
+
+
+def test_kernel_interrupt_reaches_every_host_within_a_second(kernel):
+    manager, client = kernel
+    reply, _ = execute(client, "%load_ext tpunb\n%tpu_launch v4-32")
+    assert reply["status"] == "ok"
+    execute(client, "%%on_tpu\nstate = 'kept'")
+    interrupted = {}
+
+    def on_output(content):
+        if content.get("text", "").count("sleeping") and "at" not in interrupted:
+            interrupted["at"] = time.perf_counter()
+            manager.interrupt_kernel()
+
+    reply, outputs = execute(client, "%%on_tpu\nimport time\nprint('sleeping', flush=True)\ntime.sleep(60)",
+                             on_output=on_output)
+    elapsed = time.perf_counter() - interrupted["at"]
+    assert reply["status"] == "error" and reply["ename"] == "CellInterrupted"
+    assert "interrupted on hosts 0-3; their state is kept" in reply["evalue"]
+    assert elapsed < 1.0
+    reply, outputs = execute(client, "%%on_tpu\nstate")
+    assert reply["status"] == "ok"
+    assert any("Out[0-3]: 'kept'" in o.get("data", {}).get("text/plain", "") for o in outputs)
+    execute(client, "%tpu_down")
