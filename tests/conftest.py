@@ -11,6 +11,11 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from tpunb import api
+from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
+
+ACCELERATOR_FOR_HOSTS = {1: "v4-8", 2: "v4-16", 4: "v4-32"}
+#: on SSH test hosts (this machine's CPUs), what makes JAX look like one v4 host: 4 devices
+CPU_AS_TPU_HOST = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +28,23 @@ def isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
     yield home
     api.detach_all()
+
+
+@pytest.fixture(params=["local", "ssh"])
+def make_slice(request):
+    """make_slice(hosts) -> a current slice with that many hosts, on each transport in turn:
+    local host processes, and real OpenSSH sshd hosts on loopback addresses."""
+    if request.param == "local":
+        return lambda hosts=2, name=None: api.launch(ACCELERATOR_FOR_HOSTS[hosts], name=name)
+    server = request.getfixturevalue("sshd")
+    key = request.getfixturevalue("ssh_key")
+
+    def make(hosts: int = 2, name: str | None = None):
+        addresses = [f"{a}:{server.port}" for a in server.addresses[:hosts]]
+        return api.connect(addresses, key=str(key), python=server.python, name=name,
+                           accelerator=ACCELERATOR_FOR_HOSTS[hosts], env=CPU_AS_TPU_HOST)
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,8 @@ from tpunb import api
 from tests.conftest import wait_for
 
 
-def test_first_cell_sees_the_whole_slice_and_computes_across_hosts(cell):
-    api.launch("v4-16")
+def test_first_cell_sees_the_whole_slice_and_computes_across_hosts(make_slice, cell):
+    make_slice(2)
     devices = cell("%%on_tpu\nimport jax\nprint(jax.device_count(), jax.local_device_count(), jax.process_count())\n"
                    "jax.process_index()")
     assert devices.error is None, devices.shown
@@ -26,16 +26,16 @@ def test_first_cell_sees_the_whole_slice_and_computes_across_hosts(cell):
     assert "Gloo" not in total.stdout + total.stderr
 
 
-def test_jax_on_a_subset_warns_and_still_starts_every_host(cell):
-    api.launch("v4-16")
+def test_jax_on_a_subset_warns_and_still_starts_every_host(make_slice, cell):
+    make_slice(2)
     run = cell("%%on_tpu --hosts 0\nimport jax\njax.device_count()")
     assert "JAX collectives (jit over the whole slice, psum, ...) would hang" in run.stderr
     assert run.error is None and "Out[0]: 8" in run.shown  # host 1 joined in the background
     assert "Out[1]: 8" in cell("%%on_tpu --hosts 1\nimport jax\njax.device_count()").shown
 
 
-def test_a_dead_host_restarts_the_whole_jax_slice(cell):
-    sl = api.launch("v4-16")
+def test_a_dead_host_restarts_the_whole_jax_slice(make_slice, cell):
+    sl = make_slice(2)
     assert cell("%%on_tpu\nimport jax\nkept = jax.device_count()").error is None
     sl.session.hosts[1].signal(9)
     wait_for(lambda: not sl.session.hosts[1].alive, what="the death of host 1 to be noticed")
@@ -44,8 +44,8 @@ def test_a_dead_host_restarts_the_whole_jax_slice(cell):
     assert run.error is None and "Out[0-1]: (False, 8)" in run.shown
 
 
-def test_flax_data_parallel_step_across_hosts(cell):
-    api.launch("v4-16")
+def test_flax_data_parallel_step_across_hosts(make_slice, cell):
+    make_slice(2)
     run = cell(
         "%%on_tpu\nimport jax, jax.numpy as jnp, numpy as np, optax\nfrom flax import nnx\n"
         "from jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"

@@ -17,19 +17,6 @@ from tpunb.display import ANSI
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
 from tests.conftest import interrupt_kernel_when, wait_for, wait_for_files
 
-ACCELERATOR_FOR_HOSTS = {1: "v4-8", 2: "v4-16", 4: "v4-32"}
-
-
-@pytest.fixture(params=["local"])
-def make_slice(request):
-    """make_slice(hosts) -> a launched, current slice with that many hosts on this transport."""
-
-    def make(hosts: int = 2, name: str | None = None):
-        return api.launch(ACCELERATOR_FOR_HOSTS[hosts], name=name)
-
-    return make
-
-
 def test_state_persists_across_cells(make_slice, cell):
     make_slice(2)
     first = cell("%%on_tpu\nimport os\nx = int(os.environ['TPUNB_HOST_INDEX']) * 10\nprint('set', x)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import sys
 import time
@@ -10,11 +11,11 @@ from typing import Any
 from tpunb import catalog
 from tpunb.errors import NoSliceError, TpunbError, UsageError
 from tpunb.provision import local
-from tpunb.registry import Registry, SliceRecord
+from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.results import RunResult
 from tpunb.slice import Slice
 
-BACKENDS = ("local",)
+BACKENDS = ("local",)  # ways %tpu_launch makes hosts; %tpu_connect brings its own (backend "ssh")
 _attached: dict[str, Slice] = {}
 _current: list[str] = []  # the current slice's name, last one wins
 _env: dict[str, dict[str, str]] = {}  # --env values per slice: memory only, never the registry
@@ -68,14 +69,112 @@ def parse_env(pairs: list[str] | dict | None) -> dict[str, str]:
     return env
 
 
+def _host_env(record: SliceRecord, index: int) -> dict[str, str]:
+    """What every host gets in its environment: where it sits in the slice, plus --env values."""
+    env = {"TPUNB_HOST_INDEX": str(index), "TPUNB_NUM_HOSTS": str(len(record.hosts)), "TPUNB_SLICE": record.name}
+    if record.accelerator:
+        env["TPUNB_ACCELERATOR"] = record.accelerator
+    return env
+
+
+def _ssh_slice(record: SliceRecord, reg: Registry) -> Slice:
+    """Hosts brought with %tpu_connect: one SSH connection each, jax.distributed over host 0."""
+    from tpunb.transport.ssh import connect_all
+
+    spec = record.spec
+    transports = connect_all([h.address for h in record.hosts], user=spec.get("user"), key_path=spec.get("key"),
+                             python=spec.get("python", "python3"), connect_timeout=spec.get("connect_timeout", 10.0),
+                             registry=reg)
+    coordinator = transports[0].host
+    num_hosts = len(record.hosts)
+
+    def host_init(index: int, coordinator_port: int) -> dict:
+        env = {**_host_env(record, index), **_env.get(record.name, {})}
+        jax = {"initialize": num_hosts > 1,
+               "kwargs": {"coordinator_address": f"{coordinator}:{coordinator_port}", "num_processes": num_hosts,
+                          "process_id": index, "initialization_timeout": 120}}
+        return {"env": env, "jax": jax, "drop_output": local.GLOO_CHATTER, "cwd": spec.get("cwd")}
+
+    return Slice(record, transports, host_init, reg, coordinator_port=lambda: random.randint(20000, 39999))
+
+
+def _build_slice(record: SliceRecord, reg: Registry) -> Slice:
+    if record.backend == "local":
+        return _local_slice(record, reg)
+    if record.backend == "ssh":
+        return _ssh_slice(record, reg)
+    raise UsageError(f"slice {record.name!r} uses backend {record.backend!r}, which this tpunb cannot attach")
+
+
+def connect(hosts: list[str] | str, user: str | None = None, key: str | None = None, port: int = 22,
+            name: str | None = None, env: Any = None, python: str = "python3", accelerator: str | None = None,
+            accept_new_host_key: bool = False, cwd: str | None = None, connect_timeout: float = 10.0) -> Slice:
+    """Make a slice of hosts you bring (TPU VMs created elsewhere, any Linux machines) over SSH.
+
+    Host index follows the order given. ``accept_new_host_key`` forgets the recorded keys of
+    these hosts first: use it when a host was re-created, never by default.
+    """
+    from tpunb.transport.ssh import forget_host_key, parse_host
+
+    specs = [h.strip() for h in (hosts.split(",") if isinstance(hosts, str) else hosts) if h.strip()]
+    if not specs:
+        raise UsageError("give at least one host, e.g. %tpu_connect 10.0.0.2,10.0.0.3")
+    if accelerator:
+        accel = catalog.lookup(accelerator)
+        if accel.hosts != len(specs):
+            raise UsageError(f"{accel.name} has {accel.hosts} host{'s' if accel.hosts > 1 else ''}, "
+                             f"but {len(specs)} were given")
+        accelerator = accel.name
+    addresses = []
+    for spec in specs:
+        spec_user, host, spec_port = parse_host(spec, user, port)
+        addresses.append(host if spec_port == 22 else f"{host}:{spec_port}")
+        if spec_user != (user or spec_user):
+            raise UsageError(f"{spec}: give the user once with --user, or as user@host on every host")
+        user = spec_user
+    reg = registry()
+    if name is not None:
+        _check_name(name)
+        if name in _attached or reg.get_slice(name) is not None:
+            raise UsageError(f"a slice named {name!r} exists: attach with %tpu_use {name}, or %tpu_down {name} first")
+    if accept_new_host_key:
+        for address in addresses:
+            host, _, spec_port = address.partition(":")
+            forget_host_key(host, int(spec_port or 22), reg)
+    name = name or _free_name("hosts", reg)
+    values = parse_env(env)
+    record = SliceRecord(name=name, accelerator=accelerator or "", backend="ssh", state="running",
+                         owner_pid=os.getpid(),
+                         spec={"user": user, "key": str(key) if key else None, "python": python, "cwd": cwd,
+                               "connect_timeout": connect_timeout, "env_keys": sorted(values)},
+                         hosts=[HostRecord(i, a) for i, a in enumerate(addresses)])
+    started = time.perf_counter()
+    print(f"Connecting to {len(addresses)} host{'s' if len(addresses) > 1 else ''} over SSH as {name!r} ...",
+          file=sys.stderr)
+    _env[name] = values
+    try:
+        sl = _ssh_slice(record, reg)
+        try:
+            sl.connect()
+        except BaseException:
+            sl.session.close()
+            raise
+    except BaseException:
+        _env.pop(name, None)
+        raise
+    reg.save_slice(record)
+    _attach(sl)
+    print(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu",
+          file=sys.stderr)
+    return sl
+
+
 def _local_slice(record: SliceRecord, reg: Registry) -> Slice:
     accelerator = catalog.lookup(record.accelerator)
     num_hosts = len(record.hosts)
 
     def host_init(index: int, coordinator_port: int) -> dict:
-        env = {"TPUNB_HOST_INDEX": str(index), "TPUNB_NUM_HOSTS": str(num_hosts), "TPUNB_SLICE": record.name,
-               "TPUNB_ACCELERATOR": accelerator.name, **local.host_environment(accelerator),
-               **_env.get(record.name, {})}
+        env = {**_host_env(record, index), **local.host_environment(accelerator), **_env.get(record.name, {})}
         return {"env": env, "cwd": os.getcwd(), "jax": local.jax_settings(num_hosts, index, coordinator_port),
                 "drop_output": local.GLOO_CHATTER}
 
@@ -141,19 +240,26 @@ def use(name: str) -> Slice:
         known = [r.name for r in reg.list_slices()]
         hint = f"known slices: {', '.join(known)}" if known else "launch one with %tpu_launch v4-16"
         raise NoSliceError(f"no slice named {name!r}: {hint}")
-    if record.backend == "local":
-        if _owner_alive(record):
-            raise UsageError(f"local slice {name!r} runs in another kernel (pid {record.owner_pid}): "
-                             "its host processes belong to that kernel; use it there or %tpu_down it")
-        sl = _local_slice(record, reg)
+    if record.backend == "local" and _owner_alive(record):
+        raise UsageError(f"local slice {name!r} runs in another kernel (pid {record.owner_pid}): "
+                         "its host processes belong to that kernel; use it there or %tpu_down it")
+    sl = _build_slice(record, reg)
+    try:
         sl.connect()
-        record.owner_pid, record.state = os.getpid(), "running"
-        reg.save_slice(record)
-        print(f"[tpunb] started {sl.num_hosts} new host process{'es' if sl.num_hosts > 1 else ''} for local slice "
-              f"{name!r}: the previous ones ended with their kernel, so their state was lost", file=sys.stderr)
-        _attach(sl)
-        return sl
-    raise UsageError(f"slice {name!r} uses backend {record.backend!r}, which this tpunb cannot attach")
+    except BaseException:
+        sl.session.close()
+        raise
+    record.owner_pid, record.state = os.getpid(), "running"
+    reg.save_slice(record)
+    what = "host process" if record.backend == "local" else "host session"
+    print(f"[tpunb] started {sl.num_hosts} new {what}{'s' if sl.num_hosts > 1 else ''} for {name!r}: the previous "
+          "ones ended with their kernel, so their state was lost", file=sys.stderr)
+    missing = [k for k in record.spec.get("env_keys", []) if k not in _env.get(name, {})]
+    if missing:
+        print(f"[tpunb] --env values are never stored, so {', '.join(missing)} are not set on the hosts now: "
+              f"%tpu_down {name} and connect again with --env to set them", file=sys.stderr)
+    _attach(sl)
+    return sl
 
 
 def current(name: str | None = None) -> Slice:
@@ -208,7 +314,10 @@ def status():
         if sl is not None:
             rows.extend(sl.status_rows(current=record.name == current_name))
             continue
-        state = "in another kernel" if _owner_alive(record) else "stopped (use %tpu_use to restart)"
+        if record.backend == "local":
+            state = "in another kernel" if _owner_alive(record) else "stopped (use %tpu_use to restart)"
+        else:
+            state = "not connected (use %tpu_use to reconnect)"
         for host in record.hosts:
             rows.append({"slice": record.name, "current": "", "accelerator": record.accelerator,
                          "backend": record.backend, "host": host.index, "address": host.address,
@@ -231,3 +340,4 @@ def detach_all() -> None:
         sl.session.close()
     _attached.clear()
     _current.clear()
+    _env.clear()

@@ -38,6 +38,10 @@ class HostKeyError(TransportError):
     """A host presented a key that differs from the one recorded for it."""
 
 
+class AuthenticationError(TransportError):
+    """A host rejected our SSH key."""
+
+
 class ProtocolError(TransportError):
     """The agent on a host speaks another protocol version or sent a malformed frame."""
 

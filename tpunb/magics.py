@@ -1,10 +1,10 @@
 """IPython magics: parse the arguments, make one call into the Python API, render the answer."""
 from __future__ import annotations
 
-import shlex
+import argparse
 
 from IPython.core.error import UsageError as IPythonUsageError
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from tpunb import api
@@ -53,13 +53,69 @@ class TpuMagics(Magics):
         result.raise_for_status()
 
     @magic_arguments()
+    @argument("hosts", help="HOST[,HOST...], each [user@]host[:port]; host index follows this order")
+    @argument("--user", default=None, help="login user (default: yours)")
+    @argument("--key", default=None, help="private key (default: tpunb's own ed25519 key under $TPUNB_HOME/keys)")
+    @argument("--port", type=int, default=22)
+    @argument("--name", default=None, help="slice name")
+    @argument("--env", nargs="+", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
+    @argument("--python", default="python3", help="Python >= 3.10 on the hosts")
+    @argument("--accelerator", default=None, help="what the hosts are (e.g. v4-16), for status and JAX")
+    @argument("--accept-new-host-key", action="store_true", help="the hosts were re-created: record their new keys")
+    @line_magic
+    def tpu_connect(self, line: str):
+        """Make a slice of hosts you bring, over SSH: %tpu_connect 10.0.0.2,10.0.0.3 --user me."""
+        args = _parse(self.tpu_connect, line)
+        api.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
+                    python=args.python, accelerator=args.accelerator, accept_new_host_key=args.accept_new_host_key)
+
+    @magic_arguments()
+    @argument("command", nargs=argparse.REMAINDER, help="the shell command (or the cell, with %%tpu_run)")
+    @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3")
+    @argument("--timeout", type=float, default=None)
+    @argument("--slice", dest="slice_name", default=None)
+    @line_cell_magic
+    def tpu_run(self, line: str, cell: str | None = None):
+        """Run a shell command on every host; output labelled by host; fails if any host fails."""
+        args = _parse(self.tpu_run, line)
+        command = cell if cell is not None else " ".join(args.command)
+        if cell is not None and args.command:
+            raise UsageError("with %%tpu_run the command is the cell. Usage: %%tpu_run [--hosts H] [--timeout S]")
+        sl = api.current(args.slice_name)
+        result = sl.run_shell(command, hosts=args.hosts, timeout=args.timeout)
+        codes = {h: r.exit_code for h, r in result.items()}
+        if sl.num_hosts > 1 and any(code not in (0, None) for code in codes.values()):
+            print("exit codes: " + ", ".join(f"[{h}] {c}" for h, c in codes.items()))
+        result.raise_for_status()
+
+    @magic_arguments()
+    @argument("local_dir", nargs="?", default=".", help="directory to copy (default: the notebook's)")
+    @argument("remote_dir", nargs="?", default=None, help="where on the hosts (default: ~/<local dir name>)")
+    @argument("--exclude", nargs="+", default=[], metavar="PATTERN", help="gitignore-style patterns to skip")
+    @argument("--slice", dest="slice_name", default=None)
+    @line_magic
+    def tpu_sync(self, line: str):
+        """Copy a working directory to every host, only what changed, honouring .gitignore."""
+        from tpunb.widgets.progress import Progress
+
+        args = _parse(self.tpu_sync, line)
+        sl = api.current(args.slice_name)
+        progress = Progress(f"sync {args.local_dir}")
+        patterns = tuple(p.strip("'\"") for p in args.exclude)  # IPython keeps quotes users type around globs
+        report = sl.sync(args.local_dir, args.remote_dir, patterns, progress=progress.update)
+        if report is None:
+            progress.close("nothing to copy: the hosts of a local simulated slice share this machine's files")
+        else:
+            progress.close(str(report))
+
+    @magic_arguments()
     @argument("name")
     @line_magic
     def tpu_use(self, line: str):
         """Attach a slice by name (after a kernel restart, or to switch slices)."""
         args = _parse(self.tpu_use, line)
         sl = api.use(args.name)
-        print(f"current slice: {sl.name} ({sl.accelerator.name}, {sl.num_hosts} hosts, {sl.backend})")
+        print(f"current slice: {sl.name} ({sl.kind}, {sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}, {sl.backend})")
 
     @magic_arguments()
     @argument("name", nargs="?", default=None)
@@ -112,6 +168,3 @@ class TpuMagics(Magics):
         self.shell.user_ns[args.name] = value
         return value
 
-
-def split_line(line: str) -> list[str]:
-    return shlex.split(line)

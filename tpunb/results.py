@@ -86,6 +86,11 @@ class RunResult(Mapping):
             summary = f"{first[0]}: {first[1]}" if len(groups) == 1 else f"{len(groups)} different errors"
             raise RemoteError(f"{summary} on host{'s' if len(errors) > 1 else ''} {format_hosts(errors)}",
                               rendered, self, notes)
+        failed = {h: r.exit_code for h, r in self._results.items() if r.status == "error" and r.exit_code is not None}
+        if failed:
+            codes = ", ".join(f"host {h}: exit {code}" for h, code in failed.items())
+            raise RemoteError(f"the command failed on host{'s' if len(failed) > 1 else ''} "
+                              f"{format_hosts(failed)} ({codes})", results=self, notes=notes)
         if self.hosts_with("died", "killed"):
             error = HostDiedError(" ".join(notes))
             error.results = self

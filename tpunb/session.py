@@ -66,6 +66,7 @@ class HostResult:
     error: dict | None = None  # {"ename", "evalue", "traceback": [lines]}
     seconds: float | None = None
     detail: str = ""  # why a host died or was killed
+    exit_code: int | None = None  # shell commands (%tpu_run)
 
     @property
     def ok(self) -> bool:
@@ -90,6 +91,7 @@ class HostConnection:
     def launch(self) -> None:
         """Start the agent and ship it; the handshake is finished by ``handshake``."""
         self._handshake = queue.Queue()  # a fresh one: the previous agent may have left "died" in it
+        self.transport.connect()  # after a lost connection, the next cell reconnects by itself
         self.process = self.transport.spawn([self.transport.python, "-c", BOOTSTRAP])
         self.process.send(agent_bundle())
         threading.Thread(target=self._read_loop, args=(self.process, self._handshake), daemon=True,
@@ -281,7 +283,7 @@ class Session:
 
     # -- cells --------------------------------------------------------------------------------
     def execute(self, code: str, indices: list[int], timeout: float | None = None,
-                sink: OutputSink | None = None) -> dict[int, HostResult]:
+                sink: OutputSink | None = None, shell: bool = False) -> dict[int, HostResult]:
         """Run ``code`` on these hosts at once; per-host results, whatever happened.
 
         Raises CellInterrupted (carrying the results) only when the kernel itself is
@@ -294,7 +296,8 @@ class Session:
         try:
             for i in indices:
                 try:
-                    self.hosts[i].send({"op": "exec", "id": rid, "code": code})
+                    request = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code}
+                    self.hosts[i].send({**request, "id": rid})
                     pending.add(i)
                 except TransportError as exc:
                     results[i].status, results[i].detail = "died", str(exc)
@@ -351,6 +354,7 @@ class Session:
             if result.status == "running":
                 result.status = message.get("status") or "ok"
             result.seconds = message.get("seconds")
+            result.exit_code = message.get("exit_code")
             pending.discard(index)
             sink.host_done(index)
         elif op == "died" and index in pending:

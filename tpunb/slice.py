@@ -47,11 +47,14 @@ class Slice:
     """A slice's hosts and their agents. Make one with tpunb.launch() or tpunb.use()."""
 
     def __init__(self, record: SliceRecord, transports: list[Transport],
-                 host_init: Callable[[int, int], dict], registry: Registry) -> None:
+                 host_init: Callable[[int, int], dict], registry: Registry,
+                 coordinator_port: Callable[[], int] | None = None) -> None:
         self.record = record
-        self.accelerator = catalog.lookup(record.accelerator)
+        #: the catalog entry; None for hosts brought with %tpu_connect and no --accelerator
+        self.accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
         self.registry = registry
         self._host_init = host_init
+        self._pick_port = coordinator_port
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host)
         self.logs = HostLogs(tpunb_home() / "logs" / record.name)
@@ -71,10 +74,14 @@ class Slice:
     def num_hosts(self) -> int:
         return len(self.session.hosts)
 
+    @property
+    def kind(self) -> str:
+        """The accelerator type, or 'N hosts' for hosts brought without one."""
+        return self.accelerator.name if self.accelerator else f"{self.num_hosts} hosts"
+
     def __repr__(self) -> str:
         alive = sum(h.alive for h in self.session.hosts)
-        return (f"<Slice {self.name!r}: {self.accelerator.name} on {self.backend}, "
-                f"{alive}/{self.num_hosts} hosts up>")
+        return f"<Slice {self.name!r}: {self.kind} on {self.backend}, {alive}/{self.num_hosts} hosts up>"
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _init_for_host(self, index: int) -> dict:
@@ -83,9 +90,11 @@ class Slice:
     def connect(self, hosts: list[int] | None = None) -> None:
         """Start the agents (all hosts, or these); a fresh JAX coordinator port for a full start."""
         if hosts is None or len(hosts) == self.num_hosts:
-            from tpunb.provision.local import free_port
-
-            self._coordinator_port = free_port()
+            if self._pick_port is None:
+                from tpunb.provision.local import free_port as pick
+            else:
+                pick = self._pick_port
+            self._coordinator_port = pick()
             self.session.jax_started = False
             hosts = None
         self.session.start(hosts)
@@ -169,6 +178,40 @@ class Slice:
                 for line in message["text"].splitlines():
                     stream.write(f"[{host}, between cells] {line}\n")
 
+    def run_shell(self, command: str, hosts: str | list[int] | None = None, timeout: float | None = None,
+                  output: str | None = "grouped") -> RunResult:
+        """Run a shell command on the hosts at once (with their environment); exit code per host."""
+        if not command.strip():
+            raise UsageError("give a shell command, e.g. %tpu_run nproc")
+        indices = parse_hosts(hosts, self.num_hosts)
+        self.revive()
+        sink = CellOutput(indices, self.num_hosts, output or "grouped", self.logs) if output else _LogOnly(self.logs)
+        self.logs.begin_cell(indices, "$ " + command)
+        try:
+            results = self.session.execute(command, indices, timeout, sink, shell=True)
+        finally:
+            _finish(sink)
+        self.last_result = RunResult(results, timeout)
+        return self.last_result
+
+    def sync(self, local_dir: str = ".", remote_dir: str | None = None, exclude: tuple[str, ...] = (),
+             progress: Callable[[int, int], None] | None = None):
+        """Copy a working directory to every host (incremental, honours .gitignore); a SyncReport.
+
+        Hosts of a local simulated slice share this machine's files, so there is nothing to copy.
+        """
+        from pathlib import Path
+
+        transports = self.session.transports
+        if not all(hasattr(t, "sftp") for t in transports):
+            return None
+        from tpunb.sync import sync_tree
+
+        for transport in transports:
+            transport.connect()
+        target = remote_dir or Path(local_dir).resolve().name
+        return sync_tree(transports, local_dir, target, exclude=exclude, progress=progress)
+
     # -- data ---------------------------------------------------------------------------------
     def push(self, values: dict[str, Any], hosts: str | list[int] | None = None) -> None:
         """Set these names to these values in every chosen host's namespace."""
@@ -189,7 +232,7 @@ class Slice:
         for host in self.session.hosts:
             record = self.record.hosts[host.index] if host.index < len(self.record.hosts) else None
             rows.append({
-                "slice": self.name, "current": "*" if current else "", "accelerator": self.accelerator.name,
+                "slice": self.name, "current": "*" if current else "", "accelerator": self.kind,
                 "backend": self.backend, "host": host.index,
                 "address": record.address if record else host.transport.address,
                 "state": "running" if host.alive else "dead",

@@ -18,13 +18,14 @@ import stat
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from tpunb.errors import TransportError
 from tpunb.transport.sftp import CREATE, TRUNCATE, WRITE_FLAG, PipelinedSFTP, attrs
+from tpunb.transport.ssh import SSHTransport
 
 MANIFEST = ".tpunb-sync.json"
 OPEN_AHEAD = 16  # files whose OPEN is in flight while an earlier one is written
@@ -132,7 +133,7 @@ class _Progress:
 class _HostJob:
     """Sync to one host in two steps, so the total is known before the first byte is counted."""
 
-    def __init__(self, transport, local_dir: Path, remote_dir: str, files: list[LocalFile]) -> None:
+    def __init__(self, transport: SSHTransport, local_dir: Path, remote_dir: str, files: list[LocalFile]) -> None:
         self.transport = transport
         self.local_dir = local_dir
         self.root = remote_dir
@@ -176,8 +177,8 @@ class _HostJob:
         """Directories, then files (opens kept OPEN_AHEAD in flight), deletions, and the manifest."""
         sftp = self.sftp
         dirs = sorted({posixpath.dirname(f.rel) for f in self.to_send} - {""})
-        for d in sorted({p for d in dirs for p in _ancestors(d)}):
-            sftp.mkdir(self.remote(d))
+        for directory in sorted({p for d in dirs for p in _ancestors(d)}):
+            sftp.mkdir(self.remote(directory))
         sent: dict[str, list[int]] = {}
         queue = iter(self.to_send)
         opens: deque = deque()
@@ -242,15 +243,14 @@ def _remote_root(remote_dir: str) -> str:
     """SFTP paths are relative to the login directory; '~' and '~/x' mean that too."""
     if remote_dir in ("", "~", "~/"):
         return "."
-    if remote_dir.startswith("~/"):
-        remote_dir = remote_dir[2:]
+    remote_dir = remote_dir.removeprefix("~/")
     return remote_dir.rstrip("/") or "/"
 
 
 # -- all hosts ------------------------------------------------------------------------------------
 
 def sync_tree(
-    transports: Sequence,
+    transports: Sequence[SSHTransport],
     local_dir: str | os.PathLike,
     remote_dir: str | Sequence[str],
     exclude: Iterable[str] = (),
@@ -279,7 +279,7 @@ def sync_tree(
     pool = ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="tpunb-sync")
     try:
         planned = {pool.submit(j.plan): j for j in jobs}
-        _wait_all(planned, failures, counter, progress)
+        _wait_all(planned, failures, counter, None)
         ok = [j for j in jobs if j.result.address not in failures]
         counter.total = sum(f.result() for f, j in planned.items() if j in ok)
         _wait_all({pool.submit(j.send, counter): j for j in ok}, failures, counter, progress)

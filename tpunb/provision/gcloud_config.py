@@ -5,6 +5,7 @@ the environment (GOOGLE_CLOUD_PROJECT or CLOUDSDK_CORE_PROJECT, CLOUDSDK_COMPUTE
 gcloud's own configuration files, read directly (no gcloud subprocess: it takes a second and
 may not be installed). $CLOUDSDK_CONFIG moves gcloud's directory, as it does for gcloud.
 """
+
 from __future__ import annotations
 
 import configparser
@@ -38,9 +39,13 @@ def active_gcloud_config() -> configparser.ConfigParser | None:
     return parser
 
 
-def resolve_project_zone(project: str | None = None, zone: str | None = None) -> tuple[str | None, str | None]:
+def resolve_project_zone(
+    project: str | None = None, zone: str | None = None
+) -> tuple[str | None, str | None]:
     """(project, zone) from arguments, then environment, then gcloud's config; None where unknown."""
-    project = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT") or None
+    project = (
+        project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT") or None
+    )
     zone = zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE") or None
     if project is None or zone is None:
         config = active_gcloud_config()
@@ -55,7 +60,8 @@ def require_project_zone(project: str | None = None, zone: str | None = None) ->
     project, zone = resolve_project_zone(project, zone)
     if project is None:
         raise ProvisionError(
-            "no Google Cloud project: pass --project, set GOOGLE_CLOUD_PROJECT, or run `gcloud config set project PROJECT`"
+            "no Google Cloud project: pass --project, set GOOGLE_CLOUD_PROJECT, "
+            "or run `gcloud config set project PROJECT`"
         )
     if zone is None:
         raise ProvisionError(

@@ -10,6 +10,7 @@ times out or is interrupted deletes what it created before the error reaches the
 google.auth.default() credentials talk to the real API. google.cloud.tpu_v2 is imported on
 first use, so ``import tpunb`` stays fast.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -17,9 +18,10 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError
@@ -30,8 +32,18 @@ if TYPE_CHECKING:
     from google.cloud import tpu_v2
 
 __all__ = [
-    "ENDPOINT_ENV", "TPUNB_LABELS", "HostEndpoint", "NodeInfo", "NodeSpec",
-    "create", "delete", "get", "list_nodes", "resolve_project_zone", "require_project_zone",
+    "ENDPOINT_ENV",
+    "TPUNB_LABELS",
+    "HostEndpoint",
+    "NodeInfo",
+    "NodeSpec",
+    "create",
+    "delete",
+    "get",
+    "list_nodes",
+    "resolve_project_zone",
+    "require_project_zone",
+    "warm_up",
 ]
 
 ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
@@ -104,7 +116,11 @@ class NodeInfo:
     @property
     def lost(self) -> bool:
         """Preempted, terminated or otherwise gone for good: its hosts will not come back."""
-        return self.state in ("PREEMPTED", "TERMINATED") or self.queued_state in ("SUSPENDED", "SUSPENDING", "FAILED")
+        return self.state in ("PREEMPTED", "TERMINATED") or self.queued_state in (
+            "SUSPENDED",
+            "SUSPENDING",
+            "FAILED",
+        )
 
     @property
     def tpunb_owned(self) -> bool:
@@ -137,7 +153,14 @@ def _tpu() -> Any:
     return tpu_v2
 
 
-def client() -> "tpu_v2.TpuClient":
+def warm_up() -> threading.Thread:
+    """Import google-cloud-tpu in a background thread (about 0.2 s) so a first launch need not wait."""
+    thread = threading.Thread(target=_tpu, name="tpunb-gcp-import", daemon=True)
+    thread.start()
+    return thread
+
+
+def client() -> tpu_v2.TpuClient:
     """A TpuClient for the current endpoint (cached per endpoint)."""
     url = endpoint()
     key = url or "google"
@@ -189,14 +212,16 @@ def _translate(exc: BaseException, ctx: gcp_errors.Context) -> ProvisionError:
     from google.auth.exceptions import GoogleAuthError
 
     if isinstance(exc, GoogleAuthError):
-        return gcp_errors.tagged(f"{gcp_errors.CREDENTIALS_MESSAGE} ({gcp_errors.one_line(str(exc), 120)})", "credentials")
+        return gcp_errors.tagged(
+            f"{gcp_errors.CREDENTIALS_MESSAGE} ({gcp_errors.one_line(str(exc), 120)})", "credentials"
+        )
     return gcp_errors.error(gcp_errors.from_exception(exc), ctx)
 
 
 # -- records -------------------------------------------------------------------------------
 
 
-def _node_body(spec: NodeSpec, acc: catalog.Accelerator, launch: str) -> "tpu_v2.Node":
+def _node_body(spec: NodeSpec, acc: catalog.Accelerator, launch: str) -> tpu_v2.Node:
     tpu_v2 = _tpu()
     metadata = {}
     if spec.ssh_public_key:
@@ -332,12 +357,16 @@ def create(
         if spec.queued:
             queued = tpu_v2.QueuedResource(
                 tpu=tpu_v2.QueuedResource.Tpu(
-                    node_spec=[tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=spec.name, node=node)]
+                    node_spec=[
+                        tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=spec.name, node=node)
+                    ]
                 )
             )
             if spec.spot:
                 queued.spot = tpu_v2.QueuedResource.Spot()
-            op = api.create_queued_resource(parent=parent, queued_resource_id=spec.name, queued_resource=queued)
+            op = api.create_queued_resource(
+                parent=parent, queued_resource_id=spec.name, queued_resource=queued
+            )
         else:
             op = api.create_node(parent=parent, node_id=spec.name, node=node)
     except _api_errors() as e:
@@ -354,16 +383,18 @@ def create(
     except _TimedOut:
         note = _cleanup(spec)
         what = "queued resource" if spec.queued else "node"
-        hint = "no capacity came free: try another zone or --spot" if watch.last == "WAITING_FOR_RESOURCES" else (
-            "retry with a longer --timeout or another zone"
-        )
+        hint = "retry with a longer --timeout or another zone"
+        if watch.last == "WAITING_FOR_RESOURCES":
+            hint = "no capacity came free: try another zone" + ("" if spec.spot else " or --spot")
         raise gcp_errors.tagged(
             f"{what} {spec.name} was still {watch.last or 'not visible'} after {timeout:g} s (--timeout); "
             f"{note}; {hint}",
             "timeout",
         ) from None
     except _OperationFailed as e:
-        raise gcp_errors.error(gcp_errors.from_status(e.code, e.message), _with_cleanup(ctx, _cleanup(spec))) from None
+        raise gcp_errors.error(
+            gcp_errors.from_status(e.code, e.message), _with_cleanup(ctx, _cleanup(spec))
+        ) from None
     except ProvisionError as e:
         raise gcp_errors.tagged(f"{e}; {_cleanup(spec)}", getattr(e, "reason", "lost")) from None
     except _api_errors() as e:
@@ -393,12 +424,15 @@ def _wait_node(api: Any, op: Any, node_name: str, watch: _Transitions, deadline:
             if op.operation.error.code:
                 raise _OperationFailed(op.operation.error.code, op.operation.error.message)
             if node is None:
-                raise gcp_errors.tagged(f"node {node_name.rsplit('/', 1)[-1]} disappeared right after it was created", "lost")
-            continue  # done and fine: the next read sees READY
+                raise gcp_errors.tagged(
+                    f"node {node_name.rsplit('/', 1)[-1]} disappeared right after it was created", "lost"
+                )
         _wait_or_time_out(delays, deadline)
 
 
-def _wait_queued(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transitions, deadline: float | None) -> NodeInfo:
+def _wait_queued(
+    api: Any, op: Any, node_name: str, qr_name: str, watch: _Transitions, deadline: float | None
+) -> NodeInfo:
     delays = _poll_delays()
     while True:
         if op.done() and op.operation.error.code:
@@ -414,7 +448,9 @@ def _wait_queued(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transi
                 error = qr.state.failed_data.error
                 raise _OperationFailed(error.code, error.message)
             if state in LOST_QUEUED_STATES:
-                raise gcp_errors.tagged(f"queued resource {qr_name.rsplit('/', 1)[-1]} became {state} while waiting", "lost")
+                raise gcp_errors.tagged(
+                    f"queued resource {qr_name.rsplit('/', 1)[-1]} became {state} while waiting", "lost"
+                )
         _wait_or_time_out(delays, deadline)
 
 
@@ -434,7 +470,8 @@ def _cleanup(spec: NodeSpec) -> str:
     try:
         existed = delete(spec.project, spec.zone, spec.name, wait=True)
     except Exception as e:  # the original failure matters more; say what is left behind
-        return f"could not delete {what} {spec.name} ({gcp_errors.one_line(str(e), 120)}): delete it with %tpu_down {spec.name}"
+        why = gcp_errors.one_line(str(e), 120)
+        return f"could not delete {what} {spec.name} ({why}): delete it with %tpu_down {spec.name}"
     return f"deleted {what} {spec.name}" if existed else "nothing was left to clean up"
 
 
@@ -508,12 +545,17 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
 
 def _wait_gone(api: Any, node_name: str, qr_name: str, deadline: float) -> None:
     delays = _poll_delays()
-    while _get_or_none(api.get_queued_resource, qr_name) is not None or _get_or_none(api.get_node, node_name) is not None:
+    while (
+        _get_or_none(api.get_queued_resource, qr_name) is not None
+        or _get_or_none(api.get_node, node_name) is not None
+    ):
         try:
             _wait_or_time_out(delays, deadline)
         except _TimedOut:
             name = node_name.rsplit("/", 1)[-1]
-            raise gcp_errors.tagged(f"{name} is still being deleted; check it later with %tpu_status", "timeout") from None
+            raise gcp_errors.tagged(
+                f"{name} is still being deleted; check it later with %tpu_status", "timeout"
+            ) from None
 
 
 def list_nodes(

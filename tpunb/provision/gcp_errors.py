@@ -7,6 +7,7 @@ a google.rpc.Status code), or a queued resource's ``failedData.error``. All thre
 message written for a notebook user. The kind is kept on the error as ``.reason`` so callers
 can branch (e.g. try another zone on "no_capacity") without parsing text.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,14 +22,31 @@ CREDENTIALS_MESSAGE = (
 )
 
 _GRPC_STATUS = {
-    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
-    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
-    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+    1: "CANCELLED",
+    2: "UNKNOWN",
+    3: "INVALID_ARGUMENT",
+    4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND",
+    6: "ALREADY_EXISTS",
+    7: "PERMISSION_DENIED",
+    8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION",
+    10: "ABORTED",
+    11: "OUT_OF_RANGE",
+    12: "UNIMPLEMENTED",
+    13: "INTERNAL",
+    14: "UNAVAILABLE",
     16: "UNAUTHENTICATED",
 }
 _HTTP_STATUS = {
-    400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-    409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE",
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
 }
 
 
@@ -152,7 +170,10 @@ def _zones_with(accelerator: str, except_zone: str = "", limit: int = 4) -> list
 def _invalid_zone(f: Failure, ctx: Context) -> str:
     where = _zones_with(ctx.accelerator)
     hint = f"; {ctx.accelerator} is offered in {', '.join(where)}" if where else ""
-    return f"zone {ctx.zone!r} does not exist or has no Cloud TPUs for project {ctx.project}{hint}: pass another --zone"
+    return (
+        f"zone {ctx.zone!r} does not exist or has no Cloud TPUs for project {ctx.project}{hint}: "
+        "pass another --zone"
+    )
 
 
 def _invalid_accelerator(f: Failure, ctx: Context) -> str:
@@ -187,11 +208,14 @@ def _either(options: list[str]) -> str:
 
 
 def _quota(f: Failure, ctx: Context) -> str:
-    options = [f"request more TPU quota (https://console.cloud.google.com/iam-admin/quotas?project={ctx.project})"]
+    options = [
+        f"request more TPU quota (https://console.cloud.google.com/iam-admin/quotas?project={ctx.project})"
+    ]
     if not ctx.spot:
         options.append("try --spot (spot has its own quota)")
     options.append("try another zone")
-    return f"quota exceeded for {ctx.accelerator} in {ctx.zone} (RESOURCE_EXHAUSTED: {f.message}): {_either(options)}"
+    what = f"quota exceeded for {ctx.accelerator} in {ctx.zone} (RESOURCE_EXHAUSTED: {f.message})"
+    return f"{what}: {_either(options)}"
 
 
 def _no_capacity(f: Failure, ctx: Context) -> str:
@@ -216,7 +240,10 @@ def preempted_message(name: str, state: str, spot: bool) -> str:
 
 
 def _already_exists(f: Failure, ctx: Context) -> str:
-    return f"a TPU named {ctx.name} already exists in {ctx.zone}: pick another name, or delete it first (%tpu_down {ctx.name})"
+    return (
+        f"a TPU named {ctx.name} already exists in {ctx.zone}: "
+        f"pick another name, or delete it first (%tpu_down {ctx.name})"
+    )
 
 
 def _not_found(f: Failure, ctx: Context) -> str:

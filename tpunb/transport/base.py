@@ -8,6 +8,22 @@ Everything else (interrupts, output, values) travels as frames over these two st
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Callable
+
+
+def read_exact(recv: Callable[[int], bytes], n: int) -> bytes:
+    """Exactly ``n`` bytes from ``recv`` (a pipe's read, a channel's recv); fewer only at end of stream."""
+    chunks = []
+    while n:
+        try:
+            chunk = recv(n)
+        except (OSError, ValueError):
+            chunk = b""
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
 
 
 class AgentProcess(ABC):
@@ -45,6 +61,9 @@ class Transport(ABC):
     address: str = ""
     #: the Python interpreter to run on the host
     python: str = "python3"
+
+    def connect(self) -> None:
+        """(Re)establish the connection if it is down; hosts reached without one need nothing."""
 
     @abstractmethod
     def spawn(self, argv: list[str]) -> AgentProcess:

@@ -9,7 +9,7 @@ import sys
 import threading
 
 from tpunb.errors import TransportError
-from tpunb.transport.base import AgentProcess, Transport
+from tpunb.transport.base import AgentProcess, Transport, read_exact
 
 
 def _batch_scheduling(pid: int) -> None:
@@ -53,17 +53,7 @@ class LocalAgentProcess(AgentProcess):
             raise TransportError(f"local host process {self.pid} is gone ({exc})") from None
 
     def recv_exact(self, n: int) -> bytes:
-        chunks = []
-        while n:
-            try:
-                chunk = self._stdout.read(n)
-            except (ValueError, OSError):
-                chunk = b""
-            if not chunk:
-                break
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+        return read_exact(self._stdout.read, n)
 
     def signal_group(self, pgid: int, sig: int) -> None:
         try:

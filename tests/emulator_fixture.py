@@ -1,0 +1,34 @@
+"""Pytest fixtures for the Cloud TPU API emulator: a fresh one per test, tpunb pointed at it.
+
+In conftest.py: ``from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401``.
+Override ``tpu_emulator_options`` (start_emulator keyword arguments) in a module or conftest
+to change timings, start with faults, or hand the emulator an sshd's hosts and authorized keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tpunb.emulator import EmulatorHandle, start_emulator
+
+FAST = {"create_seconds": 0.1, "delete_seconds": 0.05, "queue_seconds": 0.05}
+
+
+@pytest.fixture
+def tpu_emulator_options() -> dict:
+    """Keyword arguments for start_emulator; fast timings by default."""
+    return dict(FAST)
+
+
+@pytest.fixture
+def tpu_emulator(tpu_emulator_options: dict, monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatorHandle]:
+    """A running emulator (``.url``, ``.admin()``, ``.faults()``, ``.preempt()``, ``.state()``,
+    ``.wait_for()``...) with TPUNB_TPU_API_ENDPOINT set to it for the test."""
+    url, handle = start_emulator(**tpu_emulator_options)
+    monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", url)
+    try:
+        yield handle
+    finally:
+        handle.stop()

@@ -1,0 +1,81 @@
+"""A small client for the emulator's admin endpoints, for tests, benchmarks and notebooks.
+
+It talks HTTP (urllib, stdlib) so it drives an emulator in this process and one started as
+``python -m tpunb.emulator`` in exactly the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+
+class AdminError(RuntimeError):
+    """The emulator answered an admin call with an error."""
+
+
+class AdminClient:
+    """Fault injection, preemption, state and reset of one emulator at ``url``."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def admin(self, method: str, path: str, body: dict | None = None) -> Any:
+        """One admin call, e.g. ``admin("POST", "/_emulator/faults", {"quota": "http"})``."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as e:
+            raise AdminError(f"{method} {path}: {e.code} {e.read().decode(errors='replace')}") from None
+
+    def state(self) -> dict:
+        return self.admin("GET", "/_emulator/state")
+
+    def nodes(self) -> list[dict]:
+        return self.state()["nodes"]
+
+    def queued_resources(self) -> list[dict]:
+        return self.state()["queuedResources"]
+
+    def faults(self, **changes: Any) -> dict:
+        """Turn faults on or off: quota="operation"|"http", no_capacity=True|[zones],
+        permission_denied=True, api_disabled=True, slow_create=seconds, preempt_after=seconds."""
+        return self.admin("POST", "/_emulator/faults", changes)
+
+    def clear_faults(self) -> dict:
+        return self.admin("DELETE", "/_emulator/faults")
+
+    def timings(self, **changes: float) -> dict:
+        return self.admin("POST", "/_emulator/timings", changes)
+
+    def preempt(self, node: str, after: float | None = None, state: str | None = None) -> dict:
+        """Preempt ``node`` (its id or full name) now, or ``after`` seconds from now."""
+        body: dict[str, Any] = {}
+        if after is not None:
+            body["after"] = after
+        if state is not None:
+            body["state"] = state
+        return self.admin("POST", f"/_emulator/nodes/{node}:preempt", body)
+
+    def reset(self) -> dict:
+        return self.admin("POST", "/_emulator/reset")
+
+    def wait_for(
+        self, predicate: Callable[[dict], bool], timeout: float = 10.0, interval: float = 0.01
+    ) -> dict:
+        """Poll the state until ``predicate(state)`` holds; returns that state or raises TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.state()
+            if predicate(state):
+                return state
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"emulator state did not reach the condition in {timeout} s: {state}")
+            time.sleep(interval)

@@ -1,0 +1,148 @@
+"""The hosts behind emulated TPU nodes: addresses from a pool and the sshd's authorized keys.
+
+With a pool (``--ssh-hosts 127.0.0.2,127.0.0.3``, all served by one sshd on ``--ssh-port``),
+each node gets real addresses tpunb can SSH into, and the public keys from its ``ssh-keys``
+metadata are appended to that sshd's AuthorizedKeysFile while the node is READY. Each line we
+add ends with a ``tpunb-emulator:<instance>:<node>`` marker (sshd reads it as part of the comment),
+so we remove exactly our lines (this emulator's, this node's) and leave everyone else's alone.
+Without a pool, nodes get made-up 10.x / 34.x addresses that nothing ever connects to.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = "tpunb-emulator:"
+KEY_TYPES = ("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One worker's addresses, as networkEndpoints reports them."""
+
+    internal_ip: str
+    external_ip: str | None
+
+
+def parse_ssh_keys(metadata_value: str) -> list[str]:
+    """Public key lines from GCP ``ssh-keys`` metadata (``user:ssh-ed25519 AAAA... comment``)."""
+    keys = []
+    for line in metadata_value.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, rest = line.partition(":")
+        if sep and " " not in user and rest.lstrip().startswith(KEY_TYPES):
+            line = rest.strip()
+        if line.startswith(KEY_TYPES):
+            keys.append(line)
+    return keys
+
+
+class HostPool:
+    """Hands out worker addresses per node and keeps the authorized keys file in step."""
+
+    def __init__(
+        self,
+        addresses: list[str] | None = None,
+        ssh_port: int = 22,
+        authorized_keys: str | Path | None = None,
+    ) -> None:
+        self.addresses = list(addresses or [])
+        self.ssh_port = ssh_port
+        self.authorized_keys = Path(authorized_keys) if authorized_keys else None
+        self._owner: dict[str, str] = {}  # address -> node name
+        self._fake: dict[str, list[Endpoint]] = {}
+        self._counter = itertools.count(2)
+        self._lock = threading.Lock()
+        self._tag = f"{MARKER}{os.getpid()}-{os.urandom(3).hex()}:"
+
+    @property
+    def real(self) -> bool:
+        """True when nodes get addresses of real SSH hosts."""
+        return bool(self.addresses)
+
+    def free(self) -> int:
+        with self._lock:
+            return len(self.addresses) - len(self._owner)
+
+    def allocate(self, owner: str, count: int, external: bool) -> list[Endpoint] | None:
+        """``count`` endpoints for ``owner``, or None when the pool cannot hold them (stockout)."""
+        with self._lock:
+            if self.real:
+                free = [a for a in self.addresses if a not in self._owner]
+                if len(free) < count:
+                    return None
+                for address in free[:count]:
+                    self._owner[address] = owner
+                return [Endpoint(a, a if external else None) for a in free[:count]]
+            endpoints = []
+            for _ in range(count):
+                n = next(self._counter)
+                endpoints.append(
+                    Endpoint(
+                        f"10.130.{n // 250 % 250}.{n % 250 + 2}",
+                        f"34.{120 + n // 62500 % 100}.{n // 250 % 250}.{n % 250 + 2}" if external else None,
+                    )
+                )
+            self._fake[owner] = endpoints
+            return endpoints
+
+    def release(self, owner: str) -> None:
+        """Give ``owner``'s addresses back to the pool and drop its keys."""
+        self.remove_keys(owner)
+        with self._lock:
+            for address in [a for a, o in self._owner.items() if o == owner]:
+                del self._owner[address]
+            self._fake.pop(owner, None)
+
+    def install_keys(self, owner: str, ssh_keys_metadata: str) -> int:
+        """Append ``owner``'s public keys to the authorized keys file; returns how many."""
+        keys = parse_ssh_keys(ssh_keys_metadata or "")
+        if not keys or self.authorized_keys is None:
+            return 0
+        self.remove_keys(owner)
+        lines = [f"{key} {self._tag}{owner}\n" for key in keys]
+        self.authorized_keys.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.authorized_keys, "a", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.writelines(lines)
+        return len(lines)
+
+    def remove_keys(self, owner: str) -> None:
+        """Remove the lines this emulator added for ``owner``; other lines stay as they are."""
+        if self.authorized_keys is None or not self.authorized_keys.exists():
+            return
+        suffix = f" {self._tag}{owner}"
+        self._rewrite(lambda line: line.rstrip("\n").endswith(suffix))
+
+    def remove_all_keys(self) -> None:
+        """Remove every line this emulator added (reset and shutdown)."""
+        if self.authorized_keys is None or not self.authorized_keys.exists():
+            return
+        self._rewrite(lambda line: f" {self._tag}" in line)
+
+    def _rewrite(self, drop) -> None:
+        """Remove the lines ``drop`` selects, under an exclusive lock, in place."""
+        with open(self.authorized_keys, "r+", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            lines = f.readlines()
+            kept = [line for line in lines if not drop(line)]
+            if len(kept) != len(lines):
+                f.seek(0)
+                f.truncate()
+                f.writelines(kept)
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "addresses": list(self.addresses),
+                "allocated": dict(self._owner),
+                "ssh_port": self.ssh_port,
+                "authorized_keys": str(self.authorized_keys) if self.authorized_keys else None,
+            }

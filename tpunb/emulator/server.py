@@ -1,0 +1,216 @@
+"""HTTP front of the emulator: the Cloud TPU v2 REST paths plus a small admin API.
+
+API (what google-cloud-tpu's REST transport calls; every path starts with /v2/):
+  GET|POST   projects/P/locations/Z/nodes             list (Z may be "-") | create (?nodeId=)
+  GET|DELETE projects/P/locations/Z/nodes/N
+  GET|POST   projects/P/locations/Z/queuedResources   list | create (?queuedResourceId=)
+  GET|DELETE projects/P/locations/Z/queuedResources/Q (?force=true deletes its node too)
+  GET        projects/P/locations/Z/operations/O
+Admin (JSON in and out):
+  GET  /_emulator/health               {"ok": true}
+  GET  /_emulator/state                every node, queued resource, pending operation, fault, timing
+  POST /_emulator/reset                forget everything; back to the faults/timings it started with
+  GET|POST|DELETE /_emulator/faults    read | merge (e.g. {"quota": "operation"}) | clear
+  POST /_emulator/timings              e.g. {"create_seconds": 2}
+  POST /_emulator/nodes/{id}:preempt   {"after": seconds, "state": "PREEMPTED"|"TERMINATED"} (both optional)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from tpunb.emulator.admin import AdminClient
+from tpunb.emulator.hosts import HostPool
+from tpunb.emulator.resources import ApiError
+from tpunb.emulator.state import Emulator, Faults, Timings
+
+_LOC = r"/v2/projects/(?P<project>[^/]+)/locations/(?P<zone>[^/]+)"
+_ROUTES: list[tuple[str, re.Pattern, str]] = [
+    ("GET", re.compile(_LOC + r"/nodes$"), "list_nodes"),
+    ("POST", re.compile(_LOC + r"/nodes$"), "create_node"),
+    ("GET", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+)$"), "get_node"),
+    ("DELETE", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+)$"), "delete_node"),
+    ("GET", re.compile(_LOC + r"/queuedResources$"), "list_queued"),
+    ("POST", re.compile(_LOC + r"/queuedResources$"), "create_queued"),
+    ("GET", re.compile(_LOC + r"/queuedResources/(?P<id>[^/:]+)$"), "get_queued"),
+    ("DELETE", re.compile(_LOC + r"/queuedResources/(?P<id>[^/:]+)$"), "delete_queued"),
+    ("GET", re.compile(r"/v2/(?P<name>projects/[^/]+/locations/[^/]+/operations/[^/:]+)$"), "get_operation"),
+    ("GET", re.compile(r"/_emulator/health$"), "admin_health"),
+    ("GET", re.compile(r"/_emulator/state$"), "admin_state"),
+    ("POST", re.compile(r"/_emulator/reset$"), "admin_reset"),
+    ("GET", re.compile(r"/_emulator/faults$"), "admin_faults"),
+    ("POST", re.compile(r"/_emulator/faults$"), "admin_set_faults"),
+    ("DELETE", re.compile(r"/_emulator/faults$"), "admin_clear_faults"),
+    ("POST", re.compile(r"/_emulator/timings$"), "admin_set_timings"),
+    ("POST", re.compile(r"/_emulator/nodes/(?P<ref>.+):preempt$"), "admin_preempt"),
+]
+
+
+def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body: dict) -> Any:
+    """Dispatch one matched route to the emulator (under its lock)."""
+    p, z = m.get("project", ""), m.get("zone", "")
+    size, token = int(q.get("pageSize") or 0), q.get("pageToken", "")
+    calls: dict[str, Callable[[], Any]] = {
+        "list_nodes": lambda: emu.call(emu.list_nodes, p, z, size, token),
+        "create_node": lambda: emu.call(emu.create_node, p, z, q.get("nodeId", ""), body),
+        "get_node": lambda: emu.call(emu.get_node, p, z, m["id"]),
+        "delete_node": lambda: emu.call(emu.delete_node, p, z, m["id"]),
+        "list_queued": lambda: emu.call(emu.list_queued, p, z, size, token),
+        "create_queued": lambda: emu.call(emu.create_queued, p, z, q.get("queuedResourceId", ""), body),
+        "get_queued": lambda: emu.call(emu.get_queued, p, z, m["id"]),
+        "delete_queued": lambda: emu.call(
+            emu.delete_queued, p, z, m["id"], q.get("force", "").lower() == "true"
+        ),
+        "get_operation": lambda: emu.call(emu.get_operation, m["name"]),
+        "admin_health": lambda: {"ok": True},
+        "admin_state": lambda: emu.call(emu.snapshot),
+        "admin_reset": lambda: emu.call(emu.reset),
+        "admin_faults": lambda: emu.call(lambda: emu.snapshot()["faults"]),
+        "admin_set_faults": lambda: emu.call(emu.set_faults, body),
+        "admin_clear_faults": lambda: emu.call(emu.clear_faults),
+        "admin_set_timings": lambda: emu.call(emu.set_timings, body),
+        "admin_preempt": lambda: emu.call(
+            emu.preempt, m["ref"], float(body.get("after") or 0), body.get("state")
+        ),
+    }
+    return calls[action]()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: the client's session reuses one connection
+    disable_nagle_algorithm = True  # headers and body go out as separate writes: no 40 ms delayed-ACK stall
+    server: _Server
+
+    def _dispatch(self) -> None:
+        url = urlsplit(self.path)
+        # the client appends "$alt=json;enum-encoding=int": split on ";" too
+        query = {k: v[-1] for k, v in parse_qs(url.query.replace(";", "&")).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+            for method, pattern, action in _ROUTES:
+                m = pattern.match(url.path)
+                if m and method == self.command:
+                    self._send(200, _api(self.server.emulator, action, m.groupdict(), query, body))
+                    return
+            raise ApiError(404, "NOT_FOUND", f"The emulator does not serve {self.command} {url.path}")
+        except ApiError as e:
+            self._send(e.http, e.body())
+        except (ValueError, KeyError, TypeError) as e:
+            self._send(400, ApiError(400, "INVALID_ARGUMENT", f"Bad request: {e}").body())
+
+    do_GET = do_POST = do_DELETE = do_PATCH = _dispatch
+
+    def _send(self, code: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], emulator: Emulator, verbose: bool = False) -> None:
+        super().__init__(address, _Handler)
+        self.emulator = emulator
+        self.verbose = verbose
+
+
+class EmulatorHandle(AdminClient):
+    """A running emulator in this process: its URL, the admin helpers and how to stop it."""
+
+    def __init__(self, server: _Server, thread: threading.Thread) -> None:
+        host, port = server.server_address[:2]
+        super().__init__(f"http://{host}:{port}")
+        self._server = server
+        self._thread = thread
+        self.emulator = server.emulator
+
+    def stop(self) -> None:
+        """Stop serving, stop the clock and remove the keys this emulator installed."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+        self.emulator.close()
+
+    def __enter__(self) -> EmulatorHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def build_emulator(
+    create_seconds: float = 0.5,
+    delete_seconds: float = 0.2,
+    queue_seconds: float = 0.3,
+    ssh_hosts: list[str] | None = None,
+    ssh_port: int = 22,
+    authorized_keys: str | None = None,
+    faults: dict | None = None,
+) -> Emulator:
+    """An Emulator from the same options the command line takes."""
+    emu_faults = Faults()
+    emu_faults.update(faults or {})
+    return Emulator(
+        Timings(create_seconds, delete_seconds, queue_seconds),
+        emu_faults,
+        HostPool(ssh_hosts, ssh_port, authorized_keys),
+    )
+
+
+def serve(host: str = "127.0.0.1", port: int = 0, verbose: bool = False, **options: Any) -> _Server:
+    """A bound (not yet serving) HTTP server around a new emulator."""
+    return _Server((host, port), build_emulator(**options), verbose=verbose)
+
+
+def start_emulator(port: int = 0, host: str = "127.0.0.1", **options: Any) -> tuple[str, EmulatorHandle]:
+    """Run an emulator in a background thread; returns its URL (for TPUNB_TPU_API_ENDPOINT) and a handle.
+
+    ``options`` are build_emulator's: create_seconds, delete_seconds, queue_seconds, ssh_hosts,
+    ssh_port, authorized_keys, faults (a dict like {"no_capacity": ["us-central2-b"]}), plus verbose.
+    """
+    server = serve(host, port, **options)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="tpu-emulator-http", daemon=True
+    )
+    thread.start()
+    handle = EmulatorHandle(server, thread)
+    return handle.url, handle
+
+
+def start_emulator_process(*flags: str, **popen_kwargs: Any) -> tuple[subprocess.Popen, str]:
+    """Run ``python -m tpunb.emulator --port 0 FLAGS...``; returns the process and its URL.
+
+    Reads the one line the emulator prints once it accepts requests. Stop it with
+    ``proc.terminate()`` (SIGTERM ends it cleanly, exit status 0).
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tpunb.emulator", "--port", "0", *flags],
+        stdout=subprocess.PIPE,
+        text=True,
+        **popen_kwargs,
+    )
+    line = proc.stdout.readline() if proc.stdout else ""
+    if not line.startswith("tpunb emulator listening on "):
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"the emulator did not start (exit status {proc.returncode}): {line!r}")
+    return proc, line.split()[-1]

@@ -1,0 +1,598 @@
+"""The emulated Cloud TPU v2 API as a state machine driven by a clock.
+
+Nodes go CREATING -> READY; queued resources WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE
+(creating their node on the way); deletes go DELETING -> gone; spot nodes can be PREEMPTED
+(their queued resource then SUSPENDED). Transitions are timed events on one heap, applied by a
+clock thread and also before every request, so what a client reads never lags the clock.
+Faults (quota, no capacity, permission denied, slow create, preemption) are plain settings
+that change how the next calls behave; tests flip them through the admin endpoint.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import re
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from tpunb import catalog
+from tpunb.emulator.hosts import HostPool
+from tpunb.emulator.resources import (
+    EMPTY_TYPE,
+    TYPE_PREFIX,
+    ApiError,
+    Node,
+    Operation,
+    QueuedResource,
+    eid,
+    error_info,
+)
+from tpunb.errors import UnknownAcceleratorError
+
+ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+RESOURCE_EXHAUSTED, ABORTED = 8, 10
+
+
+@dataclass
+class Timings:
+    """How long each phase takes, in seconds (fast defaults: the emulator serves tests)."""
+
+    create_seconds: float = 0.5  # CREATING -> READY (also PROVISIONING -> ACTIVE)
+    delete_seconds: float = 0.2  # DELETING -> gone
+    queue_seconds: float = 0.3  # WAITING_FOR_RESOURCES -> PROVISIONING
+
+    def update(self, changes: dict) -> None:
+        known = {f.name for f in fields(self)}
+        for key, value in changes.items():
+            if key not in known:
+                raise ApiError(
+                    400, "INVALID_ARGUMENT", f"unknown timing {key!r}; known: {', '.join(sorted(known))}"
+                )
+            setattr(self, key, float(value))
+
+
+@dataclass
+class Faults:
+    """What goes wrong on purpose. Each stays on until changed or cleared."""
+
+    quota: str | None = None  # "operation": create operations fail with code 8; "http": create answers 429
+    no_capacity: bool | list[str] = False  # stockout everywhere, or in these zones only
+    permission_denied: bool = False  # create calls answer 403 (caller lacks tpu.*.create)
+    api_disabled: bool = False  # every call answers 403 SERVICE_DISABLED
+    slow_create: float = 0.0  # extra seconds a node stays CREATING
+    preempt_after: float | None = None  # spot nodes are preempted this long after READY
+
+    def update(self, changes: dict) -> None:
+        known = {f.name for f in fields(self)}
+        for raw_key, value in changes.items():
+            key = raw_key.replace("-", "_")
+            if key not in known:
+                raise ApiError(
+                    400, "INVALID_ARGUMENT", f"unknown fault {raw_key!r}; known: {', '.join(sorted(known))}"
+                )
+            setattr(self, key, _coerce_fault(key, value))
+
+    def stockout(self, zone: str) -> bool:
+        return self.no_capacity is True or (isinstance(self.no_capacity, list) and zone in self.no_capacity)
+
+
+def _coerce_fault(key: str, value: Any) -> Any:
+    if key == "quota":
+        if value in (None, False, "", "off"):
+            return None
+        if value is True:
+            return "operation"
+        if value in ("operation", "http"):
+            return value
+        raise ApiError(400, "INVALID_ARGUMENT", "fault quota must be true, false, 'operation' or 'http'")
+    if key == "no_capacity":
+        if isinstance(value, str):
+            return [z for z in value.split(",") if z] or False
+        return list(value) if isinstance(value, (list, tuple)) else bool(value)
+    if key in ("permission_denied", "api_disabled"):
+        return bool(value)
+    if key == "slow_create":
+        return float(value or 0)
+    return None if value is None else float(value)
+
+
+class Emulator:
+    """All nodes, queued resources and operations of every project, plus the clock."""
+
+    def __init__(
+        self, timings: Timings | None = None, faults: Faults | None = None, hosts: HostPool | None = None
+    ) -> None:
+        self.timings = timings or Timings()
+        self.faults = faults or Faults()
+        self.hosts = hosts or HostPool()
+        self._initial = (asdict(self.timings), asdict(self.faults))
+        self.nodes: dict[str, Node] = {}
+        self.queued: dict[str, QueuedResource] = {}
+        self.operations: dict[str, Operation] = {}
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._events: list[tuple[float, int, Callable[..., None], tuple]] = []
+        self._seq = itertools.count()
+        self._stopped = False
+        self._clock = threading.Thread(target=self._run_clock, name="tpu-emulator-clock", daemon=True)
+        self._clock.start()
+
+    # -- clock ---------------------------------------------------------------------------
+
+    def _at(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        heapq.heappush(self._events, (time.monotonic() + max(0.0, delay), next(self._seq), fn, args))
+        self._wake.notify()
+
+    def _advance(self) -> None:
+        while self._events and self._events[0][0] <= time.monotonic():
+            _, _, fn, args = heapq.heappop(self._events)
+            fn(*args)
+
+    def _run_clock(self) -> None:
+        with self._wake:
+            while not self._stopped:
+                self._advance()
+                timeout = self._events[0][0] - time.monotonic() if self._events else None
+                self._wake.wait(timeout)
+
+    def close(self) -> None:
+        """Stop the clock and take every key we installed back out of authorized_keys."""
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._clock.join(timeout=5)
+        self.hosts.remove_all_keys()
+
+    def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run one API call under the lock, after applying every transition that is due."""
+        with self._lock:
+            self._advance()
+            return method(*args, **kwargs)
+
+    # -- checks --------------------------------------------------------------------------
+
+    def _check_location(self, project: str, zone: str, wildcard: bool = False) -> None:
+        if self.faults.api_disabled:
+            raise ApiError(
+                403,
+                "PERMISSION_DENIED",
+                f"Cloud TPU API has not been used in project {project} before or it is disabled. "
+                "Enable it by visiting https://console.developers.google.com/apis/api/tpu.googleapis.com/"
+                f"overview?project={project} then retry.",
+                [
+                    error_info(
+                        "SERVICE_DISABLED",
+                        "googleapis.com",
+                        service="tpu.googleapis.com",
+                        consumer=f"projects/{project}",
+                    )
+                ],
+            )
+        if not (wildcard and zone == "-") and zone not in catalog.zones():
+            raise ApiError(
+                403, "PERMISSION_DENIED", f"Location {zone} is not found or access is unauthorized."
+            )
+
+    def _check_create(self, project: str, zone: str, kind: str, resource_id: str) -> None:
+        """The faults a create call hits before any validation of its body."""
+        if self.faults.permission_denied:
+            permission = f"tpu.{kind}.create"
+            raise ApiError(
+                403,
+                "PERMISSION_DENIED",
+                f"Permission '{permission}' denied on resource '//tpu.googleapis.com/projects/{project}/"
+                f"locations/{zone}/{kind}/{resource_id}' (or it may not exist).",
+                [error_info("IAM_PERMISSION_DENIED", "iam.googleapis.com", permission=permission)],
+            )
+        if not ID_RE.match(resource_id or ""):
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f'Invalid resource id "{resource_id}": use 1-63 lowercase letters, digits and hyphens, '
+                "starting with a letter and not ending with a hyphen.",
+            )
+
+    def _check_node_request(self, zone: str, body: dict) -> catalog.Accelerator:
+        name = body.get("acceleratorType")
+        if not name:
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                "Field acceleratorType is required (acceleratorConfig is not emulated).",
+            )
+        try:
+            acc = catalog.lookup(name)
+        except UnknownAcceleratorError:
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f'Cloud TPU received a bad request. Invalid accelerator type "{name}". {eid()}',
+            ) from None
+        if zone not in acc.zones:
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                f'Cloud TPU received a bad request. Accelerator type "{acc.name}" is not available '
+                f'in zone "{zone}". {eid()}',
+            )
+        if not body.get("runtimeVersion"):
+            raise ApiError(400, "INVALID_ARGUMENT", "Field runtimeVersion is required.")
+        for key, value in (body.get("labels") or {}).items():
+            if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(str(value)):
+                raise ApiError(
+                    400,
+                    "INVALID_ARGUMENT",
+                    f"Invalid label {key}={value}: keys and values use lowercase letters, digits, - and _ "
+                    "(at most 63 characters; keys start with a letter).",
+                )
+        return acc
+
+    def _quota_message(self, acc: catalog.Accelerator, zone: str, spot: bool) -> str:
+        metric = f"TPU{acc.generation.upper()}{'Preemptible' if spot else ''}PodPerProjectPerZoneForTPUAPI"
+        return f"Quota '{metric}' exhausted. Limit 0 in zone {zone}"
+
+    def _check_quota_http(self, project: str, acc: catalog.Accelerator, zone: str, spot: bool) -> None:
+        if self.faults.quota == "http":
+            message = self._quota_message(acc, zone, spot)
+            raise ApiError(
+                429,
+                "RESOURCE_EXHAUSTED",
+                message,
+                [
+                    {
+                        "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                        "violations": [{"subject": f"project:{project}", "description": message}],
+                    }
+                ],
+            )
+
+    def _new_operation(self, project: str, zone: str, verb: str, target: str) -> Operation:
+        op_id = f"operation-{int(time.time() * 1000)}-{secrets.token_hex(6)}"
+        name = f"projects/{project}/locations/{zone}/operations/{op_id}"
+        op = Operation(name=name, verb=verb, target=target)
+        self.operations[name] = op
+        return op
+
+    def _ssh_port(self) -> int:
+        return self.hosts.ssh_port
+
+    # -- nodes ---------------------------------------------------------------------------
+
+    def create_node(self, project: str, zone: str, node_id: str, body: dict) -> dict:
+        self._check_location(project, zone)
+        self._check_create(project, zone, "nodes", node_id)
+        acc = self._check_node_request(zone, body)
+        sched = body.get("schedulingConfig") or {}
+        spot = bool(sched.get("spot"))
+        self._check_quota_http(project, acc, zone, spot)
+        name = f"projects/{project}/locations/{zone}/nodes/{node_id}"
+        if name in self.nodes:
+            raise ApiError(409, "ALREADY_EXISTS", f"Resource '{name}' already exists")
+        node = self._new_node(
+            project, zone, node_id, acc, body, spot=spot, preemptible=bool(sched.get("preemptible"))
+        )
+        node.create_op = op = self._new_operation(project, zone, "create", name)
+        self.nodes[name] = node
+        fail_after = self.timings.create_seconds / 2
+        endpoints = (
+            None if self.faults.stockout(zone) else self.hosts.allocate(name, acc.hosts, node.external_ips)
+        )
+        if self.faults.quota == "operation":
+            self._at(
+                fail_after, self._fail_create, node, RESOURCE_EXHAUSTED, self._quota_message(acc, zone, spot)
+            )
+        elif endpoints is None:
+            self._at(fail_after, self._fail_create, node, RESOURCE_EXHAUSTED, self._stockout_message(zone))
+        else:
+            node.endpoints = endpoints
+            self._at(self.timings.create_seconds + self.faults.slow_create, self._node_ready, node)
+        return op.to_json()
+
+    def _new_node(
+        self, project: str, zone: str, node_id: str, acc: catalog.Accelerator, body: dict, **kw: Any
+    ) -> Node:
+        network = body.get("networkConfig") or {}
+        return Node(
+            project=project,
+            zone=zone,
+            node_id=node_id,
+            accelerator=acc.name,
+            generation=acc.generation,
+            topology=acc.topology,
+            hosts=acc.hosts,
+            runtime=body["runtimeVersion"],
+            request=body,
+            external_ips=bool(network.get("enableExternalIps")),
+            labels=dict(body.get("labels") or {}),
+            metadata=dict(body.get("metadata") or {}),
+            **kw,
+        )
+
+    def _stockout_message(self, zone: str) -> str:
+        return (
+            f'There is no more capacity in the zone "{zone}"; you can try in another zone where '
+            f"Cloud TPU Nodes are offered (see https://cloud.google.com/tpu/docs/regions) {eid()}"
+        )
+
+    def _fail_create(self, node: Node, code: int, message: str) -> None:
+        if node.state != "CREATING" or self.nodes.get(node.name) is not node:
+            return
+        del self.nodes[node.name]
+        self.hosts.release(node.name)
+        if node.create_op:
+            node.create_op.finish(error={"code": code, "message": message})
+
+    def _node_ready(self, node: Node) -> None:
+        if node.state != "CREATING" or self.nodes.get(node.name) is not node:
+            return
+        node.state, node.health, node.endpoints_visible = "READY", "HEALTHY", True
+        self.hosts.install_keys(node.name, node.metadata.get("ssh-keys", ""))
+        if node.create_op:
+            node.create_op.finish(response={"@type": TYPE_PREFIX + "Node", **node.to_json(self._ssh_port())})
+        qr = self.queued.get(node.queued_resource or "")
+        if qr is not None and qr.state == "PROVISIONING":
+            qr.state = "ACTIVE"
+        if (node.spot or node.preemptible) and self.faults.preempt_after is not None:
+            self._at(self.faults.preempt_after, self._preempt, node, "PREEMPTED")
+
+    def _preempt(self, node: Node, state: str) -> None:
+        if self.nodes.get(node.name) is not node or node.state in ("DELETING", "PREEMPTED", "TERMINATED"):
+            return
+        if node.create_op and not node.create_op.done:
+            node.create_op.finish(
+                error={
+                    "code": ABORTED,
+                    "message": f"The TPU node was {state.lower()} during creation. {eid()}",
+                }
+            )
+        node.state, node.health = state, None
+        self.hosts.remove_keys(node.name)
+        qr = self.queued.get(node.queued_resource or "")
+        if qr is not None and qr.state in ("ACTIVE", "PROVISIONING"):
+            qr.state, qr.state_initiator = "SUSPENDING", "SERVICE"
+            self._at(self.timings.delete_seconds, self._qr_suspended, qr)
+
+    def _qr_suspended(self, qr: QueuedResource) -> None:
+        if self.queued.get(qr.name) is qr and qr.state == "SUSPENDING":
+            qr.state = "SUSPENDED"
+
+    def get_node(self, project: str, zone: str, node_id: str) -> dict:
+        self._check_location(project, zone)
+        return _find(self.nodes, f"projects/{project}/locations/{zone}/nodes/{node_id}").to_json(
+            self._ssh_port()
+        )
+
+    def list_nodes(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> dict:
+        self._check_location(project, zone, wildcard=True)
+        items = [n.to_json(self._ssh_port()) for n in _in_location(self.nodes, project, zone)]
+        return _page(items, "nodes", page_size, page_token)
+
+    def delete_node(self, project: str, zone: str, node_id: str) -> dict:
+        self._check_location(project, zone)
+        node = _find(self.nodes, f"projects/{project}/locations/{zone}/nodes/{node_id}")
+        return self._start_delete(node).to_json()
+
+    def _start_delete(self, node: Node) -> Operation:
+        if node.delete_op is not None:
+            return node.delete_op
+        if node.create_op and not node.create_op.done:
+            node.create_op.finish(
+                error={"code": ABORTED, "message": f"The TPU node was deleted during creation. {eid()}"}
+            )
+        node.state, node.health = "DELETING", None
+        self.hosts.remove_keys(node.name)
+        node.delete_op = op = self._new_operation(node.project, node.zone, "delete", node.name)
+        self._at(self.timings.delete_seconds, self._node_gone, node)
+        return op
+
+    def _node_gone(self, node: Node) -> None:
+        if self.nodes.get(node.name) is node:
+            del self.nodes[node.name]
+        self.hosts.release(node.name)
+        if node.delete_op:
+            node.delete_op.finish(response={"@type": EMPTY_TYPE})
+        qr = self.queued.get(node.queued_resource or "")
+        if qr is not None and qr.state not in ("DELETING", "SUSPENDED", "FAILED"):
+            qr.state, qr.state_initiator = "SUSPENDED", "USER"
+
+    # -- queued resources ----------------------------------------------------------------
+
+    def create_queued(self, project: str, zone: str, qr_id: str, body: dict) -> dict:
+        self._check_location(project, zone)
+        self._check_create(project, zone, "queuedResources", qr_id)
+        specs = (body.get("tpu") or {}).get("nodeSpec") or []
+        parent = f"projects/{project}/locations/{zone}"
+        if len(specs) != 1 or specs[0].get("multisliceParams"):
+            raise ApiError(
+                400,
+                "INVALID_ARGUMENT",
+                "The emulator supports queued resources with exactly one nodeSpec (no multislice).",
+            )
+        spec = specs[0]
+        if spec.get("parent", parent) != parent:
+            raise ApiError(
+                400, "INVALID_ARGUMENT", f"nodeSpec.parent must be {parent}, not {spec.get('parent')}."
+            )
+        node_id, node_body = spec.get("nodeId", ""), spec.get("node") or {}
+        if not ID_RE.match(node_id):
+            raise ApiError(400, "INVALID_ARGUMENT", f'Invalid node id "{node_id}".')
+        acc = self._check_node_request(zone, node_body)
+        spot = "spot" in body or bool((node_body.get("schedulingConfig") or {}).get("spot"))
+        self._check_quota_http(project, acc, zone, spot)
+        qr = QueuedResource(project, zone, qr_id, node_id, node_body, body, spot=spot)
+        if qr.name in self.queued:
+            raise ApiError(409, "ALREADY_EXISTS", f"Resource '{qr.name}' already exists")
+        if qr.node_name in self.nodes:
+            raise ApiError(409, "ALREADY_EXISTS", f"Resource '{qr.node_name}' already exists")
+        self.queued[qr.name] = qr
+        op = self._new_operation(project, zone, "create", qr.name)
+        op.finish(response={"@type": TYPE_PREFIX + "QueuedResource", **qr.to_json()})
+        self._at(self.timings.queue_seconds, self._qr_try, qr, acc)
+        return op.to_json()
+
+    def _qr_try(self, qr: QueuedResource, acc: catalog.Accelerator) -> None:
+        """Leave WAITING_FOR_RESOURCES if capacity (and quota) allow, else look again later."""
+        if self.queued.get(qr.name) is not qr or qr.state != "WAITING_FOR_RESOURCES":
+            return
+        qr.attempts += 1
+        if self.faults.quota:
+            qr.state, qr.state_initiator = "FAILED", "SERVICE"
+            qr.failed_error = {
+                "code": RESOURCE_EXHAUSTED,
+                "message": self._quota_message(acc, qr.zone, qr.spot),
+            }
+            return
+        if qr.node_name in self.nodes:
+            qr.state, qr.state_initiator = "FAILED", "SERVICE"
+            qr.failed_error = {"code": 6, "message": f"Resource '{qr.node_name}' already exists"}
+            return
+        node = self._new_node(
+            qr.project, qr.zone, qr.node_id, acc, qr.node_request, spot=qr.spot, queued_resource=qr.name
+        )
+        endpoints = (
+            None
+            if self.faults.stockout(qr.zone)
+            else self.hosts.allocate(node.name, acc.hosts, node.external_ips)
+        )
+        if endpoints is None:  # queued resources wait for capacity instead of failing
+            self._at(self.timings.queue_seconds, self._qr_try, qr, acc)
+            return
+        node.endpoints = endpoints
+        self.nodes[node.name] = node
+        qr.state = "PROVISIONING"
+        self._at(self.timings.create_seconds + self.faults.slow_create, self._node_ready, node)
+
+    def get_queued(self, project: str, zone: str, qr_id: str) -> dict:
+        self._check_location(project, zone)
+        return _find(self.queued, f"projects/{project}/locations/{zone}/queuedResources/{qr_id}").to_json()
+
+    def list_queued(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> dict:
+        self._check_location(project, zone, wildcard=True)
+        items = [q.to_json() for q in _in_location(self.queued, project, zone)]
+        return _page(items, "queuedResources", page_size, page_token)
+
+    def delete_queued(self, project: str, zone: str, qr_id: str, force: bool = False) -> dict:
+        self._check_location(project, zone)
+        qr = _find(self.queued, f"projects/{project}/locations/{zone}/queuedResources/{qr_id}")
+        if qr.delete_op is not None:
+            return qr.delete_op.to_json()
+        node = self.nodes.get(qr.node_name)
+        node = node if node is not None and node.queued_resource == qr.name else None
+        if node is not None and node.state != "DELETING" and not force:
+            raise ApiError(
+                400,
+                "FAILED_PRECONDITION",
+                f"Queued resource {qr.name} is {qr.state} and its node {qr.node_id} exists: "
+                "delete the node first or delete the queued resource with force=true.",
+            )
+        qr.state, qr.state_initiator = "DELETING", "USER"
+        if node is not None:
+            self._start_delete(node)
+        qr.delete_op = op = self._new_operation(project, zone, "delete", qr.name)
+        self._at(self.timings.delete_seconds, self._queued_gone, qr)
+        return op.to_json()
+
+    def _queued_gone(self, qr: QueuedResource) -> None:
+        node = self.nodes.get(qr.node_name)
+        if node is not None and node.queued_resource == qr.name:
+            self._node_gone(node)
+        self.queued.pop(qr.name, None)
+        if qr.delete_op:
+            qr.delete_op.finish(response={"@type": EMPTY_TYPE})
+
+    # -- operations ----------------------------------------------------------------------
+
+    def get_operation(self, name: str) -> dict:
+        project, zone = name.split("/")[1], name.split("/")[3]
+        self._check_location(project, zone)
+        op = self.operations.get(name)
+        if op is None:
+            raise ApiError(404, "NOT_FOUND", f"Operation '{name}' was not found")
+        return op.to_json()
+
+    # -- admin ---------------------------------------------------------------------------
+
+    def preempt(self, ref: str, after: float = 0.0, state: str | None = None) -> dict:
+        """Preempt a node (by id or full name) now or ``after`` seconds from now."""
+        matches = [n for name, n in self.nodes.items() if name == ref or n.node_id == ref]
+        if not matches:
+            raise ApiError(404, "NOT_FOUND", f"no node {ref!r} in the emulator")
+        if len(matches) > 1:
+            raise ApiError(400, "INVALID_ARGUMENT", f"node id {ref!r} is ambiguous: use the full name")
+        state = (state or "PREEMPTED").upper()
+        if state not in ("PREEMPTED", "TERMINATED"):
+            raise ApiError(400, "INVALID_ARGUMENT", "state must be PREEMPTED or TERMINATED")
+        node = matches[0]
+        self._at(float(after or 0), self._preempt, node, state)
+        self._advance()
+        return {"node": node.name, "state": state, "after": float(after or 0)}
+
+    def set_faults(self, changes: dict) -> dict:
+        self.faults.update(changes)
+        return asdict(self.faults)
+
+    def clear_faults(self) -> dict:
+        self.faults = Faults()
+        return asdict(self.faults)
+
+    def set_timings(self, changes: dict) -> dict:
+        self.timings.update(changes)
+        return asdict(self.timings)
+
+    def reset(self) -> dict:
+        """Forget every resource and go back to the faults and timings the emulator started with."""
+        for name in list(self.nodes):
+            self.hosts.release(name)
+        self.hosts.remove_all_keys()
+        self.nodes.clear()
+        self.queued.clear()
+        self.operations.clear()
+        self._events.clear()
+        self.timings = Timings(**self._initial[0])
+        self.faults = Faults(**self._initial[1])
+        return self.snapshot()
+
+    def snapshot(self) -> dict:
+        """Everything the emulator holds, for tests and leak checks."""
+        port = self._ssh_port()
+        return {
+            "nodes": [
+                dict(n.to_json(port), hosts=[e.internal_ip for e in n.endpoints]) for n in self.nodes.values()
+            ],
+            "queuedResources": [
+                dict(q.to_json(), provisionAttempts=q.attempts) for q in self.queued.values()
+            ],
+            "pendingOperations": [o.name for o in self.operations.values() if not o.done],
+            "faults": asdict(self.faults),
+            "timings": asdict(self.timings),
+            "hosts": self.hosts.snapshot(),
+        }
+
+
+def _find(table: dict[str, Any], name: str) -> Any:
+    item = table.get(name)
+    if item is None:
+        raise ApiError(404, "NOT_FOUND", f"Resource '{name}' was not found")
+    return item
+
+
+def _in_location(table: dict[str, Any], project: str, zone: str) -> list[Any]:
+    """Resources of ``project`` in ``zone`` ("-": every zone), oldest first."""
+    prefix = f"projects/{project}/locations/" + ("" if zone == "-" else f"{zone}/")
+    return [item for name, item in table.items() if name.startswith(prefix)]
+
+
+def _page(items: list[dict], key: str, page_size: int, page_token: str) -> dict:
+    start = int(page_token or 0)
+    end = start + page_size if page_size > 0 else len(items)
+    out: dict[str, Any] = {key: items[start:end]}
+    if end < len(items):
+        out["nextPageToken"] = str(end)
+    return out
