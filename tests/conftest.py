@@ -11,6 +11,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from tpunb import api
+from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
 ACCELERATOR_FOR_HOSTS = {1: "v4-8", 2: "v4-16", 4: "v4-32"}

@@ -12,7 +12,6 @@ from google.cloud import tpu_v2
 
 from tpunb.emulator import AdminClient, AdminError, start_emulator, start_emulator_process
 
-pytest_plugins = ["tests.emulator_fixture"]  # tpu_emulator, tpu_emulator_options
 
 ZONE = "us-central2-b"
 PARENT = f"projects/p/locations/{ZONE}"

@@ -16,7 +16,6 @@ from tpunb.emulator import start_emulator
 from tpunb.errors import ProvisionError, UnknownAcceleratorError
 from tpunb.provision import gcp
 
-pytest_plugins = ["tests.emulator_fixture"]  # tpu_emulator, tpu_emulator_options
 
 P, Z = "proj", "us-central2-b"
 

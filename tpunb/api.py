@@ -9,13 +9,13 @@ import time
 from typing import Any
 
 from tpunb import catalog
-from tpunb.errors import NoSliceError, TpunbError, UsageError
+from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, TransportError, UsageError
 from tpunb.provision import local
 from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.results import RunResult
 from tpunb.slice import Slice
 
-BACKENDS = ("local",)  # ways %tpu_launch makes hosts; %tpu_connect brings its own (backend "ssh")
+BACKENDS = ("local", "gcp")  # ways %tpu_launch makes hosts; %tpu_connect brings its own (backend "ssh")
 _attached: dict[str, Slice] = {}
 _current: list[str] = []  # the current slice's name, last one wins
 _env: dict[str, dict[str, str]] = {}  # --env values per slice: memory only, never the registry
@@ -77,15 +77,34 @@ def _host_env(record: SliceRecord, index: int) -> dict[str, str]:
     return env
 
 
-def _ssh_slice(record: SliceRecord, reg: Registry) -> Slice:
-    """Hosts brought with %tpu_connect: one SSH connection each, jax.distributed over host 0."""
+def _connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list:
+    """SSH to every host of the record; for up to ``wait`` seconds, retry while they come up
+    (a new TPU VM answers READY before its sshd runs and its ssh-keys metadata is applied)."""
+    from tpunb.errors import HostKeyError
     from tpunb.transport.ssh import connect_all
 
     spec = record.spec
-    transports = connect_all([h.address for h in record.hosts], user=spec.get("user"), key_path=spec.get("key"),
-                             python=spec.get("python", "python3"), connect_timeout=spec.get("connect_timeout", 10.0),
-                             registry=reg)
-    coordinator = transports[0].host
+    deadline, delay = time.monotonic() + wait, 1.0
+    while True:
+        try:
+            return connect_all([h.address for h in record.hosts], user=spec.get("user"), key_path=spec.get("key"),
+                               python=spec.get("python", "python3"),
+                               connect_timeout=spec.get("connect_timeout", 10.0), registry=reg)
+        except HostKeyError:
+            raise
+        except TransportError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)  # hosts still booting: back off and try again
+            delay = min(delay * 2, 10.0)
+
+
+def _ssh_slice(record: SliceRecord, reg: Registry, wait: float = 0.0) -> Slice:
+    """Hosts reached over SSH (brought with %tpu_connect, or a Cloud TPU node's workers):
+    one connection each, jax.distributed coordinated by host 0."""
+    spec = record.spec
+    transports = _connect_hosts(record, reg, wait)
+    coordinator = record.hosts[0].info.get("internal_ip") or transports[0].host
     num_hosts = len(record.hosts)
 
     def host_init(index: int, coordinator_port: int) -> dict:
@@ -103,6 +122,16 @@ def _build_slice(record: SliceRecord, reg: Registry) -> Slice:
         return _local_slice(record, reg)
     if record.backend == "ssh":
         return _ssh_slice(record, reg)
+    if record.backend == "gcp":
+        node = _cloud_node(record)
+        try:
+            node.check()  # a preempted or deleted node: say so instead of failing to connect
+            sl = _ssh_slice(record, reg)
+        except BaseException:
+            node.close()
+            raise
+        sl.cloud = node
+        return sl
     raise UsageError(f"slice {record.name!r} uses backend {record.backend!r}, which this tpunb cannot attach")
 
 
@@ -181,13 +210,31 @@ def _local_slice(record: SliceRecord, reg: Registry) -> Slice:
     return Slice(record, local.transports(record), host_init, reg)
 
 
-def launch(accelerator: str, name: str | None = None, backend: str | None = None, env: Any = None,
-           **options: Any) -> Slice:
-    """Create a slice and connect to every host; it becomes the current slice."""
+def default_backend(project: str | None = None) -> str:
+    """gcp when a Google Cloud project is configured (flag, environment, gcloud), else local."""
+    from tpunb.provision.gcp import resolve_project_zone
+
+    return "gcp" if resolve_project_zone(project, None)[0] else "local"
+
+
+def launch(accelerator: str | None = None, name: str | None = None, backend: str | None = None, env: Any = None,
+           recover: str | None = None, **options: Any) -> Slice:
+    """Create a slice and connect to every host; it becomes the current slice.
+
+    ``backend`` is local (simulated on this machine) or gcp (Cloud TPU; options: project, zone,
+    spot, runtime, queued, network, subnetwork, service_account, labels, internal_ip, timeout,
+    user, python). ``recover=NAME`` relaunches a preempted cloud slice with its recorded spec.
+    """
+    if recover:
+        return _recover(recover, env)
+    if not accelerator:
+        raise UsageError("name an accelerator, e.g. v4-16, or --recover NAME")
     accel = catalog.lookup(accelerator)
-    backend = backend or "local"
+    backend = backend or default_backend(options.get("project"))
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
+    if backend == "gcp":
+        return _launch_gcp(accel, name, env, **options)
     if options:
         raise UsageError(f"unknown option{'s' if len(options) > 1 else ''} {', '.join(sorted(options))} for backend {backend}")
     reg = registry()
@@ -200,7 +247,8 @@ def launch(accelerator: str, name: str | None = None, backend: str | None = None
     _env[name] = parse_env(env)
     record = local.create(name, accel)
     started = time.perf_counter()
-    print(f"Launching {accel.name} as a local simulated slice {name!r}: {accel.hosts} host"
+    print(f"Launching {accel.name} as a local simulated slice {name!r} (no Google Cloud project configured, "
+          f"or --backend local): {accel.hosts} host"
           f"{'s' if accel.hosts > 1 else ''} x {accel.devices_per_host} JAX CPU devices ...", file=sys.stderr)
     sl = _local_slice(record, reg)
     try:
@@ -213,6 +261,152 @@ def launch(accelerator: str, name: str | None = None, backend: str | None = None
     print(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu",
           file=sys.stderr)
     return sl
+
+
+def _cloud_node(record: SliceRecord, info=None, watch: bool = True):
+    from tpunb.cloud import CloudNode
+
+    spec = record.spec
+    return CloudNode(record.name, record.accelerator, spec["project"], spec["zone"], bool(spec.get("spot")), info,
+                     watch=watch)
+
+
+GCP_OPTIONS = ("project", "zone", "spot", "runtime", "queued", "network", "subnetwork", "service_account",
+               "labels", "internal_ip", "timeout", "user", "python", "connect_wait")
+
+
+def parse_labels(labels: str | dict | None) -> dict[str, str]:
+    """'team=ml,run=7' -> {'team': 'ml', 'run': '7'}."""
+    if not labels:
+        return {}
+    if isinstance(labels, dict):
+        return {str(k): str(v) for k, v in labels.items()}
+    out = {}
+    for pair in labels.split(","):
+        key, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(r"[a-z][-_a-z0-9]{0,62}", key.strip()):
+            raise UsageError(f"--labels takes k=v,k=v with lowercase keys, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _launch_gcp(accel, name: str | None, env: Any, **options: Any) -> Slice:
+    """Create a Cloud TPU node, wait for READY with progress, connect to every worker over SSH.
+    Whatever fails or is interrupted after the node exists deletes it again."""
+    import getpass
+
+    from tpunb import keys
+    from tpunb.provision import gcp
+    from tpunb.transport.ssh import forget_host_key
+    from tpunb.widgets.launch import LaunchProgress
+
+    unknown = set(options) - set(GCP_OPTIONS)
+    if unknown:
+        raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(sorted(unknown))} for backend gcp")
+    project, zone = gcp.require_project_zone(options.get("project"), options.get("zone"))
+    catalog.check_zone(accel, zone)
+    reg = registry()
+    if name is not None:
+        _check_name(name)
+        if name in _attached or reg.get_slice(name) is not None:
+            raise UsageError(f"a slice named {name!r} exists: attach with %tpu_use {name}, or %tpu_down {name} first")
+    name = name or _free_name(f"tpunb-{accel.name}", reg)
+    key_path, public_key = keys.default_key()
+    user = options.get("user") or getpass.getuser()
+    spot, queued, internal_ip = bool(options.get("spot")), bool(options.get("queued")), bool(options.get("internal_ip"))
+    labels = parse_labels(options.get("labels"))
+    values = parse_env(env)
+    spec = gcp.NodeSpec(name=name, accelerator=accel.name, project=project, zone=zone, runtime=options.get("runtime"),
+                        spot=spot, queued=queued, network=options.get("network"),
+                        subnetwork=options.get("subnetwork"), service_account=options.get("service_account"),
+                        labels=labels, internal_ip=internal_ip, ssh_user=user, ssh_public_key=public_key)
+    record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
+                         spec={"project": project, "zone": zone, "spot": spot, "queued": queued,
+                               "runtime": options.get("runtime"), "network": options.get("network"),
+                               "subnetwork": options.get("subnetwork"),
+                               "service_account": options.get("service_account"), "labels": labels,
+                               "internal_ip": internal_ip, "user": user, "key": str(key_path),
+                               "python": options.get("python") or "python3", "env_keys": sorted(values)})
+    reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
+    kind = "queued resource" if queued else "node"
+    try:
+        price: float | None = accel.price_per_hour(spot)
+    except UsageError:  # a generation without a public list price
+        price = None
+    progress = LaunchProgress(f"Launching {accel.name} {'spot ' if spot else ''}{kind} {name!r} in {project}/{zone} "
+                              f"(backend gcp)", price)
+    started = time.perf_counter()
+    try:
+        info = gcp.create(spec, on_state=progress.state, timeout=options.get("timeout") or gcp.DEFAULT_TIMEOUT)
+    except KeyboardInterrupt:
+        reg.delete_slice(name)
+        message = f"launch of {name} interrupted: what it had created was deleted, nothing is left running"
+        progress.failed(message)
+        raise CellInterrupted(message) from None
+    except BaseException as exc:
+        reg.delete_slice(name)
+        progress.failed(f"failed: {exc}")
+        raise
+    sl = None
+    try:
+        record.hosts = [HostRecord(h.index, h.address(internal_ip) if h.port == 22 else f"{h.address(internal_ip)}:{h.port}",
+                                   {"internal_ip": h.internal_ip}) for h in info.hosts]
+        for host in info.hosts:  # a new VM has a new host key, even where an old one had its address
+            forget_host_key(host.address(internal_ip), host.port, reg)
+        record.state = "running"
+        _env[name] = values
+        sl = _ssh_slice(record, reg, wait=float(options.get("connect_wait", 180.0)))
+        sl.cloud = _cloud_node(record, info)
+        sl.connect()
+        reg.save_slice(record)
+    except BaseException as exc:
+        if sl is not None:
+            sl.session.close()
+            if sl.cloud is not None:
+                sl.cloud.close()
+        _env.pop(name, None)
+        try:
+            gcp.delete(project, zone, name, wait=True)
+        finally:
+            reg.delete_slice(name)
+        progress.failed(f"could not connect to the hosts, so {name} was deleted again: {exc}")
+        raise
+    _attach(sl)
+    cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
+    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: {len(record.hosts)} host"
+                  f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
+    return sl
+
+
+def _recover(name: str, env: Any) -> Slice:
+    """Relaunch a lost (preempted, terminated) cloud slice with the spec it was launched with."""
+    from tpunb.provision import gcp
+
+    reg = registry()
+    record = reg.get_slice(name)
+    if record is None:
+        raise NoSliceError(f"no slice named {name!r} to recover: see %tpu_status")
+    if record.backend != "gcp":
+        raise UsageError(f"{name!r} is a {record.backend} slice: %tpu_use {name} restarts it")
+    values = parse_env(env) or _env.get(name, {})
+    missing = [k for k in record.spec.get("env_keys", []) if k not in values]
+    sl = _attached.get(name)
+    if sl is not None:
+        detach(name)
+        sl.session.close()
+        if sl.cloud is not None:
+            sl.cloud.close()
+    spec = record.spec
+    print(f"Recovering {name!r}: deleting its lost node, then launching {record.accelerator} again", file=sys.stderr)
+    gcp.delete(spec["project"], spec["zone"], name, wait=True)
+    reg.delete_slice(name)
+    options = {k: spec[k] for k in ("project", "zone", "spot", "queued", "runtime", "network", "subnetwork",
+                                     "service_account", "labels", "internal_ip", "user", "python") if spec.get(k)}
+    recovered = _launch_gcp(catalog.lookup(record.accelerator), name, values, **options)
+    if missing:
+        print(f"[tpunb] --env values are never stored: {', '.join(missing)} are not set; pass them again with "
+              f"--env when recovering", file=sys.stderr)
+    return recovered
 
 
 def _attach(sl: Slice) -> None:
@@ -285,45 +479,120 @@ def down(name: str | None = None, all: bool = False) -> list[str]:
         return []
     deleted = []
     for n in names:
-        sl = _attached.pop(n, None)
+        sl = _attached.get(n)
         if sl is not None:
             sl.delete()
             deleted.append(n)
-        else:
-            record = reg.get_slice(n)
-            if record is not None:
-                if record.backend == "local" and _owner_alive(record):
-                    raise UsageError(f"local slice {n!r} runs in another kernel (pid {record.owner_pid}): "
-                                     "take it down there")
-                reg.delete_slice(n)
-                deleted.append(n)
+            continue
+        record = reg.get_slice(n)
+        if record is not None:
+            if record.backend == "local" and _owner_alive(record):
+                raise UsageError(f"local slice {n!r} runs in another kernel (pid {record.owner_pid}): "
+                                 "take it down there")
+            if record.backend == "gcp":
+                from tpunb.provision import gcp
+
+                gcp.delete(record.spec["project"], record.spec["zone"], n, wait=True)  # before forgetting it
+            reg.delete_slice(n)
+            deleted.append(n)
+        elif _delete_orphan(n):
+            deleted.append(n)
         _env.pop(n, None)
         if _current and _current[0] == n:
             _current.clear()
     return deleted
 
 
+def _configured_project_zone() -> tuple[str | None, str | None]:
+    from tpunb.provision.gcp import resolve_project_zone
+
+    return resolve_project_zone(None, None)
+
+
+def _delete_orphan(name: str) -> bool:
+    """A tpunb node the registry does not know, in the configured project and zone: delete it."""
+    project, zone = _configured_project_zone()
+    if not (project and zone):
+        return False
+    from tpunb.provision import gcp
+
+    info = gcp.get(project, zone, name)
+    if info is None or not info.tpunb_owned:
+        return False
+    return gcp.delete(project, zone, name, wait=True)
+
+
+def _cloud_listing(records: list[SliceRecord]) -> dict[tuple[str, str], dict]:
+    """One list call per project and zone in use (and the configured one, for orphans)."""
+    from tpunb.provision import gcp
+
+    places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == "gcp"}
+    project, zone = _configured_project_zone()
+    if project and zone:
+        places.add((project, zone))
+    listing = {}
+    for place in sorted(places):
+        try:
+            listing[place] = {info.name: info for info in gcp.list_nodes(*place)}
+        except TpunbError as exc:
+            print(f"[tpunb] cannot list nodes in {place[0]}/{place[1]}: {exc}", file=sys.stderr)
+    return listing
+
+
+COLUMNS = ["slice", "current", "accelerator", "backend", "cloud_state", "health", "usd_per_hour", "host", "address",
+           "state", "pid", "runner", "uptime_s"]
+
+
 def status():
-    """Every known slice and its hosts, one row per host, as a pandas DataFrame."""
+    """Every known slice and its hosts, one row per host, as a pandas DataFrame; with a Google
+    Cloud project configured, also tpunb nodes this registry does not know (orphans)."""
     import pandas as pd
 
     rows = []
     current_name = _current[0] if _current else None
-    for record in registry().list_slices():
+    records = registry().list_slices()
+    listing = _cloud_listing(records) if any(r.backend == "gcp" for r in records) or _configured_project_zone()[0] else {}
+    for record in records:
         sl = _attached.get(record.name)
+        place = (record.spec.get("project"), record.spec.get("zone"))
         if sl is not None:
+            if sl.cloud is not None and place in listing:
+                sl.cloud.info = listing[place].get(record.name)
+                sl.cloud.checked_at = time.monotonic()
             rows.extend(sl.status_rows(current=record.name == current_name))
             continue
+        cloud = {}
+        if record.backend == "gcp":
+            info = listing.get(place, {}).get(record.name)
+            cloud = _cloud_node(record, info, watch=False).status() if place in listing else {}
         if record.backend == "local":
             state = "in another kernel" if _owner_alive(record) else "stopped (use %tpu_use to restart)"
+        elif record.state == "creating":
+            state = "being created (or its launch was cut off: %tpu_down deletes it)"
         else:
             state = "not connected (use %tpu_use to reconnect)"
-        for host in record.hosts:
+        for host in record.hosts or [None]:
             rows.append({"slice": record.name, "current": "", "accelerator": record.accelerator,
-                         "backend": record.backend, "host": host.index, "address": host.address,
-                         "state": state, "pid": None, "runner": None, "uptime_s": None})
-    columns = ["slice", "current", "accelerator", "backend", "host", "address", "state", "pid", "runner", "uptime_s"]
-    return pd.DataFrame(rows, columns=columns)
+                         "backend": record.backend, **cloud, "host": host.index if host else None,
+                         "address": host.address if host else None, "state": state, "pid": None, "runner": None,
+                         "uptime_s": cloud.get("uptime_s")})
+    known = {r.name for r in records}
+    for (project, zone), nodes in listing.items():
+        for node_name, info in sorted(nodes.items()):
+            if node_name in known:
+                continue
+            accel = catalog.lookup(info.accelerator) if info.accelerator else None
+            try:
+                price = accel.price_per_hour(info.spot) if accel else None
+            except UsageError:
+                price = None
+            uptime = info.uptime()
+            rows.append({"slice": node_name, "current": "", "accelerator": info.accelerator, "backend": "gcp",
+                         "cloud_state": info.state or info.queued_state, "health": info.health,
+                         "usd_per_hour": price, "host": None, "address": f"{project}/{zone}",
+                         "state": f"ORPHAN: not in this registry, still billed; %tpu_down {node_name} deletes it",
+                         "pid": None, "runner": None, "uptime_s": round(uptime, 1) if uptime is not None else None})
+    return pd.DataFrame(rows, columns=COLUMNS)
 
 
 def last_result() -> RunResult | None:
@@ -338,6 +607,8 @@ def detach_all() -> None:
     """End this kernel's host sessions (at exit, or when the extension is unloaded)."""
     for sl in list(_attached.values()):
         sl.session.close()
+        if sl.cloud is not None:
+            sl.cloud.close()
     _attached.clear()
     _current.clear()
     _env.clear()

@@ -17,24 +17,49 @@ def _parse(magic, line: str):
     try:
         return parse_argstring(magic, line)
     except (IPythonUsageError, SystemExit, ValueError) as exc:
-        usage = " ".join(magic.parser.format_usage().replace("::", "").split())
-        if getattr(magic, "__name__", "") == "on_tpu":
-            usage = "%" + usage
-        raise UsageError(f"{exc}. Usage: {usage}") from None
+        raise UsageError(f"{exc}. Usage: {_usage(magic)}") from None
+
+
+def _usage(magic) -> str:
+    usage = " ".join(magic.parser.format_usage().replace("::", "").split())
+    return "%" + usage if getattr(magic, "__name__", "") == "on_tpu" else usage
 
 
 @magics_class
 class TpuMagics(Magics):
     @magic_arguments()
-    @argument("accelerator", help="accelerator type, e.g. v4-16, v5litepod-8, v6e-16")
+    @argument("accelerator", nargs="?", default=None, help="accelerator type, e.g. v4-16, v5litepod-8, v6e-16")
     @argument("--name", help="slice name (default: the accelerator type)")
-    @argument("--backend", choices=api.BACKENDS, help="where hosts come from (default: local)")
+    @argument("--backend", choices=api.BACKENDS,
+              help="gcp (Cloud TPU) when a project is configured, else local (simulated here)")
     @argument("--env", nargs="+", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
+    @argument("--project", help="Google Cloud project (default: GOOGLE_CLOUD_PROJECT, then gcloud's config)")
+    @argument("--zone", help="zone (default: CLOUDSDK_COMPUTE_ZONE, then gcloud's config)")
+    @argument("--spot", action="store_true", help="spot capacity: cheaper, may be preempted")
+    @argument("--runtime", help="TPU runtime version (default: the generation's usual one)")
+    @argument("--queued", action="store_true", help="create through a queued resource (waits for capacity)")
+    @argument("--network")
+    @argument("--subnetwork")
+    @argument("--service-account")
+    @argument("--labels", help="k=v,k=v added to the node's labels")
+    @argument("--internal-ip", action="store_true", help="no external IPs: connect to the internal ones")
+    @argument("--timeout", type=float, help="give up (and delete the node) if not READY after S seconds")
+    @argument("--user", help="SSH user on the TPU VMs (default: yours)")
+    @argument("--python", help="Python >= 3.10 on the TPU VMs (default: python3)")
+    @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had")
     @line_magic
     def tpu_launch(self, line: str):
-        """Launch a slice and connect to every host: %tpu_launch v4-16 [--name N] [--backend local]."""
+        """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z] ..."""
         args = _parse(self.tpu_launch, line)
-        api.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env)
+        cloud = {k: getattr(args, k) for k in ("project", "zone", "runtime", "network", "subnetwork",
+                                                "service_account", "labels", "timeout", "user", "python")
+                 if getattr(args, k) is not None}
+        cloud.update({k: True for k in ("spot", "queued", "internal_ip") if getattr(args, k)})
+        if bool(args.recover) == bool(args.accelerator):
+            raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
+                             f"Usage: {_usage(self.tpu_launch)}")
+        api.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env, recover=args.recover,
+                   **cloud)
 
     @magic_arguments()
     @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3 (Python slice)")

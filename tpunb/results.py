@@ -20,6 +20,7 @@ class RunResult(Mapping):
     def __init__(self, results: dict[int, HostResult], timeout: float | None = None) -> None:
         self._results = dict(sorted(results.items()))
         self.timeout = timeout
+        self.extra_notes: list[str] = []  # e.g. why hosts died, from the cloud
 
     def __getitem__(self, host: int) -> HostResult:
         return self._results[host]
@@ -69,7 +70,7 @@ class RunResult(Mapping):
         if stopped and (died or killed or self.hosts_with("timeout")):
             lines.append(f"host{'s' if len(stopped) > 1 else ''} {format_hosts(stopped)} "
                          "stopped cleanly and keep their state")
-        return lines
+        return lines + self.extra_notes
 
     def raise_for_status(self) -> None:
         """Raise one exception describing every failure; return quietly if all hosts succeeded."""

@@ -60,6 +60,8 @@ class Slice:
         self.logs = HostLogs(tpunb_home() / "logs" / record.name)
         self.last_result: RunResult | None = None
         self.started_at = time.time()
+        #: the cloud side (tpunb.cloud.CloudNode) when the hosts are a Cloud TPU node
+        self.cloud = None
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -105,6 +107,8 @@ class Slice:
         Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
         started, every host restarts together.
         """
+        if self.cloud is not None:
+            self.cloud.check()  # a preempted node: say so, rather than fail to reach its hosts
         dead = self.session.dead_hosts()
         if not dead:
             return []
@@ -128,6 +132,8 @@ class Slice:
         api.detach(self.name)
         self.session.close()
         self.logs.close()
+        if self.cloud is not None:
+            self.cloud.delete()  # the registry forgets it only once the node is gone
         self.registry.delete_slice(self.name)
 
     # -- cells --------------------------------------------------------------------------------
@@ -166,7 +172,20 @@ class Slice:
             raise error from None
         _finish(sink)
         self.last_result = RunResult(results, timeout)
+        if self.cloud is not None and self.last_result.hosts_with("died"):
+            self._explain_deaths()
         return self.last_result
+
+    def _explain_deaths(self) -> None:
+        """Hosts vanished mid-cell: if the cloud says the node was preempted, say that."""
+        try:
+            self.cloud.refresh()
+        except TpunbError:
+            return
+        reason = self.cloud.lost_reason()
+        if reason:
+            self.last_result.extra_notes.append(f"slice {self.name}: {reason}; relaunch it with "
+                                                f"%tpu_launch --recover {self.name}")
 
     def _show_backlog(self) -> None:
         """Output hosts wrote between cells (background threads): shown, labelled, before the next cell."""
@@ -238,6 +257,7 @@ class Slice:
                 "state": "running" if host.alive else "dead",
                 "pid": host.info.get("pid"), "runner": host.info.get("runner"),
                 "uptime_s": round(time.time() - host.started_at, 1) if host.alive and host.started_at else None,
+                **(self.cloud.status() if self.cloud is not None else {}),
             })
         return rows
 

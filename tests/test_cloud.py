@@ -1,0 +1,147 @@
+"""Cloud TPU slices end to end: the real google-cloud-tpu client speaks HTTP to our Cloud TPU API
+emulator, whose nodes' hosts are real sshd hosts; agents, multi-host JAX, faults, preemption."""
+from __future__ import annotations
+
+import pytest
+
+from tpunb import api
+from tpunb.errors import CellInterrupted, ProvisionError, UnknownAcceleratorError
+from tpunb.registry import Registry
+from tests.conftest import CPU_AS_TPU_HOST, interrupt_kernel_when, wait_for
+from tests.emulator_fixture import FAST
+
+
+ZONE = "us-central2-b"  # offers v4
+ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
+
+
+@pytest.fixture
+def tpu_emulator_options(sshd):
+    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+
+
+@pytest.fixture
+def cloud(tpu_emulator, monkeypatch, isolated_home):
+    """A configured project and zone, pointed at the emulator; after the test, nothing leaked."""
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
+    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", ZONE)
+    monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
+    yield tpu_emulator
+    api.detach_all()
+    known = {r.name for r in Registry(isolated_home / "registry.db").list_slices()}
+    left = {n["name"].rsplit("/", 1)[-1] for n in tpu_emulator.state()["nodes"]}
+    assert left <= known, f"nodes the registry does not know: {left - known}"
+
+
+@pytest.fixture
+def launch(cell, sshd):
+    """%tpu_launch a v4-16 whose (emulated) hosts run this machine's Python as 4-device JAX hosts."""
+    return lambda extra="", accel="v4-16": cell(f"%tpu_launch {accel} --python {sshd.python} --env {ENV} {extra}")
+
+
+def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
+    run = launch("--name pod")
+    assert run.error is None, run.shown
+    assert "(backend gcp)" in run.stderr and "proj/us-central2-b" in run.stderr
+    assert "CREATING" in run.stderr and "READY" in run.stderr and "$25.76/hour" in run.stderr
+    jax = cell("%%on_tpu\nimport jax\nprint(jax.device_count(), jax.local_device_count())\njax.process_index()")
+    assert jax.error is None, jax.shown
+    assert "[0-1] 8 4" in jax.stdout and "Out[0]: 0" in jax.shown and "Out[1]: 1" in jax.shown
+    cell("%tpu_status")
+    frame = ip.user_ns["_"]
+    assert list(frame["cloud_state"]) == ["READY", "READY"] and list(frame["usd_per_hour"]) == [25.76, 25.76]
+    assert list(frame["address"]) == [f"{a}:{sshd.port}" for a in sshd.addresses[:2]]
+    key = cloud.state()["nodes"][0]["metadata"]["ssh-keys"].split()[1]
+    assert key in sshd.authorized_keys.read_text()  # our key, installed through node metadata
+    down = cell("%tpu_down pod")
+    assert down.error is None and "deleted pod" in down.stdout
+    assert cloud.state()["nodes"] == [] and key not in sshd.authorized_keys.read_text()
+    assert cell("%tpu_down pod").error is None  # idempotent
+
+
+def test_backend_defaults_to_gcp_with_a_project(cloud, cell, monkeypatch, launch):
+    run = launch(accel="v4-8")
+    assert run.error is None and "(backend gcp)" in run.stderr
+    assert api.current().name == "tpunb-v4-8"
+    cell("%tpu_down")
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
+    local = cell("%tpu_launch v4-8")
+    assert "local simulated slice" in local.stderr
+
+
+def test_preemption_is_detected_and_recover_relaunches(cloud, cell, launch):
+    assert launch("--name spotty --spot").error is None
+    cloud.preempt("spotty")
+    sl = api.current()
+    wait_for(lambda: sl.cloud.info is not None and sl.cloud.info.state == "PREEMPTED", 10, "the background watch")
+    run = cell("%%on_tpu\n1")
+    assert isinstance(run.error, ProvisionError)
+    assert "spotty cannot run cells: its node is PREEMPTED (spot capacity was reclaimed)" in str(run.error)
+    assert "%tpu_launch --recover spotty" in str(run.error)
+    recovered = cell("%tpu_launch --recover spotty")
+    assert recovered.error is None, recovered.shown
+    assert "READY" in recovered.stderr
+    assert "Out[0-1]: 8" in cell("%%on_tpu\nimport jax\njax.device_count()").shown
+    assert [n["state"] for n in cloud.state()["nodes"]] == ["READY"]
+    cell("%tpu_down spotty")
+
+
+@pytest.mark.parametrize("faults, expected", [
+    ({"quota": "operation"}, "quota"),
+    ({"no_capacity": [ZONE]}, "capacity"),
+    ({"permission_denied": True}, "roles/tpu.admin"),
+])
+def test_cloud_failures_are_one_line_and_leave_nothing(cloud, cell, isolated_home, launch, faults, expected):
+    cloud.faults(**faults)
+    run = launch()
+    assert isinstance(run.error, ProvisionError), run.shown
+    assert expected in str(run.error).lower() or expected in str(run.error)
+    assert len(run.stdout.strip().splitlines()) == 1 and "Traceback" not in run.shown
+    assert Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_stuck_in_creating_past_timeout_is_deleted(cloud, cell, launch):
+    cloud.faults(slow_create=60)
+    run = launch("--timeout 0.5")
+    assert isinstance(run.error, ProvisionError) and "--timeout" in str(run.error)
+    assert "deleted" in str(run.error)
+    wait_for(lambda: cloud.state()["nodes"] == [], 10, "the node to be deleted")
+
+
+def test_bad_accelerator_and_zone(cloud, cell):
+    bad = cell("%tpu_launch v4-17")
+    assert isinstance(bad.error, UnknownAcceleratorError) and "did you mean" in str(bad.error)
+    zone = cell("%tpu_launch v4-16 --zone europe-west4-a")
+    assert isinstance(zone.error, ProvisionError) and "us-central2-b" in str(zone.error)
+    assert cloud.state()["nodes"] == []
+
+
+def test_interrupting_a_launch_deletes_what_it_created(cloud, cell, isolated_home, launch):
+    cloud.faults(slow_create=60)
+    interrupt_kernel_when(lambda: cloud.state()["nodes"], timeout=30)
+    run = launch("--name halfway")
+    assert isinstance(run.error, CellInterrupted), run.shown
+    assert "nothing is left running" in str(run.error)
+    wait_for(lambda: cloud.state()["nodes"] == [], 10, "the node to be deleted")
+    assert Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_status_lists_orphans_and_down_deletes_them(cloud, cell, ip):
+    from tpunb.provision import gcp
+
+    gcp.create(gcp.NodeSpec(name="forgotten", accelerator="v4-8", project="proj", zone=ZONE))
+    cell("%tpu_status")
+    frame = ip.user_ns["_"]
+    row = frame[frame["slice"] == "forgotten"].iloc[0]
+    assert row["state"].startswith("ORPHAN") and row["cloud_state"] == "READY" and row["usd_per_hour"] > 0
+    assert "deleted forgotten" in cell("%tpu_down forgotten").stdout
+    assert cloud.state()["nodes"] == []
+
+
+def test_use_reattaches_a_cloud_slice_after_a_kernel_restart(cloud, cell, launch):
+    assert launch("--name kept").error is None
+    api.detach_all()
+    run = cell("%tpu_use kept")
+    assert run.error is None, run.shown
+    assert "current slice: kept (v4-16, 2 hosts, gcp)" in run.stdout
+    cell("%tpu_down kept")
