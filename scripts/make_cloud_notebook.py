@@ -1,0 +1,42 @@
+"""Writes notebooks/02_cloud_workflow.ipynb (execute it to store outputs)."""
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+cells = [
+    new_markdown_cell(
+        "# The Cloud TPU workflow: launch, run, preemption, recover, down\n\n"
+        "`%tpu_launch` creates a TPU slice with the official google-cloud-tpu client, waits for it while "
+        "showing its states and cost, and connects to every worker over SSH. This notebook rehearses the "
+        "whole workflow against **tpunb's Cloud TPU API emulator**, whose nodes' hosts are real SSH hosts on "
+        "this machine, so it runs anywhere for free.\n\n"
+        "**On a real project, skip the sandbox cell** and configure a project instead: "
+        "`gcloud auth application-default login`, then `GOOGLE_CLOUD_PROJECT` and `CLOUDSDK_COMPUTE_ZONE` "
+        "(or `--project` / `--zone`, or gcloud's own configuration)."),
+    new_code_cell("%load_ext tpunb"),
+    new_code_cell("# NBVAL_IGNORE_OUTPUT\nfrom tpunb.emulator.sandbox import start_sandbox\n\n"
+                  "sandbox = start_sandbox()   # emulator + sshd hosts; sets TPUNB_TPU_API_ENDPOINT, project, zone\n"
+                  "sandbox"),
+    new_markdown_cell("With a project configured, `%tpu_launch` uses Cloud TPU (`--backend gcp`). A spot `v4-16` "
+                      "is 8 chips on 2 hosts. The progress shows each state, the time it took and the price."),
+    new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_launch v4-16 --spot --name spotty"),
+    new_markdown_cell("The hosts are reached over SSH with tpunb's own key (injected through the node's "
+                      "`ssh-keys` metadata), and `jax.distributed` spans both:"),
+    new_code_cell("%%on_tpu\nimport jax\nprint('devices:', jax.device_count(), '| this host:', jax.local_device_count())\n"
+                  "jax.process_index()"),
+    new_markdown_cell("`%tpu_status` shows the cloud's view: state, health, uptime and the hourly price."),
+    new_code_cell("status = %tpu_status\nstatus[['slice', 'accelerator', 'backend', 'cloud_state', 'usd_per_hour', 'host']]"),
+    new_markdown_cell("Spot capacity can be reclaimed at any time. The sandbox can do that on demand; tpunb "
+                      "notices it in the background, in `%tpu_status`, and before the next cell:"),
+    new_code_cell("sandbox.preempt('spotty')\nstatus = %tpu_status\nstatus[['slice', 'cloud_state']]"),
+    new_code_cell("%%on_tpu\nprint('this will not run')", metadata={"tags": ["raises-exception"]}),
+    new_markdown_cell("`--recover` deletes the lost node and launches the same spec again (state on the hosts "
+                      "is lost, as it is with any preemption: checkpoint what matters)."),
+    new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_launch --recover spotty"),
+    new_code_cell("%%on_tpu\nimport jax\njax.device_count()"),
+    new_markdown_cell("`%tpu_down` deletes the node and waits until it is gone; nothing keeps billing."),
+    new_code_cell("%tpu_down spotty"),
+    new_code_cell("status = %tpu_status\nlen(status)"),
+    new_code_cell("sandbox.stop()"),
+]
+nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+nbformat.write(nb, "notebooks/02_cloud_workflow.ipynb")

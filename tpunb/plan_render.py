@@ -1,0 +1,109 @@
+"""A :class:`~tpunb.plan.Plan` as people read it: text, HTML and rows for DataFrames.
+
+Kept apart from the estimator so changing how a plan looks never touches what it computes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from tpunb.roofline import SliceEstimate
+from tpunb.units import GIB, _human_count, _human_time, _money
+from tpunb.workloads import Training
+
+if TYPE_CHECKING:
+    from tpunb.plan import Plan
+
+
+def _option_row(o: SliceEstimate, p: Plan) -> dict[str, Any]:
+    """One option as numbers (seconds, GiB, USD), for DataFrames that sort and plot."""
+    row: dict[str, Any] = {
+        "slice": o.accelerator, "generation": o.generation, "chips": o.chips, "hosts": o.hosts,
+        "fits": o.fits, "mesh": str(o.mesh), "gib_per_chip": o.memory_per_chip / GIB,
+        "hbm_gib_per_chip": o.hbm_per_chip / GIB, "bound": o.bound, "step_s": o.step_seconds,
+        "tokens_per_s": o.tokens_per_second, "usd_per_hour": o.usd_per_hour,
+        "usd_per_1m_tokens": o.usd_per_million_tokens,
+    }
+    if isinstance(p.workload, Training):
+        row.update({"total_h": o.total_hours, "cost_usd": o.cost_usd, "spot_cost_usd": o.spot_cost_usd})
+    else:
+        row.update({"prefill_s": o.prefill_seconds, "max_batch": o.max_batch})
+    return row
+
+
+def _display_row(o: SliceEstimate, p: Plan) -> dict[str, str]:
+    """One option as a person reads it."""
+    row = {
+        "slice": o.accelerator, "chips": str(o.chips), "hosts": str(o.hosts), "mesh": str(o.mesh),
+        "GiB/chip": f"{o.memory_per_chip / GIB:,.1f}/{o.hbm_per_chip / GIB:,.0f}" + ("" if o.fits else " (too big)"),
+        "bound": o.bound,
+    }
+    if isinstance(p.workload, Training):
+        row.update({
+            "step": _human_time(o.step_seconds), "total": _human_time(o.total_seconds),
+            "$/hour": _money(o.usd_per_hour), "$/1M tokens": _money(o.usd_per_million_tokens),
+            "cost": _money(o.cost_usd), "spot cost": _money(o.spot_cost_usd),
+        })
+    else:
+        row.update({
+            "decode step": _human_time(o.step_seconds), "tokens/s": f"{o.tokens_per_second:,.0f}",
+            "prefill": _human_time(o.prefill_seconds), "$/hour": _money(o.usd_per_hour),
+            "$/1M tokens": _money(o.usd_per_million_tokens),
+        })
+    return row
+
+
+def _summary_lines(p: Plan) -> list[str]:
+    m, w = p.model, p.workload
+    lines = [f"{m.name}: {_human_count(m.params)} params"
+             + (f" ({_human_count(m.active_params)} active)" if m.experts > 1 else "")
+             + (f", {_human_count(p.trainable_params)} trainable (LoRA r={w.lora_rank})" if isinstance(w, Training) and w.lora_rank else "")]
+    if isinstance(w, Training):
+        lines.append(
+            f"train: {w.batch_tokens:,.0f} tokens/step x seq {w.seq_len}, {w.optimizer} "
+            f"({w.param_dtype} params, {w.optimizer_dtype} state), remat {w.remat}, target MFU {w.mfu:.0%}"
+            + (f", {_human_count(w.tokens)} tokens total" if w.tokens else "")
+        )
+    else:
+        lines.append(f"serve: {w.weight_dtype} weights, batch {w.batch} x context {w.context}, KV {w.kv_cache_dtype}")
+    mem = p.memory
+    parts = [(k, v) for k, v in dataclasses.asdict(mem).items() if v]
+    lines.append("memory: " + ", ".join(f"{k} {v / GIB:,.1f}" for k, v in parts) + f" = {mem.total / GIB:,.1f} GiB")
+    flops = f"FLOPs: {p.flops_per_token:.3g}/token, {p.flops_per_step:.3g}/step"
+    if p.total_flops:
+        flops += f", {p.total_flops:.3g} total"
+    lines.append(flops)
+    return lines
+
+
+def _render_text(p: Plan) -> str:
+    rows = [_display_row(o, p) for o in p.options]
+    lines = _summary_lines(p)
+    if rows:
+        cols = list(rows[0])
+        widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+        lines.append("  ".join(c.ljust(widths[c]) for c in cols))
+        lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
+    if any(o.fits for o in p.options):
+        best = p.best()
+        lines.append(f"cheapest: {best.accelerator} ({best.mesh}), {best.bound}-bound: {best.reason}")
+    lines += [f"note: {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+def _render_html(p: Plan) -> str:
+    import html
+
+    summary = "".join(f"<li>{html.escape(s)}</li>" for s in _summary_lines(p))
+    rows = [_display_row(o, p) for o in p.options]
+    table = "<p>no slice fits</p>"
+    if rows:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r.values()) + "</tr>" for r in rows)
+        table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    extra = ""
+    if any(o.fits for o in p.options):
+        best = p.best()
+        extra = f"<p><b>cheapest</b>: {html.escape(best.accelerator)} ({html.escape(str(best.mesh))}), {best.bound}-bound: {html.escape(best.reason)}</p>"
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in p.notes)
+    return f"<div class='tpunb-plan'><ul>{summary}</ul>{table}{extra}<ul>{notes}</ul></div>"
