@@ -3,7 +3,8 @@
 Run: python bench/bench_cells.py [--runs 500]
 
 1. A trivial cell (`pass`) on a 4-host slice, through the magic in a real IPython shell, side by
-   side with ipyparallel's `%%px --block pass` on 4 local engines in the same shell and run.
+   side with ipyparallel's `%%px --block pass` on 4 local engines in the same shell and run; and
+   the same cell on 4 hosts reached over SSH (a real OpenSSH sshd on loopback addresses).
 2. The same trivial cell on a 64-host slice (v4-512), no host importing JAX.
 3. Streaming: 4 hosts each print 50,000 lines; every line must arrive (checked), lines/s overall.
 """
@@ -17,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -64,6 +66,18 @@ def main() -> None:
     cluster.stop_cluster_sync()
     api.down("bench4")
 
+    # 1b. 4 hosts over SSH (real OpenSSH sshd on 4 loopback addresses)
+    from tpunb.emulator.sshd import Sshd, write_ed25519
+
+    server = Sshd(hosts=4)
+    key = os.path.join(os.environ["TPUNB_HOME"], "bench_key")
+    server.authorize(write_ed25519(Path(key)))
+    api.connect([f"{a}:{server.port}" for a in server.addresses], key=key, python=server.python, name="ssh4")
+    with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
+        tpunb_ssh = time_cells(lambda: shell.run_cell_magic("on_tpu", "", "pass"), args.runs)
+    api.down("ssh4")
+    server.close()
+
     # 2. 64 hosts, none importing JAX
     started = time.perf_counter()
     api.launch("v4-512", name="bench64")
@@ -95,6 +109,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     print(f"| trivial cell, 4 hosts vs ipyparallel %%px --block, 4 engines | {p50_t4:.2f} ms | {p99_t4:.2f} ms | "
           f"{p50_i4:.2f} ms | {p99_i4:.2f} ms | {p50_i4 / p50_t4:.1f}x | p50 <= 3 ms, >= 5x |")
+    p50_s, p99_s = percentiles(tpunb_ssh)
+    print(f"| trivial cell, 4 hosts over SSH (real sshd on loopback) | {p50_s:.2f} ms | {p99_s:.2f} ms | - | - | - | "
+          "p50 <= 5 ms |")
     print(f"| trivial cell, 64 hosts (v4-512, no JAX) | {p50_t64:.2f} ms | {p99_t64:.2f} ms | - | - | - | p50 <= 25 ms |")
     print(f"| streaming 4 x {lines:,} lines | {rate:,.0f} lines/s ({elapsed:.2f} s) | all lines arrived: "
           f"{complete} | - | - | - | >= 50,000 lines/s |")

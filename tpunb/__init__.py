@@ -1,17 +1,17 @@
 """tpunb: Cloud TPU slices native to Jupyter.
 
 ``%load_ext tpunb`` registers the magics; the same things are plain functions here:
-``launch``, ``use``, ``current``, ``down``, ``status``, ``plan``.
+``launch``, ``connect``, ``use``, ``current``, ``down``, ``status``, ``plan``.
 """
 from __future__ import annotations
 
-from tpunb.api import current, down, last_result, launch, status, use
+from tpunb.api import connect, current, down, last_result, launch, status, use
 from tpunb.errors import TpunbError
 from tpunb.plan import plan
 from tpunb.slice import Slice
 
 __version__ = "0.1.0"
-__all__ = ["launch", "use", "current", "down", "status", "last_result", "plan", "Slice", "TpunbError"]
+__all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "plan", "Slice", "TpunbError"]
 
 
 def load_ipython_extension(ipython) -> None:
