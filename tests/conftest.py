@@ -40,10 +40,10 @@ def make_slice(request):
     server = request.getfixturevalue("sshd")
     key = request.getfixturevalue("ssh_key")
 
-    def make(hosts: int = 2, name: str | None = None):
-        addresses = [f"{a}:{server.port}" for a in server.addresses[:hosts]]
+    def make(count: int = 2, name: str | None = None):
+        addresses = [f"{a}:{server.port}" for a in server.addresses[:count]]
         return api.connect(addresses, key=str(key), python=server.python, name=name,
-                           accelerator=ACCELERATOR_FOR_HOSTS[hosts], env=CPU_AS_TPU_HOST)
+                           accelerator=ACCELERATOR_FOR_HOSTS[count], env=CPU_AS_TPU_HOST)
 
     return make
 

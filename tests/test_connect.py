@@ -1,7 +1,6 @@
 """Hosts you bring, over real OpenSSH: %tpu_connect, faults, %tpu_run, %tpu_sync, re-attach."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path

@@ -1,7 +1,6 @@
 """Multi-host JAX on the local simulated slice: real processes joined by jax.distributed."""
 from __future__ import annotations
 
-from tpunb import api
 from tests.conftest import wait_for
 
 

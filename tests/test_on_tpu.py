@@ -9,13 +9,11 @@ import os
 import signal
 import time
 
-import pytest
 
 import tpunb
-from tpunb import api
 from tpunb.display import ANSI
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
-from tests.conftest import interrupt_kernel_when, wait_for, wait_for_files
+from tests.conftest import interrupt_kernel_when, wait_for_files
 
 def test_state_persists_across_cells(make_slice, cell):
     make_slice(2)

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-import random
 import re
 import sys
 import time
 from typing import Any
 
-from tpunb import catalog
-from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, TransportError, UsageError
+from tpunb import backends, catalog, cloud
+from tpunb.errors import NoSliceError, TpunbError, UsageError
 from tpunb.provision import local
 from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.results import RunResult
@@ -54,6 +53,17 @@ def _check_name(name: str) -> str:
     return name
 
 
+def _claim_name(name: str | None, base: str, reg: Registry) -> str:
+    """The name a new slice gets: the one asked for if free (else a one-line error), or base, base-2, ..."""
+    if name is None:
+        return _free_name(base, reg)
+    _check_name(name)
+    existing = reg.get_slice(name)
+    if name in _attached or (existing is not None and (existing.backend != "local" or _owner_alive(existing))):
+        raise UsageError(f"a slice named {name!r} exists: attach with %tpu_use {name}, or %tpu_down {name} first")
+    return name
+
+
 def parse_env(pairs: list[str] | dict | None) -> dict[str, str]:
     """['KEY=VALUE', ...] -> dict; values are secrets and are never printed or stored."""
     if not pairs:
@@ -67,72 +77,6 @@ def parse_env(pairs: list[str] | dict | None) -> dict[str, str]:
             raise UsageError(f"--env takes KEY=VALUE, got {key or pair!r}")
         env[key] = value
     return env
-
-
-def _host_env(record: SliceRecord, index: int) -> dict[str, str]:
-    """What every host gets in its environment: where it sits in the slice, plus --env values."""
-    env = {"TPUNB_HOST_INDEX": str(index), "TPUNB_NUM_HOSTS": str(len(record.hosts)), "TPUNB_SLICE": record.name}
-    if record.accelerator:
-        env["TPUNB_ACCELERATOR"] = record.accelerator
-    return env
-
-
-def _connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list:
-    """SSH to every host of the record; for up to ``wait`` seconds, retry while they come up
-    (a new TPU VM answers READY before its sshd runs and its ssh-keys metadata is applied)."""
-    from tpunb.errors import HostKeyError
-    from tpunb.transport.ssh import connect_all
-
-    spec = record.spec
-    deadline, delay = time.monotonic() + wait, 1.0
-    while True:
-        try:
-            return connect_all([h.address for h in record.hosts], user=spec.get("user"), key_path=spec.get("key"),
-                               python=spec.get("python", "python3"),
-                               connect_timeout=spec.get("connect_timeout", 10.0), registry=reg)
-        except HostKeyError:
-            raise
-        except TransportError:
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)  # hosts still booting: back off and try again
-            delay = min(delay * 2, 10.0)
-
-
-def _ssh_slice(record: SliceRecord, reg: Registry, wait: float = 0.0) -> Slice:
-    """Hosts reached over SSH (brought with %tpu_connect, or a Cloud TPU node's workers):
-    one connection each, jax.distributed coordinated by host 0."""
-    spec = record.spec
-    transports = _connect_hosts(record, reg, wait)
-    coordinator = record.hosts[0].info.get("internal_ip") or transports[0].host
-    num_hosts = len(record.hosts)
-
-    def host_init(index: int, coordinator_port: int) -> dict:
-        env = {**_host_env(record, index), **_env.get(record.name, {})}
-        jax = {"initialize": num_hosts > 1,
-               "kwargs": {"coordinator_address": f"{coordinator}:{coordinator_port}", "num_processes": num_hosts,
-                          "process_id": index, "initialization_timeout": 120}}
-        return {"env": env, "jax": jax, "drop_output": local.GLOO_CHATTER, "cwd": spec.get("cwd")}
-
-    return Slice(record, transports, host_init, reg, coordinator_port=lambda: random.randint(20000, 39999))
-
-
-def _build_slice(record: SliceRecord, reg: Registry) -> Slice:
-    if record.backend == "local":
-        return _local_slice(record, reg)
-    if record.backend == "ssh":
-        return _ssh_slice(record, reg)
-    if record.backend == "gcp":
-        node = _cloud_node(record)
-        try:
-            node.check()  # a preempted or deleted node: say so instead of failing to connect
-            sl = _ssh_slice(record, reg)
-        except BaseException:
-            node.close()
-            raise
-        sl.cloud = node
-        return sl
-    raise UsageError(f"slice {record.name!r} uses backend {record.backend!r}, which this tpunb cannot attach")
 
 
 def connect(hosts: list[str] | str, user: str | None = None, key: str | None = None, port: int = 22,
@@ -162,15 +106,11 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
             raise UsageError(f"{spec}: give the user once with --user, or as user@host on every host")
         user = spec_user
     reg = registry()
-    if name is not None:
-        _check_name(name)
-        if name in _attached or reg.get_slice(name) is not None:
-            raise UsageError(f"a slice named {name!r} exists: attach with %tpu_use {name}, or %tpu_down {name} first")
+    name = _claim_name(name, "hosts", reg)
     if accept_new_host_key:
         for address in addresses:
             host, _, spec_port = address.partition(":")
             forget_host_key(host, int(spec_port or 22), reg)
-    name = name or _free_name("hosts", reg)
     values = parse_env(env)
     record = SliceRecord(name=name, accelerator=accelerator or "", backend="ssh", state="running",
                          owner_pid=os.getpid(),
@@ -182,32 +122,10 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
           file=sys.stderr)
     _env[name] = values
     try:
-        sl = _ssh_slice(record, reg)
-        try:
-            sl.connect()
-        except BaseException:
-            sl.session.close()
-            raise
+        return _start(backends.ssh_slice(record, reg, values), reg, started)
     except BaseException:
         _env.pop(name, None)
         raise
-    reg.save_slice(record)
-    _attach(sl)
-    print(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu",
-          file=sys.stderr)
-    return sl
-
-
-def _local_slice(record: SliceRecord, reg: Registry) -> Slice:
-    accelerator = catalog.lookup(record.accelerator)
-    num_hosts = len(record.hosts)
-
-    def host_init(index: int, coordinator_port: int) -> dict:
-        env = {**_host_env(record, index), **local.host_environment(accelerator), **_env.get(record.name, {})}
-        return {"env": env, "cwd": os.getcwd(), "jax": local.jax_settings(num_hosts, index, coordinator_port),
-                "drop_output": local.GLOO_CHATTER}
-
-    return Slice(record, local.transports(record), host_init, reg)
 
 
 def default_backend(project: str | None = None) -> str:
@@ -234,147 +152,40 @@ def launch(accelerator: str | None = None, name: str | None = None, backend: str
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
     if backend == "gcp":
-        return _launch_gcp(accel, name, env, **options)
+        return _launch_cloud(accel, name, parse_env(env), **options)
     if options:
         raise UsageError(f"unknown option{'s' if len(options) > 1 else ''} {', '.join(sorted(options))} for backend {backend}")
     reg = registry()
-    if name is not None:
-        _check_name(name)
-        existing = reg.get_slice(name)
-        if name in _attached or (existing is not None and (existing.backend != "local" or _owner_alive(existing))):
-            raise UsageError(f"a slice named {name!r} exists: attach with %tpu_use {name}, or %tpu_down {name} first")
-    name = name or _free_name(accel.name, reg)
+    name = _claim_name(name, accel.name, reg)
     _env[name] = parse_env(env)
     record = local.create(name, accel)
     started = time.perf_counter()
     print(f"Launching {accel.name} as a local simulated slice {name!r} (no Google Cloud project configured, "
           f"or --backend local): {accel.hosts} host"
           f"{'s' if accel.hosts > 1 else ''} x {accel.devices_per_host} JAX CPU devices ...", file=sys.stderr)
-    sl = _local_slice(record, reg)
+    return _start(backends.local_slice(record, reg, _env[name]), reg, started)
+
+
+def _start(sl: Slice, reg: Registry, started: float) -> Slice:
+    """Start every host; only a slice whose hosts all came up is recorded and becomes current."""
     try:
         sl.connect()
     except BaseException:
         sl.session.close()
         raise
-    reg.save_slice(record)
+    reg.save_slice(sl.record)
     _attach(sl)
-    print(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu",
+    print(f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu",
           file=sys.stderr)
     return sl
 
 
-def _cloud_node(record: SliceRecord, info=None, watch: bool = True):
-    from tpunb.cloud import CloudNode
-
-    spec = record.spec
-    return CloudNode(record.name, record.accelerator, spec["project"], spec["zone"], bool(spec.get("spot")), info,
-                     watch=watch)
-
-
-GCP_OPTIONS = ("project", "zone", "spot", "runtime", "queued", "network", "subnetwork", "service_account",
-               "labels", "internal_ip", "timeout", "user", "python", "connect_wait")
-
-
-def parse_labels(labels: str | dict | None) -> dict[str, str]:
-    """'team=ml,run=7' -> {'team': 'ml', 'run': '7'}."""
-    if not labels:
-        return {}
-    if isinstance(labels, dict):
-        return {str(k): str(v) for k, v in labels.items()}
-    out = {}
-    for pair in labels.split(","):
-        key, sep, value = pair.partition("=")
-        if not sep or not re.fullmatch(r"[a-z][-_a-z0-9]{0,62}", key.strip()):
-            raise UsageError(f"--labels takes k=v,k=v with lowercase keys, got {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _launch_gcp(accel, name: str | None, env: Any, **options: Any) -> Slice:
-    """Create a Cloud TPU node, wait for READY with progress, connect to every worker over SSH.
-    Whatever fails or is interrupted after the node exists deletes it again."""
-    import getpass
-
-    from tpunb import keys
-    from tpunb.provision import gcp
-    from tpunb.transport.ssh import forget_host_key
-    from tpunb.widgets.launch import LaunchProgress
-
-    unknown = set(options) - set(GCP_OPTIONS)
-    if unknown:
-        raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(sorted(unknown))} for backend gcp")
-    project, zone = gcp.require_project_zone(options.get("project"), options.get("zone"))
-    catalog.check_zone(accel, zone)
+def _launch_cloud(accel, name: str | None, values: dict[str, str], **options: Any) -> Slice:
     reg = registry()
-    if name is not None:
-        _check_name(name)
-        if name in _attached or reg.get_slice(name) is not None:
-            raise UsageError(f"a slice named {name!r} exists: attach with %tpu_use {name}, or %tpu_down {name} first")
-    name = name or _free_name(f"tpunb-{accel.name}", reg)
-    key_path, public_key = keys.default_key()
-    user = options.get("user") or getpass.getuser()
-    spot, queued, internal_ip = bool(options.get("spot")), bool(options.get("queued")), bool(options.get("internal_ip"))
-    labels = parse_labels(options.get("labels"))
-    values = parse_env(env)
-    spec = gcp.NodeSpec(name=name, accelerator=accel.name, project=project, zone=zone, runtime=options.get("runtime"),
-                        spot=spot, queued=queued, network=options.get("network"),
-                        subnetwork=options.get("subnetwork"), service_account=options.get("service_account"),
-                        labels=labels, internal_ip=internal_ip, ssh_user=user, ssh_public_key=public_key)
-    record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
-                         spec={"project": project, "zone": zone, "spot": spot, "queued": queued,
-                               "runtime": options.get("runtime"), "network": options.get("network"),
-                               "subnetwork": options.get("subnetwork"),
-                               "service_account": options.get("service_account"), "labels": labels,
-                               "internal_ip": internal_ip, "user": user, "key": str(key_path),
-                               "python": options.get("python") or "python3", "env_keys": sorted(values)})
-    reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
-    kind = "queued resource" if queued else "node"
-    try:
-        price: float | None = accel.price_per_hour(spot)
-    except UsageError:  # a generation without a public list price
-        price = None
-    progress = LaunchProgress(f"Launching {accel.name} {'spot ' if spot else ''}{kind} {name!r} in {project}/{zone} "
-                              f"(backend gcp)", price)
-    started = time.perf_counter()
-    try:
-        info = gcp.create(spec, on_state=progress.state, timeout=options.get("timeout") or gcp.DEFAULT_TIMEOUT)
-    except KeyboardInterrupt:
-        reg.delete_slice(name)
-        message = f"launch of {name} interrupted: what it had created was deleted, nothing is left running"
-        progress.failed(message)
-        raise CellInterrupted(message) from None
-    except BaseException as exc:
-        reg.delete_slice(name)
-        progress.failed(f"failed: {exc}")
-        raise
-    sl = None
-    try:
-        record.hosts = [HostRecord(h.index, h.address(internal_ip) if h.port == 22 else f"{h.address(internal_ip)}:{h.port}",
-                                   {"internal_ip": h.internal_ip}) for h in info.hosts]
-        for host in info.hosts:  # a new VM has a new host key, even where an old one had its address
-            forget_host_key(host.address(internal_ip), host.port, reg)
-        record.state = "running"
-        _env[name] = values
-        sl = _ssh_slice(record, reg, wait=float(options.get("connect_wait", 180.0)))
-        sl.cloud = _cloud_node(record, info)
-        sl.connect()
-        reg.save_slice(record)
-    except BaseException as exc:
-        if sl is not None:
-            sl.session.close()
-            if sl.cloud is not None:
-                sl.cloud.close()
-        _env.pop(name, None)
-        try:
-            gcp.delete(project, zone, name, wait=True)
-        finally:
-            reg.delete_slice(name)
-        progress.failed(f"could not connect to the hosts, so {name} was deleted again: {exc}")
-        raise
+    name = _claim_name(name, f"tpunb-{accel.name}", reg)
+    sl = cloud.launch(accel, name, values, reg, **options)
+    _env[name] = values
     _attach(sl)
-    cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
-    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: {len(record.hosts)} host"
-                  f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
     return sl
 
 
@@ -402,7 +213,7 @@ def _recover(name: str, env: Any) -> Slice:
     reg.delete_slice(name)
     options = {k: spec[k] for k in ("project", "zone", "spot", "queued", "runtime", "network", "subnetwork",
                                      "service_account", "labels", "internal_ip", "user", "python") if spec.get(k)}
-    recovered = _launch_gcp(catalog.lookup(record.accelerator), name, values, **options)
+    recovered = _launch_cloud(catalog.lookup(record.accelerator), name, values, **options)
     if missing:
         print(f"[tpunb] --env values are never stored: {', '.join(missing)} are not set; pass them again with "
               f"--env when recovering", file=sys.stderr)
@@ -437,7 +248,7 @@ def use(name: str) -> Slice:
     if record.backend == "local" and _owner_alive(record):
         raise UsageError(f"local slice {name!r} runs in another kernel (pid {record.owner_pid}): "
                          "its host processes belong to that kernel; use it there or %tpu_down it")
-    sl = _build_slice(record, reg)
+    sl = backends.build_slice(record, reg, _env.get(name, {}))
     try:
         sl.connect()
     except BaseException:
@@ -495,48 +306,12 @@ def down(name: str | None = None, all: bool = False) -> list[str]:
                 gcp.delete(record.spec["project"], record.spec["zone"], n, wait=True)  # before forgetting it
             reg.delete_slice(n)
             deleted.append(n)
-        elif _delete_orphan(n):
+        elif cloud.delete_orphan(n):
             deleted.append(n)
         _env.pop(n, None)
         if _current and _current[0] == n:
             _current.clear()
     return deleted
-
-
-def _configured_project_zone() -> tuple[str | None, str | None]:
-    from tpunb.provision.gcp import resolve_project_zone
-
-    return resolve_project_zone(None, None)
-
-
-def _delete_orphan(name: str) -> bool:
-    """A tpunb node the registry does not know, in the configured project and zone: delete it."""
-    project, zone = _configured_project_zone()
-    if not (project and zone):
-        return False
-    from tpunb.provision import gcp
-
-    info = gcp.get(project, zone, name)
-    if info is None or not info.tpunb_owned:
-        return False
-    return gcp.delete(project, zone, name, wait=True)
-
-
-def _cloud_listing(records: list[SliceRecord]) -> dict[tuple[str, str], dict]:
-    """One list call per project and zone in use (and the configured one, for orphans)."""
-    from tpunb.provision import gcp
-
-    places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == "gcp"}
-    project, zone = _configured_project_zone()
-    if project and zone:
-        places.add((project, zone))
-    listing = {}
-    for place in sorted(places):
-        try:
-            listing[place] = {info.name: info for info in gcp.list_nodes(*place)}
-        except TpunbError as exc:
-            print(f"[tpunb] cannot list nodes in {place[0]}/{place[1]}: {exc}", file=sys.stderr)
-    return listing
 
 
 COLUMNS = ["slice", "current", "accelerator", "backend", "cloud_state", "health", "usd_per_hour", "host", "address",
@@ -551,7 +326,7 @@ def status():
     rows = []
     current_name = _current[0] if _current else None
     records = registry().list_slices()
-    listing = _cloud_listing(records) if any(r.backend == "gcp" for r in records) or _configured_project_zone()[0] else {}
+    listing = cloud.listing(records) if any(r.backend == "gcp" for r in records) or cloud.configured_project_zone()[0] else {}
     for record in records:
         sl = _attached.get(record.name)
         place = (record.spec.get("project"), record.spec.get("zone"))
@@ -561,10 +336,10 @@ def status():
                 sl.cloud.checked_at = time.monotonic()
             rows.extend(sl.status_rows(current=record.name == current_name))
             continue
-        cloud = {}
+        cloud_state = {}
         if record.backend == "gcp":
             info = listing.get(place, {}).get(record.name)
-            cloud = _cloud_node(record, info, watch=False).status() if place in listing else {}
+            cloud_state = backends.cloud_node(record, info, watch=False).status() if place in listing else {}
         if record.backend == "local":
             state = "in another kernel" if _owner_alive(record) else "stopped (use %tpu_use to restart)"
         elif record.state == "creating":
@@ -573,9 +348,9 @@ def status():
             state = "not connected (use %tpu_use to reconnect)"
         for host in record.hosts or [None]:
             rows.append({"slice": record.name, "current": "", "accelerator": record.accelerator,
-                         "backend": record.backend, **cloud, "host": host.index if host else None,
+                         "backend": record.backend, **cloud_state, "host": host.index if host else None,
                          "address": host.address if host else None, "state": state, "pid": None, "runner": None,
-                         "uptime_s": cloud.get("uptime_s")})
+                         "uptime_s": cloud_state.get("uptime_s")})
     known = {r.name for r in records}
     for (project, zone), nodes in listing.items():
         for node_name, info in sorted(nodes.items()):

@@ -1,4 +1,5 @@
-"""The cloud side of a Cloud TPU slice: its node's state, a preemption watch, its cost, its end.
+"""Cloud TPU slices: the launch flow, and the cloud side of a slice (its node's state, a
+preemption watch, its cost, its end), and the project's view for %tpu_status (orphans).
 
 A CloudNode is attached to a Slice whose hosts are a Cloud TPU node. Before each cell the
 Slice asks ``check()``: if the node was preempted or terminated, the cell fails with a line that
@@ -9,13 +10,17 @@ state every ``TPUNB_WATCH_INTERVAL`` seconds (30 by default) so that a preemptio
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
+from typing import Any
 
-from tpunb import catalog
-from tpunb.errors import ProvisionError, TpunbError
+from tpunb import backends, catalog
+from tpunb.errors import CellInterrupted, ProvisionError, TpunbError, UsageError
 from tpunb.provision import gcp
+from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.slice import Slice
 
 FRESH_SECONDS = 10.0  # a state this recent is trusted before a cell without asking the API again
 
@@ -101,3 +106,136 @@ class CloudNode:
         """Delete the node (and its queued resource) and wait until it is gone; idempotent."""
         self.close()
         gcp.delete(self.project, self.zone, self.name, wait=True)
+
+
+GCP_OPTIONS = ("project", "zone", "spot", "runtime", "queued", "network", "subnetwork", "service_account",
+               "labels", "internal_ip", "timeout", "user", "python", "connect_wait")
+
+
+def parse_labels(labels: str | dict | None) -> dict[str, str]:
+    """'team=ml,run=7' -> {'team': 'ml', 'run': '7'}."""
+    if not labels:
+        return {}
+    if isinstance(labels, dict):
+        return {str(k): str(v) for k, v in labels.items()}
+    out = {}
+    for pair in labels.split(","):
+        key, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(r"[a-z][-_a-z0-9]{0,62}", key.strip()):
+            raise UsageError(f"--labels takes k=v,k=v with lowercase keys, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def launch(accel: catalog.Accelerator, name: str, values: dict[str, str], reg: Registry, **options: Any) -> Slice:
+    """Create a Cloud TPU node, wait for READY with progress, connect to every worker over SSH.
+    Whatever fails or is interrupted after the node exists deletes it again."""
+    import getpass
+
+    from tpunb import keys
+    from tpunb.provision import gcp
+    from tpunb.transport.ssh import forget_host_key
+    from tpunb.widgets.launch import LaunchProgress
+
+    unknown = set(options) - set(GCP_OPTIONS)
+    if unknown:
+        raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(sorted(unknown))} for backend gcp")
+    project, zone = gcp.require_project_zone(options.get("project"), options.get("zone"))
+    catalog.check_zone(accel, zone)
+    key_path, public_key = keys.default_key()
+    user = options.get("user") or getpass.getuser()
+    spot, queued, internal_ip = bool(options.get("spot")), bool(options.get("queued")), bool(options.get("internal_ip"))
+    labels = parse_labels(options.get("labels"))
+    spec = gcp.NodeSpec(name=name, accelerator=accel.name, project=project, zone=zone, runtime=options.get("runtime"),
+                        spot=spot, queued=queued, network=options.get("network"),
+                        subnetwork=options.get("subnetwork"), service_account=options.get("service_account"),
+                        labels=labels, internal_ip=internal_ip, ssh_user=user, ssh_public_key=public_key)
+    record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
+                         spec={"project": project, "zone": zone, "spot": spot, "queued": queued,
+                               "runtime": options.get("runtime"), "network": options.get("network"),
+                               "subnetwork": options.get("subnetwork"),
+                               "service_account": options.get("service_account"), "labels": labels,
+                               "internal_ip": internal_ip, "user": user, "key": str(key_path),
+                               "python": options.get("python") or "python3", "env_keys": sorted(values)})
+    reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
+    kind = "queued resource" if queued else "node"
+    try:
+        price: float | None = accel.price_per_hour(spot)
+    except UsageError:  # a generation without a public list price
+        price = None
+    progress = LaunchProgress(f"Launching {accel.name} {'spot ' if spot else ''}{kind} {name!r} in {project}/{zone} "
+                              f"(backend gcp)", price)
+    started = time.perf_counter()
+    try:
+        info = gcp.create(spec, on_state=progress.state, timeout=options.get("timeout") or gcp.DEFAULT_TIMEOUT)
+    except KeyboardInterrupt:
+        reg.delete_slice(name)
+        message = f"launch of {name} interrupted: what it had created was deleted, nothing is left running"
+        progress.failed(message)
+        raise CellInterrupted(message) from None
+    except BaseException as exc:
+        reg.delete_slice(name)
+        progress.failed(f"failed: {exc}")
+        raise
+    sl = None
+    try:
+        record.hosts = [HostRecord(h.index, h.address(internal_ip) if h.port == 22 else f"{h.address(internal_ip)}:{h.port}",
+                                   {"internal_ip": h.internal_ip}) for h in info.hosts]
+        for host in info.hosts:  # a new VM has a new host key, even where an old one had its address
+            forget_host_key(host.address(internal_ip), host.port, reg)
+        record.state = "running"
+        sl = backends.ssh_slice(record, reg, values, wait=float(options.get("connect_wait", 180.0)))
+        sl.cloud = backends.cloud_node(record, info)
+        sl.connect()
+        reg.save_slice(record)
+    except BaseException as exc:
+        if sl is not None:
+            sl.session.close()
+            if sl.cloud is not None:
+                sl.cloud.close()
+        try:
+            gcp.delete(project, zone, name, wait=True)
+        finally:
+            reg.delete_slice(name)
+        progress.failed(f"could not connect to the hosts, so {name} was deleted again: {exc}")
+        raise
+    cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
+    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: {len(record.hosts)} host"
+                  f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
+    return sl
+
+
+def configured_project_zone() -> tuple[str | None, str | None]:
+    from tpunb.provision.gcp import resolve_project_zone
+
+    return resolve_project_zone(None, None)
+
+
+def delete_orphan(name: str) -> bool:
+    """A tpunb node the registry does not know, in the configured project and zone: delete it."""
+    project, zone = configured_project_zone()
+    if not (project and zone):
+        return False
+    from tpunb.provision import gcp
+
+    info = gcp.get(project, zone, name)
+    if info is None or not info.tpunb_owned:
+        return False
+    return gcp.delete(project, zone, name, wait=True)
+
+
+def listing(records: list[SliceRecord]) -> dict[tuple[str, str], dict]:
+    """One list call per project and zone in use (and the configured one, for orphans)."""
+    from tpunb.provision import gcp
+
+    places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == "gcp"}
+    project, zone = configured_project_zone()
+    if project and zone:
+        places.add((project, zone))
+    listing = {}
+    for place in sorted(places):
+        try:
+            listing[place] = {info.name: info for info in gcp.list_nodes(*place)}
+        except TpunbError as exc:
+            print(f"[tpunb] cannot list nodes in {place[0]}/{place[1]}: {exc}", file=sys.stderr)
+    return listing

@@ -1,7 +1,6 @@
 """Slice: a set of hosts with a persistent agent on each; what magics, widgets and users call."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Any, Callable
