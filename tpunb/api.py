@@ -367,7 +367,10 @@ def status():
                          "usd_per_hour": price, "host": None, "address": f"{project}/{zone}",
                          "state": f"ORPHAN: not in this registry, still billed; %tpu_down {node_name} deletes it",
                          "pid": None, "runner": None, "uptime_s": round(uptime, 1) if uptime is not None else None})
-    return pd.DataFrame(rows, columns=COLUMNS)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    if not (frame["backend"] == "gcp").any():  # no cloud slice: cloud columns would be empty noise
+        frame = frame.drop(columns=["cloud_state", "health", "usd_per_hour"])
+    return frame
 
 
 def last_result() -> RunResult | None:
