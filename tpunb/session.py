@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tpunb import protocol
-from tpunb.errors import CellInterrupted, HostDiedError, ProtocolError, TransportError
+from tpunb.errors import CellInterrupted, HostDiedError, ProtocolError, RemoteError, TransportError
 from tpunb.transport.base import AgentProcess, Transport
 
 BOOTSTRAP = r"""
@@ -188,6 +188,7 @@ class OutputSink:
     def event(self, host: int, message: dict) -> None: ...
     def tick(self) -> None: ...
     def host_done(self, host: int) -> None: ...
+    def finish(self) -> None: ...
 
 
 class Session:
@@ -442,7 +443,6 @@ class Session:
             else:
                 out[i] = pickle.loads(blob)
         if failed:
-            from tpunb.errors import RemoteError
             raise RemoteError("; ".join(f"host {i}: {e}" for i, e in failed.items()))
         return out
 

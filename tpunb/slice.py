@@ -160,7 +160,7 @@ class Slice:
         try:
             results = self.session.execute(code, indices, timeout, sink)
         except CellInterrupted as exc:
-            _finish(sink)
+            sink.finish()
             result = self.last_result = RunResult(exc.results)
             notes = result.notes()
             stopped = result.hosts_with("interrupted")
@@ -169,7 +169,7 @@ class Slice:
             error = CellInterrupted("; ".join([message] + [n for n in notes if "stopped cleanly" not in n]))
             error.results = result
             raise error from None
-        _finish(sink)
+        sink.finish()
         self.last_result = RunResult(results, timeout)
         if self.cloud is not None and self.last_result.hosts_with("died"):
             self._explain_deaths()
@@ -208,7 +208,7 @@ class Slice:
         try:
             results = self.session.execute(command, indices, timeout, sink, shell=True)
         finally:
-            _finish(sink)
+            sink.finish()
         self.last_result = RunResult(results, timeout)
         return self.last_result
 
@@ -272,7 +272,3 @@ class _LogOnly(OutputSink):
         self.logs.flush()
 
 
-def _finish(sink: OutputSink) -> None:
-    finish = getattr(sink, "finish", None)
-    if finish is not None:
-        finish()
