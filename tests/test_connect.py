@@ -118,6 +118,7 @@ def test_tpu_run_is_interruptible_and_works_on_local_slices(make_slice, cell, fl
     interrupt_kernel_when(lambda: len(list(flags.iterdir())) == 2)
     run = cell(f"%%tpu_run\ntouch {flags}/$TPUNB_HOST_INDEX\nsleep 60")
     assert isinstance(run.error, CellInterrupted), run.shown
+    assert "interrupted on hosts 0-1; their state is kept" in str(run.error)  # same message as cells
     assert run.seconds < 10
 
 

@@ -492,47 +492,47 @@ class Agent:
             handler(message, blob)
 
     # -- requests -------------------------------------------------------------------------
-    def op_exec(self, message: dict, blob: bytes) -> None:
+    def _as_user_code(self, message: dict, work, after=None) -> None:
+        """Run ``work()`` as the request ``message`` names: interruptible, its output tagged with the
+        request, then one ``done`` frame carrying what ``work`` returned (or 'interrupted')."""
         self.current = self.pump.cell_id = message["id"]
         started = time.perf_counter()
-        status = None
+        reply = None
         try:
             self.in_user_code = True
-            status = self.runner.run(message["code"])
-            self.in_user_code = False
+            reply = work()
         except KeyboardInterrupt:
-            self.in_user_code = False
-            status = status or "interrupted"
-        try:
-            _flush_figures(self)
-        except Exception:
             pass
+        finally:
+            self.in_user_code = False
+        if after is not None:
+            try:
+                after()
+            except Exception:
+                pass
         self.pump.drain()
-        self.send({"op": "done", "id": message["id"], "status": status,
+        self.send({"op": "done", "id": message["id"], **(reply or {"status": "interrupted"}),
                    "seconds": time.perf_counter() - started})
         self.current = self.pump.cell_id = None
+
+    def op_exec(self, message: dict, blob: bytes) -> None:
+        self._as_user_code(message, lambda: {"status": self.runner.run(message["code"])},
+                           after=lambda: _flush_figures(self))
 
     def op_shell(self, message: dict, blob: bytes) -> None:
         """A shell command with the host's environment; output streams, the exit code comes back."""
         import subprocess
 
-        self.current = self.pump.cell_id = message["id"]
-        started = time.perf_counter()
-        code = None
-        try:
-            self.in_user_code = True
-            code = subprocess.call(message["command"], shell=True, executable="/bin/sh" if os.path.exists("/bin/sh") else None)
-            self.in_user_code = False
-        except KeyboardInterrupt:
-            self.in_user_code = False
-        except OSError as exc:
-            print(f"cannot run the command: {exc}", file=sys.stderr)
-            code = 127
-        self.pump.drain()
-        status = "interrupted" if code is None else ("ok" if code == 0 else "error")
-        self.send({"op": "done", "id": message["id"], "status": status, "exit_code": code,
-                   "seconds": time.perf_counter() - started})
-        self.current = self.pump.cell_id = None
+        def run() -> dict:
+            try:
+                code = subprocess.call(message["command"], shell=True,
+                                       executable="/bin/sh" if os.path.exists("/bin/sh") else None)
+            except OSError as exc:
+                print(f"cannot run the command: {exc}", file=sys.stderr)
+                code = 127
+            return {"status": "ok" if code == 0 else "error", "exit_code": code}
+
+        self._as_user_code(message, run)
 
     def op_push(self, message: dict, blob: bytes) -> None:
         try:

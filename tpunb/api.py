@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from tpunb import backends, catalog, cloud
+from tpunb.cloud import CloudNode
 from tpunb.errors import NoSliceError, TpunbError, UsageError
 from tpunb.provision import local
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -36,14 +37,18 @@ def _owner_alive(record: SliceRecord) -> bool:
         return True
 
 
+def _taken(name: str, reg: Registry) -> bool:
+    """In use: attached here, or recorded (a local slice whose kernel is gone may be reused)."""
+    record = reg.get_slice(name)
+    return name in _attached or (record is not None and (record.backend != "local" or _owner_alive(record)))
+
+
 def _free_name(base: str, reg: Registry) -> str:
     name, n = base, 1
-    while True:
-        record = reg.get_slice(name)
-        if name not in _attached and (record is None or (record.backend == "local" and not _owner_alive(record))):
-            return name
+    while _taken(name, reg):
         n += 1
         name = f"{base}-{n}"
+    return name
 
 
 def _check_name(name: str) -> str:
@@ -58,8 +63,7 @@ def _claim_name(name: str | None, base: str, reg: Registry) -> str:
     if name is None:
         return _free_name(base, reg)
     _check_name(name)
-    existing = reg.get_slice(name)
-    if name in _attached or (existing is not None and (existing.backend != "local" or _owner_alive(existing))):
+    if _taken(name, reg):
         raise UsageError(f"a slice named {name!r} exists: attach with %tpu_use {name}, or %tpu_down {name} first")
     return name
 
@@ -98,9 +102,10 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
             raise UsageError(f"{accel.name} has {accel.hosts} host{'s' if accel.hosts > 1 else ''}, "
                              f"but {len(specs)} were given")
         accelerator = accel.name
-    addresses = []
+    places, addresses = [], []
     for spec in specs:
         spec_user, host, spec_port = parse_host(spec, user, port)
+        places.append((host, spec_port))
         addresses.append(host if spec_port == 22 else f"{host}:{spec_port}")
         if spec_user != (user or spec_user):
             raise UsageError(f"{spec}: give the user once with --user, or as user@host on every host")
@@ -108,9 +113,8 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
     reg = registry()
     name = _claim_name(name, "hosts", reg)
     if accept_new_host_key:
-        for address in addresses:
-            host, _, spec_port = address.partition(":")
-            forget_host_key(host, int(spec_port or 22), reg)
+        for host, spec_port in places:
+            forget_host_key(host, spec_port, reg)
     values = parse_env(env)
     record = SliceRecord(name=name, accelerator=accelerator or "", backend="ssh", state="running",
                          owner_pid=os.getpid(),
@@ -166,16 +170,17 @@ def launch(accelerator: str | None = None, name: str | None = None, backend: str
     return _start(backends.local_slice(record, reg, _env[name]), reg, started)
 
 
-def _start(sl: Slice, reg: Registry, started: float) -> Slice:
+def _start(sl: Slice, reg: Registry, started: float, ready: str | None = None) -> Slice:
     """Start every host; only a slice whose hosts all came up is recorded and becomes current."""
     try:
         sl.connect()
     except BaseException:
-        sl.session.close()
+        sl.close()
         raise
+    sl.record.owner_pid, sl.record.state = os.getpid(), "running"
     reg.save_slice(sl.record)
     _attach(sl)
-    print(f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu",
+    print(ready or f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu",
           file=sys.stderr)
     return sl
 
@@ -204,9 +209,7 @@ def _recover(name: str, env: Any) -> Slice:
     sl = _attached.get(name)
     if sl is not None:
         detach(name)
-        sl.session.close()
-        if sl.cloud is not None:
-            sl.cloud.close()
+        sl.close()
     spec = record.spec
     print(f"Recovering {name!r}: deleting its lost node, then launching {record.accelerator} again", file=sys.stderr)
     gcp.delete(spec["project"], spec["zone"], name, wait=True)
@@ -248,22 +251,14 @@ def use(name: str) -> Slice:
     if record.backend == "local" and _owner_alive(record):
         raise UsageError(f"local slice {name!r} runs in another kernel (pid {record.owner_pid}): "
                          "its host processes belong to that kernel; use it there or %tpu_down it")
-    sl = backends.build_slice(record, reg, _env.get(name, {}))
-    try:
-        sl.connect()
-    except BaseException:
-        sl.session.close()
-        raise
-    record.owner_pid, record.state = os.getpid(), "running"
-    reg.save_slice(record)
     what = "host process" if record.backend == "local" else "host session"
-    print(f"[tpunb] started {sl.num_hosts} new {what}{'s' if sl.num_hosts > 1 else ''} for {name!r}: the previous "
-          "ones ended with their kernel, so their state was lost", file=sys.stderr)
+    sl = _start(backends.build_slice(record, reg, _env.get(name, {})), reg, time.perf_counter(),
+                ready=f"[tpunb] started {len(record.hosts)} new {what}{'s' if len(record.hosts) > 1 else ''} for "
+                      f"{name!r}: the previous ones ended with their kernel, so their state was lost")
     missing = [k for k in record.spec.get("env_keys", []) if k not in _env.get(name, {})]
     if missing:
         print(f"[tpunb] --env values are never stored, so {', '.join(missing)} are not set on the hosts now: "
               f"%tpu_down {name} and connect again with --env to set them", file=sys.stderr)
-    _attach(sl)
     return sl
 
 
@@ -301,9 +296,7 @@ def down(name: str | None = None, all: bool = False) -> list[str]:
                 raise UsageError(f"local slice {n!r} runs in another kernel (pid {record.owner_pid}): "
                                  "take it down there")
             if record.backend == "gcp":
-                from tpunb.provision import gcp
-
-                gcp.delete(record.spec["project"], record.spec["zone"], n, wait=True)  # before forgetting it
+                backends.cloud_node(record, watch=False).delete()  # before the registry forgets it
             reg.delete_slice(n)
             deleted.append(n)
         elif cloud.delete_orphan(n):
@@ -326,7 +319,7 @@ def status():
     rows = []
     current_name = _current[0] if _current else None
     records = registry().list_slices()
-    listing = cloud.listing(records) if any(r.backend == "gcp" for r in records) or cloud.configured_project_zone()[0] else {}
+    listing = cloud.listing(records)  # no API call unless a cloud slice or a project is configured
     for record in records:
         sl = _attached.get(record.name)
         place = (record.spec.get("project"), record.spec.get("zone"))
@@ -356,17 +349,11 @@ def status():
         for node_name, info in sorted(nodes.items()):
             if node_name in known:
                 continue
-            accel = catalog.lookup(info.accelerator) if info.accelerator else None
-            try:
-                price = accel.price_per_hour(info.spot) if accel else None
-            except UsageError:
-                price = None
-            uptime = info.uptime()
+            orphan = CloudNode(node_name, info.accelerator, project, zone, info.spot, info, watch=False)
             rows.append({"slice": node_name, "current": "", "accelerator": info.accelerator, "backend": "gcp",
-                         "cloud_state": info.state or info.queued_state, "health": info.health,
-                         "usd_per_hour": price, "host": None, "address": f"{project}/{zone}",
+                         **orphan.status(), "host": None, "address": f"{project}/{zone}",
                          "state": f"ORPHAN: not in this registry, still billed; %tpu_down {node_name} deletes it",
-                         "pid": None, "runner": None, "uptime_s": round(uptime, 1) if uptime is not None else None})
+                         "pid": None, "runner": None})
     frame = pd.DataFrame(rows, columns=COLUMNS)
     if not (frame["backend"] == "gcp").any():  # no cloud slice: cloud columns would be empty noise
         frame = frame.drop(columns=["cloud_state", "health", "usd_per_hour"])
@@ -384,9 +371,7 @@ def last_result() -> RunResult | None:
 def detach_all() -> None:
     """End this kernel's host sessions (at exit, or when the extension is unloaded)."""
     for sl in list(_attached.values()):
-        sl.session.close()
-        if sl.cloud is not None:
-            sl.cloud.close()
+        sl.close()
     _attached.clear()
     _current.clear()
     _env.clear()

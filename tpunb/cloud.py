@@ -25,6 +25,14 @@ from tpunb.slice import Slice
 FRESH_SECONDS = 10.0  # a state this recent is trusted before a cell without asking the API again
 
 
+def price_per_hour(accelerator: catalog.Accelerator, spot: bool) -> float | None:
+    """The slice's list price, or None for a generation without a public one."""
+    try:
+        return accelerator.price_per_hour(spot)
+    except TpunbError:
+        return None
+
+
 def watch_interval() -> float:
     return float(os.environ.get("TPUNB_WATCH_INTERVAL", "30"))
 
@@ -45,10 +53,7 @@ class CloudNode:
 
     @property
     def price_per_hour(self) -> float | None:
-        try:
-            return self.accelerator.price_per_hour(self.spot)
-        except TpunbError:
-            return None
+        return price_per_hour(self.accelerator, self.spot)
 
     def refresh(self) -> gcp.NodeInfo | None:
         self.info = gcp.get(self.project, self.zone, self.name)
@@ -133,7 +138,6 @@ def launch(accel: catalog.Accelerator, name: str, values: dict[str, str], reg: R
     import getpass
 
     from tpunb import keys
-    from tpunb.provision import gcp
     from tpunb.transport.ssh import forget_host_key
     from tpunb.widgets.launch import LaunchProgress
 
@@ -159,10 +163,7 @@ def launch(accel: catalog.Accelerator, name: str, values: dict[str, str], reg: R
                                "python": options.get("python") or "python3", "env_keys": sorted(values)})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
     kind = "queued resource" if queued else "node"
-    try:
-        price: float | None = accel.price_per_hour(spot)
-    except UsageError:  # a generation without a public list price
-        price = None
+    price = price_per_hour(accel, spot)
     progress = LaunchProgress(f"Launching {accel.name} {'spot ' if spot else ''}{kind} {name!r} in {project}/{zone} "
                               f"(backend gcp)", price)
     started = time.perf_counter()
@@ -190,9 +191,7 @@ def launch(accel: catalog.Accelerator, name: str, values: dict[str, str], reg: R
         reg.save_slice(record)
     except BaseException as exc:
         if sl is not None:
-            sl.session.close()
-            if sl.cloud is not None:
-                sl.cloud.close()
+            sl.close()
         try:
             gcp.delete(project, zone, name, wait=True)
         finally:
@@ -206,9 +205,7 @@ def launch(accel: catalog.Accelerator, name: str, values: dict[str, str], reg: R
 
 
 def configured_project_zone() -> tuple[str | None, str | None]:
-    from tpunb.provision.gcp import resolve_project_zone
-
-    return resolve_project_zone(None, None)
+    return gcp.resolve_project_zone(None, None)
 
 
 def delete_orphan(name: str) -> bool:
@@ -216,8 +213,6 @@ def delete_orphan(name: str) -> bool:
     project, zone = configured_project_zone()
     if not (project and zone):
         return False
-    from tpunb.provision import gcp
-
     info = gcp.get(project, zone, name)
     if info is None or not info.tpunb_owned:
         return False
@@ -226,8 +221,6 @@ def delete_orphan(name: str) -> bool:
 
 def listing(records: list[SliceRecord]) -> dict[tuple[str, str], dict]:
     """One list call per project and zone in use (and the configured one, for orphans)."""
-    from tpunb.provision import gcp
-
     places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == "gcp"}
     project, zone = configured_project_zone()
     if project and zone:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 from tpunb import catalog
 from tpunb.display import CellOutput, HostLogs, MODES, format_hosts
 from tpunb.errors import CellInterrupted, TpunbError, UsageError
+from tpunb.provision.local import free_port
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
 from tpunb.session import OutputSink, Session
@@ -53,7 +54,7 @@ class Slice:
         self.accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
         self.registry = registry
         self._host_init = host_init
-        self._pick_port = coordinator_port
+        self._pick_port = coordinator_port or free_port
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host)
         self.logs = HostLogs(tpunb_home() / "logs" / record.name)
@@ -91,11 +92,7 @@ class Slice:
     def connect(self, hosts: list[int] | None = None) -> None:
         """Start the agents (all hosts, or these); a fresh JAX coordinator port for a full start."""
         if hosts is None or len(hosts) == self.num_hosts:
-            if self._pick_port is None:
-                from tpunb.provision.local import free_port as pick
-            else:
-                pick = self._pick_port
-            self._coordinator_port = pick()
+            self._coordinator_port = self._pick_port()
             self.session.jax_started = False
             hosts = None
         self.session.start(hosts)
@@ -124,13 +121,19 @@ class Slice:
         say(f"[tpunb] {why}")
         return restart
 
+    def close(self) -> None:
+        """End the host sessions (and the cloud watch); the slice itself stays, for %tpu_use."""
+        self.session.close()
+        self.logs.close()
+        if self.cloud is not None:
+            self.cloud.close()
+
     def delete(self) -> None:
         """End every host process and forget the slice. Idempotent."""
         from tpunb import api  # the kernel's set of attached slices must forget this one too
 
         api.detach(self.name)
-        self.session.close()
-        self.logs.close()
+        self.close()
         if self.cloud is not None:
             self.cloud.delete()  # the registry forgets it only once the node is gone
         self.registry.delete_slice(self.name)
@@ -145,28 +148,32 @@ class Slice:
         """
         if output is not None and output not in MODES:
             raise UsageError(f"output must be one of {', '.join(MODES)}, not {output!r}")
-        if timeout is not None and timeout <= 0:
-            raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
         indices = parse_hosts(hosts, self.num_hosts)
-        self.revive()
-        self._show_backlog()
         if len(indices) < self.num_hosts and self.num_hosts > 1 and (self.session.jax_started or "jax" in code):
             print(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {format_hosts(indices)} "
                   f"of {self.num_hosts}: JAX collectives (jit over the whole slice, psum, ...) would hang "
                   "waiting for the other hosts", file=sys.stderr)
+        return self._execute(code, indices, timeout, output, sink, shell=False)
+
+    def _execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
+                 sink: OutputSink | None, shell: bool) -> RunResult:
+        """What cells and shell commands share: revive hosts, stream output, turn an interrupt into one error."""
+        if timeout is not None and timeout <= 0:
+            raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
+        self.revive()
+        self._show_backlog()
         if sink is None:
             sink = CellOutput(indices, self.num_hosts, output, self.logs) if output else _LogOnly(self.logs)
-        self.logs.begin_cell(indices, code)
+        self.logs.begin_cell(indices, "$ " + code if shell else code)
         try:
-            results = self.session.execute(code, indices, timeout, sink)
+            results = self.session.execute(code, indices, timeout, sink, shell=shell)
         except CellInterrupted as exc:
             sink.finish()
             result = self.last_result = RunResult(exc.results)
-            notes = result.notes()
             stopped = result.hosts_with("interrupted")
             message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {format_hosts(stopped)}; their state is kept"
                        if stopped else "interrupted")
-            error = CellInterrupted("; ".join([message] + [n for n in notes if "stopped cleanly" not in n]))
+            error = CellInterrupted("; ".join([message] + [n for n in result.notes() if "stopped cleanly" not in n]))
             error.results = result
             raise error from None
         sink.finish()
@@ -201,16 +208,7 @@ class Slice:
         """Run a shell command on the hosts at once (with their environment); exit code per host."""
         if not command.strip():
             raise UsageError("give a shell command, e.g. %tpu_run nproc")
-        indices = parse_hosts(hosts, self.num_hosts)
-        self.revive()
-        sink = CellOutput(indices, self.num_hosts, output or "grouped", self.logs) if output else _LogOnly(self.logs)
-        self.logs.begin_cell(indices, "$ " + command)
-        try:
-            results = self.session.execute(command, indices, timeout, sink, shell=True)
-        finally:
-            sink.finish()
-        self.last_result = RunResult(results, timeout)
-        return self.last_result
+        return self._execute(command, parse_hosts(hosts, self.num_hosts), timeout, output, None, shell=True)
 
     def sync(self, local_dir: str = ".", remote_dir: str | None = None, exclude: tuple[str, ...] = (),
              progress: Callable[[int, int], None] | None = None):
