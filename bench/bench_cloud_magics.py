@@ -33,17 +33,18 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["TPUNB_HOME"] = tempfile.mkdtemp(prefix="tpunb-bench-")
 
-    from tpunb import api
+    from tpunb import slices as api
+    from tpunb.provision import ssh as ssh_backend
     from tpunb import slice as slice_module
     from tpunb.emulator.sandbox import start_sandbox
-    from tpunb.provision import gcp
+    from tpunb.provision.gcp import api as gcp
     from tpunb.registry import SliceRecord
 
     sandbox = start_sandbox(hosts=2, create_seconds=0.3)
     meter = Meter()
     meter.install()
     hosts = {"seconds": 0.0}
-    connect_hosts, start_agents = api._connect_hosts, slice_module.Slice.connect
+    connect_hosts, start_agents = ssh_backend.connect_hosts, slice_module.Slice.connect
 
     def timed(function):
         def wrapper(*a, **kw):
@@ -54,7 +55,7 @@ def main() -> None:
                 hosts["seconds"] += time.perf_counter() - started
         return wrapper
 
-    api._connect_hosts = timed(connect_hosts)
+    ssh_backend.connect_hosts = timed(connect_hosts)
     slice_module.Slice.connect = timed(start_agents)
     gcp.warm_up().join()  # importing google-cloud-tpu happens once per kernel, in the background
     rows = []
@@ -62,7 +63,7 @@ def main() -> None:
     for run in range(args.runs + 1):
         meter.reset()
         hosts["seconds"] = 0.0
-        with contextlib.redirect_stderr(sink):
+        with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
             started = time.perf_counter()
             api.launch("v4-16", name=f"bench-{run}")
             wall = time.perf_counter() - started
@@ -83,7 +84,7 @@ def main() -> None:
     reg = api.registry()
     for i in range(args.slices):
         name = f"status-{i}"
-        gcp.create(gcp.NodeSpec(name, "v4-8", project, zone))
+        gcp.create(gcp.NodeSpec(name=name, accelerator="v4-8", project=project, zone=zone))
         reg.save_slice(SliceRecord(name=name, accelerator="v4-8", backend="gcp", state="running",
                                    spec={"project": project, "zone": zone, "spot": False}))
     api.status()

@@ -37,7 +37,7 @@ class Meter:
     def install(self) -> None:
         from google.auth.transport.requests import AuthorizedSession
 
-        from tpunb.provision import gcp
+        from tpunb.provision.gcp import api as gcp
 
         request, sleep = AuthorizedSession.request, gcp._sleep
 
@@ -59,7 +59,7 @@ class Meter:
 
 
 def launch(meter: Meter, name: str, queued: bool) -> dict:
-    from tpunb.provision import gcp
+    from tpunb.provision.gcp import api as gcp
 
     meter.reset()
     started = time.perf_counter()

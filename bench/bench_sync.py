@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from tests.sshd import Sshd
-from tpunb.keys import default_key
-from tpunb.sync import sync_tree
+from tpunb.transport.keys import default_key
+from tpunb.transport.sync import sync_tree
 from tpunb.transport.ssh import connect_all
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from tpunb import api
+from tpunb import slices
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
@@ -28,7 +28,7 @@ def isolated_home(tmp_path_factory, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
     yield home
-    api.detach_all()
+    slices.detach_all()
 
 
 @pytest.fixture(params=["local", "ssh"])
@@ -36,13 +36,13 @@ def make_slice(request):
     """make_slice(hosts) -> a current slice with that many hosts, on each transport in turn:
     local host processes, and real OpenSSH sshd hosts on loopback addresses."""
     if request.param == "local":
-        return lambda hosts=2, name=None: api.launch(ACCELERATOR_FOR_HOSTS[hosts], name=name)
+        return lambda hosts=2, name=None: slices.launch(ACCELERATOR_FOR_HOSTS[hosts], name=name)
     server = request.getfixturevalue("sshd")
     key = request.getfixturevalue("ssh_key")
 
     def make(count: int = 2, name: str | None = None):
         addresses = [f"{a}:{server.port}" for a in server.addresses[:count]]
-        return api.connect(addresses, key=str(key), python=server.python, name=name,
+        return slices.connect(addresses, key=str(key), python=server.python, name=name,
                            accelerator=ACCELERATOR_FOR_HOSTS[count], env=CPU_AS_TPU_HOST)
 
     return make

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpunb import protocol
+from tpunb.host import protocol
 from tpunb.errors import ProtocolError
 from tpunb.session import Session
 from tpunb.transport.local import LocalTransport

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpunb import api
+from tpunb import slices
 from tpunb.errors import CellInterrupted, ProvisionError, UnknownAcceleratorError
 from tpunb.registry import Registry
 from tests.conftest import CPU_AS_TPU_HOST, interrupt_kernel_when, wait_for
@@ -27,7 +27,7 @@ def cloud(tpu_emulator, monkeypatch, isolated_home):
     monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", ZONE)
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
     yield tpu_emulator
-    api.detach_all()
+    slices.detach_all()
     known = {r.name for r in Registry(isolated_home / "registry.db").list_slices()}
     left = {n["name"].rsplit("/", 1)[-1] for n in tpu_emulator.state()["nodes"]}
     assert left <= known, f"nodes the registry does not know: {left - known}"
@@ -42,8 +42,8 @@ def launch(cell, sshd):
 def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
     run = launch("--name pod")
     assert run.error is None, run.shown
-    assert "(backend gcp)" in run.stderr and "proj/us-central2-b" in run.stderr
-    assert "CREATING" in run.stderr and "READY" in run.stderr and "$25.76/hour" in run.stderr
+    assert "(backend gcp)" in run.stdout and "proj/us-central2-b" in run.stdout
+    assert "CREATING" in run.stdout and "READY" in run.stdout and "$25.76/hour" in run.stdout
     jax = cell("%%on_tpu\nimport jax\nprint(jax.device_count(), jax.local_device_count())\njax.process_index()")
     assert jax.error is None, jax.shown
     assert "[0-1] 8 4" in jax.stdout and "Out[0]: 0" in jax.shown and "Out[1]: 1" in jax.shown
@@ -61,26 +61,26 @@ def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
 
 def test_backend_defaults_to_gcp_with_a_project(cloud, cell, monkeypatch, launch):
     run = launch(accel="v4-8")
-    assert run.error is None and "(backend gcp)" in run.stderr
-    assert api.current().name == "tpunb-v4-8"
+    assert run.error is None and "(backend gcp)" in run.stdout
+    assert slices.current().name == "tpunb-v4-8"
     cell("%tpu_down")
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
     local = cell("%tpu_launch v4-8")
-    assert "local simulated slice" in local.stderr
+    assert "local simulated slice" in local.stdout
 
 
 def test_preemption_is_detected_and_recover_relaunches(cloud, cell, launch):
     assert launch("--name spotty --spot").error is None
     cloud.preempt("spotty")
-    sl = api.current()
-    wait_for(lambda: sl.cloud.info is not None and sl.cloud.info.state == "PREEMPTED", 10, "the background watch")
+    sl = slices.current()
+    wait_for(lambda: sl.node.info is not None and sl.node.info.state == "PREEMPTED", 10, "the background watch")
     run = cell("%%on_tpu\n1")
     assert isinstance(run.error, ProvisionError)
     assert "spotty cannot run cells: its node is PREEMPTED (spot capacity was reclaimed)" in str(run.error)
     assert "%tpu_launch --recover spotty" in str(run.error)
     recovered = cell("%tpu_launch --recover spotty")
     assert recovered.error is None, recovered.shown
-    assert "READY" in recovered.stderr
+    assert "READY" in recovered.stdout
     assert "Out[0-1]: 8" in cell("%%on_tpu\nimport jax\njax.device_count()").shown
     assert [n["state"] for n in cloud.state()["nodes"]] == ["READY"]
     cell("%tpu_down spotty")
@@ -96,7 +96,8 @@ def test_cloud_failures_are_one_line_and_leave_nothing(cloud, cell, isolated_hom
     run = launch()
     assert isinstance(run.error, ProvisionError), run.shown
     assert expected in str(run.error).lower() or expected in str(run.error)
-    assert len(run.stdout.strip().splitlines()) == 1 and "Traceback" not in run.shown
+    assert run.stdout.strip().splitlines()[-1] == f"ProvisionError: {run.error}"  # the error: one line
+    assert "\n" not in str(run.error) and "Traceback" not in run.shown
     assert Registry(isolated_home / "registry.db").list_slices() == []
 
 
@@ -127,7 +128,7 @@ def test_interrupting_a_launch_deletes_what_it_created(cloud, cell, isolated_hom
 
 
 def test_status_lists_orphans_and_down_deletes_them(cloud, cell, ip):
-    from tpunb.provision import gcp
+    from tpunb.provision.gcp import api as gcp
 
     gcp.create(gcp.NodeSpec(name="forgotten", accelerator="v4-8", project="proj", zone=ZONE))
     cell("%tpu_status")
@@ -140,7 +141,7 @@ def test_status_lists_orphans_and_down_deletes_them(cloud, cell, ip):
 
 def test_use_reattaches_a_cloud_slice_after_a_kernel_restart(cloud, cell, launch):
     assert launch("--name kept").error is None
-    api.detach_all()
+    slices.detach_all()
     run = cell("%tpu_use kept")
     assert run.error is None, run.shown
     assert "current slice: kept (v4-16, 2 hosts, gcp)" in run.stdout

@@ -14,7 +14,7 @@ from tests.sshd import Sshd, _write_ed25519
 from tpunb.catalog import lookup
 from tpunb.emulator import start_emulator
 from tpunb.errors import ProvisionError, UnknownAcceleratorError
-from tpunb.provision import gcp
+from tpunb.provision.gcp import api as gcp
 
 
 P, Z = "proj", "us-central2-b"

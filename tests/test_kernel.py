@@ -34,7 +34,10 @@ def execute(client, code: str, on_output=None, timeout: float = 120):
                 on_output(msg["content"])
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    return client.get_shell_msg(timeout=timeout)["content"], outputs
+    while True:  # skip stale replies (start_new_kernel may leave extra kernel_info replies when slow)
+        reply = client.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"], outputs
 
 
 def test_kernel_interrupt_reaches_every_host_within_a_second(kernel):

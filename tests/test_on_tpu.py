@@ -54,6 +54,30 @@ def test_same_error_on_all_hosts_is_shown_once(make_slice, cell):
     assert text.count("ValueError: bad config") == 1  # one traceback for four hosts
 
 
+def test_same_error_is_shown_once_after_a_cell_on_a_subset_of_hosts(make_slice, cell):
+    make_slice(2)
+    cell("%%on_tpu --hosts 1\npass")  # host 1 has run one cell more than host 0
+    run = cell("%%on_tpu\nraise ValueError('bad config')")
+    text = ANSI.sub("", run.stdout)
+    assert text.count("[hosts 0-1]") == 1 and text.count("ValueError: bad config") == 1
+
+
+def test_host_tracebacks_use_the_kernels_colour_scheme(make_slice, cell, ip):
+    make_slice(1)
+    scheme = ip.colors
+    try:
+        ip.colors = "NoColor"
+        plain = cell("%%on_tpu\nraise ValueError('x')").error.groups[0][1]
+        assert not any(ANSI.search(line) for line in plain)
+        cell("%tpu_down")
+        make_slice(1)
+        ip.colors = "Linux"
+        coloured = cell("%%on_tpu\nraise ValueError('x')").error.groups[0][1]
+        assert any(ANSI.search(line) for line in coloured)
+    finally:
+        ip.colors = scheme
+
+
 def test_interrupt_during_sleep_stops_every_host_and_keeps_state(make_slice, cell, flags):
     make_slice(4)
     cell("%%on_tpu\nkept = 'still here'")
@@ -224,3 +248,6 @@ def test_input_on_a_host_explains_itself(make_slice, cell):
     make_slice(1)
     run = cell("%%on_tpu\ninput('name? ')")
     assert isinstance(run.error, RemoteError) and "no stdin" in run.stdout
+    text = ANSI.sub("", run.stdout)
+    assert "NoStdin" not in text and "tpunb" not in text.replace("tpunb hosts have no stdin", "")
+    assert "Could not get source" not in text

@@ -79,9 +79,9 @@ def test_config_dict_and_file(tmp_path):
 
 
 def preset_config(name):
-    from tpunb.plan import _models
+    from tpunb.plan.models import model_table
 
-    return _models()["models"][name]["config"]
+    return model_table()["models"][name]["config"]
 
 
 def test_kv_cache_per_token():

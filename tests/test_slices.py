@@ -7,7 +7,7 @@ import stat
 import pytest
 
 import tpunb
-from tpunb import api
+from tpunb import slices
 from tpunb.errors import NoSliceError, UsageError
 from tpunb.registry import Registry
 
@@ -34,7 +34,7 @@ def test_several_slices_and_slice_flag(cell):
 
 
 def test_registry_persists_under_tpunb_home_without_secrets(isolated_home):
-    api.launch("v4-16", name="kept", env={"TOKEN": "hunter2-secret"})
+    slices.launch("v4-16", name="kept", env={"TOKEN": "hunter2-secret"})
     path = isolated_home / "registry.db"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     record = Registry(path).get_slice("kept")
@@ -45,8 +45,8 @@ def test_registry_persists_under_tpunb_home_without_secrets(isolated_home):
 def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
     cell("%tpu_launch v4-16 --name survivor")
     cell("%%on_tpu\nkept = 1")
-    old_pids = [h.info["pid"] for h in api.current().session.hosts]
-    api.detach_all()  # what a kernel restart does: this kernel's host processes end
+    old_pids = [h.info["pid"] for h in slices.current().session.hosts]
+    slices.detach_all()  # what a kernel restart does: this kernel's host processes end
     assert "no slice yet" in cell("%%on_tpu\npass").shown
     cell("%tpu_status")
     assert set(ip.user_ns["_"]["state"]) == {"stopped (use %tpu_use to restart)"}
@@ -54,7 +54,7 @@ def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
     assert run.error is None
     assert "their state was lost" in run.stderr
     assert "current slice: survivor" in run.stdout
-    assert [h.info["pid"] for h in api.current().session.hosts] != old_pids
+    assert [h.info["pid"] for h in slices.current().session.hosts] != old_pids
     assert "Out[0-1]: False" in cell("%%on_tpu\n'kept' in globals()").shown
 
 
@@ -67,7 +67,7 @@ def test_use_unknown_slice_says_what_exists(cell):
 def test_down_is_idempotent_and_all(cell, isolated_home):
     cell("%tpu_launch v4-16 --name one")
     cell("%tpu_launch v4-8 --name two")
-    pids = [h.info["pid"] for h in api.current("one").session.hosts]
+    pids = [h.info["pid"] for h in slices.current("one").session.hosts]
     assert "deleted one" in cell("%tpu_down one").stdout
     assert "already down" in cell("%tpu_down one").stdout
     assert cell("%tpu_down one").error is None
@@ -83,8 +83,8 @@ def test_launch_name_clash_and_bad_names(cell):
     cell("%tpu_launch v4-8 --name taken")
     assert "a slice named 'taken' exists: attach with %tpu_use taken" in cell("%tpu_launch v4-8 --name taken").shown
     assert "slice name 'Bad_Name'" in cell("%tpu_launch v4-8 --name Bad_Name").shown
-    second = api.launch("v4-8")
-    third = api.launch("v4-8")
+    second = slices.launch("v4-8")
+    third = slices.launch("v4-8")
     assert (second.name, third.name) == ("v4-8", "v4-8-2")
 
 

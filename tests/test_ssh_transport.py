@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.sshd import Sshd, _write_ed25519, alive
-from tpunb import keys
+from tpunb.transport import keys
 from tpunb.errors import HostKeyError, TransportError
 from tpunb.registry import Registry
 from tpunb.transport import ssh as ssh_module

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tpunb.errors import TransportError
-from tpunb.sync import MANIFEST, scan, sync_tree
+from tpunb.transport.sync import MANIFEST, scan, sync_tree
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@
 """
 from __future__ import annotations
 
-from tpunb.api import connect, current, down, last_result, launch, status, use
 from tpunb.errors import TpunbError
 from tpunb.plan import plan
 from tpunb.slice import Slice
+from tpunb.slices import connect, current, down, last_result, launch, status, use
 
 __version__ = "0.1.0"
 __all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "plan", "Slice", "TpunbError"]
@@ -16,13 +16,13 @@ __all__ = ["launch", "connect", "use", "current", "down", "status", "last_result
 
 def load_ipython_extension(ipython) -> None:
     from tpunb.magics import TpuMagics
-    from tpunb.plan_magics import PlanMagics
+    from tpunb.plan.magics import PlanMagics
 
     ipython.register_magics(TpuMagics)
     ipython.register_magics(PlanMagics)
 
 
 def unload_ipython_extension(ipython) -> None:
-    from tpunb import api
+    from tpunb import slices
 
-    api.detach_all()
+    slices.detach_all()

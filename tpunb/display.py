@@ -131,6 +131,17 @@ class HostLogs:
         self._files.clear()
 
 
+def kernel_colors() -> str | None:
+    """The kernel's traceback colour scheme, for hosts to use too (ipykernel's Neutral reads on
+    light and dark themes, where a terminal's Linux scheme turns grey on JupyterLab's pink)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return str(getattr(shell, "colors", None) or "Neutral")
+
+
 def _ipython_display(data: dict, metadata: dict | None = None) -> None:
     from IPython.display import display
 

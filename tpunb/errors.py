@@ -27,11 +27,31 @@ class NoSliceError(TpunbError):
 
 
 class ProvisionError(TpunbError):
-    """Creating, finding or deleting a slice failed."""
+    """Creating, finding or deleting a slice failed; ``reason`` names the kind (quota,
+    no_capacity, permission, timeout, preempted, ...) so callers branch without parsing text."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class TransportError(TpunbError):
-    """Bytes could not reach a host: connection, authentication, host key or a dead agent."""
+    """Bytes could not reach a host: connection, authentication, host key or a dead agent.
+
+    ``failures`` maps each host that failed (its address) to its own error, when several were tried.
+    """
+
+    def __init__(self, message: str, failures: dict | None = None) -> None:
+        super().__init__(message)
+        self.failures = failures or {}
+
+
+class SyncError(TransportError):
+    """Copying files to some hosts failed; ``report`` says what reached the others."""
+
+    def __init__(self, message: str, failures: dict | None = None, report=None) -> None:
+        super().__init__(message, failures)
+        self.report = report
 
 
 class HostKeyError(TransportError):
@@ -47,7 +67,12 @@ class ProtocolError(TransportError):
 
 
 class HostDiedError(TransportError):
-    """A host process ended while tpunb was talking to it."""
+    """A host process ended while tpunb was talking to it; ``results`` has the cell's per-host
+    results when it happened during a cell."""
+
+    def __init__(self, message: str, results=None) -> None:
+        super().__init__(message)
+        self.results = results
 
 
 class RemoteError(TpunbError):
@@ -76,4 +101,6 @@ class RemoteError(TpunbError):
 class CellInterrupted(TpunbError):
     """A cell was interrupted (kernel interrupt or --timeout) on every host; ``results`` has what ran."""
 
-    results = None
+    def __init__(self, message: str, results=None) -> None:
+        super().__init__(message)
+        self.results = results

@@ -7,9 +7,10 @@ from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from tpunb import api
+from tpunb import report, slices
 from tpunb.display import MODES, render_values
 from tpunb.errors import UsageError
+from tpunb.provision.gcp.config import CloudOptions
 
 
 def _parse(magic, line: str):
@@ -18,6 +19,18 @@ def _parse(magic, line: str):
         return parse_argstring(magic, line)
     except (IPythonUsageError, SystemExit, ValueError) as exc:
         raise UsageError(f"{exc}. Usage: {_usage(magic)}") from None
+
+
+def cloud_arguments(magic):
+    """One --flag per CloudOptions field, so the options are listed once, in the dataclass."""
+    for option in reversed(CloudOptions.flags()):
+        flag = "--" + option.name.replace("_", "-")
+        if option.type in (bool, "bool"):
+            magic = argument(flag, action="store_true", help=option.metadata["help"])(magic)
+        else:
+            kind = float if "float" in str(option.type) else None
+            magic = argument(flag, type=kind, help=option.metadata["help"])(magic)
+    return magic
 
 
 def _usage(magic) -> str:
@@ -30,35 +43,20 @@ class TpuMagics(Magics):
     @magic_arguments()
     @argument("accelerator", nargs="?", default=None, help="accelerator type, e.g. v4-16, v5litepod-8, v6e-16")
     @argument("--name", help="slice name (default: the accelerator type)")
-    @argument("--backend", choices=api.BACKENDS,
+    @argument("--backend", choices=slices.BACKENDS,
               help="gcp (Cloud TPU) when a project is configured, else local (simulated here)")
     @argument("--env", nargs="+", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
-    @argument("--project", help="Google Cloud project (default: GOOGLE_CLOUD_PROJECT, then gcloud's config)")
-    @argument("--zone", help="zone (default: CLOUDSDK_COMPUTE_ZONE, then gcloud's config)")
-    @argument("--spot", action="store_true", help="spot capacity: cheaper, may be preempted")
-    @argument("--runtime", help="TPU runtime version (default: the generation's usual one)")
-    @argument("--queued", action="store_true", help="create through a queued resource (waits for capacity)")
-    @argument("--network")
-    @argument("--subnetwork")
-    @argument("--service-account")
-    @argument("--labels", help="k=v,k=v added to the node's labels")
-    @argument("--internal-ip", action="store_true", help="no external IPs: connect to the internal ones")
-    @argument("--timeout", type=float, help="give up (and delete the node) if not READY after S seconds")
-    @argument("--user", help="SSH user on the TPU VMs (default: yours)")
-    @argument("--python", help="Python >= 3.10 on the TPU VMs (default: python3)")
+    @cloud_arguments
     @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had")
     @line_magic
     def tpu_launch(self, line: str):
         """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z] ..."""
         args = _parse(self.tpu_launch, line)
-        cloud = {k: getattr(args, k) for k in ("project", "zone", "runtime", "network", "subnetwork",
-                                                "service_account", "labels", "timeout", "user", "python")
-                 if getattr(args, k) is not None}
-        cloud.update({k: True for k in ("spot", "queued", "internal_ip") if getattr(args, k)})
+        cloud = {f.name: getattr(args, f.name) for f in CloudOptions.flags() if getattr(args, f.name) not in (None, False)}
         if bool(args.recover) == bool(args.accelerator):
             raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
                              f"Usage: {_usage(self.tpu_launch)}")
-        api.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env, recover=args.recover,
+        slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env, recover=args.recover,
                    **cloud)
 
     @magic_arguments()
@@ -70,7 +68,7 @@ class TpuMagics(Magics):
     def on_tpu(self, line: str, cell: str):
         """Run the cell on every host of the slice at once."""
         args = _parse(self.on_tpu, line)
-        sl = api.current(args.slice_name)
+        sl = slices.current(args.slice_name)
         if not cell.strip():
             return
         result = sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output)
@@ -91,7 +89,7 @@ class TpuMagics(Magics):
     def tpu_connect(self, line: str):
         """Make a slice of hosts you bring, over SSH: %tpu_connect 10.0.0.2,10.0.0.3 --user me."""
         args = _parse(self.tpu_connect, line)
-        api.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
+        slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
                     python=args.python, accelerator=args.accelerator, accept_new_host_key=args.accept_new_host_key)
 
     @magic_arguments()
@@ -106,7 +104,7 @@ class TpuMagics(Magics):
         command = cell if cell is not None else " ".join(args.command)
         if cell is not None and args.command:
             raise UsageError("with %%tpu_run the command is the cell. Usage: %%tpu_run [--hosts H] [--timeout S]")
-        sl = api.current(args.slice_name)
+        sl = slices.current(args.slice_name)
         result = sl.run_shell(command, hosts=args.hosts, timeout=args.timeout)
         codes = {h: r.exit_code for h, r in result.items()}
         if sl.num_hosts > 1 and any(code not in (0, None) for code in codes.values()):
@@ -121,17 +119,15 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_sync(self, line: str):
         """Copy a working directory to every host, only what changed, honouring .gitignore."""
-        from tpunb.widgets.progress import Progress
+        from tpunb.widgets.progress import byte_progress
 
         args = _parse(self.tpu_sync, line)
-        sl = api.current(args.slice_name)
-        progress = Progress(f"sync {args.local_dir}")
+        sl = slices.current(args.slice_name)
         patterns = tuple(p.strip("'\"") for p in args.exclude)  # IPython keeps quotes users type around globs
-        report = sl.sync(args.local_dir, args.remote_dir, patterns, progress=progress.update)
-        if report is None:
-            progress.close("nothing to copy: the hosts of a local simulated slice share this machine's files")
-        else:
-            progress.close(str(report))
+        with byte_progress(f"sync {args.local_dir}") as update:
+            outcome = sl.sync(args.local_dir, args.remote_dir, patterns, progress=update)
+        report.info(str(outcome) if outcome is not None else
+                    "nothing to copy: the hosts of a local simulated slice share this machine's files")
 
     @magic_arguments()
     @argument("name")
@@ -139,7 +135,7 @@ class TpuMagics(Magics):
     def tpu_use(self, line: str):
         """Attach a slice by name (after a kernel restart, or to switch slices)."""
         args = _parse(self.tpu_use, line)
-        sl = api.use(args.name)
+        sl = slices.use(args.name)
         print(f"current slice: {sl.name} ({sl.kind}, {sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}, {sl.backend})")
 
     @magic_arguments()
@@ -151,7 +147,7 @@ class TpuMagics(Magics):
         args = _parse(self.tpu_down, line)
         if args.name and args.all:
             raise UsageError("give a NAME or --all, not both. usage: %tpu_down [NAME] [--all]")
-        deleted = api.down(args.name, all=args.all)
+        deleted = slices.down(args.name, all=args.all)
         if deleted:
             print(f"deleted {', '.join(deleted)}")
         else:
@@ -162,7 +158,7 @@ class TpuMagics(Magics):
         """Slices and their hosts as a DataFrame."""
         if line.strip():
             raise UsageError("%tpu_status takes no arguments")
-        return api.status()
+        return slices.status()
 
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send")
@@ -176,7 +172,7 @@ class TpuMagics(Magics):
         missing = [n for n in args.names if n not in namespace]
         if missing:
             raise UsageError(f"not defined in this notebook: {', '.join(missing)}")
-        api.current(args.slice_name).push({n: namespace[n] for n in args.names}, hosts=args.hosts)
+        slices.current(args.slice_name).push({n: namespace[n] for n in args.names}, hosts=args.hosts)
 
     @magic_arguments()
     @argument("name", help="variable to fetch")
@@ -186,7 +182,7 @@ class TpuMagics(Magics):
     def tpu_pull(self, line: str):
         """Fetch a variable from the hosts into the notebook: {host: value}, or one host's value."""
         args = _parse(self.tpu_pull, line)
-        sl = api.current(args.slice_name)
+        sl = slices.current(args.slice_name)
         values = sl.pull(args.name, hosts=None if args.host is None else [args.host])
         value = values[sl.num_hosts + args.host if args.host is not None and args.host < 0 else args.host] \
             if args.host is not None else values

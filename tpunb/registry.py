@@ -93,10 +93,6 @@ class Registry:
                 [(record.name, h.index, h.address, json.dumps(h.info)) for h in record.hosts],
             )
 
-    def set_state(self, name: str, state: str, owner_pid: int | None = None) -> None:
-        with self._connect() as db:
-            db.execute("UPDATE slices SET state = ?, owner_pid = ? WHERE name = ?", (state, owner_pid, name))
-
     def get_slice(self, name: str) -> SliceRecord | None:
         with self._connect() as db:
             row = db.execute("SELECT * FROM slices WHERE name = ?", (name,)).fetchone()

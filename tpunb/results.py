@@ -93,17 +93,12 @@ class RunResult(Mapping):
             raise RemoteError(f"the command failed on host{'s' if len(failed) > 1 else ''} "
                               f"{format_hosts(failed)} ({codes})", results=self, notes=notes)
         if self.hosts_with("died", "killed"):
-            error = HostDiedError(" ".join(notes))
-            error.results = self
-            raise error
+            raise HostDiedError(" ".join(notes), self)
         timed_out = self.hosts_with("timeout")
         if timed_out:
-            error = CellInterrupted(f"the cell timed out after {self.timeout:g} s and was interrupted on hosts "
-                                    f"{format_hosts(timed_out)}" + ("; " + "; ".join(notes[:-1]) if len(notes) > 1 else ""))
-            error.results = self
-            raise error
+            raise CellInterrupted(f"the cell timed out after {self.timeout:g} s and was interrupted on hosts "
+                                  f"{format_hosts(timed_out)}" + ("; " + "; ".join(notes[:-1]) if len(notes) > 1 else ""),
+                                  self)
         interrupted = self.hosts_with("interrupted")
         if interrupted:
-            error = CellInterrupted(f"the cell was interrupted on hosts {format_hosts(interrupted)}")
-            error.results = self
-            raise error
+            raise CellInterrupted(f"the cell was interrupted on hosts {format_hosts(interrupted)}", self)

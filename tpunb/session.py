@@ -9,48 +9,18 @@ do not stop, escalates (SIGTERM, then SIGKILL) so a cell can never hang the note
 from __future__ import annotations
 
 import itertools
-import json
 import pickle
 import queue
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from tpunb import protocol
 from tpunb.errors import CellInterrupted, HostDiedError, ProtocolError, RemoteError, TransportError
+from tpunb.host import protocol
+from tpunb.host.bundle import BOOTSTRAP, agent_bundle
 from tpunb.transport.base import AgentProcess, Transport
-
-BOOTSTRAP = r"""
-import json, os, sys, types
-def _read(n):
-    data = b""
-    while len(data) < n:
-        chunk = os.read(0, n - len(data))
-        if not chunk:
-            raise SystemExit(3)
-        data += chunk
-    return data
-_bundle = json.loads(_read(int(_read(12))))
-for _name, _source in _bundle["modules"]:
-    _module = types.ModuleType(_name)
-    _module.__file__ = "<tpunb:" + _name + ">"
-    sys.modules[_name] = _module
-    exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
-sys.modules[_bundle["main"]].main()
-"""
-
-_PACKAGE = Path(__file__).parent
-
-
-def agent_bundle() -> bytes:
-    """The agent and its protocol module, as the bootstrap reads them from stdin."""
-    modules = [("tpunb_protocol", (_PACKAGE / "protocol.py").read_text()),
-               ("tpunb_agent", (_PACKAGE / "agent.py").read_text())]
-    body = json.dumps({"modules": modules, "main": "tpunb_agent"}).encode()
-    return b"%012d" % len(body) + body
 
 
 @dataclass
@@ -209,7 +179,8 @@ class Session:
         self._waiters_lock = threading.Lock()
         self.backlog: queue.Queue = queue.Queue()  # frames outside any request (stray output)
         self.jax_started = False
-        self.on_host_died: Callable[[int, str], None] | None = None
+        self._cells = itertools.count(1)  # one number per cell, the same on every host
+        self.colors: str | None = None  # the traceback colour scheme hosts use (the kernel's)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, indices: Iterable[int] | None = None) -> None:
@@ -252,8 +223,6 @@ class Session:
                 waiters = list(self._waiters.values())
             for waiter in waiters:
                 waiter.put((index, message, blob))
-            if self.on_host_died:
-                self.on_host_died(index, message.get("reason", ""))
             return
         waiter = self._waiters.get(message.get("id"))
         if waiter is not None:
@@ -294,10 +263,11 @@ class Session:
         results = {i: HostResult(i) for i in indices}
         rid, waiter = self._request()
         pending = set()
+        request = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code, "count": next(self._cells),
+                                                                    "colors": self.colors}
         try:
             for i in indices:
                 try:
-                    request = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code}
                     self.hosts[i].send({**request, "id": rid})
                     pending.add(i)
                 except TransportError as exc:
@@ -311,9 +281,7 @@ class Session:
                 self._stop(rid, waiter, pending, results, sink, "interrupted")
             except KeyboardInterrupt:
                 self._stop(rid, waiter, pending, results, sink, "interrupted")
-                interrupted = CellInterrupted("the cell was interrupted on every host")
-                interrupted.results = results
-                raise interrupted from None
+                raise CellInterrupted("the cell was interrupted on every host", results) from None
         finally:
             self._forget(rid)
         return results

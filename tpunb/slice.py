@@ -1,18 +1,45 @@
-"""Slice: a set of hosts with a persistent agent on each; what magics, widgets and users call."""
+"""Slice: a set of hosts with a persistent agent on each; what magics, widgets and users call.
+
+A Slice knows nothing of how its hosts were made: a backend (``tpunb.provision``) hands it
+transports, what each host is told at start, and a ``Node`` for whatever outlives the host
+processes (a Cloud TPU node: its state, its cost, its deletion).
+"""
 from __future__ import annotations
 
 import sys
 import time
 from typing import Any, Callable
 
-from tpunb import catalog
-from tpunb.display import CellOutput, HostLogs, MODES, format_hosts
-from tpunb.errors import CellInterrupted, TpunbError, UsageError
-from tpunb.provision.local import free_port
+from tpunb import catalog, report
+from tpunb.display import CellOutput, HostLogs, MODES, format_hosts, kernel_colors
+from tpunb.errors import CellInterrupted, UsageError
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
 from tpunb.session import OutputSink, Session
+from tpunb.status import HostRow
 from tpunb.transport.base import Transport
+
+
+class Node:
+    """What a slice is beyond its host processes. Hosts brought over SSH and local host
+    processes have nothing more (this base); a Cloud TPU node overrides every method."""
+
+    def check(self) -> None:
+        """Before a cell: raise a one-line ProvisionError if the hosts are gone for good."""
+
+    def explain_deaths(self) -> str | None:
+        """Hosts vanished mid-cell: the outside reason (preempted, ...), or None."""
+        return None
+
+    def status(self) -> dict:
+        """Extra status columns (cloud_state, health, usd_per_hour, uptime_s)."""
+        return {}
+
+    def close(self) -> None:
+        """Stop watching (the kernel detaches); the node itself stays."""
+
+    def delete(self) -> None:
+        """Delete what outlives the host processes and wait until it is gone; idempotent."""
 
 
 def parse_hosts(spec: str | int | list[int] | None, num_hosts: int) -> list[int]:
@@ -48,20 +75,21 @@ class Slice:
 
     def __init__(self, record: SliceRecord, transports: list[Transport],
                  host_init: Callable[[int, int], dict], registry: Registry,
-                 coordinator_port: Callable[[], int] | None = None) -> None:
+                 coordinator_port: Callable[[], int], node: Node | None = None) -> None:
         self.record = record
         #: the catalog entry; None for hosts brought with %tpu_connect and no --accelerator
         self.accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
         self.registry = registry
         self._host_init = host_init
-        self._pick_port = coordinator_port or free_port
+        self._pick_port = coordinator_port
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host)
         self.logs = HostLogs(tpunb_home() / "logs" / record.name)
         self.last_result: RunResult | None = None
         self.started_at = time.time()
-        #: the cloud side (tpunb.cloud.CloudNode) when the hosts are a Cloud TPU node
-        self.cloud = None
+        self.node = node or Node()
+        #: called with this slice once it is deleted (the kernel's list of slices forgets it)
+        self.on_delete: list[Callable[["Slice"], None]] = []
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -97,18 +125,16 @@ class Slice:
             hosts = None
         self.session.start(hosts)
 
-    def revive(self, say: Callable[[str], None] | None = None) -> list[int]:
+    def revive(self) -> list[int]:
         """Restart hosts whose agent died; returns the restarted hosts.
 
         Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
         started, every host restarts together.
         """
-        if self.cloud is not None:
-            self.cloud.check()  # a preempted node: say so, rather than fail to reach its hosts
+        self.node.check()  # a preempted node: say so, rather than fail to reach its hosts
         dead = self.session.dead_hosts()
         if not dead:
             return []
-        say = say or (lambda text: print(text, file=sys.stderr))
         if self.session.jax_started and self.num_hosts > 1:
             restart = list(range(self.num_hosts))
             why = (f"host {format_hosts(dead)} had died and JAX's distributed runtime cannot take a restarted "
@@ -118,24 +144,21 @@ class Slice:
             restart = dead
             why = f"host{'s' if len(dead) > 1 else ''} {format_hosts(dead)} had died and was restarted: its state was lost"
             self.connect(dead)
-        say(f"[tpunb] {why}")
+        report.warn(f"[tpunb] {why}")
         return restart
 
     def close(self) -> None:
         """End the host sessions (and the cloud watch); the slice itself stays, for %tpu_use."""
         self.session.close()
         self.logs.close()
-        if self.cloud is not None:
-            self.cloud.close()
+        self.node.close()
 
     def delete(self) -> None:
         """End every host process and forget the slice. Idempotent."""
-        from tpunb import api  # the kernel's set of attached slices must forget this one too
-
-        api.detach(self.name)
+        for listener in self.on_delete:
+            listener(self)
         self.close()
-        if self.cloud is not None:
-            self.cloud.delete()  # the registry forgets it only once the node is gone
+        self.node.delete()  # the registry forgets it only once the node is gone
         self.registry.delete_slice(self.name)
 
     # -- cells --------------------------------------------------------------------------------
@@ -150,9 +173,9 @@ class Slice:
             raise UsageError(f"output must be one of {', '.join(MODES)}, not {output!r}")
         indices = parse_hosts(hosts, self.num_hosts)
         if len(indices) < self.num_hosts and self.num_hosts > 1 and (self.session.jax_started or "jax" in code):
-            print(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {format_hosts(indices)} "
-                  f"of {self.num_hosts}: JAX collectives (jit over the whole slice, psum, ...) would hang "
-                  "waiting for the other hosts", file=sys.stderr)
+            report.warn(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {format_hosts(indices)} "
+                        f"of {self.num_hosts}: JAX collectives (jit over the whole slice, psum, ...) would hang "
+                        "waiting for the other hosts")
         return self._execute(code, indices, timeout, output, sink, shell=False)
 
     def _execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
@@ -165,6 +188,7 @@ class Slice:
         if sink is None:
             sink = CellOutput(indices, self.num_hosts, output, self.logs) if output else _LogOnly(self.logs)
         self.logs.begin_cell(indices, "$ " + code if shell else code)
+        self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
         try:
             results = self.session.execute(code, indices, timeout, sink, shell=shell)
         except CellInterrupted as exc:
@@ -173,25 +197,15 @@ class Slice:
             stopped = result.hosts_with("interrupted")
             message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {format_hosts(stopped)}; their state is kept"
                        if stopped else "interrupted")
-            error = CellInterrupted("; ".join([message] + [n for n in result.notes() if "stopped cleanly" not in n]))
-            error.results = result
-            raise error from None
+            raise CellInterrupted("; ".join([message] + [n for n in result.notes() if "stopped cleanly" not in n]),
+                                  result) from None
         sink.finish()
         self.last_result = RunResult(results, timeout)
-        if self.cloud is not None and self.last_result.hosts_with("died"):
-            self._explain_deaths()
+        if self.last_result.hosts_with("died"):
+            note = self.node.explain_deaths()  # e.g. the cloud says the node was preempted
+            if note:
+                self.last_result.extra_notes.append(note)
         return self.last_result
-
-    def _explain_deaths(self) -> None:
-        """Hosts vanished mid-cell: if the cloud says the node was preempted, say that."""
-        try:
-            self.cloud.refresh()
-        except TpunbError:
-            return
-        reason = self.cloud.lost_reason()
-        if reason:
-            self.last_result.extra_notes.append(f"slice {self.name}: {reason}; relaunch it with "
-                                                f"%tpu_launch --recover {self.name}")
 
     def _show_backlog(self) -> None:
         """Output hosts wrote between cells (background threads): shown, labelled, before the next cell."""
@@ -221,7 +235,7 @@ class Slice:
         transports = self.session.transports
         if not all(hasattr(t, "sftp") for t in transports):
             return None
-        from tpunb.sync import sync_tree
+        from tpunb.transport.sync import sync_tree
 
         for transport in transports:
             transport.connect()
@@ -243,19 +257,18 @@ class Slice:
         return {host: values[name] for host, values in replies.items()}
 
     # -- status -------------------------------------------------------------------------------
-    def status_rows(self, current: bool = False) -> list[dict]:
+    def status_rows(self, current: bool = False) -> list[HostRow]:
+        """One row per host, live: what %tpu_status, widgets and the server show."""
         rows = []
+        node = self.node.status()
         for host in self.session.hosts:
             record = self.record.hosts[host.index] if host.index < len(self.record.hosts) else None
-            rows.append({
-                "slice": self.name, "current": "*" if current else "", "accelerator": self.kind,
-                "backend": self.backend, "host": host.index,
-                "address": record.address if record else host.transport.address,
-                "state": "running" if host.alive else "dead",
-                "pid": host.info.get("pid"), "runner": host.info.get("runner"),
-                "uptime_s": round(time.time() - host.started_at, 1) if host.alive and host.started_at else None,
-                **(self.cloud.status() if self.cloud is not None else {}),
-            })
+            uptime = round(time.time() - host.started_at, 1) if host.alive and host.started_at else None
+            rows.append(HostRow(
+                slice=self.name, current=current, accelerator=self.kind, backend=self.backend, host=host.index,
+                address=record.address if record else host.transport.address,
+                state="running" if host.alive else "dead", pid=host.info.get("pid"), runner=host.info.get("runner"),
+                **{"uptime_s": uptime, **node}))
         return rows
 
 

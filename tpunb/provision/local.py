@@ -9,21 +9,72 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
+from tpunb import catalog, report
 from tpunb.catalog import Accelerator
-from tpunb.registry import HostRecord, SliceRecord
+from tpunb.errors import UsageError
+from tpunb.provision.common import GLOO_CHATTER, host_env, owner_alive, start
+from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.slice import Slice
 from tpunb.transport.local import LocalTransport
 
 
-def create(name: str, accelerator: Accelerator) -> SliceRecord:
-    """The record of a new local slice; its processes are started by the Slice's session."""
+def default_name(accelerator: Accelerator) -> str:
+    return accelerator.name
+
+
+def options(**given) -> None:
+    """A local slice takes no options beyond its accelerator."""
+    if given:
+        raise UsageError(f"unknown option{'s' if len(given) > 1 else ''} {', '.join(sorted(given))} for backend "
+                         "local (cloud options need --backend gcp and a Google Cloud project)")
+
+
+def create(name: str, accelerator: Accelerator, env: dict[str, str], reg: Registry, opts: None = None) -> Slice:
+    """Start one host process per TPU host of ``accelerator``; the slice is recorded once all are up."""
     hosts = [HostRecord(i, "localhost", {"devices": accelerator.devices_per_host}) for i in range(accelerator.hosts)]
-    return SliceRecord(name=name, accelerator=accelerator.name, backend="local", state="running",
-                       owner_pid=os.getpid(), hosts=hosts)
+    record = SliceRecord(name=name, accelerator=accelerator.name, backend="local", state="running",
+                         owner_pid=os.getpid(), hosts=hosts)
+    report.info(f"Launching {accelerator.name} as a local simulated slice {name!r} (no Google Cloud project "
+                f"configured, or --backend local): {accelerator.hosts} host{'s' if accelerator.hosts > 1 else ''} "
+                f"x {accelerator.devices_per_host} JAX CPU devices ...")
+    return start(attach(record, reg, env), reg, time.perf_counter())
 
 
-def transports(record: SliceRecord) -> list[LocalTransport]:
-    return [LocalTransport(f"local:{h.index}") for h in record.hosts]
+def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
+    """Host processes on this machine, each seeing its share of the slice's chips as JAX CPU devices
+    (not started yet). The previous ones, if any, ended with the kernel that owned them."""
+    if owner_alive(record):
+        raise UsageError(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}): "
+                         f"its host processes belong to that kernel; use it there or %tpu_down {record.name}")
+    accelerator = catalog.lookup(record.accelerator)
+    num_hosts = len(record.hosts)
+
+    def host_init(index: int, coordinator_port: int) -> dict:
+        variables = {**host_env(record, index), **host_environment(accelerator), **env}
+        return {"env": variables, "cwd": os.getcwd(), "jax": jax_settings(num_hosts, index, coordinator_port),
+                "drop_output": GLOO_CHATTER}
+
+    transports = [LocalTransport(f"local:{h.index}") for h in record.hosts]
+    return Slice(record, transports, host_init, reg, coordinator_port=free_port)
+
+
+def delete(record: SliceRecord) -> None:
+    """Nothing outlives the host processes; a slice another live kernel owns is that kernel's to end."""
+    if owner_alive(record):
+        raise UsageError(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}): "
+                         "take it down there")
+
+
+def name_reusable(record: SliceRecord) -> bool:
+    """A recorded local slice whose kernel is gone holds nothing: its name may be taken again."""
+    return not owner_alive(record)
+
+
+def detached_state(record: SliceRecord) -> str:
+    """The state %tpu_status shows for a recorded slice this kernel has not attached."""
+    return "in another kernel" if owner_alive(record) else "stopped (use %tpu_use to restart)"
 
 
 def free_port() -> int:
@@ -41,11 +92,6 @@ def host_environment(accelerator: Accelerator) -> dict[str, str]:
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={accelerator.devices_per_host}".strip(),
     }
-
-
-#: CPU collectives (gloo) print a line per communicator from C++ threads, unconditionally and
-#: sometimes interleaved: any line with these fragments is noise on a simulated slice
-GLOO_CHATTER = r"\[Gloo\]|peer ranks"
 
 
 def jax_settings(num_hosts: int, index: int, coordinator_port: int) -> dict:

@@ -28,7 +28,7 @@ from paramiko.channel import Channel
 from paramiko.common import MSG_CHANNEL_REQUEST
 
 from tpunb.errors import AuthenticationError, HostKeyError, TransportError
-from tpunb.keys import default_key, load_private_key
+from tpunb.transport.keys import default_key, load_private_key
 from tpunb.registry import Registry
 from tpunb.transport.base import AgentProcess, Transport, read_exact
 
@@ -399,9 +399,7 @@ def connect_all(
         kinds = {type(e) for e in failures.values()}
         kind = kinds.pop() if len(kinds) == 1 else TransportError  # e.g. every host refused our key
         details = "; ".join(str(e) for e in failures.values())
-        error = kind(f"cannot connect to {len(failures)} of {len(specs)} hosts: {details}")
-        error.failures = failures
-        raise error
+        raise kind(f"cannot connect to {len(failures)} of {len(specs)} hosts: {details}", failures)
     return connected
 
 

@@ -2,9 +2,19 @@
 from __future__ import annotations
 
 import html
-import sys
 
-from tpunb.widgets.progress import _in_widget_frontend
+from tpunb import report
+
+
+def in_widget_frontend() -> bool:
+    """True inside a Jupyter kernel whose front end can show widgets (JupyterLab, Notebook, VS Code, Colab)."""
+    try:
+        from IPython import get_ipython
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 class LaunchProgress:
@@ -15,14 +25,14 @@ class LaunchProgress:
         self.cost = f"${price_per_hour:,.2f}/hour" if price_per_hour is not None else "no list price"
         self.steps: list[tuple[str, float]] = []
         self._widget = None
-        if _in_widget_frontend():
+        if in_widget_frontend():
             import ipywidgets as widgets
             from IPython.display import display
 
             self._widget = widgets.HTML(self._html("starting"))
             display(self._widget)
         else:
-            print(f"{title} ({self.cost}) ...", file=sys.stderr, flush=True)
+            report.info(f"{title} ({self.cost}) ...")
 
     def _html(self, status: str) -> str:
         steps = " &rarr; ".join(f"{html.escape(s)} <small>({t:.0f} s)</small>" for s, t in self.steps)
@@ -34,12 +44,16 @@ class LaunchProgress:
         if self._widget is not None:
             self._widget.value = self._html(f"{name} after {elapsed:.0f} s")
         else:
-            print(f"  {elapsed:6.1f} s  {name}", file=sys.stderr, flush=True)
+            report.info(f"  {elapsed:6.1f} s  {name}")
 
     def done(self, text: str) -> None:
         if self._widget is not None:
             self._widget.value = self._html(text)
         else:
-            print(text, file=sys.stderr, flush=True)
+            report.info(text)
 
-    failed = done
+    def failed(self, text: str) -> None:
+        if self._widget is not None:
+            self._widget.value = self._html(text)
+        else:
+            report.warn(text)

@@ -56,7 +56,7 @@ def parse_duration(value: Union[str, float, int]) -> float:
     return float(m[1]) * {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}[m[2] or "h"]
 
 
-def _human_count(n: float) -> str:
+def human_count(n: float) -> str:
     for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= size:
             return f"{n / size:.3g}{unit}"
@@ -67,7 +67,7 @@ def _sig(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def _human_time(s: float | None) -> str:
+def human_time(s: float | None) -> str:
     if s is None:
         return "-"
     for unit, size in (("years", 365 * 86400), ("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
@@ -76,7 +76,7 @@ def _human_time(s: float | None) -> str:
     return f"{_sig(s * 1e3)} ms" if s >= 1e-3 else f"{_sig(s * 1e6)} us"
 
 
-def _money(x: float | None) -> str:
+def money(x: float | None) -> str:
     if x is None:
         return "n/a"
     return f"${x:,.0f}" if x >= 100 else f"${x:,.2f}" if x >= 0.01 else f"${x:.2g}"

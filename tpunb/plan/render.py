@@ -7,15 +7,15 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from tpunb.roofline import SliceEstimate
-from tpunb.units import GIB, _human_count, _human_time, _money
-from tpunb.workloads import Training
+from tpunb.plan.roofline import SliceEstimate
+from tpunb.plan.units import GIB, human_count, human_time, money
+from tpunb.plan.workloads import Training
 
 if TYPE_CHECKING:
     from tpunb.plan import Plan
 
 
-def _option_row(o: SliceEstimate, p: Plan) -> dict[str, Any]:
+def option_row(o: SliceEstimate, p: Plan) -> dict[str, Any]:
     """One option as numbers (seconds, GiB, USD), for DataFrames that sort and plot."""
     row: dict[str, Any] = {
         "slice": o.accelerator, "generation": o.generation, "chips": o.chips, "hosts": o.hosts,
@@ -40,29 +40,29 @@ def _display_row(o: SliceEstimate, p: Plan) -> dict[str, str]:
     }
     if isinstance(p.workload, Training):
         row.update({
-            "step": _human_time(o.step_seconds), "total": _human_time(o.total_seconds),
-            "$/hour": _money(o.usd_per_hour), "$/1M tokens": _money(o.usd_per_million_tokens),
-            "cost": _money(o.cost_usd), "spot cost": _money(o.spot_cost_usd),
+            "step": human_time(o.step_seconds), "total": human_time(o.total_seconds),
+            "$/hour": money(o.usd_per_hour), "$/1M tokens": money(o.usd_per_million_tokens),
+            "cost": money(o.cost_usd), "spot cost": money(o.spot_cost_usd),
         })
     else:
         row.update({
-            "decode step": _human_time(o.step_seconds), "tokens/s": f"{o.tokens_per_second:,.0f}",
-            "prefill": _human_time(o.prefill_seconds), "$/hour": _money(o.usd_per_hour),
-            "$/1M tokens": _money(o.usd_per_million_tokens),
+            "decode step": human_time(o.step_seconds), "tokens/s": f"{o.tokens_per_second:,.0f}",
+            "prefill": human_time(o.prefill_seconds), "$/hour": money(o.usd_per_hour),
+            "$/1M tokens": money(o.usd_per_million_tokens),
         })
     return row
 
 
 def _summary_lines(p: Plan) -> list[str]:
     m, w = p.model, p.workload
-    lines = [f"{m.name}: {_human_count(m.params)} params"
-             + (f" ({_human_count(m.active_params)} active)" if m.experts > 1 else "")
-             + (f", {_human_count(p.trainable_params)} trainable (LoRA r={w.lora_rank})" if isinstance(w, Training) and w.lora_rank else "")]
+    lines = [f"{m.name}: {human_count(m.params)} params"
+             + (f" ({human_count(m.active_params)} active)" if m.experts > 1 else "")
+             + (f", {human_count(p.trainable_params)} trainable (LoRA r={w.lora_rank})" if isinstance(w, Training) and w.lora_rank else "")]
     if isinstance(w, Training):
         lines.append(
             f"train: {w.batch_tokens:,.0f} tokens/step x seq {w.seq_len}, {w.optimizer} "
             f"({w.param_dtype} params, {w.optimizer_dtype} state), remat {w.remat}, target MFU {w.mfu:.0%}"
-            + (f", {_human_count(w.tokens)} tokens total" if w.tokens else "")
+            + (f", {human_count(w.tokens)} tokens total" if w.tokens else "")
         )
     else:
         lines.append(f"serve: {w.weight_dtype} weights, batch {w.batch} x context {w.context}, KV {w.kv_cache_dtype}")
@@ -76,7 +76,7 @@ def _summary_lines(p: Plan) -> list[str]:
     return lines
 
 
-def _render_text(p: Plan) -> str:
+def render_text(p: Plan) -> str:
     rows = [_display_row(o, p) for o in p.options]
     lines = _summary_lines(p)
     if rows:
@@ -91,7 +91,7 @@ def _render_text(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def _render_html(p: Plan) -> str:
+def render_html(p: Plan) -> str:
     import html
 
     summary = "".join(f"<li>{html.escape(s)}</li>" for s in _summary_lines(p))

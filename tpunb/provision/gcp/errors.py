@@ -149,14 +149,7 @@ def error(f: Failure, ctx: Context) -> ProvisionError:
     text = _MESSAGES.get(kind, _other)(f, ctx)
     if ctx.cleanup:
         text = f"{text} ({ctx.cleanup})"
-    return tagged(text, kind)
-
-
-def tagged(text: str, reason: str) -> ProvisionError:
-    """A ProvisionError carrying its kind as ``.reason`` (until errors.py grows subclasses)."""
-    err = ProvisionError(text)
-    err.reason = reason  # type: ignore[attr-defined]
-    return err
+    return ProvisionError(text, kind)
 
 
 def _zones_with(accelerator: str, except_zone: str = "", limit: int = 4) -> list[str]:

@@ -5,11 +5,10 @@ count parameters and FLOPs from the config, put memory per component next to HBM
 compare compute time with HBM and ICI time (a roofline) for each candidate mesh, and take
 the slowest as the step time. Chip numbers and prices come from :mod:`tpunb.catalog`.
 
-This module picks a slice per generation and holds the :class:`Plan`; the parts live in
-:mod:`tpunb.units` (reading and printing quantities), :mod:`tpunb.models` (model shapes),
-:mod:`tpunb.workloads` (jobs and their memory), :mod:`tpunb.roofline` (one slice, the book's
-formulas) and :mod:`tpunb.plan_render` (tables and text). Their public names are re-exported
-here, so ``from tpunb.plan import ...`` keeps working.
+This module picks a slice per generation and holds the :class:`Plan`; the parts live beside
+it: ``units`` (reading and printing quantities), ``models`` (model shapes), ``workloads`` (jobs
+and their memory), ``roofline`` (one slice, the book's formulas), ``render`` (tables and text)
+and ``magics`` (%tpu_plan). The names users need are exported here.
 
 Estimates, not measurements: they ignore compiler overheads beyond the target MFU, assume
 flash attention (no S x S score matrix in memory) and one slice (no DCN/multislice).
@@ -27,19 +26,18 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Union
 from tpunb import catalog
 from tpunb.catalog import Accelerator
 from tpunb.errors import UnknownAcceleratorError, UsageError
-from tpunb.models import (
+from tpunb.plan.models import (
     LORA_TARGETS, MODELS_PATH, ModelSpec, lora_params, preset, presets, resolve_model,
 )
-from tpunb.models import _models  # noqa: F401  (tests read the presets' raw configs through tpunb.plan)
-from tpunb.plan_render import _option_row, _render_html, _render_text
-from tpunb.roofline import (
-    Mesh, SliceEstimate, _custom_slice, _evaluate, fsdp_min_tokens_per_chip, fsdp_tp_split,
+from tpunb.plan.render import option_row, render_html, render_text
+from tpunb.plan.roofline import (
+    Mesh, SliceEstimate, custom_slice, evaluate, fsdp_min_tokens_per_chip, fsdp_tp_split,
     hbm_intensity, ici_intensity, max_tensor_parallel, mixed_min_tokens_per_chip,
 )
-from tpunb.units import DTYPE_BYTES, GIB, dtype_bytes, parse_count, parse_duration
-from tpunb.workloads import (
-    OPTIMIZER_STATES, REMAT_POLICIES, Memory, Serving, Training, Workload, _check, _serve_memory,
-    _train_memory,
+from tpunb.plan.units import DTYPE_BYTES, GIB, dtype_bytes, parse_count, parse_duration
+from tpunb.plan.workloads import (
+    OPTIMIZER_STATES, REMAT_POLICIES, Memory, Serving, Training, Workload, require, serve_memory,
+    train_memory,
 )
 
 if TYPE_CHECKING:
@@ -86,7 +84,7 @@ class Plan:
 
     def best(self, by: str = "cost") -> SliceEstimate:
         """The cheapest (``by="cost"``) or fastest (``by="time"``) option that fits."""
-        _check(by in ("cost", "time"), f"best(by=...) takes 'cost' or 'time', not {by!r}")
+        require(by in ("cost", "time"), f"best(by=...) takes 'cost' or 'time', not {by!r}")
         fitting = [o for o in self.options if o.fits]
         if not fitting:
             raise UsageError("no slice considered holds this workload: shrink the batch, use remat, LoRA or more chips")
@@ -97,14 +95,14 @@ class Plan:
 
     def on(self, tpu: str | Accelerator, chips: int | None = None, topology: str | None = None) -> SliceEstimate:
         """This workload on one given slice (``"v5p-128"``) or any chip count of a generation."""
-        acc = _custom_slice(tpu, chips, topology)
-        return _evaluate(self.model, self.workload, acc, self.memory, self.hbm_reserve)
+        acc = custom_slice(tpu, chips, topology)
+        return evaluate(self.model, self.workload, acc, self.memory, self.hbm_reserve)
 
     def table(self) -> "pandas.DataFrame":
         """The options as a DataFrame, one row per slice."""
         import pandas
 
-        rows = [_option_row(o, self) for o in self.options]
+        rows = [option_row(o, self) for o in self.options]
         return pandas.DataFrame(rows).set_index("slice") if rows else pandas.DataFrame()
 
     def memory_table(self) -> "pandas.DataFrame":
@@ -116,13 +114,13 @@ class Plan:
         return pandas.DataFrame({"GiB": rows})
 
     def __str__(self) -> str:
-        return _render_text(self)
+        return render_text(self)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(str(self))
 
     def _repr_html_(self) -> str:
-        return _render_html(self)
+        return render_html(self)
 
 
 def plan(
@@ -146,16 +144,16 @@ def plan(
     """
     spec = resolve_model(model)
     w = _make_workload(workload, options)
-    _check(0 <= hbm_reserve < 1, f"hbm_reserve must be in [0, 1), not {hbm_reserve}")
+    require(0 <= hbm_reserve < 1, f"hbm_reserve must be in [0, 1), not {hbm_reserve}")
     deadline_s = parse_duration(deadline) if deadline is not None else None
     if isinstance(w, Training):
-        memory, trainable = _train_memory(spec, w)
+        memory, trainable = train_memory(spec, w)
         dense, attn = spec.flops_per_token(w.seq_len, training=True)
         if w.lora_rank:
             dense *= 2 / 3
         per_step = (dense + attn) * w.batch_tokens
     else:
-        memory, trainable = _serve_memory(spec, w), 0.0
+        memory, trainable = serve_memory(spec, w), 0.0
         dense, attn = spec.flops_per_token(w.context, training=False)
         per_step = (dense + attn) * w.batch
     options_, notes = _choose(spec, w, memory, _candidates(tpu), hbm_reserve, deadline_s, spot)
@@ -170,12 +168,12 @@ def plan(
 
 def _make_workload(workload: Union[str, Workload], options: dict[str, Any]) -> Workload:
     if isinstance(workload, (Training, Serving)):
-        _check(not options, "pass either a Training/Serving object or keyword options, not both")
+        require(not options, "pass either a Training/Serving object or keyword options, not both")
         return workload
     kinds = {"train": Training, "training": Training, "finetune": Training, "fine-tune": Training,
              "serve": Serving, "serving": Serving, "inference": Serving}
     cls = kinds.get(str(workload).lower())
-    _check(cls is not None, f"workload must be 'train' or 'serve', not {workload!r}")
+    require(cls is not None, f"workload must be 'train' or 'serve', not {workload!r}")
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = [k for k in options if k not in fields]
     if unknown:
@@ -224,14 +222,14 @@ def _choose(model: ModelSpec, w: Workload, memory: Memory, candidates: list[tupl
         for acc in accs:
             if acc.hbm_bytes * (1 - reserve) < memory.total and len(accs) > 1:
                 continue  # cannot fit whatever the mesh: skip the full evaluation
-            est = _evaluate(model, w, acc, memory, reserve)
+            est = evaluate(model, w, acc, memory, reserve)
             last = est
             on_time = deadline is None or est.total_seconds is None or est.total_seconds <= deadline
             if est.fits and on_time:
                 pick = est
                 break
         if pick is None and len(accs) == 1:
-            pick = last or _evaluate(model, w, accs[0], memory, reserve)
+            pick = last or evaluate(model, w, accs[0], memory, reserve)
         if pick is None:
             biggest = accs[-1]
             why = "finishes within the deadline" if last is not None and last.fits else "holds it"

@@ -23,7 +23,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpunb.errors import TransportError
+from tpunb.errors import SyncError, TransportError
 from tpunb.transport.sftp import CREATE, TRUNCATE, WRITE_FLAG, PipelinedSFTP, attrs
 from tpunb.transport.ssh import SSHTransport
 
@@ -291,10 +291,8 @@ def sync_tree(
         progress(counter.done, counter.total)
     report.seconds = time.perf_counter() - started
     if failures:
-        error = TransportError(f"sync failed on {len(failures)} of {len(jobs)} hosts: "
-                               + "; ".join(_reason(e) for e in failures.values()))
-        error.report, error.failures = report, failures
-        raise error
+        raise SyncError(f"sync failed on {len(failures)} of {len(jobs)} hosts: "
+                        + "; ".join(_reason(e) for e in failures.values()), failures, report)
     return report
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Union
 
 from tpunb.errors import UsageError
-from tpunb.models import LORA_TARGETS, ModelSpec, lora_params
-from tpunb.units import dtype_bytes
+from tpunb.plan.models import LORA_TARGETS, ModelSpec, lora_params
+from tpunb.plan.units import dtype_bytes
 
 # Optimizer state elements kept per trainable parameter (the master fp32 copy is separate).
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "lion": 1, "momentum": 1, "sgd": 0, "adafactor": 0}
@@ -42,16 +42,16 @@ class Training:
     lora_targets: tuple[str, ...] = ("q", "v")
 
     def __post_init__(self) -> None:
-        _check(self.optimizer.lower() in OPTIMIZER_STATES, f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZER_STATES)}")
+        require(self.optimizer.lower() in OPTIMIZER_STATES, f"unknown optimizer {self.optimizer!r}: use one of {', '.join(OPTIMIZER_STATES)}")
         dtype_bytes(self.param_dtype), dtype_bytes(self.optimizer_dtype)
-        _check(isinstance(self.remat, int) and self.remat > 0 or self.remat in REMAT_POLICIES,
+        require(isinstance(self.remat, int) and self.remat > 0 or self.remat in REMAT_POLICIES,
                f"unknown remat policy {self.remat!r}: use {', '.join(REMAT_POLICIES)} or a number of d_model-sized checkpoints per layer")
-        _check(0 < self.mfu <= 1, f"mfu must be in (0, 1], not {self.mfu}")
-        _check(self.batch_tokens >= self.seq_len > 0, f"batch of {self.batch_tokens:.0f} tokens is smaller than one sequence of {self.seq_len}")
-        _check(self.microbatches >= 1, "microbatches must be at least 1")
-        _check(self.lora_rank is None or self.lora_rank >= 1, "lora_rank must be at least 1")
+        require(0 < self.mfu <= 1, f"mfu must be in (0, 1], not {self.mfu}")
+        require(self.batch_tokens >= self.seq_len > 0, f"batch of {self.batch_tokens:.0f} tokens is smaller than one sequence of {self.seq_len}")
+        require(self.microbatches >= 1, "microbatches must be at least 1")
+        require(self.lora_rank is None or self.lora_rank >= 1, "lora_rank must be at least 1")
         bad = [t for t in self.lora_targets if t not in LORA_TARGETS]
-        _check(not bad, f"unknown LoRA targets {bad}: use some of {', '.join(LORA_TARGETS)}")
+        require(not bad, f"unknown LoRA targets {bad}: use some of {', '.join(LORA_TARGETS)}")
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,8 @@ class Serving:
 
     def __post_init__(self) -> None:
         dtype_bytes(self.weight_dtype), dtype_bytes(self.kv_cache_dtype)
-        _check(self.batch >= 1 and self.context >= 1, "batch and context must be at least 1")
-        _check(0 < self.mfu <= 1, f"mfu must be in (0, 1], not {self.mfu}")
+        require(self.batch >= 1 and self.context >= 1, "batch and context must be at least 1")
+        require(0 < self.mfu <= 1, f"mfu must be in (0, 1], not {self.mfu}")
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -86,7 +86,7 @@ class Serving:
 Workload = Union[Training, Serving]
 
 
-def _check(ok: bool, message: str) -> None:
+def require(ok: bool, message: str) -> None:
     if not ok:
         raise UsageError(message)
 
@@ -121,7 +121,7 @@ def _remat_elements(model: ModelSpec, remat: Union[str, int]) -> float:
     }[remat]
 
 
-def _train_memory(model: ModelSpec, w: Training) -> tuple[Memory, float]:
+def train_memory(model: ModelSpec, w: Training) -> tuple[Memory, float]:
     p_bytes, o_bytes = dtype_bytes(w.param_dtype), dtype_bytes(w.optimizer_dtype)
     trainable = lora_params(model, w.lora_rank, w.lora_targets) if w.lora_rank else model.params
     states = OPTIMIZER_STATES[w.optimizer.lower()]
@@ -136,7 +136,7 @@ def _train_memory(model: ModelSpec, w: Training) -> tuple[Memory, float]:
     return memory, trainable
 
 
-def _serve_memory(model: ModelSpec, w: Serving) -> Memory:
+def serve_memory(model: ModelSpec, w: Serving) -> Memory:
     """Weights, the whole batch's KV cache, and the working set of one prefill chunk.
 
     The chunk is one layer's bf16 activations for up to 8192 prompt tokens (chunked prefill).

@@ -12,9 +12,9 @@ from typing import Any
 
 from tpunb import catalog
 from tpunb.catalog import Accelerator
-from tpunb.models import ModelSpec
-from tpunb.units import GIB, _human_time, dtype_bytes
-from tpunb.workloads import Memory, Serving, Training, Workload
+from tpunb.plan.models import ModelSpec
+from tpunb.plan.units import GIB, human_time, dtype_bytes
+from tpunb.plan.workloads import Memory, Serving, Training, Workload
 
 @dataclass(frozen=True)
 class Mesh:
@@ -151,7 +151,7 @@ def _divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def _evaluate(model: ModelSpec, w: Workload, acc: Accelerator, memory: Memory, reserve: float) -> SliceEstimate:
+def evaluate(model: ModelSpec, w: Workload, acc: Accelerator, memory: Memory, reserve: float) -> SliceEstimate:
     g = catalog.generation(acc.generation)
     usable = acc.hbm_bytes_per_chip * (1 - reserve)
     axes = _axes(acc, g.ici_wraparound_min)
@@ -240,7 +240,7 @@ def _evaluate_train(model: ModelSpec, w: Training, acc: Accelerator, memory: Mem
         key=_MeshCost.key,
     )
     reason = (
-        f"per step at peak: compute {_human_time(t_math)}, ICI {_human_time(best.t_ici)}, HBM {_human_time(best.t_hbm)}; "
+        f"per step at peak: compute {human_time(t_math)}, ICI {human_time(best.t_ici)}, HBM {human_time(best.t_hbm)}; "
         f"{w.batch_tokens / n:,.0f} tokens/chip vs FSDP floor α/axes {fsdp_min_tokens_per_chip(acc, best.fsdp_rings):,.0f}, "
         f"FSDP+TP floor 2α²/F {mixed_min_tokens_per_chip(model.d_ff, acc):,.0f}, "
         f"TP limit F·axes/α {max_tensor_parallel(model.d_ff, acc, max(1, round(best.tp_rings))):.0f}"
@@ -280,9 +280,9 @@ def _evaluate_serve(model: ModelSpec, w: Serving, acc: Accelerator, memory: Memo
                key=lambda cost: cost.key(per=w.batch))
     kv_per_seq = w.context * model.kv_bytes_per_token(w.kv_cache_dtype)
     reason = (
-        f"per decode step at peak: HBM {_human_time(best.t_hbm)} (weights + KV, "
+        f"per decode step at peak: HBM {human_time(best.t_hbm)} (weights + KV, "
         f"{(memory.params + best.batch * kv_per_seq) / best.mesh.tensor / GIB:,.2f} GiB/chip), "
-        f"compute {_human_time(best.t_math)}, ICI {_human_time(best.t_ici)}; batch {best.batch}/replica vs "
+        f"compute {human_time(best.t_math)}, ICI {human_time(best.t_ici)}; batch {best.batch}/replica vs "
         f"C/HBM {hbm_intensity(acc):,.0f} for compute-bound weights, "
         f"TP limit F·axes/α {max_tensor_parallel(model.d_ff, acc, max(1, round(best.tp_rings))):.0f}"
     )
@@ -300,7 +300,7 @@ def _evaluate_serve(model: ModelSpec, w: Serving, acc: Accelerator, memory: Memo
     )
 
 
-def _custom_slice(tpu: str | Accelerator, chips: int | None, topology: str | None) -> Accelerator:
+def custom_slice(tpu: str | Accelerator, chips: int | None, topology: str | None) -> Accelerator:
     """A catalog slice, or a generation at any chip count/topology (e.g. the book's v5p 16x20x28)."""
     if isinstance(tpu, Accelerator):
         return tpu

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError
-from tpunb.provision import gcp_errors
-from tpunb.provision.gcloud_config import require_project_zone, resolve_project_zone
+from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp.config import CloudOptions, require_project_zone, resolve_project_zone
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2
@@ -56,22 +56,15 @@ LOST_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", 
 LOST_QUEUED_STATES = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"})
 
 
-@dataclass
-class NodeSpec:
-    """What to create. ``name`` is both the node id and, with ``queued``, the queued resource id."""
+@dataclass(kw_only=True)
+class NodeSpec(CloudOptions):
+    """What to create: the launch's options plus the node's name, type and SSH access. ``name`` is
+    both the node id and, with ``queued``, the queued resource id."""
 
     name: str
     accelerator: str
     project: str
     zone: str
-    runtime: str | None = None  # default: the catalog's runtime for the generation
-    spot: bool = False
-    queued: bool = False
-    network: str | None = None
-    subnetwork: str | None = None
-    service_account: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    internal_ip: bool = False  # no external IPs; tpunb then connects to the internal ones
     ssh_user: str | None = None
     ssh_public_key: str | None = None  # "ssh-ed25519 AAAA... comment", goes to metadata ssh-keys
     startup_script: str | None = None
@@ -185,7 +178,7 @@ def _default_credentials() -> Any:
     try:
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     except DefaultCredentialsError:
-        raise gcp_errors.tagged(gcp_errors.CREDENTIALS_MESSAGE, "credentials") from None
+        raise ProvisionError(gcp_errors.CREDENTIALS_MESSAGE, "credentials") from None
     return credentials
 
 
@@ -212,7 +205,7 @@ def _translate(exc: BaseException, ctx: gcp_errors.Context) -> ProvisionError:
     from google.auth.exceptions import GoogleAuthError
 
     if isinstance(exc, GoogleAuthError):
-        return gcp_errors.tagged(
+        return ProvisionError(
             f"{gcp_errors.CREDENTIALS_MESSAGE} ({gcp_errors.one_line(str(exc), 120)})", "credentials"
         )
     return gcp_errors.error(gcp_errors.from_exception(exc), ctx)
@@ -386,7 +379,7 @@ def create(
         hint = "retry with a longer --timeout or another zone"
         if watch.last == "WAITING_FOR_RESOURCES":
             hint = "no capacity came free: try another zone" + ("" if spec.spot else " or --spot")
-        raise gcp_errors.tagged(
+        raise ProvisionError(
             f"{what} {spec.name} was still {watch.last or 'not visible'} after {timeout:g} s (--timeout); "
             f"{note}; {hint}",
             "timeout",
@@ -396,7 +389,7 @@ def create(
             gcp_errors.from_status(e.code, e.message), _with_cleanup(ctx, _cleanup(spec))
         ) from None
     except ProvisionError as e:
-        raise gcp_errors.tagged(f"{e}; {_cleanup(spec)}", getattr(e, "reason", "lost")) from None
+        raise ProvisionError(f"{e}; {_cleanup(spec)}", e.reason or "lost") from None
     except _api_errors() as e:
         raise _translate(e, _with_cleanup(ctx, _cleanup(spec))) from None
     except BaseException:
@@ -419,12 +412,12 @@ def _wait_node(api: Any, op: Any, node_name: str, watch: _Transitions, deadline:
             if node.state.name in LOST_NODE_STATES:
                 spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
                 text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], node.state.name, spot)
-                raise gcp_errors.tagged(text, "preempted" if node.state.name == "PREEMPTED" else "lost")
+                raise ProvisionError(text, "preempted" if node.state.name == "PREEMPTED" else "lost")
         if op.done():
             if op.operation.error.code:
                 raise _OperationFailed(op.operation.error.code, op.operation.error.message)
             if node is None:
-                raise gcp_errors.tagged(
+                raise ProvisionError(
                     f"node {node_name.rsplit('/', 1)[-1]} disappeared right after it was created", "lost"
                 )
         _wait_or_time_out(delays, deadline)
@@ -448,7 +441,7 @@ def _wait_queued(
                 error = qr.state.failed_data.error
                 raise _OperationFailed(error.code, error.message)
             if state in LOST_QUEUED_STATES:
-                raise gcp_errors.tagged(
+                raise ProvisionError(
                     f"queued resource {qr_name.rsplit('/', 1)[-1]} became {state} while waiting", "lost"
                 )
         _wait_or_time_out(delays, deadline)
@@ -553,7 +546,7 @@ def _wait_gone(api: Any, node_name: str, qr_name: str, deadline: float) -> None:
             _wait_or_time_out(delays, deadline)
         except _TimedOut:
             name = node_name.rsplit("/", 1)[-1]
-            raise gcp_errors.tagged(
+            raise ProvisionError(
                 f"{name} is still being deleted; check it later with %tpu_status", "timeout"
             ) from None
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Union
 
 from tpunb.errors import UsageError
-from tpunb.units import _human_count, dtype_bytes, parse_count
+from tpunb.plan.units import human_count, dtype_bytes, parse_count
 
-MODELS_PATH = Path(__file__).parent / "data" / "models.json"
+MODELS_PATH = Path(__file__).parent.parent / "data" / "models.json"
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 _NOT_GATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "bert", "starcoder", "gpt_bigcode"}
 _UNTIED_BY_DEFAULT = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "phi3", "olmo", "olmo2"}
@@ -185,7 +185,7 @@ class ModelSpec:
         layers = max(1, round(n / (12 * d_model**2)))
         heads = max(1, d_model // 128)
         return cls(
-            name=f"{_human_count(n)} params",
+            name=f"{human_count(n)} params",
             layers=layers,
             d_model=d_model,
             d_ff=int(round(8 * d_model / 3 / 128)) * 128,
@@ -199,7 +199,7 @@ class ModelSpec:
 
 
 @functools.lru_cache(maxsize=1)
-def _models() -> dict[str, Any]:
+def model_table() -> dict[str, Any]:
     with open(MODELS_PATH, encoding="utf-8") as f:
         return json.load(f)
 
@@ -211,7 +211,7 @@ def _norm_name(name: str) -> str:
 @functools.lru_cache(maxsize=1)
 def _preset_index() -> dict[str, str]:
     index = {}
-    for key, entry in _models()["models"].items():
+    for key, entry in model_table()["models"].items():
         for alias in (key, entry["name"], *entry.get("aliases", ())):
             index[_norm_name(alias)] = key
     return index
@@ -219,7 +219,7 @@ def _preset_index() -> dict[str, str]:
 
 def presets() -> list[str]:
     """Names of the model presets (``llama3-8b``, ``gemma2-9b``...)."""
-    return list(_models()["models"])
+    return list(model_table()["models"])
 
 
 def preset(name: str) -> ModelSpec:
@@ -233,7 +233,7 @@ def preset(name: str) -> ModelSpec:
             f"unknown model {name!r}: presets are {', '.join(presets())}; "
             f"or pass a config.json path or a parameter count like 7B{hint}"
         )
-    entry = _models()["models"][key]
+    entry = model_table()["models"][key]
     spec = ModelSpec.from_config(entry["config"], name=entry["name"])
     return dataclasses.replace(spec, extra_params=float(entry.get("extra_params", 0.0)), source=entry["source"])
 

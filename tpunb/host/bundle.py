@@ -1,0 +1,47 @@
+"""What is shipped to a host at connect: a tiny bootstrap on the command line, then the host
+modules over stdin, installed as the package ``tpunb_host`` (so a host needs only Python >= 3.10).
+
+This module runs in the kernel; it is the one module of ``tpunb/host`` that is never shipped.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+PACKAGE = "tpunb_host"
+#: shipped in this order: each module's relative imports name only modules before it
+MODULES = ("protocol", "io", "runners", "jax_start", "agent")
+
+BOOTSTRAP = r"""
+import json, os, sys, types
+def _read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            raise SystemExit(3)
+        data += chunk
+    return data
+_bundle = json.loads(_read(int(_read(12))))
+_package = types.ModuleType(_bundle["package"])
+_package.__path__ = []
+sys.modules[_bundle["package"]] = _package
+for _name, _source in _bundle["modules"]:
+    _module = types.ModuleType(_bundle["package"] + "." + _name)
+    _module.__file__ = "<tpunb:" + _module.__name__ + ">"
+    _module.__package__ = _bundle["package"]
+    sys.modules[_module.__name__] = _module
+    setattr(_package, _name, _module)
+    exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
+sys.modules[_bundle["package"] + ".agent"].main()
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def agent_bundle() -> bytes:
+    """The host modules, length-prefixed, as the bootstrap reads them from stdin."""
+    here = Path(__file__).parent
+    modules = [(name, (here / f"{name}.py").read_text()) for name in MODULES]
+    body = json.dumps({"package": PACKAGE, "modules": modules}).encode()
+    return b"%012d" % len(body) + body

@@ -1,0 +1,91 @@
+"""Start jax.distributed the moment any code imports jax, so the first cell already sees the
+whole slice and users never write set-up code.
+
+Shipped to hosts: standard library only (see the package docstring); jax is imported only by
+the user's own ``import jax``, which this hook follows.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+
+from .io import quiet_thread
+
+
+class _AfterImportLoader(importlib.abc.Loader):
+    def __init__(self, inner, after) -> None:
+        self.inner, self.after = inner, after
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        self.after(module)
+
+
+class JaxStarter(importlib.abc.MetaPathFinder):
+    """Runs jax.distributed.initialize right after ``import jax``, once, with the slice's layout."""
+
+    def __init__(self, agent, config: dict) -> None:
+        self.agent, self.config = agent, config
+        self.started = threading.Event()
+        self.state = "not started"
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "jax" or self.started.is_set():
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _AfterImportLoader(spec.loader, self._initialize)
+        return spec
+
+    def _initialize(self, jax_module) -> None:
+        if self.started.is_set():
+            return
+        self.started.set()
+        self.state = "initializing"
+        self.agent.send_event("jax_starting")
+        import inspect
+        import jax.distributed as distributed
+
+        kwargs = dict(self.config.get("kwargs") or {})
+        accepted = inspect.signature(distributed.initialize).parameters
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+        if self.config.get("initialize", True):
+            try:
+                distributed.initialize(**kwargs)
+            except Exception as exc:
+                self.state = f"failed: {exc}"
+                self.agent.send_event("jax_failed", error=f"{type(exc).__name__}: {exc}")
+                raise
+        original = distributed.initialize
+
+        def initialize(*args, **kw):
+            """Already initialized by tpunb for this slice; calling it again is harmless."""
+            return None
+
+        initialize.__wrapped__ = original
+        distributed.initialize = initialize
+        self.state = "ready"
+        self.agent.send_event("jax_ready")
+
+    def start_in_background(self) -> None:
+        """Another host started JAX: join it now, or its initialize() would wait for us."""
+        if self.started.is_set() or "jax" in sys.modules:
+            return
+
+        def importer() -> None:
+            try:
+                import jax  # the import hook joins jax.distributed
+
+                jax.devices()  # and the backend: hosts exchange their topologies when it starts
+            except Exception:
+                pass
+
+        quiet_thread(importer, "tpunb-jax-start")
+
+

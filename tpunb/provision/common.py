@@ -1,0 +1,54 @@
+"""What every backend shares: the environment each host gets, and starting a built slice."""
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+from tpunb import report
+from tpunb.registry import Registry, SliceRecord
+
+if TYPE_CHECKING:
+    from tpunb.slice import Slice
+
+#: CPU collectives (gloo) print a line per communicator from C++ threads, unconditionally and
+#: sometimes interleaved: any line with these fragments is noise on a simulated slice (and on
+#: SSH hosts running JAX on CPU)
+GLOO_CHATTER = r"\[Gloo\]|peer ranks"
+
+
+def host_env(record: SliceRecord, index: int) -> dict[str, str]:
+    """What every host gets in its environment: where it sits in the slice, plus --env values."""
+    env = {"TPUNB_HOST_INDEX": str(index), "TPUNB_NUM_HOSTS": str(len(record.hosts)), "TPUNB_SLICE": record.name}
+    if record.accelerator:
+        env["TPUNB_ACCELERATOR"] = record.accelerator
+    return env
+
+
+def start(sl: "Slice", reg: Registry, started: float, ready: str | None = None) -> "Slice":
+    """Start every host; only a slice whose hosts all came up is recorded (owned by this kernel).
+    ``ready`` replaces the message said when it is up ("" says nothing)."""
+    try:
+        sl.connect()
+    except BaseException:
+        sl.close()
+        raise
+    sl.record.owner_pid, sl.record.state = os.getpid(), "running"
+    reg.save_slice(sl.record)
+    if ready != "":
+        report.info(ready or f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: "
+                             "run cells on it with %%on_tpu")
+    return sl
+
+
+def owner_alive(record: SliceRecord) -> bool:
+    """Another live process (a kernel) owns this slice's host sessions."""
+    if not record.owner_pid or record.owner_pid == os.getpid():
+        return False
+    try:
+        os.kill(record.owner_pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

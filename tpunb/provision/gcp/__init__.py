@@ -1,0 +1,210 @@
+"""Cloud TPU slices: the launch flow, and the backend functions every backend offers.
+
+``create`` makes a node (or queued resource) with progress, waits for READY, and connects to
+every worker over SSH; whatever fails or is interrupted after the node exists deletes it again.
+``survey`` lists the project's nodes once per zone for %tpu_status, which is also how nodes
+this registry does not know (orphans, still billed) are found.
+
+The parts: ``api`` is the one seam for every Cloud TPU call, ``node`` the cloud side of an
+attached slice, ``config`` the launch options and default project/zone, ``errors`` failures as
+one-line messages.
+"""
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import time
+
+from tpunb import catalog, report
+from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
+from tpunb.provision import ssh
+from tpunb.provision.gcp import api
+from tpunb.provision.gcp.config import CloudOptions, require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.node import CloudNode, price_per_hour
+from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.slice import Node, Slice
+from tpunb.status import HostRow
+
+
+def default_name(accelerator: catalog.Accelerator) -> str:
+    return f"tpunb-{accelerator.name}"
+
+
+def options(**given) -> CloudOptions:
+    return CloudOptions.from_kwargs(given)
+
+
+def configured() -> bool:
+    """A Google Cloud project is configured (flag, environment or gcloud): launches go to Cloud TPU."""
+    return resolve_project_zone(None, None)[0] is not None
+
+
+def create(name: str, accel: catalog.Accelerator, env: dict[str, str], reg: Registry, opts: CloudOptions) -> Slice:
+    """Create a Cloud TPU node, wait for READY with progress, connect to every worker over SSH.
+    Whatever fails or is interrupted after the node exists deletes it again."""
+    from tpunb.transport import keys
+    from tpunb.transport.ssh import forget_host_key
+    from tpunb.widgets.launch import LaunchProgress
+
+    project, zone = require_project_zone(opts.project, opts.zone)
+    catalog.check_zone(accel, zone)
+    key_path, public_key = keys.default_key()
+    opts = dataclasses.replace(opts, project=project, zone=zone, user=opts.user or getpass.getuser(),
+                               python=opts.python or "python3")
+    spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=opts.user,
+                        ssh_public_key=public_key)
+    record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
+                         spec={**_fields(opts), "key": str(key_path), "env_keys": sorted(env)})
+    reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
+    kind = "queued resource" if opts.queued else "node"
+    price = price_per_hour(accel, opts.spot)
+    progress = LaunchProgress(f"Launching {accel.name} {'spot ' if opts.spot else ''}{kind} {name!r} in "
+                              f"{project}/{zone} (backend gcp)", price)
+    started = time.perf_counter()
+    try:
+        info = api.create(spec, on_state=progress.state, timeout=opts.timeout or api.DEFAULT_TIMEOUT)
+    except KeyboardInterrupt:
+        reg.delete_slice(name)
+        message = f"launch of {name} interrupted: what it had created was deleted, nothing is left running"
+        progress.failed(message)
+        raise CellInterrupted(message) from None
+    except BaseException as exc:
+        reg.delete_slice(name)
+        progress.failed(f"failed: {exc}")
+        raise
+    sl = None
+    try:
+        record.hosts = [HostRecord(h.index, h.address(opts.internal_ip) if h.port == 22
+                                   else f"{h.address(opts.internal_ip)}:{h.port}", {"internal_ip": h.internal_ip})
+                        for h in info.hosts]
+        for host in info.hosts:  # a new VM has a new host key, even where an old one had its address
+            forget_host_key(host.address(opts.internal_ip), host.port, reg)
+        record.state = "running"
+        sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=_node(record, info))
+        sl.connect()
+        reg.save_slice(record)
+    except BaseException as exc:
+        if sl is not None:
+            sl.close()
+        try:
+            api.delete(project, zone, name, wait=True)
+        finally:
+            reg.delete_slice(name)
+        progress.failed(f"could not connect to the hosts, so {name} was deleted again: {exc}")
+        raise
+    cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
+    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: {len(record.hosts)} host"
+                  f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
+    return sl
+
+
+def _fields(opts: CloudOptions) -> dict:
+    """The options as plain values (what the registry keeps and NodeSpec takes)."""
+    return {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
+
+
+def recorded_options(record: SliceRecord) -> CloudOptions:
+    """The options a slice was launched with, from its record (for --recover)."""
+    names = {f.name for f in dataclasses.fields(CloudOptions)}
+    return CloudOptions(**{k: v for k, v in record.spec.items() if k in names and v is not None})
+
+
+def _node(record: SliceRecord, info: api.NodeInfo | None = None, watch: bool = True) -> CloudNode:
+    spec = record.spec
+    return CloudNode(record.name, record.accelerator, spec["project"], spec["zone"], bool(spec.get("spot")), info,
+                     watch=watch)
+
+
+def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
+    """The node's workers over SSH (agents not started); a lost node is said before any SSH error."""
+    node = _node(record)
+    try:
+        node.check()
+        return ssh.attach(record, reg, env, node=node)
+    except BaseException:
+        node.close()
+        raise
+
+
+def delete(record: SliceRecord) -> None:
+    """Delete the node and wait until it is gone (before the registry forgets it)."""
+    _node(record, watch=False).delete()
+
+
+def name_reusable(record: SliceRecord) -> bool:
+    """A recorded node may still exist (and bill): its name stays taken until %tpu_down."""
+    return False
+
+
+def detached_state(record: SliceRecord) -> str:
+    if record.state == "creating":
+        return "being created (or its launch was cut off: %tpu_down deletes it)"
+    return ssh.detached_state(record)
+
+
+def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions, list[str]]:
+    """Delete a lost (preempted, terminated) slice's node and forget it; what to launch again:
+    its accelerator, its options and the names of its --env values (never stored)."""
+    record = reg.get_slice(name)
+    if record is None:
+        raise NoSliceError(f"no slice named {name!r} to recover: see %tpu_status")
+    if record.backend != "gcp":
+        raise UsageError(f"{name!r} is a {record.backend} slice: %tpu_use {name} restarts it")
+    report.info(f"Recovering {name!r}: deleting its lost node, then launching {record.accelerator} again")
+    api.delete(record.spec["project"], record.spec["zone"], name, wait=True)
+    reg.delete_slice(name)
+    return catalog.lookup(record.accelerator), recorded_options(record), record.spec.get("env_keys", [])
+
+
+class Survey:
+    """One list call per project and zone in use (and the configured one, for orphans)."""
+
+    def __init__(self, records: list[SliceRecord]) -> None:
+        places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == "gcp"}
+        project, zone = resolve_project_zone(None, None)
+        if project and zone:
+            places.add((project, zone))
+        self.nodes: dict[tuple[str, str], dict[str, api.NodeInfo]] = {}
+        for place in sorted(places):
+            try:
+                self.nodes[place] = {info.name: info for info in api.list_nodes(*place)}
+            except TpunbError as exc:
+                report.warn(f"[tpunb] cannot list nodes in {place[0]}/{place[1]}: {exc}")
+
+    def node_status(self, record: SliceRecord, node: Node | None = None) -> dict:
+        """The cloud columns of a gcp record, refreshing its attached ``node``; {} for other backends."""
+        if record.backend != "gcp":
+            return {}
+        place = (record.spec.get("project"), record.spec.get("zone"))
+        if place not in self.nodes:
+            return node.status() if node is not None else {}
+        info = self.nodes[place].get(record.name)
+        cloud = node if isinstance(node, CloudNode) else _node(record, info, watch=False)
+        cloud.update(info)
+        return cloud.status()
+
+    def orphan_rows(self, known: set[str]) -> list[HostRow]:
+        """tpunb nodes the registry does not know: still billed, and %tpu_down can delete them."""
+        rows = []
+        for (project, zone), nodes in self.nodes.items():
+            for node_name, info in sorted(nodes.items()):
+                if node_name in known:
+                    continue
+                orphan = CloudNode(node_name, info.accelerator, project, zone, info.spot, info, watch=False)
+                rows.append(HostRow(slice=node_name, accelerator=info.accelerator, backend="gcp", host=None,
+                                    address=f"{project}/{zone}", **orphan.status(),
+                                    state=f"ORPHAN: not in this registry, still billed; %tpu_down {node_name} "
+                                          "deletes it"))
+        return rows
+
+
+def delete_orphan(name: str) -> bool:
+    """A tpunb node the registry does not know, in the configured project and zone: delete it."""
+    project, zone = resolve_project_zone(None, None)
+    if not (project and zone):
+        return False
+    info = api.get(project, zone, name)
+    if info is None or not info.tpunb_owned:
+        return False
+    return api.delete(project, zone, name, wait=True)

@@ -1,0 +1,136 @@
+"""How a Cloud TPU launch is configured: its options (one dataclass, which the magic, the API,
+the launch flow and the node spec all use), and the project and zone when the user did not say.
+
+Order, first hit wins for each of the two: explicit arguments (the magic's --project/--zone),
+the environment (GOOGLE_CLOUD_PROJECT or CLOUDSDK_CORE_PROJECT, CLOUDSDK_COMPUTE_ZONE), then
+gcloud's own configuration files, read directly (no gcloud subprocess: it takes a second and
+may not be installed). $CLOUDSDK_CONFIG moves gcloud's directory, as it does for gcloud.
+"""
+
+from __future__ import annotations
+
+import configparser
+import dataclasses
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpunb.errors import ProvisionError, UsageError
+
+
+def _option(help: str | None = None, flag: bool = True, **kw):
+    """A dataclass field with the help text %tpu_launch shows (``flag=False``: API only)."""
+    return field(metadata={"help": help, "flag": flag}, **kw)
+
+
+@dataclass(kw_only=True)
+class CloudOptions:
+    """Everything a Cloud TPU launch can be told besides the accelerator, its name and --env."""
+
+    project: str | None = _option("Google Cloud project (default: GOOGLE_CLOUD_PROJECT, then gcloud's config)",
+                                  default=None)
+    zone: str | None = _option("zone (default: CLOUDSDK_COMPUTE_ZONE, then gcloud's config)", default=None)
+    spot: bool = _option("spot capacity: cheaper, may be preempted", default=False)
+    runtime: str | None = _option("TPU runtime version (default: the generation's usual one)", default=None)
+    queued: bool = _option("create through a queued resource (waits for capacity)", default=False)
+    network: str | None = _option("VPC network", default=None)
+    subnetwork: str | None = _option("VPC subnetwork", default=None)
+    service_account: str | None = _option("service account email for the TPU VMs", default=None)
+    labels: dict[str, str] = _option("k=v,k=v added to the node's labels", default_factory=dict)
+    internal_ip: bool = _option("no external IPs: connect to the internal ones", default=False)
+    timeout: float | None = _option("give up (and delete the node) if not READY after S seconds", default=None)
+    user: str | None = _option("SSH user on the TPU VMs (default: yours)", default=None)
+    python: str | None = _option("Python >= 3.10 on the TPU VMs (default: python3)", default=None)
+    connect_wait: float = _option(flag=False, default=180.0)  # how long new VMs may take to start sshd
+
+    def __post_init__(self) -> None:
+        self.labels = parse_labels(self.labels)
+
+    @classmethod
+    def from_kwargs(cls, given: dict) -> "CloudOptions":
+        """Options from keyword arguments; an unknown name is a one-line error naming close ones."""
+        names = [f.name for f in dataclasses.fields(CloudOptions)]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], names, n=2)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else f"; options: {', '.join(names)}"
+            raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for backend "
+                             f"gcp{hint}")
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+    @classmethod
+    def flags(cls) -> list[dataclasses.Field]:
+        """The fields %tpu_launch offers as --flags."""
+        return [f for f in dataclasses.fields(CloudOptions) if f.metadata.get("flag")]
+
+
+def parse_labels(labels: str | dict | None) -> dict[str, str]:
+    """'team=ml,run=7' -> {'team': 'ml', 'run': '7'}."""
+    if not labels:
+        return {}
+    if isinstance(labels, dict):
+        return {str(k): str(v) for k, v in labels.items()}
+    out = {}
+    for pair in labels.split(","):
+        key, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(r"[a-z][-_a-z0-9]{0,62}", key.strip()):
+            raise UsageError(f"--labels takes k=v,k=v with lowercase keys, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def gcloud_config_dir() -> Path:
+    """gcloud's configuration directory: $CLOUDSDK_CONFIG or ~/.config/gcloud."""
+    return Path(os.environ.get("CLOUDSDK_CONFIG") or Path.home() / ".config" / "gcloud")
+
+
+def active_gcloud_config() -> configparser.ConfigParser | None:
+    """The active gcloud configuration (``configurations/config_NAME``), or None if absent."""
+    base = gcloud_config_dir()
+    name = os.environ.get("CLOUDSDK_ACTIVE_CONFIG_NAME", "").strip()
+    if not name:
+        try:
+            name = (base / "active_config").read_text(encoding="utf-8").strip()
+        except OSError:
+            name = ""
+    path = base / "configurations" / f"config_{name or 'default'}"
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        if not parser.read(path, encoding="utf-8"):
+            return None
+    except configparser.Error:
+        return None
+    return parser
+
+
+def resolve_project_zone(
+    project: str | None = None, zone: str | None = None
+) -> tuple[str | None, str | None]:
+    """(project, zone) from arguments, then environment, then gcloud's config; None where unknown."""
+    project = (
+        project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("CLOUDSDK_CORE_PROJECT") or None
+    )
+    zone = zone or os.environ.get("CLOUDSDK_COMPUTE_ZONE") or None
+    if project is None or zone is None:
+        config = active_gcloud_config()
+        if config is not None:
+            project = project or config.get("core", "project", fallback=None) or None
+            zone = zone or config.get("compute", "zone", fallback=None) or None
+    return project, zone
+
+
+def require_project_zone(project: str | None = None, zone: str | None = None) -> tuple[str, str]:
+    """Like resolve_project_zone, but a missing one is a one-line ProvisionError saying how to set it."""
+    project, zone = resolve_project_zone(project, zone)
+    if project is None:
+        raise ProvisionError(
+            "no Google Cloud project: pass --project, set GOOGLE_CLOUD_PROJECT, "
+            "or run `gcloud config set project PROJECT`"
+        )
+    if zone is None:
+        raise ProvisionError(
+            "no zone: pass --zone, set CLOUDSDK_COMPUTE_ZONE, or run `gcloud config set compute/zone ZONE`"
+        )
+    return project, zone

@@ -1,0 +1,118 @@
+"""The cloud side of a slice whose hosts are a Cloud TPU node: its state, a preemption watch,
+its price, its end.
+
+Before each cell the Slice asks ``check()``: if the node was preempted or terminated, the cell
+fails with a line that says so and what to do, instead of a confusing SSH error. A background
+thread refreshes the state every ``TPUNB_WATCH_INTERVAL`` seconds (30 by default) so that a
+preemption is noticed (and said once) even while nobody runs a cell.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from tpunb import catalog, report
+from tpunb.errors import ProvisionError, TpunbError
+from tpunb.provision.gcp import api
+from tpunb.slice import Node
+
+FRESH_SECONDS = 10.0  # a state this recent is trusted before a cell without asking the API again
+
+
+def price_per_hour(accelerator: catalog.Accelerator, spot: bool) -> float | None:
+    """The slice's list price, or None for a generation without a public one."""
+    try:
+        return accelerator.price_per_hour(spot)
+    except TpunbError:
+        return None
+
+
+def watch_interval() -> float:
+    return float(os.environ.get("TPUNB_WATCH_INTERVAL", "30"))
+
+
+class CloudNode(Node):
+    """One node (or queued resource) in one project and zone, watched while the slice is attached."""
+
+    def __init__(self, name: str, accelerator: str, project: str, zone: str, spot: bool,
+                 info: api.NodeInfo | None = None, watch: bool = True) -> None:
+        self.name, self.project, self.zone, self.spot = name, project, zone, spot
+        self.accelerator = catalog.lookup(accelerator)
+        self.info = info
+        self.checked_at = time.monotonic() if info is not None else 0.0
+        self._reported = False
+        self._stop = threading.Event()
+        if watch:
+            threading.Thread(target=self._watch, daemon=True, name=f"tpunb-watch-{name}").start()
+
+    @property
+    def price_per_hour(self) -> float | None:
+        return price_per_hour(self.accelerator, self.spot)
+
+    def refresh(self) -> api.NodeInfo | None:
+        return self.update(api.get(self.project, self.zone, self.name))
+
+    def update(self, info: api.NodeInfo | None) -> api.NodeInfo | None:
+        """Take a state the caller already has (one list call covers every node of a zone)."""
+        self.info = info
+        self.checked_at = time.monotonic()
+        return info
+
+    def lost_reason(self) -> str | None:
+        """Why the node's hosts are gone for good (preempted, deleted...), or None if they are not."""
+        info = self.info
+        if info is None:
+            return f"its node {self.name} no longer exists in {self.project}/{self.zone}"
+        if info.lost:
+            state = info.state or info.queued_state
+            why = " (spot capacity was reclaimed)" if self.spot and state == "PREEMPTED" else ""
+            return f"its node is {state}{why}"
+        return None
+
+    def check(self) -> None:
+        if time.monotonic() - self.checked_at > FRESH_SECONDS:
+            try:
+                self.refresh()
+            except ProvisionError:
+                return  # the API is unreachable: let the cell try the hosts themselves
+        reason = self.lost_reason()
+        if reason:
+            self._reported = True
+            raise ProvisionError(f"slice {self.name} cannot run cells: {reason}. Relaunch it with "
+                                 f"%tpu_launch --recover {self.name}, or delete it with %tpu_down {self.name}")
+
+    def explain_deaths(self) -> str | None:
+        try:
+            self.refresh()
+        except TpunbError:
+            return None
+        reason = self.lost_reason()
+        return f"slice {self.name}: {reason}; relaunch it with %tpu_launch --recover {self.name}" if reason else None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(watch_interval()):
+            try:
+                self.refresh()
+            except Exception:  # a passing API error: try again next round
+                continue
+            reason = self.lost_reason()
+            if reason and not self._reported:
+                self._reported = True
+                report.warn(f"[tpunb] slice {self.name}: {reason}. %tpu_launch --recover {self.name} relaunches it; "
+                            f"%tpu_down {self.name} deletes it")
+
+    def status(self) -> dict:
+        info = self.info
+        uptime = info.uptime() if info is not None else None
+        return {"cloud_state": (info.state or info.queued_state) if info else "GONE",
+                "health": info.health if info else None,
+                "uptime_s": round(uptime, 1) if uptime is not None else None,
+                "usd_per_hour": self.price_per_hour}
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def delete(self) -> None:
+        self.close()
+        api.delete(self.project, self.zone, self.name, wait=True)

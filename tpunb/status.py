@@ -1,0 +1,53 @@
+"""Status rows: one per host of every slice (and per orphaned cloud node), as dataclasses.
+
+``%tpu_status``, the widgets and the Jupyter server extension all read these rows; whoever
+shows them turns them into a DataFrame (``frame``) or JSON (``dataclasses.asdict``). Nothing
+here fetches anything: the slices, the registry and the backends fill the rows in.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    import pandas
+
+#: the cloud columns: dropped from the DataFrame when no row is on Cloud TPU (empty noise)
+CLOUD_COLUMNS = ("cloud_state", "health", "usd_per_hour")
+
+
+@dataclass
+class HostRow:
+    slice: str
+    accelerator: str
+    backend: str
+    host: int | None
+    address: str | None
+    state: str
+    current: bool = False
+    cloud_state: str | None = None
+    health: str | None = None
+    usd_per_hour: float | None = None
+    pid: int | None = None
+    runner: str | None = None
+    uptime_s: float | None = None
+
+
+COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "host", "address", "state", "pid",
+           "runner", "uptime_s"]
+
+
+def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
+    """The rows as %tpu_status shows them: the current slice starred, cloud columns only if needed."""
+    import pandas as pd
+
+    records = []
+    for row in rows:
+        record = dataclasses.asdict(row)
+        record["current"] = "*" if row.current else ""
+        records.append(record)
+    table = pd.DataFrame(records, columns=COLUMNS)
+    if not (table["backend"] == "gcp").any():
+        table = table.drop(columns=list(CLOUD_COLUMNS))
+    return table
