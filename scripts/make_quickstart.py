@@ -30,6 +30,18 @@ cells = [
     new_code_cell("scale = 10\n%tpu_push scale"),
     new_code_cell("%%on_tpu\nscaled = float(jnp.sum(x)) * scale + jax.process_index()"),
     new_code_cell("%tpu_pull scaled"),
+    new_markdown_cell(
+        "Every host samples its CPU, memory and accelerator memory once a second, and cells can log their own "
+        "metrics with `tpunb.log(step, name=value)`. `%tpu_metrics` shows them live, per host, while cells run "
+        "(a widget in JupyterLab, Notebook, VS Code and Colab); a host that lags or sits idle is called out. "
+        "`Slice.metrics()` returns every sample as a DataFrame."),
+    new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_metrics"),
+    new_code_cell("%%on_tpu\nimport time, tpunb\nfor step in range(20):\n"
+                  "    loss = float(jnp.sum(x)) / (step + 1) / (1 + jax.process_index())\n"
+                  "    tpunb.log(step, loss=loss)\n    time.sleep(0.1)"),
+    new_code_cell("import time, tpunb\nsl = tpunb.current()\nwhile (sl.metrics().metric == 'loss').sum() < 40:  # both hosts' 20 steps\n"
+                  "    time.sleep(0.1)\nlosses = sl.metrics().query(\"metric == 'loss'\")\n"
+                  "losses.pivot(index='step', columns='host', values='value').tail(3)"),
     new_markdown_cell("An error on any host fails the cell (so *Run all* stops) and shows that host's own "
                       "traceback, labelled. The same error from several hosts is shown once."),
     new_code_cell("%%on_tpu\ndef step(batch):\n    return batch / (jax.process_index() - 1)\n\nstep(1.0)",

@@ -28,7 +28,7 @@ def test_plain_runner_without_ipython():
 def test_protocol_version_mismatch_is_refused(monkeypatch):
     monkeypatch.setattr(protocol, "PROTOCOL_VERSION", 999)
     session = Session([LocalTransport("local:0")], lambda i: {"env": {}})
-    with pytest.raises(ProtocolError, match="agent protocol v1, this tpunb speaks v999"):
+    with pytest.raises(ProtocolError, match="agent protocol v2, this tpunb speaks v999"):
         session.start()
 
 
@@ -44,3 +44,30 @@ def test_frames_round_trip():
 
     assert protocol.read_frame(read_exact) == ({"op": "x", "text": "é"}, b"\x00blob")
     assert protocol.read_frame(read_exact) is None
+
+
+def test_tpunb_log_works_on_a_host_without_tpunb(tmp_path):
+    """A host with only the agent (python -S: no site-packages, so no tpunb, no IPython)."""
+    import queue
+    import sys
+
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    session = Session([LocalTransport("local:0", python=str(bare))],
+                      lambda i: {"env": {}, "cwd": str(tmp_path), "metrics": {"interval": 0.1}})
+    frames: queue.Queue = queue.Queue()
+    session.on_metrics = lambda host, message: frames.put(message)
+    session.start()
+    try:
+        assert session.hosts[0].info["runner"] == "plain"
+        result = session.execute("import tpunb\ntpunb.log(3, loss=0.25)\ntpunb.__doc__", [0])[0]
+        assert result.status == "ok" and "only tpunb.log" in result.value["text/plain"]
+        while True:
+            samples = frames.get(timeout=20)["samples"]
+            logged = [s for s in samples if s[1] == "loss"]
+            if logged:
+                break
+        assert logged[0][2:] == [0.25, None, 3]
+    finally:
+        session.close()

@@ -142,6 +142,17 @@ def kernel_colors() -> str | None:
     return str(getattr(shell, "colors", None) or "Neutral")
 
 
+def kernel_cell_number() -> int | None:
+    """The number of the notebook cell running now, so a host's traceback says ``Cell In[5]``
+    for the cell the user sees as [5]; None outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return getattr(shell, "execution_count", None) if shell is not None else None
+
+
 def _ipython_display(data: dict, metadata: dict | None = None) -> None:
     from IPython.display import display
 

@@ -153,6 +153,29 @@ class TpuMagics(Magics):
         else:
             print(f"{args.name or 'no slices'}: nothing to delete (already down)")
 
+    @magic_arguments()
+    @argument("metrics", nargs="*", help="metrics to show (default: CPU, memory, HBM, duty cycle and every "
+                                         "metric cells log with tpunb.log)")
+    @argument("--slice", dest="slice_name", default=None)
+    @argument("--interval", type=float, default=None, help="seconds between samples on every host (0: off)")
+    @line_magic
+    def tpu_metrics(self, line: str):
+        """Live metrics of every host, updated while cells run: %tpu_metrics [--interval S] [METRIC ...]."""
+        from tpunb.widgets.launch import in_widget_frontend
+        from tpunb.widgets.metrics import MetricsView, render_text
+
+        args = _parse(self.tpu_metrics, line)
+        sl = slices.current(args.slice_name)
+        if args.interval is not None:
+            sl.set_metrics_interval(args.interval)
+        hosts = f"{sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}"
+        title = f"{sl.name}, {hosts}" if sl.name == sl.kind else f"{sl.name} ({sl.kind}, {hosts})"
+        if not in_widget_frontend():
+            print(render_text(title, sl.metrics_store, sl.num_hosts, args.metrics or None, sl.metrics_interval))
+            return None
+        return MetricsView(title, sl.metrics_store, sl.metrics_feed, sl.num_hosts, args.metrics or None,
+                           sl.metrics_interval)
+
     @line_magic
     def tpu_status(self, line: str):
         """Slices and their hosts as a DataFrame."""

@@ -37,6 +37,15 @@ CREATE TABLE IF NOT EXISTS host_keys (
     added REAL NOT NULL,
     PRIMARY KEY (host, port)
 );
+CREATE TABLE IF NOT EXISTS latest_metrics (
+    slice TEXT NOT NULL,
+    host INTEGER NOT NULL,
+    metric TEXT NOT NULL,
+    chip INTEGER NOT NULL DEFAULT -1,
+    value REAL,
+    time REAL NOT NULL,
+    PRIMARY KEY (slice, host, metric, chip)
+);
 """
 
 
@@ -72,6 +81,7 @@ class Registry:
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path else tpunb_home() / "registry.db"
         with self._connect() as db:
+            db.execute("PRAGMA journal_mode=WAL")  # kernels write metrics while a server reads
             db.executescript(SCHEMA)
         os.chmod(self.path, 0o600)
 
@@ -113,6 +123,7 @@ class Registry:
     def delete_slice(self, name: str) -> bool:
         with self._connect() as db:
             db.execute("DELETE FROM hosts WHERE slice = ?", (name,))
+            db.execute("DELETE FROM latest_metrics WHERE slice = ?", (name,))
             return db.execute("DELETE FROM slices WHERE name = ?", (name,)).rowcount > 0
 
     @staticmethod
@@ -123,6 +134,21 @@ class Registry:
             spec=json.loads(row["spec"]),
             hosts=[HostRecord(h["idx"], h["address"], json.loads(h["info"])) for h in hosts],
         )
+
+    # The latest metric values per host, published by the kernel that owns a slice, for readers
+    # in other processes (the JupyterLab sidebar's server, %tpu_status in another kernel).
+    def save_latest_metrics(self, name: str, rows: list[tuple[int, str, int | None, float, float]]) -> None:
+        """Replace ``name``'s rows with (host, metric, chip, value, time) tuples."""
+        with self._connect() as db:
+            db.execute("DELETE FROM latest_metrics WHERE slice = ?", (name,))
+            db.executemany("INSERT INTO latest_metrics VALUES (?, ?, ?, ?, ?, ?)",
+                           [(name, h, m, -1 if c is None else c, v, t) for h, m, c, v, t in rows])
+
+    def latest_metrics(self, name: str) -> list[tuple[int, str, int | None, float, float]]:
+        with self._connect() as db:
+            rows = db.execute("SELECT host, metric, chip, value, time FROM latest_metrics WHERE slice = ? "
+                              "ORDER BY host, metric, chip", (name,)).fetchall()
+        return [(r["host"], r["metric"], None if r["chip"] == -1 else r["chip"], r["value"], r["time"]) for r in rows]
 
     # Known host keys (trust on first use, checked on every later connection).
     def get_host_key(self, host: str, port: int) -> tuple[str, str] | None:

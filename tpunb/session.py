@@ -181,6 +181,7 @@ class Session:
         self.jax_started = False
         self._cells = itertools.count(1)  # one number per cell, the same on every host
         self.colors: str | None = None  # the traceback colour scheme hosts use (the kernel's)
+        self.on_metrics: Callable[[int, dict], None] | None = None  # (host, metrics frame)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, indices: Iterable[int] | None = None) -> None:
@@ -216,6 +217,10 @@ class Session:
 
     # -- routing ------------------------------------------------------------------------------
     def _route(self, index: int, message: dict, blob: bytes) -> None:
+        if message.get("op") == "metrics":  # samples belong to no request: straight to the slice's store
+            if self.on_metrics is not None:
+                self.on_metrics(index, message)
+            return
         if message.get("op") == "event" and message.get("kind") == "jax_starting":
             self._start_jax_everywhere(index)
         if message.get("op") == "died":
@@ -253,17 +258,18 @@ class Session:
 
     # -- cells --------------------------------------------------------------------------------
     def execute(self, code: str, indices: list[int], timeout: float | None = None,
-                sink: OutputSink | None = None, shell: bool = False) -> dict[int, HostResult]:
+                sink: OutputSink | None = None, shell: bool = False, count: int | None = None) -> dict[int, HostResult]:
         """Run ``code`` on these hosts at once; per-host results, whatever happened.
 
         Raises CellInterrupted (carrying the results) only when the kernel itself is
-        interrupted; timeouts and dead hosts are reported in the results.
+        interrupted; timeouts and dead hosts are reported in the results. ``count`` names the
+        cell on every host alike (the notebook's cell number; by default the session's own).
         """
         sink = sink or OutputSink()
         results = {i: HostResult(i) for i in indices}
         rid, waiter = self._request()
         pending = set()
-        request = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code, "count": next(self._cells),
+        request = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code, "count": count or next(self._cells),
                                                                     "colors": self.colors}
         try:
             for i in indices:

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb import catalog, report
-from tpunb.display import CellOutput, HostLogs, MODES, format_hosts, kernel_colors
+from tpunb.display import CellOutput, HostLogs, MODES, format_hosts, kernel_cell_number, kernel_colors
 from tpunb.errors import CellInterrupted, UsageError
+from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
 from tpunb.session import OutputSink, Session
 from tpunb.status import HostRow
 from tpunb.transport.base import Transport
+
+if TYPE_CHECKING:
+    import pandas
 
 
 class Node:
@@ -84,6 +88,11 @@ class Slice:
         self._pick_port = coordinator_port
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host)
+        #: seconds between two samples on every host (0: sampling off); see set_metrics_interval
+        self.metrics_interval = 1.0
+        self.metrics_store = MetricsStore(len(transports))
+        self.session.on_metrics = self.metrics_store.add
+        self.metrics_feed = MetricsFeed(self.metrics_store, registry, record.name)
         self.logs = HostLogs(tpunb_home() / "logs" / record.name)
         self.last_result: RunResult | None = None
         self.started_at = time.time()
@@ -115,7 +124,7 @@ class Slice:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _init_for_host(self, index: int) -> dict:
-        return self._host_init(index, self._coordinator_port)
+        return {"metrics": {"interval": self.metrics_interval}, **self._host_init(index, self._coordinator_port)}
 
     def connect(self, hosts: list[int] | None = None) -> None:
         """Start the agents (all hosts, or these); a fresh JAX coordinator port for a full start."""
@@ -124,6 +133,7 @@ class Slice:
             self.session.jax_started = False
             hosts = None
         self.session.start(hosts)
+        self.metrics_feed.start()
 
     def revive(self) -> list[int]:
         """Restart hosts whose agent died; returns the restarted hosts.
@@ -149,6 +159,7 @@ class Slice:
 
     def close(self) -> None:
         """End the host sessions (and the cloud watch); the slice itself stays, for %tpu_use."""
+        self.metrics_feed.stop()
         self.session.close()
         self.logs.close()
         self.node.close()
@@ -190,7 +201,7 @@ class Slice:
         self.logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
         try:
-            results = self.session.execute(code, indices, timeout, sink, shell=shell)
+            results = self.session.execute(code, indices, timeout, sink, shell=shell, count=kernel_cell_number())
         except CellInterrupted as exc:
             sink.finish()
             result = self.last_result = RunResult(exc.results)
@@ -256,6 +267,25 @@ class Slice:
         replies = self.session.pull([name], parse_hosts(hosts, self.num_hosts))
         return {host: values[name] for host, values in replies.items()}
 
+    # -- metrics ------------------------------------------------------------------------------
+    def metrics(self, since: Any = None) -> "pandas.DataFrame":
+        """Every sample kept so far, one row each: time, host, metric, value, chip, step.
+
+        Host metrics (cpu_percent, process_cpu_percent, memory_used_bytes, memory_total_bytes,
+        rss_bytes), per chip (hbm_used_bytes, hbm_total_bytes, duty_cycle_percent where the
+        hardware reports them) and whatever cells log with ``tpunb.log(step, name=value)``.
+        ``since``: a datetime, epoch seconds, or negative seconds back from now."""
+        return self.metrics_store.frame(since)
+
+    def set_metrics_interval(self, seconds: float) -> None:
+        """Sample every ``seconds`` on every host from now on (0 turns sampling off)."""
+        if seconds < 0:
+            raise UsageError(f"the metrics interval is a number of seconds >= 0, not {seconds}")
+        self.metrics_interval = float(seconds)
+        for host in self.session.hosts:
+            if host.alive:
+                host.send({"op": "metrics_interval", "seconds": self.metrics_interval})
+
     # -- status -------------------------------------------------------------------------------
     def status_rows(self, current: bool = False) -> list[HostRow]:
         """One row per host, live: what %tpu_status, widgets and the server show."""
@@ -264,10 +294,14 @@ class Slice:
         for host in self.session.hosts:
             record = self.record.hosts[host.index] if host.index < len(self.record.hosts) else None
             uptime = round(time.time() - host.started_at, 1) if host.alive and host.started_at else None
+            latest = self.metrics_store.latest_value
             rows.append(HostRow(
                 slice=self.name, current=current, accelerator=self.kind, backend=self.backend, host=host.index,
                 address=record.address if record else host.transport.address,
                 state="running" if host.alive else "dead", pid=host.info.get("pid"), runner=host.info.get("runner"),
+                cpu_percent=latest(host.index, "cpu_percent"), rss_bytes=latest(host.index, "rss_bytes"),
+                memory_used_bytes=latest(host.index, "memory_used_bytes"),
+                hbm_used_bytes=latest(host.index, "hbm_used_bytes"),
                 **{"uptime_s": uptime, **node}))
         return rows
 

@@ -265,7 +265,8 @@ def host_rows() -> list[HostRow]:
     with a Google Cloud project configured, also tpunb nodes the registry does not know."""
     rows: list[HostRow] = []
     current_name = _current[0] if _current else None
-    records = registry().list_slices()
+    reg = registry()
+    records = reg.list_slices()
     survey = provision.gcp.Survey(records)  # no API call unless a cloud slice or a project is configured
     for record in records:
         sl = _attached.get(record.name)
@@ -275,10 +276,12 @@ def host_rows() -> list[HostRow]:
             continue
         cloud = survey.node_status(record)
         state = provision.backend(record.backend).detached_state(record)
+        latest = reg.latest_metrics(record.name)  # published by the kernel that owns the slice
         for host in record.hosts or [None]:
-            rows.append(HostRow(slice=record.name, accelerator=record.accelerator, backend=record.backend,
-                                host=host.index if host else None, address=host.address if host else None,
-                                state=state, **cloud))
+            rows.append(status_rows.with_latest_metrics(HostRow(
+                slice=record.name, accelerator=record.accelerator, backend=record.backend,
+                host=host.index if host else None, address=host.address if host else None, state=state, **cloud),
+                latest))
     rows.extend(survey.orphan_rows({r.name for r in records}))
     return rows
 

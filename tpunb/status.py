@@ -32,10 +32,16 @@ class HostRow:
     pid: int | None = None
     runner: str | None = None
     uptime_s: float | None = None
+    cpu_percent: float | None = None
+    rss_bytes: float | None = None
+    memory_used_bytes: float | None = None
+    hbm_used_bytes: float | None = None  # all chips of the host
 
 
+#: latest metrics: dropped from the DataFrame when no host has reported any
+METRIC_COLUMNS = ("cpu_percent", "rss_bytes", "memory_used_bytes", "hbm_used_bytes")
 COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "host", "address", "state", "pid",
-           "runner", "uptime_s"]
+           "runner", "uptime_s", *METRIC_COLUMNS]
 
 
 def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
@@ -50,4 +56,14 @@ def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
     table = pd.DataFrame(records, columns=COLUMNS)
     if not (table["backend"] == "gcp").any():
         table = table.drop(columns=list(CLOUD_COLUMNS))
-    return table
+    empty = [c for c in METRIC_COLUMNS if table[c].isna().all()]
+    return table.drop(columns=empty)
+
+
+def with_latest_metrics(row: HostRow, latest: list[tuple[int, str, int | None, float, float]]) -> HostRow:
+    """Fill a row's metric columns from the registry's latest values (a slice another kernel runs)."""
+    values: dict[str, float] = {}
+    for host, metric, _chip, value, _time in latest:
+        if host == row.host and metric in METRIC_COLUMNS:
+            values[metric] = values.get(metric, 0.0) + value
+    return dataclasses.replace(row, **values)

@@ -23,6 +23,7 @@ import time
 from . import protocol
 from .io import Channel, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
+from .metrics import Sampler, install_log_shim
 from .runners import PlainRunner, flush_figures, make_ipython_runner, prefer_inline_matplotlib
 
 
@@ -36,6 +37,7 @@ class Agent:
         self.runner = None
         self.pump = None
         self.jax = None
+        self.sampler = None
 
     # -- frames out ---------------------------------------------------------------------
     def send(self, message: dict, blob: bytes = b"") -> None:
@@ -98,6 +100,11 @@ class Agent:
                 runner_error = f"{type(exc).__name__}: {exc}"
         if self.runner is None:
             self.runner = PlainRunner(self)
+        install_log_shim()
+        interval = float((init.get("metrics") or {}).get("interval", 1.0))
+        if interval > 0:
+            self.sampler = Sampler(self.send, interval)
+            self.sampler.start()
         quiet_thread(self._read_loop, "tpunb-reader")
         self.send({"op": "ready", "runner": self.runner.kind, "runner_error": runner_error})
 
@@ -124,8 +131,22 @@ class Agent:
             elif op == "start_jax":
                 if self.jax is not None:
                     self.jax.start_in_background()
+            elif op == "metrics_interval":
+                self._set_metrics_interval(float(message.get("seconds", 1.0)))
             else:
                 self.requests.put((message, blob))
+
+    def _set_metrics_interval(self, seconds: float) -> None:
+        """0 stops sampling; anything else (re)starts it at that period."""
+        if seconds <= 0:
+            if self.sampler is not None:
+                self.sampler.stop()
+                self.sampler = None
+        elif self.sampler is None:
+            self.sampler = Sampler(self.send, seconds)
+            self.sampler.start()
+        else:
+            self.sampler.set_interval(seconds)
 
     def _interrupt(self) -> None:
         """What Ctrl-C in a terminal does: SIGINT to the running code and to its child processes."""
