@@ -34,7 +34,16 @@ def execute(client, code: str, on_output=None, timeout: float = 120):
                 on_output(msg["content"])
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    return client.get_shell_msg(timeout=timeout)["content"], outputs
+    return shell_reply(client, msg_id, timeout)["content"], outputs
+
+
+def shell_reply(client, msg_id: str, timeout: float) -> dict:
+    """The reply to msg_id: a loaded machine makes start_new_kernel ask kernel_info twice, and
+    the extra reply waits on the shell channel ahead of ours."""
+    while True:
+        msg = client.get_shell_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
 
 
 def test_kernel_interrupt_reaches_every_host_within_a_second(kernel):

@@ -151,6 +151,10 @@ def launch(accelerator: str | None = None, name: str | None = None, backend: str
         return _recover(recover, env)
     if not accelerator:
         raise UsageError("name an accelerator, e.g. v4-16, or --recover NAME")
+    if accelerator == "local":  # this machine's own TPU chips, e.g. a Colab TPU runtime (tpunb.colab)
+        from tpunb import colab
+
+        return colab.launch_own_tpu(name, parse_env(env), backend, options)
     accel = catalog.lookup(accelerator)
     backend = backend or default_backend(options.get("project"))
     if backend not in BACKENDS:

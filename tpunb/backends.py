@@ -28,9 +28,16 @@ def local_slice(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slic
     """Host processes on this machine, each seeing its share of the slice's chips as JAX CPU devices."""
     accelerator = catalog.lookup(record.accelerator)
     num_hosts = len(record.hosts)
+    if record.spec.get("own_tpu"):  # %tpu_launch local: the machine's real chips (tpunb.colab)
+        from tpunb import colab
+
+        colab.check_tpu_free()
+        jax_env = colab.own_tpu_environment()
+    else:
+        jax_env = local.host_environment(accelerator)
 
     def host_init(index: int, coordinator_port: int) -> dict:
-        variables = {**host_env(record, index), **local.host_environment(accelerator), **env}
+        variables = {**host_env(record, index), **jax_env, **env}
         return {"env": variables, "cwd": os.getcwd(), "jax": local.jax_settings(num_hosts, index, coordinator_port),
                 "drop_output": local.GLOO_CHATTER}
 

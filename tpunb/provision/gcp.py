@@ -185,7 +185,7 @@ def _default_credentials() -> Any:
     try:
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     except DefaultCredentialsError:
-        raise gcp_errors.tagged(gcp_errors.CREDENTIALS_MESSAGE, "credentials") from None
+        raise gcp_errors.tagged(gcp_errors.credentials_message(), "credentials") from None
     return credentials
 
 
@@ -213,7 +213,7 @@ def _translate(exc: BaseException, ctx: gcp_errors.Context) -> ProvisionError:
 
     if isinstance(exc, GoogleAuthError):
         return gcp_errors.tagged(
-            f"{gcp_errors.CREDENTIALS_MESSAGE} ({gcp_errors.one_line(str(exc), 120)})", "credentials"
+            f"{gcp_errors.credentials_message()} ({gcp_errors.one_line(str(exc), 120)})", "credentials"
         )
     return gcp_errors.error(gcp_errors.from_exception(exc), ctx)
 
