@@ -41,7 +41,8 @@ def _usage(magic) -> str:
 @magics_class
 class TpuMagics(Magics):
     @magic_arguments()
-    @argument("accelerator", nargs="?", default=None, help="accelerator type, e.g. v4-16, v5litepod-8, v6e-16")
+    @argument("accelerator", nargs="?", default=None,
+              help="accelerator type, e.g. v4-16, v5litepod-8, v6e-16; or local: this machine's own TPU (Colab)")
     @argument("--name", help="slice name (default: the accelerator type)")
     @argument("--backend", choices=slices.BACKENDS,
               help="gcp (Cloud TPU) when a project is configured, else local (simulated here)")

@@ -11,7 +11,7 @@ import os
 import re
 from typing import Any
 
-from tpunb import catalog, provision, report, status as status_rows
+from tpunb import catalog, colab, provision, report, status as status_rows
 from tpunb.errors import NoSliceError, TpunbError, UsageError
 from tpunb.provision.common import start
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -128,6 +128,8 @@ def launch(accelerator: str | None = None, name: str | None = None, backend: str
         return _recover(recover, env)
     if not accelerator:
         raise UsageError("name an accelerator, e.g. v4-16, or --recover NAME")
+    if accelerator == colab.OWN_TPU:  # this machine's own TPU chips, e.g. a Colab TPU runtime
+        return _launch_own_tpu(name, env, backend, options)
     accel = catalog.lookup(accelerator)
     backend = backend or provision.default_backend(options.get("project"))
     if backend not in BACKENDS:
@@ -139,6 +141,19 @@ def launch(accelerator: str | None = None, name: str | None = None, backend: str
     reg = registry()
     name = _claim_name(name, maker.default_name(accel), reg)
     return _attach(maker.create(name, accel, values, reg, opts), values)
+
+
+def _launch_own_tpu(name: str | None, env: Any, backend: str | None, options: dict) -> Slice:
+    """``%tpu_launch local``: a one-host slice whose host process runs on this machine's own TPU."""
+    if backend not in (None, "local") or options:
+        raise UsageError(f"%tpu_launch {colab.OWN_TPU} runs on this machine's own TPU and takes only --name and "
+                         "--env; for Cloud TPU name an accelerator, e.g. %tpu_launch v5litepod-8 --backend gcp")
+    accel = colab.own_accelerator()
+    colab.check_tpu_free()
+    values = parse_env(env)
+    reg = registry()
+    name = _claim_name(name, colab.OWN_TPU, reg)
+    return _attach(provision.local.create(name, accel, values, reg, own_tpu=True), values)
 
 
 def _recover(name: str, env: Any) -> Slice:

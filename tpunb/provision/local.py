@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from tpunb import catalog, report
+from tpunb import catalog, colab, report
 from tpunb.catalog import Accelerator
 from tpunb.errors import UsageError
 from tpunb.provision.common import GLOO_CHATTER, host_env, owner_alive, start
@@ -31,12 +31,17 @@ def options(**given) -> None:
                          "local (cloud options need --backend gcp and a Google Cloud project)")
 
 
-def create(name: str, accelerator: Accelerator, env: dict[str, str], reg: Registry, opts: None = None) -> Slice:
-    """Start one host process per TPU host of ``accelerator``; the slice is recorded once all are up."""
+def create(name: str, accelerator: Accelerator, env: dict[str, str], reg: Registry, opts: None = None,
+           own_tpu: bool = False) -> Slice:
+    """Start one host process per TPU host of ``accelerator``; the slice is recorded once all are up.
+    ``own_tpu``: one host process on this machine's real TPU chips (a Colab TPU runtime), not simulated."""
     hosts = [HostRecord(i, "localhost", {"devices": accelerator.devices_per_host}) for i in range(accelerator.hosts)]
     record = SliceRecord(name=name, accelerator=accelerator.name, backend="local", state="running",
-                         owner_pid=os.getpid(), hosts=hosts)
-    report.info(f"Launching {accelerator.name} as a local simulated slice {name!r} (no Google Cloud project "
+                         owner_pid=os.getpid(), hosts=hosts, spec={"own_tpu": True} if own_tpu else {})
+    chips = f"{accelerator.devices_per_host} chip{'s' if accelerator.devices_per_host > 1 else ''}"
+    report.info(f"Launching {name!r} on this machine's own TPU ({accelerator.name}: 1 host x {chips}) ..."
+                if own_tpu else
+                f"Launching {accelerator.name} as a local simulated slice {name!r} (no Google Cloud project "
                 f"configured, or --backend local): {accelerator.hosts} host{'s' if accelerator.hosts > 1 else ''} "
                 f"x {accelerator.devices_per_host} JAX CPU devices ...")
     return start(attach(record, reg, env), reg, time.perf_counter())
@@ -50,9 +55,14 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
                          f"its host processes belong to that kernel; use it there or %tpu_down {record.name}")
     accelerator = catalog.lookup(record.accelerator)
     num_hosts = len(record.hosts)
+    if record.spec.get("own_tpu"):  # the machine's real chips (tpunb.colab): only one process may hold them
+        colab.check_tpu_free()
+        jax_env = colab.own_tpu_environment()
+    else:
+        jax_env = host_environment(accelerator)
 
     def host_init(index: int, coordinator_port: int) -> dict:
-        variables = {**host_env(record, index), **host_environment(accelerator), **env}
+        variables = {**host_env(record, index), **jax_env, **env}
         return {"env": variables, "cwd": os.getcwd(), "jax": jax_settings(num_hosts, index, coordinator_port),
                 "drop_output": GLOO_CHATTER}
 

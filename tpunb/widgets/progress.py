@@ -1,5 +1,5 @@
-"""Progress bars for long copies: tqdm.auto, so rate and ETA, the notebook widget in every
-front end with widgets (JupyterLab, Notebook, VS Code, Colab) and a text bar in terminals."""
+"""Progress bars for long copies: tqdm.auto, so rate and ETA, the notebook widget in every front
+end with widgets (JupyterLab, Notebook, VS Code, Colab) and a text bar in terminals."""
 from __future__ import annotations
 
 import contextlib
@@ -8,12 +8,16 @@ from typing import Callable, Iterator
 
 @contextlib.contextmanager
 def byte_progress(description: str) -> Iterator[Callable[[int, int], None]]:
-    """A bar for ``update(done_bytes, total_bytes)`` calls; closed when the block ends."""
+    """A bar for ``update(done_bytes, total_bytes)`` calls, shown at the first one (a copy that
+    has nothing to do shows none) and closed when the block ends."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(desc=description, unit="B", unit_scale=True, unit_divisor=1024, total=0, leave=True)
+    bars: list = []
 
     def update(done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(desc=description, unit="B", unit_scale=True, unit_divisor=1024, total=total, leave=True))
+        bar = bars[0]
         if bar.total != total:
             bar.total = total
         bar.update(done - bar.n)
@@ -21,4 +25,5 @@ def byte_progress(description: str) -> Iterator[Callable[[int, int], None]]:
     try:
         yield update
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()

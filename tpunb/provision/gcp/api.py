@@ -178,7 +178,7 @@ def _default_credentials() -> Any:
     try:
         credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
     except DefaultCredentialsError:
-        raise ProvisionError(gcp_errors.CREDENTIALS_MESSAGE, "credentials") from None
+        raise ProvisionError(gcp_errors.credentials_message(), "credentials") from None
     return credentials
 
 
@@ -206,7 +206,7 @@ def _translate(exc: BaseException, ctx: gcp_errors.Context) -> ProvisionError:
 
     if isinstance(exc, GoogleAuthError):
         return ProvisionError(
-            f"{gcp_errors.CREDENTIALS_MESSAGE} ({gcp_errors.one_line(str(exc), 120)})", "credentials"
+            f"{gcp_errors.credentials_message()} ({gcp_errors.one_line(str(exc), 120)})", "credentials"
         )
     return gcp_errors.error(gcp_errors.from_exception(exc), ctx)
 

@@ -125,6 +125,10 @@ def require_project_zone(project: str | None = None, zone: str | None = None) ->
     """Like resolve_project_zone, but a missing one is a one-line ProvisionError saying how to set it."""
     project, zone = resolve_project_zone(project, zone)
     if project is None:
+        from tpunb import colab
+
+        if colab.in_colab():
+            raise ProvisionError(f"no Google Cloud project: pass --project, or {colab.SIGN_IN}")
         raise ProvisionError(
             "no Google Cloud project: pass --project, set GOOGLE_CLOUD_PROJECT, "
             "or run `gcloud config set project PROJECT`"

@@ -21,6 +21,14 @@ CREDENTIALS_MESSAGE = (
     "(in Colab: `from google.colab import auth; auth.authenticate_user()`)"
 )
 
+
+def credentials_message() -> str:
+    """The missing-credentials line; in Colab it names tpunb.colab.authenticate()."""
+    from tpunb import colab
+
+    return f"no Google Cloud credentials: {colab.SIGN_IN}" if colab.in_colab() else CREDENTIALS_MESSAGE
+
+
 _GRPC_STATUS = {
     1: "CANCELLED",
     2: "UNKNOWN",
@@ -183,7 +191,7 @@ def _api_disabled(f: Failure, ctx: Context) -> str:
 
 
 def _credentials(f: Failure, ctx: Context) -> str:
-    return f"{CREDENTIALS_MESSAGE}; the API said: {f.message}"
+    return f"{credentials_message()}; the API said: {f.message}"
 
 
 def _permission(f: Failure, ctx: Context) -> str:
