@@ -105,3 +105,27 @@ def test_python_api_mirrors_the_magics():
         tpunb.current()
     with pytest.raises(UsageError):
         tpunb.launch("v4-8", backend="nowhere")
+
+
+def test_down_all_deletes_every_slice_it_can_and_names_the_one_it_cannot(cell, isolated_home):
+    import subprocess
+    import sys
+
+    from tpunb.registry import HostRecord, SliceRecord
+
+    other_kernel = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        reg = Registry(isolated_home / "registry.db")
+        reg.save_slice(SliceRecord(name="aaa-theirs", accelerator="v4-8", backend="local", state="running",
+                                   owner_pid=other_kernel.pid, hosts=[HostRecord(0, "localhost")]))
+        cell("%tpu_launch v4-8 --name zzz-mine")  # sorted after the one that cannot be deleted here
+        mine = [h.info["pid"] for h in slices.current().session.hosts]
+        run = cell("%tpu_down --all")
+        assert isinstance(run.error, UsageError)
+        assert "deleted zzz-mine" in str(run.error) and "aaa-theirs" in str(run.error)
+        assert [r.name for r in reg.list_slices()] == ["aaa-theirs"]
+        for pid in mine:  # this kernel's host processes ended
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        other_kernel.kill()

@@ -88,6 +88,7 @@ class Registry:
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=10)
         db.row_factory = sqlite3.Row
+        db.execute("PRAGMA synchronous=NORMAL")  # with WAL: safe against crashes, no fsync per commit
         return db
 
     def save_slice(self, record: SliceRecord) -> None:
