@@ -178,6 +178,9 @@ def _start(sl: Slice, reg: Registry, started: float, ready: str | None = None) -
         sl.close()
         raise
     sl.record.owner_pid, sl.record.state = os.getpid(), "running"
+    if sl.backend == "local":  # published so the Jupyter server's sidebar can end them (tpunb.server.model)
+        for host in sl.session.hosts:
+            sl.record.hosts[host.index].info["pid"] = host.info.get("pid")
     reg.save_slice(sl.record)
     _attach(sl)
     print(ready or f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu",
