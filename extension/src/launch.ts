@@ -49,7 +49,10 @@ export async function launchInNotebook(tracker: INotebookTracker, code: string):
     store_history: false
   }).done;
   const notebook = panel.content;
-  NotebookActions.insertBelow(notebook);
+  const active = notebook.activeCell;
+  if (!active || active.model.type !== 'code' || active.model.sharedModel.getSource().trim()) {
+    NotebookActions.insertBelow(notebook); // keep the user's code: the launch line gets its own cell
+  }
   notebook.activeCell?.model.sharedModel.setSource(code);
   await NotebookActions.run(notebook, panel.sessionContext);
   return true;

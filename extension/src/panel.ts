@@ -184,12 +184,14 @@ export class SlicesPanel extends Widget {
     const accelerator = el('input', 'jp-mod-styled jp-tpunb-Accelerator');
     Object.assign(accelerator, { name: 'accelerator', placeholder: 'v4-16', required: true, value: 'v4-16' });
     accelerator.setAttribute('list', 'tpunb-accelerators');
+    accelerator.setAttribute('aria-label', 'accelerator');
     const backend = el('select', 'jp-mod-styled jp-tpunb-BackendSelect');
     backend.name = 'backend';
+    backend.title = 'auto: Cloud TPU when a Google Cloud project is configured, else a local simulated slice';
     for (const [value, label] of [
-      ['', 'auto (gcp with a project, else local)'],
-      ['local', 'local (simulated)'],
-      ['gcp', 'gcp (Cloud TPU)']
+      ['', 'backend: auto'],
+      ['local', 'backend: local (simulated)'],
+      ['gcp', 'backend: gcp (Cloud TPU)']
     ]) {
       const option = el('option', '', label);
       option.value = value;
@@ -198,11 +200,12 @@ export class SlicesPanel extends Widget {
     const zone = el('input', 'jp-mod-styled jp-tpunb-Zone');
     Object.assign(zone, { name: 'zone', placeholder: 'zone (gcp only)' });
     zone.setAttribute('list', 'tpunb-zones');
+    zone.setAttribute('aria-label', 'zone');
     const spot = el('input', 'jp-tpunb-Spot');
     spot.type = 'checkbox';
     const spotLabel = el('label', 'jp-tpunb-SpotLabel');
     spotLabel.append(spot, document.createTextNode(' spot'));
-    const submit = el('button', 'jp-Button jp-mod-accept jp-tpunb-LaunchButton', 'Launch');
+    const submit = el('button', 'jp-mod-styled jp-mod-accept jp-tpunb-LaunchButton', 'Launch');
     submit.type = 'submit';
     this.acceleratorList.id = 'tpunb-accelerators';
     this.zoneList.id = 'tpunb-zones';
