@@ -13,9 +13,9 @@ import sys
 import pytest
 import tornado.httpclient
 
+from pytest_jupyter.jupyter_core import jp_asyncio_loop  # noqa: F401 - the real ones, here only (conftest.py)
+from pytest_jupyter.jupyter_server import jp_server_cleanup  # noqa: F401
 from tpunb import api
-
-pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -31,6 +31,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--no-first-run"]
 TIMEOUT_MS = 60_000
 SIDEBAR = "#tpunb-sidebar"
+PROJECT, ZONE = "proj", "us-central2-b"
 
 
 @dataclass
@@ -45,6 +46,10 @@ class Lab:
         request = urllib.request.Request(f"{self.url}{path}", headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)
+
+
+def _cloud(emulator: str) -> dict[str, str]:
+    return {"TPUNB_TPU_API_ENDPOINT": emulator, "GOOGLE_CLOUD_PROJECT": PROJECT, "CLOUDSDK_COMPUTE_ZONE": ZONE}
 
 
 def _free_port() -> int:
@@ -62,19 +67,32 @@ def _answers(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory) -> Iterator[Lab]:
-    """A real JupyterLab on loopback with its own TPUNB_HOME, news and update checks off."""
+def emulator() -> Iterator[str]:
+    """The Cloud TPU API emulator, which the lab's server lists for orphaned nodes."""
+    from tests.emulator_fixture import FAST
+    from tpunb.emulator import start_emulator
+
+    url, handle = start_emulator(**FAST)
+    yield url
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, emulator) -> Iterator[Lab]:
+    """A real JupyterLab on loopback with its own TPUNB_HOME, news and update checks off, and a
+    Google Cloud project configured on the Cloud TPU API emulator."""
     home, root = tmp_path_factory.mktemp("lab-tpunb-home"), tmp_path_factory.mktemp("lab-root")
     log = tmp_path_factory.mktemp("lab-log") / "lab.log"
     port, token = _free_port(), secrets.token_hex(16)
     labconfig = home / "jupyter-config" / "labconfig"  # no "get Jupyter news?" toast over the screenshots
     labconfig.mkdir(parents=True)
     (labconfig / "page_config.json").write_text(json.dumps(
-        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True},
+         "exposeAppInBrowser": True}))  # window.jupyterapp: tests wait for the layout to be restored
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "TPUNB_HOME": str(home), "JUPYTER_CONFIG_DIR": str(home / "jupyter-config"),
            "JUPYTER_RUNTIME_DIR": str(home / "jupyter-runtime"),
            "JUPYTERLAB_WORKSPACES_DIR": str(home / "lab-workspaces"),
-           "JUPYTERLAB_SETTINGS_DIR": str(home / "lab-settings")}
+           "JUPYTERLAB_SETTINGS_DIR": str(home / "lab-settings"), **_cloud(emulator)}
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
@@ -124,8 +142,9 @@ def page(browser, lab):
 
 def _open_sidebar(page, lab: Lab, path: str = "lab") -> None:
     page.goto(f"{lab.url}/{path}?token={lab.token}")
+    page.wait_for_function("() => window.jupyterapp !== undefined")
+    page.evaluate("() => window.jupyterapp.restored")  # the saved layout may open the sidebar itself
     tab = page.locator(f'li[data-id="{SIDEBAR[1:]}"]')
-    tab.wait_for()
     if page.locator(SIDEBAR).is_hidden():
         tab.click()
     page.locator(SIDEBAR).wait_for(state="visible")
@@ -203,3 +222,31 @@ def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, 
     _screenshot(page, tmp_path, "sidebar-launch.png")
     _delete_from_sidebar(page, "v4-8")
     assert all(_dead(pid) for pid in pids)
+
+
+def test_an_orphaned_cloud_node_shows_in_red_with_its_price_and_can_be_deleted(lab_home, emulator, page, tmp_path,
+                                                                                monkeypatch):
+    from tpunb.provision import gcp
+
+    for key, value in _cloud(emulator).items():
+        monkeypatch.setenv(key, value)
+    gcp.create(gcp.NodeSpec(name="forgotten", accelerator="v4-8", project=PROJECT, zone=ZONE))
+    _open_sidebar(page, lab_home)
+    card = page.locator(f'{SIDEBAR} .jp-tpunb-orphan[data-slice="forgotten"]')
+    card.wait_for()
+    text = card.inner_text()
+    assert "READY" in text and "Orphan" in text and "still billed" in text
+    usd_per_hour = lab_home.api("/tpunb/api/slices")["orphans"][0]["usd_per_hour"]
+    assert usd_per_hour > 0 and f"${usd_per_hour:,.2f}/h" in text
+    border, error_color = card.evaluate("""card => {
+        const probe = document.createElement('div');
+        probe.style.color = 'var(--jp-error-color1)';
+        document.body.append(probe);
+        const red = getComputedStyle(probe).color;
+        probe.remove();
+        return [getComputedStyle(card).borderLeftColor, red];
+    }""")
+    assert border == error_color, "an orphan's card is marked in the theme's error colour"
+    _screenshot(page, tmp_path, "sidebar-orphan.png")
+    _delete_from_sidebar(page, "forgotten")
+    assert gcp.get(PROJECT, ZONE, "forgotten") is None
