@@ -31,6 +31,19 @@ def isolated_home(tmp_path_factory, monkeypatch):
     slices.detach_all()
 
 
+@pytest.fixture
+def jp_asyncio_loop():
+    """pytest-jupyter (loaded by test_server.py) makes its event loop and server clean-up autouse for
+    every test; its clean-up destroys the process-wide zmq context that kernel tests use. These no-ops
+    keep both to test_server.py, which imports the real ones."""
+    yield None
+
+
+@pytest.fixture
+def jp_server_cleanup():
+    yield
+
+
 @pytest.fixture(params=["local", "ssh"])
 def make_slice(request):
     """make_slice(hosts) -> a current slice with that many hosts, on each transport in turn:

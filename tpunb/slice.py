@@ -154,6 +154,11 @@ class Slice:
             restart = dead
             why = f"host{'s' if len(dead) > 1 else ''} {format_hosts(dead)} had died and was restarted: its state was lost"
             self.connect(dead)
+        for host in self.session.hosts:  # new processes: the registry's pids follow (the sidebar ends hosts by them)
+            if host.index < len(self.record.hosts):
+                self.record.hosts[host.index].info["pid"] = host.info.get("pid")
+        if self.registry.get_slice(self.name) is not None:
+            self.registry.save_slice(self.record)
         report.warn(f"[tpunb] {why}")
         return restart
 

@@ -11,6 +11,7 @@ and starts JAX in the background when another host of the slice started it (``ja
 """
 from __future__ import annotations
 
+import base64
 import os
 import pickle
 import queue

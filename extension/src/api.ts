@@ -1,0 +1,66 @@
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+/** A host of a slice as GET /tpunb/api/slices reports it. */
+export interface IHost {
+  index: number;
+  address: string;
+  state: string;
+  /** Latest samples, 0..1 fractions keyed cpu, memory, hbm; empty until kernels publish them. */
+  metrics: { [key: string]: number };
+}
+
+/** A slice (or an orphaned cloud node) as GET /tpunb/api/slices reports it. */
+export interface ISlice {
+  name: string;
+  backend: string;
+  accelerator: string;
+  state: string;
+  age_s: number | null;
+  spot: boolean;
+  usd_per_hour: number | null;
+  usd_so_far: number | null;
+  list_usd_per_hour?: number | null;
+  hosts: IHost[];
+  orphan: boolean;
+  message?: string;
+}
+
+export interface ISlices {
+  slices: ISlice[];
+  orphans: ISlice[];
+}
+
+export interface ICatalog {
+  accelerators: string[];
+  zones: string[];
+  backends: string[];
+  default_backend: string;
+}
+
+/** Call the tpunb server extension; a failure throws an Error carrying the server's one-line message. */
+export async function requestAPI<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'tpunb', 'api', path);
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new Error(`cannot reach the Jupyter server: ${error}`);
+  }
+  const text = await response.text();
+  let data: any = {};
+  try {
+    data = text ? JSON.parse(text) : {};
+  } catch {
+    data = {}; // not JSON: an HTML error page from outside tpunb's handlers
+  }
+  if (!response.ok) {
+    const hint =
+      response.status === 404 && !data.message
+        ? 'the tpunb server extension is not loaded: reinstall tpunb[lab] and restart JupyterLab'
+        : data.message || response.statusText;
+    throw new Error(hint);
+  }
+  return data as T;
+}

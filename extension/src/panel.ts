@@ -1,0 +1,249 @@
+import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import { INotebookTracker } from '@jupyterlab/notebook';
+import { Poll } from '@lumino/polling';
+import { Widget } from '@lumino/widgets';
+
+import { ICatalog, IHost, ISlice, ISlices, requestAPI } from './api';
+import { tpuIcon } from './icon';
+import { fillDatalist, launchCommand, launchInNotebook } from './launch';
+
+/** Refresh every 3 s while visible; on errors back off up to a minute; stand by when the tab is hidden. */
+const FREQUENCY = { interval: 3000, backoff: true, max: 60000 };
+const METRICS: [string, string][] = [
+  ['cpu', 'CPU'],
+  ['memory', 'Mem'],
+  ['hbm', 'HBM']
+];
+
+function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  className = '',
+  text = ''
+): HTMLElementTagNameMap[K] {
+  const node = document.createElement(tag);
+  if (className) {
+    node.className = className;
+  }
+  if (text) {
+    node.textContent = text;
+  }
+  return node;
+}
+
+export function formatDuration(seconds: number | null): string {
+  if (seconds === null || seconds === undefined) {
+    return '–';
+  }
+  const s = Math.max(0, Math.floor(seconds));
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  return h ? `${h}h ${m}m` : m ? `${m}m ${s % 60}s` : `${s}s`;
+}
+
+function formatUsd(value: number | null, suffix = ''): string {
+  if (value === null || value === undefined) {
+    return 'no list price';
+  }
+  return `$${value.toLocaleString(undefined, { minimumFractionDigits: 2, maximumFractionDigits: 2 })}${suffix}`;
+}
+
+/** The left-sidebar panel: a card per slice, orphans in red, and a launch form. */
+export class SlicesPanel extends Widget {
+  constructor(private tracker: INotebookTracker) {
+    super();
+    this.id = 'tpunb-sidebar';
+    this.addClass('jp-tpunb-Sidebar');
+    this.title.icon = tpuIcon;
+    this.title.caption = 'TPU slices';
+
+    const header = el('header', 'jp-tpunb-Header');
+    header.append(el('h2', '', 'TPU slices'), this.statusLine);
+    this.cards.className = 'jp-tpunb-Cards';
+    this.errorLine.className = 'jp-tpunb-Error';
+    this.node.append(header, this.errorLine, this.cards, this.buildLaunchForm());
+
+    this.poll = new Poll({
+      factory: () => this.refresh(),
+      frequency: FREQUENCY,
+      standby: 'when-hidden',
+      name: 'tpunb:slices'
+    });
+    void this.loadCatalog();
+  }
+
+  dispose(): void {
+    this.poll.dispose();
+    super.dispose();
+  }
+
+  /** Fetch the slices and redraw; a rejection makes the poll back off. */
+  async refresh(): Promise<void> {
+    try {
+      const data = await requestAPI<ISlices>('slices');
+      this.errorLine.textContent = '';
+      this.render(data);
+      this.statusLine.textContent = `updated ${new Date().toLocaleTimeString()}`;
+    } catch (error) {
+      this.errorLine.textContent = `${(error as Error).message}`;
+      throw error;
+    }
+  }
+
+  private render(data: ISlices): void {
+    const all = [...data.slices, ...data.orphans];
+    if (!all.length) {
+      this.cards.replaceChildren(
+        el('p', 'jp-tpunb-Empty', 'No slices. Launch one below, or run %tpu_launch v4-16 in a notebook.')
+      );
+      return;
+    }
+    this.cards.replaceChildren(...all.map(slice => this.card(slice)));
+  }
+
+  private card(slice: ISlice): HTMLElement {
+    const card = el('section', 'jp-tpunb-Card');
+    card.dataset.slice = slice.name;
+    if (slice.orphan) {
+      card.classList.add('jp-tpunb-orphan');
+    }
+    const title = el('div', 'jp-tpunb-CardTitle');
+    const remove = el('button', 'jp-tpunb-Delete jp-Button jp-mod-minimal', '✕');
+    remove.title = `Delete ${slice.name}`;
+    remove.setAttribute('aria-label', `Delete ${slice.name}`);
+    remove.onclick = () => void this.confirmDelete(slice);
+    title.append(el('span', 'jp-tpunb-Name', slice.name), el('span', 'jp-tpunb-Accel', slice.accelerator || '?'), remove);
+
+    const meta = el('div', 'jp-tpunb-Meta');
+    const backend = slice.backend === 'local' ? 'local (simulated)' : slice.backend + (slice.spot ? ', spot' : '');
+    meta.append(
+      el('span', 'jp-tpunb-Backend', backend),
+      el('span', 'jp-tpunb-State', slice.state),
+      el('span', 'jp-tpunb-Uptime', `up ${formatDuration(slice.age_s)}`)
+    );
+    const cost = el('div', 'jp-tpunb-Cost');
+    if (slice.backend === 'local') {
+      const list = slice.list_usd_per_hour ? ` (${formatUsd(slice.list_usd_per_hour, '/h')} on Cloud TPU)` : '';
+      cost.textContent = `$0.00/h · free${list}`;
+    } else {
+      cost.textContent = `${formatUsd(slice.usd_per_hour, '/h')} · ${formatUsd(slice.usd_so_far)} so far`;
+    }
+    card.append(title, meta, cost);
+    if (slice.orphan && slice.message) {
+      card.append(el('div', 'jp-tpunb-OrphanNote', `Orphan: ${slice.message}`));
+    }
+    if (slice.hosts.length) {
+      const hosts = el('ul', 'jp-tpunb-Hosts');
+      hosts.append(...slice.hosts.map(host => this.hostRow(host)));
+      card.append(hosts);
+    }
+    return card;
+  }
+
+  private hostRow(host: IHost): HTMLElement {
+    const row = el('li', `jp-tpunb-Host jp-tpunb-host-${host.state.replace(/\W+/g, '-')}`);
+    row.append(el('span', 'jp-tpunb-HostName', `host ${host.index}`), el('span', 'jp-tpunb-HostState', host.state));
+    const bars = el('div', 'jp-tpunb-Bars');
+    for (const [key, label] of METRICS) {
+      const value = host.metrics?.[key];
+      const bar = el('div', 'jp-tpunb-Bar');
+      bar.dataset.metric = key;
+      const fill = el('div', 'jp-tpunb-BarFill');
+      const percent = value === undefined ? 0 : Math.min(100, Math.max(0, value * 100));
+      fill.style.width = `${percent.toFixed(1)}%`;
+      if (percent > 0) {
+        fill.style.minWidth = '2px'; // a simulated host's few MB of 24 GB still shows
+      }
+      bar.append(fill);
+      bar.title =
+        value === undefined
+          ? `${label}: no metrics yet`
+          : `${label}: ${percent.toFixed(percent < 10 ? 1 : 0)}%`;
+      bars.append(el('span', 'jp-tpunb-BarLabel', label), bar);
+    }
+    row.append(bars);
+    return row;
+  }
+
+  private async confirmDelete(slice: ISlice): Promise<void> {
+    const what =
+      slice.backend === 'local'
+        ? `its ${slice.hosts.length} host processes end and their state is lost`
+        : 'its Cloud TPU node is deleted and billing stops';
+    const result = await showDialog({
+      title: `Delete ${slice.name}?`,
+      body: `${slice.accelerator} on ${slice.backend}: ${what}.`,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Delete' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    try {
+      await requestAPI(`slices/${encodeURIComponent(slice.name)}`, { method: 'DELETE' });
+    } catch (error) {
+      await showErrorMessage(`Cannot delete ${slice.name}`, (error as Error).message);
+    }
+    await this.poll.refresh();
+  }
+
+  private buildLaunchForm(): HTMLElement {
+    const form = el('form', 'jp-tpunb-Launch');
+    const heading = el('h3', '', 'Launch in the active notebook');
+    const accelerator = el('input', 'jp-mod-styled jp-tpunb-Accelerator');
+    Object.assign(accelerator, { name: 'accelerator', placeholder: 'v4-16', required: true, value: 'v4-16' });
+    accelerator.setAttribute('list', 'tpunb-accelerators');
+    accelerator.setAttribute('aria-label', 'accelerator');
+    const backend = el('select', 'jp-mod-styled jp-tpunb-BackendSelect');
+    backend.name = 'backend';
+    backend.title = 'auto: Cloud TPU when a Google Cloud project is configured, else a local simulated slice';
+    for (const [value, label] of [
+      ['', 'backend: auto'],
+      ['local', 'backend: local (simulated)'],
+      ['gcp', 'backend: gcp (Cloud TPU)']
+    ]) {
+      const option = el('option', '', label);
+      option.value = value;
+      backend.append(option);
+    }
+    const zone = el('input', 'jp-mod-styled jp-tpunb-Zone');
+    Object.assign(zone, { name: 'zone', placeholder: 'zone (gcp only)' });
+    zone.setAttribute('list', 'tpunb-zones');
+    zone.setAttribute('aria-label', 'zone');
+    const spot = el('input', 'jp-tpunb-Spot');
+    spot.type = 'checkbox';
+    const spotLabel = el('label', 'jp-tpunb-SpotLabel');
+    spotLabel.append(spot, document.createTextNode(' spot'));
+    const submit = el('button', 'jp-mod-styled jp-mod-accept jp-tpunb-LaunchButton', 'Launch');
+    submit.type = 'submit';
+    this.acceleratorList.id = 'tpunb-accelerators';
+    this.zoneList.id = 'tpunb-zones';
+    form.append(heading, accelerator, backend, zone, spotLabel, submit, this.acceleratorList, this.zoneList);
+    form.onsubmit = event => {
+      event.preventDefault();
+      const code = launchCommand({
+        accelerator: accelerator.value,
+        backend: backend.value,
+        zone: zone.value,
+        spot: spot.checked
+      });
+      void launchInNotebook(this.tracker, code).then(() => this.poll.refresh());
+    };
+    return form;
+  }
+
+  private async loadCatalog(): Promise<void> {
+    try {
+      const catalog = await requestAPI<ICatalog>('catalog');
+      fillDatalist(this.acceleratorList, catalog.accelerators);
+      fillDatalist(this.zoneList, catalog.zones);
+    } catch (error) {
+      this.errorLine.textContent = `${(error as Error).message}`;
+    }
+  }
+
+  private readonly poll: Poll;
+  private readonly cards = el('div');
+  private readonly errorLine = el('div');
+  private readonly statusLine = el('span', 'jp-tpunb-Updated');
+  private readonly acceleratorList = el('datalist');
+  private readonly zoneList = el('datalist');
+}

@@ -1,0 +1,166 @@
+"""The sidebar's REST API through jupyter_server's own fixtures (pytest-jupyter): a real ServerApp
+in this process with tpunb.server loaded, the real registry under a temp TPUNB_HOME, real local
+slices (in this process, and in another process as another kernel would own one), and the
+Cloud TPU API emulator for orphans."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import tornado.httpclient
+
+from pytest_jupyter.jupyter_core import jp_asyncio_loop  # noqa: F401 - the real ones, here only (conftest.py)
+from pytest_jupyter.jupyter_server import jp_server_cleanup  # noqa: F401
+from tests.conftest import wait_for
+from tpunb import slices
+from tpunb.registry import Registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def jp_server_config():
+    return {"ServerApp": {"jpserver_extensions": {"tpunb.server": True}}}
+
+
+@pytest.fixture
+def call(jp_fetch):
+    """call(method, path) -> (status, JSON body), for errors too."""
+
+    async def call(method: str, *path: str) -> tuple[int, dict]:
+        try:
+            response = await jp_fetch("tpunb", "api", *path, method=method)
+        except tornado.httpclient.HTTPClientError as exc:
+            response = exc.response
+        return response.code, json.loads(response.body)
+
+    return call
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # ended but not yet reaped counts as gone
+        return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _host_pids(sl) -> list[int]:
+    return [host.info["pid"] for host in sl.session.hosts]
+
+
+@pytest.fixture
+def other_kernel(isolated_home):
+    """Start a process that launches a local slice and keeps it, as another notebook's kernel does;
+    returns (process, slice name)."""
+    procs = []
+
+    def start(accelerator: str = "v4-8") -> tuple[subprocess.Popen, str]:
+        code = (f"import sys, tpunb; sl = tpunb.launch({accelerator!r}); print('NAME', sl.name, flush=True); "
+                "sys.stdin.read()")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+        procs.append(proc)
+        line = proc.stdout.readline()
+        while line and not line.startswith("NAME "):  # launch's own messages come first
+            line = proc.stdout.readline()
+        return proc, line.split()[-1]
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+async def test_slices_lists_a_local_slice_with_its_hosts_and_cost(call):
+    status, body = await call("GET", "slices")
+    assert status == 200 and body["slices"] == [] and body["orphans"] == []
+    slices.launch("v4-16")
+    status, body = await call("GET", "slices")
+    assert status == 200
+    [row] = body["slices"]
+    assert {k: row[k] for k in ("name", "backend", "accelerator", "state", "usd_per_hour", "orphan")} == {
+        "name": "v4-16", "backend": "local", "accelerator": "v4-16", "state": "running", "usd_per_hour": 0.0,
+        "orphan": False}
+    assert row["list_usd_per_hour"] > 0 and row["usd_so_far"] == 0 and row["age_s"] >= 0
+    assert [(h["index"], h["state"]) for h in row["hosts"]] == [(0, "running"), (1, "running")]
+
+
+async def test_hosts_carry_the_latest_metrics_their_kernel_published(call):
+    slices.launch("v4-16")
+    wait_for(lambda: {h for h, *_ in Registry().latest_metrics("v4-16")} == {0, 1}, 20, "published metrics")
+    [row] = (await call("GET", "slices"))[1]["slices"]
+    for host in row["hosts"]:
+        metrics = host["metrics"]
+        assert 0 <= metrics["cpu"] <= 1 and 0 < metrics["memory"] < 1  # the panel's bars, as fractions
+        assert metrics["rss_bytes"] > 10 * 2**20 and metrics["memory_total_bytes"] > metrics["rss_bytes"]
+
+
+async def test_delete_ends_the_slice_and_its_host_processes(call):
+    sl = slices.launch("v4-16")
+    pids = _host_pids(sl)
+    assert all(_alive(p) for p in pids)
+    assert await call("DELETE", "slices", "v4-16") == (200, {"deleted": ["v4-16"], "messages": []})
+    assert not any(_alive(p) for p in pids)
+    assert (await call("GET", "slices"))[1]["slices"] == []
+
+
+async def test_delete_ends_a_slice_another_kernel_owns(call, other_kernel):
+    owner, name = other_kernel("v4-16")
+    [row] = (await call("GET", "slices"))[1]["slices"]
+    assert row["name"] == name and row["owner_pid"] == owner.pid and row["state"] == "running"
+    from tpunb.registry import Registry
+
+    pids = [h.info["pid"] for h in Registry().get_slice(name).hosts]
+    assert await call("DELETE", "slices", name) == (200, {"deleted": [name], "messages": []})
+    assert not any(_alive(p) for p in pids)
+    assert owner.poll() is None, "the owning kernel itself must keep running"
+    assert (await call("GET", "slices"))[1]["slices"] == []
+
+
+async def test_a_slice_whose_kernel_died_is_not_reported_running(call, other_kernel):
+    owner, name = other_kernel()
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    [row] = (await call("GET", "slices"))[1]["slices"]
+    assert row["state"].startswith("stopped: its kernel ended") and {h["state"] for h in row["hosts"]} == {"gone"}
+    assert await call("DELETE", "slices", name) == (200, {"deleted": [name], "messages": []})
+
+
+async def test_errors_are_json_with_a_message_to_act_on(call):
+    status, body = await call("DELETE", "slices", "nope")
+    assert status == 404 and body == {"message": "no slice named 'nope': it may already be deleted (refresh the list)"}
+
+
+async def test_catalog_offers_accelerators_zones_and_the_default_backend(call):
+    status, body = await call("GET", "catalog")
+    assert status == 200 and {"v4-16", "v5litepod-8", "v6e-16"} <= set(body["accelerators"])
+    assert "us-central2-b" in body["zones"] and body["backends"] == ["local", "gcp"]
+    assert body["default_backend"] == "local"
+
+
+async def test_requests_without_a_token_are_refused(jp_fetch):
+    for method, path in (("GET", "slices"), ("DELETE", "slices/x"), ("GET", "catalog")):
+        with pytest.raises(tornado.httpclient.HTTPClientError) as refused:
+            await jp_fetch("tpunb", "api", path, method=method, headers={"Authorization": ""})
+        assert refused.value.code == 403
+
+
+async def test_orphaned_cloud_nodes_are_listed_and_deleted(call, tpu_emulator, monkeypatch):
+    from tpunb.provision.gcp import api as gcp
+
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
+    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", "us-central2-b")
+    gcp.create(gcp.NodeSpec(name="forgotten", accelerator="v4-8", project="proj", zone="us-central2-b"))
+    status, body = await call("GET", "slices")
+    [orphan] = body["orphans"]
+    assert status == 200 and body["slices"] == []
+    assert orphan["name"] == "forgotten" and orphan["orphan"] and orphan["state"] == "READY"
+    assert orphan["usd_per_hour"] > 0 and "still billed" in orphan["message"]
+    assert await call("DELETE", "slices", "forgotten") == (200, {"deleted": ["forgotten"], "messages": []})
+    assert tpu_emulator.state()["nodes"] == []

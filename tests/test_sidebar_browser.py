@@ -1,0 +1,272 @@
+"""The sidebar in a real browser: a real ``jupyter lab`` process (with tpunb's built extension and
+server extension, as ``pip install tpunb[lab]`` installs them) driven through Debian's headless
+chromium by Playwright. Slices are real local slices: launched by this test process (as another
+kernel would), and from the sidebar's launch form into a notebook's own kernel.
+
+Needs chromium at /usr/bin/chromium and the extension built into this environment: both are
+installed by ./scripts/test. Playwright never downloads a browser here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tpunb import slices
+from tpunb.registry import Registry
+from tests.conftest import wait_for
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+TIMEOUT_MS = 60_000
+SIDEBAR = "#tpunb-sidebar"
+PROJECT, ZONE = "proj", "us-central2-b"
+
+
+@dataclass
+class Lab:
+    url: str
+    token: str
+    home: Path
+    root: Path
+    log: Path
+
+    def api(self, path: str, method: str = "GET") -> dict:
+        request = urllib.request.Request(f"{self.url}{path}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = response.read()
+        return json.loads(body) if body else {}
+
+    def shutdown_kernels(self) -> None:
+        """Kernels run in their own sessions: stop them through the server, as the Kernel menu does."""
+        for kernel in self.api("/api/kernels"):
+            self.api(f"/api/kernels/{kernel['id']}", method="DELETE")
+
+
+def _cloud(emulator: str) -> dict[str, str]:
+    return {"TPUNB_TPU_API_ENDPOINT": emulator, "GOOGLE_CLOUD_PROJECT": PROJECT, "CLOUDSDK_COMPUTE_ZONE": ZONE}
+
+
+def _free_port() -> int:
+    from tpunb.provision.local import free_port
+
+    return free_port()
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def emulator() -> Iterator[str]:
+    """The Cloud TPU API emulator, which the lab's server lists for orphaned nodes."""
+    from tests.emulator_fixture import FAST
+    from tpunb.emulator import start_emulator
+
+    url, handle = start_emulator(**FAST)
+    yield url
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, emulator) -> Iterator[Lab]:
+    """A real JupyterLab on loopback with its own TPUNB_HOME, news and update checks off, and a
+    Google Cloud project configured on the Cloud TPU API emulator."""
+    home, root = tmp_path_factory.mktemp("lab-tpunb-home"), tmp_path_factory.mktemp("lab-root")
+    log = tmp_path_factory.mktemp("lab-log") / "lab.log"
+    port, token = _free_port(), secrets.token_hex(16)
+    labconfig = home / "jupyter-config" / "labconfig"  # no "get Jupyter news?" toast over the screenshots
+    labconfig.mkdir(parents=True)
+    (labconfig / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True},
+         "exposeAppInBrowser": True}))  # window.jupyterapp: tests wait for the layout to be restored
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "TPUNB_HOME": str(home), "JUPYTER_CONFIG_DIR": str(home / "jupyter-config"),
+           "JUPYTER_RUNTIME_DIR": str(home / "jupyter-runtime"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(home / "lab-workspaces"),
+           "JUPYTERLAB_SETTINGS_DIR": str(home / "lab-settings"), **_cloud(emulator)}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
+             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: proc.poll() is not None or _answers(f"{url}/api/status?token={token}"), 120,
+                 "jupyter lab to answer")
+        assert proc.poll() is None, f"jupyter lab exited: {log.read_text()[-2000:]}"
+        yield Lab(url, token, home, root, log)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            # Seen with py-spy: the server has shut down and its main thread has returned, but an idle
+            # AnyIO worker thread (jupyter_server's file I/O) is never told to stop and keeps the
+            # process alive. Nothing is left to clean up, so end it.
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def lab_home(lab, monkeypatch) -> Lab:
+    """This test's slices go in the registry the lab reads."""
+    monkeypatch.setenv("TPUNB_HOME", str(lab.home))
+    yield lab
+    lab.shutdown_kernels()
+    slices.detach_all()
+    for record in Registry().list_slices():  # leave the module's lab with no slices for the next test
+        Registry().delete_slice(record.name)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "chromium is missing: ./scripts/test installs it (apt-get install chromium)"
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, lab):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    yield pg
+    context.close()
+
+
+def _open_sidebar(page, lab: Lab, path: str = "lab") -> None:
+    page.goto(f"{lab.url}/{path}?token={lab.token}")
+    page.wait_for_function("() => window.jupyterapp !== undefined")
+    page.evaluate("() => window.jupyterapp.restored")  # the saved layout may open the sidebar itself
+    tab = page.locator(f'li[data-id="{SIDEBAR[1:]}"]')
+    if page.locator(SIDEBAR).is_hidden():
+        tab.click()
+    page.locator(SIDEBAR).wait_for(state="visible")
+    assert page.locator(f"{SIDEBAR} h2").inner_text() == "TPU slices"
+
+
+def _delete_from_sidebar(page, name: str) -> None:
+    card = page.locator(f'{SIDEBAR} [data-slice="{name}"]')
+    card.locator(".jp-tpunb-Delete").click()
+    dialog = page.locator(".jp-Dialog")
+    assert f"Delete {name}?" in dialog.inner_text()
+    dialog.locator("button.jp-mod-warn").click()
+    card.wait_for(state="detached")
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _screenshot(page, tmp_path: Path, name: str) -> Path:
+    folder = Path(os.environ.get("TPUNB_SCREENSHOT_DIR") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    page.screenshot(path=str(path))
+    return path
+
+
+def test_lab_lists_the_extensions(lab):
+    listing = subprocess.run([sys.executable, "-m", "jupyterlab.labextensions", "list"], capture_output=True,
+                             text=True, check=True)
+    line = next((l for l in (listing.stdout + listing.stderr).splitlines() if l.strip().startswith("tpunb ")), "")
+    assert "enabled" in line and "OK" in line, f"the sidebar is not installed: {listing.stderr[-1500:]}"
+    assert lab.api("/tpunb/api/slices")["slices"] == []
+
+
+def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_path):
+    sl = slices.launch("v4-16", name="demo")
+    pids = [h.info["pid"] for h in sl.session.hosts]
+    _open_sidebar(page, lab_home)
+    card = page.locator(f'{SIDEBAR} [data-slice="demo"]')
+    card.wait_for()
+    text = card.inner_text()
+    for expected in ("demo", "v4-16", "local (simulated)", "running", "$0.00/h", "host 0", "host 1"):
+        assert expected in text
+    assert card.locator(".jp-tpunb-Bar").count() == 6  # CPU, memory, HBM for each of 2 hosts
+    # the hosts' live metrics reach the bars: the kernel publishes them, the panel's poll draws them
+    page.wait_for_function(f"""() => [...document.querySelectorAll('{SIDEBAR} [data-slice="demo"] '
+        + '.jp-tpunb-Bar[data-metric="memory"]')].filter(b => /^Mem: [0-9.]+%$/.test(b.title)
+        && parseFloat(b.querySelector('.jp-tpunb-BarFill').style.width) > 0).length === 2""", timeout=30000)
+    _screenshot(page, tmp_path, "sidebar.png")
+    _delete_from_sidebar(page, "demo")
+    assert all(_dead(pid) for pid in pids), "the slice's host processes must end"
+    assert page.locator(f"{SIDEBAR} .jp-tpunb-Empty").is_visible()
+
+
+def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, tmp_path):
+    notebook = lab_home.root / "launch.ipynb"
+    notebook.write_text(json.dumps({"cells": [], "metadata": {"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}))
+    _open_sidebar(page, lab_home, "lab/tree/launch.ipynb")
+    page.locator(".jp-Notebook").wait_for()
+    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for()
+    form = page.locator(f"{SIDEBAR} .jp-tpunb-Launch")
+    form.locator("input[name=accelerator]").fill("v4-8")
+    form.locator("select[name=backend]").select_option("local")
+    form.locator("button[type=submit]").click()
+    card = page.locator(f'{SIDEBAR} [data-slice="v4-8"]')
+    card.wait_for()
+    assert "running" in card.inner_text()
+    cell = page.locator(".jp-Notebook .jp-Cell", has_text="%tpu_launch v4-8 --backend local")
+    cell.locator(".jp-OutputArea-output", has_text="ready").wait_for()
+    record = Registry().get_slice("v4-8")
+    assert record.owner_pid != os.getpid()  # the notebook's kernel owns it
+    pids = [h.info["pid"] for h in record.hosts]
+    _screenshot(page, tmp_path, "sidebar-launch.png")
+    _delete_from_sidebar(page, "v4-8")
+    assert all(_dead(pid) for pid in pids)
+
+
+def test_an_orphaned_cloud_node_shows_in_red_with_its_price_and_can_be_deleted(lab_home, emulator, page, tmp_path,
+                                                                                monkeypatch):
+    from tpunb.provision.gcp import api as gcp
+
+    for key, value in _cloud(emulator).items():
+        monkeypatch.setenv(key, value)
+    gcp.create(gcp.NodeSpec(name="forgotten", accelerator="v4-8", project=PROJECT, zone=ZONE))
+    _open_sidebar(page, lab_home)
+    card = page.locator(f'{SIDEBAR} .jp-tpunb-orphan[data-slice="forgotten"]')
+    card.wait_for()
+    text = card.inner_text()
+    assert "READY" in text and "Orphan" in text and "still billed" in text
+    usd_per_hour = lab_home.api("/tpunb/api/slices")["orphans"][0]["usd_per_hour"]
+    assert usd_per_hour > 0 and f"${usd_per_hour:,.2f}/h" in text
+    border, error_color = card.evaluate("""card => {
+        const probe = document.createElement('div');
+        probe.style.color = 'var(--jp-error-color1)';
+        document.body.append(probe);
+        const red = getComputedStyle(probe).color;
+        probe.remove();
+        return [getComputedStyle(card).borderLeftColor, red];
+    }""")
+    assert border == error_color, "an orphan's card is marked in the theme's error colour"
+    _screenshot(page, tmp_path, "sidebar-orphan.png")
+    _delete_from_sidebar(page, "forgotten")
+    assert gcp.get(PROJECT, ZONE, "forgotten") is None
