@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from tpunb.errors import TpunbError
 from tpunb.plan import plan
+from tpunb.profile import last_profile
 from tpunb.slice import Slice
 from tpunb.slices import connect, current, down, last_result, launch, status, use
 
 __version__ = "0.1.0"
-__all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "plan", "Slice", "TpunbError"]
+__all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_profile", "plan", "Slice", "TpunbError"]
 
 
 def load_ipython_extension(ipython) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import struct
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 HEADER = struct.Struct("!II")
 MAX_JSON = 256 * 1024 * 1024
 
