@@ -117,6 +117,27 @@ def test_capture_from_another_thread_while_a_cell_runs_and_an_interrupted_profil
     assert after.error is None and "Out[0-1]: 'again'" in after.shown
     assert set(train_step_calls(tpunb.last_profile())) == {0, 1}
 
+    # a straggler: host 1 does more work between steps, so host 0 waits for it in every all-reduce
+    slow = cell("%%tpu_profile\nimport numpy as np, time\nfrom jax.sharding import Mesh, NamedSharding, PartitionSpec as P\n"
+                "mesh = Mesh(np.array(jax.devices()), ('data',))\n"
+                "xs = jax.make_array_from_process_local_data(NamedSharding(mesh, P('data')), np.ones((8, 8), 'float32'))\n"
+                "total = jax.jit(lambda v: v.sum())\n"
+                "for _ in range(8):\n    if jax.process_index() == 1:\n        time.sleep(0.02)  # the slow host's own work\n"
+                "    total(xs).block_until_ready()")
+    assert slow.error is None, slow.shown
+    assert tpunb.last_profile().straggler == 1
+    assert tpunb.last_profile().straggler_reason.startswith("host 1 spends the least time inside collectives")
+
+    # a forgotten stop: the recording ends by itself at its limit, and stop still collects it, with a note
+    assert cell("%tpu_profile start --limit 0.5").error is None
+    assert cell("%%on_tpu\ntrain_step(x).block_until_ready()").error is None
+    wait_for(lambda: not any(r["recording"] for r, _ in sl.session.call([0, 1], {"op": "profile_status"}).values()),
+             what="the recording to end at its limit")
+    assert cell("%tpu_profile stop").error is None
+    notes = tpunb.last_profile().notes
+    assert [n for n in notes if "ended by itself after 0.5 s" in n] and len(notes) == 2
+    assert set(train_step_calls(tpunb.last_profile())) == {0, 1}
+
 
 def test_host_without_jax_gives_one_clear_line(make_slice, cell):
     make_slice(1)

@@ -52,6 +52,7 @@ class Profiler:
         self.stopped_at: float | None = None
         self.limit: float | None = None
         self.note = ""
+        self.stop_s = 0.0
         self._timer: threading.Timer | None = None
 
     # -- requests (each on its own thread) ---------------------------------------------------
@@ -114,7 +115,8 @@ class Profiler:
         import jax
 
         self.stopped_at = time.time()
-        jax.profiler.stop_trace()
+        jax.profiler.stop_trace()  # writes the xplane (and trace.json.gz): the profiler's own cost
+        self.stop_s = time.time() - self.stopped_at
 
     def stop(self, cap: int) -> tuple[dict, bytes]:
         """Stop (unless the limit did), summarise, and pack the folder; the host keeps no copy."""
@@ -137,7 +139,7 @@ class Profiler:
                 return {"status": "error", "error": "jax.profiler wrote no trace on this host"}, b""
             began = time.perf_counter()
             summary = summarize(found[-1], cap)
-            summary.update(note=note, started_at=started, stopped_at=stopped,
+            summary.update(note=note, started_at=started, stopped_at=stopped, stop_trace_s=self.stop_s,
                            summarize_s=time.perf_counter() - began)
             return {"status": "ok", "summary": summary}, pack(folder)
         finally:

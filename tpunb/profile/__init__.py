@@ -97,9 +97,13 @@ class Profile:
 
     @property
     def straggler(self) -> int | None:
-        """The host with the slowest median step, when steps can be told apart."""
-        table = self.steps
-        return None if table is None else table.attrs.get("straggler")
+        """The host the others wait for: the least time in collectives, else the slowest median step."""
+        return tables.straggler(self.summaries)[0]
+
+    @property
+    def straggler_reason(self) -> str:
+        """Why ``straggler`` names that host, in one line ('' when none can be named)."""
+        return tables.straggler(self.summaries)[1]
 
     @property
     def seconds(self) -> float:

@@ -130,3 +130,34 @@ def steps(summaries: dict[int, dict]):
         table.attrs["slower_by"] = (medians[slowest] / statistics.median(others) - 1) if others and statistics.median(others) > 0 else 0.0
     table.attrs["function"] = _JITTED.match(function).group(1)
     return table
+
+
+_COLLECTIVE = re.compile(r"^(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start|-done)?(\.\d+)?$")
+
+
+def straggler(summaries: dict[int, dict]) -> tuple[int | None, str]:
+    """The host the others wait for, and why (one line).
+
+    Hosts of one program meet at every collective, so the host with the least time inside
+    collectives (all-reduce, all-gather, ...) is the one the others wait for. Without collectives
+    on two or more hosts, the host with the slowest median step (``steps``) is named instead.
+    """
+    waits = {}
+    for host, summary in summaries.items():
+        kind_of = dict(zip(summary["names"], summary["kinds"]))
+        total = sum(ns for name, (_, ns) in summary["totals"].items()
+                    if kind_of.get(name) == "op" and _COLLECTIVE.match(name))
+        if total > 0:
+            waits[host] = total / 1e6
+    if len(waits) >= 2 and len(waits) == len(summaries):
+        host = min(waits, key=waits.get)
+        listed = ", ".join(f"host {h} {w:.1f} ms" for h, w in sorted(waits.items()))
+        return host, (f"host {host} spends the least time inside collectives ({listed}, summed over each "
+                      "host's devices): the other hosts wait for it")
+    table = steps(summaries)
+    if table is None or len(table.attrs.get("median_ms", {})) < 2:
+        return None, ""
+    host, medians = table.attrs["straggler"], table.attrs["median_ms"]
+    others = ", ".join(f"host {h} {m:.2f} ms" for h, m in sorted(medians.items()) if h != host)
+    return host, (f"host {host} has the slowest median {table.attrs['function']} step, {medians[host]:.2f} ms "
+                  f"({table.attrs['slower_by']:+.0%} vs {others})")

@@ -3,6 +3,7 @@ on one time axis (wheel to zoom, drag to pan, double-click to reset, hover for n
 ops table, and the straggler called out."""
 from __future__ import annotations
 
+import heapq
 import html
 import importlib.util
 import json
@@ -10,54 +11,65 @@ import shutil
 import uuid
 
 from tpunb.display import format_hosts
+from tpunb.profile import summary as tables
+from tpunb.profile.summary import origin_ns
 
 #: events the timeline draws (the longest first, over all hosts); the files and tables keep all
 VIEW_CAP = 40_000
 #: lanes (threads) per host, the busiest first
-LANES_PER_HOST = 6
+LANES_PER_HOST = 4
 MAX_DEPTH = 4
 
 
 def timeline_data(profile, cap: int = VIEW_CAP) -> tuple[dict, list[str]]:
-    """What the timeline draws: lanes (host, thread, depth rows) and events [lane, row, start_us, dur_us, name index]."""
-    events = profile.events
-    notes = []
-    busy = events[events["dur_us"] > 0]
-    if busy.empty:
-        return {"lanes": [], "events": [], "names": [], "end": 1.0}, ["no event with a duration to draw"]
-    load = busy.groupby(["host", "thread"])["dur_us"].sum().reset_index()
-    lanes: list[tuple[int, str]] = []
+    """What the timeline draws, from the hosts' summaries (plain lists, no DataFrame: this is on the
+    way from the cell's end to the view): lanes [host, thread, rows] and events
+    [lane, row, start_ns, dur_ns, name index], times from the earliest host's start (start/end in µs)."""
+    zero = origin_ns(profile.summaries)
+    notes: list[str] = []
+    lanes: list[list] = []
+    drawable: list[tuple] = []  # (start_ns, dur_ns, lane, host, name)
     dropped = 0
-    for host, group in load.groupby("host"):
-        chosen = group.sort_values("dur_us", ascending=False)
-        lanes.extend((int(host), str(t)) for t in chosen["thread"].head(LANES_PER_HOST))
+    for host, summary in sorted(profile.summaries.items()):
+        load: dict[int, int] = {}
+        for event in summary["events"]:
+            if event[4] > 0:
+                load[event[1]] = load.get(event[1], 0) + event[4]
+        chosen = sorted(load, key=load.get, reverse=True)
         dropped += max(0, len(chosen) - LANES_PER_HOST)
+        lane_of = {}
+        for thread in chosen[:LANES_PER_HOST]:
+            lane_of[thread] = len(lanes)
+            lanes.append([host, summary["threads"][thread], 1])
+        names = summary["names"]
+        drawable.extend((e[3], e[4], lane_of[e[1]], names[e[0]]) for e in summary["events"]
+                        if e[4] > 0 and e[1] in lane_of)
     if dropped:
         notes.append(f"{dropped} quieter threads are not drawn (see .events)")
-    lane_index = {lane: i for i, lane in enumerate(lanes)}
-    keys = list(zip(busy["host"].astype(int), busy["thread"].astype(str)))
-    mask = [k in lane_index for k in keys]
-    drawn = busy[mask]
-    if len(drawn) > cap:
-        notes.append(f"the timeline draws the {cap:,} longest of {len(drawn):,} events")
-        drawn = drawn.nlargest(cap, "dur_us")
-    drawn = drawn.sort_values("start_us")
-    names: dict[str, int] = {}
-    rows, depth_of_lane = [], [1] * len(lanes)
-    open_ends: dict[int, list[float]] = {}
-    for host, thread, start, dur, name in zip(drawn["host"], drawn["thread"], drawn["start_us"], drawn["dur_us"],
-                                              drawn["name"]):
-        lane = lane_index[(int(host), str(thread))]
+    if not drawable:
+        return {"lanes": [], "events": [], "names": [], "start": 0.0, "end": 1.0}, ["no event with a duration to draw"]
+    if len(drawable) > cap:
+        notes.append(f"the timeline draws the {cap:,} longest of {len(drawable):,} events")
+        drawable = heapq.nlargest(cap, drawable, key=lambda e: e[1])
+    drawable.sort(key=lambda e: (e[0], -e[1]))
+    name_index: dict[str, int] = {}
+    open_ends: dict[int, list] = {}
+    rows = []
+    for start, duration, lane, name in drawable:
         stack = open_ends.setdefault(lane, [])
         while stack and stack[-1] <= start:
             stack.pop()
         depth = min(len(stack), MAX_DEPTH - 1)
-        stack.append(start + dur)
-        depth_of_lane[lane] = max(depth_of_lane[lane], depth + 1)
-        rows.append([lane, depth, round(float(start), 3), round(float(dur), 3), names.setdefault(str(name), len(names))])
-    end = float((drawn["start_us"] + drawn["dur_us"]).max())
-    return ({"lanes": [[h, t, depth_of_lane[i]] for i, (h, t) in enumerate(lanes)], "events": rows,
-             "names": list(names), "end": end, "start": float(drawn["start_us"].min())}, notes)
+        stack.append(start + duration)
+        if depth + 1 > lanes[lane][2]:
+            lanes[lane][2] = depth + 1
+        index = name_index.get(name)
+        if index is None:
+            index = name_index[name] = len(name_index)
+        rows.append([lane, depth, start - zero, duration, index])  # ns: integers keep the JSON short
+    first = drawable[0][0] - zero
+    end = max(start + duration for start, duration, _, _ in drawable) - zero
+    return {"lanes": lanes, "events": rows, "names": list(name_index), "start": first / 1e3, "end": end / 1e3}, notes
 
 
 def xprof_line(profile) -> str:
@@ -68,17 +80,15 @@ def xprof_line(profile) -> str:
 
 
 def straggler_line(profile) -> str:
-    steps = profile.steps
-    if steps is None or "straggler" not in steps.attrs:
-        return ""
-    host = steps.attrs["straggler"]
-    medians = steps.attrs["median_ms"]
-    if len(medians) < 2:
-        return (f"{html.escape(steps.attrs['function'])}: {len(steps)} steps, median "
-                f"{medians[host]:.2f} ms on host {host}")
-    others = ", ".join(f"host {h} {m:.2f} ms" for h, m in sorted(medians.items()) if h != host)
-    return (f"<b>straggler: host {host}</b>, {html.escape(steps.attrs['function'])} median {medians[host]:.2f} ms "
-            f"({steps.attrs['slower_by']:+.0%} vs the others: {others}), {len(steps)} steps")
+    host, reason = tables.straggler(profile.summaries)
+    steps = tables.steps(profile.summaries)
+    step = ""
+    if steps is not None:
+        medians = ", ".join(f"host {h} {m:.2f} ms" for h, m in sorted(steps.attrs.get("median_ms", {}).items()))
+        step = f"{len(steps)} {html.escape(steps.attrs['function'])} steps, median per host: {medians}"
+    if host is None:
+        return step
+    return f"<b>straggler: host {host}</b>: {html.escape(reason)}" + (f"<br>{step}" if step else "")
 
 
 def top_table(profile, n: int = 10) -> str:
@@ -105,6 +115,7 @@ _SCRIPT = r"""
 (function(){
 const D = %(data)s, root = document.getElementById('%(id)s');
 const cv = root.querySelector('canvas'), tip = root.querySelector('.tip'), ctx = cv.getContext('2d');
+for (const e of D.events) { e[2] /= 1e3; e[3] /= 1e3; }
 const ROW = 14, GAP = 6, LABEL = 150, AXIS = 18;
 let tops = [], y = AXIS;
 for (const [h, t, depth] of D.lanes) { tops.push(y); y += depth * ROW + GAP; }
