@@ -152,8 +152,11 @@ def test_host_without_jax_gives_one_clear_line(make_slice, cell):
     assert isinstance(cell("%tpu_profile start").error, ProfileError)
     assert "no recording runs" in cell("%tpu_profile").stdout
     assert cell("%%on_tpu\nsys.path[:] = kept_path").error is None
-    ok = cell("%%tpu_profile\nimport jax\njax.jit(lambda v: v + 1)(1)")
+    ok = cell("%%tpu_profile --python-tracer\nimport jax\njax.jit(lambda v: v + 1)(1)")
     assert ok.error is None and tpunb.last_profile().hosts == [0]
+    assert (tpunb.last_profile().events["kind"] == "python").any()  # Python calls, asked for
+    plain = cell("%%tpu_profile\njax.jit(lambda v: v + 2)(1)")
+    assert plain.error is None and not (tpunb.last_profile().events["kind"] == "python").any()
 
 
 def test_view_caps_what_it_draws_and_tables_keep_every_event():

@@ -201,8 +201,9 @@ def stop(sl, result=None, notes: list[str] | None = None, cap: int | None = None
     message: dict[str, Any] = {"op": "profile_stop"}
     if cap:
         message["cap"] = cap
-    replies = sl.session.call(rec["hosts"], message, timeout=STOP_TIMEOUT_S)
-    summaries, errors = {}, []
+    alive = [i for i in rec["hosts"] if sl.session.hosts[i].alive]
+    replies = sl.session.call(alive, message, timeout=STOP_TIMEOUT_S) if alive else {}
+    summaries, errors = {}, [f"host {i} died: its trace is lost" for i in rec["hosts"] if i not in alive]
     for host, (reply, blob) in sorted(replies.items()):
         if reply.get("status") != "ok":
             errors.append(f"host {host}: {reply.get('error')}")
