@@ -16,7 +16,7 @@ from tpunb.profile.summary import origin_ns
 
 #: events the timeline draws (the longest first, over all hosts); the files and tables keep all
 VIEW_CAP = 40_000
-#: lanes (threads) per host, the busiest first
+#: lanes (threads) per host: those calling jitted functions first, then the busiest
 LANES_PER_HOST = 4
 MAX_DEPTH = 4
 
@@ -32,10 +32,14 @@ def timeline_data(profile, cap: int = VIEW_CAP) -> tuple[dict, list[str]]:
     dropped = 0
     for host, summary in sorted(profile.summaries.items()):
         load: dict[int, int] = {}
+        calls: set[int] = set()  # threads that call jitted functions (the Python thread running the cell)
+        kinds = summary["kinds"]
         for event in summary["events"]:
             if event[4] > 0:
                 load[event[1]] = load.get(event[1], 0) + event[4]
-        chosen = sorted(load, key=load.get, reverse=True)
+                if kinds[event[0]] == "jit":
+                    calls.add(event[1])
+        chosen = sorted(load, key=lambda t: (t in calls, load[t]), reverse=True)
         dropped += max(0, len(chosen) - LANES_PER_HOST)
         lane_of = {}
         for thread in chosen[:LANES_PER_HOST]:
