@@ -2,13 +2,15 @@
 pulled back over the agent (local pipes and SSH), parsed again from Profile.path."""
 from __future__ import annotations
 
+import os
 import re
+import signal
 import threading
 
 import pytest
 
 import tpunb
-from tpunb.errors import CellInterrupted, RemoteError
+from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
 from tpunb.profile import Profile, ProfileError
 from tpunb.profile.view import render
 from tests.conftest import interrupt_kernel_when, wait_for, wait_for_files
@@ -139,8 +141,8 @@ def test_capture_from_another_thread_while_a_cell_runs_and_an_interrupted_profil
     assert set(train_step_calls(tpunb.last_profile())) == {0, 1}
 
 
-def test_host_without_jax_gives_one_clear_line(make_slice, cell):
-    make_slice(1)
+def test_host_without_jax_gives_one_clear_line_and_a_host_dying_while_profiled(make_slice, cell, flags):
+    sl = make_slice(1)
     hide = ("%%on_tpu\nimport sys\nkept_path = list(sys.path)\n"
             "sys.path[:] = [p for p in sys.path if 'site-packages' not in p and 'dist-packages' not in p]")
     assert cell(hide).error is None
@@ -157,6 +159,14 @@ def test_host_without_jax_gives_one_clear_line(make_slice, cell):
     assert (tpunb.last_profile().events["kind"] == "python").any()  # Python calls, asked for
     plain = cell("%%tpu_profile\njax.jit(lambda v: v + 2)(1)")
     assert plain.error is None and not (tpunb.last_profile().events["kind"] == "python").any()
+
+    # the host dies while profiled: the cell fails as %%on_tpu would say, and the next profile works
+    victim = sl.session.hosts[0].info["pid"]
+    threading.Thread(target=lambda: (wait_for_files(flags, ["0"]), os.kill(victim, signal.SIGKILL)), daemon=True).start()
+    died = cell(f"%%tpu_profile\nimport time\nopen('{flags}/0', 'w').close()\nwhile True:\n    time.sleep(0.01)")
+    assert isinstance(died.error, HostDiedError) and "host 0 died" in str(died.error)
+    again = cell("%%tpu_profile\nimport jax\njax.jit(lambda v: v + 3)(1)")
+    assert again.error is None and tpunb.last_profile().hosts == [0]
 
 
 def test_view_caps_what_it_draws_and_tables_keep_every_event():

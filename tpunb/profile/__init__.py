@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tpunb import report
 from tpunb.display import format_hosts
 from tpunb.errors import TpunbError
 from tpunb.profile import summary as tables
@@ -227,7 +228,12 @@ def unpack(blob: bytes, target: Path, run_name: str | None) -> None:
     """A host's gzip tar into target (plugins/profile/<run>/...), the run renamed to ``run_name``."""
     target.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
-        tar.extractall(target, filter="data")
+        try:
+            tar.extractall(target, filter="data")
+        except TypeError:  # a Python without extraction filters: allow only plain files under target
+            members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not m.name.startswith("/")
+                       and ".." not in Path(m.name).parts]
+            tar.extractall(target, members=members)
     if run_name:
         runs = [p for p in (target / "plugins" / "profile").iterdir() if p.is_dir()]
         if len(runs) == 1 and runs[0].name != run_name:
@@ -240,12 +246,19 @@ def profile_cell(sl, code: str, indices: list[int], hosts=None, name: str | None
     be interrupted), the profiler stops on every host. The cell's RunResult is ``profile.result``."""
     sl.revive()
     start(sl, indices, python_tracer=python_tracer, limit=None, name=name)
-    result = None
     try:
         result = sl.run(code, hosts=hosts, timeout=timeout, output=output)
-    finally:
-        profile = stop(sl, result if result is not None else sl.last_result)
-    return profile
+    except BaseException:  # interrupted: stop everywhere all the same, and let the interrupt speak
+        try:
+            stop(sl, sl.last_result)
+        except Exception as exc:
+            report.warn(f"[tpunb] the profile of the interrupted cell was not collected: {exc}")
+        raise
+    try:
+        return stop(sl, result)
+    except ProfileError:
+        result.raise_for_status()  # hosts died: the cell's own error says more
+        raise
 
 
 def capture(sl, seconds: float, indices: list[int], python_tracer: bool = False, name: str | None = None) -> Profile:
