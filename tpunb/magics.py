@@ -213,3 +213,38 @@ class TpuMagics(Magics):
         self.shell.user_ns[args.name] = value
         return value
 
+    @magic_arguments()
+    @argument("action", nargs="?", choices=["start", "stop"], default=None,
+              help="start: record on every host until stop; stop: collect and show; none: what is recorded")
+    @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3")
+    @argument("--slice", dest="slice_name", default=None)
+    @argument("--name", default=None, help="a name for the run (the folder xprof lists)")
+    @argument("--python-tracer", action="store_true", help="also record Python function calls")
+    @argument("--limit", type=float, default=600.0, help="start: a forgotten stop ends the recording after S seconds")
+    @line_cell_magic
+    def tpu_profile(self, line: str, cell: str | None = None):
+        """Profile the cell on every host with jax.profiler (%%tpu_profile), or record between
+        %tpu_profile start and %tpu_profile stop; shows a timeline per host and the top ops."""
+        from IPython.display import display
+
+        from tpunb import profile
+
+        args = _parse(self.tpu_profile, line)
+        sl = slices.current(args.slice_name)
+        if cell is not None:
+            if args.action:
+                raise UsageError("%%tpu_profile profiles the cell: use %tpu_profile start|stop on a line of its own")
+            if not cell.strip():
+                return
+            prof = sl.profile(cell, hosts=args.hosts, name=args.name, python_tracer=args.python_tracer)
+            render_values(prof.result, "grouped", sl.num_hosts)
+            display(prof)
+            prof.result.raise_for_status()
+        elif args.action == "start":
+            sl.profile_start(args.hosts, args.python_tracer, args.limit, args.name)
+            report.info(f"[tpunb] recording on {sl.name!r}: run cells, then %tpu_profile stop "
+                        f"(it ends by itself after {args.limit:g} s)")
+        elif args.action == "stop":
+            display(sl.profile_stop())
+        else:
+            print(profile.describe(sl))

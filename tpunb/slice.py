@@ -290,6 +290,36 @@ class Slice:
         for host in self.session.hosts:
             if host.alive:
                 host.send({"op": "metrics_interval", "seconds": self.metrics_interval})
+    # -- profiles (tpunb.profile) --------------------------------------------------------------
+    def profile(self, code: str, hosts: str | list[int] | None = None, name: str | None = None,
+                python_tracer: bool = False, timeout: float | None = None, output: str | None = "grouped"):
+        """Run ``code`` as ``run`` does with jax.profiler recording on each host: a Profile (the
+        cell's RunResult is its ``.result``). The profiler stops whatever the cell does."""
+        from tpunb import profile
+
+        return profile.profile_cell(self, code, parse_hosts(hosts, self.num_hosts), hosts, name, python_tracer,
+                                    timeout, output)
+
+    def profile_start(self, hosts: str | list[int] | None = None, python_tracer: bool = False,
+                      limit: float | None = 600.0, name: str | None = None) -> None:
+        """Begin recording on the hosts; cells run as usual until ``profile_stop``, or ``limit`` seconds."""
+        from tpunb import profile
+
+        self.revive()
+        profile.start(self, parse_hosts(hosts, self.num_hosts), python_tracer, limit, name)
+
+    def profile_stop(self):
+        """Stop the recording ``profile_start`` began: the Profile of everything in between."""
+        from tpunb import profile
+
+        return profile.stop(self)
+
+    def capture(self, seconds: float, hosts: str | list[int] | None = None, python_tracer: bool = False,
+                name: str | None = None):
+        """Record ``seconds`` on the hosts, callable from another thread while a cell runs: a Profile."""
+        from tpunb import profile
+
+        return profile.capture(self, seconds, parse_hosts(hosts, self.num_hosts), python_tracer, name)
 
     # -- status -------------------------------------------------------------------------------
     def status_rows(self, current: bool = False) -> list[HostRow]:

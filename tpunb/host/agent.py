@@ -25,6 +25,7 @@ from . import protocol
 from .io import Channel, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
 from .metrics import Sampler, install_log_shim
+from .profiler import OPS as PROFILE_OPS, Profiler
 from .runners import PlainRunner, flush_figures, make_ipython_runner, prefer_inline_matplotlib
 
 
@@ -39,6 +40,7 @@ class Agent:
         self.pump = None
         self.jax = None
         self.sampler = None
+        self.profiler = Profiler(self)
 
     # -- frames out ---------------------------------------------------------------------
     def send(self, message: dict, blob: bytes = b"") -> None:
@@ -129,6 +131,8 @@ class Agent:
             if op == "interrupt":
                 if message.get("id") is not None and message.get("id") == self.current:
                     self._interrupt()
+            elif op in PROFILE_OPS:  # answered on a side thread: works while a cell runs
+                self.profiler.handle(message)
             elif op == "start_jax":
                 if self.jax is not None:
                     self.jax.start_in_background()

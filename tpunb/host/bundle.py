@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE = "tpunb_host"
 #: shipped in this order: each module's relative imports name only modules before it
-MODULES = ("protocol", "io", "runners", "jax_start", "metrics", "agent")
+MODULES = ("protocol", "io", "runners", "jax_start", "metrics", "profiler", "agent")
 
 BOOTSTRAP = r"""
 import json, os, sys, types
