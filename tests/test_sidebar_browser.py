@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tpunb import slices
+from tpunb.errors import NoSliceError
 from tpunb.registry import Registry
 from tests.conftest import wait_for
 
@@ -218,6 +220,52 @@ def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_p
     _delete_from_sidebar(page, "demo")
     assert all(_dead(pid) for pid in pids), "the slice's host processes must end"
     assert page.locator(f"{SIDEBAR} .jp-tpunb-Empty").is_visible()
+    with pytest.raises(NoSliceError, match="'demo' was deleted outside this notebook"):
+        sl.run("pass")  # the owning kernel's next cell says what happened, and forgets the slice
+    with pytest.raises(NoSliceError, match="no slice yet"):
+        slices.current()
+
+
+def test_metric_bars_move_while_a_cell_runs(lab_home, page, flags):
+    sl = slices.launch("v4-16", name="busy")
+    _open_sidebar(page, lab_home)
+    cpu = f'{SIDEBAR} [data-slice="busy"] .jp-tpunb-Host:nth-child(2) .jp-tpunb-Bar[data-metric="cpu"]'
+    page.locator(cpu).wait_for()
+    page.wait_for_function(f"() => /CPU: [0-9.]+%/.test(document.querySelector('{cpu}').title)", timeout=30000)
+    outcome = {}
+    spin = (f"import os, time\nif os.environ['TPUNB_HOST_INDEX'] == '1':\n"
+            f"    while not os.path.exists('{flags}/stop'):\n        pass\n")
+    runner = threading.Thread(target=lambda: outcome.setdefault("result", sl.run(spin, output=None)))
+    runner.start()
+    try:  # host 1 spins: its CPU bar fills while the cell is still running
+        page.wait_for_function(f"() => parseFloat(document.querySelector('{cpu}').title.split(': ')[1]) > 50",
+                               timeout=30000)
+        assert "result" not in outcome
+    finally:
+        (flags / "stop").touch()
+        runner.join(30)
+    assert outcome["result"].ok
+    page.wait_for_function(f"() => parseFloat(document.querySelector('{cpu}').title.split(': ')[1]) < 50",
+                           timeout=30000)
+    slices.down("busy")
+
+
+def test_a_cloud_slice_shows_its_price_per_hour(lab_home, page):
+    from tpunb.emulator.sandbox import start_sandbox
+
+    sandbox = start_sandbox(hosts=2)
+    try:
+        sl = slices.launch("v4-16", name="pod", backend="gcp")
+        _open_sidebar(page, lab_home)
+        card = page.locator(f'{SIDEBAR} [data-slice="pod"]')
+        card.wait_for()
+        usd = [s for s in lab_home.api("/tpunb/api/slices")["slices"] if s["name"] == "pod"][0]["usd_per_hour"]
+        assert usd == sl.node.price_per_hour > 0
+        assert f"${usd:,.2f}/h" in card.inner_text() and "gcp" in card.inner_text()
+        slices.down("pod")
+        card.wait_for(state="detached")
+    finally:
+        sandbox.stop()
 
 
 def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, tmp_path):

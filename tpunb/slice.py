@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb import catalog, report
 from tpunb.display import CellOutput, HostLogs, MODES, format_hosts, kernel_cell_number, kernel_colors
-from tpunb.errors import CellInterrupted, UsageError
+from tpunb.errors import CellInterrupted, NoSliceError, UsageError
 from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
@@ -92,7 +92,8 @@ class Slice:
         self.metrics_interval = 1.0
         self.metrics_store = MetricsStore(len(transports))
         self.session.on_metrics = self.metrics_store.add
-        self.metrics_feed = MetricsFeed(self.metrics_store, registry, record.name)
+        self.metrics_feed = MetricsFeed(self.metrics_store, registry, record.name, on_gone=self._deleted_elsewhere)
+        self._gone = False  # deleted outside this kernel (the JupyterLab sidebar, another kernel)
         self.logs = HostLogs(tpunb_home() / "logs" / record.name)
         self.last_result: RunResult | None = None
         self.started_at = time.time()
@@ -135,16 +136,34 @@ class Slice:
         self.session.start(hosts)
         self.metrics_feed.start()
 
+    def _deleted_elsewhere(self) -> None:
+        self._gone = True
+
+    def _check_not_deleted(self) -> None:
+        """A slice deleted from the sidebar (or by another kernel) says so at its next cell, and
+        this kernel forgets it."""
+        if not self._gone:
+            return
+        for listener in self.on_delete:
+            listener(self)
+        self.close()
+        raise NoSliceError(f"slice {self.name!r} was deleted outside this notebook (the JupyterLab sidebar or "
+                           f"another kernel's %tpu_down): launch a new one with %tpu_launch {self.kind}")
+
     def revive(self) -> list[int]:
         """Restart hosts whose agent died; returns the restarted hosts.
 
         Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
         started, every host restarts together.
         """
+        self._check_not_deleted()
         self.node.check()  # a preempted node: say so, rather than fail to reach its hosts
         dead = self.session.dead_hosts()
         if not dead:
             return []
+        if self.registry.get_slice(self.name) is None:  # its hosts were ended with it, from outside
+            self._gone = True
+            self._check_not_deleted()
         if self.session.jax_started and self.num_hosts > 1:
             restart = list(range(self.num_hosts))
             why = (f"host {format_hosts(dead)} had died and JAX's distributed runtime cannot take a restarted "
