@@ -71,3 +71,23 @@ def test_tpunb_log_works_on_a_host_without_tpunb(tmp_path):
         assert logged[0][2:] == [0.25, None, 3]
     finally:
         session.close()
+
+
+def test_interleaved_runtime_chatter_is_dropped_and_user_lines_kept():
+    """Gloo's C++ threads write their connection lines in pieces that interleave (recorded from a
+    loaded 2-host slice); what is left of them must not reach the notebook as '7' or blank lines."""
+    import re
+
+    from tpunb.host.io import OutputPump
+    from tpunb.provision.common import GLOO_CHATTER, GLOO_FRAGMENTS
+
+    pump = OutputPump.__new__(OutputPump)  # the filter alone: no pipes, no pump thread
+    pump.drop, pump.fragments = re.compile(GLOO_CHATTER), re.compile(GLOO_FRAGMENTS)
+    pump._noise_at, pump._held, pump._dropping = float("-inf"), {}, {}
+    pieces = ["[Gloo] Rank ", "[Gloo] Rank ", "4", " is connected to ", "7", "6", " is connected to ",
+              "7 peer ranks. Expected number of connected peer ranks is : 7\n",
+              " peer ranks. Expected number of connected peer ranks is : 7\n", "7\n", "\n", "loss 7\n"]
+    shown = "".join(pump._filter(1, piece, final=False) for piece in pieces)
+    assert shown == "loss 7\n"
+    pump._noise_at = float("-inf")  # long after any chatter, a user's bare number and blank line stay
+    assert pump._filter(1, "7\n\n", final=False) == "7\n\n"

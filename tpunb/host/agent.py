@@ -86,7 +86,7 @@ class Agent:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
-        self.pump = OutputPump(self.channel, init.get("drop_output"))
+        self.pump = OutputPump(self.channel, init.get("drop_output"), init.get("drop_fragments"))
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stdin = NoStdin()

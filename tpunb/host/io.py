@@ -12,8 +12,11 @@ import select
 import signal
 import sys
 import threading
+import time
 
 from . import protocol
+
+NOISE_WINDOW = 1.0  # seconds after a noise line during which a bare fragment of it is noise too
 
 _SIGNAL_THREAD_MASK = {signal.SIGINT, signal.SIGTERM}
 
@@ -61,10 +64,14 @@ class Channel:
 class OutputPump:
     """Turns everything written to fds 1 and 2 into stream frames tagged with the running cell."""
 
-    def __init__(self, channel: Channel, drop: str | None = None) -> None:
+    def __init__(self, channel: Channel, drop: str | None = None, fragments: str | None = None) -> None:
         self.channel = channel
         self.cell_id = None
         self.drop = re.compile(drop) if drop else None  # noise the host runtime prints (simulated slices)
+        #: pieces of that noise: C++ threads interleave their writes, leaving bits such as "7" on a
+        #: line of their own; dropped only just after a noise line
+        self.fragments = re.compile(fragments) if fragments else None
+        self._noise_at = float("-inf")
         self._held: dict = {}
         self._dropping: dict = {}  # fd -> the rest of a dropped partial line is still to come
         self._lock = threading.Lock()
@@ -102,13 +109,20 @@ class OutputPump:
         if tail and not final and self.drop.search(tail + " Rank peer ranks"):
             self._held[fd] = tail
             tail = ""
-        kept = [line + "\n" for line in lines if not self.drop.search(line)]
+        kept = [line + "\n" for line in lines if not self._noise(line)]
         if tail:
-            if self.drop.search(tail):
+            if self._noise(tail):
                 self._dropping[fd] = True
             else:
                 kept.append(tail)
         return "".join(kept)
+
+    def _noise(self, line: str) -> bool:
+        if self.drop.search(line):
+            self._noise_at = time.monotonic()
+            return True
+        return (self.fragments is not None and time.monotonic() - self._noise_at < NOISE_WINDOW
+                and self.fragments.fullmatch(line) is not None)
 
     def _read(self, fd: int, final: bool = False) -> None:
         name, decoder = self._streams[fd]

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 #: sometimes interleaved: any line with these fragments is noise on a simulated slice (and on
 #: SSH hosts running JAX on CPU)
 GLOO_CHATTER = r"\[Gloo\]|peer ranks"
+#: what is left of such a line when threads interleave their writes ("7", " is connected to ")
+GLOO_FRAGMENTS = r"(?:\s|\d|[.:]|\[Gloo\]|Rank|is connected to|peer ranks|Expected number of connected|is)*"
+#: what the agent's output pump is told to drop (see host/io.py)
+DROP_NOISE = {"drop_output": GLOO_CHATTER, "drop_fragments": GLOO_FRAGMENTS}
 
 
 def host_env(record: SliceRecord, index: int) -> dict[str, str]:

@@ -14,7 +14,7 @@ import time
 from tpunb import catalog, colab, report
 from tpunb.catalog import Accelerator
 from tpunb.errors import UsageError
-from tpunb.provision.common import GLOO_CHATTER, host_env, owner_alive, start
+from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, start
 from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.slice import Slice
 from tpunb.transport.local import LocalTransport
@@ -64,7 +64,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
     def host_init(index: int, coordinator_port: int) -> dict:
         variables = {**host_env(record, index), **jax_env, **env}
         return {"env": variables, "cwd": os.getcwd(), "jax": jax_settings(num_hosts, index, coordinator_port),
-                "drop_output": GLOO_CHATTER}
+                **DROP_NOISE}
 
     transports = [LocalTransport(f"local:{h.index}") for h in record.hosts]
     return Slice(record, transports, host_init, reg, coordinator_port=free_port)

@@ -10,7 +10,7 @@ import time
 
 from tpunb import report
 from tpunb.errors import HostKeyError, TransportError
-from tpunb.provision.common import GLOO_CHATTER, host_env, start
+from tpunb.provision.common import DROP_NOISE, host_env, start
 from tpunb.registry import Registry, SliceRecord
 from tpunb.slice import Node, Slice
 
@@ -57,7 +57,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float 
         jax = {"initialize": num_hosts > 1,
                "kwargs": {"coordinator_address": f"{coordinator}:{coordinator_port}", "num_processes": num_hosts,
                           "process_id": index, "initialization_timeout": 120}}
-        return {"env": variables, "jax": jax, "drop_output": GLOO_CHATTER, "cwd": spec.get("cwd")}
+        return {"env": variables, "jax": jax, "cwd": spec.get("cwd"), **DROP_NOISE}
 
     # a port outside Linux's ephemeral range (32768+), where outgoing connections take theirs
     return Slice(record, transports, host_init, reg, coordinator_port=lambda: random.randint(20000, 32000), node=node)
