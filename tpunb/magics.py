@@ -162,7 +162,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_metrics(self, line: str):
         """Live metrics of every host, updated while cells run: %tpu_metrics [--interval S] [METRIC ...]."""
-        from tpunb.widgets.launch import in_widget_frontend
+        from tpunb.widgets import in_widget_frontend
         from tpunb.widgets.metrics import MetricsView, render_text
 
         args = _parse(self.tpu_metrics, line)

@@ -6,6 +6,7 @@ Frames arrive on the hosts' reader threads; ``add`` appends and keeps the latest
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import threading
 import time
@@ -45,10 +46,11 @@ class MetricsStore:
             self.version += 1
             self.received_at = self.heard[host] = time.time()
 
-    def samples(self, host: int) -> list[tuple]:
-        """A copy of one host's ring: (time, metric, value, chip, step), oldest first."""
+    def newest(self, host: int, limit: int) -> list[tuple]:
+        """One host's latest ``limit`` samples, (time, metric, value, chip, step), newest first:
+        what a redraw reads, never the whole ring."""
         with self._lock:
-            return list(self.rings[host])
+            return list(itertools.islice(reversed(self.rings[host]), limit))
 
     def last_seen(self, host: int) -> float | None:
         """When (kernel clock) the last frame from ``host`` arrived, or None."""

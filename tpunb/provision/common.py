@@ -47,14 +47,19 @@ def start(sl: "Slice", reg: Registry, started: float, ready: str | None = None) 
     return sl
 
 
-def owner_alive(record: SliceRecord) -> bool:
-    """Another live process (a kernel) owns this slice's host sessions."""
-    if not record.owner_pid or record.owner_pid == os.getpid():
+def pid_alive(pid: int | None) -> bool:
+    """A process with this pid exists (one we may not signal counts)."""
+    if not pid:
         return False
     try:
-        os.kill(record.owner_pid, 0)
+        os.kill(pid, 0)
         return True
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+
+
+def owner_alive(record: SliceRecord) -> bool:
+    """Another live process (a kernel) owns this slice's host sessions."""
+    return record.owner_pid != os.getpid() and pid_alive(record.owner_pid)

@@ -18,6 +18,7 @@ from typing import Any
 
 from tpunb import catalog as _catalog, provision, report, slices
 from tpunb.errors import NoSliceError, TpunbError
+from tpunb.provision.common import pid_alive
 from tpunb.provision.gcp.node import price_per_hour
 from tpunb.registry import Registry, SliceRecord
 
@@ -29,18 +30,6 @@ class OwnedElsewhere(TpunbError):
 
 
 # -- listing ---------------------------------------------------------------------------------
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
 
 def _price(accelerator: str, spot: bool) -> float | None:
     try:
@@ -73,7 +62,7 @@ def _host_rows(record: SliceRecord, owner_alive: bool, latest: list[tuple]) -> l
     for host in record.hosts:
         pid = host.info.get("pid")
         if record.backend == "local":
-            state = "running" if owner_alive and (pid is None or _alive(pid)) else "gone"
+            state = "running" if owner_alive and (pid is None or pid_alive(pid)) else "gone"
         else:
             state = "connected" if owner_alive else "not connected"
         rows.append({"index": host.index, "address": host.address, "state": state,
@@ -82,7 +71,7 @@ def _host_rows(record: SliceRecord, owner_alive: bool, latest: list[tuple]) -> l
 
 
 def _slice_row(record: SliceRecord, now: float, nodes: dict, reg: Registry) -> dict[str, Any]:
-    owner_alive = _alive(record.owner_pid)
+    owner_alive = pid_alive(record.owner_pid)
     spot = bool(record.spec.get("spot"))
     if record.backend == "local":
         state = "running" if owner_alive else "stopped: its kernel ended (%tpu_use restarts it)"
@@ -186,7 +175,7 @@ def delete_slice(name: str) -> dict[str, Any]:
     reg = Registry()
     record = reg.get_slice(name)
     if record is not None and record.backend == "local" and record.owner_pid != os.getpid() \
-            and _alive(record.owner_pid):
+            and pid_alive(record.owner_pid):
         _end_hosts(record)
         reg.delete_slice(name)
         return {"deleted": [name], "messages": []}

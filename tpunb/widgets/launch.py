@@ -4,17 +4,7 @@ from __future__ import annotations
 import html
 
 from tpunb import report
-
-
-def in_widget_frontend() -> bool:
-    """True inside a Jupyter kernel whose front end can show widgets (JupyterLab, Notebook, VS Code, Colab)."""
-    try:
-        from IPython import get_ipython
-        import ipywidgets  # noqa: F401
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+from tpunb.widgets import in_widget_frontend
 
 
 class LaunchProgress:

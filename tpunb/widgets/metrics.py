@@ -20,6 +20,7 @@ PER_CHIP_SUM = {"hbm_used_bytes", "hbm_total_bytes"}  # other per-chip metrics a
 LABELS = {"cpu_percent": "host CPU", "process_cpu_percent": "process CPU", "rss_bytes": "process memory",
           "hbm_used_bytes": "HBM used", "duty_cycle_percent": "TensorCore duty", "memory_used_bytes": "host memory"}
 POINTS = 60  # per sparkline
+SCAN_LIMIT = 20_000  # newest samples a redraw reads per host, whatever the ring holds
 MAX_HOSTS = 32  # rows drawn; stragglers first, then the rest in order
 
 
@@ -29,15 +30,22 @@ class Straggler:
     why: str
 
 
-def host_series(store: MetricsStore, host: int, metric: str) -> list[tuple[float, float]]:
-    """(x, value) points: x is the step for user metrics that carry one, else the time; per-chip
-    metrics combined per sample time."""
-    points: dict[float, list[float]] = {}
-    for t, m, v, _chip, step in store.samples(host):
-        if m == metric:
-            points.setdefault(step if step is not None else t, []).append(v)
-    combine = sum if metric in PER_CHIP_SUM else statistics.fmean
-    return [(x, combine(vs)) for x, vs in sorted(points.items())][-POINTS:]
+def host_series(store: MetricsStore, host: int, metrics: list[str]) -> dict[str, list[tuple[float, float]]]:
+    """Per metric, the last POINTS (x, value) points from one pass over the host's newest samples:
+    x is the step for user metrics that carry one, else the time; per-chip values combined."""
+    wanted = set(metrics)
+    points: dict[str, dict[float, list[float]]] = {m: {} for m in metrics}
+    for t, m, v, _chip, step in store.newest(host, SCAN_LIMIT):
+        if m in wanted:
+            series = points[m]
+            x = step if step is not None else t
+            if x in series or len(series) < POINTS:
+                series.setdefault(x, []).append(v)
+    combined = {}
+    for metric, series in points.items():
+        combine = sum if metric in PER_CHIP_SUM else statistics.fmean
+        combined[metric] = [(x, combine(vs)) for x, vs in sorted(series.items())]
+    return combined
 
 
 def stragglers(store: MetricsStore, num_hosts: int, interval: float, now: float | None = None) -> list[Straggler]:
@@ -114,8 +122,9 @@ def render_html(title: str, store: MetricsStore, num_hosts: int, metrics: list[s
     rows = []
     for host in sorted(order):
         cells = []
+        series = host_series(store, host, chosen)
         for metric in chosen:
-            points = host_series(store, host, metric)
+            points = series[metric]
             value = points[-1][1] if points else None
             colour = "#d93025" if host in late else "#1a73e8"
             cells.append(f'<td style="padding:2px 8px;white-space:nowrap">{sparkline(points, colour=colour)} '
@@ -145,8 +154,9 @@ def render_text(title: str, store: MetricsStore, num_hosts: int, metrics: list[s
     lines = [title, "host  " + "  ".join(f"{m:>20}" for m in chosen)]
     for host in range(num_hosts):
         values = []
+        series = host_series(store, host, chosen)
         for metric in chosen:
-            points = host_series(store, host, metric)
+            points = series[metric]
             values.append(f"{_format(metric, points[-1][1] if points else None):>20}")
         lines.append(f"{host:>4}  " + "  ".join(values) + (f"   <- {late[host]}" if host in late else ""))
     return "\n".join(lines)
