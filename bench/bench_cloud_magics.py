@@ -38,6 +38,7 @@ def main() -> None:
     from tpunb import slice as slice_module
     from tpunb.emulator.sandbox import start_sandbox
     from tpunb.provision.gcp import api as gcp
+    from tpunb.provision import warm
     from tpunb.registry import SliceRecord
 
     sandbox = start_sandbox(hosts=2, create_seconds=0.3)
@@ -57,7 +58,7 @@ def main() -> None:
 
     ssh_backend.connect_hosts = timed(connect_hosts)
     slice_module.Slice.connect = timed(start_agents)
-    gcp.warm_up().join()  # importing google-cloud-tpu happens once per kernel, in the background
+    warm.ready()  # importing google-cloud-tpu happens once per kernel, in the background
     rows = []
     sink = io.StringIO()
     for run in range(args.runs + 1):

@@ -143,7 +143,7 @@ def main() -> None:
     )
     note = (
         f"Importing google-cloud-tpu once per kernel: {ms(import_seconds)} ms (outside the table; "
-        "`gcp.warm_up()` does it in a background thread)."
+        "`%load_ext tpunb` starts it on a background thread)."
     )
     print(table + "\n\n" + note)
     if args.append:

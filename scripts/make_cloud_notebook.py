@@ -1,6 +1,8 @@
-"""Writes notebooks/02_cloud_workflow.ipynb (execute it to store outputs)."""
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+"""Writes notebooks/02_cloud_workflow.ipynb and executes it to store its outputs (nbval compares them):
+PYTHONPATH=. python3 scripts/make_cloud_notebook.py"""
+from nbformat.v4 import new_code_cell, new_markdown_cell
+
+from notebook_kit import write
 
 cells = [
     new_markdown_cell(
@@ -11,7 +13,9 @@ cells = [
         "this machine, so it runs anywhere for free.\n\n"
         "**On a real project, skip the sandbox cell** and configure a project instead: "
         "`gcloud auth application-default login`, then `GOOGLE_CLOUD_PROJECT` and `CLOUDSDK_COMPUTE_ZONE` "
-        "(or `--project` / `--zone`, or gcloud's own configuration)."),
+        "(or `--project` / `--zone`, or gcloud's own configuration); in Colab, "
+        "`tpunb.colab.authenticate(\"my-project\")`. Then `%tpu_launch v4-16 --spot --zone us-central2-b` "
+        "creates a real slice, and every other cell runs as below."),
     new_code_cell("%load_ext tpunb"),
     new_code_cell("# NBVAL_IGNORE_OUTPUT\nfrom tpunb.emulator.sandbox import start_sandbox\n\n"
                   "sandbox = start_sandbox()   # emulator + sshd hosts; sets TPUNB_TPU_API_ENDPOINT, project, zone\n"
@@ -38,5 +42,4 @@ cells = [
     new_code_cell("status = %tpu_status\nlen(status)"),
     new_code_cell("sandbox.stop()"),
 ]
-nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-nbformat.write(nb, "notebooks/02_cloud_workflow.ipynb")
+write("02_cloud_workflow.ipynb", cells)

@@ -1,20 +1,18 @@
-"""Writes notebooks/04_profiling.ipynb and executes it to store its outputs (nbval compares them):
+"""Writes notebooks/06_profiling.ipynb and executes it to store its outputs (nbval compares them):
 PYTHONPATH=. python3 scripts/make_profile_notebook.py"""
-import os
-import tempfile
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
-import nbformat
-from nbclient import NotebookClient
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-IGNORE = {"tags": ["nbval-ignore-output"]}  # timings and paths change from run to run
+from notebook_kit import IGNORE, write
 
 cells = [
     new_markdown_cell(
         "# Profiling a few training steps on every host\n\n"
         "`%%tpu_profile` runs a cell exactly as `%%on_tpu` does, with `jax.profiler` recording on every host. "
         "Each host summarises its own trace and sends it back with the files, so the notebook shows one timeline "
-        "per host on one time axis, the ops that took the time, and which host the others waited for."),
+        "per host on one time axis, the ops that took the time, and which host the others waited for.\n\n"
+        "Here the slice is simulated on this machine. **On a real slice**, configure a Google Cloud project and "
+        "launch with `%tpu_launch v4-16 --zone us-central2-b`: the rest runs unchanged, and the timeline then "
+        "shows the TPU's own ops."),
     new_code_cell("%load_ext tpunb\n%tpu_launch v4-16 --name profiling"),
     new_markdown_cell("A data-parallel step: each host holds half of the batch, and the gradient is reduced "
                       "across both hosts (an all-reduce) in every step. Host 1 does extra work between steps "
@@ -57,10 +55,4 @@ cells = [
     new_code_cell("%tpu_down"),
 ]
 
-notebook = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                                              "language": "python"}})
-path = os.path.join(os.path.dirname(__file__), "..", "notebooks", "04_profiling.ipynb")
-os.environ.setdefault("TPUNB_HOME", tempfile.mkdtemp(prefix="tpunb-notebook-"))
-NotebookClient(notebook, timeout=600, kernel_name="python3").execute()
-nbformat.write(notebook, path)
-print("wrote", os.path.abspath(path))
+write("06_profiling.ipynb", cells)

@@ -1,13 +1,17 @@
-"""Writes notebooks/01_quickstart.ipynb (then execute it to store outputs: see scripts/test)."""
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+"""Writes notebooks/01_quickstart.ipynb and executes it to store its outputs (nbval compares them):
+PYTHONPATH=. python3 scripts/make_quickstart.py"""
+from nbformat.v4 import new_code_cell, new_markdown_cell
+
+from notebook_kit import write
 
 cells = [
     new_markdown_cell(
         "# tpunb quickstart: a multi-host TPU slice, simulated on this machine\n\n"
         "With no Google Cloud project configured, `%tpu_launch` starts a **local simulated slice**: one Python "
         "process per TPU host, each seeing its share of chips as JAX CPU devices, joined by `jax.distributed`. "
-        "Everything below runs unchanged on a real slice."),
+        "Everything below runs unchanged on a real slice: configure a Google Cloud project "
+        "(`gcloud auth application-default login`; in Colab `tpunb.colab.authenticate(\"my-project\")`) and launch "
+        "with `%tpu_launch v4-16 --zone us-central2-b` instead (`02_cloud_workflow.ipynb` walks through it)."),
     new_code_cell("%load_ext tpunb"),
     new_markdown_cell("A `v4-16` has 8 chips on 2 hosts (4 per host). Launching starts both hosts:"),
     new_code_cell("%tpu_launch v4-16"),
@@ -50,5 +54,4 @@ cells = [
     new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_status"),
     new_code_cell("%tpu_down"),
 ]
-nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-nbformat.write(nb, "notebooks/01_quickstart.ipynb")
+write("01_quickstart.ipynb", cells)

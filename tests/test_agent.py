@@ -28,7 +28,7 @@ def test_plain_runner_without_ipython():
 def test_protocol_version_mismatch_is_refused(monkeypatch):
     monkeypatch.setattr(protocol, "PROTOCOL_VERSION", 999)
     session = Session([LocalTransport("local:0")], lambda i: {"env": {}})
-    with pytest.raises(ProtocolError, match="agent protocol v2, this tpunb speaks v999"):
+    with pytest.raises(ProtocolError, match="agent protocol v4, this tpunb speaks v999"):
         session.start()
 
 

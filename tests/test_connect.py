@@ -165,7 +165,23 @@ def test_use_reconnects_an_ssh_slice_after_a_kernel_restart(connect, cell, sshd)
     assert "deleted remote" in cell("%tpu_down remote").stdout
 
 
+def test_hosts_you_bring_can_be_a_multislice(connect, cell, sshd):
+    run = connect(sshd.addresses[:4], "--name pair --slices 2")
+    assert run.error is None, run.shown
+    env = cell("%%on_tpu\nimport os\nprint(os.environ['MEGASCALE_SLICE_ID'], os.environ['MEGASCALE_NUM_SLICES'], "
+               "os.environ['MEGASCALE_COORDINATOR_ADDRESS'])")
+    assert env.stdout == f"[s0] 0 2 {sshd.addresses[0]}:8080\n[s1] 1 2 {sshd.addresses[0]}:8080\n", env.shown
+    table = slices.status()
+    assert set(table["accelerator"]) == {"4 hosts in 2 slices"} and list(table["slice_index"]) == [0, 0, 1, 1]
+    assert "Out[s1/1]: 3" in cell("%%on_tpu --hosts s1/1\nint(os.environ['TPUNB_HOST_INDEX'])").shown
+    assert "deleted pair" in cell("%tpu_down pair").stdout
+
+
 def test_bad_connect_arguments(cell, sshd):
     assert "Usage: %tpu_connect" in cell("%tpu_connect").shown
     mismatch = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:3])} --accelerator v4-16")
     assert "v4-16 has 2 hosts, but 3 were given" in mismatch.shown
+    uneven = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:3])} --slices 2")
+    assert "--slices 2: 3 hosts do not make 2 equal slices" in uneven.shown and "Traceback" not in uneven.shown
+    pairs = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:3])} --accelerator v4-16 --slices 2")
+    assert "2 x v4-16 have 4 hosts, but 3 were given" in pairs.shown

@@ -55,7 +55,8 @@ def test_cell_output_caps_and_labels():
     sink.finish()
     lines = out.getvalue().splitlines()
     assert lines[:3] == ["[0-1] 0", "[0-1] 1", "[0-1] 2"]
-    assert "output capped at 3 lines" in lines[3] and len(lines) == 4
+    assert "output capped at 3 lines" in lines[3] and len(lines) == 5
+    assert lines[4].startswith("[tpunb] 4 lines not shown here (host 0: 2 (4 bytes), host 1: 2 (4 bytes))")
 
 
 def test_single_host_slices_are_not_labelled():

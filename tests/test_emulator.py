@@ -136,6 +136,32 @@ def test_queued_resource_state_path_and_force_delete(api, tpu_emulator):
     assert list(api.list_queued_resources(parent=PARENT)) == [] and list(api.list_nodes(parent=PARENT)) == []
 
 
+def multislice(count: int, prefix: str | None = None) -> tpu_v2.QueuedResource:
+    params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(node_count=count, node_id_prefix=prefix or "")
+    spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=PARENT, multislice_params=params, node=node())
+    return tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]))
+
+
+def test_multislice_queued_resource_is_active_with_every_node_and_deleted_with_them(api, tpu_emulator):
+    api.create_queued_resource(parent=PARENT, queued_resource_id="ms", queued_resource=multislice(2, "pod"))
+    states_until(lambda: api.get_queued_resource(name=f"{PARENT}/queuedResources/ms").state.state.name, {"ACTIVE"})
+    made = {n.name.rsplit("/", 1)[-1]: n for n in api.list_nodes(parent=PARENT)}
+    assert sorted(made) == ["pod-0", "pod-1"]  # {prefix}-{i}, as Cloud TPU names them
+    assert {n.state for n in made.values()} == {tpu_v2.Node.State.READY}
+    assert {n.queued_resource for n in made.values()} == {f"{PARENT}/queuedResources/ms"}
+    params = api.get_queued_resource(name=f"{PARENT}/queuedResources/ms").tpu.node_spec[0].multislice_params
+    assert (params.node_count, params.node_id_prefix) == (2, "pod")
+    api.delete_queued_resource(
+        request=tpu_v2.DeleteQueuedResourceRequest(name=f"{PARENT}/queuedResources/ms", force=True)
+    ).result(timeout=10, polling=POLL)
+    assert list(api.list_queued_resources(parent=PARENT)) == [] and list(api.list_nodes(parent=PARENT)) == []
+    api.create_queued_resource(parent=PARENT, queued_resource_id="bare", queued_resource=multislice(2))
+    states_until(lambda: api.get_queued_resource(name=f"{PARENT}/queuedResources/bare").state.state.name, {"ACTIVE"})
+    assert sorted(n.name.rsplit("/", 1)[-1] for n in api.list_nodes(parent=PARENT)) == ["bare-0", "bare-1"]
+    with pytest.raises(exceptions.BadRequest, match="nodeCount must be > 1"):
+        api.create_queued_resource(parent=PARENT, queued_resource_id="one", queued_resource=multislice(1))
+
+
 @pytest.mark.parametrize(
     "parent, body, node_id, error, text",
     [

@@ -28,7 +28,7 @@ def execute(client, code: str, on_output=None, timeout: float = 120):
             raise AssertionError(f"no reply to {code!r} within {timeout} s") from None
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
-        if msg["msg_type"] in ("stream", "error", "display_data", "execute_result"):
+        if msg["msg_type"] in ("stream", "error", "display_data", "update_display_data", "execute_result"):
             outputs.append(msg["content"])
             if on_output:
                 on_output(msg["content"])

@@ -88,7 +88,21 @@ async def test_slices_lists_a_local_slice_with_its_hosts_and_cost(call):
         "name": "v4-16", "backend": "local", "accelerator": "v4-16", "state": "running", "usd_per_hour": 0.0,
         "orphan": False}
     assert row["list_usd_per_hour"] > 0 and row["usd_so_far"] == 0 and row["age_s"] >= 0
-    assert [(h["index"], h["state"]) for h in row["hosts"]] == [(0, "running"), (1, "running")]
+    assert row["num_slices"] == 1
+    assert [(h["index"], h["slice_index"], h["label"], h["state"]) for h in row["hosts"]] == [
+        (0, 0, "0", "running"), (1, 0, "1", "running")]
+
+
+async def test_a_multislice_is_one_row_with_hosts_labelled_slice_by_slice(call):
+    single = slices.launch("v4-16", name="one")
+    slices.launch("v4-16", name="pair", slices=2)
+    rows = {row["name"]: row for row in (await call("GET", "slices"))[1]["slices"]}
+    pair = rows["pair"]
+    assert (pair["accelerator"], pair["num_slices"], pair["state"]) == ("2 x v4-16", 2, "running")
+    assert [(h["index"], h["slice_index"], h["label"], h["state"]) for h in pair["hosts"]] == [
+        (0, 0, "s0/0", "running"), (1, 0, "s0/1", "running"), (2, 1, "s1/0", "running"), (3, 1, "s1/1", "running")]
+    assert pair["list_usd_per_hour"] == pytest.approx(2 * rows["one"]["list_usd_per_hour"])  # both slices billed
+    assert single.name == "one" and rows["one"]["num_slices"] == 1
 
 
 async def test_hosts_carry_the_latest_metrics_their_kernel_published(call):
@@ -164,3 +178,18 @@ async def test_orphaned_cloud_nodes_are_listed_and_deleted(call, tpu_emulator, m
     assert orphan["usd_per_hour"] > 0 and "still billed" in orphan["message"]
     assert await call("DELETE", "slices", "forgotten") == (200, {"deleted": ["forgotten"], "messages": []})
     assert tpu_emulator.state()["nodes"] == []
+
+
+async def test_an_orphaned_multislice_is_one_row_priced_for_every_slice(call, tpu_emulator, monkeypatch):
+    from tpunb.provision.gcp import api as gcp
+
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
+    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", "us-central2-b")
+    gcp.create(gcp.NodeSpec(name="lost-pair", accelerator="v4-16", project="proj", zone="us-central2-b", slices=2))
+    gcp.create(gcp.NodeSpec(name="lost-one", accelerator="v4-16", project="proj", zone="us-central2-b"))
+    orphans = {o["name"]: o for o in (await call("GET", "slices"))[1]["orphans"]}
+    assert sorted(orphans) == ["lost-one", "lost-pair"]
+    pair, one = orphans["lost-pair"], orphans["lost-one"]
+    assert (pair["accelerator"], pair["num_slices"], one["accelerator"], one["num_slices"]) == (
+        "2 x v4-16", 2, "v4-16", 1)
+    assert one["usd_per_hour"] > 0 and pair["usd_per_hour"] == pytest.approx(2 * one["usd_per_hour"])

@@ -3,8 +3,10 @@ server extension, as ``pip install tpunb[lab]`` installs them) driven through De
 chromium by Playwright. Slices are real local slices: launched by this test process (as another
 kernel would), and from the sidebar's launch form into a notebook's own kernel.
 
-Needs chromium at /usr/bin/chromium and the extension built into this environment: both are
-installed by ./scripts/test. Playwright never downloads a browser here.
+Needs chromium at /usr/bin/chromium and the sidebar built into ``tpunb/labextension`` of the tpunb
+being tested (``jlpm build:prod`` in extension/; ./scripts/test builds it on install). The lab loads
+that build before any copy installed in the environment, which may be older or another checkout's.
+Playwright never downloads a browser here.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+import tpunb
 from tpunb import slices
 from tpunb.errors import NoSliceError
 from tpunb.registry import Registry
@@ -55,6 +58,24 @@ class Lab:
         """Kernels run in their own sessions: stop them through the server, as the Kernel menu does."""
         for kernel in self.api("/api/kernels"):
             self.api(f"/api/kernels/{kernel['id']}", method="DELETE")
+
+
+def _built_sidebar() -> Path:
+    built = Path(tpunb.__file__).parent / "labextension"
+    assert (built / "package.json").exists(), (
+        f"the sidebar is not built in {built}: cd extension && jlpm install --immutable && jlpm build:prod")
+    return built
+
+
+def _sidebar_under_test(folder: Path) -> Path:
+    """A labextensions folder holding this checkout's build, for --LabApp.extra_labextensions_path: the
+    lab takes the first 'tpunb' it finds, and extra paths come before the environment's."""
+    shutil.copytree(_built_sidebar(), folder / "tpunb")
+    return folder
+
+
+def _remote_entries(folder: Path) -> set[str]:
+    return {f"static/{entry.name}" for entry in (folder / "static").glob("remoteEntry.*.js")}
 
 
 def _cloud(emulator: str) -> dict[str, str]:
@@ -92,6 +113,7 @@ def lab(tmp_path_factory, emulator) -> Iterator[Lab]:
     Google Cloud project configured on the Cloud TPU API emulator."""
     home, root = tmp_path_factory.mktemp("lab-tpunb-home"), tmp_path_factory.mktemp("lab-root")
     log = tmp_path_factory.mktemp("lab-log") / "lab.log"
+    extensions = _sidebar_under_test(tmp_path_factory.mktemp("labextensions"))
     port, token = _free_port(), secrets.token_hex(16)
     labconfig = home / "jupyter-config" / "labconfig"  # no "get Jupyter news?" toast over the screenshots
     labconfig.mkdir(parents=True)
@@ -107,7 +129,8 @@ def lab(tmp_path_factory, emulator) -> Iterator[Lab]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
              f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
-             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
+             "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+             f"--LabApp.extra_labextensions_path={extensions}"],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -186,6 +209,13 @@ def _dead(pid: int) -> bool:
         return True
 
 
+def _wait_for_memory_bars(page, within: str, count: int) -> None:
+    """Until ``count`` memory bars under ``within`` show a sample (title and a filled bar)."""
+    page.wait_for_function(f"""() => [...document.querySelectorAll('{SIDEBAR} {within} '
+        + '.jp-tpunb-Bar[data-metric="memory"]')].filter(b => /^Mem: [0-9.]+%$/.test(b.title)
+        && parseFloat(b.querySelector('.jp-tpunb-BarFill').style.width) > 0).length === {count}""", timeout=30000)
+
+
 def _screenshot(page, tmp_path: Path, name: str) -> Path:
     folder = Path(os.environ.get("TPUNB_SCREENSHOT_DIR") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -202,6 +232,14 @@ def test_lab_lists_the_extensions(lab):
     assert lab.api("/tpunb/api/slices")["slices"] == []
 
 
+def test_the_lab_serves_the_sidebar_built_in_this_checkout(lab):
+    with urllib.request.urlopen(f"{lab.url}/lab?token={lab.token}", timeout=30) as response:
+        page = response.read().decode()
+    config = json.loads(page.split('id="jupyter-config-data"', 1)[1].split(">", 1)[1].split("</script>", 1)[0])
+    [sidebar] = [e for e in config["federated_extensions"] if e["name"] == "tpunb"]
+    assert {sidebar["load"]} == _remote_entries(_built_sidebar()), "the lab must load tpunb/labextension"
+
+
 def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_path):
     sl = slices.launch("v4-16", name="demo")
     pids = [h.info["pid"] for h in sl.session.hosts]
@@ -212,10 +250,9 @@ def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_p
     for expected in ("demo", "v4-16", "local (simulated)", "running", "$0.00/h", "host 0", "host 1"):
         assert expected in text
     assert card.locator(".jp-tpunb-Bar").count() == 6  # CPU, memory, HBM for each of 2 hosts
+    assert card.locator(".jp-tpunb-SliceGroup").count() == 0  # one slice: no per-slice groups
     # the hosts' live metrics reach the bars: the kernel publishes them, the panel's poll draws them
-    page.wait_for_function(f"""() => [...document.querySelectorAll('{SIDEBAR} [data-slice="demo"] '
-        + '.jp-tpunb-Bar[data-metric="memory"]')].filter(b => /^Mem: [0-9.]+%$/.test(b.title)
-        && parseFloat(b.querySelector('.jp-tpunb-BarFill').style.width) > 0).length === 2""", timeout=30000)
+    _wait_for_memory_bars(page, '[data-slice="demo"]', 2)
     _screenshot(page, tmp_path, "sidebar.png")
     _delete_from_sidebar(page, "demo")
     assert all(_dead(pid) for pid in pids), "the slice's host processes must end"
@@ -268,14 +305,21 @@ def test_a_cloud_slice_shows_its_price_per_hour(lab_home, page):
         sandbox.stop()
 
 
-def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, tmp_path):
-    notebook = lab_home.root / "launch.ipynb"
-    notebook.write_text(json.dumps({"cells": [], "metadata": {"kernelspec": {
+def _launch_form_in_a_new_notebook(page, lab: Lab, name: str):
+    """Open an empty notebook with its kernel idle and the sidebar beside it; returns the launch form."""
+    (lab.root / name).write_text(json.dumps({"cells": [], "metadata": {"kernelspec": {
         "name": "python3", "display_name": "Python 3", "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}))
-    _open_sidebar(page, lab_home, "lab/tree/launch.ipynb")
+    _open_sidebar(page, lab, f"lab/tree/{name}")
     page.locator(".jp-Notebook").wait_for()
-    page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for()
-    form = page.locator(f"{SIDEBAR} .jp-tpunb-Launch")
+    # A narrow toolbar copies its items into a hidden overflow popup, so there can be two
+    # indicators and either may be the one shown: wait until any of them says idle.
+    page.wait_for_function("""() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]
+        .some(e => e.dataset.status === 'idle')""")
+    return page.locator(f"{SIDEBAR} .jp-tpunb-Launch")
+
+
+def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, tmp_path):
+    form = _launch_form_in_a_new_notebook(page, lab_home, "launch.ipynb")
     form.locator("input[name=accelerator]").fill("v4-8")
     form.locator("select[name=backend]").select_option("local")
     form.locator("button[type=submit]").click()
@@ -284,6 +328,7 @@ def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, 
     assert "running" in card.inner_text()
     cell = page.locator(".jp-Notebook .jp-Cell", has_text="%tpu_launch v4-8 --backend local")
     cell.locator(".jp-OutputArea-output", has_text="ready").wait_for()
+    assert cell.locator(".jp-InputArea-editor").inner_text().strip() == "%tpu_launch v4-8 --backend local"
     record = Registry().get_slice("v4-8")
     assert record.owner_pid != os.getpid()  # the notebook's kernel owns it
     pids = [h.info["pid"] for h in record.hosts]
@@ -318,3 +363,54 @@ def test_an_orphaned_cloud_node_shows_in_red_with_its_price_and_can_be_deleted(l
     _screenshot(page, tmp_path, "sidebar-orphan.png")
     _delete_from_sidebar(page, "forgotten")
     assert gcp.get(PROJECT, ZONE, "forgotten") is None
+
+
+def _host_names(group) -> list[str]:
+    return group.locator(".jp-tpunb-HostName").all_inner_texts()
+
+
+def test_a_multislice_shows_a_group_per_slice_with_hosts_named_as_in_the_notebook(lab_home, page, tmp_path):
+    sl = slices.launch("v4-16", name="pair", slices=2, backend="local")
+    pids = [h.info["pid"] for h in sl.session.hosts]
+    _open_sidebar(page, lab_home)
+    card = page.locator(f'{SIDEBAR} [data-slice="pair"]')
+    card.wait_for()
+    assert card.locator(".jp-tpunb-Accel").inner_text() == "2 x v4-16"
+    groups = card.locator(".jp-tpunb-SliceGroup")
+    assert groups.count() == 2
+    assert [groups.nth(i).locator(".jp-tpunb-SliceHeading").inner_text() for i in range(2)] == ["slice 0", "slice 1"]
+    assert [_host_names(groups.nth(i)) for i in range(2)] == [["s0/0", "s0/1"], ["s1/0", "s1/1"]]
+    assert card.locator(".jp-tpunb-HostState").all_inner_texts() == ["running"] * 4
+    # each host's own metrics reach its row in its slice's group
+    _wait_for_memory_bars(page, '[data-slice="pair"] .jp-tpunb-SliceGroup', 4)
+    _screenshot(page, tmp_path, "sidebar-multislice.png")
+    _delete_from_sidebar(page, "pair")
+    assert all(_dead(pid) for pid in pids), "every host of every slice must end"
+
+
+def test_the_launch_form_checks_slices_and_adds_them_to_the_launch_line(lab_home, page):
+    form = _launch_form_in_a_new_notebook(page, lab_home, "multislice.ipynb")
+    assert form.locator("input[name=slices]").input_value() == "1"
+    form.locator("input[name=accelerator]").fill("v4-8")
+    form.locator("select[name=backend]").select_option("local")
+    error = form.locator(".jp-tpunb-FormError")
+    for bad in ("0", "1.5"):
+        form.locator("input[name=slices]").fill(bad)
+        form.locator("button[type=submit]").click()
+        assert error.inner_text() == (f"slices takes a whole number >= 1 (1: one slice, 2 or more: a multislice), "
+                                      f"not '{bad}'")
+    form.locator("input[name=slices]").fill("2")
+    form.locator("button[type=submit]").click()
+    cell = page.locator(".jp-Notebook .jp-Cell", has_text="%tpu_launch")
+    cell.locator(".jp-OutputArea-output", has_text="ready").wait_for()
+    assert error.inner_text() == ""
+    assert cell.count() == 1, "a refused form must not launch anything"
+    assert cell.locator(".jp-InputArea-editor").inner_text().strip() == "%tpu_launch v4-8 --backend local --slices 2"
+    card = page.locator(f'{SIDEBAR} [data-slice="v4-8-x2"]')  # a multislice's default name
+    card.locator(".jp-tpunb-SliceGroup").nth(1).wait_for()  # a poll during the launch may show it without hosts
+    assert card.locator(".jp-tpunb-Accel").inner_text() == "2 x v4-8"
+    # one host a slice: the notebook names it by its slice alone (Out[s1]), and so does the panel
+    assert [_host_names(g) for g in card.locator(".jp-tpunb-SliceGroup").all()] == [["s0"], ["s1"]]
+    pids = [h.info["pid"] for h in Registry().get_slice("v4-8-x2").hosts]
+    _delete_from_sidebar(page, "v4-8-x2")
+    assert all(_dead(pid) for pid in pids)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
 from tpunb.profile import last_profile
@@ -33,6 +34,7 @@ def load_ipython_extension(ipython) -> None:
 
     ipython.register_magics(TpuMagics)
     ipython.register_magics(PlanMagics)
+    warm.start()  # what a launch imports, on a side thread where Ctrl-C cannot cut it
 
 
 def unload_ipython_extension(ipython) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
@@ -9,7 +10,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from tpunb import report, slices
 from tpunb.display import MODES, render_values
-from tpunb.errors import UsageError
+from tpunb.errors import CellInterrupted, UsageError
 from tpunb.provision.gcp.config import CloudOptions
 
 
@@ -21,6 +22,16 @@ def _parse(magic, line: str):
         raise UsageError(f"{exc}. Usage: {_usage(magic)}") from None
 
 
+@contextlib.contextmanager
+def _one_line_interrupt():
+    """A Ctrl-C that lands in tpunb's own code (starting hosts, rendering output) ends the cell with
+    one line, never a traceback of our internals."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise CellInterrupted("interrupted") from None
+
+
 def cloud_arguments(magic):
     """One --flag per CloudOptions field, so the options are listed once, in the dataclass."""
     for option in reversed(CloudOptions.flags()):
@@ -28,7 +39,7 @@ def cloud_arguments(magic):
         if option.type in (bool, "bool"):
             magic = argument(flag, action="store_true", help=option.metadata["help"])(magic)
         else:
-            kind = float if "float" in str(option.type) else None
+            kind = float if str(option.type) in ("float", "float | None") else None  # durations parse later
             magic = argument(flag, type=kind, help=option.metadata["help"])(magic)
     return magic
 
@@ -46,7 +57,9 @@ class TpuMagics(Magics):
     @argument("--name", help="slice name (default: the accelerator type)")
     @argument("--backend", choices=slices.BACKENDS,
               help="gcp (Cloud TPU) when a project is configured, else local (simulated here)")
-    @argument("--env", nargs="+", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
+    @argument("--slices", type=int, default=None, metavar="N",
+              help="a multislice: N slices of ACCELERATOR joined in one JAX job (Cloud TPU: one queued resource)")
+    @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
     @cloud_arguments
     @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had")
     @line_magic
@@ -57,11 +70,16 @@ class TpuMagics(Magics):
         if bool(args.recover) == bool(args.accelerator):
             raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
                              f"Usage: {_usage(self.tpu_launch)}")
-        slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env, recover=args.recover,
-                   **cloud)
+        try:
+            slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env, recover=args.recover,
+                          slices=args.slices, **cloud)
+        except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)
+            raise CellInterrupted("%tpu_launch interrupted before it started anything: nothing is left running") \
+                from None
 
     @magic_arguments()
-    @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3 (Python slice)")
+    @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3 (Python slice); in a multislice also "
+                                            "s1 (slice 1), s1/0 (its host 0), s*/0 (host 0 of every slice)")
     @argument("--timeout", type=float, default=None, help="interrupt the cell on every host after S seconds")
     @argument("--output", choices=MODES, default="grouped", help="grouped: identical lines once; all; first")
     @argument("--slice", dest="slice_name", default=None, help="run on this slice instead of the current one")
@@ -72,8 +90,9 @@ class TpuMagics(Magics):
         sl = slices.current(args.slice_name)
         if not cell.strip():
             return
-        result = sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output)
-        render_values(result, args.output, sl.num_hosts)
+        with _one_line_interrupt():
+            result = sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output)
+            render_values(result, args.output, sl.num_hosts, names=sl.layout.names)
         result.raise_for_status()
 
     @magic_arguments()
@@ -82,16 +101,22 @@ class TpuMagics(Magics):
     @argument("--key", default=None, help="private key (default: tpunb's own ed25519 key under $TPUNB_HOME/keys)")
     @argument("--port", type=int, default=22)
     @argument("--name", default=None, help="slice name")
-    @argument("--env", nargs="+", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
+    @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
     @argument("--python", default="python3", help="Python >= 3.10 on the hosts")
     @argument("--accelerator", default=None, help="what the hosts are (e.g. v4-16), for status and JAX")
     @argument("--accept-new-host-key", action="store_true", help="the hosts were re-created: record their new keys")
+    @argument("--slices", type=int, default=None, help="the hosts are N equal slices of a multislice, slice by slice")
     @line_magic
     def tpu_connect(self, line: str):
         """Make a slice of hosts you bring, over SSH: %tpu_connect 10.0.0.2,10.0.0.3 --user me."""
         args = _parse(self.tpu_connect, line)
-        slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
-                    python=args.python, accelerator=args.accelerator, accept_new_host_key=args.accept_new_host_key)
+        try:
+            slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
+                           python=args.python, accelerator=args.accelerator,
+                           accept_new_host_key=args.accept_new_host_key, slices=args.slices)
+        except KeyboardInterrupt:
+            raise CellInterrupted("%tpu_connect interrupted before it started anything: nothing is left running") \
+                from None
 
     @magic_arguments()
     @argument("command", nargs=argparse.REMAINDER, help="the shell command (or the cell, with %%tpu_run)")
@@ -106,10 +131,11 @@ class TpuMagics(Magics):
         if cell is not None and args.command:
             raise UsageError("with %%tpu_run the command is the cell. Usage: %%tpu_run [--hosts H] [--timeout S]")
         sl = slices.current(args.slice_name)
-        result = sl.run_shell(command, hosts=args.hosts, timeout=args.timeout)
+        with _one_line_interrupt():
+            result = sl.run_shell(command, hosts=args.hosts, timeout=args.timeout)
         codes = {h: r.exit_code for h, r in result.items()}
         if sl.num_hosts > 1 and any(code not in (0, None) for code in codes.values()):
-            print("exit codes: " + ", ".join(f"[{h}] {c}" for h, c in codes.items()))
+            print("exit codes: " + ", ".join(f"[{sl.layout.name(h)}] {c}" for h, c in codes.items()))
         result.raise_for_status()
 
     @magic_arguments()
@@ -172,10 +198,11 @@ class TpuMagics(Magics):
         hosts = f"{sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}"
         title = f"{sl.name}, {hosts}" if sl.name == sl.kind else f"{sl.name} ({sl.kind}, {hosts})"
         if not in_widget_frontend():
-            print(render_text(title, sl.metrics_store, sl.num_hosts, args.metrics or None, sl.metrics_interval))
+            print(render_text(title, sl.metrics_store, sl.num_hosts, args.metrics or None, sl.metrics_interval,
+                              sl.layout.names))
             return None
         return MetricsView(title, sl.metrics_store, sl.metrics_feed, sl.num_hosts, args.metrics or None,
-                           sl.metrics_interval)
+                           sl.metrics_interval, sl.layout.names)
 
     @line_magic
     def tpu_status(self, line: str):
@@ -200,16 +227,23 @@ class TpuMagics(Magics):
 
     @magic_arguments()
     @argument("name", help="variable to fetch")
-    @argument("--host", type=int, default=None, help="only this host: the value itself instead of {host: value}")
+    @argument("--host", default=None,
+              help="only this host (3, -1, or s1/0 in a multislice): the value itself instead of {host: value}")
     @argument("--slice", dest="slice_name", default=None)
     @line_magic
     def tpu_pull(self, line: str):
         """Fetch a variable from the hosts into the notebook: {host: value}, or one host's value."""
         args = _parse(self.tpu_pull, line)
         sl = slices.current(args.slice_name)
-        values = sl.pull(args.name, hosts=None if args.host is None else [args.host])
-        value = values[sl.num_hosts + args.host if args.host is not None and args.host < 0 else args.host] \
-            if args.host is not None else values
+        if args.host is None:
+            value = sl.pull(args.name)
+        else:
+            chosen = sl.layout.parse(args.host)
+            if len(chosen) != 1:
+                raise UsageError(f"--host {args.host} picks {len(chosen)} hosts: --host takes one "
+                                 f"(e.g. --host 0{' or s1/0' if sl.layout.multislice else ''}); "
+                                 f"%tpu_pull {args.name} alone fetches every host's")
+            value = sl.pull(args.name, hosts=chosen)[chosen[0]]
         self.shell.user_ns[args.name] = value
         return value
 
@@ -237,7 +271,7 @@ class TpuMagics(Magics):
             if not cell.strip():
                 return
             prof = sl.profile(cell, hosts=args.hosts, name=args.name, python_tracer=args.python_tracer)
-            render_values(prof.result, "grouped", sl.num_hosts)
+            render_values(prof.result, "grouped", sl.num_hosts, names=sl.layout.names)
             display(prof)
             prof.result.raise_for_status()
         elif args.action == "start":

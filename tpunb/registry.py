@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS slices (
     state TEXT NOT NULL,
     created REAL NOT NULL,
     owner_pid INTEGER,
-    spec TEXT NOT NULL DEFAULT '{}'
+    spec TEXT NOT NULL DEFAULT '{}',
+    owner_start TEXT
 );
 CREATE TABLE IF NOT EXISTS hosts (
     slice TEXT NOT NULL,
@@ -49,6 +50,24 @@ CREATE TABLE IF NOT EXISTS latest_metrics (
 """
 
 
+def process_start(pid: int | None) -> str | None:
+    """When process ``pid`` started, as a token that differs for a later process given the same
+    pid (Linux: /proc/PID/stat field 22, clock ticks since boot); None where unknown."""
+    if not pid:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return repr(psutil.Process(pid).create_time())
+    except Exception:  # no psutil, or no such process
+        return None
+
+
 def tpunb_home() -> Path:
     """$TPUNB_HOME, or ~/.tpunb; created on first use with owner-only permissions."""
     home = Path(os.environ.get("TPUNB_HOME") or Path.home() / ".tpunb")
@@ -73,6 +92,21 @@ class SliceRecord:
     owner_pid: int | None = None
     spec: dict = field(default_factory=dict)
     hosts: list[HostRecord] = field(default_factory=list)
+    #: the owner's process_start: a later process that reuses owner_pid is not the owner
+    owner_start: str | None = None
+
+    @property
+    def num_slices(self) -> int:
+        """Slices joined in a multislice (``spec["slices"]``); 1 for a single slice."""
+        return int(self.spec.get("slices") or 1)
+
+    @property
+    def kind(self) -> str:
+        """What status shows: 'v4-16', '2 x v4-16' for a multislice, 'N hosts' with no accelerator
+        ('4 hosts in 2 slices')."""
+        if not self.accelerator:
+            return f"{len(self.hosts)} hosts" + (f" in {self.num_slices} slices" if self.num_slices > 1 else "")
+        return f"{self.num_slices} x {self.accelerator}" if self.num_slices > 1 else self.accelerator
 
 
 class Registry:
@@ -83,6 +117,9 @@ class Registry:
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")  # kernels write metrics while a server reads
             db.executescript(SCHEMA)
+            columns = {row["name"] for row in db.execute("PRAGMA table_info(slices)")}
+            if "owner_start" not in columns:  # a registry written before owners had start times
+                db.execute("ALTER TABLE slices ADD COLUMN owner_start TEXT")
         os.chmod(self.path, 0o600)
 
     def _connect(self) -> sqlite3.Connection:
@@ -92,11 +129,14 @@ class Registry:
         return db
 
     def save_slice(self, record: SliceRecord) -> None:
+        if record.owner_pid == os.getpid():  # this kernel owns it (perhaps since just now)
+            record.owner_start = process_start(record.owner_pid)
         with self._connect() as db:
             db.execute(
-                "INSERT OR REPLACE INTO slices VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO slices (name, accelerator, backend, state, created, owner_pid, spec, owner_start) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (record.name, record.accelerator, record.backend, record.state, record.created,
-                 record.owner_pid, json.dumps(record.spec)),
+                 record.owner_pid, json.dumps(record.spec), record.owner_start),
             )
             db.execute("DELETE FROM hosts WHERE slice = ?", (record.name,))
             db.executemany(
@@ -122,6 +162,7 @@ class Registry:
         return [self._record(r, by_slice.get(r["name"], [])) for r in rows]
 
     def delete_slice(self, name: str) -> bool:
+        self._idle_path(name).unlink(missing_ok=True)
         with self._connect() as db:
             db.execute("DELETE FROM hosts WHERE slice = ?", (name,))
             db.execute("DELETE FROM latest_metrics WHERE slice = ?", (name,))
@@ -132,7 +173,7 @@ class Registry:
         return SliceRecord(
             name=row["name"], accelerator=row["accelerator"], backend=row["backend"],
             state=row["state"], created=row["created"], owner_pid=row["owner_pid"],
-            spec=json.loads(row["spec"]),
+            spec=json.loads(row["spec"]), owner_start=row["owner_start"],
             hosts=[HostRecord(h["idx"], h["address"], json.loads(h["info"])) for h in hosts],
         )
 
@@ -150,6 +191,34 @@ class Registry:
             rows = db.execute("SELECT host, metric, chip, value, time FROM latest_metrics WHERE slice = ? "
                               "ORDER BY host, metric, chip", (name,)).fetchall()
         return [(r["host"], r["metric"], None if r["chip"] == -1 else r["chip"], r["value"], r["time"]) for r in rows]
+
+    # The idle timer of a cloud slice with idle autodelete, as its owning kernel last marked it: a
+    # file per slice beside the database (its mtime is the last activity), so a cell costs one small
+    # write, not an sqlite transaction. The watchdog on the slice keeps the same clock.
+    def _idle_path(self, name: str) -> Path:
+        return self.path.parent / "idle" / name
+
+    def mark_idle(self, name: str, seconds: float, busy: bool) -> None:
+        """A request starts (``busy``) or ends on slice ``name``, whose node goes after ``seconds`` idle."""
+        path = self._idle_path(name)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        path.write_text(json.dumps({"seconds": seconds, "busy": busy}))
+
+    def idle_delete_in(self, name: str, owner_alive: bool) -> float | None:
+        """Seconds until the slice's watchdog deletes its node if nothing runs; None without idle
+        autodelete. A busy slice whose owning kernel died counts from when its request began."""
+        path = self._idle_path(name)
+        try:
+            mark = json.loads(path.read_text())
+            since = path.stat().st_mtime
+        except (OSError, ValueError):
+            return None
+        seconds = float(mark.get("seconds") or 0)
+        if not seconds:
+            return None
+        if mark.get("busy") and owner_alive:
+            return seconds
+        return round(max(0.0, seconds - (time.time() - since)), 1)
 
     # Known host keys (trust on first use, checked on every later connection).
     def get_host_key(self, host: str, port: int) -> tuple[str, str] | None:

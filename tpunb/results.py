@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Iterator
 
-from tpunb.display import ANSI, format_hosts
+from tpunb.display import ANSI
+from tpunb.display.hosts import HostNames, format_hosts
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
 from tpunb.session import HostResult
 
@@ -17,9 +18,11 @@ from tpunb.session import HostResult
 class RunResult(Mapping):
     """host index -> HostResult, in host order."""
 
-    def __init__(self, results: dict[int, HostResult], timeout: float | None = None) -> None:
+    def __init__(self, results: dict[int, HostResult], timeout: float | None = None,
+                 names: HostNames = format_hosts) -> None:
         self._results = dict(sorted(results.items()))
         self.timeout = timeout
+        self.names = names  # how messages name hosts: '0-3', or 's1/3' in a multislice
         self.extra_notes: list[str] = []  # e.g. why hosts died, from the cloud
 
     def __getitem__(self, host: int) -> HostResult:
@@ -51,25 +54,33 @@ class RunResult(Mapping):
         by_status: dict[str, list[int]] = {}
         for host, result in self._results.items():
             by_status.setdefault(result.status, []).append(host)
-        summary = ", ".join(f"{status} on {format_hosts(hosts)}" for status, hosts in by_status.items())
+        summary = ", ".join(f"{status} on {self.names(hosts)}" for status, hosts in by_status.items())
         return f"<RunResult: {summary}>"
 
     def notes(self) -> list[str]:
         """One line per host that did not simply succeed or raise."""
         lines = []
         died = self.hosts_with("died")
-        if died:
-            reasons = "; ".join(f"host {h}: {self._results[h].detail}" for h in died)
-            lines.append(f"host{'s' if len(died) > 1 else ''} {format_hosts(died)} died during the cell "
+        for host in [h for h in died if self._results[h].detail.startswith("stopped answering")]:
+            lines.append(f"host {self.names([host])} {self._results[host].detail} and was ended; the next cell restarts it "
+                         "with a fresh state")
+        if [h for h in died if not self._results[h].detail.startswith("stopped answering")]:
+            died = [h for h in died if not self._results[h].detail.startswith("stopped answering")]
+            reasons = "; ".join(f"host {self.names([h])}: {self._results[h].detail}" for h in died)
+            lines.append(f"host{'s' if len(died) > 1 else ''} {self.names(died)} died during the cell "
                          f"({reasons}); the next cell restarts {'them' if len(died) > 1 else 'it'} with a fresh state")
         killed = self.hosts_with("killed")
         if killed:
-            lines.append(f"host{'s' if len(killed) > 1 else ''} {format_hosts(killed)} did not stop when interrupted "
-                         "and were killed (SIGTERM, then SIGKILL); the next cell restarts them with a fresh state")
+            many = len(killed) > 1
+            cause = f"the cell passed its {self.timeout:g} s timeout; " if self.timeout and not died else ""
+            lines.append(f"{cause}host{'s' if many else ''} {self.names(killed)} did not stop when interrupted "
+                         f"and {'were' if many else 'was'} killed (SIGTERM, then SIGKILL); the next cell restarts "
+                         f"{'them' if many else 'it'} with a fresh state")
         stopped = self.hosts_with("interrupted", "timeout")
         if stopped and (died or killed or self.hosts_with("timeout")):
-            lines.append(f"host{'s' if len(stopped) > 1 else ''} {format_hosts(stopped)} "
-                         "stopped cleanly and keep their state")
+            many = len(stopped) > 1
+            lines.append(f"host{'s' if many else ''} {self.names(stopped)} stopped cleanly and "
+                         f"{'keep their' if many else 'keeps its'} state")
         return lines + self.extra_notes
 
     def raise_for_status(self) -> None:
@@ -81,24 +92,24 @@ class RunResult(Mapping):
             for host, error in errors.items():
                 key = (error["ename"], error["evalue"], ANSI.sub("", "\n".join(error["traceback"])))
                 groups.setdefault(key, []).append(host)
-            rendered = [(f"[host{'s' if len(hs) > 1 else ''} {format_hosts(hs)}]", errors[hs[0]]["traceback"])
+            rendered = [(f"[host{'s' if len(hs) > 1 else ''} {self.names(hs)}]", errors[hs[0]]["traceback"])
                         for hs in groups.values()]
             first = next(iter(groups))
             summary = f"{first[0]}: {first[1]}" if len(groups) == 1 else f"{len(groups)} different errors"
-            raise RemoteError(f"{summary} on host{'s' if len(errors) > 1 else ''} {format_hosts(errors)}",
+            raise RemoteError(f"{summary} on host{'s' if len(errors) > 1 else ''} {self.names(errors)}",
                               rendered, self, notes)
         failed = {h: r.exit_code for h, r in self._results.items() if r.status == "error" and r.exit_code is not None}
         if failed:
-            codes = ", ".join(f"host {h}: exit {code}" for h, code in failed.items())
+            codes = ", ".join(f"host {self.names([h])}: exit {code}" for h, code in failed.items())
             raise RemoteError(f"the command failed on host{'s' if len(failed) > 1 else ''} "
-                              f"{format_hosts(failed)} ({codes})", results=self, notes=notes)
+                              f"{self.names(failed)} ({codes})", results=self, notes=notes)
         if self.hosts_with("died", "killed"):
-            raise HostDiedError(" ".join(notes), self)
+            raise HostDiedError("; ".join(notes), self)
         timed_out = self.hosts_with("timeout")
         if timed_out:
             raise CellInterrupted(f"the cell timed out after {self.timeout:g} s and was interrupted on hosts "
-                                  f"{format_hosts(timed_out)}" + ("; " + "; ".join(notes[:-1]) if len(notes) > 1 else ""),
+                                  f"{self.names(timed_out)}" + ("; " + "; ".join(notes[:-1]) if len(notes) > 1 else ""),
                                   self)
         interrupted = self.hosts_with("interrupted")
         if interrupted:
-            raise CellInterrupted(f"the cell was interrupted on hosts {format_hosts(interrupted)}", self)
+            raise CellInterrupted(f"the cell was interrupted on hosts {self.names(interrupted)}", self)

@@ -1,71 +1,169 @@
 """Fan-out of one request to N agents, merge of their replies, interrupts, timeouts, deaths.
 
-A Session owns one HostConnection per host. Each connection has a reader thread that turns the
-agent's frames into events on the queue of the request they belong to. ``execute`` runs one
-cell on some hosts, forwards output to a sink as it arrives, and returns per-host results; when
-the kernel is interrupted, a deadline passes or a host dies, it interrupts the rest and, if they
-do not stop, escalates (SIGTERM, then SIGKILL) so a cell can never hang the notebook.
+A Session owns one HostConnection per host. The agents' frames become events on the queue of
+the request they belong to: local hosts' frames are all read by one thread (a selector over their
+pipes, ``tpunb.transport.fanin``), hosts over SSH each have a reader thread of their own.
+``execute`` runs one cell on some hosts, forwards output to a sink as it arrives, and returns
+per-host results; when the kernel is interrupted, a deadline passes or a host dies, it interrupts
+the rest and, if they do not stop, escalates (SIGTERM, then SIGKILL) so a cell can never hang the
+notebook.
+
+Liveness: agents send a frame at least every second (a ``beat`` when they have nothing else to
+say), so a host silent for ``heartbeat_timeout`` seconds is frozen (a stopped process, a stopped
+sshd session, a dead or half-open connection): a watch thread ends it and fails its cell, during
+a cell or between cells, without waiting for anyone to press interrupt.
 """
 from __future__ import annotations
 
+import collections
 import itertools
+import os
 import pickle
 import queue
 import signal
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from tpunb.errors import CellInterrupted, HostDiedError, ProtocolError, RemoteError, TransportError
+from tpunb.errors import CellInterrupted, HostDiedError, ProtocolError, RemoteError, TransportError, UsageError
+from tpunb.transport.fanin import FanIn, Frames, Stream
 from tpunb.host import protocol
 from tpunb.host.bundle import BOOTSTRAP, agent_bundle
 from tpunb.transport.base import AgentProcess, Transport
 
+#: how often the watch thread looks at every host's last frame
+WATCH_PERIOD = 0.25
+#: seconds of silence after which a host counts as frozen, unless $TPUNB_HEARTBEAT_TIMEOUT says (0: never)
+HEARTBEAT_TIMEOUT = 5.0
+#: agents beat this often (or more often, for short timeouts)
+BEAT_INTERVAL = 1.0
+#: a further Ctrl-C ends an escalation step once it lasted this long
+PRESS_FLOOR = 1.0
+_CHUNK = 1 << 20  # a large frame is read in pieces, each counting as a sign of life
+
+
+def default_heartbeat_timeout() -> float:
+    try:
+        seconds = float(os.environ.get("TPUNB_HEARTBEAT_TIMEOUT", HEARTBEAT_TIMEOUT))
+    except ValueError:
+        return HEARTBEAT_TIMEOUT
+    return seconds if seconds > 0 else 0.0
+
+
+#: how much of each host's stdout and stderr a result keeps in memory (the logs keep everything)
+TAIL_CHARS = 1 << 20
+#: how many of a cell's displays a result keeps (the newest)
+KEEP_DISPLAYS = 100
+
+
+class Tail:
+    """The last ``limit`` characters of a stream; adding is O(len(text)), whatever came before."""
+
+    def __init__(self, limit: int = TAIL_CHARS) -> None:
+        self.limit = limit
+        self._chunks: list[str] = []
+        self._size = 0
+        self.total = 0  # characters ever added
+
+    def add(self, text: str) -> None:
+        self._chunks.append(text)
+        self._size += len(text)
+        self.total += len(text)
+        if self._size > 2 * self.limit:
+            self._compact()
+
+    def _compact(self) -> None:
+        joined = "".join(self._chunks)[-self.limit:]
+        self._chunks, self._size = [joined], len(joined)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.limit
+
+    def __str__(self) -> str:
+        if len(self._chunks) > 1 or self._size > self.limit:
+            self._compact()
+        return self._chunks[0] if self._chunks else ""
+
 
 @dataclass
 class HostResult:
-    """What one host did with one cell."""
+    """What one host did with one cell. ``stdout``/``stderr`` are the last TAIL_CHARS characters
+    (``stdout_truncated`` says when more came); the host's log file has all of it."""
 
     host: int
     status: str = "running"  # ok | error | interrupted | timeout | died | killed | not run
-    stdout: str = ""
-    stderr: str = ""
     value: dict | None = None  # the last expression's mime bundle ({"text/plain": ...})
-    displays: list[dict] = field(default_factory=list)
+    displays: list[dict] = field(default_factory=list)  # the newest KEEP_DISPLAYS
     error: dict | None = None  # {"ename", "evalue", "traceback": [lines]}
     seconds: float | None = None
     detail: str = ""  # why a host died or was killed
     exit_code: int | None = None  # shell commands (%tpu_run)
+    tails: dict[str, Tail] = field(default_factory=lambda: {"stdout": Tail(), "stderr": Tail()}, repr=False)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def stdout(self) -> str:
+        return str(self.tails["stdout"])
+
+    @property
+    def stderr(self) -> str:
+        return str(self.tails["stderr"])
+
+    @property
+    def stdout_truncated(self) -> bool:
+        return self.tails["stdout"].truncated
+
+    @property
+    def stderr_truncated(self) -> bool:
+        return self.tails["stderr"].truncated
+
 
 class HostConnection:
     """One host's agent: started once per host session, then reused for every cell."""
 
-    def __init__(self, index: int, transport: Transport, router: Callable[[int, dict, bytes], None]) -> None:
+    def __init__(self, index: int, transport: Transport, router: Callable[[int, dict, bytes], None],
+                 fanin: FanIn | None = None) -> None:
         self.index = index
         self.transport = transport
         self.router = router
+        #: reads this host's frames with every other host's on one thread, when its stream is an fd
+        self.fanin = fanin
+        self._stream: Stream | None = None
         self.process: AgentProcess | None = None
         self.info: dict = {}
         self.alive = False
         self.died_reason = ""
         self.started_at: float | None = None
+        #: when the last bytes of this host arrived (time.monotonic)
+        self.heard_at = time.monotonic()
+        #: why this host was ended while no cell ran (it stopped answering): the next cell says so
+        self.notice: str | None = None
         self._handshake: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
+        self._life = threading.Lock()  # launch, close and give_up of this host's agent, one at a time
 
     def launch(self) -> None:
         """Start the agent and ship it; the handshake is finished by ``handshake``."""
-        self._handshake = queue.Queue()  # a fresh one: the previous agent may have left "died" in it
-        self.transport.connect()  # after a lost connection, the next cell reconnects by itself
-        self.process = self.transport.spawn([self.transport.python, "-c", BOOTSTRAP])
-        self.process.send(agent_bundle())
-        threading.Thread(target=self._read_loop, args=(self.process, self._handshake), daemon=True,
-                         name=f"tpunb-host-{self.index}").start()
+        with self._life:
+            self._handshake = queue.Queue()  # a fresh one: the previous agent may have left "died" in it
+            self.transport.connect()  # after a lost connection, the next cell reconnects by itself
+            self.process = process = self.transport.spawn([self.transport.python, "-c", BOOTSTRAP])
+            self.notice = None
+            handshake = self._handshake
+            fd = process.frames_fd() if self.fanin is not None else None
+            if fd is not None:
+                self._stream = self.fanin.add(fd, lambda frames: self._on_frames(handshake, frames),
+                                              lambda reason: self._on_end(process, handshake, reason))
+        process.send(agent_bundle())
+        if fd is None:
+            threading.Thread(target=self._read_loop, args=(process, handshake), daemon=True,
+                             name=f"tpunb-host-{self.index}").start()
 
     def handshake(self, init: dict, timeout: float) -> None:
         """Check the protocol version, send the host's settings, wait until it is ready."""
@@ -77,6 +175,7 @@ class HostConnection:
         self.send({"op": "init", **init})
         ready = self._wait_handshake(timeout, "get ready")
         self.info.update(runner=ready.get("runner"), runner_error=ready.get("runner_error"))
+        self.heard_at = time.monotonic()
         self.alive = True
         self.started_at = time.time()
 
@@ -87,32 +186,75 @@ class HostConnection:
             raise TransportError(f"host {self.index} ({self.transport.address}) did not {what} "
                                  f"within {timeout:.0f} s") from None
         if message.get("op") == "died":
-            tail = self.process.stderr_tail().strip() if self.process else ""
+            if self.process is None:
+                raise TransportError(f"host {self.index} ({self.transport.address}) was closed while starting")
+            tail = self.process.stderr_tail().strip()
             raise TransportError(f"host {self.index} ({self.transport.address}) failed to start the agent"
                                  + (f": {tail.splitlines()[-1]}" if tail else ""))
         return message
 
     def send(self, message: dict, blob: bytes = b"") -> None:
-        if self.process is None:
+        self.send_frame(protocol.encode(message, blob))
+
+    def send_frame(self, data: bytes) -> None:
+        """Send a frame already encoded (one request to many hosts is encoded once)."""
+        process = self.process
+        if process is None:
             raise TransportError(f"host {self.index} is not running")
-        data = protocol.encode(message, blob)
         with self._lock:
-            self.process.send(data)
+            process.send(data)
+
+    def _read_exact(self, process: AgentProcess, n: int) -> bytes:
+        """``process.recv_exact``, noting every piece that arrives as a sign of life."""
+        if n <= _CHUNK:
+            data = process.recv_exact(n)
+            self.heard_at = time.monotonic()
+            return data
+        pieces = []
+        while n > 0:
+            piece = process.recv_exact(min(n, _CHUNK))
+            self.heard_at = time.monotonic()
+            if not piece:
+                break
+            pieces.append(piece)
+            n -= len(piece)
+        return b"".join(pieces)
 
     def _read_loop(self, process: AgentProcess, handshake: queue.Queue) -> None:
+        """A thread of this host's own, for streams a selector cannot wait on (paramiko channels)."""
         reason = ""
         try:
             while True:
-                frame = protocol.read_frame(process.recv_exact)
+                frame = protocol.read_frame(lambda n: self._read_exact(process, n))
                 if frame is None:
                     break
-                message, blob = frame
-                if message.get("op") in ("hello", "ready"):
-                    handshake.put(message)
-                else:
-                    self.router(self.index, message, blob)
+                self._deliver(handshake, *frame)
         except (EOFError, ValueError, TransportError, OSError) as exc:
             reason = f"broken stream: {exc}"
+        self._ended(process, handshake, reason)
+
+    def _deliver(self, handshake: queue.Queue, message: dict, blob: bytes) -> None:
+        op = message.get("op")
+        if op == "beat":
+            return
+        if op in ("hello", "ready"):
+            handshake.put(message)
+        else:
+            self.router(self.index, message, blob)
+
+    def _on_frames(self, handshake: queue.Queue, frames: Frames) -> None:
+        """From the session's FanIn thread: bytes arrived (a sign of life), maybe completing frames."""
+        self.heard_at = time.monotonic()
+        for message, blob in frames:
+            self._deliver(handshake, message, blob)
+
+    def _on_end(self, process: AgentProcess, handshake: queue.Queue, reason: str) -> None:
+        """From the FanIn thread: telling why a host died may wait for its exit status, which
+        must not hold up every other host's frames."""
+        threading.Thread(target=self._ended, args=(process, handshake, reason), daemon=True,
+                         name=f"tpunb-host-{self.index}-end").start()
+
+    def _ended(self, process: AgentProcess, handshake: queue.Queue, reason: str) -> None:
         handshake.put({"op": "died"})
         if process is not self.process:
             return  # an old agent that was replaced or closed on purpose
@@ -120,14 +262,42 @@ class HostConnection:
         self.died_reason = reason or describe_exit(process)
         self.router(self.index, {"op": "died", "id": None, "reason": self.died_reason}, b"")
 
+    def _stop_reading(self) -> None:
+        """Before the process's streams are closed (their fd numbers may be reused at once)."""
+        stream, self._stream = self._stream, None
+        if stream is not None and self.fanin.remove(stream):
+            self._handshake.put({"op": "died"})  # a start waiting on it ends now
+
+    def has_unread(self) -> bool:
+        """It spoke and this kernel has not read it yet (see ``AgentProcess.has_unread``)."""
+        process = self.process
+        return process is not None and process.has_unread()
+
     def signal(self, sig: int) -> None:
-        pgid = self.info.get("pgid")
-        if self.process is not None and pgid:
-            self.process.signal_group(pgid, sig)
+        pgid, process = self.info.get("pgid"), self.process
+        if process is not None and pgid:
+            process.signal_group(pgid, sig)
+
+    def give_up(self, reason: str, notice: bool = False) -> bool:
+        """End this host's agent for good without waiting on it (it stopped answering); False if
+        it was not running. ``notice``: no cell saw it happen, so the next one says so."""
+        with self._life:
+            process, self.process = self.process, None
+            if process is None:
+                return False
+            self.alive = False
+            self.died_reason = reason
+            if notice:
+                self.notice = reason
+            self._stop_reading()
+        process.abandon(self.info.get("pgid"))
+        return True
 
     def close(self) -> None:
-        process, self.process = self.process, None
-        self.alive = False
+        with self._life:
+            process, self.process = self.process, None
+            self.alive = False
+            self._stop_reading()
         if process is not None:
             process.close()
 
@@ -170,10 +340,18 @@ class Session:
 
     def __init__(self, transports: list[Transport], init_for_host: Callable[[int], dict],
                  start_timeout: float = 120.0) -> None:
+        #: seconds without a frame after which a host is taken as frozen and ended (0: never)
+        self.heartbeat_timeout = default_heartbeat_timeout()
+        self.closed = False
+        self._start_lock = threading.Lock()  # one start (revival) at a time
+        self._watch_stop = threading.Event()
+        self._watching = False
         self.transports = transports
         self.init_for_host = init_for_host
         self.start_timeout = start_timeout
-        self.hosts = [HostConnection(i, t, self._route) for i, t in enumerate(transports)]
+        #: one thread reads every host whose frames arrive on a file descriptor
+        self.fanin = FanIn()
+        self.hosts = [HostConnection(i, t, self._route, self.fanin) for i, t in enumerate(transports)]
         self._ids = itertools.count(1)
         self._waiters: dict[int, queue.Queue] = {}
         self._waiters_lock = threading.Lock()
@@ -185,17 +363,31 @@ class Session:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, indices: Iterable[int] | None = None) -> None:
-        """Start agents on these hosts (default all) in parallel."""
+        """Start agents on these hosts (default all) in parallel; one start at a time."""
+        with self._start_lock:
+            self._start(indices)
+        if not self._watching:
+            self._watching = True
+            threading.Thread(target=_watch, args=(weakref.ref(self), self._watch_stop), daemon=True,
+                             name="tpunb-liveness").start()
+
+    def _start(self, indices: Iterable[int] | None) -> None:
+        if self.closed:
+            raise TransportError("this slice's host sessions were closed")
         chosen = [self.hosts[i] for i in (indices if indices is not None else range(len(self.hosts)))]
-        for host in chosen:
-            host.close()
-            host.launch()
         errors = []
+        try:
+            for host in chosen:
+                host.close()
+                host.launch()
+        except TransportError as exc:
+            errors.append(exc)
+        beat = self.beat_interval()
         threads = []
-        for host in chosen:
+        for host in chosen if not errors else ():
             def shake(h=host):
                 try:
-                    h.handshake(self.init_for_host(h.index), self.start_timeout)
+                    h.handshake({**self.init_for_host(h.index), "heartbeat": beat}, self.start_timeout)
                 except Exception as exc:  # collected and reported together below
                     errors.append(exc)
             thread = threading.Thread(target=shake, daemon=True)
@@ -203,14 +395,74 @@ class Session:
             threads.append(thread)
         for thread in threads:
             thread.join()
+        if self.closed and not errors:  # closed (the slice deleted) while these started: end them too
+            errors.append(TransportError("this slice's host sessions were closed while starting"))
         if errors:
             for host in chosen:
                 host.close()
             raise errors[0] if len(errors) == 1 else TransportError("; ".join(str(e) for e in errors))
 
     def close(self) -> None:
-        for host in self.hosts:
+        """End every host's agent, then its connection (in parallel: each may wait a moment for its
+        agent to exit)."""
+        self.closed = True
+        self._watch_stop.set()
+
+        def end(host: HostConnection) -> None:
             host.close()
+            host.transport.close()
+
+        threads = [threading.Thread(target=end, args=(host,), daemon=True) for host in self.hosts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.fanin.close()
+
+    # -- liveness -----------------------------------------------------------------------------
+    def beat_interval(self) -> float:
+        """How often agents beat for this timeout: every second, or four times per timeout."""
+        return min(BEAT_INTERVAL, self.heartbeat_timeout / 4) if self.heartbeat_timeout else 0.0
+
+    def set_heartbeat_timeout(self, seconds: float) -> None:
+        """A new timeout, and the beat pace that goes with it on every running host."""
+        self.heartbeat_timeout = seconds
+        for host in self.hosts:
+            if host.alive:
+                host.heard_at = time.monotonic()  # the new bound counts from now
+                try:
+                    host.send({"op": "heartbeat", "seconds": self.beat_interval()})
+                except TransportError:
+                    pass
+
+    def check_liveness(self, now: float | None = None) -> list[int]:
+        """End hosts silent for longer than ``heartbeat_timeout``; the hosts ended now."""
+        timeout = self.heartbeat_timeout
+        if not timeout or self.closed:
+            return []
+        now = time.monotonic() if now is None else now
+        ended = []
+        for host in self.hosts:
+            silence = now - host.heard_at
+            if host.alive and silence > timeout and not host.has_unread():
+                reason = f"stopped answering (no heartbeat for {silence:.0f} s)"
+                if host.give_up(reason, notice=True):  # a cell that sees it happen takes the notice
+                    ended.append(host.index)
+                    self._route(host.index, {"op": "died", "id": None, "reason": reason}, b"")
+        return ended
+
+    def excuse_silence(self, now: float) -> None:
+        """This kernel itself did not run for a while (suspended, its GIL held): hosts get a fresh
+        window, since their frames could not be read meanwhile."""
+        for host in self.hosts:
+            host.heard_at = max(host.heard_at, now)
+
+    def take_notices(self) -> dict[int, str]:
+        """Hosts ended while no cell ran, with why; each is told once."""
+        notices = {h.index: h.notice for h in self.hosts if h.notice}
+        for host in self.hosts:
+            host.notice = None
+        return notices
 
     def dead_hosts(self) -> list[int]:
         return [h.index for h in self.hosts if not h.alive]
@@ -245,9 +497,9 @@ class Session:
                 except TransportError:
                     pass
 
-    def _request(self) -> tuple[int, queue.Queue]:
+    def _request(self) -> tuple[int, "Inbox"]:
         rid = next(self._ids)
-        waiter: queue.Queue = queue.Queue()
+        waiter = Inbox()
         with self._waiters_lock:
             self._waiters[rid] = waiter
         return rid, waiter
@@ -271,38 +523,56 @@ class Session:
         pending = set()
         request = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code, "count": count or next(self._cells),
                                                                     "colors": self.colors}
-        try:
-            for i in indices:
-                try:
-                    self.hosts[i].send({**request, "id": rid})
-                    pending.add(i)
-                except TransportError as exc:
-                    results[i].status, results[i].detail = "died", str(exc)
-            deadline = time.monotonic() + timeout if timeout else None
+        stopped = ""
+        with CtrlC() as ctrl_c:
             try:
-                self._collect(rid, waiter, pending, results, sink, deadline)
-            except _Deadline:
-                self._stop(rid, waiter, pending, results, sink, "timeout")
-            except _HostDied:
-                self._stop(rid, waiter, pending, results, sink, "interrupted")
-            except KeyboardInterrupt:
-                self._stop(rid, waiter, pending, results, sink, "interrupted")
-                raise CellInterrupted("the cell was interrupted on every host", results) from None
-        finally:
-            self._forget(rid)
+                frame = protocol.encode({**request, "id": rid})  # once, whatever the number of hosts
+                for i in indices:
+                    try:
+                        self.hosts[i].send_frame(frame)
+                        pending.add(i)
+                    except TransportError as exc:
+                        results[i].status, results[i].detail = "died", str(exc)
+                deadline = time.monotonic() + timeout if timeout else None
+                try:
+                    self._collect(rid, waiter, pending, results, sink, deadline, ctrl_c)
+                except _Deadline:
+                    stopped = "timeout"
+                except _HostDied:
+                    stopped = "died"
+                except (_Interrupt, KeyboardInterrupt):
+                    stopped = "interrupted"
+                if stopped:
+                    self._stop(rid, waiter, pending, results, sink, stopped, ctrl_c)
+            finally:
+                self._forget(rid)
+        if stopped == "interrupted":
+            raise CellInterrupted("the cell was interrupted on every host", results)
         return results
 
-    def _collect(self, rid, waiter, pending, results, sink, deadline, stop_on_death=True) -> None:
+    def _collect(self, rid, waiter, pending, results, sink, deadline, ctrl_c: CtrlC | None = None,
+                 until: int = 1, stop_on_death=True) -> None:
+        """Apply frames until no host is pending; raises _Deadline, _HostDied or _Interrupt (once
+        Ctrl-C was pressed ``until`` times in this cell) to stop early; a press that only ends a
+        wait (``until`` > 1) does so after PRESS_FLOOR seconds of it, so hosts that stop when asked
+        are not killed by a burst of presses. The sink ticks every 0.1 s, however busy the hosts."""
+        ticked = began = time.monotonic()
         while pending:
-            wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))
+            if ctrl_c is not None and ctrl_c.presses >= until and (until == 1 or time.monotonic() - began >= PRESS_FLOOR):
+                raise _Interrupt()
+            now = time.monotonic()
+            wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
             try:
-                index, message, blob = waiter.get(timeout=wait)
-            except queue.Empty:
+                index, message, blob = waiter.get(wait, ctrl_c)
+            except (queue.Empty, _Wake):
+                index = None
+            now = time.monotonic()
+            if index is None or now - ticked >= 0.1:
+                ticked = now
                 sink.tick()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise _Deadline() from None
-                continue
-            if index not in results:
+            if deadline is not None and now >= deadline:
+                raise _Deadline()
+            if index is None or index not in results:
                 continue
             self._apply(index, message, results[index], sink, pending)
             if message.get("op") == "died" and stop_on_death and pending:
@@ -311,13 +581,12 @@ class Session:
     def _apply(self, index: int, message: dict, result: HostResult, sink: OutputSink, pending: set) -> None:
         op = message.get("op")
         if op == "stream":
-            if message["name"] == "stderr":
-                result.stderr += message["text"]
-            else:
-                result.stdout += message["text"]
+            result.tails["stderr" if message["name"] == "stderr" else "stdout"].add(message["text"])
             sink.stream(index, message["name"], message["text"])
         elif op == "display":
             result.displays.append(message["data"])
+            if len(result.displays) > KEEP_DISPLAYS:
+                del result.displays[0]
             sink.display(index, message["data"], message.get("metadata") or {})
         elif op == "result":
             result.value = message["data"]
@@ -330,76 +599,99 @@ class Session:
                 result.status = message.get("status") or "ok"
             result.seconds = message.get("seconds")
             result.exit_code = message.get("exit_code")
+            if message.get("exiting"):  # exit() in the cell: the next cell starts a fresh session
+                self.hosts[index].alive = False
+                self.hosts[index].died_reason = "exit() in a cell"
             pending.discard(index)
             sink.host_done(index)
         elif op == "died" and index in pending:
             result.status, result.detail = "died", message.get("reason", "")
+            self.hosts[index].notice = None  # this cell reports it
             pending.discard(index)
             sink.host_done(index)
 
-    def _stop(self, rid, waiter, pending, results, sink, status: str) -> None:
-        """Interrupt the hosts still running, then escalate on those that do not stop."""
+    def _stop(self, rid, waiter, pending, results, sink, why: str, ctrl_c: CtrlC) -> None:
+        """Interrupt the hosts still running, then escalate on those that do not stop. Each further
+        Ctrl-C ends the current wait: interrupt, SIGTERM, SIGKILL, give up."""
+        frame = protocol.encode({"op": "interrupt", "id": rid})
         for i in list(pending):
             try:
-                self.hosts[i].send({"op": "interrupt", "id": rid})
+                self.hosts[i].send_frame(frame)
             except TransportError:
                 pass
         marked = set(pending)
-        deadline = time.monotonic() + self.interrupt_grace
-        try:
-            self._collect(rid, waiter, pending, results, sink, deadline, stop_on_death=False)
-        except (_Deadline, KeyboardInterrupt):  # a second Ctrl-C escalates at once
-            pass
-        if pending:
-            self._escalate(rid, waiter, pending, results, sink)
+        presses = 1 if why == "interrupted" else 0  # the press that stopped the cell
+        if not self._wait(rid, waiter, pending, results, sink, self.interrupt_grace, ctrl_c, presses + 1):
+            self._escalate(rid, waiter, pending, results, sink, ctrl_c, presses + 2)
         for i in marked:
-            if results[i].status == "interrupted" and status == "timeout":
+            if results[i].status == "interrupted" and why == "timeout":
                 results[i].status = "timeout"
 
-    def _escalate(self, rid, waiter, pending, results, sink) -> None:
+    def _wait(self, rid, waiter, pending, results, sink, seconds: float, ctrl_c: CtrlC, until: int) -> bool:
+        """Collect for up to ``seconds``; False if hosts are still pending (or Ctrl-C was pressed
+        ``until`` times)."""
+        try:
+            self._collect(rid, waiter, pending, results, sink, time.monotonic() + seconds, ctrl_c, until,
+                          stop_on_death=False)
+        except (_Deadline, _Interrupt, KeyboardInterrupt):
+            return False
+        return not pending
+
+    def _escalate(self, rid, waiter, pending, results, sink, ctrl_c: CtrlC, until: int) -> None:
+        """SIGTERM, then SIGKILL, sent to every stuck host at once (a kill over a frozen connection
+        takes seconds); hosts still pending after that are given up without waiting on them."""
         stuck = sorted(pending)
-        for sig, grace in ((signal.SIGTERM, self.term_grace), (signal.SIGKILL, self.term_grace)):
+        for step, sig in enumerate((signal.SIGTERM, signal.SIGKILL)):
             for i in sorted(pending):
-                self.hosts[i].signal(sig)
-            deadline = time.monotonic() + grace
-            try:
-                self._collect(rid, waiter, pending, results, sink, deadline, stop_on_death=False)
-            except (_Deadline, KeyboardInterrupt):
-                pass
-            if not pending:
+                threading.Thread(target=self.hosts[i].signal, args=(sig,), daemon=True,
+                                 name=f"tpunb-signal-{i}").start()
+            if self._wait(rid, waiter, pending, results, sink, self.term_grace, ctrl_c, until + step):
                 break
         for i in stuck:
             results[i].status = "killed"
             results[i].detail = "did not stop when interrupted and was killed"
-        for i in list(pending):  # unreachable even by SIGKILL: drop the connection
-            self.hosts[i].close()
+        for i in sorted(pending):  # unreachable even by SIGKILL (frozen, or its connection): give it up
+            self.hosts[i].give_up("did not stop when interrupted and was killed")
             pending.discard(i)
+            sink.host_done(i)
 
     # -- data ---------------------------------------------------------------------------------
     def call(self, indices: list[int], message: dict, blob: bytes = b"", timeout: float = 60.0) -> dict[int, tuple[dict, bytes]]:
         """A short request to several hosts; raises TransportError naming hosts that failed."""
         rid, waiter = self._request()
         replies: dict[int, tuple[dict, bytes]] = {}
-        try:
-            pending = set()
-            for i in indices:
-                self.hosts[i].send({**message, "id": rid}, blob)
-                pending.add(i)
-            deadline = time.monotonic() + timeout
-            while pending:
-                try:
-                    index, reply, data = waiter.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    raise TransportError(f"hosts {sorted(pending)} did not answer {message['op']} "
-                                         f"within {timeout:.0f} s") from None
-                if reply.get("op") == "died" and index in pending:
-                    raise HostDiedError(f"host {index} died ({reply.get('reason')})")
-                if reply.get("op") == "done" and index in pending:
-                    replies[index] = (reply, data)
-                    pending.discard(index)
-        finally:
-            self._forget(rid)
+        with CtrlC() as ctrl_c:
+            try:
+                self._call(rid, waiter, indices, message, blob, timeout, replies, ctrl_c)
+            finally:
+                self._forget(rid)
         return replies
+
+    def _call(self, rid, waiter, indices, message, blob, timeout, replies, ctrl_c: CtrlC) -> None:
+        pending = set()
+        frame = protocol.encode({**message, "id": rid}, blob)  # a pushed value is pickled and framed once
+        for i in indices:
+            self.hosts[i].send_frame(frame)
+            pending.add(i)
+        deadline = time.monotonic() + timeout
+        while pending:
+            if ctrl_c.presses:
+                raise CellInterrupted(f"interrupted while hosts {sorted(pending)} were answering {message['op']}")
+            try:
+                index, reply, data = waiter.get(max(0.0, min(0.1, deadline - time.monotonic())), ctrl_c)
+            except _Wake:
+                continue
+            except queue.Empty:
+                if time.monotonic() < deadline:
+                    continue
+                raise TransportError(f"hosts {sorted(pending)} did not answer {message['op']} "
+                                     f"within {timeout:.0f} s") from None
+            if reply.get("op") == "died" and index in pending:
+                self.hosts[index].notice = None
+                raise HostDiedError(f"host {index} died ({reply.get('reason')})")
+            if reply.get("op") == "done" and index in pending:
+                replies[index] = (reply, data)
+                pending.discard(index)
 
     def push(self, values: dict[str, Any], indices: list[int]) -> None:
         blob = _dumps(values)
@@ -422,12 +714,101 @@ class Session:
 
 
 def _dumps(values: dict) -> bytes:
-    """cloudpickle when present (lambdas, notebook classes), else pickle."""
+    """cloudpickle when present (lambdas, notebook classes), else pickle; a value that cannot be
+    sent is named in a one-line UsageError (which variable, and why)."""
     try:
         import cloudpickle
-        return cloudpickle.dumps(values, protocol=4)
+        dumps = cloudpickle.dumps
     except ImportError:
-        return pickle.dumps(values, protocol=4)
+        dumps = pickle.dumps
+    try:
+        return dumps(values, protocol=4)
+    except Exception:
+        for name, value in values.items():
+            try:
+                dumps(value, protocol=4)
+            except Exception as exc:
+                raise UsageError(f"cannot send {name} to the hosts: {type(exc).__name__}: {exc} "
+                                 "(send what it is made from, and rebuild it there)") from None
+        raise
+
+
+class Inbox:
+    """The frames of one request: reader threads ``put``, the request's thread ``get``s.
+
+    The wait is on a C-level queue of tokens, never on the frames themselves, so a Ctrl-C may end
+    a wait at once (CtrlC raises _Wake inside it) without ever losing a frame."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque = collections.deque()
+        self._bell: queue.SimpleQueue = queue.SimpleQueue()
+
+    def put(self, item) -> None:
+        ring = not self._items
+        self._items.append(item)
+        if ring:
+            self._bell.put(None)
+
+    def get(self, timeout: float, ctrl_c: "CtrlC | None" = None):
+        """The next frame, waiting up to ``timeout``; queue.Empty if none came."""
+        if not self._items:
+            if ctrl_c is not None:
+                ctrl_c.waiting = True
+            try:
+                self._bell.get(timeout=timeout)
+            except queue.Empty:
+                pass
+            finally:
+                if ctrl_c is not None:
+                    ctrl_c.waiting = False
+        try:
+            return self._items.popleft()
+        except IndexError:
+            raise queue.Empty from None
+
+
+class CtrlC:
+    """Ctrl-C during a cell, counted instead of raised (on the main thread, while Python's own
+    handler is in place): a KeyboardInterrupt inside tpunb's or paramiko's code could leave a
+    half-sent frame and a raw traceback. A press during an Inbox wait ends that wait at once
+    (_Wake, raised only there); the session looks at ``presses`` after every wait."""
+
+    def __init__(self) -> None:
+        self.presses = 0
+        self.waiting = False
+        self._previous = None
+
+    def __enter__(self) -> "CtrlC":
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._press)
+        return self
+
+    def _press(self, signum, frame) -> None:
+        self.presses += 1
+        if self.waiting:
+            self.waiting = False
+            raise _Wake()
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _watch(session_ref: "weakref.ref[Session]", stop: threading.Event) -> None:
+    """The liveness watch of one session, until it is closed or collected."""
+    last = time.monotonic()
+    while not stop.wait(WATCH_PERIOD):
+        session = session_ref()
+        if session is None:
+            return
+        now = time.monotonic()
+        if now - last > WATCH_PERIOD + 1.0:  # we were not running ourselves: judge no host on that
+            session.excuse_silence(now)
+        else:
+            session.check_liveness(now)
+        last = now
+        del session
 
 
 class _Deadline(Exception):
@@ -436,3 +817,11 @@ class _Deadline(Exception):
 
 class _HostDied(Exception):
     pass
+
+
+class _Interrupt(Exception):
+    pass
+
+
+class _Wake(Exception):
+    """Ends an Inbox wait on Ctrl-C; never leaves the session."""

@@ -6,13 +6,16 @@ processes (a Cloud TPU node: its state, its cost, its deletion).
 """
 from __future__ import annotations
 
+import math
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb import catalog, report
-from tpunb.display import CellOutput, HostLogs, MODES, format_hosts, kernel_cell_number, kernel_colors
-from tpunb.errors import CellInterrupted, NoSliceError, UsageError
+from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, kernel_cell_number, kernel_colors
+from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
+from tpunb.display.hosts import Layout
 from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
@@ -23,13 +26,24 @@ from tpunb.transport.base import Transport
 if TYPE_CHECKING:
     import pandas
 
+#: lines printed between cells (background threads) shown before the next cell; the log has all
+BACKLOG_LINES = 200
+
 
 class Node:
     """What a slice is beyond its host processes. Hosts brought over SSH and local host
     processes have nothing more (this base); a Cloud TPU node overrides every method."""
 
-    def check(self) -> None:
-        """Before a cell: raise a one-line ProvisionError if the hosts are gone for good."""
+    #: seconds without activity after which a watchdog on host 0 deletes the node (0: never)
+    idle_seconds = 0.0
+
+    def host_init(self, index: int) -> dict:
+        """What host ``index``'s agent is told at start beyond the backend's settings."""
+        return {}
+
+    def check(self, fresh: bool = False) -> None:
+        """Before a cell: raise a one-line ProvisionError if the hosts are gone for good;
+        ``fresh``: ask now, not from the last look (hosts died: was their machine deleted?)."""
 
     def explain_deaths(self) -> str | None:
         """Hosts vanished mid-cell: the outside reason (preempted, ...), or None."""
@@ -46,34 +60,6 @@ class Node:
         """Delete what outlives the host processes and wait until it is gone; idempotent."""
 
 
-def parse_hosts(spec: str | int | list[int] | None, num_hosts: int) -> list[int]:
-    """'all', '0', '0,2', '1:3' (Python slice: hosts 1 and 2), '-1', or a list -> host indices."""
-    if spec is None or (isinstance(spec, str) and spec.strip() in ("", "all")):
-        return list(range(num_hosts))
-    every = list(range(num_hosts))
-    hosts: list[int] = []
-    parts = [spec] if isinstance(spec, int) else (spec if isinstance(spec, (list, tuple)) else str(spec).split(","))
-    try:
-        for part in parts:
-            part = str(part).strip()
-            if ":" in part:
-                bits = [int(b) if b.strip() else None for b in part.split(":")]
-                if len(bits) > 3:
-                    raise ValueError(part)
-                chosen = every[slice(*bits)]
-                if not chosen:
-                    raise UsageError(f"--hosts {spec}: {part} selects no host (this slice has hosts 0-{num_hosts - 1})")
-                hosts.extend(chosen)
-            else:
-                index = int(part)
-                if not -num_hosts <= index < num_hosts:
-                    raise UsageError(f"--hosts {spec}: host {index} does not exist (this slice has hosts 0-{num_hosts - 1})")
-                hosts.append(every[index])
-    except ValueError:
-        raise UsageError(f"--hosts {spec}: use all, 0, 0,2 or 1:3") from None
-    return sorted(set(hosts))
-
-
 class Slice:
     """A slice's hosts and their agents. Make one with tpunb.launch() or tpunb.use()."""
 
@@ -88,6 +74,8 @@ class Slice:
         self._pick_port = coordinator_port
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host)
+        #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
+        self.layout = Layout(len(transports), record.num_slices)
         #: seconds between two samples on every host (0: sampling off); see set_metrics_interval
         self.metrics_interval = 1.0
         self.metrics_store = MetricsStore(len(transports))
@@ -100,6 +88,19 @@ class Slice:
         self.node = node or Node()
         #: called with this slice once it is deleted (the kernel's list of slices forgets it)
         self.on_delete: list[Callable[["Slice"], None]] = []
+        self._revive_lock = threading.Lock()  # threads reviving the same dead hosts take turns
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        """Seconds a host may stay silent before it counts as frozen and is ended (0: never);
+        default 5, or $TPUNB_HEARTBEAT_TIMEOUT. Hosts beat every second, even while cells run."""
+        return self.session.heartbeat_timeout
+
+    @heartbeat_timeout.setter
+    def heartbeat_timeout(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise UsageError(f"the heartbeat timeout is a number of seconds >= 0, not {seconds}")
+        self.session.set_heartbeat_timeout(float(seconds))
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -115,9 +116,21 @@ class Slice:
         return len(self.session.hosts)
 
     @property
+    def num_slices(self) -> int:
+        """Slices joined in this multislice (1: a single slice)."""
+        return self.layout.num_slices
+
+    @property
     def kind(self) -> str:
-        """The accelerator type, or 'N hosts' for hosts brought without one."""
-        return self.accelerator.name if self.accelerator else f"{self.num_hosts} hosts"
+        """The accelerator type ('2 x v4-16' for a multislice), or 'N hosts' for hosts brought without one."""
+        return self.record.kind
+
+    @property
+    def launch_line(self) -> str:
+        """The %tpu_launch arguments that make a slice like this one."""
+        if not self.accelerator:
+            return "v4-16"
+        return self.accelerator.name + (f" --slices {self.num_slices}" if self.num_slices > 1 else "")
 
     def __repr__(self) -> str:
         alive = sum(h.alive for h in self.session.hosts)
@@ -125,7 +138,8 @@ class Slice:
 
     # -- lifecycle ----------------------------------------------------------------------------
     def _init_for_host(self, index: int) -> dict:
-        return {"metrics": {"interval": self.metrics_interval}, **self._host_init(index, self._coordinator_port)}
+        return {"metrics": {"interval": self.metrics_interval}, **self._host_init(index, self._coordinator_port),
+                **self.node.host_init(index)}
 
     def connect(self, hosts: list[int] | None = None) -> None:
         """Start the agents (all hosts, or these); a fresh JAX coordinator port for a full start."""
@@ -134,7 +148,28 @@ class Slice:
             self.session.jax_started = False
             hosts = None
         self.session.start(hosts)
+        self._idle_mark(False)  # host 0's agent armed (or touched) the idle watchdog as it started
         self.metrics_feed.start()
+
+    def _idle_mark(self, busy: bool, tell_host: bool = False) -> None:
+        """A request starts or ends: activity for the idle watchdog on host 0 (cloud slices with
+        idle autodelete), which this kernel mirrors for %tpu_status."""
+        if not self.node.idle_seconds:
+            return
+        try:
+            self.registry.mark_idle(self.name, self.node.idle_seconds, busy)
+        except OSError:
+            pass  # the timer in %tpu_status lags; the watchdog on the slice does not depend on it
+        host = self.session.hosts[0]
+        if tell_host and host.alive:
+            try:
+                host.send({"op": "idle", "busy": busy})
+            except TransportError:
+                pass  # a dead host 0: the next request restarts it, which is activity too
+
+    def idle_delete_in(self) -> float | None:
+        """Seconds until the watchdog deletes the node if nothing runs (None: no idle autodelete)."""
+        return self.registry.idle_delete_in(self.name, owner_alive=True) if self.node.idle_seconds else None
 
     def _deleted_elsewhere(self) -> None:
         self._gone = True
@@ -148,16 +183,28 @@ class Slice:
             listener(self)
         self.close()
         raise NoSliceError(f"slice {self.name!r} was deleted outside this notebook (the JupyterLab sidebar or "
-                           f"another kernel's %tpu_down): launch a new one with %tpu_launch {self.kind}")
+                           f"another kernel's %tpu_down): launch a new one with %tpu_launch {self.launch_line}")
 
     def revive(self) -> list[int]:
         """Restart hosts whose agent died; returns the restarted hosts.
 
         Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
-        started, every host restarts together.
+        started, every host restarts together. A host that stopped answering while no cell ran
+        fails this call once, naming it; the next call restarts it.
         """
+        with self._revive_lock:
+            return self._revive()
+
+    def _revive(self) -> list[int]:
         self._check_not_deleted()
-        self.node.check()  # a preempted node: say so, rather than fail to reach its hosts
+        # a preempted or deleted node: say so, rather than fail to reach its hosts or restart them
+        self.node.check(fresh=bool(self.session.dead_hosts()))
+        notices = self.session.take_notices()
+        if notices:
+            said = "; ".join(f"host {i} {why}" for i, why in sorted(notices.items()))
+            raise HostDiedError(f"{said}, and {'was' if len(notices) == 1 else 'were'} ended while no cell ran: "
+                                f"run the cell again to restart {'it' if len(notices) == 1 else 'them'} "
+                                "with a fresh state")
         dead = self.session.dead_hosts()
         if not dead:
             return []
@@ -166,12 +213,14 @@ class Slice:
             self._check_not_deleted()
         if self.session.jax_started and self.num_hosts > 1:
             restart = list(range(self.num_hosts))
-            why = (f"host {format_hosts(dead)} had died and JAX's distributed runtime cannot take a restarted "
-                   f"peer back, so all hosts {format_hosts(restart)} were restarted: their state was lost")
+            why = (f"host {self.layout.names(dead)} had died and JAX's distributed runtime cannot take a restarted "
+                   f"peer back, so all hosts {self.layout.names(restart)} were restarted: their state was lost")
             self.connect(None)
         else:
             restart = dead
-            why = f"host{'s' if len(dead) > 1 else ''} {format_hosts(dead)} had died and was restarted: its state was lost"
+            many = len(dead) > 1
+            why = (f"host{'s' if many else ''} {self.layout.names(dead)} had died and {'were' if many else 'was'} restarted: "
+                   f"{'their' if many else 'its'} state was lost")
             self.connect(dead)
         for host in self.session.hosts:  # new processes: the registry's pids follow (the sidebar ends hosts by them)
             if host.index < len(self.record.hosts):
@@ -206,36 +255,42 @@ class Slice:
         """
         if output is not None and output not in MODES:
             raise UsageError(f"output must be one of {', '.join(MODES)}, not {output!r}")
-        indices = parse_hosts(hosts, self.num_hosts)
+        indices = self.layout.parse(hosts)
         if len(indices) < self.num_hosts and self.num_hosts > 1 and (self.session.jax_started or "jax" in code):
-            report.warn(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {format_hosts(indices)} "
-                        f"of {self.num_hosts}: JAX collectives (jit over the whole slice, psum, ...) would hang "
-                        "waiting for the other hosts")
+            some = (f"{self.layout.names(indices)} ({len(indices)} of {self.num_hosts})" if self.layout.multislice
+                    else f"{self.layout.names(indices)} of {self.num_hosts}")
+            report.warn(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {some}: JAX collectives "
+                        "(jit over the whole slice, psum, ...) would hang waiting for the other hosts")
         return self._execute(code, indices, timeout, output, sink, shell=False)
 
     def _execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
                  sink: OutputSink | None, shell: bool) -> RunResult:
         """What cells and shell commands share: revive hosts, stream output, turn an interrupt into one error."""
-        if timeout is not None and timeout <= 0:
+        if timeout is not None and not (0 < timeout < math.inf):
             raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
         self.revive()
         self._show_backlog()
         if sink is None:
-            sink = CellOutput(indices, self.num_hosts, output, self.logs) if output else _LogOnly(self.logs)
+            sink = (CellOutput(indices, self.num_hosts, output, self.logs, names=self.layout.names) if output
+                    else _LogOnly(self.logs))
         self.logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
+        self._idle_mark(True, tell_host=True)
         try:
             results = self.session.execute(code, indices, timeout, sink, shell=shell, count=kernel_cell_number())
         except CellInterrupted as exc:
             sink.finish()
-            result = self.last_result = RunResult(exc.results)
+            result = self.last_result = RunResult(exc.results, names=self.layout.names)
             stopped = result.hosts_with("interrupted")
-            message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {format_hosts(stopped)}; their state is kept"
+            message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {self.layout.names(stopped)}; "
+                       f"{'their' if len(stopped) != 1 else 'its'} state is kept"
                        if stopped else "interrupted")
             raise CellInterrupted("; ".join([message] + [n for n in result.notes() if "stopped cleanly" not in n]),
                                   result) from None
+        finally:
+            self._idle_mark(False, tell_host=True)
         sink.finish()
-        self.last_result = RunResult(results, timeout)
+        self.last_result = RunResult(results, timeout, names=self.layout.names)
         if self.last_result.hosts_with("died"):
             note = self.node.explain_deaths()  # e.g. the cloud says the node was preempted
             if note:
@@ -244,20 +299,26 @@ class Slice:
 
     def _show_backlog(self) -> None:
         """Output hosts wrote between cells (background threads): shown, labelled, before the next cell."""
+        shown, hidden = 0, 0
         while not self.session.backlog.empty():
             host, message, _ = self.session.backlog.get_nowait()
             if message.get("op") == "stream":
                 self.logs.write(host, message["text"])
                 stream = sys.stderr if message.get("name") == "stderr" else sys.stdout
-                for line in message["text"].splitlines():
-                    stream.write(f"[{host}, between cells] {line}\n")
+                lines = message["text"].splitlines()
+                room = max(0, BACKLOG_LINES - shown)
+                label = self.layout.name(host)
+                stream.write("".join(f"[{label}, between cells] {line[:LINE_CHARS]}\n" for line in lines[:room]))
+                shown, hidden = shown + min(room, len(lines)), hidden + max(0, len(lines) - room)
+        if hidden:
+            sys.stdout.write(f"[tpunb] {hidden:,} more lines printed between cells are in {self.logs.directory}/host-N.log\n")
 
     def run_shell(self, command: str, hosts: str | list[int] | None = None, timeout: float | None = None,
                   output: str | None = "grouped") -> RunResult:
         """Run a shell command on the hosts at once (with their environment); exit code per host."""
         if not command.strip():
             raise UsageError("give a shell command, e.g. %tpu_run nproc")
-        return self._execute(command, parse_hosts(hosts, self.num_hosts), timeout, output, None, shell=True)
+        return self._execute(command, self.layout.parse(hosts), timeout, output, None, shell=True)
 
     def sync(self, local_dir: str = ".", remote_dir: str | None = None, exclude: tuple[str, ...] = (),
              progress: Callable[[int, int], None] | None = None):
@@ -267,6 +328,9 @@ class Slice:
         """
         from pathlib import Path
 
+        if not Path(local_dir).expanduser().is_dir():
+            raise UsageError(f"{local_dir}: no such directory here; %tpu_sync copies a directory of this machine "
+                             "(default: the notebook's)")
         transports = self.session.transports
         if not all(hasattr(t, "sftp") for t in transports):
             return None
@@ -283,12 +347,14 @@ class Slice:
         if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
             raise UsageError("push takes a dict of {name: value} with valid Python names")
         self.revive()
-        self.session.push(values, parse_hosts(hosts, self.num_hosts))
+        self._idle_mark(False, tell_host=True)
+        self.session.push(values, self.layout.parse(hosts))
 
     def pull(self, name: str, hosts: str | list[int] | None = None) -> dict[int, Any]:
         """{host: value of ``name``} from every chosen host."""
         self.revive()
-        replies = self.session.pull([name], parse_hosts(hosts, self.num_hosts))
+        self._idle_mark(False, tell_host=True)
+        replies = self.session.pull([name], self.layout.parse(hosts))
         return {host: values[name] for host, values in replies.items()}
 
     # -- metrics ------------------------------------------------------------------------------
@@ -316,7 +382,7 @@ class Slice:
         cell's RunResult is its ``.result``). The profiler stops whatever the cell does."""
         from tpunb import profile
 
-        return profile.profile_cell(self, code, parse_hosts(hosts, self.num_hosts), hosts, name, python_tracer,
+        return profile.profile_cell(self, code, self.layout.parse(hosts), hosts, name, python_tracer,
                                     timeout, output)
 
     def profile_start(self, hosts: str | list[int] | None = None, python_tracer: bool = False,
@@ -325,7 +391,7 @@ class Slice:
         from tpunb import profile
 
         self.revive()
-        profile.start(self, parse_hosts(hosts, self.num_hosts), python_tracer, limit, name)
+        profile.start(self, self.layout.parse(hosts), python_tracer, limit, name)
 
     def profile_stop(self):
         """Stop the recording ``profile_start`` began: the Profile of everything in between."""
@@ -338,24 +404,26 @@ class Slice:
         """Record ``seconds`` on the hosts, callable from another thread while a cell runs: a Profile."""
         from tpunb import profile
 
-        return profile.capture(self, seconds, parse_hosts(hosts, self.num_hosts), python_tracer, name)
+        return profile.capture(self, seconds, self.layout.parse(hosts), python_tracer, name)
 
     # -- status -------------------------------------------------------------------------------
     def status_rows(self, current: bool = False) -> list[HostRow]:
         """One row per host, live: what %tpu_status, widgets and the server show."""
         rows = []
         node = self.node.status()
+        idle = self.idle_delete_in()
         for host in self.session.hosts:
             record = self.record.hosts[host.index] if host.index < len(self.record.hosts) else None
             uptime = round(time.time() - host.started_at, 1) if host.alive and host.started_at else None
             latest = self.metrics_store.latest_value
             rows.append(HostRow(
                 slice=self.name, current=current, accelerator=self.kind, backend=self.backend, host=host.index,
+                slice_index=self.layout.slice_of(host.index) if self.layout.multislice else None,
                 address=record.address if record else host.transport.address,
                 state="running" if host.alive else "dead", pid=host.info.get("pid"), runner=host.info.get("runner"),
                 cpu_percent=latest(host.index, "cpu_percent"), rss_bytes=latest(host.index, "rss_bytes"),
                 memory_used_bytes=latest(host.index, "memory_used_bytes"),
-                hbm_used_bytes=latest(host.index, "hbm_used_bytes"),
+                hbm_used_bytes=latest(host.index, "hbm_used_bytes"), idle_delete_in=idle,
                 **{"uptime_s": uptime, **node}))
         return rows
 

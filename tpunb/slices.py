@@ -7,13 +7,15 @@ live in memory only and never in the registry.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
 
 from tpunb import catalog, colab, provision, report, status as status_rows
-from tpunb.errors import NoSliceError, TpunbError, UsageError
-from tpunb.provision.common import start
+from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
+from tpunb.provision import interrupts, warm
+from tpunb.provision.common import owner_running, start
 from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.results import RunResult
 from tpunb.slice import Slice
@@ -77,22 +79,29 @@ def _unset_env_note(name: str, env_keys: list[str], values: dict[str, str], what
 # -- making and attaching slices ------------------------------------------------------------------
 def connect(hosts: list[str] | str, user: str | None = None, key: str | None = None, port: int = 22,
             name: str | None = None, env: Any = None, python: str = "python3", accelerator: str | None = None,
-            accept_new_host_key: bool = False, cwd: str | None = None, connect_timeout: float = 10.0) -> Slice:
+            accept_new_host_key: bool = False, cwd: str | None = None, connect_timeout: float = 10.0,
+            slices: int | None = None) -> Slice:
     """Make a slice of hosts you bring (TPU VMs created elsewhere, any Linux machines) over SSH.
 
     Host index follows the order given. ``accept_new_host_key`` forgets the recorded keys of
-    these hosts first: use it when a host was re-created, never by default.
+    these hosts first: use it when a host was re-created, never by default. ``slices=N``: the
+    hosts are N equal slices of a multislice, in order (each gets the MEGASCALE_* environment).
     """
+    warm.ready("ipywidgets", "tpunb.widgets.launch", "tpunb.transport.ssh")  # where Ctrl-C cannot cut them
     from tpunb.transport.ssh import forget_host_key, parse_host
 
     specs = [h.strip() for h in (hosts.split(",") if isinstance(hosts, str) else hosts) if h.strip()]
     if not specs:
         raise UsageError("give at least one host, e.g. %tpu_connect 10.0.0.2,10.0.0.3")
+    count = _slice_count(slices)
+    if len(specs) % count and not accelerator:
+        raise UsageError(f"--slices {count}: {len(specs)} hosts do not make {count} equal slices; "
+                         f"give {count} x (hosts per slice) hosts, slice by slice")
     if accelerator:
         accel = catalog.lookup(accelerator)
-        if accel.hosts != len(specs):
-            raise UsageError(f"{accel.name} has {accel.hosts} host{'s' if accel.hosts > 1 else ''}, "
-                             f"but {len(specs)} were given")
+        if accel.hosts * count != len(specs):
+            what = f"{count} x {accel.name} have {accel.hosts * count}" if count > 1 else f"{accel.name} has {accel.hosts}"
+            raise UsageError(f"{what} host{'s' if accel.hosts * count > 1 else ''}, but {len(specs)} were given")
         accelerator = accel.name
     places, addresses = [], []
     for spec in specs:
@@ -111,24 +120,40 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
     record = SliceRecord(name=name, accelerator=accelerator or "", backend="ssh", state="running",
                          owner_pid=os.getpid(),
                          spec={"user": user, "key": str(key) if key else None, "python": python, "cwd": cwd,
-                               "connect_timeout": connect_timeout, "env_keys": sorted(values)},
+                               "connect_timeout": connect_timeout, "env_keys": sorted(values),
+                               **({"slices": count} if count > 1 else {})},
                          hosts=[HostRecord(i, a) for i, a in enumerate(addresses)])
-    return _attach(provision.ssh.create(record, reg, values), values)
+    with _interrupt_says_one_line(record.name, reg):
+        return _attach(provision.ssh.create(record, reg, values), values)
 
 
 def launch(accelerator: str | None = None, name: str | None = None, backend: str | None = None, env: Any = None,
-           recover: str | None = None, **options: Any) -> Slice:
+           recover: str | None = None, slices: int | None = None, **options: Any) -> Slice:
     """Create a slice and connect to every host; it becomes the current slice.
 
     ``backend`` is local (simulated on this machine) or gcp (Cloud TPU; options are the fields of
     ``tpunb.provision.gcp.config.CloudOptions``: project, zone, spot, runtime, queued, ...).
+    ``slices=N`` makes a multislice: N slices of ``accelerator`` in one JAX job, one slice in
+    tpunb (status, cost, down), its hosts numbered slice by slice.
     ``recover=NAME`` relaunches a preempted cloud slice with its recorded spec.
     """
+    with interrupts.latched():  # a Ctrl-C that Python drops (in a gc callback) still stops the launch
+        return _launch(accelerator, name, env, backend, slices, recover, options)
+
+
+def _launch(accelerator: str | None, name: str | None, env: Any, backend: str | None, slices: Any,
+            recover: str | None, options: dict) -> Slice:
+    count = _slice_count(slices)
     if recover:
+        if slices is not None:
+            raise UsageError("--recover relaunches the recorded number of slices: give no --slices with it")
         return _recover(recover, env)
     if not accelerator:
         raise UsageError("name an accelerator, e.g. v4-16, or --recover NAME")
     if accelerator == colab.OWN_TPU:  # this machine's own TPU chips, e.g. a Colab TPU runtime
+        if count > 1:
+            raise UsageError(f"%tpu_launch {colab.OWN_TPU} is this machine's own TPU, one slice: give no --slices "
+                             "(a simulated multislice: %tpu_launch v4-16 --slices 2 --backend local)")
         return _launch_own_tpu(name, env, backend, options)
     accel = catalog.lookup(accelerator)
     backend = backend or provision.default_backend(options.get("project"))
@@ -139,8 +164,34 @@ def launch(accelerator: str | None = None, name: str | None = None, backend: str
     opts = maker.options(**options)
     values = parse_env(env)
     reg = registry()
-    name = _claim_name(name, maker.default_name(accel), reg)
-    return _attach(maker.create(name, accel, values, reg, opts), values)
+    base = maker.default_name(accel) + (f"-x{count}" if count > 1 else "")
+    name = _claim_name(name, base, reg)
+    with _interrupt_says_one_line(name, reg):
+        warm.ready("ipywidgets", "tpunb.widgets.launch")  # imported on a side thread, where Ctrl-C cannot cut it
+        return _attach(maker.create(name, accel, values, reg, opts, slices=count), values)
+
+
+def _slice_count(slices: Any) -> int:
+    """--slices N: a whole number >= 1 (None: one slice)."""
+    if slices is None:
+        return 1
+    if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
+        raise UsageError(f"--slices takes a whole number of slices >= 1, e.g. --slices 2, not {slices!r}")
+    return slices
+
+
+@contextlib.contextmanager
+def _interrupt_says_one_line(name: str, reg: Registry):
+    """Ctrl-C during a launch that a backend did not turn into its own error (before its cloud
+    call, or while its hosts start): one line, and the launch's own record forgotten. Backends
+    delete what they created themselves (local and SSH hosts are closed, a cloud node deleted)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        record = reg.get_slice(name)
+        if record is not None and record.owner_pid == os.getpid() and record.state == "creating":
+            reg.delete_slice(name)  # nothing exists for it yet: the cloud call had not started
+        raise CellInterrupted(f"launch of {name} interrupted: nothing is left running") from None
 
 
 def _launch_own_tpu(name: str | None, env: Any, backend: str | None, options: dict) -> Slice:
@@ -164,8 +215,9 @@ def _recover(name: str, env: Any) -> Slice:
         detach(name)
         sl.close()
     reg = registry()
-    accel, opts, env_keys = provision.gcp.recover(name, reg)
-    recovered = _attach(provision.gcp.create(_claim_name(name, name, reg), accel, values, reg, opts), values)
+    accel, opts, env_keys, count = provision.gcp.recover(name, reg)
+    recovered = _attach(provision.gcp.create(_claim_name(name, name, reg), accel, values, reg, opts, slices=count),
+                        values)
     _unset_env_note(name, env_keys, values, "pass them again with --env when recovering")
     return recovered
 
@@ -292,11 +344,14 @@ def host_rows() -> list[HostRow]:
         cloud = survey.node_status(record)
         state = provision.backend(record.backend).detached_state(record)
         latest = reg.latest_metrics(record.name)  # published by the kernel that owns the slice
+        idle = reg.idle_delete_in(record.name, owner_running(record))
         for host in record.hosts or [None]:
             rows.append(status_rows.with_latest_metrics(HostRow(
-                slice=record.name, accelerator=record.accelerator, backend=record.backend,
-                host=host.index if host else None, address=host.address if host else None, state=state, **cloud),
-                latest))
+                slice=record.name, accelerator=record.kind, backend=record.backend,
+                host=host.index if host else None,
+                slice_index=host.info.get("slice") if host and record.num_slices > 1 else None,
+                address=host.address if host else None, state=state,
+                idle_delete_in=idle, **cloud), latest))
     rows.extend(survey.orphan_rows({r.name for r in records}))
     return rows
 

@@ -26,6 +26,7 @@ class HostRow:
     address: str | None
     state: str
     current: bool = False
+    slice_index: int | None = None  # which slice of a multislice the host is in (None: a single slice)
     cloud_state: str | None = None
     health: str | None = None
     usd_per_hour: float | None = None
@@ -36,12 +37,13 @@ class HostRow:
     rss_bytes: float | None = None
     memory_used_bytes: float | None = None
     hbm_used_bytes: float | None = None  # all chips of the host
+    idle_delete_in: float | None = None  # seconds until the slice's idle watchdog deletes its node
 
 
 #: latest metrics: dropped from the DataFrame when no host has reported any
 METRIC_COLUMNS = ("cpu_percent", "rss_bytes", "memory_used_bytes", "hbm_used_bytes")
-COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "host", "address", "state", "pid",
-           "runner", "uptime_s", *METRIC_COLUMNS]
+COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_delete_in", "slice_index", "host", "address", "state",
+           "pid", "runner", "uptime_s", *METRIC_COLUMNS]
 
 
 def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
@@ -56,7 +58,8 @@ def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
     table = pd.DataFrame(records, columns=COLUMNS)
     if not (table["backend"] == "gcp").any():
         table = table.drop(columns=list(CLOUD_COLUMNS))
-    empty = [c for c in METRIC_COLUMNS if table[c].isna().all()]
+    table["slice_index"] = table["slice_index"].astype("Int64")  # 0, 1 (not 0.0) beside single slices' blanks
+    empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "slice_index") if table[c].isna().all()]
     return table.drop(columns=empty)
 
 

@@ -4,6 +4,10 @@ import { ServerConnection } from '@jupyterlab/services';
 /** A host of a slice as GET /tpunb/api/slices reports it. */
 export interface IHost {
   index: number;
+  /** Which slice of a multislice the host is in (0 for a single slice). */
+  slice_index: number;
+  /** The host's name in the notebook's output: '3', or 's1/0' (host 0 of slice 1) in a multislice. */
+  label: string;
   address: string;
   state: string;
   /** Latest samples, 0..1 fractions keyed cpu, memory, hbm; empty until kernels publish them. */
@@ -14,7 +18,10 @@ export interface IHost {
 export interface ISlice {
   name: string;
   backend: string;
+  /** What it is: 'v4-16', or '2 x v4-16' for a multislice. */
   accelerator: string;
+  /** Slices joined in one JAX job: 1 for a single slice. */
+  num_slices: number;
   state: string;
   age_s: number | null;
   spot: boolean;

@@ -9,6 +9,30 @@ export interface ILaunchOptions {
   backend: string; // '' lets tpunb choose: gcp with a project configured, else local
   zone: string;
   spot: boolean;
+  /** Slices joined in one JAX job; 1 is a single slice. */
+  slices: number;
+}
+
+/** The form's accelerator field, which the browser no longer checks (the form validates itself). */
+export function parseAccelerator(text: string): string {
+  const value = text.trim();
+  if (!value) {
+    throw new Error('accelerator: type one, e.g. v4-16 (the list offers every name)');
+  }
+  return value;
+}
+
+/**
+ * The form's slices field as a count. Anything but a whole number >= 1 throws an Error whose
+ * message is one line saying what to type, as %tpu_launch --slices would say in the notebook.
+ */
+export function parseSlices(text: string): number {
+  const value = text.trim();
+  if (!/^[0-9]+$/.test(value) || Number(value) < 1) {
+    const got = value ? `'${value}'` : 'an empty field';
+    throw new Error(`slices takes a whole number >= 1 (1: one slice, 2 or more: a multislice), not ${got}`);
+  }
+  return Number(value);
 }
 
 /** The magic the form runs: the same line a user would type, so the notebook shows what happened. */
@@ -22,6 +46,9 @@ export function launchCommand(options: ILaunchOptions): string {
   }
   if (options.spot) {
     parts.push('--spot');
+  }
+  if (options.slices > 1) {
+    parts.push('--slices', String(options.slices)); // one slice stays the plain line users know
   }
   return parts.join(' ');
 }

@@ -5,7 +5,7 @@ import { Widget } from '@lumino/widgets';
 
 import { ICatalog, IHost, ISlice, ISlices, requestAPI } from './api';
 import { tpuIcon } from './icon';
-import { fillDatalist, launchCommand, launchInNotebook } from './launch';
+import { fillDatalist, launchCommand, launchInNotebook, parseAccelerator, parseSlices } from './launch';
 
 /** Refresh every 3 s while visible; on errors back off up to a minute; stand by when the tab is hidden. */
 const FREQUENCY = { interval: 3000, backoff: true, max: 60000 };
@@ -132,16 +132,35 @@ export class SlicesPanel extends Widget {
       card.append(el('div', 'jp-tpunb-OrphanNote', `Orphan: ${slice.message}`));
     }
     if (slice.hosts.length) {
-      const hosts = el('ul', 'jp-tpunb-Hosts');
-      hosts.append(...slice.hosts.map(host => this.hostRow(host)));
-      card.append(hosts);
+      card.append(
+        slice.num_slices > 1 ? this.sliceGroups(slice) : this.hostList(slice.hosts, host => `host ${host.index}`)
+      );
     }
     return card;
   }
 
-  private hostRow(host: IHost): HTMLElement {
+  /** A multislice's hosts under a sub-heading per slice, each named as the notebook's output names it (s1/0). */
+  private sliceGroups(slice: ISlice): HTMLElement {
+    const groups = el('div', 'jp-tpunb-SliceGroups');
+    for (let index = 0; index < slice.num_slices; index++) {
+      const group = el('div', 'jp-tpunb-SliceGroup');
+      group.dataset.sliceIndex = String(index);
+      const hosts = slice.hosts.filter(host => host.slice_index === index);
+      group.append(el('div', 'jp-tpunb-SliceHeading', `slice ${index}`), this.hostList(hosts, host => host.label));
+      groups.append(group);
+    }
+    return groups;
+  }
+
+  private hostList(hosts: IHost[], name: (host: IHost) => string): HTMLElement {
+    const list = el('ul', 'jp-tpunb-Hosts');
+    list.append(...hosts.map(host => this.hostRow(host, name(host))));
+    return list;
+  }
+
+  private hostRow(host: IHost, name: string): HTMLElement {
     const row = el('li', `jp-tpunb-Host jp-tpunb-host-${host.state.replace(/\W+/g, '-')}`);
-    row.append(el('span', 'jp-tpunb-HostName', `host ${host.index}`), el('span', 'jp-tpunb-HostState', host.state));
+    row.append(el('span', 'jp-tpunb-HostName', name), el('span', 'jp-tpunb-HostState', host.state));
     const bars = el('div', 'jp-tpunb-Bars');
     for (const [key, label] of METRICS) {
       const value = host.metrics?.[key];
@@ -212,19 +231,35 @@ export class SlicesPanel extends Widget {
     spot.type = 'checkbox';
     const spotLabel = el('label', 'jp-tpunb-SpotLabel');
     spotLabel.append(spot, document.createTextNode(' spot'));
+    const slices = el('input', 'jp-mod-styled jp-tpunb-Slices');
+    Object.assign(slices, { name: 'slices', type: 'number', min: '1', step: '1', value: '1' });
+    slices.title = 'slices joined in one JAX job: 2 or more make a multislice (--slices N)';
+    const slicesLabel = el('label', 'jp-tpunb-SlicesLabel', 'slices ');
+    slicesLabel.append(slices);
     const submit = el('button', 'jp-mod-styled jp-mod-accept jp-tpunb-LaunchButton', 'Launch');
     submit.type = 'submit';
+    const formError = el('div', 'jp-tpunb-FormError');
     this.acceleratorList.id = 'tpunb-accelerators';
     this.zoneList.id = 'tpunb-zones';
-    form.append(heading, accelerator, backend, zone, spotLabel, submit, this.acceleratorList, this.zoneList);
+    form.noValidate = true; // our own one-line messages, not the browser's bubbles
+    form.append(heading, accelerator, backend, zone, spotLabel, slicesLabel, formError, submit);
+    form.append(this.acceleratorList, this.zoneList);
     form.onsubmit = event => {
       event.preventDefault();
-      const code = launchCommand({
-        accelerator: accelerator.value,
-        backend: backend.value,
-        zone: zone.value,
-        spot: spot.checked
-      });
+      formError.textContent = '';
+      let code: string;
+      try {
+        code = launchCommand({
+          accelerator: parseAccelerator(accelerator.value),
+          backend: backend.value,
+          zone: zone.value,
+          spot: spot.checked,
+          slices: parseSlices(slices.value)
+        });
+      } catch (error) {
+        formError.textContent = (error as Error).message;
+        return;
+      }
       void launchInNotebook(this.tracker, code).then(() => this.poll.refresh());
     };
     return form;

@@ -5,7 +5,10 @@
 fault injection; point tpunb at it with ``TPUNB_TPU_API_ENDPOINT=http://127.0.0.1:8470``.
 With ``--ssh-hosts`` and ``--authorized-keys`` an emulated node's workers are real SSH hosts
 (loopback addresses of one local sshd); the sshd's port, when not 22, is reported in the node
-label ``tpunb-ssh-port`` (networkEndpoints[].port is 8470, as in the real API).
+label ``tpunb-ssh-port`` (networkEndpoints[].port is 8470, as in the real API). With
+``--metadata-port`` each host also has a GCE metadata server at its address (a VM token the API
+accepts, the node's metadata as instance attributes), and a READY node's ``startup-script`` runs
+once per host, as a VM's boot runs it (``Sshd.emulator_options()`` wires all of it to an sshd).
 
 In tests: ``url, handle = start_emulator(create_seconds=0.1)`` ... ``handle.stop()`` (a thread in
 this process), or ``proc, url = start_emulator_process("--create-seconds", "0.1")`` (a subprocess).

@@ -42,6 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--authorized-keys", default=None, help="that sshd's AuthorizedKeysFile (ssh-keys metadata goes here)"
     )
+    p.add_argument(
+        "--metadata-port", type=int, default=None,
+        help="serve a GCE metadata server on every --ssh-hosts address at this port (idle autodelete)",
+    )
     f = p.add_argument_group("faults (also settable at POST /_emulator/faults)")
     f.add_argument(
         "--fault-quota", choices=["operation", "http"], help="creates fail with RESOURCE_EXHAUSTED"
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         ssh_hosts=[h for h in args.ssh_hosts.split(",") if h],
         ssh_port=args.ssh_port,
         authorized_keys=args.authorized_keys,
+        metadata_port=args.metadata_port,
         faults=faults,
     )
     signal.signal(signal.SIGTERM, _interrupt)

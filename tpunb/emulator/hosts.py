@@ -6,6 +6,11 @@ metadata are appended to that sshd's AuthorizedKeysFile while the node is READY.
 add ends with a ``tpunb-emulator:<instance>:<node>`` marker (sshd reads it as part of the comment),
 so we remove exactly our lines (this emulator's, this node's) and leave everyone else's alone.
 Without a pool, nodes get made-up 10.x / 34.x addresses that nothing ever connects to.
+
+With ``host_environment`` (address -> the variables that host's processes see, as the sshd sets
+them), hosts also boot and power off: a READY node's ``startup-script`` runs once per worker
+with that host's environment (as a VM's boot runs it), and when the node is gone every process
+carrying that host's ``TPUNB_HOST_DIR`` ends and that directory (the VM's disk) is emptied.
 """
 
 from __future__ import annotations
@@ -13,6 +18,11 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +62,11 @@ class HostPool:
         addresses: list[str] | None = None,
         ssh_port: int = 22,
         authorized_keys: str | Path | None = None,
+        host_environment: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.addresses = list(addresses or [])
+        self.host_environment = {a: dict(env) for a, env in (host_environment or {}).items()}
+        self._boot_dir: str | None = None
         self.ssh_port = ssh_port
         self.authorized_keys = Path(authorized_keys) if authorized_keys else None
         self._owner: dict[str, str] = {}  # address -> node name
@@ -94,12 +107,62 @@ class HostPool:
             return endpoints
 
     def release(self, owner: str) -> None:
-        """Give ``owner``'s addresses back to the pool and drop its keys."""
+        """Give ``owner``'s addresses back to the pool (powered off) and drop its keys."""
         self.remove_keys(owner)
         with self._lock:
             for address in [a for a, o in self._owner.items() if o == owner]:
                 del self._owner[address]
+                self.power_off(address)
             self._fake.pop(owner, None)
+
+    def owner_of(self, address: str) -> str | None:
+        """The node holding ``address``, if any."""
+        with self._lock:
+            return self._owner.get(address)
+
+    def boot(self, address: str, script: str) -> None:
+        """Run a startup-script as ``address``'s boot does: its environment, its own session."""
+        env = self.host_environment.get(address)
+        if env is None or not script.strip():
+            return
+        if self._boot_dir is None:
+            self._boot_dir = tempfile.mkdtemp(prefix="tpunb-emulator-boot-")
+        path = Path(self._boot_dir) / f"startup-{address}-{os.urandom(3).hex()}"
+        path.write_text(script)
+        path.chmod(0o700)
+        command = [str(path)] if script.startswith("#!") else ["/bin/bash", str(path)]
+        base = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
+                "HOME": os.environ.get("HOME", "/root")}
+        with open(f"{path}.log", "ab") as log:
+            proc = subprocess.Popen(command, env={**base, **env}, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=log, start_new_session=True, cwd="/")
+        threading.Thread(target=proc.wait, daemon=True, name=f"tpu-emulator-boot-{address}").start()
+
+    def power_off(self, address: str) -> None:
+        """End every process of ``address`` (those carrying its TPUNB_HOST_DIR) and empty that dir."""
+        host_dir = self.host_environment.get(address, {}).get("TPUNB_HOST_DIR")
+        if not host_dir:
+            return
+        marker = f"TPUNB_HOST_DIR={host_dir}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if marker not in f.read().split(b"\0"):
+                        continue
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        """Power off every host still held and remove the boot scripts."""
+        with self._lock:
+            for address in list(self._owner):
+                self.power_off(address)
+        if self._boot_dir:
+            shutil.rmtree(self._boot_dir, ignore_errors=True)
 
     def install_keys(self, owner: str, ssh_keys_metadata: str) -> int:
         """Append ``owner``'s public keys to the authorized keys file; returns how many."""

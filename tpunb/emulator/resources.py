@@ -202,7 +202,8 @@ _STATE_DATA = {
 
 @dataclass
 class QueuedResource:
-    """A request for one node that waits for capacity, then provisions it."""
+    """A request for one node, or for ``node_count`` nodes named ``{node_prefix}-{i}`` (a
+    multislice), that waits for capacity for all of them, then provisions them."""
 
     project: str
     zone: str
@@ -211,6 +212,8 @@ class QueuedResource:
     node_request: dict
     request: dict
     spot: bool = False
+    node_count: int = 1
+    node_prefix: str | None = None  # set: a multislice (multisliceParams), node_id is empty
     state: str = "WAITING_FOR_RESOURCES"
     state_initiator: str | None = None
     failed_error: dict | None = None
@@ -227,8 +230,14 @@ class QueuedResource:
         return f"projects/{self.project}/locations/{self.zone}"
 
     @property
-    def node_name(self) -> str:
-        return f"{self.parent}/nodes/{self.node_id}"
+    def node_ids(self) -> list[str]:
+        if self.node_prefix is None:
+            return [self.node_id]
+        return [f"{self.node_prefix}-{i}" for i in range(self.node_count)]
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"{self.parent}/nodes/{node_id}" for node_id in self.node_ids]
 
     def to_json(self) -> dict:
         state: dict[str, Any] = {"state": self.state}
@@ -239,7 +248,7 @@ class QueuedResource:
         out: dict[str, Any] = {
             "name": self.name,
             "createTime": self.create_time,
-            "tpu": {"nodeSpec": [{"parent": self.parent, "nodeId": self.node_id, "node": self.node_request}]},
+            "tpu": {"nodeSpec": [{"parent": self.parent, **self._which_nodes(), "node": self.node_request}]},
             "state": state,
         }
         if self.spot:
@@ -248,3 +257,8 @@ class QueuedResource:
             if self.request.get(key):
                 out[key] = self.request[key]
         return out
+
+    def _which_nodes(self) -> dict:
+        if self.node_prefix is None:
+            return {"nodeId": self.node_id}
+        return {"multisliceParams": {"nodeCount": self.node_count, "nodeIdPrefix": self.node_prefix}}

@@ -6,7 +6,8 @@
 It points tpunb at the emulator (TPUNB_TPU_API_ENDPOINT) with a made-up project and zone. The
 hosts are loopback addresses served by one sshd (Debian's openssh-server must be installed);
 their sessions find this Python as ``python3`` and run JAX on the CPU with each host's chips as
-devices, like the local simulated slice. ``sandbox.stop()`` undoes all of it.
+devices, like the local simulated slice; each has a metadata server, so ``--idle-delete`` works
+as on a real VM. ``sandbox.stop()`` undoes all of it.
 """
 from __future__ import annotations
 
@@ -59,8 +60,7 @@ def start_sandbox(hosts: int = 4, project: str = "sandbox-project", zone: str = 
     })
     try:
         url, handle = start_emulator(create_seconds=create_seconds, delete_seconds=0.2, queue_seconds=0.5,
-                                     ssh_hosts=sshd.addresses, ssh_port=sshd.port,
-                                     authorized_keys=str(sshd.authorized_keys))
+                                     **sshd.emulator_options())
     except BaseException:
         sshd.close()
         raise

@@ -13,14 +13,18 @@ Admin (JSON in and out):
   GET|POST|DELETE /_emulator/faults    read | merge (e.g. {"quota": "operation"}) | clear
   POST /_emulator/timings              e.g. {"create_seconds": 2}
   POST /_emulator/nodes/{id}:preempt   {"after": seconds, "state": "PREEMPTED"|"TERMINATED"} (both optional)
+Calls without an Authorization header are anonymous (tpunb's kernel); a bearer token must be one
+the metadata server gave a node's VM (metadata.py), for that node's project.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +33,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tpunb.emulator.admin import AdminClient
 from tpunb.emulator.hosts import HostPool
+from tpunb.emulator.metadata import MetadataServer
 from tpunb.emulator.resources import ApiError
 from tpunb.emulator.state import Emulator, Faults, Timings
 
@@ -100,6 +105,10 @@ class _Handler(BaseHTTPRequestHandler):
             for method, pattern, action in _ROUTES:
                 m = pattern.match(url.path)
                 if m and method == self.command:
+                    if url.path.startswith("/v2/"):
+                        emu = self.server.emulator
+                        emu.call(emu.check_token, self.headers.get("Authorization"), m.groupdict().get("project")
+                                 or m.groupdict().get("name", "/").split("/")[1])
                     self._send(200, _api(self.server.emulator, action, m.groupdict(), query, body))
                     return
             raise ApiError(404, "NOT_FOUND", f"The emulator does not serve {self.command} {url.path}")
@@ -131,6 +140,12 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.emulator = emulator
         self.verbose = verbose
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up mid-answer (an interrupted launch) is normal, not worth a traceback."""
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class EmulatorHandle(AdminClient):
@@ -165,15 +180,35 @@ def build_emulator(
     ssh_port: int = 22,
     authorized_keys: str | None = None,
     faults: dict | None = None,
+    metadata_port: int | None = None,
+    host_environment: dict[str, dict[str, str]] | None = None,
 ) -> Emulator:
-    """An Emulator from the same options the command line takes."""
+    """An Emulator from the same options the command line takes. With ``metadata_port``, a
+    metadata server answers on every host address at that port; ``host_environment`` (address ->
+    variables, as the sshd gives its sessions) is what the hosts' boot runs with (by default
+    ``GCE_METADATA_HOST`` and a ``TPUNB_HOST_DIR`` per host under a temp dir)."""
     emu_faults = Faults()
     emu_faults.update(faults or {})
-    return Emulator(
+    hosts = list(ssh_hosts or [])
+    disks = None
+    if metadata_port and host_environment is None:  # each host its own metadata server and state dir
+        disks = tempfile.mkdtemp(prefix="tpunb-emulator-hosts-")
+        host_environment = {a: {"GCE_METADATA_HOST": f"{a}:{metadata_port}", "TPUNB_HOST_DIR": f"{disks}/{a}"}
+                            for a in hosts}
+    emu = Emulator(
         Timings(create_seconds, delete_seconds, queue_seconds),
         emu_faults,
-        HostPool(ssh_hosts, ssh_port, authorized_keys),
+        HostPool(hosts, ssh_port, authorized_keys, host_environment),
     )
+    if disks:
+        emu.closers.append(lambda: shutil.rmtree(disks, ignore_errors=True))
+    if metadata_port and hosts:
+        try:
+            emu.closers.append(MetadataServer(emu, hosts, metadata_port).stop)
+        except BaseException:
+            emu.close()
+            raise
+    return emu
 
 
 def serve(host: str = "127.0.0.1", port: int = 0, verbose: bool = False, **options: Any) -> _Server:
@@ -185,7 +220,7 @@ def start_emulator(port: int = 0, host: str = "127.0.0.1", **options: Any) -> tu
     """Run an emulator in a background thread; returns its URL (for TPUNB_TPU_API_ENDPOINT) and a handle.
 
     ``options`` are build_emulator's: create_seconds, delete_seconds, queue_seconds, ssh_hosts,
-    ssh_port, authorized_keys, faults (a dict like {"no_capacity": ["us-central2-b"]}), plus verbose.
+    ssh_port, authorized_keys, metadata_port, host_environment, faults (a dict like {"no_capacity": ["us-central2-b"]}), plus verbose.
     """
     server = serve(host, port, **options)
     thread = threading.Thread(

@@ -45,12 +45,14 @@ def write_ed25519(path: Path) -> str:
                                          serialization.PublicFormat.OpenSSH).decode()
 
 
-def _free_port(addresses: list[str]) -> int:
+def _free_port(addresses: list[str], avoid: int = 0) -> int:
     """A TCP port that is free on every one of ``addresses``."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind((addresses[0], 0))
             port = s.getsockname()[1]
+        if port == avoid:
+            continue
         try:
             for addr in addresses[1:]:
                 with socket.socket() as s:
@@ -98,6 +100,8 @@ class Sshd:
         self.python = sys.executable
         #: set in every session (sshd SetEnv), e.g. a PATH that finds this Python as python3
         self.environment = {"SHLVL": "1", **(environment or {})}
+        #: where each host's metadata server listens (at the host's own address): the emulator serves it
+        self.metadata_port = _free_port(self.addresses, avoid=self.port)
         self.host_key_path = self.dir / "ssh_host_ed25519_key"
         self.host_public_key = write_ed25519(self.host_key_path)
         self.authorized_keys = self.dir / "authorized_keys"
@@ -124,7 +128,6 @@ class Sshd:
             "KbdInteractiveAuthentication no\n"
             "PermitRootLogin prohibit-password\n"
             "AcceptEnv *\n"
-            f"SetEnv {' '.join(f'{k}={v}' for k, v in self.environment.items())}\n"
             "MaxStartups 100:30:200\n"
             "MaxSessions 200\n"
             "UseDNS no\n"
@@ -132,7 +135,22 @@ class Sshd:
             "PrintLastLog no\n"
             "LogLevel ERROR\n"
             "Subsystem sftp /usr/lib/openssh/sftp-server\n"
+            + "".join(f"Match LocalAddress {a}\n    SetEnv "
+                      f"{' '.join(f'{k}={v}' for k, v in self.host_environment(a).items())}\n"
+                      for a in self.addresses)
         )
+
+    def host_environment(self, address: str) -> dict[str, str]:
+        """What every process of host ``address`` sees: ``environment``, plus its own metadata server
+        (``GCE_METADATA_HOST``) and its own directory for host state (``TPUNB_HOST_DIR``, its "disk")."""
+        return {**self.environment, "GCE_METADATA_HOST": f"{address}:{self.metadata_port}",
+                "TPUNB_HOST_DIR": str(self.dir / "hosts" / address)}
+
+    def emulator_options(self) -> dict:
+        """start_emulator keyword arguments that make these the emulated nodes' hosts."""
+        return {"ssh_hosts": list(self.addresses), "ssh_port": self.port,
+                "authorized_keys": str(self.authorized_keys), "metadata_port": self.metadata_port,
+                "host_environment": {a: self.host_environment(a) for a in self.addresses}}
 
     def start(self, timeout: float = 10.0) -> None:
         """Start (or restart after ``stop``) listening; returns once every address accepts."""

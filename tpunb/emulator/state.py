@@ -121,6 +121,8 @@ class Emulator:
         self._events: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._seq = itertools.count()
         self._stopped = False
+        self.tokens: dict[str, tuple[str, float]] = {}  # VM access token -> (project, expiry)
+        self.closers: list[Callable[[], None]] = []  # run by close(): the metadata server
         self._clock = threading.Thread(target=self._run_clock, name="tpu-emulator-clock", daemon=True)
         self._clock.start()
 
@@ -148,7 +150,10 @@ class Emulator:
             self._stopped = True
             self._wake.notify()
         self._clock.join(timeout=5)
+        for closer in self.closers:
+            closer()
         self.hosts.remove_all_keys()
+        self.hosts.close()
 
     def call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run one API call under the lock, after applying every transition that is due."""
@@ -334,11 +339,15 @@ class Emulator:
             return
         node.state, node.health, node.endpoints_visible = "READY", "HEALTHY", True
         self.hosts.install_keys(node.name, node.metadata.get("ssh-keys", ""))
+        for endpoint in node.endpoints:  # each worker VM boots: its startup-script runs
+            self.hosts.boot(endpoint.internal_ip, node.metadata.get("startup-script", ""))
         if node.create_op:
             node.create_op.finish(response={"@type": TYPE_PREFIX + "Node", **node.to_json(self._ssh_port())})
         qr = self.queued.get(node.queued_resource or "")
-        if qr is not None and qr.state == "PROVISIONING":
-            qr.state = "ACTIVE"
+        if qr is not None and qr.state == "PROVISIONING" and all(
+            getattr(self.nodes.get(name), "state", None) == "READY" for name in qr.node_names
+        ):
+            qr.state = "ACTIVE"  # a multislice: once its last node is READY
         if (node.spot or node.preemptible) and self.faults.preempt_after is not None:
             self._at(self.faults.preempt_after, self._preempt, node, "PREEMPTED")
 
@@ -402,6 +411,46 @@ class Emulator:
         if qr is not None and qr.state not in ("DELETING", "SUSPENDED", "FAILED"):
             qr.state, qr.state_initiator = "SUSPENDED", "USER"
 
+    # -- the VMs' side: metadata server and their access tokens ---------------------------
+
+    def metadata_answer(self, address: str, path: str) -> str | dict | None:
+        """What the metadata server at host ``address`` answers for ``path`` (None: 404)."""
+        node = self.nodes.get(self.hosts.owner_of(address) or "")
+        if node is None:
+            return None
+        attributes = {**node.metadata,
+                      "agent-worker-number": str([e.internal_ip for e in node.endpoints].index(address))}
+        if path == "instance/service-accounts/default/token":
+            return {"access_token": self._issue_token(node), "expires_in": 3599, "token_type": "Bearer"}
+        if path == "instance/attributes/":
+            return "\n".join(sorted(attributes))
+        if path.startswith("instance/attributes/"):
+            return attributes.get(path[len("instance/attributes/"):])
+        return {"project/project-id": node.project, "instance/zone": f"projects/{node.project}/zones/{node.zone}",
+                "instance/hostname": f"t1v-n-{node.node_id}-w-{attributes['agent-worker-number']}"}.get(path)
+
+    def _issue_token(self, node: Node) -> str:
+        now = time.time()
+        for token, (project, expiry) in self.tokens.items():
+            if project == node.project and expiry - now > 300:
+                return token
+        token = "ya29.emulator-" + secrets.token_urlsafe(24)
+        self.tokens[token] = (node.project, now + 3600)
+        return token
+
+    def check_token(self, authorization: str | None, project: str) -> None:
+        """No Authorization header: anonymous (how tpunb's kernel talks to the emulator). A bearer
+        token must be one a VM got from the metadata server, unexpired, for this project."""
+        if authorization is None:
+            return
+        scheme, _, token = authorization.partition(" ")
+        project_and_expiry = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if project_and_expiry is None or project_and_expiry[1] < time.time():
+            raise ApiError(401, "UNAUTHENTICATED", "Request had invalid authentication credentials. Expected OAuth 2 "
+                           "access token, login cookie or other valid authentication credential.")
+        if project and project_and_expiry[0] != project:
+            raise ApiError(403, "PERMISSION_DENIED", f"The caller does not have permission on project {project}")
+
     # -- queued resources ----------------------------------------------------------------
 
     def create_queued(self, project: str, zone: str, qr_id: str, body: dict) -> dict:
@@ -409,11 +458,12 @@ class Emulator:
         self._check_create(project, zone, "queuedResources", qr_id)
         specs = (body.get("tpu") or {}).get("nodeSpec") or []
         parent = f"projects/{project}/locations/{zone}"
-        if len(specs) != 1 or specs[0].get("multisliceParams"):
+        if len(specs) != 1:
             raise ApiError(
                 400,
                 "INVALID_ARGUMENT",
-                "The emulator supports queued resources with exactly one nodeSpec (no multislice).",
+                "The emulator supports queued resources with exactly one nodeSpec "
+                "(a multislice is one nodeSpec with multisliceParams).",
             )
         spec = specs[0]
         if spec.get("parent", parent) != parent:
@@ -421,16 +471,27 @@ class Emulator:
                 400, "INVALID_ARGUMENT", f"nodeSpec.parent must be {parent}, not {spec.get('parent')}."
             )
         node_id, node_body = spec.get("nodeId", ""), spec.get("node") or {}
+        multislice = spec.get("multisliceParams")
+        count, prefix = 1, None
+        if multislice is not None:
+            count, prefix = int(multislice.get("nodeCount") or 0), multislice.get("nodeIdPrefix") or qr_id
+            if node_id:
+                raise ApiError(400, "INVALID_ARGUMENT", "nodeSpec takes nodeId or multisliceParams, not both.")
+            if count < 2:  # as the real API: one node is asked for with nodeId
+                raise ApiError(400, "INVALID_ARGUMENT", f"multisliceParams.nodeCount must be > 1, not {count}.")
+            node_id = f"{prefix}-{count - 1}"  # the longest id it makes: checked below
         if not ID_RE.match(node_id):
             raise ApiError(400, "INVALID_ARGUMENT", f'Invalid node id "{node_id}".')
         acc = self._check_node_request(zone, node_body)
         spot = "spot" in body or bool((node_body.get("schedulingConfig") or {}).get("spot"))
         self._check_quota_http(project, acc, zone, spot)
-        qr = QueuedResource(project, zone, qr_id, node_id, node_body, body, spot=spot)
+        qr = QueuedResource(project, zone, qr_id, "" if prefix else node_id, node_body, body, spot=spot,
+                            node_count=count, node_prefix=prefix)
         if qr.name in self.queued:
             raise ApiError(409, "ALREADY_EXISTS", f"Resource '{qr.name}' already exists")
-        if qr.node_name in self.nodes:
-            raise ApiError(409, "ALREADY_EXISTS", f"Resource '{qr.node_name}' already exists")
+        for node_name in qr.node_names:
+            if node_name in self.nodes:
+                raise ApiError(409, "ALREADY_EXISTS", f"Resource '{node_name}' already exists")
         self.queued[qr.name] = qr
         op = self._new_operation(project, zone, "create", qr.name)
         op.finish(response={"@type": TYPE_PREFIX + "QueuedResource", **qr.to_json()})
@@ -438,7 +499,7 @@ class Emulator:
         return op.to_json()
 
     def _qr_try(self, qr: QueuedResource, acc: catalog.Accelerator) -> None:
-        """Leave WAITING_FOR_RESOURCES if capacity (and quota) allow, else look again later."""
+        """Leave WAITING_FOR_RESOURCES if capacity (and quota) allow for every node, else look again later."""
         if self.queued.get(qr.name) is not qr or qr.state != "WAITING_FOR_RESOURCES":
             return
         qr.attempts += 1
@@ -449,25 +510,31 @@ class Emulator:
                 "message": self._quota_message(acc, qr.zone, qr.spot),
             }
             return
-        if qr.node_name in self.nodes:
+        taken = [n for n in qr.node_names if n in self.nodes]
+        if taken:
             qr.state, qr.state_initiator = "FAILED", "SERVICE"
-            qr.failed_error = {"code": 6, "message": f"Resource '{qr.node_name}' already exists"}
+            qr.failed_error = {"code": 6, "message": f"Resource '{taken[0]}' already exists"}
             return
-        node = self._new_node(
-            qr.project, qr.zone, qr.node_id, acc, qr.node_request, spot=qr.spot, queued_resource=qr.name
-        )
-        endpoints = (
-            None
-            if self.faults.stockout(qr.zone)
-            else self.hosts.allocate(node.name, acc.hosts, node.external_ips)
-        )
-        if endpoints is None:  # queued resources wait for capacity instead of failing
-            self._at(self.timings.queue_seconds, self._qr_try, qr, acc)
-            return
-        node.endpoints = endpoints
-        self.nodes[node.name] = node
+        nodes = [
+            self._new_node(qr.project, qr.zone, node_id, acc, qr.node_request, spot=qr.spot, queued_resource=qr.name)
+            for node_id in qr.node_ids
+        ]
+        for node in nodes:  # all slices or none: a multislice waits until every one fits
+            endpoints = (
+                None
+                if self.faults.stockout(qr.zone)
+                else self.hosts.allocate(node.name, acc.hosts, node.external_ips)
+            )
+            if endpoints is None:
+                for placed in nodes:
+                    self.hosts.release(placed.name)
+                self._at(self.timings.queue_seconds, self._qr_try, qr, acc)
+                return
+            node.endpoints = endpoints
+        for node in nodes:
+            self.nodes[node.name] = node
+            self._at(self.timings.create_seconds + self.faults.slow_create, self._node_ready, node)
         qr.state = "PROVISIONING"
-        self._at(self.timings.create_seconds + self.faults.slow_create, self._node_ready, node)
 
     def get_queued(self, project: str, zone: str, qr_id: str) -> dict:
         self._check_location(project, zone)
@@ -483,26 +550,26 @@ class Emulator:
         qr = _find(self.queued, f"projects/{project}/locations/{zone}/queuedResources/{qr_id}")
         if qr.delete_op is not None:
             return qr.delete_op.to_json()
-        node = self.nodes.get(qr.node_name)
-        node = node if node is not None and node.queued_resource == qr.name else None
-        if node is not None and node.state != "DELETING" and not force:
+        nodes = [n for n in map(self.nodes.get, qr.node_names) if n is not None and n.queued_resource == qr.name]
+        if any(n.state != "DELETING" for n in nodes) and not force:
             raise ApiError(
                 400,
                 "FAILED_PRECONDITION",
-                f"Queued resource {qr.name} is {qr.state} and its node {qr.node_id} exists: "
+                f"Queued resource {qr.name} is {qr.state} and its node {nodes[0].node_id} exists: "
                 "delete the node first or delete the queued resource with force=true.",
             )
         qr.state, qr.state_initiator = "DELETING", "USER"
-        if node is not None:
+        for node in nodes:
             self._start_delete(node)
         qr.delete_op = op = self._new_operation(project, zone, "delete", qr.name)
         self._at(self.timings.delete_seconds, self._queued_gone, qr)
         return op.to_json()
 
     def _queued_gone(self, qr: QueuedResource) -> None:
-        node = self.nodes.get(qr.node_name)
-        if node is not None and node.queued_resource == qr.name:
-            self._node_gone(node)
+        for name in qr.node_names:
+            node = self.nodes.get(name)
+            if node is not None and node.queued_resource == qr.name:
+                self._node_gone(node)
         self.queued.pop(qr.name, None)
         if qr.delete_op:
             qr.delete_op.finish(response={"@type": EMPTY_TYPE})
@@ -554,6 +621,7 @@ class Emulator:
         self.nodes.clear()
         self.queued.clear()
         self.operations.clear()
+        self.tokens.clear()
         self._events.clear()
         self.timings = Timings(**self._initial[0])
         self.faults = Faults(**self._initial[1])

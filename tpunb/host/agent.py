@@ -21,22 +21,24 @@ import sys
 import threading
 import time
 
-from . import protocol
-from .io import Channel, NoStdin, OutputPump, quiet_thread
+from . import idle, protocol, watchdog
+from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
 from .metrics import Sampler, install_log_shim
 from .profiler import OPS as PROFILE_OPS, Profiler
-from .runners import PlainRunner, flush_figures, make_ipython_runner, prefer_inline_matplotlib
+from .runners import PlainRunner, cap_bundle, cap_text, flush_figures, make_ipython_runner, prefer_inline_matplotlib
 
 
 class Agent:
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, watchdog_pid: int | None = None) -> None:
         self.channel = channel
-        self.requests: queue.Queue = queue.Queue()
+        self.watchdog_pid = watchdog_pid
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()  # C-level: a cheaper hand-over per cell
         self.current = None
         self.in_user_code = False
         self.main_ident = threading.get_ident()
         self.runner = None
+        self.exit_requested = False  # exit() in a cell: this session ends once the cell is done
         self.pump = None
         self.jax = None
         self.sampler = None
@@ -44,33 +46,36 @@ class Agent:
 
     # -- frames out ---------------------------------------------------------------------
     def send(self, message: dict, blob: bytes = b"") -> None:
-        self.channel.send(message, blob)
+        """Send a frame; one too large for the session is replaced by a note, never sent (the
+        session would drop the whole stream) and never fatal here."""
+        try:
+            self.channel.send(message, blob)
+        except protocol.FrameTooLarge as exc:
+            self.channel.send({"op": "stream", "id": message.get("id"), "name": "stderr",
+                               "text": f"[tpunb] not sent: {exc}\n"})
 
     def send_event(self, kind: str, **fields) -> None:
         self.send({"op": "event", "id": self.current, "kind": kind, **fields})
 
     def send_result(self, data: dict, metadata: dict) -> None:
         self.pump.drain()
-        self.send({"op": "result", "id": self.current, "data": _jsonable(data), "metadata": _jsonable(metadata)})
+        self.send({"op": "result", "id": self.current, "data": cap_bundle(_jsonable(data)), "metadata": _jsonable(metadata)})
 
     def send_display(self, data: dict, metadata: dict, transient: dict, update: bool) -> None:
         self.pump.drain()
-        self.send({"op": "display", "id": self.current, "data": _jsonable(data),
+        self.send({"op": "display", "id": self.current, "data": cap_bundle(_jsonable(data)),
                    "metadata": _jsonable(metadata), "transient": _jsonable(transient), "update": update})
 
     def send_error(self, ename: str, evalue: str, traceback_lines: list) -> None:
         self.pump.drain()
-        self.send({"op": "error", "id": self.current, "ename": ename, "evalue": evalue,
-                   "traceback": [str(line) for line in traceback_lines]})
+        self.send({"op": "error", "id": self.current, "ename": ename, "evalue": cap_text(evalue),
+                   "traceback": [cap_text(str(line)) for line in traceback_lines[-1000:]]})
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        try:
-            os.setsid()  # our own process group: escalation can end us and our children together
-        except OSError:
-            pass
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
-                   "pgid": os.getpgid(0), "python": sys.version.split()[0], "hostname": socket.gethostname()})
+                   "pgid": os.getpgid(0), "watchdog": self.watchdog_pid, "python": sys.version.split()[0],
+                   "hostname": socket.gethostname()})
         frame = self.channel.recv()
         if frame is None:
             os._exit(0)
@@ -87,8 +92,8 @@ class Agent:
         os.dup2(devnull, 0)
         os.close(devnull)
         self.pump = OutputPump(self.channel, init.get("drop_output"), init.get("drop_fragments"))
-        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+        self.flusher = Flusher(1, 2)
+        sys.stdout, sys.stderr = self.flusher.streams
         sys.stdin = NoStdin()
         signal.signal(signal.SIGINT, self._on_sigint)
         if init.get("jax"):
@@ -108,8 +113,20 @@ class Agent:
         if interval > 0:
             self.sampler = Sampler(self.send, interval)
             self.sampler.start()
+        if init.get("idle"):
+            self._arm_idle(init["idle"])
         quiet_thread(self._read_loop, "tpunb-reader")
         self.send({"op": "ready", "runner": self.runner.kind, "runner_error": runner_error})
+        if float(init.get("heartbeat") or 0) > 0:
+            self.channel.heartbeat(float(init["heartbeat"]))
+
+    @staticmethod
+    def _arm_idle(config: dict) -> None:
+        """Host 0 of a slice with idle autodelete: a kernel attached, so arm (or touch) the watchdog."""
+        try:
+            idle.arm(config, config.get("source") or "")
+        except Exception as exc:  # never fail the start over it; the boot path may still have armed it
+            print(f"tpunb: idle autodelete could not be armed here: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def _on_sigint(self, signum, frame) -> None:
         if self.in_user_code:
@@ -123,9 +140,10 @@ class Agent:
                 frame = None
             if frame is None:  # the session is gone: end this host session, children too
                 try:
-                    os.killpg(os.getpgid(0), signal.SIGTERM)
-                finally:
-                    os._exit(0)
+                    idle.touch()  # a request may have run until now: the idle time starts here
+                except OSError:
+                    pass
+                self.end()
             message, blob = frame
             op = message.get("op")
             if op == "interrupt":
@@ -136,6 +154,13 @@ class Agent:
             elif op == "start_jax":
                 if self.jax is not None:
                     self.jax.start_in_background()
+            elif op == "heartbeat":
+                self.channel.heartbeat(float(message.get("seconds", 1.0)))
+            elif op == "idle":  # the kernel starts or ends a request: activity for the idle watchdog
+                try:
+                    idle.touch(bool(message.get("busy")))
+                except OSError:
+                    pass
             elif op == "metrics_interval":
                 self._set_metrics_interval(float(message.get("seconds", 1.0)))
             else:
@@ -156,7 +181,7 @@ class Agent:
     def _interrupt(self) -> None:
         """What Ctrl-C in a terminal does: SIGINT to the running code and to its child processes."""
         signal.pthread_kill(self.main_ident, signal.SIGINT)
-        for pid in _children_in_group(os.getpgid(0)):
+        for pid in watchdog.members(pgid=os.getpgid(0)):
             try:
                 os.kill(pid, signal.SIGINT)
             except OSError:
@@ -174,11 +199,23 @@ class Agent:
                            "error": f"unknown request {message.get('op')!r}"})
                 continue
             handler(message, blob)
+            if self.exit_requested:  # the kernel sees the host end; its next cell starts a fresh one
+                self.end()
+
+    def end(self) -> None:
+        """End this host session and everything its cells started."""
+        try:
+            os.killpg(os.getpgid(0), signal.SIGTERM)
+        finally:
+            os._exit(0)
 
     # -- requests -------------------------------------------------------------------------
     def _as_user_code(self, message: dict, work, after=None) -> None:
         """Run ``work()`` as the request ``message`` names: interruptible, its output tagged with the
         request, then one ``done`` frame carrying what ``work`` returned (or 'interrupted')."""
+        if self.flusher.flush():  # what background threads printed since the last cell: not this cell's
+            self.pump.drain()
+        self.flusher.active(True)
         self.current = self.pump.cell_id = message["id"]
         started = time.perf_counter()
         reply = None
@@ -195,8 +232,9 @@ class Agent:
             except Exception:
                 pass
         self.pump.drain()
+        self.flusher.active(False)
         self.send({"op": "done", "id": message["id"], **(reply or {"status": "interrupted"}),
-                   "seconds": time.perf_counter() - started})
+                   "seconds": time.perf_counter() - started, **({"exiting": True} if self.exit_requested else {})})
         self.current = self.pump.cell_id = None
 
     def op_exec(self, message: dict, blob: bytes) -> None:
@@ -240,6 +278,11 @@ class Agent:
             self.send({"op": "done", "id": message["id"], "status": "error",
                        "error": f"cannot send {', '.join(message['names'])} back: {type(exc).__name__}: {exc}"})
             return
+        if len(data) > protocol.MAX_BLOB:
+            self.send({"op": "done", "id": message["id"], "status": "error",
+                       "error": f"{', '.join(message['names'])} pickled to {len(data):,} bytes, over the "
+                                f"{protocol.MAX_BLOB:,} a frame carries: pull smaller pieces"})
+            return
         self.send({"op": "done", "id": message["id"], "status": "ok"}, data)
 
 
@@ -251,26 +294,6 @@ def _pickler():
         return cloudpickle
     except ImportError:
         return pickle
-
-
-def _children_in_group(pgid: int) -> list:
-    """Processes of our group other than us (Linux /proc); elsewhere, none."""
-    me, found = os.getpid(), []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                found.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
 
 
 def _jsonable(value):
@@ -287,9 +310,14 @@ def _jsonable(value):
 
 
 def main() -> None:
+    try:
+        os.setsid()  # our own session and group: escalation and the watchdog end us and our children together
+    except OSError:
+        pass  # already a session leader (sshd and the local transport make us one)
+    guard = watchdog.start()  # before any thread exists
     in_fd, out_fd = os.dup(0), os.dup(1)
     channel = Channel(in_fd, out_fd)
-    agent = Agent(channel)
+    agent = Agent(channel, guard)
     agent.start()
     agent.serve()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE = "tpunb_host"
 #: shipped in this order: each module's relative imports name only modules before it
-MODULES = ("protocol", "io", "runners", "jax_start", "metrics", "profiler", "agent")
+MODULES = ("protocol", "watchdog", "io", "runners", "jax_start", "metrics", "profiler", "idle", "agent")
 
 BOOTSTRAP = r"""
 import json, os, sys, types
@@ -45,3 +45,10 @@ def agent_bundle() -> bytes:
     modules = [(name, (here / f"{name}.py").read_text()) for name in MODULES]
     body = json.dumps({"package": PACKAGE, "modules": modules}).encode()
     return b"%012d" % len(body) + body
+
+
+@functools.lru_cache(maxsize=1)
+def idle_script() -> str:
+    """The idle watchdog (``idle.py``) as a standalone Python script: a node's startup-script, and
+    what host 0's agent runs as the watchdog process."""
+    return "#!/usr/bin/env python3\n" + (Path(__file__).parent / "idle.py").read_text()

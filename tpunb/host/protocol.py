@@ -11,14 +11,27 @@ from __future__ import annotations
 import json
 import struct
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 4  # 3: stream frames carry at most MAX_TEXT characters, hosts cap values; 4: heartbeat (``beat`` frames, ``heartbeat`` at init), watchdog
 HEADER = struct.Struct("!II")
 MAX_JSON = 256 * 1024 * 1024
+MAX_BLOB = 2**32 - 1
+#: the most text one stream frame carries: larger output is split across frames
+MAX_TEXT = 1 << 20
+
+
+#: one encoder for every frame (json.dumps with options builds a new one per call)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+class FrameTooLarge(ValueError):
+    """A frame the other side would refuse: the sender must shrink it, never send it."""
 
 
 def encode(message: dict, blob: bytes = b"") -> bytes:
-    """One frame as bytes, ready to write."""
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    """One frame as bytes, ready to write; FrameTooLarge if the reader could not take it."""
+    body = _ENCODER.encode(message).encode("utf-8", "replace")
+    if len(body) > MAX_JSON or len(blob) > MAX_BLOB:
+        raise FrameTooLarge(f"a {message.get('op')} frame of {len(body) + len(blob):,} bytes is over the limit")
     return HEADER.pack(len(body), len(blob)) + body + blob
 
 

@@ -15,6 +15,11 @@ import sys
 import traceback
 import types
 
+#: the most text of one value (one mime type) a host sends; the notebook shows this much at most
+VALUE_CHARS = 1_000_000
+#: the most data (images, HTML, ...) of one display or value
+BUNDLE_CHARS = 16_000_000
+
 _OWN_FILES = os.path.dirname(os.path.abspath(__file__)) if os.path.isfile(__file__) else None
 
 
@@ -23,17 +28,73 @@ def _is_ours(filename: str) -> bool:
     return filename.startswith("<tpunb:") or (_OWN_FILES is not None and os.path.dirname(filename) == _OWN_FILES)
 
 
-def user_traceback(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """The traceback without the agent's frames: users see their code, and input()'s message alone."""
+def user_traceback(tb: types.TracebackType | None, ipython: bool = False) -> types.TracebackType | None:
+    """The traceback without the agent's frames: users see their code, and input()'s message alone.
+
+    ``ipython``: the traceback IPython will show (its tb_offset skips the first frame, run_code's,
+    or its formatter's when a __repr__ failed); IPython's own frames after that one are dropped too."""
     frames = []
     while tb is not None:
         if not _is_ours(tb.tb_frame.f_code.co_filename):
             frames.append(tb)
         tb = tb.tb_next
+    package = sys.modules.get("IPython") if ipython else None
+    ipython_dir = os.path.dirname(package.__file__) + os.sep if getattr(package, "__file__", None) else None
+    while ipython_dir and len(frames) > 2 and frames[1].tb_frame.f_code.co_filename.startswith(ipython_dir):
+        frames.pop(1)
     pruned = None
     for frame in reversed(frames):
         pruned = types.TracebackType(pruned, frame.tb_frame, frame.tb_lasti, frame.tb_lineno)
     return pruned
+
+
+def cap_text(text: str, limit: int = VALUE_CHARS) -> str:
+    """The start of ``text`` and one line saying how much was left out."""
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return (text[:limit] + f"\n[tpunb] {len(text) - limit:,} more characters of {len(text):,} not sent; "
+            "fetch the value itself with %tpu_pull NAME")
+
+
+def cap_exception(exc: BaseException) -> None:
+    """Cut a huge exception message (``raise ValueError('e' * 300_000_000)``) before it is
+    formatted: traceback printers copy it many times over, holding the GIL for seconds, and the
+    host would look frozen; the notebook only ever gets the cut."""
+    try:
+        args = exc.args
+        if not any(isinstance(a, (str, bytes, bytearray)) and len(a) > VALUE_CHARS for a in args):
+            return
+        exc.args = tuple(a[:VALUE_CHARS] + (f" ... [{len(a) - VALUE_CHARS:,} more characters]"
+                                            if isinstance(a, str) else b" ...")
+                         if isinstance(a, (str, bytes, bytearray)) and len(a) > VALUE_CHARS else a for a in args)
+    except Exception:  # an exception type that will not take new args keeps its own
+        pass
+
+
+def cap_bundle(data: dict, text_limit: int = VALUE_CHARS, total: int = BUNDLE_CHARS) -> dict:
+    """A mime bundle a notebook can take: long text cut (with a note), data over ``total`` dropped."""
+    out, size = {}, 0
+    for mime, value in data.items():
+        if isinstance(value, str) and (mime.startswith("text/") and mime != "text/html"):
+            value = cap_text(value, text_limit)
+        length = len(value) if isinstance(value, str) else len(str(value))
+        if size + length > total:
+            continue
+        out[mime], size = value, size + length
+    if len(out) < len(data):
+        dropped = ", ".join(m for m in data if m not in out)
+        note = f"[tpunb] {dropped} output over {total:,} characters not sent"
+        out["text/plain"] = (out["text/plain"] + "\n" + note) if "text/plain" in out else note
+    return out
+
+
+def _short_repr(value) -> str:
+    """repr() of a huge str/bytes without building it whole (bytes(200_000_000) has a 800 MB repr)."""
+    if isinstance(value, (str, bytes, bytearray)) and len(value) > VALUE_CHARS:
+        shown = VALUE_CHARS - 200
+        return (repr(value[:shown])[:shown] + f"\n[tpunb] a {type(value).__name__} of length {len(value):,}: "
+                f"its repr is cut at {shown:,} characters; fetch the value itself with %tpu_pull NAME")
+    return repr(value)
 
 
 class PlainRunner:
@@ -60,9 +121,15 @@ class PlainRunner:
                 value = eval(compile(last, filename, "eval"), self.namespace)
                 if value is not None:
                     self.namespace["_"] = value
-                    self.agent.send_result({"text/plain": repr(value)}, {})
+                    self.agent.send_result({"text/plain": _short_repr(value)}, {})
+            return "ok"
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                print(f"exit({exc.code!r})", file=sys.stderr)
+            request_exit(self.agent)
             return "ok"
         except BaseException as exc:  # noqa: B036 - user code may raise anything
+            cap_exception(exc)
             lines = traceback.format_exception(type(exc), exc, user_traceback(exc.__traceback__))
             self.agent.send_error(type(exc).__name__, str(exc), "".join(lines).splitlines())
             return "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
@@ -104,16 +171,22 @@ def make_ipython_runner(agent):
     class HostShell(InteractiveShell):
         displayhook_class = Type(FrameDisplayHook)
         display_pub_class = Type(FramePublisher)
+        traceback_shown = False  # set when a traceback was sent during the current cell
 
         def showtraceback(self, exc_tuple=None, *args, **kwargs):
             etype, value, tb = exc_tuple or sys.exc_info()
             if value is not None:
-                value.__traceback__ = user_traceback(tb)
+                cap_exception(value)
+                value.__traceback__ = user_traceback(tb, ipython=True)
                 exc_tuple = (etype, value, value.__traceback__)
             return super().showtraceback(exc_tuple, *args, **kwargs)
 
         def _showtraceback(self, etype, evalue, stb):
+            self.traceback_shown = True
             agent.send_error(getattr(etype, "__name__", str(etype)), str(evalue), list(stb))
+
+        def ask_exit(self):  # exit() / quit(), as in a notebook: the session ends, a fresh one follows
+            request_exit(agent)
 
         def enable_gui(self, gui=None):
             pass
@@ -135,6 +208,9 @@ def make_ipython_runner(agent):
     config.HistoryManager.enabled = False
     config.HistoryManager.hist_file = ":memory:"
     shell = HostShell.instance(config=config)
+    plain = shell.display_formatter.formatters["text/plain"]
+    for kind in (str, bytes, bytearray):
+        plain.for_type(kind, _pretty_short(plain.for_type(kind, None)))
     shell.system = shell.system_raw  # children share our fds and process group: output and Ctrl-C reach them
     set_colors(shell, None)
 
@@ -152,15 +228,36 @@ def make_ipython_runner(agent):
             if colors and colors != self.colors:  # the kernel's scheme: readable in its front end
                 set_colors(shell, colors)
                 self.colors = colors
+            shell.traceback_shown = False
             result = shell.run_cell(code, store_history=True)
             error = result.error_in_exec or result.error_before_exec
-            if error is None:
-                return "ok"
+            if error is None:  # a failing __repr__ is caught by IPython's formatters: it still fails the cell
+                return "error" if shell.traceback_shown else "ok"
             return "interrupted" if isinstance(error, KeyboardInterrupt) else "error"
 
     return IPythonRunner()
 
 
+def request_exit(agent) -> None:
+    """exit() in a cell: this host's session ends when the cell is done (the kernel starts a fresh
+    one at the next cell), as exit() restarts a notebook's kernel."""
+    agent.exit_requested = True
+    print("[tpunb] exit(): this host's session ends after this cell; the next cell starts a fresh one",
+          file=sys.stderr)
+
+
+def _pretty_short(default):
+    """IPython's pretty printer for str and bytes, cut before a huge repr is built."""
+
+    def pretty(value, printer, cycle) -> None:
+        if len(value) > VALUE_CHARS:
+            printer.text(_short_repr(value))
+        elif default is not None:
+            default(value, printer, cycle)
+        else:
+            printer.text(repr(value))
+
+    return pretty
 
 
 def set_colors(shell, scheme: str | None) -> None:

@@ -185,7 +185,7 @@ class ModelSpec:
         layers = max(1, round(n / (12 * d_model**2)))
         heads = max(1, d_model // 128)
         return cls(
-            name=f"{human_count(n)} params",
+            name=f"{human_count(n)} model (estimated shape)",
             layers=layers,
             d_model=d_model,
             d_ff=int(round(8 * d_model / 3 / 128)) * 128,

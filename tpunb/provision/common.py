@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb import report
-from tpunb.registry import Registry, SliceRecord
+from tpunb.registry import Registry, SliceRecord, process_start
 
 if TYPE_CHECKING:
     from tpunb.slice import Slice
@@ -21,11 +21,24 @@ GLOO_FRAGMENTS = r"(?:\s|\d|[.:]|\[Gloo\]|Rank|is connected to|peer ranks|Expect
 DROP_NOISE = {"drop_output": GLOO_CHATTER, "drop_fragments": GLOO_FRAGMENTS}
 
 
+#: where JAX's multislice runtime (megascale) listens on host 0 of slice 0: JAX's default port
+MEGASCALE_PORT = 8080
+
+
 def host_env(record: SliceRecord, index: int) -> dict[str, str]:
-    """What every host gets in its environment: where it sits in the slice, plus --env values."""
-    env = {"TPUNB_HOST_INDEX": str(index), "TPUNB_NUM_HOSTS": str(len(record.hosts)), "TPUNB_SLICE": record.name}
+    """What every host gets in its environment: where it sits in the slice (and in a multislice,
+    which slice, plus what JAX's multislice runtime reads), plus --env values."""
+    slices = int(record.spec.get("slices") or 1)
+    slice_index = index // max(1, len(record.hosts) // slices)
+    env = {"TPUNB_HOST_INDEX": str(index), "TPUNB_NUM_HOSTS": str(len(record.hosts)), "TPUNB_SLICE": record.name,
+           "TPUNB_SLICE_INDEX": str(slice_index)}
     if record.accelerator:
         env["TPUNB_ACCELERATOR"] = record.accelerator
+    if slices > 1:
+        first = record.hosts[0]  # host 0 of slice 0, on the network the slices share (its internal IP)
+        coordinator = first.info.get("internal_ip") or first.address.rsplit(":", 1)[0]
+        env.update(MEGASCALE_COORDINATOR_ADDRESS=f"{coordinator}:{MEGASCALE_PORT}", MEGASCALE_NUM_SLICES=str(slices),
+                   MEGASCALE_SLICE_ID=str(slice_index), MEGASCALE_PORT=str(MEGASCALE_PORT))
     return env
 
 
@@ -60,6 +73,15 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def owner_running(record: SliceRecord) -> bool:
+    """The process that owns this slice's host sessions runs: its pid is alive and, where its
+    start time was recorded, is still that process (not a later one given the same pid)."""
+    if not pid_alive(record.owner_pid):
+        return False
+    started = process_start(record.owner_pid)
+    return record.owner_start is None or started is None or started == record.owner_start
+
+
 def owner_alive(record: SliceRecord) -> bool:
     """Another live process (a kernel) owns this slice's host sessions."""
-    return record.owner_pid != os.getpid() and pid_alive(record.owner_pid)
+    return record.owner_pid != os.getpid() and owner_running(record)

@@ -25,25 +25,40 @@ def default_name(accelerator: Accelerator) -> str:
 
 
 def options(**given) -> None:
-    """A local slice takes no options beyond its accelerator."""
+    """A local slice takes no options beyond its accelerator. ``idle_delete`` is accepted and
+    ignored: a simulated slice costs nothing and its host processes end with the kernel."""
+    from tpunb.provision.gcp.config import parse_duration
+
+    if parse_duration(given.pop("idle_delete", None), "--idle-delete"):
+        report.info("[tpunb] --idle-delete applies to Cloud TPU slices; a local simulated slice costs nothing and "
+                    "its hosts end with this kernel, so it is ignored")
     if given:
         raise UsageError(f"unknown option{'s' if len(given) > 1 else ''} {', '.join(sorted(given))} for backend "
                          "local (cloud options need --backend gcp and a Google Cloud project)")
 
 
 def create(name: str, accelerator: Accelerator, env: dict[str, str], reg: Registry, opts: None = None,
-           own_tpu: bool = False) -> Slice:
+           own_tpu: bool = False, slices: int = 1) -> Slice:
     """Start one host process per TPU host of ``accelerator``; the slice is recorded once all are up.
-    ``own_tpu``: one host process on this machine's real TPU chips (a Colab TPU runtime), not simulated."""
-    hosts = [HostRecord(i, "localhost", {"devices": accelerator.devices_per_host}) for i in range(accelerator.hosts)]
+    ``own_tpu``: one host process on this machine's real TPU chips (a Colab TPU runtime), not simulated.
+    ``slices``: a multislice, every host of every slice in one jax.distributed job, slice by slice."""
+    per_slice = accelerator.hosts
+    hosts = [HostRecord(i, "localhost", {"devices": accelerator.devices_per_host, "slice": i // per_slice})
+             for i in range(per_slice * slices)]
+    spec: dict = {"own_tpu": True} if own_tpu else {}
+    if slices > 1:
+        spec["slices"] = slices
     record = SliceRecord(name=name, accelerator=accelerator.name, backend="local", state="running",
-                         owner_pid=os.getpid(), hosts=hosts, spec={"own_tpu": True} if own_tpu else {})
+                         owner_pid=os.getpid(), hosts=hosts, spec=spec)
     chips = f"{accelerator.devices_per_host} chip{'s' if accelerator.devices_per_host > 1 else ''}"
+    many = f"{slices} x {accelerator.name} as a local simulated multislice" if slices > 1 else \
+        f"{accelerator.name} as a local simulated slice"
+    each = f"{slices} slices x " if slices > 1 else ""
     report.info(f"Launching {name!r} on this machine's own TPU ({accelerator.name}: 1 host x {chips}) ..."
                 if own_tpu else
-                f"Launching {accelerator.name} as a local simulated slice {name!r} (no Google Cloud project "
-                f"configured, or --backend local): {accelerator.hosts} host{'s' if accelerator.hosts > 1 else ''} "
-                f"x {accelerator.devices_per_host} JAX CPU devices ...")
+                f"Launching {many} {name!r} (no Google Cloud project configured, or --backend local): "
+                f"{each}{per_slice} host{'s' if per_slice > 1 else ''} x {accelerator.devices_per_host} "
+                "JAX CPU devices ...")
     return start(attach(record, reg, env), reg, time.perf_counter())
 
 

@@ -10,6 +10,7 @@ import time
 
 from tpunb import report
 from tpunb.errors import HostKeyError, TransportError
+from tpunb.provision import interrupts
 from tpunb.provision.common import DROP_NOISE, host_env, start
 from tpunb.registry import Registry, SliceRecord
 from tpunb.slice import Node, Slice
@@ -32,6 +33,7 @@ def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list
         except TransportError:
             if time.monotonic() + delay > deadline:
                 raise
+            interrupts.check()
             time.sleep(delay)  # hosts still booting: back off and try again
             delay = min(delay * 2, 10.0)
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from tpunb import catalog as _catalog, provision, report, slices
+from tpunb.display.hosts import Layout
 from tpunb.errors import NoSliceError, TpunbError
-from tpunb.provision.common import pid_alive
+from tpunb.provision.common import owner_running, pid_alive
 from tpunb.provision.gcp.node import price_per_hour
 from tpunb.registry import Registry, SliceRecord
 
@@ -36,6 +37,12 @@ def _price(accelerator: str, spot: bool) -> float | None:
         return price_per_hour(_catalog.lookup(accelerator), spot)
     except TpunbError:
         return None
+
+
+def _list_price(record: SliceRecord, spot: bool) -> float | None:
+    """What the slice (every slice of a multislice) would cost on Cloud TPU."""
+    price = _price(record.accelerator, spot) if record.accelerator else None
+    return price * record.num_slices if price is not None else None
 
 
 def _host_metrics(latest: list[tuple], host: int, backend: str) -> dict[str, float]:
@@ -58,6 +65,9 @@ def _host_metrics(latest: list[tuple], host: int, backend: str) -> dict[str, flo
 
 
 def _host_rows(record: SliceRecord, owner_alive: bool, latest: list[tuple]) -> list[dict[str, Any]]:
+    """Each host with the label the notebook gives it ('3', or 's1/0' in a multislice), so the
+    panel can group a multislice's hosts by slice and name them as cell output does."""
+    layout = Layout(len(record.hosts), record.num_slices)
     rows = []
     for host in record.hosts:
         pid = host.info.get("pid")
@@ -65,13 +75,14 @@ def _host_rows(record: SliceRecord, owner_alive: bool, latest: list[tuple]) -> l
             state = "running" if owner_alive and (pid is None or pid_alive(pid)) else "gone"
         else:
             state = "connected" if owner_alive else "not connected"
-        rows.append({"index": host.index, "address": host.address, "state": state,
+        rows.append({"index": host.index, "slice_index": layout.slice_of(host.index),
+                     "label": layout.name(host.index), "address": host.address, "state": state,
                      "metrics": _host_metrics(latest, host.index, record.backend) if owner_alive else {}})
     return rows
 
 
 def _slice_row(record: SliceRecord, now: float, nodes: dict, reg: Registry) -> dict[str, Any]:
-    owner_alive = pid_alive(record.owner_pid)
+    owner_alive = owner_running(record)
     spot = bool(record.spec.get("spot"))
     if record.backend == "local":
         state = "running" if owner_alive else "stopped: its kernel ended (%tpu_use restarts it)"
@@ -80,18 +91,20 @@ def _slice_row(record: SliceRecord, now: float, nodes: dict, reg: Registry) -> d
     elif record.backend == "gcp":
         info = nodes.get((record.spec.get("project"), record.spec.get("zone")), {}).get(record.name)
         state = (info.state or info.queued_state or "UNKNOWN") if info else record.state
-        usd_per_hour = _price(record.accelerator, spot)
+        usd_per_hour = _list_price(record, spot)
         uptime = info.uptime() if info else None
         running_s = uptime if uptime is not None else now - record.created
     else:
         state = "connected" if owner_alive else "not connected (%tpu_use reconnects)"
         usd_per_hour, running_s = None, now - record.created
     return {
-        "name": record.name, "backend": record.backend, "accelerator": record.accelerator,
-        "state": state, "created": record.created, "age_s": round(now - record.created, 1),
+        "name": record.name, "backend": record.backend, "accelerator": record.kind,
+        "num_slices": record.num_slices, "state": state, "created": record.created,
+        "age_s": round(now - record.created, 1),
         "spot": spot, "usd_per_hour": usd_per_hour,
         "usd_so_far": round(usd_per_hour * running_s / 3600, 4) if usd_per_hour is not None else None,
-        "list_usd_per_hour": _price(record.accelerator, spot) if record.accelerator else None,
+        "list_usd_per_hour": _list_price(record, spot),
+        "idle_delete_in": reg.idle_delete_in(record.name, owner_alive),
         "owner_pid": record.owner_pid, "hosts": _host_rows(record, owner_alive, reg.latest_metrics(record.name)),
         "orphan": False,
     }
@@ -104,9 +117,10 @@ def _orphan_rows(nodes: dict, known: set[str]) -> list[dict[str, Any]]:
             if name in known or not info.tpunb_owned:
                 continue
             price = _price(info.accelerator, info.spot)
+            price = price * info.slices if price is not None else None  # every node of a multislice
             uptime = info.uptime()
             rows.append({
-                "name": name, "backend": "gcp", "accelerator": info.accelerator,
+                "name": name, "backend": "gcp", "accelerator": info.kind, "num_slices": info.slices,
                 "state": info.state or info.queued_state or "UNKNOWN", "project": project, "zone": zone,
                 "age_s": round(uptime, 1) if uptime is not None else None, "spot": info.spot,
                 "usd_per_hour": price,
@@ -175,7 +189,7 @@ def delete_slice(name: str) -> dict[str, Any]:
     reg = Registry()
     record = reg.get_slice(name)
     if record is not None and record.backend == "local" and record.owner_pid != os.getpid() \
-            and pid_alive(record.owner_pid):
+            and owner_running(record):
         _end_hosts(record)
         reg.delete_slice(name)
         return {"deleted": [name], "messages": []}

@@ -37,6 +37,17 @@ class AgentProcess(ABC):
     def recv_exact(self, n: int) -> bytes:
         """Read exactly ``n`` bytes from the agent's stdout; fewer only at end of stream."""
 
+    def frames_fd(self) -> int | None:
+        """A file descriptor the agent's stdout can be read from without blocking, so one thread
+        may wait on every host's at once (``tpunb.transport.fanin``); None: read with ``recv_exact`` on a
+        thread of this host's own. Once it is given, ``recv_exact`` is not called."""
+        return None
+
+    def has_unread(self) -> bool:
+        """Bytes from the agent wait that nobody has read yet: it spoke, and this kernel is the one
+        behind (its reader thread starved), so its silence is not the host's."""
+        return False
+
     @abstractmethod
     def signal_group(self, pgid: int, sig: int) -> None:
         """Deliver ``sig`` to the process group ``pgid`` on the agent's host (escalation)."""
@@ -52,6 +63,11 @@ class AgentProcess(ABC):
     @abstractmethod
     def close(self) -> None:
         """Close the streams and make sure the agent ends; idempotent."""
+
+    @abstractmethod
+    def abandon(self, pgid: int | None) -> None:
+        """End an agent that stopped answering, and its process group, without waiting on it (it
+        may be frozen, its connection dead): returns at once, the rest happens in the background."""
 
 
 class Transport(ABC):

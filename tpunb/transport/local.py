@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -55,17 +56,31 @@ class LocalAgentProcess(AgentProcess):
     def recv_exact(self, n: int) -> bytes:
         return read_exact(self._stdout.read, n)
 
-    def signal_group(self, pgid: int, sig: int) -> None:
+    def frames_fd(self) -> int | None:
+        return self._stdout.fileno()
+
+    def has_unread(self) -> bool:
         try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+            return bool(select.select([self._stdout], [], [], 0)[0])
+        except (ValueError, OSError):  # closed
+            return False
+
+    def signal_group(self, pgid: int, sig: int) -> None:
+        for each in (sig, signal.SIGCONT):  # a stopped group is woken to take the signal
+            try:
+                os.killpg(pgid, each)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def exit_status(self) -> int | None:
         return self._proc.poll()
 
     def stderr_tail(self) -> str:
         return "\n".join(self._stderr_lines)
+
+    def abandon(self, pgid: int | None) -> None:
+        self.signal_group(pgid or self.pid, signal.SIGKILL)
+        threading.Thread(target=self.close, daemon=True, name=f"tpunb-reap-{self.pid}").start()
 
     def close(self) -> None:
         for stream in (self._proc.stdin,):

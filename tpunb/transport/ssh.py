@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import getpass
+import logging
 import os
 import shlex
 import signal
@@ -27,13 +28,14 @@ import paramiko
 from paramiko.channel import Channel
 from paramiko.common import MSG_CHANNEL_REQUEST
 
-from tpunb.errors import AuthenticationError, HostKeyError, TransportError
+from tpunb.errors import AuthenticationError, HostKeyError, TransportError, UsageError
 from tpunb.transport.keys import default_key, load_private_key
 from tpunb.registry import Registry
 from tpunb.transport.base import AgentProcess, Transport, read_exact
 
 PID_MARK = "tpunb-pid "
 CLOSE_GRACE = 2.0  # seconds an agent gets to exit on EOF before its group is killed
+KILL_TIMEOUT = 3.0  # seconds a kill command may take: a frozen connection must not hold escalation
 # sqlite answers concurrent writers with sleeps of up to 100 ms; connecting threads take turns instead
 _RECORD_LOCK = threading.Lock()
 
@@ -48,18 +50,31 @@ def forget_host_key(host: str, port: int = 22, registry: Registry | None = None)
 
 def parse_host(spec: str, user: str | None = None, port: int = 22) -> tuple[str, str, int]:
     """``[user@]host[:port]`` (IPv6 as ``[addr]:port``) -> (user, host, port), filling defaults."""
+    original = spec
     if "@" in spec:
         user, spec = spec.rsplit("@", 1)
+    port_text = str(port)
     if spec.startswith("["):
         host, _, rest = spec[1:].partition("]")
         if rest.startswith(":"):
-            port = int(rest[1:])
+            port_text = rest[1:]
     elif spec.count(":") == 1:
         host, port_text = spec.split(":")
-        port = int(port_text)
     else:
         host = spec
-    return user or getpass.getuser(), host, int(port)
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise UsageError(f"bad host {original!r}: write [user@]host[:port] with a port from 1 to 65535, "
+                         "e.g. me@10.0.0.2:2222")
+    return user or getpass.getuser(), host, int(port_text)
+
+
+def _drop_unrequested_channel_noise(record: logging.LogRecord) -> bool:
+    """paramiko logs an ERROR when a channel it gave up on (a timed-out open on a slow host)
+    opens after all; nothing is wrong, and users should not read it under their cell."""
+    return "unrequested channel" not in record.getMessage()
+
+
+logging.getLogger("paramiko.transport").addFilter(_drop_unrequested_channel_noise)
 
 
 def _channel_request(chan: Channel, m: paramiko.Message) -> None:
@@ -143,6 +158,9 @@ class SSHAgentProcess(AgentProcess):
     def recv_exact(self, n: int) -> bytes:
         return read_exact(self._channel.recv, n)
 
+    def has_unread(self) -> bool:
+        return self._channel.recv_ready()
+
     def signal_group(self, pgid: int, sig: int) -> None:
         """Runs ``kill`` on the host over a second channel; a no-op once the connection is gone."""
         self._transport.kill_group(pgid, sig)
@@ -152,6 +170,18 @@ class SSHAgentProcess(AgentProcess):
 
     def stderr_tail(self) -> str:
         return "\n".join(self._stderr_lines)
+
+    def abandon(self, pgid: int | None) -> None:
+        """The connection may be what froze (a stopped sshd session): drop it now, so the next cell
+        connects afresh, and kill the group over a new connection in the background."""
+        if self._closed:
+            return
+        self._closed = True
+        pgid = pgid or self.pid
+        self._transport.drop()
+        if pgid:
+            threading.Thread(target=self._transport.kill_from_new_connection, args=(pgid,), daemon=True,
+                             name=f"tpunb-ssh-kill-{self._transport.address}").start()
 
     def close(self) -> None:
         """EOF to the agent; if it has not ended within CLOSE_GRACE, kill its process group."""
@@ -296,6 +326,27 @@ class SSHTransport(Transport):
                 self._transport.close()
                 self._transport = None
 
+    def drop(self) -> None:
+        """Forget the connection now (the next ``connect`` makes a new one) and close it in the
+        background: closing towards a frozen peer can take seconds."""
+        with self._lock:
+            old, self._transport = self._transport, None
+        if old is not None:
+            threading.Thread(target=old.close, daemon=True, name=f"tpunb-ssh-drop-{self.address}").start()
+
+    def kill_from_new_connection(self, pgid: int) -> None:
+        """SIGKILL a process group over a connection of its own (the usual one may be frozen);
+        quietly nothing if the host cannot be reached (its sshd ends the session once it notices)."""
+        try:
+            fresh = SSHTransport(self.host, self.port, self.user, self.key_path, self.registry, self.connect_timeout,
+                                 self.keepalive, self.python, _pkey=self._pkey)
+        except TransportError:
+            return
+        try:
+            fresh.kill_group(pgid, signal.SIGKILL)
+        finally:
+            fresh.close()
+
     # -- channels -----------------------------------------------------------------------------
 
     def _require(self) -> _Transport:
@@ -304,17 +355,17 @@ class SSHTransport(Transport):
             raise TransportError(f"not connected to {self.address}: reconnect")
         return transport
 
-    def open_command(self, command: str) -> Channel:
+    def open_command(self, command: str, timeout: float | None = None) -> Channel:
         """An exec channel running ``command`` through the user's login shell (no pty)."""
-        return self._open(lambda channel: channel.exec_command(command), "a command")
+        return self._open(lambda channel: channel.exec_command(command), "a command", timeout)
 
     def open_subsystem(self, name: str) -> Channel:
         """A channel running an SSH subsystem such as "sftp" (sshd starts it like a command)."""
         return self._open(lambda channel: channel.invoke_subsystem(name), name)
 
-    def _open(self, start: Callable[[Channel], None], what: str) -> Channel:
+    def _open(self, start: Callable[[Channel], None], what: str, timeout: float | None = None) -> Channel:
         try:
-            channel = self._require().open_session(timeout=self.connect_timeout)
+            channel = self._require().open_session(timeout=timeout or self.connect_timeout)
             start(channel)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise TransportError(f"cannot start {what} on {self.address} ({exc}): reconnect, "
@@ -326,15 +377,17 @@ class SSHTransport(Transport):
         command = f"printf '{PID_MARK}%s\\n' $$ >&2; exec {shlex.join(argv)}"
         return SSHAgentProcess(self, self.open_command(command))
 
-    def kill_group(self, pgid: int, sig: int) -> None:
-        """Send ``sig`` to process group ``pgid`` on the host; quietly nothing if unreachable."""
+    def kill_group(self, pgid: int, sig: int, timeout: float = KILL_TIMEOUT) -> None:
+        """Send ``sig`` to process group ``pgid`` on the host (a stopped group is woken to take it);
+        quietly nothing if the host does not take the command within ``timeout`` seconds."""
         name = signal.Signals(sig).name.removeprefix("SIG")
         try:
-            channel = self.open_command(f"kill -s {name} -- -{int(pgid)} 2>/dev/null")
+            channel = self.open_command(f"kill -s {name} -- -{int(pgid)} 2>/dev/null; "
+                                        f"kill -s CONT -- -{int(pgid)} 2>/dev/null", timeout)
         except TransportError:
             return
         try:
-            channel.status_event.wait(self.connect_timeout)
+            channel.status_event.wait(timeout)
         finally:
             channel.close()
 

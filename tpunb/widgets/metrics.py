@@ -13,6 +13,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from tpunb.display.hosts import HostNames, format_hosts
 from tpunb.metrics import MetricsFeed, MetricsStore
 
 SYSTEM = ("cpu_percent", "process_cpu_percent", "rss_bytes", "hbm_used_bytes", "duty_cycle_percent")
@@ -113,7 +114,7 @@ def sparkline(points: list[tuple[float, float]], width: int = 120, height: int =
 
 
 def render_html(title: str, store: MetricsStore, num_hosts: int, metrics: list[str] | None,
-                interval: float) -> str:
+                interval: float, names: HostNames = format_hosts) -> str:
     chosen = chosen_metrics(store, metrics)
     late = {s.host: s.why for s in stragglers(store, num_hosts, interval)}
     order = sorted(range(num_hosts), key=lambda h: (h not in late, h))[:MAX_HOSTS]
@@ -129,7 +130,7 @@ def render_html(title: str, store: MetricsStore, num_hosts: int, metrics: list[s
             colour = "#d93025" if host in late else "#1a73e8"
             cells.append(f'<td style="padding:2px 8px;white-space:nowrap">{sparkline(points, colour=colour)} '
                          f'<span style="font-variant-numeric:tabular-nums">{html.escape(_format(metric, value))}</span></td>')
-        label = f"<b>host {host}</b>"
+        label = f"<b>host {html.escape(names([host]))}</b>"
         style = "background:rgba(217,48,37,0.10)" if host in late else ""
         if host in late:
             label += f'<br><small style="color:#d93025">{html.escape(late[host])}</small>'
@@ -140,7 +141,7 @@ def render_html(title: str, store: MetricsStore, num_hosts: int, metrics: list[s
     dropped = sum(store.dropped)
     note = (f"<div><small>{dropped} logged values were dropped on the hosts (logged faster than they are sent)"
             "</small></div>" if dropped else "")
-    summary = (f'<span style="color:#d93025">stragglers: {", ".join(map(str, sorted(late)))}</span>'
+    summary = (f'<span style="color:#d93025">stragglers: {html.escape(", ".join(names([h]) for h in sorted(late)))}</span>'
                if late else "every host keeping up")
     return (f'<div class="tpunb-metrics"><div><b>{html.escape(title)}</b> &middot; {summary} &middot; '
             f"<small>every {interval:g} s</small></div>"
@@ -148,7 +149,8 @@ def render_html(title: str, store: MetricsStore, num_hosts: int, metrics: list[s
             f'<tbody>{"".join(rows)}</tbody></table>{more}{note}</div>')
 
 
-def render_text(title: str, store: MetricsStore, num_hosts: int, metrics: list[str] | None, interval: float) -> str:
+def render_text(title: str, store: MetricsStore, num_hosts: int, metrics: list[str] | None, interval: float,
+                names: HostNames = format_hosts) -> str:
     chosen = chosen_metrics(store, metrics)
     late = {s.host: s.why for s in stragglers(store, num_hosts, interval)}
     lines = [title, "host  " + "  ".join(f"{m:>20}" for m in chosen)]
@@ -158,7 +160,7 @@ def render_text(title: str, store: MetricsStore, num_hosts: int, metrics: list[s
         for metric in chosen:
             points = series[metric]
             values.append(f"{_format(metric, points[-1][1] if points else None):>20}")
-        lines.append(f"{host:>4}  " + "  ".join(values) + (f"   <- {late[host]}" if host in late else ""))
+        lines.append(f"{names([host]):>4}  " + "  ".join(values) + (f"   <- {late[host]}" if host in late else ""))
     return "\n".join(lines)
 
 
@@ -166,15 +168,16 @@ class MetricsView:
     """``%tpu_metrics``: a widget redrawn by the slice's metrics feed; closing it unsubscribes."""
 
     def __init__(self, title: str, store: MetricsStore, feed: MetricsFeed, num_hosts: int,
-                 metrics: list[str] | None = None, interval: float = 1.0) -> None:
+                 metrics: list[str] | None = None, interval: float = 1.0, names: HostNames = format_hosts) -> None:
         import ipywidgets
 
         self.title, self.store, self.num_hosts, self.metrics, self.interval = title, store, num_hosts, metrics, interval
+        self.names = names  # host labels: '3', or 's1/1' in a multislice
         self.widget = ipywidgets.HTML(value=self.render())
         self._unsubscribe = feed.subscribe(self.update)
 
     def render(self) -> str:
-        return render_html(self.title, self.store, self.num_hosts, self.metrics, self.interval)
+        return render_html(self.title, self.store, self.num_hosts, self.metrics, self.interval, self.names)
 
     def update(self, store: MetricsStore) -> None:
         self.widget.value = self.render()

@@ -17,10 +17,12 @@ import os
 import time
 
 from tpunb import catalog, report
-from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
+from tpunb.errors import CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
 from tpunb.provision import ssh
+from tpunb.provision.common import owner_alive
+from tpunb.provision import warm
 from tpunb.provision.gcp import api
-from tpunb.provision.gcp.config import CloudOptions, require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, price_per_hour
 from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.slice import Node, Slice
@@ -40,26 +42,36 @@ def configured() -> bool:
     return resolve_project_zone(None, None)[0] is not None
 
 
-def create(name: str, accel: catalog.Accelerator, env: dict[str, str], reg: Registry, opts: CloudOptions) -> Slice:
+def create(name: str, accel: catalog.Accelerator, env: dict[str, str], reg: Registry, opts: CloudOptions,
+           slices: int = 1) -> Slice:
     """Create a Cloud TPU node, wait for READY with progress, connect to every worker over SSH.
-    Whatever fails or is interrupted after the node exists deletes it again."""
+    Whatever fails or is interrupted after the node exists deletes it again.
+
+    ``slices``: a multislice, one queued resource for that many nodes (``{name}-0``, ...), ready
+    when all are; its workers are one slice here, numbered node by node."""
+    warm.ready()  # the SSH and Cloud TPU clients, imported where Ctrl-C cannot cut them
     from tpunb.transport import keys
     from tpunb.transport.ssh import forget_host_key
     from tpunb.widgets.launch import LaunchProgress
 
+    if slices > 1 and opts.idle_delete:
+        raise UsageError("--idle-delete watches one node, not yet a multislice: launch it without --idle-delete "
+                         f"and end it with %tpu_down {name}")
     project, zone = require_project_zone(opts.project, opts.zone)
     catalog.check_zone(accel, zone)
     key_path, public_key = keys.default_key()
     opts = dataclasses.replace(opts, project=project, zone=zone, user=opts.user or getpass.getuser(),
                                python=opts.python or "python3")
     spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=opts.user,
-                        ssh_public_key=public_key)
+                        ssh_public_key=public_key, slices=slices)
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
-                         spec={**_fields(opts), "key": str(key_path), "env_keys": sorted(env)})
+                         spec={**_fields(opts), "key": str(key_path), "env_keys": sorted(env),
+                               **({"slices": slices} if slices > 1 else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
-    kind = "queued resource" if opts.queued else "node"
-    price = price_per_hour(accel, opts.spot)
-    progress = LaunchProgress(f"Launching {accel.name} {'spot ' if opts.spot else ''}{kind} {name!r} in "
+    kind = (f"multislice ({slices} nodes in one queued resource)" if slices > 1
+            else "queued resource" if opts.queued else "node")
+    price = price_per_hour(accel, opts.spot, slices)
+    progress = LaunchProgress(f"Launching {record.kind} {'spot ' if opts.spot else ''}{kind} {name!r} in "
                               f"{project}/{zone} (backend gcp)", price)
     started = time.perf_counter()
     try:
@@ -76,7 +88,8 @@ def create(name: str, accel: catalog.Accelerator, env: dict[str, str], reg: Regi
     sl = None
     try:
         record.hosts = [HostRecord(h.index, h.address(opts.internal_ip) if h.port == 22
-                                   else f"{h.address(opts.internal_ip)}:{h.port}", {"internal_ip": h.internal_ip})
+                                   else f"{h.address(opts.internal_ip)}:{h.port}",
+                                   {"internal_ip": h.internal_ip, **({"slice": h.slice} if slices > 1 else {})})
                         for h in info.hosts]
         for host in info.hosts:  # a new VM has a new host key, even where an old one had its address
             forget_host_key(host.address(opts.internal_ip), host.port, reg)
@@ -94,6 +107,8 @@ def create(name: str, accel: catalog.Accelerator, env: dict[str, str], reg: Regi
         progress.failed(f"could not connect to the hosts, so {name} was deleted again: {exc}")
         raise
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
+    if opts.idle_delete:
+        cost += f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)"
     progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: {len(record.hosts)} host"
                   f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
     return sl
@@ -113,11 +128,17 @@ def recorded_options(record: SliceRecord) -> CloudOptions:
 def _node(record: SliceRecord, info: api.NodeInfo | None = None, watch: bool = True) -> CloudNode:
     spec = record.spec
     return CloudNode(record.name, record.accelerator, spec["project"], spec["zone"], bool(spec.get("spot")), info,
-                     watch=watch)
+                     watch=watch, idle_delete=spec.get("idle_delete") or 0, queued=bool(spec.get("queued")),
+                     slices=record.num_slices)
 
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
     """The node's workers over SSH (agents not started); a lost node is said before any SSH error."""
+    if record.state == "creating" or not record.hosts:
+        who = (f"kernel {record.owner_pid} is still launching it" if owner_alive(record)
+               else "the kernel launching it stopped before it was ready")
+        raise ProvisionError(f"{record.name!r} has no hosts yet: {who}. %tpu_status shows its node; "
+                             f"%tpu_down {record.name} deletes whatever the launch created", reason="creating")
     node = _node(record)
     try:
         node.check()
@@ -143,18 +164,19 @@ def detached_state(record: SliceRecord) -> str:
     return ssh.detached_state(record)
 
 
-def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions, list[str]]:
+def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions, list[str], int]:
     """Delete a lost (preempted, terminated) slice's node and forget it; what to launch again:
-    its accelerator, its options and the names of its --env values (never stored)."""
+    its accelerator, its options, the names of its --env values (never stored) and its slices."""
     record = reg.get_slice(name)
     if record is None:
         raise NoSliceError(f"no slice named {name!r} to recover: see %tpu_status")
     if record.backend != "gcp":
         raise UsageError(f"{name!r} is a {record.backend} slice: %tpu_use {name} restarts it")
-    report.info(f"Recovering {name!r}: deleting its lost node, then launching {record.accelerator} again")
+    report.info(f"Recovering {name!r}: deleting its lost node, then launching {record.kind} again")
     api.delete(record.spec["project"], record.spec["zone"], name, wait=True)
     reg.delete_slice(name)
-    return catalog.lookup(record.accelerator), recorded_options(record), record.spec.get("env_keys", [])
+    return (catalog.lookup(record.accelerator), recorded_options(record), record.spec.get("env_keys", []),
+            record.num_slices)
 
 
 class Survey:
@@ -191,8 +213,9 @@ class Survey:
             for node_name, info in sorted(nodes.items()):
                 if node_name in known:
                     continue
-                orphan = CloudNode(node_name, info.accelerator, project, zone, info.spot, info, watch=False)
-                rows.append(HostRow(slice=node_name, accelerator=info.accelerator, backend="gcp", host=None,
+                orphan = CloudNode(node_name, info.accelerator, project, zone, info.spot, info, watch=False,
+                                   slices=info.slices)
+                rows.append(HostRow(slice=node_name, accelerator=info.kind, backend="gcp", host=None,
                                     address=f"{project}/{zone}", **orphan.status(),
                                     state=f"ORPHAN: not in this registry, still billed; %tpu_down {node_name} "
                                           "deletes it"))

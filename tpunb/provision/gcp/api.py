@@ -1,9 +1,11 @@
 """Cloud TPU slices through google-cloud-tpu (tpu_v2 over REST): the one seam for cloud calls.
 
 Four functions with dataclass records in and out: ``create`` (a node, or a queued resource with
-``queued=True``, then wait for READY/ACTIVE), ``get``, ``delete`` and ``list_nodes``. Every
-node is labelled ``created-by=tpunb`` so orphans can be found later, and a create that fails,
-times out or is interrupted deletes what it created before the error reaches the user.
+``queued=True``, then wait for READY/ACTIVE), ``get``, ``delete`` and ``list_nodes``. A multislice
+(``slices=N``) is one queued resource whose nodes ``{name}-0`` ... are seen, listed and deleted as
+one NodeInfo named after it. Every node is labelled ``created-by=tpunb`` so orphans can be found
+later, and a create that fails, times out or is interrupted deletes what it created before the
+error reaches the user.
 
 ``TPUNB_TPU_API_ENDPOINT=http://127.0.0.1:8470`` points every call at the local emulator
 (``python -m tpunb.emulator``) with anonymous credentials and fast polling; otherwise
@@ -13,7 +15,9 @@ first use, so ``import tpunb`` stays fast.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import os
 import secrets
 import threading
@@ -24,7 +28,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
-from tpunb.errors import ProvisionError
+from tpunb.errors import ProvisionError, UsageError
+from tpunb.provision import interrupts, warm
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import CloudOptions, require_project_zone, resolve_project_zone
 
@@ -43,12 +48,13 @@ __all__ = [
     "list_nodes",
     "resolve_project_zone",
     "require_project_zone",
-    "warm_up",
 ]
 
 ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
 TPUNB_LABELS: Mapping[str, str] = {"created-by": "tpunb"}
 LAUNCH_LABEL = "tpunb-launch"  # a per-create token: proves a node is ours after an interrupted call
+IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/idle.py)
+PUBLIC_ENDPOINT = "https://tpu.googleapis.com"
 SSH_PORT_LABEL = "tpunb-ssh-port"  # set by the emulator when its sshd is not on port 22
 DEFAULT_TIMEOUT = 1200.0
 DELETE_TIMEOUT = 600.0
@@ -68,6 +74,8 @@ class NodeSpec(CloudOptions):
     ssh_user: str | None = None
     ssh_public_key: str | None = None  # "ssh-ed25519 AAAA... comment", goes to metadata ssh-keys
     startup_script: str | None = None
+    #: a multislice: one queued resource asks for this many nodes, named ``{name}-0``, ``{name}-1``, ...
+    slices: int = 1
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ class HostEndpoint:
     internal_ip: str
     external_ip: str | None
     port: int = 22  # its sshd
+    slice: int = 0  # which node of a multislice it belongs to (index counts over all of them)
 
     def address(self, internal: bool = False) -> str:
         """The IP to connect to: external unless ``internal`` or the worker has none."""
@@ -101,10 +110,16 @@ class NodeInfo:
     zone: str = ""
     runtime: str = ""
     queued_state: str | None = None  # WAITING_FOR_RESOURCES, ACTIVE, SUSPENDED, FAILED...
+    slices: int = 1  # a multislice: its nodes seen as one, named after their queued resource
 
     @property
     def ready(self) -> bool:
         return self.state == "READY"
+
+    @property
+    def kind(self) -> str:
+        """What status and the sidebar show: 'v4-16', or '2 x v4-16' for a multislice (as SliceRecord.kind)."""
+        return f"{self.slices} x {self.accelerator}" if self.slices > 1 else self.accelerator
 
     @property
     def lost(self) -> bool:
@@ -141,16 +156,10 @@ def endpoint() -> str | None:
 
 
 def _tpu() -> Any:
+    warm.ready()  # imported on a side thread: a Ctrl-C now cannot leave it half-imported
     from google.cloud import tpu_v2
 
     return tpu_v2
-
-
-def warm_up() -> threading.Thread:
-    """Import google-cloud-tpu in a background thread (about 0.2 s) so a first launch need not wait."""
-    thread = threading.Thread(target=_tpu, name="tpunb-gcp-import", daemon=True)
-    thread.start()
-    return thread
 
 
 def client() -> tpu_v2.TpuClient:
@@ -190,8 +199,11 @@ def _poll_delays() -> Iterator[float]:
 
 
 def _sleep(seconds: float) -> None:
-    """The deliberate wait between polls (a seam the provisioning benchmark measures)."""
+    """The deliberate wait between polls (a seam the provisioning benchmark measures); a Ctrl-C
+    that Python dropped while the last poll ran is raised here."""
+    interrupts.check()
     time.sleep(seconds)
+    interrupts.check()
 
 
 def _api_errors() -> tuple[type[BaseException], ...]:
@@ -221,6 +233,10 @@ def _node_body(spec: NodeSpec, acc: catalog.Accelerator, launch: str) -> tpu_v2.
         metadata["ssh-keys"] = f"{spec.ssh_user or 'tpunb'}:{spec.ssh_public_key.strip()}"
     if spec.startup_script:
         metadata["startup-script"] = spec.startup_script
+    if spec.idle_delete:
+        if spec.startup_script:
+            raise UsageError("idle_delete runs from the node's startup-script: give no startup_script with it")
+        metadata.update(idle_metadata(spec))
     network = tpu_v2.NetworkConfig(enable_external_ips=not spec.internal_ip)
     if spec.network:
         network.network = spec.network
@@ -240,6 +256,21 @@ def _node_body(spec: NodeSpec, acc: catalog.Accelerator, launch: str) -> tpu_v2.
     if spec.spot and not spec.queued:
         node.scheduling_config = tpu_v2.SchedulingConfig(spot=True)
     return node
+
+
+def idle_config(project: str, zone: str, name: str, seconds: float, queued: bool = False) -> dict:
+    """What the slice's idle watchdog needs: its limit, the API it calls, the node it deletes."""
+    return {"seconds": seconds, "endpoint": endpoint() or PUBLIC_ENDPOINT, "queued": bool(queued),
+            "node": f"projects/{project}/locations/{zone}/nodes/{name}"}
+
+
+def idle_metadata(spec: NodeSpec) -> dict[str, str]:
+    """Node metadata that arms the watchdog at boot on worker 0, before any kernel attaches."""
+    from tpunb.host.bundle import idle_script
+
+    config = idle_config(spec.project, spec.zone, spec.name, spec.idle_delete, spec.queued)
+    config["grace"] = spec.connect_wait  # at boot, the launching kernel has this long to attach
+    return {IDLE_ATTRIBUTE: json.dumps(config), "startup-script": idle_script()}
 
 
 def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
@@ -271,7 +302,7 @@ def _queued_info(qr: Any) -> NodeInfo:
     spec = qr.tpu.node_spec[0] if qr.tpu.node_spec else None
     node = spec.node if spec is not None else None
     return NodeInfo(
-        name=spec.node_id if spec is not None else parts[-1],
+        name=(spec.node_id if spec is not None else "") or parts[-1],  # a multislice has no node_id
         accelerator=node.accelerator_type if node is not None else "",
         state=None,
         health=None,
@@ -284,6 +315,40 @@ def _queued_info(qr: Any) -> NodeInfo:
         zone=parts[3],
         runtime=node.runtime_version if node is not None else "",
         queued_state=qr.state.state.name,
+        slices=max(1, len(_node_ids(qr))),
+    )
+
+
+def _node_ids(qr: Any) -> list[str]:
+    """The ids of the nodes a queued resource asks for: ``{prefix}-{i}`` for a multislice."""
+    spec = qr.tpu.node_spec[0] if qr.tpu.node_spec else None
+    if spec is None:
+        return []
+    params = spec.multislice_params
+    if params.node_count:
+        prefix = params.node_id_prefix or qr.name.rsplit("/", 1)[-1]
+        return [f"{prefix}-{i}" for i in range(params.node_count)]
+    return [spec.node_id]
+
+
+def _multislice(qr: Any, nodes: list[Any]) -> NodeInfo:
+    """A multislice's nodes as one NodeInfo named after its queued resource: hosts numbered over
+    every slice in slice order (as JAX numbers processes); READY only when every node is."""
+    infos = [_info(n, queued_state=qr.state.state.name) for n in nodes]
+    order = {node_id: i for i, node_id in enumerate(_node_ids(qr))}
+    infos.sort(key=lambda i: order.get(i.name, len(order)))
+    base = _queued_info(qr)
+    hosts, states = [], []
+    for slice_index, info in enumerate(infos):
+        states.append(info.state)
+        hosts += [dataclasses.replace(h, index=len(hosts) + k, slice=slice_index) for k, h in enumerate(info.hosts)]
+    missing = len(infos) < base.slices
+    unready = [s for s in states if s != "READY"]  # PREEMPTED on one node: the whole multislice is lost
+    return dataclasses.replace(
+        infos[0] if infos else base, name=base.name, hosts=hosts, queued_resource=qr.name, slices=base.slices,
+        queued_state=base.queued_state,
+        state=unready[0] if unready else None if missing else "READY",
+        health=None if unready or missing else infos[0].health,
     )
 
 
@@ -346,15 +411,17 @@ def create(
     launch = secrets.token_hex(4)
     node = _node_body(spec, acc, launch)
     parent, node_name, qr_name = _names(spec.project, spec.zone, spec.name)
+    queued_path = spec.queued or spec.slices > 1  # a multislice exists only as a queued resource
     try:
-        if spec.queued:
-            queued = tpu_v2.QueuedResource(
-                tpu=tpu_v2.QueuedResource.Tpu(
-                    node_spec=[
-                        tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=spec.name, node=node)
-                    ]
+        if queued_path:
+            node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node=node)
+            if spec.slices > 1:
+                node_spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
+                    node_count=spec.slices, node_id_prefix=spec.name
                 )
-            )
+            else:
+                node_spec.node_id = spec.name
+            queued = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
             if spec.spot:
                 queued.spot = tpu_v2.QueuedResource.Spot()
             op = api.create_queued_resource(
@@ -370,12 +437,12 @@ def create(
     watch = _Transitions(on_state, started)
     deadline = None if timeout is None else started + timeout
     try:
-        if spec.queued:
+        if queued_path:
             return _wait_queued(api, op, node_name, qr_name, watch, deadline)
         return _wait_node(api, op, node_name, watch, deadline)
     except _TimedOut:
         note = _cleanup(spec)
-        what = "queued resource" if spec.queued else "node"
+        what = "queued resource" if queued_path else "node"
         hint = "retry with a longer --timeout or another zone"
         if watch.last == "WAITING_FOR_RESOURCES":
             hint = "no capacity came free: try another zone" + ("" if spec.spot else " or --spot")
@@ -435,8 +502,11 @@ def _wait_queued(
             state = qr.state.state.name
             watch.see(state)
             if state == "ACTIVE":
-                node = api.get_node(name=node_name)
-                return _info(node, queued_state=state)
+                if _node_ids(qr) == [node_name.rsplit("/", 1)[-1]]:
+                    return _info(api.get_node(name=node_name), queued_state=state)
+                info = _multislice(qr, _nodes_of(api, qr))  # every node of a multislice, as one
+                if info.ready:
+                    return info
             if state == "FAILED" and qr.state.failed_data.error.code:
                 error = qr.state.failed_data.error
                 raise _OperationFailed(error.code, error.message)
@@ -457,9 +527,17 @@ def _wait_or_time_out(delays: Iterator[float], deadline: float | None) -> None:
     _sleep(delay)
 
 
+def _nodes_of(api: Any, qr: Any) -> list[Any]:
+    """The nodes of a queued resource that exist now."""
+    parent = qr.name.split("/queuedResources/")[0]
+    found = (_get_or_none(api.get_node, f"{parent}/nodes/{node_id}") for node_id in _node_ids(qr))
+    return [node for node in found if node is not None]
+
+
 def _cleanup(spec: NodeSpec) -> str:
     """Delete what a failed create made; returns what happened, for the error message."""
-    what = "queued resource and node" if spec.queued else "node"
+    what = ("queued resource and its nodes" if spec.slices > 1 else
+            "queued resource and node" if spec.queued else "node")
     try:
         existed = delete(spec.project, spec.zone, spec.name, wait=True)
     except Exception as e:  # the original failure matters more; say what is left behind
@@ -473,7 +551,7 @@ def _delete_if_launched(spec: NodeSpec, launch: str) -> None:
     api = client()
     _, node_name, qr_name = _names(spec.project, spec.zone, spec.name)
     try:
-        if spec.queued:
+        if spec.queued or spec.slices > 1:
             qr = _get_or_none(api.get_queued_resource, qr_name)
             labels = qr.tpu.node_spec[0].node.labels if qr is not None and qr.tpu.node_spec else {}
         else:
@@ -499,6 +577,8 @@ def get(project: str, zone: str, name: str) -> NodeInfo | None:
         if node is not None and not node.queued_resource:
             return _info(node)
         qr = _get_or_none(api.get_queued_resource, node.queued_resource if node is not None else qr_name)
+        if node is None and qr is not None and len(_node_ids(qr)) > 1:
+            return _multislice(qr, _nodes_of(api, qr))
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     if node is not None:
@@ -518,7 +598,10 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
     ctx = gcp_errors.Context(name, project, zone)
     found = False
     try:
-        try:  # force: also deletes the node the queued resource made
+        qr = _get_or_none(api.get_queued_resource, qr_name)
+        parent = qr_name.split("/queuedResources/")[0]
+        node_names = [f"{parent}/nodes/{i}" for i in _node_ids(qr)] if qr is not None else [node_name]
+        try:  # force: also deletes the nodes the queued resource made (every slice of a multislice)
             api.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(name=qr_name, force=True))
             found = True
         except NotFound:
@@ -530,22 +613,21 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
             except NotFound:
                 pass
         if found and wait:
-            _wait_gone(api, node_name, qr_name, time.monotonic() + timeout)
+            _wait_gone(api, node_names, qr_name, time.monotonic() + timeout)
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     return found
 
 
-def _wait_gone(api: Any, node_name: str, qr_name: str, deadline: float) -> None:
+def _wait_gone(api: Any, node_names: list[str], qr_name: str, deadline: float) -> None:
     delays = _poll_delays()
-    while (
-        _get_or_none(api.get_queued_resource, qr_name) is not None
-        or _get_or_none(api.get_node, node_name) is not None
+    while _get_or_none(api.get_queued_resource, qr_name) is not None or any(
+        _get_or_none(api.get_node, name) is not None for name in node_names
     ):
         try:
             _wait_or_time_out(delays, deadline)
         except _TimedOut:
-            name = node_name.rsplit("/", 1)[-1]
+            name = qr_name.rsplit("/", 1)[-1]
             raise ProvisionError(
                 f"{name} is still being deleted; check it later with %tpu_status", "timeout"
             ) from None
@@ -565,7 +647,9 @@ def list_nodes(
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     states = {q.name: q.state.state.name for q in queued}
-    infos = [_info(n, states.get(n.queued_resource)) for n in nodes]
+    multislices = {q.name: q for q in queued if len(_node_ids(q)) > 1}
+    infos = [_info(n, states.get(n.queued_resource)) for n in nodes if n.queued_resource not in multislices]
+    infos += [_multislice(q, [n for n in nodes if n.queued_resource == name]) for name, q in multislices.items()]
     have = {(i.project, i.zone, i.name) for i in infos}
     infos += [q for q in map(_queued_info, queued) if (q.project, q.zone, q.name) not in have]
     wanted = dict(label_filter or {})

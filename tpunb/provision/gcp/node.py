@@ -15,15 +15,16 @@ import time
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, TpunbError
 from tpunb.provision.gcp import api
+from tpunb.provision.gcp.config import format_duration
 from tpunb.slice import Node
 
 FRESH_SECONDS = 10.0  # a state this recent is trusted before a cell without asking the API again
 
 
-def price_per_hour(accelerator: catalog.Accelerator, spot: bool) -> float | None:
-    """The slice's list price, or None for a generation without a public one."""
+def price_per_hour(accelerator: catalog.Accelerator, spot: bool, slices: int = 1) -> float | None:
+    """The slice's list price (every slice of a multislice), or None for a generation without a public one."""
     try:
-        return accelerator.price_per_hour(spot)
+        return accelerator.price_per_hour(spot) * slices
     except TpunbError:
         return None
 
@@ -36,8 +37,12 @@ class CloudNode(Node):
     """One node (or queued resource) in one project and zone, watched while the slice is attached."""
 
     def __init__(self, name: str, accelerator: str, project: str, zone: str, spot: bool,
-                 info: api.NodeInfo | None = None, watch: bool = True) -> None:
+                 info: api.NodeInfo | None = None, watch: bool = True, idle_delete: float = 0.0,
+                 queued: bool = False, slices: int = 1) -> None:
         self.name, self.project, self.zone, self.spot = name, project, zone, spot
+        self.slices = slices  # a multislice: its queued resource's nodes, watched, priced and deleted as one
+        self.idle_seconds = float(idle_delete or 0)
+        self.queued = queued
         self.accelerator = catalog.lookup(accelerator)
         self.info = info
         self.checked_at = time.monotonic() if info is not None else 0.0
@@ -48,7 +53,7 @@ class CloudNode(Node):
 
     @property
     def price_per_hour(self) -> float | None:
-        return price_per_hour(self.accelerator, self.spot)
+        return price_per_hour(self.accelerator, self.spot, self.slices)
 
     def refresh(self) -> api.NodeInfo | None:
         return self.update(api.get(self.project, self.zone, self.name))
@@ -63,15 +68,18 @@ class CloudNode(Node):
         """Why the node's hosts are gone for good (preempted, deleted...), or None if they are not."""
         info = self.info
         if info is None:
-            return f"its node {self.name} no longer exists in {self.project}/{self.zone}"
+            idle = (f" (its idle autodelete deletes it after {format_duration(self.idle_seconds)} without a cell)"
+                    if self.idle_seconds else "")
+            return f"its node {self.name} no longer exists in {self.project}/{self.zone}{idle}"
         if info.lost:
             state = info.state or info.queued_state
             why = " (spot capacity was reclaimed)" if self.spot and state == "PREEMPTED" else ""
-            return f"its node is {state}{why}"
+            which = "a node of this multislice" if self.slices > 1 else "its node"
+            return f"{which} is {state}{why}"
         return None
 
-    def check(self) -> None:
-        if time.monotonic() - self.checked_at > FRESH_SECONDS:
+    def check(self, fresh: bool = False) -> None:
+        if fresh or time.monotonic() - self.checked_at > FRESH_SECONDS:
             try:
                 self.refresh()
             except ProvisionError:
@@ -101,6 +109,16 @@ class CloudNode(Node):
                 self._reported = True
                 report.warn(f"[tpunb] slice {self.name}: {reason}. %tpu_launch --recover {self.name} relaunches it; "
                             f"%tpu_down {self.name} deletes it")
+
+    def host_init(self, index: int) -> dict:
+        """Host 0 arms the idle watchdog when it starts: an attaching kernel is activity, and a
+        node whose boot did not arm it gets it now."""
+        if index != 0 or not self.idle_seconds:
+            return {}
+        from tpunb.host.bundle import idle_script
+
+        config = api.idle_config(self.project, self.zone, self.name, self.idle_seconds, self.queued)
+        return {"idle": {**config, "source": idle_script()}}
 
     def status(self) -> dict:
         info = self.info

@@ -1,0 +1,62 @@
+"""The fault suite's fast cases (bench/faults.py), one test each: every fault is survived, with
+nothing leaked. Each case runs in its own process under a hard bound, so a hang fails, not stalls."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.faults import CASES, run_case
+
+FAST = [(c, where) for c in CASES if c.fast for where in c.where]
+
+
+@pytest.mark.parametrize("chosen, where", FAST, ids=[f"{c.run.__name__}-{w}" for c, w in FAST])
+def test_fault_is_survived(chosen, where, sshd, ssh_key):
+    info = {"addresses": sshd.addresses, "port": sshd.port, "key": str(ssh_key), "emulator": sshd.emulator_options()}
+    outcome = run_case(chosen, where, info)
+    assert outcome.survived, outcome
+    assert outcome.leaked == 0, outcome
+
+
+LAUNCH_WATCHING_IMPORTS = """
+import json, os, sys, threading
+from pathlib import Path
+where, info, home = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
+os.environ.update(TPUNB_HOME=str(home), CLOUDSDK_CONFIG=str(home / "gcloud"))
+for key in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "TPUNB_TPU_API_ENDPOINT"):
+    os.environ.pop(key, None)
+from bench.faults import Harness
+h = Harness(where, home, info)  # %load_ext tpunb: the warm-up thread starts now
+if where == "cloud":
+    h.start_emulator()
+first = []
+def watch(event, args):
+    if event == "import" and threading.current_thread() is threading.main_thread() and args[0] not in sys.modules:
+        first.append(args[0])
+sys.addaudithook(watch)
+h.launch()
+seen = list(first)
+h.down()
+print("FIRST IMPORTS " + json.dumps(seen), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("where", ["local", "ssh", "cloud"])
+def test_a_launch_imports_nothing_on_the_main_thread(where, sshd, ssh_key, tmp_path):
+    """Ctrl-C lands on the main thread, and an import it cuts leaves broken modules behind (or the
+    import lock held, so the next import on any other thread waits for ever): a launch's first
+    imports are done on the warm-up thread that %load_ext starts, the launch only waits for it."""
+    info = {"addresses": sshd.addresses, "port": sshd.port, "key": str(ssh_key), "emulator": sshd.emulator_options()}
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", LAUNCH_WATCHING_IMPORTS, where, json.dumps(info), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    line = next((l for l in run.stdout.splitlines() if l.startswith("FIRST IMPORTS ")), None)
+    assert line is not None, run.stdout[-2000:] + run.stderr[-2000:]
+    assert json.loads(line[len("FIRST IMPORTS "):]) == []

@@ -1,0 +1,354 @@
+"""Idle autodelete, on the slice: a watchdog on worker 0 deletes the node with the VM's own token.
+
+End to end on the emulator, whose hosts are real sshd hosts with a metadata-server stand-in:
+the kernel runs in a real subprocess (an IPython shell) that is SIGKILLed, and the node must
+disappear on time; activity postpones it; a kernel killed mid-launch is covered by the node's
+startup-script; ``off`` leaves the node alone; %tpu_status shows the timer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tpunb import slices
+from tpunb.errors import UsageError
+from tpunb.host import idle
+from tpunb.provision.gcp import api
+from tpunb.provision.gcp.config import CloudOptions, format_duration, parse_duration
+from tests.conftest import CPU_AS_TPU_HOST, wait_for
+from tests.emulator_fixture import FAST
+
+ZONE = "us-central2-b"
+ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
+REPO = Path(__file__).resolve().parent.parent
+#: after the idle limit, how long the watchdog may take to delete (delete call, emulator timings)
+BOUND = 10.0
+
+
+@pytest.fixture
+def tpu_emulator_options(sshd):
+    return {**FAST, **sshd.emulator_options()}
+
+
+@pytest.fixture
+def cloud(tpu_emulator, monkeypatch):
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
+    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", ZONE)
+    monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
+    monkeypatch.delenv("TPUNB_IDLE_DELETE", raising=False)
+    yield tpu_emulator
+    slices.detach_all()
+
+
+def node_names(emulator) -> list[str]:
+    return [n["name"].rsplit("/", 1)[-1] for n in emulator.nodes()]
+
+
+def host0_dir(emulator, sshd, name: str) -> Path:
+    node = next(n for n in emulator.nodes() if n["name"].endswith(f"/nodes/{name}"))
+    return Path(sshd.host_environment(node["hosts"][0])["TPUNB_HOST_DIR"])
+
+
+def watchdogs(host_dir: Path) -> list[int]:
+    """Pids of watchdog processes of this host (by the host dir in their environment)."""
+    marker = f"TPUNB_HOST_DIR={host_dir}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if idle.SCRIPT.encode() in cmdline and marker in environ:
+            found.append(int(entry))
+    return found
+
+
+def kernel_process(sshd, lines: list[str]) -> subprocess.Popen:
+    """A kernel in its own process: an IPython shell with tpunb loaded running these cells, then
+    waiting for ever; it prints 'cell done' after each cell."""
+    code = textwrap.dedent("""
+        import sys
+        from IPython.testing.globalipapp import get_ipython
+        ip = get_ipython()
+        ip.run_cell("%load_ext tpunb")
+        for line in sys.argv[1:]:
+            result = ip.run_cell(line)
+            print("cell done", result.error_in_exec, flush=True)
+        sys.stdin.read()
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", code, *lines], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc.output = []  # type: ignore[attr-defined]
+    threading.Thread(target=lambda: proc.output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    return proc
+
+
+def cell_done(proc: subprocess.Popen, timeout: float = 60.0) -> str:
+    """Wait until the kernel process finished its cell; its output."""
+    wait_for(lambda: any(line.startswith("cell done") for line in proc.output) or proc.poll() is not None,
+             timeout, "the kernel process to run its cell")
+    text = "".join(proc.output)
+    assert "cell done None" in text, text
+    return text
+
+
+def kill(proc: subprocess.Popen) -> float:
+    proc.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    proc.wait()
+    return killed
+
+
+def launch_line(sshd, extra: str, accel: str = "v4-16") -> str:
+    return f"%tpu_launch {accel} --python {sshd.python} --env {ENV} {extra}"
+
+
+# -- settings -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, seconds", [("30m", 1800), ("2h", 7200), ("90s", 90), ("1h30m", 5400), ("3s", 3),
+                                           ("0", 0), ("off", 0), (None, 0), (45, 45)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["30", "abc", "-3m", "5x", float("nan"), -1])
+def test_bad_durations_are_one_line(bad):
+    with pytest.raises(UsageError) as info:
+        parse_duration(bad, "--idle-delete")
+    assert "--idle-delete takes a duration like 30m" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("seconds, text", [(1800, "30m"), (5400, "1h30m"), (3, "3s"), (90, "1m30s"), (0, "0s")])
+def test_durations_are_said_as_they_are_written(seconds, text):
+    assert format_duration(seconds) == text and (not seconds or parse_duration(text) == seconds)
+
+
+def test_default_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TPUNB_IDLE_DELETE", "2h")
+    assert CloudOptions().idle_delete == 7200 and CloudOptions(idle_delete="off").idle_delete == 0
+    monkeypatch.setenv("TPUNB_IDLE_DELETE", "soon")
+    with pytest.raises(UsageError, match=r"\$TPUNB_IDLE_DELETE takes a duration"):
+        CloudOptions()
+
+
+def test_magic_flag_and_local_slices(cell, tpu_emulator, monkeypatch):
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
+    bad = cell(f"%tpu_launch v4-8 --zone {ZONE} --idle-delete soon")
+    assert isinstance(bad.error, UsageError) and "--idle-delete takes a duration" in str(bad.error)
+    assert tpu_emulator.nodes() == []
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
+    local = cell("%tpu_launch v4-8 --idle-delete 30m")  # a local slice costs nothing: accepted, ignored
+    assert local.error is None and "--idle-delete applies to Cloud TPU slices" in local.stdout
+    cell("%tpu_down")
+
+
+def test_the_metadata_attribute_is_the_one_the_watchdog_reads():
+    assert api.IDLE_ATTRIBUTE == idle.METADATA_ATTRIBUTE
+
+
+def test_the_grace_after_boot_ends_when_a_kernel_attaches(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPUNB_HOST_DIR", str(tmp_path))
+    (tmp_path / idle.STATE).write_text("{}")
+    idle.touch()
+    armed = idle.last_activity()[0]
+    state = {"seconds": 10, "grace": 100, "armed_at": armed}
+    assert idle.seconds_left(state, armed + 50, 0) == pytest.approx(50)  # no kernel yet: the grace holds
+    os.utime(tmp_path / idle.ACTIVITY, (armed + 1, armed + 1))  # a kernel attached a second later
+    assert idle.seconds_left(state, armed + 50, 0) == pytest.approx(-39)
+    assert idle.seconds_left(state, armed + 50, busy_seen=armed + 45) == pytest.approx(5)  # a request ran
+
+
+# -- the emulator's metadata server and tokens -----------------------------------------------
+
+def test_metadata_server_and_vm_tokens(cloud, sshd):
+    api.create(api.NodeSpec(name="meta", accelerator="v4-16", project="proj", zone=ZONE))
+    hosts = cloud.nodes()[0]["hosts"]
+
+    def get(address: str, path: str, flavor: bool = True) -> str:
+        request = urllib.request.Request(f"http://{address}:{sshd.metadata_port}/computeMetadata/v1/{path}",
+                                         headers={"Metadata-Flavor": "Google"} if flavor else {})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.read().decode()
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        get(hosts[0], "instance/attributes/agent-worker-number", flavor=False)
+    assert refused.value.code == 403
+    assert [get(h, "instance/attributes/agent-worker-number") for h in hosts] == ["0", "1"]
+    assert get(hosts[0], "project/project-id") == "proj"
+    token = json.loads(get(hosts[1], "instance/service-accounts/default/token"))["access_token"]
+
+    def delete(bearer: str, project: str = "proj") -> int:
+        request = urllib.request.Request(f"{cloud.url}/v2/projects/{project}/locations/{ZONE}/nodes/meta",
+                                         method="DELETE", headers={"Authorization": f"Bearer {bearer}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert delete("ya29.made-up") == 401
+    assert delete(token, project="other") == 403
+    assert delete(token) == 200
+    wait_for(lambda: cloud.nodes() == [], 10, "the node to be deleted with the VM's token")
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+def test_killed_kernel_node_is_deleted_on_time(cloud, sshd):
+    busy = "%%on_tpu\nimport time\nprint('busy', flush=True)\ntime.sleep(120)"
+    kernel = kernel_process(sshd, [launch_line(sshd, "--name idle-kill --idle-delete 3s"), busy])
+    try:
+        assert "READY" in cell_done(kernel)
+        wait_for(lambda: any("busy" in line for line in kernel.output), 30, "the long cell to start")
+        started = time.monotonic()
+        wait_for(lambda: time.monotonic() - started > 4.5, 10, "a cell running longer than the idle limit")
+        assert "idle-kill" in node_names(cloud)  # a running cell is activity, however long it runs
+        node = next(n for n in cloud.nodes() if n["name"].endswith("/idle-kill"))
+        assert json.loads(node["metadata"]["tpunb-idle"])["seconds"] == 3
+        assert node["metadata"]["startup-script"].startswith("#!/usr/bin/env python3")
+        host_dir = host0_dir(cloud, sshd, "idle-kill")
+        wait_for(lambda: watchdogs(host_dir), 10, "the watchdog on host 0")
+        assert not watchdogs(Path(sshd.host_environment(node["hosts"][1])["TPUNB_HOST_DIR"]))  # worker 0 only
+        killed = kill(kernel)
+    finally:
+        if kernel.poll() is None:
+            kill(kernel)
+    status = slices.status()  # this kernel, and the sidebar's server, read the dead kernel's last mark
+    timer = status[status["slice"] == "idle-kill"]["idle_delete_in"]
+    from tpunb.server import model
+
+    served = next(s for s in model.list_slices()["slices"] if s["name"] == "idle-kill")["idle_delete_in"]
+    assert len(timer) == 2 and 0 <= timer.iloc[0] <= 3 and 0 <= served <= 3
+    wait_for(lambda: "idle-kill" not in node_names(cloud), 3 + BOUND, "the idle watchdog to delete the node")
+    elapsed = time.monotonic() - killed
+    assert elapsed > 2.5  # the idle time counts from the kernel's death, not from the cell's start
+    print(f"\nidle 3 s: node deleted {elapsed:.1f} s after the kernel was SIGKILLed mid-cell")
+
+
+def test_kernel_killed_mid_launch_still_gets_its_node_deleted(cloud, sshd):
+    """The Python API this time; ``connect_wait`` (how long the launch may take to reach new VMs)
+    is also how long a booted node waits for its first kernel before the idle clock may end it."""
+    cloud.faults(slow_create=1.0)  # the node is CREATING when its kernel dies
+    launch = (f"import tpunb; tpunb.launch('v4-16', name='halfway', idle_delete='2s', connect_wait=4, "
+              f"python={sshd.python!r}, env={CPU_AS_TPU_HOST!r})")
+    kernel = kernel_process(sshd, [launch])
+    try:
+        wait_for(lambda: "halfway" in node_names(cloud), 30, "the node to be created")
+        assert cloud.nodes()[0]["state"] == "CREATING"
+        killed = kill(kernel)
+    finally:
+        if kernel.poll() is None:
+            kill(kernel)
+    assert json.loads(cloud.nodes()[0]["metadata"]["tpunb-idle"])["grace"] == 4
+    wait_for(lambda: any(n["state"] == "READY" for n in cloud.nodes()) or not cloud.nodes(), 10, "READY")
+    ready = time.monotonic()
+    wait_for(lambda: "halfway" not in node_names(cloud), 4 + BOUND, "the node's own watchdog to delete it")
+    assert time.monotonic() - ready > 3.5  # its launching kernel had the connect time to attach
+    print(f"\nidle 2 s (connect_wait 4 s), killed mid-launch: node deleted {time.monotonic() - killed:.1f} s "
+          f"after the kill, {time.monotonic() - ready:.1f} s after READY")
+
+
+def test_activity_postpones_deletion_and_status_shows_the_timer(cloud, sshd, cell, ip):
+    launched = cell(launch_line(sshd, "--name busy --idle-delete 4s"))
+    assert launched.error is None and "or 4s without a cell (--idle-delete)" in launched.stdout
+    cell("%tpu_status")
+    timer = ip.user_ns["_"]["idle_delete_in"]
+    assert len(timer) == 2 and 0 < timer.iloc[0] <= 4
+    started = time.monotonic()
+    run = cell("%%on_tpu\nimport time\ntime.sleep(6)\n'slept'")  # longer than the idle limit: busy, not idle
+    assert run.error is None and "slept" in run.shown
+    assert time.monotonic() - started > 4 and "busy" in node_names(cloud)
+    run = cell("%%on_tpu --hosts 1\nimport time\ntime.sleep(2)")  # a cell on another host counts too
+    assert run.error is None and "busy" in node_names(cloud)
+    ended = time.monotonic()
+    cell("%tpu_status")
+    left = ip.user_ns["_"]["idle_delete_in"].iloc[0]
+    assert 4 - (time.monotonic() - ended) - 0.5 <= left <= 4, left  # counting down from the cell's end
+    wait_for(lambda: "busy" not in node_names(cloud), 4 + BOUND, "the idle watchdog to delete the node")
+    assert time.monotonic() - ended > 3.5  # not before its time
+    after = cell("%%on_tpu\n1")
+    assert "no longer exists" in str(after.error) and "idle autodelete" in str(after.error)
+    assert cell("%tpu_down busy").error is None  # the node is gone already: down forgets the slice
+
+
+def test_reattaching_arms_a_watchdog_that_was_lost(cloud, sshd, cell):
+    assert cell(launch_line(sshd, "--name again --idle-delete 1h")).error is None
+    host_dir = host0_dir(cloud, sshd, "again")
+    first = wait_for(lambda: watchdogs(host_dir), 10, "the boot's watchdog")
+    for pid in first:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not watchdogs(host_dir), 10, "the watchdog to die")
+    slices.detach_all()
+    assert cell("%tpu_use again").error is None  # host 0's agent starts: it arms a new watchdog
+    assert wait_for(lambda: watchdogs(host_dir), 10, "a new watchdog") != first
+    assert cell("%tpu_down again").error is None
+    assert cloud.nodes() == [] and not watchdogs(host_dir)  # the VMs' processes ended with the node
+
+
+def test_off_leaves_the_node_alone(cloud, sshd, cell, ip, monkeypatch):
+    monkeypatch.setenv("TPUNB_IDLE_DELETE", "2s")  # the user's default...
+    assert cell(launch_line(sshd, "--name kept --idle-delete off")).error is None  # ...turned off for this one
+    node = cloud.nodes()[0]
+    assert "tpunb-idle" not in node["metadata"] and "startup-script" not in node["metadata"]
+    assert not (host0_dir(cloud, sshd, "kept") / idle.STATE).exists() and not watchdogs(host0_dir(cloud, sshd, "kept"))
+    cell("%tpu_status")
+    assert "idle_delete_in" not in ip.user_ns["_"].columns
+    assert cell(launch_line(sshd, "--name defaulted", accel="v4-8")).error is None
+    defaulted = next(n for n in cloud.nodes() if n["name"].endswith("/defaulted"))
+    assert json.loads(defaulted["metadata"]["tpunb-idle"])["seconds"] == 2
+    cell("%tpu_down --all")
+
+
+def test_a_queued_resource_is_deleted_with_its_node(cloud):
+    api.create(api.NodeSpec(name="queued", accelerator="v4-8", project="proj", zone=ZONE, queued=True,
+                            idle_delete=1, connect_wait=0))  # no kernel ever attaches: the boot arms it
+    assert cloud.queued_resources() and cloud.nodes()
+    wait_for(lambda: not cloud.queued_resources() and not cloud.nodes(), 1 + BOUND, "both to be deleted")
+
+
+def test_metadata_port_alone_gives_each_host_its_own_metadata_server_and_disk(sshd, monkeypatch):
+    """What ``python -m tpunb.emulator --metadata-port P`` sets up without an sshd's per-host settings."""
+    from tpunb.emulator import start_emulator
+    from tpunb.emulator.sshd import _free_port
+
+    url, emulator = start_emulator(**FAST, ssh_hosts=sshd.addresses, ssh_port=sshd.port,
+                                   metadata_port=_free_port(sshd.addresses))
+    monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", url)
+    try:
+        disks = {env["TPUNB_HOST_DIR"] for env in emulator.emulator.hosts.host_environment.values()}
+        assert len(disks) == len(sshd.addresses)
+        api.create(api.NodeSpec(name="cli", accelerator="v4-8", project="proj", zone=ZONE, idle_delete=1,
+                                connect_wait=0))
+        wait_for(lambda: not emulator.nodes(), 1 + BOUND, "the node's watchdog to delete it")
+    finally:
+        emulator.stop()
+
+
+def test_a_failed_delete_is_logged_without_the_token_and_retried(cloud, sshd):
+    api.create(api.NodeSpec(name="refused", accelerator="v4-8", project="proj", zone=ZONE, idle_delete=1,
+                            connect_wait=0))
+    host_dir = host0_dir(cloud, sshd, "refused")
+    cloud.faults(api_disabled=True)  # every API call answers 403 now, the watchdog's DELETE too
+    log = host_dir / idle.LOG
+    wait_for(lambda: log.exists() and "delete failed" in log.read_text(), 1 + BOUND, "a failed attempt")
+    assert "HTTP 403" in log.read_text() and "retrying in 15 s" in log.read_text()
+    assert cloud.emulator.tokens  # the watchdog did get a token, and wrote it nowhere
+    for path in host_dir.iterdir():
+        assert not any(token in path.read_text() for token in cloud.emulator.tokens), path
+    assert watchdogs(host_dir) and cloud.nodes()
+    cloud.clear_faults()

@@ -1,0 +1,70 @@
+"""While a long cell runs, which hosts are done and which still run, and for how long: one line,
+updated in place in a notebook, plain text in a terminal, nothing at all for fast cells."""
+from __future__ import annotations
+
+from tpunb.display import HostsProgress
+from tests.test_display import Clock
+from tests.test_kernel import execute, kernel  # noqa: F401 - the real-kernel fixture
+
+
+def test_the_line_names_done_and_running_hosts_once_the_first_was_done_a_second():
+    clock, shown = Clock(), []
+    progress = HostsProgress([0, 1, 2, 3], clock=clock, publish=lambda text, final: shown.append((text, final)))
+    clock.now += 1.1
+    for host in (0, 1):
+        progress.host_done(host)
+    clock.now += 0.2
+    progress.host_done(2)
+    progress.tick()
+    assert shown == []  # the first host finished 0.2 s ago: nothing yet
+    clock.now += 0.9
+    progress.tick()
+    assert shown == [("hosts 0-2 done (1.1-1.3 s) · host 3 running 2.2 s", False)]
+    clock.now += 10.5
+    progress.tick()
+    assert shown[-1] == ("hosts 0-2 done (1.1-1.3 s) · host 3 running 12.7 s", False)
+    progress.host_done(3)
+    progress.finish()
+    assert shown[-1] == ("hosts 0-3 done (1.1-12.7 s)", True)
+
+
+def test_a_fast_cell_shows_no_line():
+    clock, shown = Clock(), []
+    progress = HostsProgress([0, 1], clock=clock, publish=lambda text, final: shown.append(text))
+    clock.now += 0.3
+    progress.host_done(0)
+    clock.now += 0.5
+    progress.tick()
+    progress.host_done(1)
+    progress.finish()
+    assert shown == []
+
+
+def test_a_straggler_is_shown_as_plain_text_in_a_terminal_shell(make_slice, cell):
+    make_slice(2)
+    run = cell("%%on_tpu\nimport os, time\nif os.environ['TPUNB_HOST_INDEX'] == '1':\n    time.sleep(2.5)\n'done'")
+    assert run.error is None, run.shown
+    lines = [line for line in run.stdout.splitlines() if line.startswith("[tpunb] host 0 done")]
+    assert lines and "host 1 running 1." in lines[0], run.stdout
+    fast = cell("%%on_tpu\n'quick'")
+    assert "[tpunb]" not in fast.shown
+
+
+def test_a_straggler_line_updates_in_place_in_a_notebook(kernel):  # noqa: F811 - the fixture
+    manager, client = kernel
+    reply, _ = execute(client, "%load_ext tpunb\n%tpu_launch v4-16")
+    assert reply["status"] == "ok"
+    reply, outputs = execute(client, "%%on_tpu\nimport os, time\nif os.environ['TPUNB_HOST_INDEX'] == '1':\n"
+                                     "    time.sleep(3)\n'done'")
+    assert reply["status"] == "ok"
+    texts = [o.get("data", {}).get("text/plain", "") for o in outputs]
+    shown = [o for o, text in zip(outputs, texts) if text.startswith("[tpunb] host")]
+    assert shown[0]["data"]["text/plain"].startswith("[tpunb] host 0 done (0.")
+    assert "host 1 running 1." in shown[0]["data"]["text/plain"]
+    display_id = shown[0]["transient"]["display_id"]
+    updates = [o for o in shown[1:] if o.get("transient", {}).get("display_id") == display_id]
+    assert updates, "the line is updated in place, not printed again"
+    assert updates[-1]["data"]["text/plain"].startswith("[tpunb] hosts 0-1 done (")
+    reply, outputs = execute(client, "%%on_tpu\n'quick'")
+    assert not any("[tpunb]" in o.get("data", {}).get("text/plain", "") for o in outputs)
+    execute(client, "%tpu_down")

@@ -1,0 +1,85 @@
+"""The GCE metadata server, as the emulated nodes' VMs see it.
+
+A real VM asks ``http://metadata.google.internal/computeMetadata/v1/...`` (header
+``Metadata-Flavor: Google``) for its service account's access token and its instance
+attributes. Here each emulated host is a loopback address, so the stand-in listens on every
+address of the pool at one port and answers for the node that holds the address it was reached
+at: a host's processes find it through ``GCE_METADATA_HOST=<address>:<port>`` (the variable
+google-auth honours), which the sshd and the emulator's boot set per host.
+
+Served: ``instance/service-accounts/default/token`` (a token the emulator accepts on its API
+for the node's project, for an hour), ``instance/attributes/`` and ``instance/attributes/KEY``
+(the node's metadata plus ``agent-worker-number``), ``project/project-id``, ``instance/zone``.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tpunb.emulator.state import Emulator
+
+PREFIX = "/computeMetadata/v1/"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        if self.headers.get("Metadata-Flavor") != "Google":
+            self._send(403, "Missing required header Metadata-Flavor: Google", "text/html")
+            return
+        if not self.path.startswith(PREFIX):
+            self._send(404, "not found")
+            return
+        address = self.connection.getsockname()[0]
+        path = self.path[len(PREFIX):].split("?", 1)[0]
+        emu = self.server.emulator
+        answer = emu.call(emu.metadata_answer, address, path)
+        if answer is None:
+            self._send(404, f"no metadata {path!r} for host {address}")
+        elif isinstance(answer, dict):
+            self._send(200, json.dumps(answer), "application/json")
+        else:
+            self._send(200, str(answer))
+
+    def _send(self, code: int, text: str, kind: str = "application/text") -> None:
+        data = text.encode()
+        self.send_response(code)
+        self.send_header("Metadata-Flavor", "Google")
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], emulator: Emulator) -> None:
+        super().__init__(address, _Handler)
+        self.emulator = emulator
+
+
+class MetadataServer:
+    """One listener per host address, all answering from the same emulator."""
+
+    def __init__(self, emulator: Emulator, addresses: list[str], port: int) -> None:
+        self.port = port
+        self._servers = [_Server((address, port), emulator) for address in addresses]
+        self._threads = [threading.Thread(target=s.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+                                          name=f"tpu-emulator-metadata-{s.server_address[0]}")
+                         for s in self._servers]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.shutdown()
+            server.server_close()

@@ -1,0 +1,276 @@
+"""Idle autodelete on the slice: a watchdog on worker 0 deletes the node when nobody uses it.
+
+STANDARD LIBRARY ONLY, and no relative imports: this file is shipped with the agent *and* is,
+unchanged, the node's ``startup-script`` (a Python script), and the watchdog process itself.
+
+Why on the slice: a laptop that sleeps or a kernel that is killed mid-launch must not leave a
+node billing. The node is created with metadata ``tpunb-idle`` (JSON: seconds, endpoint, node,
+queued, grace) and this file as its startup script, so worker 0 arms the watchdog at boot even if
+no kernel ever attaches (and then gives the launching kernel ``grace`` seconds, its connect time,
+to attach). The agent on host 0 arms it too when a kernel attaches (in case the boot path did not
+run), and marks activity for every request the kernel sends.
+
+Files, in the host dir (``$TPUNB_HOST_DIR``, else ``/var/tmp/tpunb-host``: the startup script
+runs as root, the agent as the SSH user, so both must reach it; no secrets are written):
+  idle.json      the armed configuration (written once by whoever arms)
+  activity       its mtime is the last activity; its content the pid of an agent running a
+                 request (busy), or empty. World-writable so the SSH user can touch root's file.
+  idle.lock      held (flock) by the running watchdog: at most one per host
+  idle.log       what the watchdog did (never the token)
+The access token comes from the metadata server (``$GCE_METADATA_HOST``, as google-auth reads
+it, else metadata.google.internal) on every delete attempt and is kept in memory only.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+STATE, ACTIVITY, LOCK, LOG, SCRIPT = "idle.json", "activity", "idle.lock", "idle.log", "idle_watchdog.py"
+METADATA_ATTRIBUTE = "tpunb-idle"
+POLL = 5.0  # the watchdog looks at least this often (activity only moves the deadline later)
+RETRY = (15.0, 300.0)  # after a failed delete: first wait, doubling up to the last
+
+
+def host_dir() -> str:
+    path = os.environ.get("TPUNB_HOST_DIR") or "/var/tmp/tpunb-host"
+    os.makedirs(path, exist_ok=True)
+    try:
+        os.chmod(path, 0o1777)  # root's boot and the SSH user's agent share it, like /tmp
+    except OSError:
+        pass
+    return path
+
+
+def _path(name: str) -> str:
+    return os.path.join(host_dir(), name)
+
+
+def log(text: str) -> None:
+    try:
+        with open(_path(LOG), "a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}\n")
+    except OSError:
+        pass
+
+
+def read_state() -> dict | None:
+    try:
+        with open(_path(STATE), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def touch(busy: bool = False) -> bool:
+    """Record activity now (``busy``: this process runs a request). False when not armed here."""
+    if read_state() is None:
+        return False
+    _mark(busy)
+    return True
+
+
+def _mark(busy: bool) -> None:
+    path = _path(ACTIVITY)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        try:
+            os.fchmod(fd, 0o666)
+        except OSError:
+            pass  # root's file: already 0666
+        if busy:
+            os.write(fd, str(os.getpid()).encode())
+    finally:
+        os.close(fd)
+    os.utime(path, None)
+
+
+def last_activity() -> tuple[float, int | None]:
+    """(time of the last activity, pid that is busy or None)."""
+    path = _path(ACTIVITY)
+    try:
+        with open(path, encoding="utf-8") as f:
+            content = f.read().strip()
+        mtime = os.stat(path).st_mtime
+    except OSError:
+        return 0.0, None
+    return mtime, int(content) if content.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    """The busy agent still runs (TPU VMs are Linux: /proc; a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] != b"Z"
+
+
+def watchdog_running() -> bool:
+    """True if a watchdog holds the lock (checked by trying to take it)."""
+    try:
+        fd = os.open(_path(LOCK), os.O_RDONLY | os.O_CREAT, 0o644)
+    except OSError:
+        return True  # someone else's lock file we cannot even open: theirs runs
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def arm(config: dict, source: str) -> bool:
+    """Arm (or re-arm) this host: write the configuration, mark activity now, make sure one
+    watchdog runs. Returns True if a watchdog was started."""
+    if watchdog_running() and read_state() is not None:
+        touch()
+        return False
+    state = {k: config[k] for k in ("seconds", "node", "endpoint", "queued", "grace") if k in config}
+    _mark(False)
+    state["armed_at"] = last_activity()[0]  # a later touch means a kernel attached (ends the grace)
+    tmp = _path(f".{STATE}.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, _path(STATE))
+    script = _path(SCRIPT)
+    tmp = f"{script}.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(source)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, script)
+    _detached(script, "spawn", wait=True)  # which starts the watchdog and exits: init adopts it
+    log(f"armed: delete {state['node']} after {state['seconds']:g} s idle")
+    return True
+
+
+def _detached(script: str, mode: str, wait: bool = False) -> None:
+    """Run ``script mode`` in its own session, with only the environment it needs (no --env
+    secrets). Through a ``spawn`` step the watchdog is no descendant of the agent or of the boot's
+    script runner, so whatever ends those (their process group, their children) leaves it."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        proc = subprocess.Popen([sys.executable, script, mode], stdin=devnull, stdout=devnull, stderr=devnull,
+                                start_new_session=True, close_fds=True, cwd="/",
+                                env={k: v for k, v in os.environ.items() if k in _KEEP_ENV})
+    finally:
+        os.close(devnull)
+    if wait:
+        proc.wait(timeout=60)
+
+
+_KEEP_ENV = ("PATH", "HOME", "LANG", "TPUNB_HOST_DIR", "GCE_METADATA_HOST", "HTTPS_PROXY", "https_proxy",
+             "NO_PROXY", "no_proxy", "SSL_CERT_FILE")
+
+
+# -- the cloud calls ------------------------------------------------------------------------
+
+def metadata(path: str, timeout: float = 5.0) -> str:
+    """One value from the GCE metadata server (``instance/attributes/...``)."""
+    host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}",
+                                     headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def delete_node(state: dict) -> str:
+    """Delete the node with the VM's own credentials: 'deleted', 'gone' (404) or raise."""
+    token = json.loads(metadata("instance/service-accounts/default/token"))["access_token"]
+    endpoint = (state.get("endpoint") or "https://tpu.googleapis.com").rstrip("/")
+    node = state["node"]
+    if state.get("queued"):  # the queued resource (force: with its node), as the kernel deletes it
+        url = f"{endpoint}/v2/{node.replace('/nodes/', '/queuedResources/')}?force=true"
+    else:
+        url = f"{endpoint}/v2/{node}"
+    request = urllib.request.Request(url, method="DELETE", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=30):
+            return "deleted"
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return "gone"
+        raise RuntimeError(f"HTTP {e.code} {e.read(300).decode(errors='replace')}") from None
+
+
+# -- the watchdog ---------------------------------------------------------------------------
+
+def seconds_left(state: dict, now: float, busy_seen: float) -> float:
+    """Until the node goes: ``seconds`` after the last sign of use (a touch, a request seen
+    running, the arming), and, while no kernel has attached since the boot armed it, not before
+    ``grace`` after the boot (the launching kernel's time to connect)."""
+    armed_at = float(state.get("armed_at") or 0)
+    last = max(last_activity()[0], busy_seen, armed_at)
+    left = float(state["seconds"]) - (now - last)
+    if last <= armed_at:
+        left = max(left, armed_at + float(state.get("grace") or 0) - now)
+    return left
+
+
+def watch() -> int:
+    """The watchdog's loop; returns once the node was deleted or the host was disarmed."""
+    lock = os.open(_path(LOCK), os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another watchdog runs
+    busy_seen, retry = 0.0, RETRY[0]
+    while True:
+        state = read_state()
+        seconds = float((state or {}).get("seconds") or 0)
+        if state is None or seconds <= 0:
+            log("disarmed: watchdog exits")
+            return 0
+        now = time.time()
+        _, busy = last_activity()
+        if busy is not None and _alive(busy):
+            busy_seen = now  # a request runs: that is activity for as long as it lasts
+        left = seconds_left(state, now, busy_seen)
+        if left <= 0:
+            try:
+                outcome = delete_node(state)
+            except Exception as exc:  # the API or metadata server failed: say so, try again
+                log(f"delete failed ({type(exc).__name__}: {exc}); retrying in {retry:g} s")
+                time.sleep(retry)
+                retry = min(retry * 2, RETRY[1])
+                continue
+            log(f"{outcome}: {state['node']} after {seconds:g} s without activity")
+            return 0
+        time.sleep(max(0.05, min(left, POLL)))
+
+
+def boot() -> int:
+    """The startup-script path: on worker 0 of a node created with idle autodelete, arm."""
+    try:
+        config = json.loads(metadata(f"instance/attributes/{METADATA_ATTRIBUTE}"))
+        worker = metadata("instance/attributes/agent-worker-number").strip()
+    except Exception as exc:  # no metadata server or no setting: nothing to arm
+        print(f"tpunb idle autodelete: not armed ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 0
+    if worker not in ("", "0") or not float(config.get("seconds") or 0) > 0:
+        return 0
+    with open(os.path.abspath(__file__), encoding="utf-8") as f:
+        source = f.read()
+    arm(config, source)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    mode = argv[1] if len(argv) > 1 else "boot"
+    if mode == "spawn":
+        _detached(os.path.abspath(__file__), "watch")
+        return 0
+    return watch() if mode == "watch" else boot()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
