@@ -5,7 +5,7 @@ import pytest
 
 from tpunb.host import protocol
 from tpunb.errors import ProtocolError
-from tpunb.session import Session
+from tpunb.session import OutputSink, Session
 from tpunb.transport.local import LocalTransport
 
 
@@ -91,3 +91,39 @@ def test_interleaved_runtime_chatter_is_dropped_and_user_lines_kept():
     assert shown == "loss 7\n"
     pump._noise_at = float("-inf")  # long after any chatter, a user's bare number and blank line stay
     assert pump._filter(1, "7\n\n", final=False) == "7\n\n"
+
+
+class _Gate(OutputSink):
+    """Opens a file gate once a host's printed text has reached the kernel: a cell waiting on
+    the gate ends only if its output streamed while it ran, never at its end."""
+
+    def __init__(self, gate) -> None:
+        self.gate, self.seen = gate, ""
+
+    def stream(self, host: int, name: str, text: str) -> None:
+        self.seen += text
+        if "waiting" in self.seen:
+            self.gate.write_text("open")
+
+
+def test_print_in_a_long_cell_streams_while_it_runs_every_cell_and_between_cells(tmp_path):
+    """The host's flusher sleeps until a write wakes it: each cell's first print (and a
+    background thread's between cells) must still arrive within moments, not at the cell's end."""
+    session = Session([LocalTransport("local:0")], lambda i: {"env": {}, "ipython": False})
+    session.start()
+    wait = ("import os, time\nprint('waiting')\ndeadline = time.monotonic() + 30\n"
+            "while not os.path.exists({gate!r}) and time.monotonic() < deadline:\n    time.sleep(0.01)\n"
+            "print('gate', os.path.exists({gate!r}))")
+    try:
+        for n in range(3):  # the hook steps aside after a write and must be re-armed for the next cell
+            gate = tmp_path / f"gate{n}"
+            result = session.execute(wait.format(gate=str(gate)), [0], sink=_Gate(gate))[0]
+            assert result.stdout == "waiting\ngate True\n", result.stdout
+        gate = tmp_path / "background"
+        session.execute("import threading, time\n"
+                        "threading.Thread(target=lambda: (time.sleep(0.2), print('waiting'))).start()", [0])
+        result = session.execute(wait.format(gate=str(gate)).replace("print('waiting')\n", ""), [0],
+                                 sink=_Gate(gate))[0]
+        assert result.stdout.endswith("gate True\n"), result.stdout
+    finally:
+        session.close()

@@ -101,7 +101,8 @@ class HostResult:
     seconds: float | None = None
     detail: str = ""  # why a host died or was killed
     exit_code: int | None = None  # shell commands (%tpu_run)
-    tails: dict[str, Tail] = field(default_factory=lambda: {"stdout": Tail(), "stderr": Tail()}, repr=False)
+    #: made at a stream's first text: most hosts of most cells print nothing (256 results a cell)
+    tails: dict[str, Tail] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -109,19 +110,23 @@ class HostResult:
 
     @property
     def stdout(self) -> str:
-        return str(self.tails["stdout"])
+        tail = self.tails.get("stdout")
+        return str(tail) if tail is not None else ""
 
     @property
     def stderr(self) -> str:
-        return str(self.tails["stderr"])
+        tail = self.tails.get("stderr")
+        return str(tail) if tail is not None else ""
 
     @property
     def stdout_truncated(self) -> bool:
-        return self.tails["stdout"].truncated
+        tail = self.tails.get("stdout")
+        return tail is not None and tail.truncated
 
     @property
     def stderr_truncated(self) -> bool:
-        return self.tails["stderr"].truncated
+        tail = self.tails.get("stderr")
+        return tail is not None and tail.truncated
 
 
 class HostConnection:
@@ -581,7 +586,11 @@ class Session:
     def _apply(self, index: int, message: dict, result: HostResult, sink: OutputSink, pending: set) -> None:
         op = message.get("op")
         if op == "stream":
-            result.tails["stderr" if message["name"] == "stderr" else "stdout"].add(message["text"])
+            name = "stderr" if message["name"] == "stderr" else "stdout"
+            tail = result.tails.get(name)
+            if tail is None:
+                tail = result.tails[name] = Tail()
+            tail.add(message["text"])
             sink.stream(index, message["name"], message["text"])
         elif op == "display":
             result.displays.append(message["data"])

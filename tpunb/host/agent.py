@@ -215,7 +215,6 @@ class Agent:
         request, then one ``done`` frame carrying what ``work`` returned (or 'interrupted')."""
         if self.flusher.flush():  # what background threads printed since the last cell: not this cell's
             self.pump.drain()
-        self.flusher.active(True)
         self.current = self.pump.cell_id = message["id"]
         started = time.perf_counter()
         reply = None
@@ -232,7 +231,6 @@ class Agent:
             except Exception:
                 pass
         self.pump.drain()
-        self.flusher.active(False)
         self.send({"op": "done", "id": message["id"], **(reply or {"status": "interrupted"}),
                    "seconds": time.perf_counter() - started, **({"exiting": True} if self.exit_requested else {})})
         self.current = self.pump.cell_id = None

@@ -55,4 +55,4 @@ def read_frame(read_exact) -> tuple[dict, bytes] | None:
     blob = read_exact(blob_len) if blob_len else b""
     if len(body) < json_len or len(blob) < blob_len:
         raise EOFError("stream ended inside a frame")
-    return json.loads(body), blob
+    return json.loads(body.decode("utf-8", "surrogatepass")), blob  # a str skips json's encoding sniffing

@@ -33,6 +33,8 @@ class FrameCutter:
 
     def feed(self, data: bytes) -> Frames:
         """The frames ``data`` completes; raises ValueError on bytes that are not tpunb frames."""
+        if not self._buffer:
+            return self._feed_whole(data)
         buffer = self._buffer
         buffer += data
         frames = []
@@ -46,6 +48,24 @@ class FrameCutter:
             blob = bytes(buffer[size + json_len:end]) if blob_len else b""
             del buffer[:end]
             frames.append((message, blob))
+        return frames
+
+    def _feed_whole(self, data: bytes) -> Frames:
+        """Nothing held back: frames are cut from ``data`` itself, without copying it into the
+        buffer first (most reads are whole small frames: a cell's ``done`` from each host)."""
+        frames = []
+        size, end, length = protocol.HEADER.size, 0, len(data)
+        while length - end >= size:
+            start = end
+            json_len, blob_len = protocol.decode_header(data[start:start + size])
+            end = start + size + json_len + blob_len
+            if end > length:
+                end = start
+                break
+            message = json.loads(data[start + size:start + size + json_len].decode("utf-8", "surrogatepass"))
+            frames.append((message, data[start + size + json_len:end] if blob_len else b""))
+        if end < length:
+            self._buffer += memoryview(data)[end:]
         return frames
 
     @property
