@@ -88,6 +88,9 @@ class Tail:
         return self._chunks[0] if self._chunks else ""
 
 
+_NO_TEXT = Tail()  # what a stream that printed nothing reads as (never added to)
+
+
 @dataclass
 class HostResult:
     """What one host did with one cell. ``stdout``/``stderr`` are the last TAIL_CHARS characters
@@ -110,23 +113,19 @@ class HostResult:
 
     @property
     def stdout(self) -> str:
-        tail = self.tails.get("stdout")
-        return str(tail) if tail is not None else ""
+        return str(self.tails.get("stdout", _NO_TEXT))
 
     @property
     def stderr(self) -> str:
-        tail = self.tails.get("stderr")
-        return str(tail) if tail is not None else ""
+        return str(self.tails.get("stderr", _NO_TEXT))
 
     @property
     def stdout_truncated(self) -> bool:
-        tail = self.tails.get("stdout")
-        return tail is not None and tail.truncated
+        return self.tails.get("stdout", _NO_TEXT).truncated
 
     @property
     def stderr_truncated(self) -> bool:
-        tail = self.tails.get("stderr")
-        return tail is not None and tail.truncated
+        return self.tails.get("stderr", _NO_TEXT).truncated
 
 
 class HostConnection:

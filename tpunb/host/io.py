@@ -157,17 +157,23 @@ class Flusher:
         while True:
             self._wake.wait()
             self._wake.clear()
-            interval = FLUSH_INTERVAL
-            while interval <= IDLE_INTERVAL:
-                time.sleep(interval)
-                if self.flush():
-                    interval = FLUSH_INTERVAL
-                    continue
-                interval *= 2
-                if interval > IDLE_INTERVAL:
-                    self._arm()  # then one more look: a write between the last flush and the hook
-                    if self.flush():
-                        interval = FLUSH_INTERVAL
+            self._pace()
+
+    def _pace(self) -> None:
+        """Flush while output flows, backing off when it pauses; once it stopped, re-arm the hook
+        and look once more (a write between the last flush and the hook went straight in)."""
+        interval = FLUSH_INTERVAL
+        while True:
+            time.sleep(interval)
+            if self.flush():
+                interval = FLUSH_INTERVAL
+            elif interval < IDLE_INTERVAL:
+                interval = min(IDLE_INTERVAL, interval * 2)
+            else:
+                self._arm()
+                if not self.flush():
+                    return
+                interval = FLUSH_INTERVAL
 
 
 #: runtime noise lines are short: a longer partial line is the user's, sent as it comes (holding

@@ -33,45 +33,36 @@ class FrameCutter:
 
     def feed(self, data: bytes) -> Frames:
         """The frames ``data`` completes; raises ValueError on bytes that are not tpunb frames."""
-        if not self._buffer:
-            return self._feed_whole(data)
-        buffer = self._buffer
-        buffer += data
-        frames = []
-        size = protocol.HEADER.size
-        while len(buffer) >= size:
-            json_len, blob_len = protocol.decode_header(bytes(buffer[:size]))
-            end = size + json_len + blob_len
-            if len(buffer) < end:
-                break
-            message = json.loads(buffer[size:size + json_len])
-            blob = bytes(buffer[size + json_len:end]) if blob_len else b""
-            del buffer[:end]
-            frames.append((message, blob))
-        return frames
-
-    def _feed_whole(self, data: bytes) -> Frames:
-        """Nothing held back: frames are cut from ``data`` itself, without copying it into the
-        buffer first (most reads are whole small frames: a cell's ``done`` from each host)."""
-        frames = []
-        size, end, length = protocol.HEADER.size, 0, len(data)
-        while length - end >= size:
-            start = end
-            json_len, blob_len = protocol.decode_header(data[start:start + size])
-            end = start + size + json_len + blob_len
-            if end > length:
-                end = start
-                break
-            message = json.loads(data[start + size:start + size + json_len].decode("utf-8", "surrogatepass"))
-            frames.append((message, data[start + size + json_len:end] if blob_len else b""))
-        if end < length:
-            self._buffer += memoryview(data)[end:]
+        held = self._buffer
+        if held:  # the rest of a frame that began in an earlier read
+            held += data
+            frames, end = _cut(held)
+            del held[:end]
+        else:  # the usual case (a cell's ``done`` from each host): cut from the read itself, no copy
+            frames, end = _cut(data)
+            if end < len(data):
+                held += memoryview(data)[end:]
         return frames
 
     @property
     def inside_frame(self) -> bool:
         """Bytes of an unfinished frame are held: an end of stream now breaks a frame."""
         return bool(self._buffer)
+
+
+def _cut(data: bytes | bytearray) -> tuple[Frames, int]:
+    """The whole frames at the start of ``data``, and where the last of them ends."""
+    frames, size, end = [], protocol.HEADER.size, 0
+    while len(data) - end >= size:
+        json_len, blob_len = protocol.decode_header(data[end:end + size])
+        stop = end + size + json_len + blob_len
+        if stop > len(data):
+            break
+        body = data[end + size:end + size + json_len]
+        frames.append((json.loads(body.decode("utf-8", "surrogatepass")),  # a str skips json's encoding sniffing
+                       bytes(data[end + size + json_len:stop]) if blob_len else b""))
+        end = stop
+    return frames, end
 
 
 class Stream:
