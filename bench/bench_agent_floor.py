@@ -1,8 +1,10 @@
 """The floor under the pod-scale cell (issue 15): what waking N Python processes once a cell costs
 on this machine, whatever tpunb does. A 30-line stand-in for the agent reads a request frame,
-runs ``pass`` and writes a ``done`` frame, either on one thread or with tpunb's hand-over (a
-reader thread passes the request to the main thread on a ``queue.SimpleQueue``); a bare kernel
-writes the request to every process and waits for every reply.
+runs ``pass`` and writes a ``done`` frame: JSON frames and the cell compiled on the host, on one
+thread or with a reader thread that hands the request to the main thread on a
+``queue.SimpleQueue`` (tpunb's agent before the fourth step); or, as tpunb's agent now, on one
+thread with ``marshal`` frames and the cell compiled once by the kernel. A bare kernel writes the
+request to every process and waits for every reply.
 
     python bench/bench_agent_floor.py [--hosts 256] [--runs 200]
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import marshal
 import os
 import selectors
 import statistics
@@ -45,6 +48,14 @@ def run(message):
 if sys.argv[1] == "single":
     while True:
         run(recv())
+if sys.argv[1] == "marshal":
+    import marshal
+    while True:
+        json_len, blob_len = H.unpack(read_exact(8))
+        message, code = marshal.loads(read_exact(json_len)), marshal.loads(read_exact(blob_len))
+        exec(code, namespace)
+        body = marshal.dumps({"op": "done", "id": message["id"], "status": "ok"})
+        os.write(1, H.pack(len(body), 0) + body)
 requests = queue.SimpleQueue()
 def reader():
     while True:
@@ -73,8 +84,11 @@ def measure(hosts: int, mode: str, runs: int) -> tuple[float, float, float]:
         selector.register(proc.stdout, selectors.EVENT_READ)
 
     def cell(rid: int) -> None:
-        body = json.dumps({"op": "exec", "id": rid, "code": "pass"}).encode()
-        frame = HEADER.pack(len(body), 0) + body
+        if mode == "marshal":
+            body, blob = marshal.dumps({"op": "exec", "id": rid, "code": "pass"}), marshal.dumps(compile("pass", "<cell>", "exec"))
+        else:
+            body, blob = json.dumps({"op": "exec", "id": rid, "code": "pass"}).encode(), b""
+        frame = HEADER.pack(len(body), len(blob)) + body + blob
         for proc in procs:
             os.write(proc.stdin.fileno(), frame)
         left = hosts
@@ -109,7 +123,9 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} cores, {args.hosts} processes, {args.runs} cells\n")
     print("| agent shape | p50 | agent CPU per cell and host | kernel CPU per cell and host |")
     print("|---|---|---|---|")
-    for mode, label in (("single", "one thread"), ("thread", "reader thread + main thread (tpunb's shape)")):
+    for mode, label in (("single", "one thread, JSON, compiled on the host"),
+                        ("thread", "reader thread + main thread, JSON, compiled on the host (tpunb's agent before)"),
+                        ("marshal", "one thread, marshal, compiled by the kernel (tpunb's agent now)")):
         p50, agents, kernel = measure(args.hosts, mode, args.runs)
         print(f"| {label} | {p50 * 1e3:.1f} ms | {agents * 1e6:.0f} us | {kernel * 1e6:.0f} us |", flush=True)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from tpunb import slices
+from tpunb import session as session_module, slices
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
@@ -47,9 +47,11 @@ def jp_server_cleanup():
 @pytest.fixture(params=["local", "ssh"])
 def make_slice(request):
     """make_slice(hosts) -> a current slice with that many hosts, on each transport in turn:
-    local host processes, and real OpenSSH sshd hosts on loopback addresses."""
+    local host processes, and real OpenSSH sshd hosts on loopback addresses. The SSH hosts speak
+    JSON frames, as hosts on another Python do (tests of tpunb.connect cover marshal over SSH)."""
     if request.param == "local":
         return lambda hosts=2, name=None: slices.launch(ACCELERATOR_FOR_HOSTS[hosts], name=name)
+    request.getfixturevalue("monkeypatch").setattr(session_module, "MARSHAL_FRAMES", False)
     server = request.getfixturevalue("sshd")
     key = request.getfixturevalue("ssh_key")
 

@@ -1,19 +1,28 @@
 """The agent on its own: the plain runner (no IPython on the host) and the protocol check."""
 from __future__ import annotations
 
+import marshal
+from types import SimpleNamespace
+
 import pytest
 
+from tpunb import session as session_module
 from tpunb.host import protocol
 from tpunb.errors import ProtocolError
-from tpunb.session import OutputSink, Session
+from tpunb.session import Broadcast, OutputSink, Session
+from tpunb.transport.fanin import FrameCutter
 from tpunb.transport.local import LocalTransport
 
 
-def test_plain_runner_without_ipython():
+@pytest.mark.parametrize("same_python", [True, False], ids=["marshal", "json"])
+def test_plain_runner_without_ipython(monkeypatch, same_python):
+    """On a host of this same Python, frames are marshal and the kernel compiles the cell; on any
+    other (JSON frames), the host compiles it: both run it alike."""
+    monkeypatch.setattr(session_module, "MARSHAL_FRAMES", same_python)
     session = Session([LocalTransport("local:0")], lambda i: {"env": {}, "ipython": False})
     session.start()
     try:
-        assert session.hosts[0].info["runner"] == "plain"
+        assert session.hosts[0].info["runner"] == "plain" and session.hosts[0].fast is same_python
         ok = session.execute("x = 6\nprint('out')\nx * 7", [0])[0]
         assert (ok.status, ok.stdout, ok.value) == ("ok", "out\n", {"text/plain": "42"})
         bad = session.execute("def f():\n    return 1 / 0\nf()", [0])[0]
@@ -21,8 +30,36 @@ def test_plain_runner_without_ipython():
         text = "\n".join(bad.error["traceback"])
         assert "return 1 / 0" in text and "tpunb" not in text  # the cell's lines, none of ours
         assert session.execute("x", [0])[0].value == {"text/plain": "6"}
+        warned = session.execute("x is 6", [0])[0]  # compiled on the host, whose warning shows there
+        assert warned.value == {"text/plain": "True"} and "SyntaxWarning" in warned.stderr
+        broken = session.execute("x = (", [0])[0]
+        assert broken.status == "error" and broken.error["ename"] == "SyntaxError"
+        assert session.execute("def g(a: nowhere): pass", [0])[0].error["ename"] == "NameError"  # no __future__ of ours
     finally:
         session.close()
+
+
+def test_a_cell_is_compiled_once_for_every_host_of_this_python():
+    hosts = {name: SimpleNamespace(fast=fast, info={"runner": runner, "optimize": level}) for name, fast, runner, level in
+             (("plain", True, "plain", 0), ("plain2", True, "plain", 0), ("ipython", True, "ipython", 0),
+              ("other", False, "plain", 0), ("optimized", True, "plain", 1))}
+    frames = Broadcast({"op": "exec", "id": 7, "code": "y = 2\ny * 21", "count": 12})
+    cut = {name: FrameCutter().feed(frames.for_host(host)) for name, host in hosts.items()}
+    assert frames.for_host(hosts["plain"]) is frames.for_host(hosts["plain2"])  # encoded once
+    [(message, blob)] = cut["plain"]
+    assert message["compiled"] is True and message["code"] == "y = 2\ny * 21"
+    body, last = marshal.loads(blob)
+    namespace = {}
+    exec(body, namespace)
+    assert eval(last, namespace) == 42 and body.co_filename == last.co_filename == "<cell-12>"
+    for name in ("ipython", "other", "optimized"):  # IPython transforms the cell itself; another Python (or -O) compiles it there
+        [(message, blob)] = cut[name]
+        assert "compiled" not in message and blob == b""
+    assert protocol.decode_header(frames.for_host(hosts["other"])[:8])[2] is False
+    assert protocol.decode_header(frames.for_host(hosts["ipython"])[:8])[2] is True
+    bad = Broadcast({"op": "exec", "id": 8, "code": "x = (", "count": 13})
+    [(message, blob)] = FrameCutter().feed(bad.for_host(hosts["plain"]))
+    assert "compiled" not in message and blob == b""  # the host reports the syntax error
 
 
 def test_protocol_version_mismatch_is_refused(monkeypatch):
@@ -32,8 +69,9 @@ def test_protocol_version_mismatch_is_refused(monkeypatch):
         session.start()
 
 
-def test_frames_round_trip():
-    frame = protocol.encode({"op": "x", "text": "é"}, b"\x00blob")
+@pytest.mark.parametrize("fast", [False, True], ids=["json", "marshal"])
+def test_frames_round_trip(fast):
+    frame = protocol.encode({"op": "x", "text": "é"}, b"\x00blob", fast)
     data = iter([frame])
     buffer = bytearray(next(data))
 
@@ -44,6 +82,12 @@ def test_frames_round_trip():
 
     assert protocol.read_frame(read_exact) == ({"op": "x", "text": "é"}, b"\x00blob")
     assert protocol.read_frame(read_exact) is None
+
+
+def test_a_marshal_body_that_is_not_a_message_is_refused():
+    for body in (marshal.dumps([1, 2]), b"\xff\x00"):
+        with pytest.raises(ValueError):
+            FrameCutter().feed(protocol.HEADER.pack(len(body) | protocol.MARSHAL_BIT, 0) + body)
 
 
 def test_tpunb_log_works_on_a_host_without_tpunb(tmp_path):
@@ -125,5 +169,40 @@ def test_print_in_a_long_cell_streams_while_it_runs_every_cell_and_between_cells
         result = session.execute(wait.format(gate=str(gate)).replace("print('waiting')\n", ""), [0],
                                  sink=_Gate(gate))[0]
         assert result.stdout.endswith("gate True\n"), result.stdout
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("inbox", ["sigio", "thread"])
+def test_frames_that_come_while_a_cell_runs_are_read_beside_it(monkeypatch, inbox):
+    """The main thread reads its own requests between cells; while a cell runs, another thread
+    must read: an interrupt (also one that came in the same read as its cell, before any signal
+    was asked for), and the end of the session, which ends the host at once."""
+    if inbox == "thread":
+        monkeypatch.setenv("TPUNB_AGENT_INBOX", "thread")
+    session = Session([LocalTransport("local:0")], lambda i: {"env": {}, "ipython": False})
+    session.start()
+    host = session.hosts[0]
+    long_cell = "import time\nfor _ in range(600):\n    time.sleep(0.05)"
+    try:
+        assert host.info["inbox"] == inbox
+        for _ in range(2):  # interrupted (not killed) when the deadline passes, cell after cell
+            result = session.execute(long_cell, [0], timeout=0.5)[0]
+            assert result.status == "timeout" and result.error["ename"] == "KeyboardInterrupt", result
+        assert session.execute("6 * 7", [0])[0].value == {"text/plain": "42"}
+
+        rid, waiter = session._request()
+        host.send_frame(Broadcast({"op": "exec", "id": rid, "code": long_cell, "count": 9}).for_host(host)
+                        + Broadcast({"op": "interrupt", "id": rid}).for_host(host))
+        message = {}
+        while message.get("op") != "done":
+            _, message, _ = waiter.get(10)
+        assert message["status"] == "interrupted"
+        session._forget(rid)
+
+        process = host.process._proc
+        host.send({"op": "exec", "id": -1, "code": long_cell, "count": 10})
+        process.stdin.close()  # the kernel's end of the host's requests: the session is gone
+        process.wait(timeout=10)  # not the cell's 30 s: ended (with its process group) as soon as it read the end
     finally:
         session.close()

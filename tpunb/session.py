@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import collections
 import itertools
+import marshal
 import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -31,6 +34,7 @@ from tpunb.errors import CellInterrupted, HostDiedError, ProtocolError, RemoteEr
 from tpunb.transport.fanin import FanIn, Frames, Stream
 from tpunb.host import protocol
 from tpunb.host.bundle import BOOTSTRAP, agent_bundle
+from tpunb.host.runners import cell_filename, compile_cell
 from tpunb.transport.base import AgentProcess, Transport
 
 #: how often the watch thread looks at every host's last frame
@@ -42,6 +46,8 @@ BEAT_INTERVAL = 1.0
 #: a further Ctrl-C ends an escalation step once it lasted this long
 PRESS_FLOOR = 1.0
 _CHUNK = 1 << 20  # a large frame is read in pieces, each counting as a sign of life
+#: marshal frames with agents that run this same Python (False: JSON with every host, as with others)
+MARSHAL_FRAMES = True
 
 
 def default_heartbeat_timeout() -> float:
@@ -148,6 +154,8 @@ class HostConnection:
         self.heard_at = time.monotonic()
         #: why this host was ended while no cell ran (it stopped answering): the next cell says so
         self.notice: str | None = None
+        #: frames to and from this host are marshal, not JSON: its agent runs this same Python
+        self.fast = False
         self._handshake: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._life = threading.Lock()  # launch, close and give_up of this host's agent, one at a time
@@ -176,9 +184,10 @@ class HostConnection:
             raise ProtocolError(f"host {self.index} runs agent protocol v{hello.get('protocol')}, "
                                 f"this tpunb speaks v{protocol.PROTOCOL_VERSION}: restart the slice")
         self.info = dict(hello)
-        self.send({"op": "init", **init})
+        self.fast = MARSHAL_FRAMES and hello.get("magic") == protocol.MAGIC
+        self.send({"op": "init", **init, "marshal": self.fast})
         ready = self._wait_handshake(timeout, "get ready")
-        self.info.update(runner=ready.get("runner"), runner_error=ready.get("runner_error"))
+        self.info.update(runner=ready.get("runner"), runner_error=ready.get("runner_error"), inbox=ready.get("inbox"))
         self.heard_at = time.monotonic()
         self.alive = True
         self.started_at = time.time()
@@ -198,7 +207,7 @@ class HostConnection:
         return message
 
     def send(self, message: dict, blob: bytes = b"") -> None:
-        self.send_frame(protocol.encode(message, blob))
+        self.send_frame(protocol.encode(message, blob, self.fast))
 
     def send_frame(self, data: bytes) -> None:
         """Send a frame already encoded (one request to many hosts is encoded once)."""
@@ -530,10 +539,11 @@ class Session:
         stopped = ""
         with CtrlC() as ctrl_c:
             try:
-                frame = protocol.encode({**request, "id": rid})  # once, whatever the number of hosts
+                frames = Broadcast({**request, "id": rid})  # encoded once per kind of host, whatever their number
                 for i in indices:
                     try:
-                        self.hosts[i].send_frame(frame)
+                        host = self.hosts[i]
+                        host.send_frame(frames.for_host(host))
                         pending.add(i)
                     except TransportError as exc:
                         results[i].status, results[i].detail = "died", str(exc)
@@ -621,10 +631,10 @@ class Session:
     def _stop(self, rid, waiter, pending, results, sink, why: str, ctrl_c: CtrlC) -> None:
         """Interrupt the hosts still running, then escalate on those that do not stop. Each further
         Ctrl-C ends the current wait: interrupt, SIGTERM, SIGKILL, give up."""
-        frame = protocol.encode({"op": "interrupt", "id": rid})
+        frames = Broadcast({"op": "interrupt", "id": rid})
         for i in list(pending):
             try:
-                self.hosts[i].send_frame(frame)
+                self.hosts[i].send_frame(frames.for_host(self.hosts[i]))
             except TransportError:
                 pass
         marked = set(pending)
@@ -677,9 +687,9 @@ class Session:
 
     def _call(self, rid, waiter, indices, message, blob, timeout, replies, ctrl_c: CtrlC) -> None:
         pending = set()
-        frame = protocol.encode({**message, "id": rid}, blob)  # a pushed value is pickled and framed once
+        frames = Broadcast({**message, "id": rid}, blob)  # a pushed value is pickled once
         for i in indices:
-            self.hosts[i].send_frame(frame)
+            self.hosts[i].send_frame(frames.for_host(self.hosts[i]))
             pending.add(i)
         deadline = time.monotonic() + timeout
         while pending:
@@ -739,6 +749,42 @@ def _dumps(values: dict) -> bytes:
                 raise UsageError(f"cannot send {name} to the hosts: {type(exc).__name__}: {exc} "
                                  "(send what it is made from, and rebuild it there)") from None
         raise
+
+
+class Broadcast:
+    """One request for many hosts, encoded once for each kind of host: JSON, marshal, and for
+    hosts that run cells with plain ``exec`` in this same Python, marshal with the cell compiled
+    here (once for the slice, where every host would compile it again)."""
+
+    def __init__(self, message: dict, blob: bytes = b"") -> None:
+        self.message, self.blob = message, blob
+        self._frames: dict[tuple[bool, bool], bytes] = {}
+        self._compiled: bytes | None = None
+
+    def for_host(self, host: "HostConnection") -> bytes:
+        precompile = (host.fast and self.message.get("op") == "exec" and host.info.get("runner") == "plain"
+                      and host.info.get("optimize") == sys.flags.optimize)  # -O strips asserts when compiling
+        key = (host.fast, precompile)
+        frame = self._frames.get(key)
+        if frame is None:
+            compiled = self._compile() if precompile else b""
+            message = {**self.message, "compiled": True} if compiled else self.message
+            frame = self._frames[key] = protocol.encode(message, compiled or self.blob, host.fast)
+        return frame
+
+    def _compile(self) -> bytes:
+        """The cell compiled as a plain host would (b"" if it does not compile: the hosts report that)."""
+        if self._compiled is None:
+            self._compiled = b""
+            count = self.message.get("count")
+            if count is not None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")  # a cell that warns is compiled where the warning shows
+                    try:
+                        self._compiled = marshal.dumps(compile_cell(self.message["code"], cell_filename(count)))
+                    except (SyntaxError, Warning, ValueError, OverflowError, RecursionError, MemoryError):
+                        pass
+        return self._compiled
 
 
 class Inbox:

@@ -6,15 +6,15 @@ jax are used only when the host has them, inside functions.
 How it works: the session sends frames on our stdin (fd 0) and reads frames from a copy of our
 original stdout. Fds 0/1/2 are then rewired (``io``), so user code, C libraries and subprocesses
 write into pipes that a pump thread turns into ``stream`` frames. Cells run on the main thread
-(``runners``); a reader thread delivers interrupts (SIGINT to the main thread) while a cell runs,
-and starts JAX in the background when another host of the slice started it (``jax_start``).
+(``runners``), which also reads its requests between cells; while a cell runs, frames are read by
+a thread (``inbox``) that delivers interrupts (SIGINT to the main thread) and starts JAX in the
+background when another host of the slice started it (``jax_start``).
 """
 from __future__ import annotations
 
 import base64
 import os
 import pickle
-import queue
 import signal
 import socket
 import sys
@@ -22,6 +22,7 @@ import threading
 import time
 
 from . import idle, protocol, watchdog
+from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
 from .metrics import Sampler, install_log_shim
@@ -33,8 +34,10 @@ class Agent:
     def __init__(self, channel: Channel, watchdog_pid: int | None = None) -> None:
         self.channel = channel
         self.watchdog_pid = watchdog_pid
-        self.requests: queue.SimpleQueue = queue.SimpleQueue()  # C-level: a cheaper hand-over per cell
+        self.inbox = None
         self.current = None
+        self.interrupt_for = None  # a request interrupted before it started
+        self._interrupt_lock = threading.Lock()
         self.in_user_code = False
         self.main_ident = threading.get_ident()
         self.runner = None
@@ -75,13 +78,14 @@ class Agent:
     def start(self) -> None:
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
                    "pgid": os.getpgid(0), "watchdog": self.watchdog_pid, "python": sys.version.split()[0],
-                   "hostname": socket.gethostname()})
+                   "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize})
         frame = self.channel.recv()
         if frame is None:
             os._exit(0)
         init = frame[0]
         if init.get("op") != "init":
             os._exit(2)
+        self.channel.fast = bool(init.get("marshal"))  # the kernel runs this same Python: marshal frames
         os.environ.update({k: str(v) for k, v in (init.get("env") or {}).items()})
         if init.get("cwd"):
             try:
@@ -115,8 +119,8 @@ class Agent:
             self.sampler.start()
         if init.get("idle"):
             self._arm_idle(init["idle"])
-        quiet_thread(self._read_loop, "tpunb-reader")
-        self.send({"op": "ready", "runner": self.runner.kind, "runner_error": runner_error})
+        self.inbox = make_inbox(self.channel, self._dispatch, self._session_gone)
+        self.send({"op": "ready", "runner": self.runner.kind, "runner_error": runner_error, "inbox": self.inbox.kind})
         if float(init.get("heartbeat") or 0) > 0:
             self.channel.heartbeat(float(init["heartbeat"]))
 
@@ -132,39 +136,38 @@ class Agent:
         if self.in_user_code:
             raise KeyboardInterrupt
 
-    def _read_loop(self) -> None:
-        while True:
+    def _session_gone(self) -> None:
+        """End of the session's stream: end this host session, children too."""
+        try:
+            idle.touch()  # a request may have run until now: the idle time starts here
+        except OSError:
+            pass
+        self.end()
+
+    def _dispatch(self, message: dict, blob: bytes) -> bool:
+        """Act on a frame that is not a request (from whichever thread reads); True for a request,
+        which the main thread runs."""
+        op = message.get("op")
+        if op == "interrupt":
+            if message.get("id") is not None:
+                self._interrupt_cell(message["id"])
+        elif op in PROFILE_OPS:  # answered on a side thread: works while a cell runs
+            self.profiler.handle(message)
+        elif op == "start_jax":
+            if self.jax is not None:
+                self.jax.start_in_background()
+        elif op == "heartbeat":
+            self.channel.heartbeat(float(message.get("seconds", 1.0)))
+        elif op == "idle":  # the kernel starts or ends a request: activity for the idle watchdog
             try:
-                frame = self.channel.recv()
-            except Exception:
-                frame = None
-            if frame is None:  # the session is gone: end this host session, children too
-                try:
-                    idle.touch()  # a request may have run until now: the idle time starts here
-                except OSError:
-                    pass
-                self.end()
-            message, blob = frame
-            op = message.get("op")
-            if op == "interrupt":
-                if message.get("id") is not None and message.get("id") == self.current:
-                    self._interrupt()
-            elif op in PROFILE_OPS:  # answered on a side thread: works while a cell runs
-                self.profiler.handle(message)
-            elif op == "start_jax":
-                if self.jax is not None:
-                    self.jax.start_in_background()
-            elif op == "heartbeat":
-                self.channel.heartbeat(float(message.get("seconds", 1.0)))
-            elif op == "idle":  # the kernel starts or ends a request: activity for the idle watchdog
-                try:
-                    idle.touch(bool(message.get("busy")))
-                except OSError:
-                    pass
-            elif op == "metrics_interval":
-                self._set_metrics_interval(float(message.get("seconds", 1.0)))
-            else:
-                self.requests.put((message, blob))
+                idle.touch(bool(message.get("busy")))
+            except OSError:
+                pass
+        elif op == "metrics_interval":
+            self._set_metrics_interval(float(message.get("seconds", 1.0)))
+        else:
+            return True
+        return False
 
     def _set_metrics_interval(self, seconds: float) -> None:
         """0 stops sampling; anything else (re)starts it at that period."""
@@ -178,6 +181,15 @@ class Agent:
         else:
             self.sampler.set_interval(seconds)
 
+    def _interrupt_cell(self, rid) -> None:
+        """Interrupt the request ``rid``: now if it runs, else as soon as it starts (a reader
+        thread may read an interrupt before the main thread took up its request)."""
+        with self._interrupt_lock:
+            self.interrupt_for = rid
+            if rid == self.current and self.in_user_code:
+                self.interrupt_for = None
+                self._interrupt()
+
     def _interrupt(self) -> None:
         """What Ctrl-C in a terminal does: SIGINT to the running code and to its child processes."""
         signal.pthread_kill(self.main_ident, signal.SIGINT)
@@ -190,7 +202,7 @@ class Agent:
     def serve(self) -> None:
         while True:
             try:
-                message, blob = self.requests.get()
+                message, blob = self.inbox.next_request()
             except KeyboardInterrupt:  # a late interrupt for a cell that already ended
                 continue
             handler = getattr(self, "op_" + str(message.get("op")), None)
@@ -219,12 +231,16 @@ class Agent:
         started = time.perf_counter()
         reply = None
         try:
-            self.in_user_code = True
+            self.in_user_code = True  # first: an interrupt read from now on stops the cell
+            if self.interrupt_for is not None:
+                self._interrupt_cell(self.interrupt_for)
+            self.inbox.cell_started()  # frames that come now are read beside the cell
             reply = work()
         except KeyboardInterrupt:
             pass
         finally:
             self.in_user_code = False
+            self.inbox.cell_ended()
         if after is not None:
             try:
                 after()
@@ -237,7 +253,8 @@ class Agent:
 
     def op_exec(self, message: dict, blob: bytes) -> None:
         self._as_user_code(message, lambda: {"status": self.runner.run(message["code"], message.get("count"),
-                                                                           message.get("colors"))},
+                                                                           message.get("colors"),
+                                                                           blob if message.get("compiled") else b"")},
                            after=lambda: flush_figures(self))
 
     def op_shell(self, message: dict, blob: bytes) -> None:

@@ -5,6 +5,7 @@ Shipped to hosts: standard library only (see the package docstring).
 from __future__ import annotations
 
 import codecs
+import collections
 import io
 import os
 import re
@@ -40,16 +41,21 @@ def quiet_thread(target, name: str, *args) -> threading.Thread:
 
 
 class Channel:
-    """Frames in on one fd, frames out on another; sends are atomic across threads."""
+    """Frames in on one fd, frames out on another; sends are atomic across threads. One thread at
+    a time receives (``tpunb_host.inbox`` says which)."""
 
     def __init__(self, in_fd: int, out_fd: int) -> None:
         self.in_fd, self.out_fd = in_fd, out_fd
         self._lock = threading.Lock()
-        self._buf = bytearray()
+        self._cutter = protocol.FrameCutter()
+        self._frames: collections.deque = collections.deque()  # cut, not yet taken
+        self._poller = select.poll()
+        self._poller.register(in_fd, select.POLLIN)
+        self.fast = False  # marshal frames out, once the kernel said it reads them (see protocol)
         self.sent_at = time.monotonic()  # the heartbeat stays quiet while other frames flow
 
     def send(self, message: dict, blob: bytes = b"") -> None:
-        data = memoryview(protocol.encode(message, blob))
+        data = memoryview(protocol.encode(message, blob, self.fast))
         with self._lock:
             while data:
                 data = data[os.write(self.out_fd, data):]
@@ -77,18 +83,34 @@ class Channel:
 
         quiet_thread(beat, "tpunb-heartbeat")
 
-    def read_exact(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            chunk = os.read(self.in_fd, max(65536, n - len(self._buf)))
-            if not chunk:
-                break
-            self._buf += chunk
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+    def recv(self) -> tuple[dict, bytes] | None:
+        """The next frame, waiting for it; None at the end of the stream (EOFError inside a frame)."""
+        while not self._frames:
+            if not self._read():
+                return None
+        return self._frames.popleft()
 
-    def recv(self):
-        return protocol.read_frame(self.read_exact)
+    def recv_ready(self) -> list[tuple[dict, bytes]] | None:
+        """The frames that can be had without waiting; None at the end of the stream."""
+        while self._poller.poll(0):
+            if not self._read():
+                return None
+        frames = list(self._frames)
+        self._frames.clear()
+        return frames
+
+    def has_frames(self) -> bool:
+        """A whole frame is read but not taken, or bytes wait to be read."""
+        return bool(self._frames) or bool(self._poller.poll(0))
+
+    def _read(self) -> bool:
+        data = os.read(self.in_fd, max(1 << 16, self._cutter.missing))
+        if not data:
+            if self._cutter.inside_frame:
+                raise EOFError("the session's stream ended inside a frame")
+            return False
+        self._frames.extend(self._cutter.feed(data))
+        return True
 
 
 class _FdWriter(io.RawIOBase):

@@ -9,6 +9,7 @@ import ast
 import base64
 import io
 import linecache
+import marshal
 import os
 import re
 import sys
@@ -97,6 +98,21 @@ def _short_repr(value) -> str:
     return repr(value)
 
 
+def cell_filename(count: int) -> str:
+    return f"<cell-{count}>"
+
+
+def compile_cell(code: str, filename: str) -> tuple[types.CodeType, types.CodeType | None]:
+    """The cell as code to exec, and its last statement apart when it is an expression (its value
+    is shown, as in a notebook); no ``__future__`` flags but the cell's own. The kernel compiles
+    a cell once for every host that runs this same Python; others compile it here."""
+    tree = ast.parse(code, filename)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = compile(ast.Expression(tree.body.pop().value), filename, "eval", dont_inherit=True)
+    return compile(tree, filename, "exec", dont_inherit=True), last
+
+
 class PlainRunner:
     """exec/eval in one namespace, for hosts without IPython."""
 
@@ -107,18 +123,17 @@ class PlainRunner:
         self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         self.count = 0
 
-    def run(self, code: str, count: int | None = None, colors: str | None = None) -> str:
+    def run(self, code: str, count: int | None = None, colors: str | None = None, compiled: bytes = b"") -> str:
+        """``compiled``: the cell as ``compile_cell`` made it in the kernel (marshal), for this
+        same Python; compiling it here would cost a host more than the rest of a trivial cell."""
         self.count = count if count is not None else self.count + 1
-        filename = f"<cell-{self.count}>"
+        filename = cell_filename(self.count)
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         try:
-            tree = ast.parse(code, filename)
-            last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
-            exec(compile(tree, filename, "exec"), self.namespace)
+            body, last = marshal.loads(compiled) if compiled else compile_cell(code, filename)
+            exec(body, self.namespace)
             if last is not None:
-                value = eval(compile(last, filename, "eval"), self.namespace)
+                value = eval(last, self.namespace)
                 if value is not None:
                     self.namespace["_"] = value
                     self.agent.send_result({"text/plain": _short_repr(value)}, {})
@@ -222,7 +237,7 @@ def make_ipython_runner(agent):
             self.namespace = shell.user_ns
             self.colors: str | None = None
 
-        def run(self, code: str, count: int | None = None, colors: str | None = None) -> str:
+        def run(self, code: str, count: int | None = None, colors: str | None = None, compiled: bytes = b"") -> str:
             if count is not None:  # every host names the cell alike, so equal tracebacks group
                 shell.execution_count = count
             if colors and colors != self.colors:  # the kernel's scheme: readable in its front end

@@ -10,60 +10,16 @@ thread per host in the session.
 """
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import threading
 from typing import Callable
 
 from tpunb.errors import TransportError
-from tpunb.host import protocol
+from tpunb.host.protocol import FrameCutter, Frames
 
 #: the most bytes read from one host before the other ready hosts get their turn
 CHUNK = 1 << 18
-
-Frames = list[tuple[dict, bytes]]
-
-
-class FrameCutter:
-    """One host's byte stream cut into frames, whatever sizes its pieces arrive in."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> Frames:
-        """The frames ``data`` completes; raises ValueError on bytes that are not tpunb frames."""
-        held = self._buffer
-        if held:  # the rest of a frame that began in an earlier read
-            held += data
-            frames, end = _cut(held)
-            del held[:end]
-        else:  # the usual case (a cell's ``done`` from each host): cut from the read itself, no copy
-            frames, end = _cut(data)
-            if end < len(data):
-                held += memoryview(data)[end:]
-        return frames
-
-    @property
-    def inside_frame(self) -> bool:
-        """Bytes of an unfinished frame are held: an end of stream now breaks a frame."""
-        return bool(self._buffer)
-
-
-def _cut(data: bytes | bytearray) -> tuple[Frames, int]:
-    """The whole frames at the start of ``data``, and where the last of them ends."""
-    frames, size, end = [], protocol.HEADER.size, 0
-    while len(data) - end >= size:
-        json_len, blob_len = protocol.decode_header(data[end:end + size])
-        stop = end + size + json_len + blob_len
-        if stop > len(data):
-            break
-        body = data[end + size:end + size + json_len]
-        frames.append((json.loads(body.decode("utf-8", "surrogatepass")),  # a str skips json's encoding sniffing
-                       bytes(data[end + size + json_len:stop]) if blob_len else b""))
-        end = stop
-    return frames, end
-
 
 class Stream:
     """One host's registration: where its frames and its end go."""
