@@ -84,6 +84,15 @@ def test_frames_round_trip(fast):
     assert protocol.read_frame(read_exact) is None
 
 
+def test_a_value_marshal_refuses_goes_as_json():
+    class Score(float):  # as numpy's float64: JSON takes it, marshal does not
+        pass
+
+    frame = protocol.encode({"op": "display", "metadata": {"score": Score(0.5)}}, b"", fast=True)
+    assert protocol.decode_header(frame[:8])[2] is False
+    assert FrameCutter().feed(frame) == [({"op": "display", "metadata": {"score": 0.5}}, b"")]
+
+
 def test_a_marshal_body_that_is_not_a_message_is_refused():
     for body in (marshal.dumps([1, 2]), b"\xff\x00"):
         with pytest.raises(ValueError):

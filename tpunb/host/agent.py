@@ -232,8 +232,8 @@ class Agent:
         reply = None
         try:
             self.in_user_code = True  # first: an interrupt read from now on stops the cell
-            if self.interrupt_for is not None:
-                self._interrupt_cell(self.interrupt_for)
+            if self.interrupt_for == message["id"]:  # read before the request was taken up
+                self._interrupt_cell(message["id"])
             self.inbox.cell_started()  # frames that come now are read beside the cell
             reply = work()
         except KeyboardInterrupt:

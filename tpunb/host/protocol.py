@@ -39,10 +39,15 @@ class FrameTooLarge(ValueError):
 
 def encode(message: dict, blob: bytes = b"", fast: bool = False) -> bytes:
     """One frame as bytes, ready to write; FrameTooLarge if the reader could not take it.
-    ``fast``: a marshal body, for a peer that runs this same Python."""
+    ``fast``: a marshal body, for a peer that runs this same Python (JSON where marshal refuses a
+    value, such as a float subclass like numpy's float64: the header says which)."""
+    body = None
     if fast:
-        body, flag = marshal.dumps(message, 4), MARSHAL_BIT
-    else:
+        try:
+            body, flag = marshal.dumps(message, 4), MARSHAL_BIT
+        except ValueError:
+            pass
+    if body is None:
         body, flag = _ENCODER.encode(message).encode("utf-8", "replace"), 0
     if len(body) > MAX_JSON or len(blob) > MAX_BLOB:
         raise FrameTooLarge(f"a {message.get('op')} frame of {len(body) + len(blob):,} bytes is over the limit")
