@@ -8,9 +8,11 @@ the wake-ups it takes. A reader thread that reads every request and hands it to 
 is two wakes a cell (the reader's, then the main thread's), about a fifth of a host's CPU per
 cell. So the main thread reads its own requests, blocked in ``read`` between cells, and a frame
 that comes while a cell runs (an interrupt, a profiler request, a new heartbeat interval) wakes
-another thread: for the cell's length the fd is in O_ASYNC mode, with SIGIO sent to that thread
-alone (F_SETOWN_EX with F_OWNER_TID), which blocks SIGIO and takes it in ``sigwait``. A cell
-with nothing to say to it costs two ``fcntl`` calls and a ``poll``, and no wake.
+another thread: the fd is in O_ASYNC mode, and for the cell's length its SIGIO goes to that thread
+alone (F_SETOWN_EX with F_OWNER_TID; between cells to nobody), which blocks SIGIO and takes it in
+``sigwait``. A cell with nothing to say to it costs two ``fcntl`` calls and a ``poll``, and no
+wake. (Turning O_ASYNC itself on and off for each cell cost a host 40 us a cell, against 16: the
+kernel allocates and RCU-frees its fasync entry every time.)
 
 Where that is not available (not Linux), ``ThreadedInbox`` reads every frame on a thread of its
 own, as before; ``TPUNB_AGENT_INBOX=thread`` asks for it anywhere.
@@ -29,8 +31,9 @@ from typing import Callable
 
 from .io import Channel, quiet_thread
 
-#: fcntl's F_SETOWN_EX and F_OWNER_TID (Linux): the fd's signals go to one thread, not the process
-F_SETOWN_EX, F_OWNER_TID = 15, 0
+#: fcntl's F_SETOWN_EX with F_OWNER_TID (Linux): the fd's signals go to one thread, not the process;
+#: with F_OWNER_PID 0, to nobody
+F_SETOWN_EX, F_OWNER_TID, F_OWNER_PID = 15, 0, 1
 
 #: dispatch(message, blob) -> True when the frame is a request for the main thread (exec, push, ...)
 Dispatch = Callable[[dict, bytes], bool]
@@ -90,8 +93,8 @@ class SignalledInbox(_Inbox):
         self._lock = threading.Lock()  # held by the SIGIO thread while it reads
         self._in_cell = False
         self._held: collections.deque = collections.deque()  # requests the SIGIO thread read
-        self._flags = fcntl.fcntl(channel.in_fd, fcntl.F_GETFL) & ~os.O_ASYNC
         self._thread: threading.Thread | None = None
+        self._to_thread = self._to_nobody = struct.pack("ii", F_OWNER_PID, 0)
 
     def start(self) -> None:
         """Start the SIGIO thread and point the fd's signals at it; OSError where that is refused."""
@@ -106,7 +109,10 @@ class SignalledInbox(_Inbox):
 
         self._thread = quiet_thread(run, "tpunb-sigio")
         started.wait()
-        fcntl.fcntl(self.channel.in_fd, F_SETOWN_EX, struct.pack("ii", F_OWNER_TID, tid[0]))
+        self._to_thread = struct.pack("ii", F_OWNER_TID, tid[0])
+        fd = self.channel.in_fd
+        fcntl.fcntl(fd, F_SETOWN_EX, self._to_nobody)  # refused where F_SETOWN_EX is not known
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_ASYNC)
 
     def _run(self) -> None:
         while True:
@@ -129,12 +135,12 @@ class SignalledInbox(_Inbox):
 
     def cell_started(self) -> None:
         self._in_cell = True
-        fcntl.fcntl(self.channel.in_fd, fcntl.F_SETFL, self._flags | os.O_ASYNC)
-        if self.channel.has_frames():  # came before O_ASYNC was on: no signal was sent for it
+        fcntl.fcntl(self.channel.in_fd, F_SETOWN_EX, self._to_thread)
+        if self.channel.has_frames():  # came before the signal had an owner: none was sent for it
             signal.pthread_kill(self._thread.ident, signal.SIGIO)
 
     def cell_ended(self) -> None:
-        fcntl.fcntl(self.channel.in_fd, fcntl.F_SETFL, self._flags)
+        fcntl.fcntl(self.channel.in_fd, F_SETOWN_EX, self._to_nobody)
         with self._lock:  # the SIGIO thread is not reading now, and will not until the next cell
             self._in_cell = False
 
