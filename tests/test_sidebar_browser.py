@@ -181,8 +181,9 @@ def page(browser, lab):
     context.close()
 
 
-def _open_sidebar(page, lab: Lab, path: str = "lab") -> None:
-    page.goto(f"{lab.url}/{path}?token={lab.token}")
+def _open_sidebar(page, lab: Lab, path: str = "lab", reset: bool = False) -> None:
+    """``reset``: without the tabs earlier tests left open in the shared server's workspace."""
+    page.goto(f"{lab.url}/{path}?{'reset&' if reset else ''}token={lab.token}")
     page.wait_for_function("() => window.jupyterapp !== undefined")
     page.evaluate("() => window.jupyterapp.restored")  # the saved layout may open the sidebar itself
     tab = page.locator(f'li[data-id="{SIDEBAR[1:]}"]')
@@ -309,12 +310,17 @@ def _launch_form_in_a_new_notebook(page, lab: Lab, name: str):
     """Open an empty notebook with its kernel idle and the sidebar beside it; returns the launch form."""
     (lab.root / name).write_text(json.dumps({"cells": [], "metadata": {"kernelspec": {
         "name": "python3", "display_name": "Python 3", "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}))
-    _open_sidebar(page, lab, f"lab/tree/{name}")
-    page.locator(".jp-Notebook").wait_for()
+    _open_sidebar(page, lab, f"lab/tree/{name}", reset=True)
+    notebook = page.locator(".jp-NotebookPanel:visible .jp-Notebook")
+    notebook.wait_for()
     # A narrow toolbar copies its items into a hidden overflow popup, so there can be two
     # indicators and either may be the one shown: wait until any of them says idle.
     page.wait_for_function("""() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]
         .some(e => e.dataset.status === 'idle')""")
+    # The form launches in the notebook last focused, as a user's click into it makes it: a tab
+    # only restored beside this one must not be it
+    notebook.locator(".jp-Cell").first.click()
+    assert page.locator(".jp-Notebook").count() == 1, "an earlier test's notebook was restored beside this one"
     return page.locator(f"{SIDEBAR} .jp-tpunb-Launch")
 
 
