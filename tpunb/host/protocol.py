@@ -5,8 +5,8 @@ binary blob (pickled values for push/pull, compiled cells). The body is UTF-8 JS
 independent of the Python version on either side, or, between peers that run the same Python
 (every simulated host, most SSH ones), ``marshal``: a cold process decodes and encodes it in a
 fraction of JSON's time, which is most of what a trivial cell costs a host on a 256-host slice.
-The header's top bit tells which; a peer only sends marshal once the other side said it can
-read it (``hello`` and ``init`` carry ``MAGIC``).
+The header's top bit tells which. The agent's ``hello`` carries its ``MAGIC``; the kernel's
+``init`` says whether it matched, and only then do both sides send marshal.
 
 This module is shipped to hosts next to the agent, so it must import only the standard library.
 """
@@ -91,6 +91,7 @@ def read_frame(read_exact) -> tuple[dict, bytes] | None:
     if len(body) < body_len or len(blob) < blob_len:
         raise EOFError("stream ended inside a frame")
     return decode_body(body, fast), blob
+
 
 #: frames cut from a stream: (message, blob) each
 Frames = list[tuple[dict, bytes]]
