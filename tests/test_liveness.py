@@ -200,3 +200,19 @@ def test_the_heartbeat_timeout_comes_from_the_environment(monkeypatch):
     assert Session([], lambda i: {}).heartbeat_timeout == 2.5
     monkeypatch.setenv("TPUNB_HEARTBEAT_TIMEOUT", "0")
     assert Session([], lambda i: {}).heartbeat_timeout == 0
+
+
+def test_a_host_that_died_just_before_the_cell_was_sent_is_reported_not_waited_on(make_slice):
+    """Its reader ended after the cell's revive looked and before the cell's request was waited
+    on: the "died" it routed went to no one. The cell must still say so at once, and stop the
+    other hosts (their collectives would wait on it), rather than wait on it forever."""
+    sl = make_slice(2)
+    victim = sl.session.hosts[1].info["pid"]
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: sl.session.dead_hosts() == [1], 10, "host 1 to be seen dead")
+    started = time.perf_counter()
+    results = sl.session.execute("import time\ntime.sleep(30)", [0, 1], timeout=60)  # no revive: the race's state
+    assert results[1].status == "died" and "SIGKILL" in results[1].detail, vars(results[1])
+    assert results[0].status == "interrupted"  # stopped, its state kept
+    assert time.perf_counter() - started < 15
+    assert sl.run("'again'").reprs == {0: "'again'", 1: "'again'"}  # the next cell restarts host 1

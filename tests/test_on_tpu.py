@@ -188,7 +188,8 @@ def test_shell_escapes_magics_and_stderr_on_hosts(make_slice, cell):
                "%timeit -n 1 -r 1 pass")
     assert "[0] from-shell 0" in run.stdout and "[1] from-shell 1" in run.stdout
     assert "[0-1] warn" in run.stderr
-    assert run.stdout.count("per loop") == 2
+    timed = sorted(line.split("]")[0] + "]" for line in run.stdout.splitlines() if "per loop" in line)
+    assert timed in (["[0]", "[1]"], ["[0-1]"]), run.stdout  # one line each, or one for both if they timed alike
 
 
 def test_matplotlib_figure_from_host_zero_renders_inline(make_slice, cell):

@@ -541,8 +541,12 @@ class Session:
             try:
                 frames = Broadcast({**request, "id": rid})  # encoded once per kind of host, whatever their number
                 for i in indices:
+                    host = self.hosts[i]
+                    if not host.alive:  # it died after the revive looked, its "died" routed before this
+                        pending.add(i)  # request waited: this cell reports it and stops the others
+                        waiter.put((i, {"op": "died", "id": rid, "reason": host.died_reason or "its agent ended"}, b""))
+                        continue
                     try:
-                        host = self.hosts[i]
                         host.send_frame(frames.for_host(host))
                         pending.add(i)
                     except TransportError as exc:
@@ -688,6 +692,9 @@ class Session:
     def _call(self, rid, waiter, indices, message, blob, timeout, replies, ctrl_c: CtrlC) -> None:
         pending = set()
         frames = Broadcast({**message, "id": rid}, blob)  # a pushed value is pickled once
+        for i in indices:  # a host that died before this request waited: its "died" went to no one
+            if not self.hosts[i].alive:
+                raise HostDiedError(f"host {i} died ({self.hosts[i].died_reason or 'its agent ended'})")
         for i in indices:
             self.hosts[i].send_frame(frames.for_host(self.hosts[i]))
             pending.add(i)
