@@ -271,8 +271,11 @@ class HostConnection:
         handshake.put({"op": "died"})
         if process is not self.process:
             return  # an old agent that was replaced or closed on purpose
+        reason = reason or describe_exit(process)
+        if process is not self.process:
+            return
+        self.died_reason = reason  # before it is seen dead: a cell that finds it so tells why
         self.alive = False
-        self.died_reason = reason or describe_exit(process)
         self.router(self.index, {"op": "died", "id": None, "reason": self.died_reason}, b"")
 
     def _stop_reading(self) -> None:
