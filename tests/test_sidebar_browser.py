@@ -306,10 +306,14 @@ def test_a_cloud_slice_shows_its_price_per_hour(lab_home, page):
         sandbox.stop()
 
 
-def _launch_form_in_a_new_notebook(page, lab: Lab, name: str):
-    """Open an empty notebook with its kernel idle and the sidebar beside it; returns the launch form."""
+def _write_notebook(lab: Lab, name: str) -> None:
     (lab.root / name).write_text(json.dumps({"cells": [], "metadata": {"kernelspec": {
         "name": "python3", "display_name": "Python 3", "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}))
+
+
+def _launch_form_in_a_new_notebook(page, lab: Lab, name: str):
+    """Open an empty notebook with its kernel idle and the sidebar beside it; returns the launch form."""
+    _write_notebook(lab, name)
     _open_sidebar(page, lab, f"lab/tree/{name}", reset=True)
     notebook = page.locator(".jp-NotebookPanel:visible .jp-Notebook")
     notebook.wait_for()
@@ -339,6 +343,61 @@ def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, 
     assert record.owner_pid != os.getpid()  # the notebook's kernel owns it
     pids = [h.info["pid"] for h in record.hosts]
     _screenshot(page, tmp_path, "sidebar-launch.png")
+    _delete_from_sidebar(page, "v4-8")
+    assert all(_dead(pid) for pid in pids)
+
+
+def _notebooks(page) -> dict[str, dict]:
+    """Every notebook in the main area: whether it is on screen, and its cells' sources."""
+    return page.evaluate("""() => Object.fromEntries([...window.jupyterapp.shell.widgets('main')]
+        .filter(w => w.content && w.content.model && w.context)
+        .map(w => [w.context.path, {visible: w.isVisible,
+                                    cells: w.content.model.sharedModel.cells.map(c => c.getSource())}]))""")
+
+
+def _launch_v4_8(page, form, tmp_path: Path, shot: str) -> list[int]:
+    """Launch a local v4-8 from the form; wait until the notebook on screen shows it ready."""
+    form.locator("input[name=accelerator]").fill("v4-8")
+    form.locator("select[name=backend]").select_option("local")
+    form.locator("button[type=submit]").click()
+    shown = page.locator(".jp-NotebookPanel:visible .jp-Cell", has_text="%tpu_launch v4-8 --backend local")
+    shown.locator(".jp-OutputArea-output", has_text="ready").wait_for()
+    _screenshot(page, tmp_path, shot)
+    return [h.info["pid"] for h in Registry().get_slice("v4-8").hosts]
+
+
+def test_the_launch_form_runs_in_the_notebook_on_screen_not_a_hidden_tab_last_focused(lab_home, page, tmp_path):
+    """A tab restored with the page can be the notebook last focused while another one is shown."""
+    form = _launch_form_in_a_new_notebook(page, lab_home, "focused.ipynb")  # clicked into: last focused
+    _write_notebook(lab_home, "shown.ipynb")
+    page.evaluate("""async () => {
+        const app = window.jupyterapp;
+        const shown = await app.commands.execute('docmanager:open',
+            {path: 'shown.ipynb', options: {mode: 'tab-after', activate: false}});
+        await shown.context.ready;
+        for (const bar of shown.parent.tabBars()) {  // show its tab without focusing it, as a restore does
+            if (bar.titles.includes(shown.title)) { bar.currentTitle = shown.title; }
+        }
+    }""")
+    page.locator(".jp-NotebookPanel:visible").wait_for()
+    before = _notebooks(page)
+    assert before["shown.ipynb"]["visible"] and not before["focused.ipynb"]["visible"], before
+    pids = _launch_v4_8(page, form, tmp_path, "sidebar-launch-shown.png")
+    after = _notebooks(page)
+    assert after["shown.ipynb"]["cells"][-1] == "%tpu_launch v4-8 --backend local", after
+    assert not any("%tpu_launch" in c for c in after["focused.ipynb"]["cells"]), after
+    _delete_from_sidebar(page, "v4-8")
+    assert all(_dead(pid) for pid in pids)
+
+
+def test_the_launch_form_brings_the_last_focused_notebook_forward_when_none_is_on_screen(lab_home, page, tmp_path):
+    form = _launch_form_in_a_new_notebook(page, lab_home, "behind.ipynb")
+    page.evaluate("() => window.jupyterapp.commands.execute('launcher:create')")  # the notebook's tab goes behind
+    page.locator(".jp-Launcher:visible").wait_for()
+    assert not _notebooks(page)["behind.ipynb"]["visible"]
+    pids = _launch_v4_8(page, form, tmp_path, "sidebar-launch-forward.png")
+    after = _notebooks(page)
+    assert after["behind.ipynb"]["visible"] and after["behind.ipynb"]["cells"][-1] == "%tpu_launch v4-8 --backend local"
     _delete_from_sidebar(page, "v4-8")
     assert all(_dead(pid) for pid in pids)
 

@@ -16,7 +16,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
     tracker: INotebookTracker,
     restorer: ILayoutRestorer | null
   ) => {
-    const panel = new SlicesPanel(tracker);
+    const panel = new SlicesPanel(tracker, shell);
     shell.add(panel, 'left', { rank: 300 });
     restorer?.add(panel, panel.id);
   }

@@ -1,5 +1,6 @@
+import { ILabShell } from '@jupyterlab/application';
 import { showErrorMessage } from '@jupyterlab/apputils';
-import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions, NotebookPanel } from '@jupyterlab/notebook';
 
 import { ICatalog } from './api';
 
@@ -54,15 +55,35 @@ export function launchCommand(options: ILaunchOptions): string {
 }
 
 /**
- * Insert the launch line as a new cell below the active one in the active notebook and run it,
- * so that notebook's kernel owns the slice (the dask-labextension pattern). tpunb's magics are
- * loaded silently first, so the cell holds just the launch line.
+ * The notebook a launch belongs in: the one last focused if it is on screen; else the one the
+ * main area shows (a tab restored with the page can be last focused yet hidden behind it); else
+ * any notebook on screen (a split view); else the one last focused, which is then brought forward.
  */
-export async function launchInNotebook(tracker: INotebookTracker, code: string): Promise<boolean> {
-  const panel = tracker.currentWidget;
+export function targetNotebook(tracker: INotebookTracker, shell: ILabShell): NotebookPanel | null {
+  const focused = tracker.currentWidget;
+  if (focused?.isVisible) {
+    return focused;
+  }
+  const shown = shell.currentWidget;
+  if (shown instanceof NotebookPanel && tracker.has(shown) && shown.isVisible) {
+    return shown;
+  }
+  return tracker.find(panel => panel.isVisible) ?? focused;
+}
+
+/**
+ * Insert the launch line as a new cell below the active one in the notebook the user sees (see
+ * targetNotebook) and run it, so that notebook's kernel owns the slice (the dask-labextension
+ * pattern). tpunb's magics are loaded silently first, so the cell holds just the launch line.
+ */
+export async function launchInNotebook(tracker: INotebookTracker, shell: ILabShell, code: string): Promise<boolean> {
+  const panel = targetNotebook(tracker, shell);
   if (!panel) {
     await showErrorMessage('No notebook', 'Open a notebook first: the slice belongs to the notebook that launches it.');
     return false;
+  }
+  if (!panel.isVisible) {
+    shell.activateById(panel.id); // the launch and its progress are shown, not run in a hidden tab
   }
   await panel.sessionContext.ready;
   const kernel = panel.sessionContext.session?.kernel;

@@ -1,3 +1,4 @@
+import { ILabShell } from '@jupyterlab/application';
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Poll } from '@lumino/polling';
@@ -49,7 +50,10 @@ function formatUsd(value: number | null, suffix = ''): string {
 
 /** The left-sidebar panel: a card per slice, orphans in red, and a launch form. */
 export class SlicesPanel extends Widget {
-  constructor(private tracker: INotebookTracker) {
+  constructor(
+    private tracker: INotebookTracker,
+    private shell: ILabShell
+  ) {
     super();
     this.id = 'tpunb-sidebar';
     this.addClass('jp-tpunb-Sidebar');
@@ -260,7 +264,7 @@ export class SlicesPanel extends Widget {
         formError.textContent = (error as Error).message;
         return;
       }
-      void launchInNotebook(this.tracker, code).then(() => this.poll.refresh());
+      void launchInNotebook(this.tracker, this.shell, code).then(() => this.poll.refresh());
     };
     return form;
   }
