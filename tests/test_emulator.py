@@ -251,10 +251,13 @@ def test_preempt_now_and_after(api, tpu_emulator):
 
 def test_preempt_after_fault_preempts_spot_nodes_only(api, tpu_emulator):
     tpu_emulator.faults(preempt_after=0.05)
+    api.create_node(parent=PARENT, node_id="steady", node=node())
+    states_until(lambda: api.get_node(name=f"{PARENT}/nodes/steady").state.name, {"READY"})
+    # the spot node is READY after the steady one: by the time it is preempted, a preemption due to
+    # the steady node (had the fault hit every node) would have come first
     api.create_node(
         parent=PARENT, node_id="spot", node=node(scheduling_config=tpu_v2.SchedulingConfig(spot=True))
     )
-    api.create_node(parent=PARENT, node_id="steady", node=node())
     states_until(lambda: api.get_node(name=f"{PARENT}/nodes/spot").state.name, {"PREEMPTED"})
     assert api.get_node(name=f"{PARENT}/nodes/steady").state == tpu_v2.Node.State.READY
 
