@@ -122,6 +122,18 @@ def wait_for_files(directory: Path, names: list[str], timeout: float = 60.0) -> 
 
 
 @pytest.fixture
+def patient_grouping(monkeypatch):
+    """Grouped output waits for every running host's line (not 0.25 s), so a test that asserts
+    exactly how lines group does not depend on how far apart a loaded machine ran the hosts.
+    The 0.25 s bound itself is tested in test_display.py."""
+    import functools
+
+    from tpunb import display, slice as slice_module
+
+    monkeypatch.setattr(slice_module, "CellOutput", functools.partial(display.CellOutput, max_wait=60.0))
+
+
+@pytest.fixture
 def flags(tmp_path):
     """A directory where host code drops marker files the test waits on."""
     d = tmp_path / "flags"

@@ -68,6 +68,7 @@ def test_processes_a_cell_started_end_when_its_agent_is_killed(make_slice, cell)
     os.kill(agent, signal.SIGKILL)
     wait_for(lambda: not any(running(pid) for pid in children), 10, "the cell's processes to end with their agent")
     wait_for(lambda: not running(guard), 10, "the watchdog to end")
+    wait_for(lambda: sl.session.dead_hosts() == [0], 10, "the kernel to see host 0 die")
     assert "Out[0-1]: 1" in cell("%%on_tpu\n1").shown
 
 

@@ -40,6 +40,7 @@ def launch(cell, sshd):
 
 
 def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
+    cloud.timings(create_seconds=1.0)  # CREATING lasts long enough for a loaded machine's launch to see it
     run = launch("--name pod")
     assert run.error is None, run.shown
     assert "(backend gcp)" in run.stdout and "proj/us-central2-b" in run.stdout

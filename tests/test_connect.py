@@ -103,7 +103,7 @@ def test_unreachable_host_fails_within_the_connect_timeout(cell, sshd, ssh_key):
     assert "Traceback" not in run.shown
 
 
-def test_tpu_run_streams_labels_and_fails_if_any_host_fails(connect, cell, sshd):
+def test_tpu_run_streams_labels_and_fails_if_any_host_fails(patient_grouping, connect, cell, sshd):
     connect(sshd.addresses[:2])
     ok = cell("%tpu_run echo hello from $TPUNB_HOST_INDEX")
     assert ok.error is None and "[0] hello from 0" in ok.stdout and "[1] hello from 1" in ok.stdout
@@ -165,7 +165,7 @@ def test_use_reconnects_an_ssh_slice_after_a_kernel_restart(connect, cell, sshd)
     assert "deleted remote" in cell("%tpu_down remote").stdout
 
 
-def test_hosts_you_bring_can_be_a_multislice(connect, cell, sshd):
+def test_hosts_you_bring_can_be_a_multislice(patient_grouping, connect, cell, sshd):
     run = connect(sshd.addresses[:4], "--name pair --slices 2")
     assert run.error is None, run.shown
     env = cell("%%on_tpu\nimport os\nprint(os.environ['MEGASCALE_SLICE_ID'], os.environ['MEGASCALE_NUM_SLICES'], "

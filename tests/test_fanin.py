@@ -23,12 +23,15 @@ FRAMES = [({"op": "stream", "id": 1, "name": "stdout", "text": "héllo\n" * n}, 
 #: a cell in which host 1 writes the first part of a 1 MB frame on its frame channel, then ``{after}``;
 #: the other hosts print a line and finish
 HALF_A_FRAME = """%%on_tpu
-import gc, os, signal, struct
+import gc, os, signal, struct, time
 if os.environ["TPUNB_HOST_INDEX"] == "1":
+    while not all(os.path.exists(f"{flags}/{{h}}") for h in (0, 2, 3)):  # the others printed first
+        time.sleep(0.01)
     channel = next(o for o in gc.get_objects() if type(o).__name__ == "Channel" and hasattr(o, "out_fd"))
     os.write(channel.out_fd, struct.pack("!II", 1 << 20, 0) + b"{{" * 1000)
     {after}
-print("fine")
+print("fine", flush=True)
+open(f"{flags}/" + os.environ["TPUNB_HOST_INDEX"], "w").close()
 """
 
 
@@ -92,10 +95,10 @@ def test_local_hosts_share_one_reader_thread(make_slice, cell):
     assert new == [sl.session.fanin._thread]  # no thread of its own for any host
 
 
-def test_host_dying_inside_a_frame_fails_the_cell_and_others_are_read(make_slice, cell):
+def test_host_dying_inside_a_frame_fails_the_cell_and_others_are_read(patient_grouping, make_slice, cell, flags):
     make_slice(4)
     cell("%%on_tpu\nkept = 1")
-    run = cell(HALF_A_FRAME.format(after="os._exit(1)"))
+    run = cell(HALF_A_FRAME.format(after="os._exit(1)", flags=flags))
     assert isinstance(run.error, HostDiedError), run.shown
     assert "host 1 died" in str(run.error) and "stream ended inside a frame" in str(run.error)
     assert "[0,2-3] fine" in run.shown
@@ -103,11 +106,11 @@ def test_host_dying_inside_a_frame_fails_the_cell_and_others_are_read(make_slice
     assert "Out[0,2-3]: True" in after.shown and "Out[1]: False" in after.shown
 
 
-def test_host_freezing_inside_a_frame_is_given_up_while_others_run(make_slice, cell):
+def test_host_freezing_inside_a_frame_is_given_up_while_others_run(patient_grouping, make_slice, cell, flags):
     sl = make_slice(4)
     sl.heartbeat_timeout = 1.5
     started = time.perf_counter()
-    run = cell(HALF_A_FRAME.format(after="os.kill(os.getpid(), signal.SIGSTOP)"))
+    run = cell(HALF_A_FRAME.format(after="os.kill(os.getpid(), signal.SIGSTOP)", flags=flags))
     assert isinstance(run.error, HostDiedError), run.shown
     assert "host 1 stopped answering" in str(run.error)
     assert time.perf_counter() - started < 1.5 + 5

@@ -4,7 +4,7 @@ from __future__ import annotations
 from tests.conftest import wait_for
 
 
-def test_first_cell_sees_the_whole_slice_and_computes_across_hosts(make_slice, cell):
+def test_first_cell_sees_the_whole_slice_and_computes_across_hosts(patient_grouping, make_slice, cell):
     make_slice(2)
     devices = cell("%%on_tpu\nimport jax\nprint(jax.device_count(), jax.local_device_count(), jax.process_count())\n"
                    "jax.process_index()")

@@ -25,7 +25,7 @@ def test_state_persists_across_cells(make_slice, cell):
     assert "Out[0]: 1" in second.shown and "Out[1]: 11" in second.shown
 
 
-def test_identical_output_and_values_are_grouped(make_slice, cell):
+def test_identical_output_and_values_are_grouped(patient_grouping, make_slice, cell):
     make_slice(4)
     run = cell("%%on_tpu\nfor i in range(3):\n    print('step', i)\n21 * 2")
     assert run.error is None
@@ -87,7 +87,7 @@ def test_interrupt_during_sleep_stops_every_host_and_keeps_state(make_slice, cel
     stopped = time.perf_counter()
     assert isinstance(run.error, CellInterrupted)
     assert "interrupted on hosts 0-3" in str(run.error)
-    assert stopped - sent["at"] < 1.0
+    assert stopped - sent["at"] < 3.0  # before escalation (interrupt_grace) would kill them
     assert [r.status for r in run.error.results.values()] == ["interrupted"] * 4
     after = cell("%%on_tpu\nkept")
     assert "Out[0-3]: 'still here'" in after.shown
@@ -128,7 +128,7 @@ def test_killed_host_fails_cell_fast_and_restarts_with_lost_state(make_slice, ce
 
 def test_host_ignoring_interrupt_is_escalated_and_reported(make_slice, cell, flags):
     sl = make_slice(2)
-    sl.session.interrupt_grace = 0.5
+    sl.session.interrupt_grace = 2.0  # room for host 0's interrupt round trip on a loaded machine
     cell("%%on_tpu\nkept = 1")
     interrupt_kernel_when(lambda: len(list(flags.iterdir())) == 2)
     run = cell(f"%%on_tpu\nimport os, signal, time\nh = os.environ['TPUNB_HOST_INDEX']\n"
@@ -158,7 +158,7 @@ def test_output_modes(make_slice, cell):
     assert "[0] host 0" in first and "host 1" not in first
 
 
-def test_long_output_is_capped_and_logged(make_slice, cell, isolated_home):
+def test_long_output_is_capped_and_logged(patient_grouping, make_slice, cell, isolated_home):
     sl = make_slice(2)
     run = cell("%%on_tpu\nimport os\nfor i in range(5000):\n    print(os.environ['TPUNB_HOST_INDEX'], i)")
     assert run.error is None
@@ -182,7 +182,7 @@ def test_rich_display_from_host_zero(make_slice, cell):
     assert [o.data["text/html"] for o in every.outputs if "text/html" in o.data] == ["<i>0</i>", "<i>1</i>"]
 
 
-def test_shell_escapes_magics_and_stderr_on_hosts(make_slice, cell):
+def test_shell_escapes_magics_and_stderr_on_hosts(patient_grouping, make_slice, cell):
     make_slice(2)
     run = cell("%%on_tpu\n!echo from-shell $TPUNB_HOST_INDEX\nimport sys\nprint('warn', file=sys.stderr)\n"
                "%timeit -n 1 -r 1 pass")

@@ -144,7 +144,7 @@ def _log_lines(sl, host: int) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
-def test_a_million_lines_per_host_reach_the_logs_with_the_kernel_bounded(cell, isolated_home):
+def test_a_million_lines_per_host_reach_the_logs_with_the_kernel_bounded(patient_grouping, cell, isolated_home):
     sl = slices.launch("v4-16")
     kernel = psutil.Process()
     before = kernel.memory_info().rss
@@ -162,7 +162,7 @@ def test_a_million_lines_per_host_reach_the_logs_with_the_kernel_bounded(cell, i
     assert grew < 100e6, f"the kernel grew by {grew / 1e6:.0f} MB"  # 2 x 27 MB went through it
 
 
-def test_tqdm_on_hosts_is_one_updating_line_per_host(make_slice, cell):
+def test_tqdm_on_hosts_is_one_updating_line_per_host(patient_grouping, make_slice, cell):
     sl = make_slice(2)
     run = cell("%%on_tpu\nimport sys, time\nfrom tqdm import tqdm\nprint('start')\n"
                "for _ in tqdm(range(20), file=sys.stdout, mininterval=0, ncols=60):\n    time.sleep(0.05)\nprint('end')")
@@ -199,7 +199,7 @@ def test_a_huge_value_is_capped_on_the_host_and_the_hosts_live_on(make_slice, ce
     assert after.error is None and "Out[0-1]: 8" in after.shown  # same processes, state kept
 
 
-def test_a_huge_display_or_error_does_not_break_the_stream(make_slice, cell):
+def test_a_huge_display_or_error_does_not_break_the_stream(patient_grouping, make_slice, cell):
     make_slice(2)
     run = cell("%%on_tpu\nfrom IPython.display import HTML, display\n"
                "display({'text/plain': 'z' * 50_000_000}, raw=True)\n"

@@ -31,7 +31,7 @@ def train_step_calls(profile: Profile) -> dict:
     return events[events["name"] == "PjitFunction(train_step)"].groupby("host").size().to_dict()
 
 
-def test_profiled_cell_on_every_host_files_parse_again_and_errors_stop_the_profiler(make_slice, cell):
+def test_profiled_cell_on_every_host_files_parse_again_and_errors_stop_the_profiler(patient_grouping, make_slice, cell):
     sl = make_slice(2)
     assert cell("%%on_tpu\n" + TRAIN).error is None
     run = cell("%%tpu_profile --name five\nfor _ in range(5):\n    train_step(x).block_until_ready()\nprint('trained')")

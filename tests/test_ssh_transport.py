@@ -127,7 +127,7 @@ def test_silent_host_fails_within_the_connect_timeout(ssh_key):
         started = time.perf_counter()
         with pytest.raises(TransportError) as info:
             SSHTransport("127.0.0.9", port, key_path=ssh_key, connect_timeout=1)
-        assert time.perf_counter() - started < 1.5
+        assert time.perf_counter() - started < 5  # the 1 s timeout, not the 10 s default
     assert f"127.0.0.9:{port}" in str(info.value)
 
 

@@ -2,9 +2,18 @@
 updated in place in a notebook, plain text in a terminal, nothing at all for fast cells."""
 from __future__ import annotations
 
+import re
+
 from tpunb.display import HostsProgress
 from tests.test_display import Clock
 from tests.test_kernel import execute, kernel  # noqa: F401 - the real-kernel fixture
+
+
+def straggler_seconds(line: str) -> float:
+    """How long the first progress line says host 1 has been running (first shown after 1 s)."""
+    found = re.search(r"host 1 running (\d+\.\d) s", line)
+    assert found, line
+    return float(found.group(1))
 
 
 def test_the_line_names_done_and_running_hosts_once_the_first_was_done_a_second():
@@ -45,7 +54,7 @@ def test_a_straggler_is_shown_as_plain_text_in_a_terminal_shell(make_slice, cell
     run = cell("%%on_tpu\nimport os, time\nif os.environ['TPUNB_HOST_INDEX'] == '1':\n    time.sleep(2.5)\n'done'")
     assert run.error is None, run.shown
     lines = [line for line in run.stdout.splitlines() if line.startswith("[tpunb] host 0 done")]
-    assert lines and "host 1 running 1." in lines[0], run.stdout
+    assert lines and 1.0 <= straggler_seconds(lines[0]) < 2.5, run.stdout
     fast = cell("%%on_tpu\n'quick'")
     assert "[tpunb]" not in fast.shown
 
@@ -60,7 +69,7 @@ def test_a_straggler_line_updates_in_place_in_a_notebook(kernel):  # noqa: F811 
     texts = [o.get("data", {}).get("text/plain", "") for o in outputs]
     shown = [o for o, text in zip(outputs, texts) if text.startswith("[tpunb] host")]
     assert shown[0]["data"]["text/plain"].startswith("[tpunb] host 0 done (0.")
-    assert "host 1 running 1." in shown[0]["data"]["text/plain"]
+    assert 1.0 <= straggler_seconds(shown[0]["data"]["text/plain"]) < 3.0
     display_id = shown[0]["transient"]["display_id"]
     updates = [o for o in shown[1:] if o.get("transient", {}).get("display_id") == display_id]
     assert updates, "the line is updated in place, not printed again"

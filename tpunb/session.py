@@ -301,10 +301,10 @@ class HostConnection:
             process, self.process = self.process, None
             if process is None:
                 return False
-            self.alive = False
-            self.died_reason = reason
+            self.died_reason = reason  # before it is seen dead: whoever sees that can tell why
             if notice:
                 self.notice = reason
+            self.alive = False
             self._stop_reading()
         process.abandon(self.info.get("pgid"))
         return True

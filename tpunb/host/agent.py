@@ -225,7 +225,7 @@ class Agent:
     def _as_user_code(self, message: dict, work, after=None) -> None:
         """Run ``work()`` as the request ``message`` names: interruptible, its output tagged with the
         request, then one ``done`` frame carrying what ``work`` returned (or 'interrupted')."""
-        if self.flusher.flush():  # what background threads printed since the last cell: not this cell's
+        if self.flusher.flush_before_cell():  # what background threads printed since the last cell: not this cell's
             self.pump.drain()
         self.current = self.pump.cell_id = message["id"]
         started = time.perf_counter()

@@ -119,6 +119,8 @@ class _FdWriter(io.RawIOBase):
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.wrote = False
+        #: written since the last cell started (by any thread): the pump may not have read it yet
+        self.since_cell = False
 
     def writable(self) -> bool:
         return True
@@ -127,7 +129,7 @@ class _FdWriter(io.RawIOBase):
         return self.fd
 
     def write(self, data) -> int:
-        self.wrote = True
+        self.wrote = self.since_cell = True
         return os.write(self.fd, data)
 
 
@@ -173,6 +175,17 @@ class Flusher:
             except Exception:
                 pass
             wrote = wrote or raw.wrote
+        return wrote
+
+    def flush_before_cell(self) -> bool:
+        """Flush every stream; whether anything reached fds 1 and 2 since the last cell started,
+        by this flush or the thread's (which ``flush`` alone would not tell): the pump must read
+        it before the next cell's output begins, or it is tagged as that cell's."""
+        self.flush()
+        wrote = False
+        for raw in self.raws:
+            wrote = wrote or raw.since_cell
+            raw.since_cell = False
         return wrote
 
     def _run(self) -> None:
