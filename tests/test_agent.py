@@ -172,10 +172,12 @@ def test_print_in_a_long_cell_streams_while_it_runs_every_cell_and_between_cells
             gate = tmp_path / f"gate{n}"
             result = session.execute(wait.format(gate=str(gate)), [0], sink=_Gate(gate))[0]
             assert result.stdout == "waiting\ngate True\n", result.stdout
-        gate = tmp_path / "background"
-        session.execute("import threading, time\n"
-                        "threading.Thread(target=lambda: (time.sleep(0.2), print('waiting'))).start()", [0])
-        result = session.execute(wait.format(gate=str(gate)).replace("print('waiting')\n", ""), [0],
+        gate, started = tmp_path / "background", tmp_path / "started"
+        session.execute("import os, threading, time\n"  # a background thread prints once the next cell runs
+                        f"def later():\n    while not os.path.exists({str(started)!r}):\n        time.sleep(0.01)\n"
+                        "    print('waiting')\nthreading.Thread(target=later).start()", [0])
+        result = session.execute(f"open({str(started)!r}, 'w').close()\n"
+                                 + wait.format(gate=str(gate)).replace("print('waiting')\n", ""), [0],
                                  sink=_Gate(gate))[0]
         assert result.stdout.endswith("gate True\n"), result.stdout
     finally:

@@ -80,7 +80,7 @@ def test_module_runs_as_subprocess_with_fault_flags():
 
 
 def test_node_create_get_list_delete_with_real_shapes(api, tpu_emulator):
-    tpu_emulator.timings(create_seconds=0.3, delete_seconds=0.3)  # seen CREATING/DELETING even when busy
+    tpu_emulator.timings(create_seconds=1.0, delete_seconds=1.0)  # seen CREATING/DELETING even when busy
     op = api.create_node(
         parent=PARENT,
         node_id="n1",
@@ -119,7 +119,7 @@ def test_list_pages(api):
 
 
 def test_queued_resource_state_path_and_force_delete(api, tpu_emulator):
-    tpu_emulator.timings(queue_seconds=0.2, create_seconds=0.2)
+    tpu_emulator.timings(queue_seconds=0.6, create_seconds=0.6)  # each state seen even when busy
     op = api.create_queued_resource(parent=PARENT, queued_resource_id="q1", queued_resource=queued("q1"))
     assert op.result(timeout=10, polling=POLL).name == f"{PARENT}/queuedResources/q1"
     seen = states_until(
@@ -243,7 +243,7 @@ def test_preempt_now_and_after(api, tpu_emulator):
         ).result(timeout=10, polling=POLL)
     tpu_emulator.preempt("now")
     assert api.get_node(name=f"{PARENT}/nodes/now").state == tpu_v2.Node.State.PREEMPTED
-    tpu_emulator.preempt(f"{PARENT}/nodes/later", after=0.5, state="TERMINATED")
+    tpu_emulator.preempt(f"{PARENT}/nodes/later", after=1.0, state="TERMINATED")
     assert api.get_node(name=f"{PARENT}/nodes/later").state == tpu_v2.Node.State.READY
     seen = states_until(lambda: api.get_node(name=f"{PARENT}/nodes/later").state.name, {"TERMINATED"})
     assert seen == ["READY", "TERMINATED"]

@@ -46,7 +46,7 @@ def leftovers(emulator) -> tuple[list, list]:
 
 
 def test_create_get_list_delete(tpu_emulator):
-    tpu_emulator.timings(create_seconds=0.3)  # long enough to be seen CREATING on a busy machine
+    tpu_emulator.timings(create_seconds=1.0)  # long enough to be seen CREATING on a busy machine
     seen, on_state = recorder()
     info = gcp.create(
         spec(
@@ -99,7 +99,7 @@ def test_internal_ip_and_options_reach_the_api(tpu_emulator):
 
 
 def test_queued_create_walks_the_queue_states(tpu_emulator):
-    tpu_emulator.timings(queue_seconds=0.3, create_seconds=0.3)
+    tpu_emulator.timings(queue_seconds=1.0, create_seconds=1.0)  # each state seen even when busy
     seen, on_state = recorder()
     info = gcp.create(spec("q1", queued=True), on_state=on_state)
     assert seen == ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]

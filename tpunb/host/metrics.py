@@ -210,18 +210,24 @@ class Sampler:
         self._wake = threading.Event()
         self._stopped = False
         self._sent_logged = 0
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        quiet_thread(self._run, "tpunb-metrics")
+        self._thread = quiet_thread(self._run, "tpunb-metrics")
 
     def set_interval(self, seconds: float) -> None:
         self.interval = max(0.05, float(seconds))
         self._wake.set()
 
     def stop(self) -> None:
+        """Stop sampling; a sample being taken is sent before this returns, so once the kernel
+        hears back from this host no more samples follow."""
         self._stopped = True
         self._wake.set()
         self.libtpu.close()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
 
     def _run(self) -> None:
         while not self._stopped:
