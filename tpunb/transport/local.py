@@ -44,8 +44,9 @@ class LocalAgentProcess(AgentProcess):
         threading.Thread(target=self._drain_stderr, daemon=True, name=f"tpunb-stderr-{self.pid}").start()
 
     def _drain_stderr(self) -> None:
-        for line in iter(self._proc.stderr.readline, b""):
-            self._stderr_lines.append(line.decode(errors="replace").rstrip("\n"))
+        with self._proc.stderr:  # closed at its end, not left to the garbage collector (one fd a host)
+            for line in iter(self._proc.stderr.readline, b""):
+                self._stderr_lines.append(line.decode(errors="replace").rstrip("\n"))
 
     def send(self, data: bytes) -> None:
         try:
