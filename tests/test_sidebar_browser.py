@@ -321,8 +321,8 @@ def _launch_form_in_a_new_notebook(page, lab: Lab, name: str):
     # indicators and either may be the one shown: wait until any of them says idle.
     page.wait_for_function("""() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]
         .some(e => e.dataset.status === 'idle')""")
-    # The form launches in the notebook last focused, as a user's click into it makes it: a tab
-    # only restored beside this one must not be it
+    # Clicked into, as a user would: this notebook is both on screen and last focused, so every
+    # rule of the form's targetNotebook picks it (the tests below take those rules apart)
     notebook.locator(".jp-Cell").first.click()
     assert page.locator(".jp-Notebook").count() == 1, "an earlier test's notebook was restored beside this one"
     return page.locator(f"{SIDEBAR} .jp-tpunb-Launch")
