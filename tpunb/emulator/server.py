@@ -28,7 +28,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
 from tpunb.emulator.admin import AdminClient
@@ -100,6 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query.replace(";", "&")).items()}
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        self._request = (self.command, url.path, query, raw)
         try:
             body = json.loads(raw) if raw.strip() else {}
             for method, pattern, action in _ROUTES:
@@ -121,6 +122,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, payload: Any) -> None:
         data = json.dumps(payload).encode()
+        exchanges = self.server.exchanges
+        method, path, query, raw = self._request
+        if exchanges is not None and path.startswith("/v2/"):
+            exchanges.append(Exchange(method, path, query, raw, code, data))
         self.send_response(code)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
@@ -132,6 +137,17 @@ class _Handler(BaseHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+class Exchange(NamedTuple):
+    """One API call as it crossed the wire: what tests check against Google's own messages."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    request: bytes
+    status: int
+    response: bytes
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -140,6 +156,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.emulator = emulator
         self.verbose = verbose
+        self.exchanges: list[Exchange] | None = None  # set by EmulatorHandle.record()
 
     def handle_error(self, request, client_address) -> None:
         """A client that hung up mid-answer (an interrupted launch) is normal, not worth a traceback."""
@@ -157,6 +174,11 @@ class EmulatorHandle(AdminClient):
         self._server = server
         self._thread = thread
         self.emulator = server.emulator
+
+    def record(self) -> list[Exchange]:
+        """Keep every /v2/ request and its answer, raw, in the returned list (appended as served)."""
+        self._server.exchanges = []
+        return self._server.exchanges
 
     def stop(self) -> None:
         """Stop serving, stop the clock and remove the keys this emulator installed."""

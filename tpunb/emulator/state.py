@@ -660,7 +660,7 @@ def _in_location(table: dict[str, Any], project: str, zone: str) -> list[Any]:
 def _page(items: list[dict], key: str, page_size: int, page_token: str) -> dict:
     start = int(page_token or 0)
     end = start + page_size if page_size > 0 else len(items)
-    out: dict[str, Any] = {key: items[start:end]}
+    out: dict[str, Any] = {key: items[start:end]} if items[start:end] else {}  # no empty list, as the real API
     if end < len(items):
         out["nextPageToken"] = str(end)
     return out

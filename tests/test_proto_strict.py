@@ -1,0 +1,261 @@
+"""The emulator and tpunb checked against Google's own definitions, not only our reading of them.
+
+Every request tpunb sends (through the real google-cloud-tpu client) and every answer the
+emulator gives is recorded as it crossed the wire, then parsed strictly into the tpu_v2 protobuf
+message the REST mapping names for it: unknown fields fail, enum numbers must be defined, Any
+payloads must be the type that method returns, and re-serialising the parsed message must give
+the same JSON back (so no default values or field spellings the real API would not send).
+Errors are checked against the HTTP error shape and google.rpc.Code's HTTP mapping.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+
+import pytest
+from google.cloud import tpu_v2
+from google.longrunning import operations_pb2
+from google.protobuf import descriptor_pool, json_format, message_factory, timestamp_pb2
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from google.rpc import code_pb2, error_details_pb2, status_pb2  # noqa: F401 (registers the detail types)
+
+from tpunb.emulator.server import Exchange
+from tpunb.errors import ProvisionError
+from tpunb.provision.gcp import api as gcp
+
+P, Z = "proj", "us-central2-b"
+TYPE = "type.googleapis.com/"
+NODE, QR, EMPTY = "google.cloud.tpu.v2.Node", "google.cloud.tpu.v2.QueuedResource", "google.protobuf.Empty"
+
+# (method, path after /v2/projects/P/locations/Z, request message (query and body), response message)
+_LOC = r"^/v2/projects/[^/]+/locations/[^/]+"
+ROUTES: list[tuple[str, re.Pattern, type, type | None, type]] = [
+    ("POST", re.compile(_LOC + r"/nodes$"), tpu_v2.CreateNodeRequest, tpu_v2.Node, operations_pb2.Operation),
+    ("GET", re.compile(_LOC + r"/nodes$"), tpu_v2.ListNodesRequest, None, tpu_v2.ListNodesResponse),
+    ("GET", re.compile(_LOC + r"/nodes/[^/:]+$"), tpu_v2.GetNodeRequest, None, tpu_v2.Node),
+    ("DELETE", re.compile(_LOC + r"/nodes/[^/:]+$"), tpu_v2.DeleteNodeRequest, None, operations_pb2.Operation),
+    ("POST", re.compile(_LOC + r"/queuedResources$"), tpu_v2.CreateQueuedResourceRequest, tpu_v2.QueuedResource,
+     operations_pb2.Operation),
+    ("GET", re.compile(_LOC + r"/queuedResources$"), tpu_v2.ListQueuedResourcesRequest, None,
+     tpu_v2.ListQueuedResourcesResponse),
+    ("GET", re.compile(_LOC + r"/queuedResources/[^/:]+$"), tpu_v2.GetQueuedResourceRequest, None,
+     tpu_v2.QueuedResource),
+    ("DELETE", re.compile(_LOC + r"/queuedResources/[^/:]+$"), tpu_v2.DeleteQueuedResourceRequest, None,
+     operations_pb2.Operation),
+    ("GET", re.compile(_LOC + r"/operations/[^/:]+$"), operations_pb2.GetOperationRequest, None,
+     operations_pb2.Operation),
+    ("GET", re.compile(_LOC + r"/acceleratorTypes$"), tpu_v2.ListAcceleratorTypesRequest, None,
+     tpu_v2.ListAcceleratorTypesResponse),
+    ("GET", re.compile(_LOC + r"/acceleratorTypes/[^/:]+$"), tpu_v2.GetAcceleratorTypeRequest, None,
+     tpu_v2.AcceleratorType),
+    ("GET", re.compile(_LOC + r"/runtimeVersions$"), tpu_v2.ListRuntimeVersionsRequest, None,
+     tpu_v2.ListRuntimeVersionsResponse),
+    ("GET", re.compile(_LOC + r"/runtimeVersions/[^/:]+$"), tpu_v2.GetRuntimeVersionRequest, None,
+     tpu_v2.RuntimeVersion),
+]
+# google/rpc/code.proto: each canonical code's HTTP status
+HTTP_OF_CODE = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "OUT_OF_RANGE": 400, "UNAUTHENTICATED": 401,
+                "PERMISSION_DENIED": 403, "NOT_FOUND": 404, "ABORTED": 409, "ALREADY_EXISTS": 409,
+                "RESOURCE_EXHAUSTED": 429, "CANCELLED": 499, "UNKNOWN": 500, "INTERNAL": 500, "DATA_LOSS": 500,
+                "UNIMPLEMENTED": 501, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
+# which Any a finished operation may carry, by the verb in its metadata and what it targets
+OP_RESPONSES = {("create", "nodes"): NODE, ("create", "queuedResources"): QR,
+                ("delete", "nodes"): EMPTY, ("delete", "queuedResources"): EMPTY}
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
+
+
+def _pb(message_type: type) -> Message:
+    """An empty protobuf message of ``message_type`` (proto-plus or plain protobuf class)."""
+    return message_type.pb()() if hasattr(message_type, "pb") else message_type()
+
+
+def _strict(raw: bytes | str | dict, message_type: type, what: str) -> Message:
+    """Parse JSON into ``message_type``: unknown fields and unknown enum names fail; then every
+    enum number must be defined and the JSON must survive a round trip unchanged."""
+    data = json.loads(raw) if isinstance(raw, (bytes, str)) else raw
+    message = _pb(message_type)
+    try:
+        json_format.ParseDict(data, message, ignore_unknown_fields=False)
+    except json_format.ParseError as e:
+        pytest.fail(f"{what}: not a valid {message.DESCRIPTOR.full_name}: {e}")
+    _check_enums(message, what)
+    again = json_format.MessageToDict(message)
+    assert again == _normalised(data), f"{what}: differs from its {message.DESCRIPTOR.full_name} round trip"
+    return message
+
+
+def _normalised(data: object) -> object:
+    """``data`` with every timestamp in protobuf's canonical spelling (same instant, digits may differ)."""
+    if isinstance(data, dict):
+        return {k: _normalised(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_normalised(v) for v in data]
+    if isinstance(data, str) and RFC3339.match(data):
+        stamp = timestamp_pb2.Timestamp()
+        stamp.FromJsonString(data)
+        return stamp.ToJsonString()
+    return data
+
+
+def _unpack(any_message: Message) -> Message:
+    name = any_message.type_url.split("/", 1)[1]
+    descriptor = descriptor_pool.Default().FindMessageTypeByName(name)
+    inner = message_factory.GetMessageClass(descriptor)()
+    assert any_message.Unpack(inner)
+    return inner
+
+
+def _check_enums(message: Message, what: str) -> None:
+    """Proto3 enums are open: json_format accepts any number. The real API only sends defined ones."""
+    for field, value in message.ListFields():
+        values: list = list(value) if field.is_repeated else [value]
+        target = field
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            target = field.message_type.fields_by_name["value"]
+            values = list(value.values())
+        if target.type == FieldDescriptor.TYPE_ENUM:
+            for v in values:
+                assert v in target.enum_type.values_by_number, f"{what}: {field.full_name} = {v} is not defined"
+        elif target.type == FieldDescriptor.TYPE_MESSAGE:
+            for v in values:
+                inner = _unpack(v) if v.DESCRIPTOR.full_name == "google.protobuf.Any" else v
+                _check_enums(inner, what)
+
+
+def _route(exchange: Exchange) -> tuple[type, type | None, type]:
+    for method, pattern, request, body, response in ROUTES:
+        if method == exchange.method and pattern.match(exchange.path):
+            return request, body, response
+    pytest.fail(f"{exchange.method} {exchange.path}: not a tpu_v2 REST method")
+
+
+def check(exchange: Exchange) -> None:
+    """One recorded call against the tpu_v2 definitions: query, body and answer."""
+    what = f"{exchange.method} {exchange.path}"
+    request_type, body_type, response_type = _route(exchange)
+    json_names = {f.json_name for f in _pb(request_type).DESCRIPTOR.fields}
+    for key in exchange.query:
+        assert key in ("$alt", "enum-encoding") or key in json_names, f"{what}: query parameter {key} is not a request field"
+    if body_type is None:
+        assert not exchange.request, f"{what}: has a body"
+    else:
+        message = _pb(body_type)
+        json_format.Parse(exchange.request, message, ignore_unknown_fields=False)
+        _check_enums(message, f"{what} request")
+    if exchange.status != 200:
+        check_error(json.loads(exchange.response), exchange.status, what)
+        return
+    answer = _strict(exchange.response, response_type, what)
+    if response_type is operations_pb2.Operation:
+        check_operation(answer, what)
+
+
+def check_operation(op: operations_pb2.Operation, what: str) -> None:
+    """An Operation carries OperationMetadata, and when done exactly one of error or the right response."""
+    metadata = _unpack(op.metadata)
+    assert metadata.DESCRIPTOR.full_name == "google.cloud.tpu.v2.OperationMetadata", what
+    assert re.match(r"^projects/[^/]+/locations/[^/]+/operations/[^/]+$", op.name), what
+    kind = metadata.target.split("/")[-2]
+    if op.HasField("response"):
+        assert op.done and op.response.type_url == TYPE + OP_RESPONSES[(metadata.verb, kind)], what
+    if op.HasField("error"):
+        assert op.done and op.error.code in code_pb2.Code.values() and op.error.code != 0, what
+
+
+def check_error(body: dict, http: int, what: str) -> None:
+    """{"error": {code: HTTP status, message, status: google.rpc.Code name, details: [Any]}}."""
+    assert set(body) == {"error"}, what
+    error = dict(body["error"])
+    assert set(error) <= {"code", "message", "status", "details"}, f"{what}: error has {sorted(error)}"
+    status = error.pop("status")
+    assert error["code"] == http == HTTP_OF_CODE[status], f"{what}: HTTP {http} with status {status}"
+    _strict({**error, "code": code_pb2.Code.Value(status)}, status_pb2.Status, f"{what} error")
+
+
+@pytest.fixture
+def wire(tpu_emulator) -> Iterator[list[Exchange]]:
+    """The calls a test makes, each checked against tpu_v2 when it ends (none is missed)."""
+    exchanges = tpu_emulator.record()
+    yield exchanges
+    assert exchanges, "no API call was recorded"
+    for exchange in list(exchanges):
+        check(exchange)
+
+
+def spec(name: str, accelerator: str = "v4-8", **kw) -> gcp.NodeSpec:
+    return gcp.NodeSpec(name=name, accelerator=accelerator, project=P, zone=kw.pop("zone", Z), **kw)
+
+
+def seen(exchanges: list[Exchange]) -> set[tuple[str, str]]:
+    """(method, last resource kind) of each call, to show what a test covered."""
+    out = set()
+    for e in exchanges:
+        parts = e.path.split("/")
+        out.add((e.method, parts[-1] if parts[-1] in ("nodes", "queuedResources") else parts[-2]))
+    return out
+
+
+def test_node_create_get_list_delete_match_tpu_v2(tpu_emulator, wire):
+    gcp.create(spec("n1", "v4-16", labels={"team": "ml"}, ssh_user="alice",
+                    ssh_public_key="ssh-ed25519 AAAAx alice@laptop", idle_delete="30m"))
+    gcp.create(spec("n2", internal_ip=True, network="projects/proj/global/networks/tpu",
+                    service_account="sa@proj.iam", startup_script="echo hi", runtime="v2-custom"))
+    assert {i.name for i in gcp.list_nodes(P)} == {"n1", "n2"} and gcp.get(P, Z, "n1").ready
+    assert gcp.delete(P, Z, "n1") and gcp.delete(P, Z, "n2") and not gcp.delete(P, Z, "n2")
+    assert {("POST", "nodes"), ("GET", "nodes"), ("DELETE", "nodes"), ("GET", "operations"),
+            ("GET", "queuedResources")} <= seen(wire)
+
+
+@pytest.mark.parametrize("accelerator", ["v2-8", "v3-8", "v4-8", "v5litepod-8", "v5p-8", "v6e-8"])
+def test_every_generation_has_a_valid_accelerator_config(tpu_emulator, wire, accelerator):
+    from tpunb.catalog import lookup
+
+    info = gcp.create(spec("g", accelerator, zone=lookup(accelerator).zones[0]))
+    assert info.ready and info.accelerator == accelerator
+
+
+def test_queued_resources_and_multislice_match_tpu_v2(tpu_emulator, wire):
+    gcp.create(spec("q1", queued=True, spot=True))
+    gcp.create(spec("ms", slices=2, queued=True))
+    assert gcp.get(P, Z, "ms").slices == 2 and {i.name for i in gcp.list_nodes(P)} == {"q1", "ms"}
+    tpu_emulator.preempt("q1")
+    assert gcp.get(P, Z, "q1").lost
+    assert gcp.delete(P, Z, "q1") and gcp.delete(P, Z, "ms")
+    assert {("POST", "queuedResources"), ("DELETE", "queuedResources")} <= seen(wire)
+
+
+@pytest.mark.parametrize("faults, kw, reason", [
+    ({"quota": "operation"}, {}, "quota"),
+    ({"quota": "http"}, {"spot": True}, "quota"),
+    ({"quota": "operation"}, {"queued": True}, "quota"),
+    ({"no_capacity": True}, {}, "no_capacity"),
+    ({"permission_denied": True}, {"queued": True}, "permission"),
+    ({"api_disabled": True}, {}, "api_disabled"),
+    ({}, {"zone": "mars-central1-a"}, "invalid_zone"),
+    ({}, {"zone": "us-central1-a"}, "invalid_accelerator"),
+])
+def test_failures_match_tpu_v2_and_google_rpc(tpu_emulator, wire, faults, kw, reason):
+    tpu_emulator.faults(**faults)
+    with pytest.raises(ProvisionError) as info:
+        gcp.create(spec("bad", **kw), timeout=10)
+    assert info.value.reason == reason
+
+
+def test_the_strict_check_catches_what_it_should():
+    """Each check fails on the mistakes it exists for (so a pass above means something)."""
+    node = {"name": "projects/p/locations/z/nodes/n", "state": "READY"}
+    _strict(json.dumps(node), tpu_v2.Node, "good")
+    for bad in ({**node, "acceleratorTypo": "v4-8"}, {**node, "state": "RUNNING"}, {**node, "state": 99},
+                {**node, "labels": {}}, {**node, "networkEndpoints": [{"ipAddress": "10.0.0.2", "port": 0}]}):
+        with pytest.raises((AssertionError, pytest.fail.Exception)):
+            _strict(json.dumps(bad), tpu_v2.Node, "bad")
+    op = operations_pb2.Operation(name="projects/p/locations/z/operations/o", done=True)
+    op.metadata.Pack(tpu_v2.OperationMetadata.pb()(verb="create", target="projects/p/locations/z/nodes/n"))
+    op.response.Pack(tpu_v2.QueuedResource.pb()())
+    with pytest.raises(AssertionError):
+        check_operation(op, "create node answered with a queued resource")
+    with pytest.raises(AssertionError):
+        check_error({"error": {"code": 403, "message": "x", "status": "RESOURCE_EXHAUSTED"}}, 403, "wrong code")
