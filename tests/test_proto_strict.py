@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from google.cloud import tpu_v2
@@ -259,3 +260,64 @@ def test_the_strict_check_catches_what_it_should():
         check_operation(op, "create node answered with a queued resource")
     with pytest.raises(AssertionError):
         check_error({"error": {"code": 403, "message": "x", "status": "RESOURCE_EXHAUSTED"}}, 403, "wrong code")
+
+
+# -- the real API's failures, from Google's documentation and public reports (tests/fixtures/cloud) ------
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "cloud").glob("*.json"))
+
+
+def _http_exception(status: int, body: dict) -> Exception:
+    """The exception google-cloud-tpu's REST transport raises for this answer (api_core builds it)."""
+    import requests
+    from google.api_core import exceptions
+
+    response = requests.Response()
+    response.status_code, response._content = status, json.dumps(body).encode()
+    response.request = requests.Request("POST", "https://tpu.googleapis.com/v2/projects/p/locations/z/nodes").prepare()
+    return exceptions.from_http_response(response)
+
+
+def _read(fixture: dict) -> ProvisionError:
+    """What tpunb makes of the fixture, by the path its own code takes for that kind of answer."""
+    from tpunb.provision.gcp import errors
+
+    ctx = errors.Context("demo-tpu", "my-project", fixture["context"]["zone"], fixture["context"]["accelerator"],
+                         fixture["context"].get("spot", False), fixture["context"].get("queued", False))
+    body, kind = fixture["body"], fixture["kind"]
+    if kind == "http_error":
+        error = dict(body["error"])
+        status = error.pop("status")
+        error.pop("errors", None)  # the legacy list older bodies carry: not part of google.rpc.Status
+        _strict({**error, "code": code_pb2.Code.Value(status)}, status_pb2.Status, "fixture error")
+        return gcp._translate(_http_exception(fixture["http_status"], body), ctx)
+    if kind == "operation":
+        op = _strict(body, operations_pb2.Operation, "fixture")
+        check_operation(op, "fixture")
+        return errors.error(errors.from_status(op.error.code, op.error.message), ctx)
+    if kind == "queued_resource":
+        qr = tpu_v2.QueuedResource.wrap(_strict(body, tpu_v2.QueuedResource, "fixture"))
+        assert gcp._queued_info(qr).queued_state == "FAILED" and gcp._queued_info(qr).lost
+        failed = qr.state.failed_data.error
+        return errors.error(errors.from_status(failed.code, failed.message), ctx)
+    node = tpu_v2.Node.wrap(_strict(body, tpu_v2.Node, "fixture"))
+    info = gcp._info(node)
+    assert info.lost and info.state in gcp.LOST_NODE_STATES
+    return ProvisionError(errors.preempted_message(info.name, info.state, info.spot), info.state.lower())
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_real_api_failures_become_one_line_errors(path):
+    fixture = json.loads(path.read_text())
+    assert fixture["source"] and fixture["taken"], f"{path.name}: say where it came from"
+    error = _read(fixture)
+    text = str(error)
+    assert error.reason == fixture["expect"]["reason"], text
+    for part in fixture["expect"]["contains"]:
+        assert part in text
+    assert "\n" not in text and "EID" not in text and "https://tpu.googleapis.com" not in text and len(text) < 400
+
+
+def test_every_failure_kind_has_a_real_fixture():
+    kinds = {json.loads(p.read_text())["expect"]["reason"] for p in FIXTURES}
+    assert {"quota", "no_capacity", "permission", "preempted"} <= kinds

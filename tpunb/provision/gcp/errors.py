@@ -214,7 +214,8 @@ def _quota(f: Failure, ctx: Context) -> str:
     ]
     if not ctx.spot:
         options.append("try --spot (spot has its own quota)")
-    options.append("try another zone")
+    region = re.search(r"\bin region ([a-z]+-[a-z]+\d+)", f.message)  # a regional quota: its zones share it
+    options.append(f"try a zone outside {region.group(1)}" if region else "try another zone")
     what = f"quota exceeded for {ctx.accelerator} in {ctx.zone} (RESOURCE_EXHAUSTED: {f.message})"
     return f"{what}: {_either(options)}"
 
