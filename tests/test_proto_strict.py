@@ -321,3 +321,38 @@ def test_real_api_failures_become_one_line_errors(path):
 def test_every_failure_kind_has_a_real_fixture():
     kinds = {json.loads(p.read_text())["expect"]["reason"] for p in FIXTURES}
     assert {"quota", "no_capacity", "permission", "preempted"} <= kinds
+
+
+def _shape(value: object) -> object:
+    """Keys and value types, recursively: two answers of one kind should have the same shape."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v) for v in value[:1]]
+    return type(value).__name__
+
+
+def _fixture(name: str) -> dict:
+    return json.loads((Path(__file__).parent / "fixtures" / "cloud" / name).read_text())
+
+
+@pytest.mark.parametrize("faults, fixture, accelerator, zone", [
+    ({"permission_denied": True}, "permission_iam_http_403.json", "v4-8", "us-central2-b"),
+    ({"no_capacity": True}, "stockout_operation.json", "v2-8", "us-central1-c"),
+])
+def test_emulated_failures_have_the_real_shape(tpu_emulator, wire, faults, fixture, accelerator, zone):
+    """The emulator's answer for a fault looks like the real one: same fields, same message start."""
+    tpu_emulator.faults(**faults)
+    with pytest.raises(ProvisionError):
+        gcp.create(spec("demo-tpu", accelerator, zone=zone), timeout=10)
+    real = _fixture(fixture)["body"]
+    if "error" in real and "code" in real["error"] and "status" in real["error"]:
+        ours = next(json.loads(e.response) for e in wire if e.status != 200)
+        prefix = real["error"]["message"].split("'")[0]
+    else:
+        ours = next(json.loads(e.response) for e in wire if b'"error"' in e.response and e.status == 200)
+        prefix = real["error"]["message"].split('"')[0]
+        del real["metadata"]["apiVersion"], ours["metadata"]["apiVersion"]  # ours names v2, the fixture may not
+    assert _shape(ours) == _shape(real)
+    found = ours["error"]["message"]
+    assert found.startswith(prefix), found

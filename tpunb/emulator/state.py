@@ -193,8 +193,9 @@ class Emulator:
                 403,
                 "PERMISSION_DENIED",
                 f"Permission '{permission}' denied on resource '//tpu.googleapis.com/projects/{project}/"
-                f"locations/{zone}/{kind}/{resource_id}' (or it may not exist).",
-                [error_info("IAM_PERMISSION_DENIED", "iam.googleapis.com", permission=permission)],
+                f"locations/{zone}' (or it may not exist).",  # create is checked on the parent
+                [error_info("IAM_PERMISSION_DENIED", "tpu.googleapis.com", permission=permission,
+                            resource=f"projects/{project}/locations/{zone}")],
             )
         if not ID_RE.match(resource_id or ""):
             raise ApiError(
