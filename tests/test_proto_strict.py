@@ -195,7 +195,8 @@ def seen(exchanges: list[Exchange]) -> set[tuple[str, str]]:
     out = set()
     for e in exchanges:
         parts = e.path.split("/")
-        out.add((e.method, parts[-1] if parts[-1] in ("nodes", "queuedResources") else parts[-2]))
+        kinds = ("nodes", "queuedResources", "acceleratorTypes", "runtimeVersions")
+        out.add((e.method, parts[-1] if parts[-1] in kinds else parts[-2]))
     return out
 
 
@@ -226,6 +227,26 @@ def test_queued_resources_and_multislice_match_tpu_v2(tpu_emulator, wire):
     assert gcp.get(P, Z, "q1").lost
     assert gcp.delete(P, Z, "q1") and gcp.delete(P, Z, "ms")
     assert {("POST", "queuedResources"), ("DELETE", "queuedResources")} <= seen(wire)
+
+
+def test_accelerator_types_and_runtime_versions_match_tpu_v2(tpu_emulator, wire):
+    """What a zone offers, asked through the real client: the emulator answers from tpunb's catalog."""
+    from google.api_core.exceptions import NotFound
+
+    api, parent = gcp.client(), f"projects/{P}/locations/us-central1-a"
+    types = {t.type: t for t in api.list_accelerator_types(parent=parent)}
+    assert "v5litepod-8" in types and "v5p-8" in types and "v4-8" not in types  # v4 lives in us-central2-b
+    assert types["v5p-8"].accelerator_configs[0].type_.name == "V5P"
+    v6e = f"projects/{P}/locations/us-central1-b"
+    assert api.get_accelerator_type(name=f"{v6e}/acceleratorTypes/v6e-8").accelerator_configs[0].topology == "2x4"
+    versions = {v.version for v in api.list_runtime_versions(parent=parent)}
+    assert {"v2-alpha-tpuv5-lite", "v2-alpha-tpuv5"} <= versions and "v2-alpha-tpuv6e" not in versions
+    assert api.get_runtime_version(name=f"{v6e}/runtimeVersions/v2-alpha-tpuv6e").version == "v2-alpha-tpuv6e"
+    with pytest.raises(NotFound):
+        api.get_accelerator_type(name=f"{parent}/acceleratorTypes/v4-8")
+    with pytest.raises(NotFound):
+        api.get_runtime_version(name=f"{parent}/runtimeVersions/tpu-vm-tf-1.0")
+    assert {("GET", "acceleratorTypes"), ("GET", "runtimeVersions")} <= seen(wire)
 
 
 @pytest.mark.parametrize("faults, kw, reason", [
