@@ -249,6 +249,21 @@ def test_accelerator_types_and_runtime_versions_match_tpu_v2(tpu_emulator, wire)
     assert {("GET", "acceleratorTypes"), ("GET", "runtimeVersions")} <= seen(wire)
 
 
+@pytest.mark.parametrize("queued", [False, True])
+def test_the_idle_watchdogs_own_delete_matches_tpu_v2(tpu_emulator, wire, monkeypatch, queued):
+    """The VM-side watchdog (host/idle.py) builds its DELETE by hand, with the VM's token: same check."""
+    from tpunb.host import idle
+
+    gcp.create(spec("idle", queued=queued))
+    emu = tpu_emulator.emulator
+    node = emu.nodes[f"projects/{P}/locations/{Z}/nodes/idle"]
+    token = emu.call(emu._issue_token, node)  # what the node's metadata server would hand its VM
+    monkeypatch.setattr(idle, "metadata", lambda path, timeout=5.0: json.dumps({"access_token": token}))
+    state = gcp.idle_config(P, Z, "idle", 60, queued=queued)
+    assert idle.delete_node(state) == "deleted" and idle.delete_node(state) in ("deleted", "gone")
+    assert ("DELETE", "queuedResources" if queued else "nodes") in seen(wire)
+
+
 @pytest.mark.parametrize("faults, kw, reason", [
     ({"quota": "operation"}, {}, "quota"),
     ({"quota": "http"}, {"spot": True}, "quota"),
