@@ -392,3 +392,15 @@ def test_emulated_failures_have_the_real_shape(tpu_emulator, wire, faults, fixtu
     assert _shape(ours) == _shape(real)
     found = ours["error"]["message"]
     assert found.startswith(prefix), found
+
+
+def test_a_state_newer_than_this_client_is_named_not_a_crash():
+    """The REST transport asks for enum numbers, so a state the API adds later arrives as a bare int."""
+    with pytest.warns(UserWarning, match="Unrecognized"):  # proto-plus says so, and hands back the int
+        node = tpu_v2.Node.from_json(json.dumps({"name": f"projects/{P}/locations/{Z}/nodes/n", "state": 99,
+                                                 "health": 42}))
+        qr = tpu_v2.QueuedResource.from_json(json.dumps({"name": f"projects/{P}/locations/{Z}/queuedResources/n",
+                                                         "state": {"state": 77}}))
+        info, queued = gcp._info(node), gcp._queued_info(qr)
+    assert (info.state, info.health, info.ready, info.lost) == ("STATE_99", "STATE_42", False, False)
+    assert queued.queued_state == "STATE_77" and not queued.lost

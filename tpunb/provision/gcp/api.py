@@ -273,6 +273,12 @@ def idle_metadata(spec: NodeSpec) -> dict[str, str]:
     return {IDLE_ATTRIBUTE: json.dumps(config), "startup-script": idle_script()}
 
 
+def enum_name(value: Any) -> str:
+    """An enum's name; a number this client's tpu_v2 does not know (a state the API added later; the
+    REST transport asks for numbers) becomes STATE_<n> instead of an AttributeError."""
+    return getattr(value, "name", None) or f"STATE_{int(value)}"
+
+
 def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
     parts = node.name.split("/")
     port = int(node.labels.get(SSH_PORT_LABEL, 22) or 22)
@@ -283,8 +289,8 @@ def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
     return NodeInfo(
         name=parts[-1],
         accelerator=node.accelerator_type,
-        state=node.state.name,
-        health=node.health.name if node.health else None,
+        state=enum_name(node.state),
+        health=enum_name(node.health) if node.health else None,
         hosts=hosts,
         spot=bool(node.scheduling_config.spot or node.scheduling_config.preemptible),
         labels=dict(node.labels),
@@ -314,7 +320,7 @@ def _queued_info(qr: Any) -> NodeInfo:
         project=parts[1],
         zone=parts[3],
         runtime=node.runtime_version if node is not None else "",
-        queued_state=qr.state.state.name,
+        queued_state=enum_name(qr.state.state),
         slices=max(1, len(_node_ids(qr))),
     )
 
@@ -334,7 +340,7 @@ def _node_ids(qr: Any) -> list[str]:
 def _multislice(qr: Any, nodes: list[Any]) -> NodeInfo:
     """A multislice's nodes as one NodeInfo named after its queued resource: hosts numbered over
     every slice in slice order (as JAX numbers processes); READY only when every node is."""
-    infos = [_info(n, queued_state=qr.state.state.name) for n in nodes]
+    infos = [_info(n, queued_state=enum_name(qr.state.state)) for n in nodes]
     order = {node_id: i for i, node_id in enumerate(_node_ids(qr))}
     infos.sort(key=lambda i: order.get(i.name, len(order)))
     base = _queued_info(qr)
@@ -473,13 +479,14 @@ def _wait_node(api: Any, op: Any, node_name: str, watch: _Transitions, deadline:
     while True:
         node = _get_or_none(api.get_node, node_name)
         if node is not None:
-            watch.see(node.state.name)
-            if node.state.name == "READY":
+            state = enum_name(node.state)
+            watch.see(state)
+            if state == "READY":
                 return _info(node)
-            if node.state.name in LOST_NODE_STATES:
+            if state in LOST_NODE_STATES:
                 spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
-                text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], node.state.name, spot)
-                raise ProvisionError(text, "preempted" if node.state.name == "PREEMPTED" else "lost")
+                text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], state, spot)
+                raise ProvisionError(text, "preempted" if state == "PREEMPTED" else "lost")
         if op.done():
             if op.operation.error.code:
                 raise _OperationFailed(op.operation.error.code, op.operation.error.message)
@@ -499,7 +506,7 @@ def _wait_queued(
             raise _OperationFailed(op.operation.error.code, op.operation.error.message)
         qr = _get_or_none(api.get_queued_resource, qr_name)
         if qr is not None:
-            state = qr.state.state.name
+            state = enum_name(qr.state.state)
             watch.see(state)
             if state == "ACTIVE":
                 if _node_ids(qr) == [node_name.rsplit("/", 1)[-1]]:
@@ -582,7 +589,7 @@ def get(project: str, zone: str, name: str) -> NodeInfo | None:
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     if node is not None:
-        return _info(node, queued_state=qr.state.state.name if qr is not None else None)
+        return _info(node, queued_state=enum_name(qr.state.state) if qr is not None else None)
     return _queued_info(qr) if qr is not None else None
 
 
@@ -646,7 +653,7 @@ def list_nodes(
         queued = list(api.list_queued_resources(parent=parent))
     except _api_errors() as e:
         raise _translate(e, ctx) from None
-    states = {q.name: q.state.state.name for q in queued}
+    states = {q.name: enum_name(q.state.state) for q in queued}
     multislices = {q.name: q for q in queued if len(_node_ids(q)) > 1}
     infos = [_info(n, states.get(n.queued_resource)) for n in nodes if n.queued_resource not in multislices]
     infos += [_multislice(q, [n for n in nodes if n.queued_resource == name]) for name, q in multislices.items()]
