@@ -404,3 +404,19 @@ def test_a_state_newer_than_this_client_is_named_not_a_crash():
         info, queued = gcp._info(node), gcp._queued_info(qr)
     assert (info.state, info.health, info.ready, info.lost) == ("STATE_99", "STATE_42", False, False)
     assert queued.queued_state == "STATE_77" and not queued.lost
+
+
+def test_tpu7x_is_refused_before_any_call_and_by_the_emulator(tpu_emulator, monkeypatch):
+    """The Cloud TPU API does not create TPU7x (docs/cloud-facts.md): say so at once, spend no call."""
+    from google.api_core.exceptions import BadRequest
+
+    from tpunb.catalog import lookup
+    from tpunb.errors import UsageError
+
+    exchanges, zone = tpu_emulator.record(), lookup("tpu7x-8").zones[0]
+    with pytest.raises(UsageError, match="tpu7x-8 cannot be created through the Cloud TPU API.*GKE"):
+        gcp.create(spec("i7", "tpu7x-8", zone=zone))
+    assert exchanges == []
+    with pytest.raises(BadRequest, match="tpu7x-8"):
+        gcp.client().create_node(parent=f"projects/{P}/locations/{zone}", node_id="i7",
+                                 node=tpu_v2.Node(accelerator_type="tpu7x-8", runtime_version="v2-alpha-tpu7-ubuntu2404"))

@@ -23,6 +23,7 @@ from typing import Any
 from tpunb import catalog
 from tpunb.emulator.hosts import HostPool
 from tpunb.emulator.resources import (
+    ACCELERATOR_CONFIG_TYPES,
     EMPTY_TYPE,
     TYPE_PREFIX,
     ApiError,
@@ -221,7 +222,7 @@ class Emulator:
                 "INVALID_ARGUMENT",
                 f'Cloud TPU received a bad request. Invalid accelerator type "{name}". {eid()}',
             ) from None
-        if zone not in acc.zones:
+        if zone not in acc.zones or acc.generation not in ACCELERATOR_CONFIG_TYPES:  # no TPU7x in this API
             raise ApiError(
                 400,
                 "INVALID_ARGUMENT",

@@ -58,6 +58,8 @@ PUBLIC_ENDPOINT = "https://tpu.googleapis.com"
 SSH_PORT_LABEL = "tpunb-ssh-port"  # set by the emulator when its sshd is not on port 22
 DEFAULT_TIMEOUT = 1200.0
 DELETE_TIMEOUT = 600.0
+#: what tpu.googleapis.com creates (tpu_v2's AcceleratorConfig.Type has these and no later one)
+TPU_API_GENERATIONS = frozenset({"v2", "v3", "v4", "v5e", "v5p", "v6e"})
 LOST_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN"})
 LOST_QUEUED_STATES = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"})
 
@@ -411,6 +413,9 @@ def create(
     ProvisionErrors whose ``.reason`` names the kind (quota, no_capacity, permission, ...).
     """
     acc = catalog.lookup(spec.accelerator)  # UnknownAcceleratorError: one line with suggestions
+    if acc.generation not in TPU_API_GENERATIONS:  # docs/cloud-facts.md: "not supported on TPU7x and later"
+        raise UsageError(f"{acc.name} cannot be created through the Cloud TPU API (Google serves TPU7x and later "
+                         "through GKE or Compute Engine only): pick a v6e or older type")
     ctx = gcp_errors.Context(spec.name, spec.project, spec.zone, acc.name, spec.spot, spec.queued)
     started = time.monotonic()
     api, tpu_v2 = client(), _tpu()
