@@ -66,6 +66,7 @@ class Faults:
     quota: str | None = None  # "operation": create operations fail with code 8; "http": create answers 429
     no_capacity: bool | list[str] = False  # stockout everywhere, or in these zones only
     permission_denied: bool = False  # create calls answer 403 (caller lacks tpu.*.create)
+    os_login: bool = False  # new VMs ignore metadata ssh-keys, as under OS Login (enable-oslogin=TRUE)
     api_disabled: bool = False  # every call answers 403 SERVICE_DISABLED
     slow_create: float = 0.0  # extra seconds a node stays CREATING
     preempt_after: float | None = None  # spot nodes are preempted this long after READY
@@ -97,7 +98,7 @@ def _coerce_fault(key: str, value: Any) -> Any:
         if isinstance(value, str):
             return [z for z in value.split(",") if z] or False
         return list(value) if isinstance(value, (list, tuple)) else bool(value)
-    if key in ("permission_denied", "api_disabled"):
+    if key in ("permission_denied", "api_disabled", "os_login"):
         return bool(value)
     if key == "slow_create":
         return float(value or 0)
@@ -340,7 +341,8 @@ class Emulator:
         if node.state != "CREATING" or self.nodes.get(node.name) is not node:
             return
         node.state, node.health, node.endpoints_visible = "READY", "HEALTHY", True
-        self.hosts.install_keys(node.name, node.metadata.get("ssh-keys", ""))
+        if not self.faults.os_login:
+            self.hosts.install_keys(node.name, node.metadata.get("ssh-keys", ""))
         for endpoint in node.endpoints:  # each worker VM boots: its startup-script runs
             self.hosts.boot(endpoint.internal_ip, node.metadata.get("startup-script", ""))
         if node.create_op:

@@ -17,11 +17,12 @@ import os
 import time
 
 from tpunb import catalog, report
-from tpunb.errors import CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
+from tpunb.errors import AuthenticationError, CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
 from tpunb.provision import ssh
 from tpunb.provision.common import owner_alive
 from tpunb.provision import warm
 from tpunb.provision.gcp import api
+from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, price_per_hour
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -104,6 +105,10 @@ def create(name: str, accel: catalog.Accelerator, env: dict[str, str], reg: Regi
             api.delete(project, zone, name, wait=True)
         finally:
             reg.delete_slice(name)
+        if isinstance(exc, AuthenticationError):  # the node's metadata held the key: OS Login ignores it
+            refused = AuthenticationError(gcp_errors.os_login_message(name, project, opts.user, str(key_path)))
+            progress.failed(f"could not connect to the hosts, so {name} was deleted again: {refused}")
+            raise refused from None
         progress.failed(f"could not connect to the hosts, so {name} was deleted again: {exc}")
         raise
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""

@@ -234,6 +234,15 @@ def _preempted(f: Failure, ctx: Context) -> str:
     return preempted_message(ctx.name, "PREEMPTED", ctx.spot)
 
 
+def os_login_message(name: str, project: str, user: str, key_path: str) -> str:
+    """SSH refused tpunb's key although the node's ssh-keys metadata holds it: OS Login ignores
+    metadata keys (docs/cloud-facts.md), so the key must be registered with the user's account."""
+    return (f"the hosts of {name} refused SSH as {user} with tpunb's key, which the node's ssh-keys metadata "
+            f"holds: OS Login is probably on in project {project} (it ignores metadata keys); run `gcloud compute "
+            f"os-login ssh-keys add --key-file {key_path}.pub` and relaunch with --user set to your OS Login "
+            "user name")
+
+
 def preempted_message(name: str, state: str, spot: bool) -> str:
     """A node lost while it was being created (spot capacity taken back, maintenance)."""
     verb = "preempted" if state == "PREEMPTED" else state.lower()
