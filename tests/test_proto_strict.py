@@ -31,31 +31,31 @@ P, Z = "proj", "us-central2-b"
 TYPE = "type.googleapis.com/"
 NODE, QR, EMPTY = "google.cloud.tpu.v2.Node", "google.cloud.tpu.v2.QueuedResource", "google.protobuf.Empty"
 
-# (method, path after /v2/projects/P/locations/Z, request message (query and body), response message)
-_LOC = r"^/v2/projects/[^/]+/locations/[^/]+"
-ROUTES: list[tuple[str, re.Pattern, type, type | None, type]] = [
-    ("POST", re.compile(_LOC + r"/nodes$"), tpu_v2.CreateNodeRequest, tpu_v2.Node, operations_pb2.Operation),
-    ("GET", re.compile(_LOC + r"/nodes$"), tpu_v2.ListNodesRequest, None, tpu_v2.ListNodesResponse),
-    ("GET", re.compile(_LOC + r"/nodes/[^/:]+$"), tpu_v2.GetNodeRequest, None, tpu_v2.Node),
-    ("DELETE", re.compile(_LOC + r"/nodes/[^/:]+$"), tpu_v2.DeleteNodeRequest, None, operations_pb2.Operation),
-    ("POST", re.compile(_LOC + r"/queuedResources$"), tpu_v2.CreateQueuedResourceRequest, tpu_v2.QueuedResource,
+_LOC = r"^/v2/projects/[^/]+/locations/[^/]+/"
+Route = tuple[str, re.Pattern, type, "type | None", type]  # method, path, request (query), body, answer
+
+
+def _routes(kind: str, singular: str, plural: str, writable: bool = False) -> list[Route]:
+    """The REST methods of one collection, with tpu_v2's own message names (ListNodesRequest, ...)."""
+    item, one = getattr(tpu_v2, singular), re.compile(_LOC + kind + r"/[^/:]+$")
+    out: list[Route] = [
+        ("GET", re.compile(_LOC + kind + "$"), getattr(tpu_v2, f"List{plural}Request"), None,
+         getattr(tpu_v2, f"List{plural}Response")),
+        ("GET", one, getattr(tpu_v2, f"Get{singular}Request"), None, item)]
+    if writable:
+        out += [("POST", re.compile(_LOC + kind + "$"), getattr(tpu_v2, f"Create{singular}Request"), item,
+                 operations_pb2.Operation),
+                ("DELETE", one, getattr(tpu_v2, f"Delete{singular}Request"), None, operations_pb2.Operation)]
+    return out
+
+
+ROUTES: list[Route] = [
+    *_routes("nodes", "Node", "Nodes", writable=True),
+    *_routes("queuedResources", "QueuedResource", "QueuedResources", writable=True),
+    *_routes("acceleratorTypes", "AcceleratorType", "AcceleratorTypes"),
+    *_routes("runtimeVersions", "RuntimeVersion", "RuntimeVersions"),
+    ("GET", re.compile(_LOC + r"operations/[^/:]+$"), operations_pb2.GetOperationRequest, None,
      operations_pb2.Operation),
-    ("GET", re.compile(_LOC + r"/queuedResources$"), tpu_v2.ListQueuedResourcesRequest, None,
-     tpu_v2.ListQueuedResourcesResponse),
-    ("GET", re.compile(_LOC + r"/queuedResources/[^/:]+$"), tpu_v2.GetQueuedResourceRequest, None,
-     tpu_v2.QueuedResource),
-    ("DELETE", re.compile(_LOC + r"/queuedResources/[^/:]+$"), tpu_v2.DeleteQueuedResourceRequest, None,
-     operations_pb2.Operation),
-    ("GET", re.compile(_LOC + r"/operations/[^/:]+$"), operations_pb2.GetOperationRequest, None,
-     operations_pb2.Operation),
-    ("GET", re.compile(_LOC + r"/acceleratorTypes$"), tpu_v2.ListAcceleratorTypesRequest, None,
-     tpu_v2.ListAcceleratorTypesResponse),
-    ("GET", re.compile(_LOC + r"/acceleratorTypes/[^/:]+$"), tpu_v2.GetAcceleratorTypeRequest, None,
-     tpu_v2.AcceleratorType),
-    ("GET", re.compile(_LOC + r"/runtimeVersions$"), tpu_v2.ListRuntimeVersionsRequest, None,
-     tpu_v2.ListRuntimeVersionsResponse),
-    ("GET", re.compile(_LOC + r"/runtimeVersions/[^/:]+$"), tpu_v2.GetRuntimeVersionRequest, None,
-     tpu_v2.RuntimeVersion),
 ]
 # google/rpc/code.proto: each canonical code's HTTP status
 HTTP_OF_CODE = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "OUT_OF_RANGE": 400, "UNAUTHENTICATED": 401,
