@@ -192,8 +192,10 @@ class EmulatorHandle(AdminClient):
         self.emulator = server.emulator
 
     def record(self) -> list[Exchange]:
-        """Keep every /v2/ request and its answer, raw, in the returned list (appended as served)."""
-        self._server.exchanges = []
+        """Keep every /v2/ request and its answer, raw, in the returned list (appended as served;
+        a second call returns the same list)."""
+        if self._server.exchanges is None:
+            self._server.exchanges = []
         return self._server.exchanges
 
     def stop(self) -> None:
