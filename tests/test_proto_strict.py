@@ -70,6 +70,8 @@ def test_queued_resources_and_multislice_match_tpu_v2(tpu_emulator, wire):
     gcp.create(spec("q1", queued=True, spot=True))
     gcp.create(spec("ms", slices=2, queued=True))
     assert gcp.get(P, Z, "ms").slices == 2 and {i.name for i in gcp.list_nodes(P)} == {"q1", "ms"}
+    flags = {n["name"].rsplit("/", 1)[-1]: n.get("multisliceNode", False) for n in tpu_emulator.nodes()}
+    assert flags == {"q1": False, "ms-0": True, "ms-1": True}  # Node.multisliceNode: output only, set by the API
     tpu_emulator.preempt("q1")
     assert gcp.get(P, Z, "q1").lost
     assert gcp.delete(P, Z, "q1") and gcp.delete(P, Z, "ms")

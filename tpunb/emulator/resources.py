@@ -123,6 +123,7 @@ class Node:
     endpoints: list[Endpoint] = field(default_factory=list)
     endpoints_visible: bool = False
     queued_resource: str | None = None
+    multislice: bool = False  # one of a multislice's nodes (Node.multisliceNode, output only)
     create_op: Operation | None = None
     delete_op: Operation | None = None
     numeric_id: int = field(default_factory=lambda: secrets.randbelow(8 * 10**18) + 10**18)  # int64
@@ -175,6 +176,8 @@ class Node:
             }
         if self.queued_resource:
             out["queuedResource"] = self.queued_resource
+        if self.multislice:
+            out["multisliceNode"] = True
         return out
 
 

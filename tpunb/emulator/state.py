@@ -520,7 +520,8 @@ class Emulator:
             qr.failed_error = {"code": 6, "message": f"Resource '{taken[0]}' already exists"}
             return
         nodes = [
-            self._new_node(qr.project, qr.zone, node_id, acc, qr.node_request, spot=qr.spot, queued_resource=qr.name)
+            self._new_node(qr.project, qr.zone, node_id, acc, qr.node_request, spot=qr.spot, queued_resource=qr.name,
+                           multislice=qr.node_prefix is not None)
             for node_id in qr.node_ids
         ]
         for node in nodes:  # all slices or none: a multislice waits until every one fits
