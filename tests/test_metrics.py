@@ -128,7 +128,7 @@ def test_widget_model_shows_hosts_values_and_stragglers():
     assert [s.host for s in late] == [2] and "step 19 while the leader is at 49" in late[0].why
     page = render_html("demo", store, 3, None, 1.0)
     assert page.count('class="tpunb-host') == 3 and page.count("tpunb-straggler") == 1
-    assert "<svg" in page and "loss" in page and "3.0 GB" in page and "stragglers: 2" in page
+    assert "<svg" in page and "loss" in page and "3.0 GiB" in page and "stragglers: 2" in page
 
 
 def test_metrics_widget_updates_from_the_feed_thread(make_slice, monkeypatch):
