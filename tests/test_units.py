@@ -1,6 +1,8 @@
 """The one duration parser and the one byte formatter every flag, notice and view uses."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tpunb.errors import UsageError
@@ -31,3 +33,12 @@ def test_off_is_only_a_duration_where_the_flag_allows_it():
     assert [parse_duration(v, off=True) for v in ("off", "never", None, 0)] == [0, 0, 0, 0]
     with pytest.raises(UsageError, match=r"\(0 or off: never\)$"):
         parse_duration("soon", "--idle-delete", off=True)
+
+
+def test_the_copy_progress_bar_says_binary_rates(capsys):
+    from tpunb.widgets.progress import byte_progress
+
+    with byte_progress("sync") as update:
+        update(3 * 2**20, 3 * 2**20)
+    bar = capsys.readouterr().err
+    assert "3.00M/3.00M" in bar and re.search(r"[0-9.]+[kMGT]iB/s", bar) and not re.search(r"[kMGT]B/s", bar), bar
