@@ -118,3 +118,11 @@ def test_host_modules_import_only_the_standard_library_and_each_other():
                 continue
             for imported in names:
                 assert imported.split(".")[0] in allowed, f"{path.name} imports {imported} at module level"
+
+
+def test_magics_speak_only_through_the_reporter():
+    """Every message of the magics goes one way (tpunb.report), so captured() sees them all."""
+    tree = ast.parse((PACKAGE / "magics.py").read_text())
+    prints = [node.lineno for node in ast.walk(tree)
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
+    assert not prints, f"tpunb/magics.py calls print() on lines {prints}: use report.info or report.warn"

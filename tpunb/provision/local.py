@@ -16,6 +16,7 @@ from tpunb.catalog import Accelerator
 from tpunb.errors import UsageError
 from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, start
 from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.units import parse_duration
 from tpunb.slice import Slice
 from tpunb.transport.local import LocalTransport
 
@@ -27,9 +28,7 @@ def default_name(accelerator: Accelerator) -> str:
 def options(**given) -> None:
     """A local slice takes no options beyond its accelerator. ``idle_delete`` is accepted and
     ignored: a simulated slice costs nothing and its host processes end with the kernel."""
-    from tpunb.provision.gcp.config import parse_duration
-
-    if parse_duration(given.pop("idle_delete", None), "--idle-delete"):
+    if parse_duration(given.pop("idle_delete", None), "--idle-delete", off=True):
         report.info("[tpunb] --idle-delete applies to Cloud TPU slices; a local simulated slice costs nothing and "
                     "its hosts end with this kernel, so it is ignored")
     if given:
