@@ -65,12 +65,12 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_launch(self, line: str):
         """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z] ..."""
-        args = _parse(self.tpu_launch, line)
-        cloud = {f.name: getattr(args, f.name) for f in CloudOptions.flags() if getattr(args, f.name) not in (None, False)}
-        if bool(args.recover) == bool(args.accelerator):
-            raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
-                             f"Usage: {_usage(self.tpu_launch)}")
-        try:
+        try:  # a press while the line is parsed has made nothing either
+            args = _parse(self.tpu_launch, line)
+            cloud = {f.name: getattr(args, f.name) for f in CloudOptions.flags() if getattr(args, f.name) not in (None, False)}
+            if bool(args.recover) == bool(args.accelerator):
+                raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
+                                 f"Usage: {_usage(self.tpu_launch)}")
             slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env, recover=args.recover,
                           slices=args.slices, **cloud)
         except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)
@@ -109,8 +109,8 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_connect(self, line: str):
         """Make a slice of hosts you bring, over SSH: %tpu_connect 10.0.0.2,10.0.0.3 --user me."""
-        args = _parse(self.tpu_connect, line)
-        try:
+        try:  # a press while the line is parsed has made nothing either
+            args = _parse(self.tpu_connect, line)
             slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
                            python=args.python, accelerator=args.accelerator,
                            accept_new_host_key=args.accept_new_host_key, slices=args.slices)
