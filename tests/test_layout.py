@@ -118,3 +118,13 @@ def test_host_modules_import_only_the_standard_library_and_each_other():
                 continue
             for imported in names:
                 assert imported.split(".")[0] in allowed, f"{path.name} imports {imported} at module level"
+
+
+def test_process_state_is_read_in_one_place():
+    """/proc/PID/stat has one reader outside the shipped host modules: tpunb/host/procs.py (one
+    zombie rule). The shipped host modules keep their own: they may import nothing of tpunb."""
+    shipped = {"watchdog.py", "idle.py", "metrics.py", "agent.py", "io.py", "runners.py"}
+    readers = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+               if "/stat" in p.read_text() and "/proc" in p.read_text()
+               and not (p.parent.name == "host" and p.name in shipped)]
+    assert readers == ["host/procs.py"], readers

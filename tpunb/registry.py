@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpunb.host import procs
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS slices (
     name TEXT PRIMARY KEY,
@@ -51,21 +53,8 @@ CREATE TABLE IF NOT EXISTS latest_metrics (
 
 
 def process_start(pid: int | None) -> str | None:
-    """When process ``pid`` started, as a token that differs for a later process given the same
-    pid (Linux: /proc/PID/stat field 22, clock ticks since boot); None where unknown."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        pass
-    try:
-        import psutil
-
-        return repr(psutil.Process(pid).create_time())
-    except Exception:  # no psutil, or no such process
-        return None
+    """When process ``pid`` started (see tpunb.procs.start_token): kept for callers and tests."""
+    return procs.start_token(pid)
 
 
 def tpunb_home() -> Path:

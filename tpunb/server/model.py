@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 from tpunb import catalog as _catalog, provision, report, slices
+from tpunb.host import procs
 from tpunb.display.hosts import Layout
 from tpunb.errors import NoSliceError, TpunbError
 from tpunb.provision.common import owner_running, pid_alive
@@ -143,14 +143,6 @@ def list_slices() -> dict[str, Any]:
 
 # -- delete ------------------------------------------------------------------------------------
 
-def _parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
 def _end_hosts(record: SliceRecord) -> None:
     """End a local slice's host processes that its (live) kernel started: each is its own process
     group. Only processes whose parent is still the owner are signalled, never a reused pid."""
@@ -158,7 +150,7 @@ def _end_hosts(record: SliceRecord) -> None:
     if not all(pids):
         raise OwnedElsewhere(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}) "
                              f"that did not publish its host processes: %tpu_down {record.name} there")
-    mine = [pid for pid in pids if _parent(pid) == record.owner_pid]
+    mine = [pid for pid in pids if procs.parent(pid) == record.owner_pid]
     for sig, wait in ((signal.SIGTERM, HOST_EXIT_SECONDS), (signal.SIGKILL, HOST_EXIT_SECONDS)):
         for pid in mine:
             try:
@@ -167,20 +159,12 @@ def _end_hosts(record: SliceRecord) -> None:
                 pass
         deadline = time.monotonic() + wait
         while mine and time.monotonic() < deadline:
-            mine = [pid for pid in mine if _parent(pid) == record.owner_pid and not _zombie(pid)]
+            mine = [pid for pid in mine if procs.parent(pid) == record.owner_pid]  # a zombie has ended
             if mine:
                 time.sleep(0.05)  # polling the processes' state, not a guessed delay
         if not mine:
             return
     raise TpunbError(f"host processes {mine} of {record.name!r} did not end; kill them, then %tpu_down {record.name}")
-
-
-def _zombie(pid: int) -> bool:
-    """Ended but not yet reaped by its parent (the kernel reaps it when it next looks)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
 
 
 def delete_slice(name: str) -> dict[str, Any]:
