@@ -49,7 +49,7 @@ def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
     slices.detach_all()  # what a kernel restart does: this kernel's host processes end
     assert "no slice yet" in cell("%%on_tpu\npass").shown
     cell("%tpu_status")
-    assert set(ip.user_ns["_"]["state"]) == {"stopped (use %tpu_use to restart)"}
+    assert set(ip.user_ns["_"]["state"]) == {"stopped: its kernel ended (%tpu_use restarts it)"}
     run = cell("%tpu_use survivor")
     assert run.error is None
     assert "their state was lost" in run.stderr

@@ -40,6 +40,14 @@ CREATE TABLE IF NOT EXISTS host_keys (
     added REAL NOT NULL,
     PRIMARY KEY (host, port)
 );
+CREATE TABLE IF NOT EXISTS orphans (
+    project TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    name TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    time REAL NOT NULL,
+    PRIMARY KEY (project, zone, name)
+);
 CREATE TABLE IF NOT EXISTS latest_metrics (
     slice TEXT NOT NULL,
     host INTEGER NOT NULL,
@@ -208,6 +216,22 @@ class Registry:
         if mark.get("busy") and owner_alive:
             return seconds
         return round(max(0.0, seconds - (time.time() - since)), 1)
+
+    # Cloud nodes a failed launch could not delete: listed by %tpu_status and the sidebar until gone.
+    def save_orphan(self, project: str, zone: str, name: str, reason: str) -> None:
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO orphans VALUES (?, ?, ?, ?, ?)", (project, zone, name, reason, time.time()))
+
+    def orphans(self) -> list[tuple[str, str, str, str]]:
+        """(project, zone, name, why it was left) of each node recorded as an orphan."""
+        with self._connect() as db:
+            rows = db.execute("SELECT project, zone, name, reason FROM orphans ORDER BY time").fetchall()
+        return [(r["project"], r["zone"], r["name"], r["reason"]) for r in rows]
+
+    def forget_orphan(self, project: str, zone: str, name: str) -> bool:
+        with self._connect() as db:
+            return db.execute("DELETE FROM orphans WHERE project = ? AND zone = ? AND name = ?",
+                              (project, zone, name)).rowcount > 0
 
     # Known host keys (trust on first use, checked on every later connection).
     def get_host_key(self, host: str, port: int) -> tuple[str, str] | None:

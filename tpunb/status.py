@@ -7,7 +7,7 @@ here fetches anything: the slices, the registry and the backends fill the rows i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
@@ -38,6 +38,43 @@ class HostRow:
     memory_used_bytes: float | None = None
     hbm_used_bytes: float | None = None  # all chips of the host
     idle_delete_in: float | None = None  # seconds until the slice's idle watchdog deletes its node
+
+
+@dataclass
+class SliceStatus:
+    """A recorded slice as its backend sees it, so that %tpu_status, the widgets and the sidebar
+    say the same thing in the same words and no caller branches on a backend's name."""
+
+    state: str  # the slice's state, one wording per state (see each backend's slice_status)
+    host_states: list[str]  # per host: running, gone, connected, not connected
+    usd_per_hour: float | None = None  # what it costs now: 0.0 simulated, None unknown
+    list_usd_per_hour: float | None = None  # what it would cost on Cloud TPU
+    running_s: float | None = None  # how long it has been billed (or alive)
+    cloud: dict = field(default_factory=dict)  # HostRow's cloud columns (cloud_state, health, ...)
+    cpu_metric: str = "cpu_percent"  # which published metric is the host's CPU bar
+    memory_metric: str = "memory_used_bytes"  # and its memory bar
+
+
+@dataclass
+class OrphanStatus:
+    """A tpunb cloud node this registry does not hold as a slice: still billed until deleted."""
+
+    name: str
+    accelerator: str  # its kind: 'v4-8', or '2 x v4-16'
+    num_slices: int
+    project: str
+    zone: str
+    state: str  # the node's cloud state
+    spot: bool
+    usd_per_hour: float | None
+    uptime_s: float | None
+    message: str  # why it is an orphan and how to delete it, one line
+    cloud: dict = field(default_factory=dict)  # HostRow's cloud columns
+    backend: str = "gcp"  # the backend that finds orphans
+
+    def host_row(self) -> HostRow:
+        return HostRow(slice=self.name, accelerator=self.accelerator, backend=self.backend, host=None,
+                       address=f"{self.project}/{self.zone}", **self.cloud, state=f"ORPHAN: {self.message}")
 
 
 #: latest metrics: dropped from the DataFrame when no host has reported any

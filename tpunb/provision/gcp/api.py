@@ -538,11 +538,10 @@ def _cleanup(spec: NodeSpec) -> str:
     """Delete what a failed create made; returns what happened, for the error message."""
     what = ("queued resource and its nodes" if spec.slices > 1 else
             "queued resource and node" if spec.queued else "node")
-    try:
-        existed = delete(spec.project, spec.zone, spec.name, wait=True)
-    except Exception as e:  # the original failure matters more; say what is left behind
-        why = gcp_errors.one_line(str(e), 120)
-        return f"could not delete {what} {spec.name} ({why}): delete it with %tpu_down {spec.name}"
+    queued = spec.queued or spec.slices > 1
+    existed = delete_or_say(spec.project, spec.zone, spec.name, "its launch failed", queued)
+    if existed is None:
+        return f"could not delete {what} {spec.name}: it is listed as an orphan in %tpu_status until it is gone"
     return f"deleted {what} {spec.name}" if existed else "nothing was left to clean up"
 
 
@@ -550,17 +549,49 @@ def _delete_if_launched(spec: NodeSpec, launch: str) -> None:
     """After an interrupted create call: delete the node only if this launch created it."""
     api = client()
     _, node_name, qr_name = _names(spec.project, spec.zone, spec.name)
+    queued = spec.queued or spec.slices > 1
     try:
-        if spec.queued or spec.slices > 1:
+        if queued:
             qr = _get_or_none(api.get_queued_resource, qr_name)
             labels = qr.tpu.node_spec[0].node.labels if qr is not None and qr.tpu.node_spec else {}
         else:
             node = _get_or_none(api.get_node, node_name)
             labels = node.labels if node is not None else {}
-        if labels.get(LAUNCH_LABEL) == launch:
-            delete(spec.project, spec.zone, spec.name, wait=True)
-    except Exception:
-        pass  # best effort while an interrupt is already on its way up
+    except Exception as e:  # cannot tell whether it exists: say how to check, while the interrupt goes up
+        _say_left(spec.project, spec.zone, spec.name, queued, "its launch was interrupted", e)
+        return
+    if labels.get(LAUNCH_LABEL) == launch:
+        delete_or_say(spec.project, spec.zone, spec.name, "its launch was interrupted", queued)
+
+
+def delete_command(project: str, zone: str, name: str, queued: bool = False) -> str:
+    """The gcloud command that deletes a node (or a queued resource and its nodes) by hand."""
+    if queued:
+        return f"gcloud compute tpus queued-resources delete {name} --zone {zone} --project {project} --force"
+    return f"gcloud compute tpus tpu-vm delete {name} --zone {zone} --project {project}"
+
+
+def delete_or_say(project: str, zone: str, name: str, why: str, queued: bool = False) -> bool | None:
+    """Delete a node a failed launch left; if that fails too, say so in one line with the command
+    that deletes it, and record it as an orphan (%tpu_status and the sidebar list it until it is
+    gone). True if deleted, False if nothing was there, None if it may still exist (and bill)."""
+    try:
+        return delete(project, zone, name, wait=True)
+    except Exception as e:  # the original failure matters more: say what is left behind
+        _say_left(project, zone, name, queued, why, e)
+        return None
+
+
+def _say_left(project: str, zone: str, name: str, queued: bool, why: str, error: BaseException) -> None:
+    from tpunb import report
+    from tpunb.registry import Registry
+
+    reason = f"{why} and deleting it failed ({gcp_errors.one_line(str(error), 120)})"
+    try:
+        Registry().save_orphan(project, zone, name, reason)
+    finally:
+        report.warn(f"[tpunb] {name} may still exist and bill: {reason}; delete it with "
+                    f"{delete_command(project, zone, name, queued)}")
 
 
 # -- get / delete / list -------------------------------------------------------------------

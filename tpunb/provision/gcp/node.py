@@ -16,6 +16,7 @@ from tpunb import catalog, report
 from tpunb.errors import ProvisionError, TpunbError
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp.config import format_duration
+from tpunb.registry import SliceRecord
 from tpunb.slice import Node
 
 FRESH_SECONDS = 10.0  # a state this recent is trusted before a cell without asking the API again
@@ -27,6 +28,15 @@ def price_per_hour(accelerator: catalog.Accelerator, spot: bool, slices: int = 1
         return accelerator.price_per_hour(spot) * slices
     except TpunbError:
         return None
+
+
+def list_price(record: SliceRecord) -> float | None:
+    """What a recorded slice (every slice of a multislice) costs, or would cost, on Cloud TPU."""
+    try:
+        accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
+    except TpunbError:
+        return None
+    return price_per_hour(accelerator, bool(record.spec.get("spot")), record.num_slices) if accelerator else None
 
 
 def watch_interval() -> float:
