@@ -65,6 +65,7 @@ class Faults:
     quota: str | None = None  # "operation": create operations fail with code 8; "http": create answers 429
     no_capacity: bool | list[str] = False  # stockout everywhere, or in these zones only
     permission_denied: bool = False  # create calls answer 403 (caller lacks tpu.*.create)
+    delete_denied: bool = False  # delete calls answer 403 (caller lacks tpu.*.delete): clean-up fails
     api_disabled: bool = False  # every call answers 403 SERVICE_DISABLED
     slow_create: float = 0.0  # extra seconds a node stays CREATING
     preempt_after: float | None = None  # spot nodes are preempted this long after READY
@@ -96,7 +97,7 @@ def _coerce_fault(key: str, value: Any) -> Any:
         if isinstance(value, str):
             return [z for z in value.split(",") if z] or False
         return list(value) if isinstance(value, (list, tuple)) else bool(value)
-    if key in ("permission_denied", "api_disabled"):
+    if key in ("permission_denied", "api_disabled", "delete_denied"):
         return bool(value)
     if key == "slow_create":
         return float(value or 0)
@@ -185,17 +186,24 @@ class Emulator:
                 403, "PERMISSION_DENIED", f"Location {zone} is not found or access is unauthorized."
             )
 
+    def _check_delete(self, project: str, zone: str, kind: str, resource_id: str) -> None:
+        if self.faults.delete_denied:
+            self._denied(project, zone, kind, resource_id, "delete")
+
+    def _denied(self, project: str, zone: str, kind: str, resource_id: str, verb: str) -> None:
+        permission = f"tpu.{kind}.{verb}"
+        raise ApiError(
+            403,
+            "PERMISSION_DENIED",
+            f"Permission '{permission}' denied on resource '//tpu.googleapis.com/projects/{project}/"
+            f"locations/{zone}/{kind}/{resource_id}' (or it may not exist).",
+            [error_info("IAM_PERMISSION_DENIED", "iam.googleapis.com", permission=permission)],
+        )
+
     def _check_create(self, project: str, zone: str, kind: str, resource_id: str) -> None:
         """The faults a create call hits before any validation of its body."""
         if self.faults.permission_denied:
-            permission = f"tpu.{kind}.create"
-            raise ApiError(
-                403,
-                "PERMISSION_DENIED",
-                f"Permission '{permission}' denied on resource '//tpu.googleapis.com/projects/{project}/"
-                f"locations/{zone}/{kind}/{resource_id}' (or it may not exist).",
-                [error_info("IAM_PERMISSION_DENIED", "iam.googleapis.com", permission=permission)],
-            )
+            self._denied(project, zone, kind, resource_id, "create")
         if not ID_RE.match(resource_id or ""):
             raise ApiError(
                 400,
@@ -385,6 +393,7 @@ class Emulator:
 
     def delete_node(self, project: str, zone: str, node_id: str) -> dict:
         self._check_location(project, zone)
+        self._check_delete(project, zone, "nodes", node_id)
         node = _find(self.nodes, f"projects/{project}/locations/{zone}/nodes/{node_id}")
         return self._start_delete(node).to_json()
 
@@ -547,6 +556,7 @@ class Emulator:
 
     def delete_queued(self, project: str, zone: str, qr_id: str, force: bool = False) -> dict:
         self._check_location(project, zone)
+        self._check_delete(project, zone, "queuedResources", qr_id)
         qr = _find(self.queued, f"projects/{project}/locations/{zone}/queuedResources/{qr_id}")
         if qr.delete_op is not None:
             return qr.delete_op.to_json()

@@ -459,8 +459,8 @@ def create(
         raise ProvisionError(f"{e}; {_cleanup(spec)}", e.reason or "lost") from None
     except _api_errors() as e:
         raise _translate(e, _with_cleanup(ctx, _cleanup(spec))) from None
-    except BaseException:
-        _cleanup(spec)
+    except BaseException as e:
+        _cleanup(spec, "its launch was interrupted" if isinstance(e, KeyboardInterrupt) else "its launch failed")
         raise
 
 
@@ -534,12 +534,12 @@ def _nodes_of(api: Any, qr: Any) -> list[Any]:
     return [node for node in found if node is not None]
 
 
-def _cleanup(spec: NodeSpec) -> str:
+def _cleanup(spec: NodeSpec, why: str = "its launch failed") -> str:
     """Delete what a failed create made; returns what happened, for the error message."""
     what = ("queued resource and its nodes" if spec.slices > 1 else
             "queued resource and node" if spec.queued else "node")
     queued = spec.queued or spec.slices > 1
-    existed = delete_or_say(spec.project, spec.zone, spec.name, "its launch failed", queued)
+    existed = delete_or_say(spec.project, spec.zone, spec.name, why, queued)
     if existed is None:
         return f"could not delete {what} {spec.name}: it is listed as an orphan in %tpu_status until it is gone"
     return f"deleted {what} {spec.name}" if existed else "nothing was left to clean up"
