@@ -7,6 +7,7 @@ here fetches anything: the slices, the registry and the backends fill the rows i
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
@@ -83,6 +84,44 @@ COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_d
            "pid", "runner", "uptime_s", *METRIC_COLUMNS]
 
 
+#: columns %tpu_status shows in human units (the returned DataFrame keeps the numbers)
+BYTE_COLUMNS = ("rss_bytes", "memory_used_bytes", "hbm_used_bytes")
+SECOND_COLUMNS = ("uptime_s", "idle_delete_in")
+
+
+def readable(table: "pandas.DataFrame") -> "pandas.DataFrame":
+    """A copy for people: bytes in KiB/MiB/GiB, seconds as 1h30m, CPU as a percentage, blanks for none."""
+    from tpunb.units import format_bytes, format_duration
+
+    shown = table.copy()
+    formats = {**{c: format_bytes for c in BYTE_COLUMNS}, **{c: format_duration for c in SECOND_COLUMNS},
+               "cpu_percent": lambda v: f"{v:.0f}%", "usd_per_hour": lambda v: f"${v:,.2f}/h"}
+    for column, fmt in formats.items():
+        if column in shown.columns:
+            shown[column] = [fmt(v) if v is not None and v == v else "" for v in shown[column]]
+    return shown
+
+
+@functools.cache
+def _status_frame_class():
+    import pandas as pd
+
+    class StatusFrame(pd.DataFrame):
+        """%tpu_status's DataFrame: raw numbers to compute with, human units when displayed."""
+
+        @property
+        def _constructor(self):
+            return pd.DataFrame  # what is derived from it (a column, a filter) is a plain DataFrame
+
+        def _repr_html_(self) -> str | None:
+            return readable(pd.DataFrame(self))._repr_html_()
+
+        def __repr__(self) -> str:
+            return repr(readable(pd.DataFrame(self)))
+
+    return StatusFrame
+
+
 def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
     """The rows as %tpu_status shows them: the current slice starred, cloud columns only if needed."""
     import pandas as pd
@@ -97,7 +136,7 @@ def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
         table = table.drop(columns=list(CLOUD_COLUMNS))
     table["slice_index"] = table["slice_index"].astype("Int64")  # 0, 1 (not 0.0) beside single slices' blanks
     empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "slice_index") if table[c].isna().all()]
-    return table.drop(columns=empty)
+    return _status_frame_class()(table.drop(columns=empty))
 
 
 def with_latest_metrics(row: HostRow, latest: list[tuple[int, str, int | None, float, float]]) -> HostRow:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpunb.errors import ProvisionError, UsageError
+from tpunb.units import format_duration  # noqa: F401 (imported from here by gcp/)
 
 
 IDLE_DELETE_ENV = "TPUNB_IDLE_DELETE"
@@ -93,16 +94,6 @@ def parse_duration(value: str | float | int | None, flag: str = "duration") -> f
         if parts and re.fullmatch(r"(?:\s*\d+(?:\.\d+)?\s*[smhd])+\s*", text):
             return float(sum(float(n) * _UNITS[unit] for n, unit in parts))
     raise UsageError(f"{flag} takes a duration like 30m, 2h or 90s (0 or off: never), not {value!r}")
-
-
-def format_duration(seconds: float) -> str:
-    """1800 -> '30m', 5400 -> '1h30m', 3 -> '3s': durations as --idle-delete takes them."""
-    rest, parts = round(seconds), []
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
-        if rest >= size or (unit == "s" and not parts):
-            parts.append(f"{rest // size}{unit}")
-            rest %= size
-    return "".join(parts)
 
 
 def parse_labels(labels: str | dict | None) -> dict[str, str]:
