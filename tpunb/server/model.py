@@ -75,7 +75,8 @@ def _slice_row(record: SliceRecord, now: float, nodes: Nodes, reg: Registry) -> 
 def _orphan_row(orphan: OrphanStatus) -> dict[str, Any]:
     price, uptime = orphan.usd_per_hour, orphan.uptime_s
     return {
-        "name": orphan.name, "backend": orphan.backend, "accelerator": orphan.accelerator, "num_slices": orphan.num_slices,
+        "name": orphan.name, "backend": orphan.backend, "accelerator": orphan.accelerator,
+        "num_slices": orphan.num_slices,
         "state": orphan.state, "project": orphan.project, "zone": orphan.zone,
         "age_s": round(uptime, 1) if uptime is not None else None, "spot": orphan.spot, "usd_per_hour": price,
         "usd_so_far": round(price * uptime / 3600, 4) if price is not None and uptime is not None else None,

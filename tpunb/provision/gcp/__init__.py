@@ -109,8 +109,8 @@ def create(request: LaunchRequest) -> Slice:
         reg.delete_slice(name)
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
                                     or slices > 1) is not None
-        progress.failed(f"could not connect to the hosts, so {name} was {'deleted again' if deleted else 'left: see above'}"
-                        f": {exc}")
+        fate = "deleted again" if deleted else "left: see above"
+        progress.failed(f"could not connect to the hosts, so {name} was {fate}: {exc}")
         raise
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
     if opts.idle_delete:
