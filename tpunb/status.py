@@ -132,7 +132,7 @@ def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
         record["current"] = "*" if row.current else ""
         records.append(record)
     table = pd.DataFrame(records, columns=COLUMNS)
-    if not (table["backend"] == "gcp").any():
+    if table["cloud_state"].isna().all():  # no row is a cloud node
         table = table.drop(columns=list(CLOUD_COLUMNS))
     table["slice_index"] = table["slice_index"].astype("Int64")  # 0, 1 (not 0.0) beside single slices' blanks
     empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "slice_index") if table[c].isna().all()]

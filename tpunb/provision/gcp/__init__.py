@@ -176,7 +176,7 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
     elif place in nodes:
         info = nodes[place].get(record.name)
         cloud = _node(record, info, watch=False).status()
-        state = cloud["cloud_state"]
+        state = cloud["cloud_state"] or "UNKNOWN"
         running_s = cloud["uptime_s"] if cloud["uptime_s"] is not None else running_s
     else:
         state = record.state
