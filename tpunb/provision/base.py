@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from tpunb.catalog import Accelerator
-    from tpunb.provision.gcp.api import NodeInfo
+    from tpunb.provision.gcp.api import NodeInfo  # noqa: F401 - named in the Nodes alias
     from tpunb.registry import Registry, SliceRecord
     from tpunb.slice import Slice
     from tpunb.status import SliceStatus
