@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import proto_check
 from tpunb.emulator import EmulatorHandle, start_emulator
 
 FAST = {"create_seconds": 0.1, "delete_seconds": 0.05, "queue_seconds": 0.05}
@@ -25,10 +26,14 @@ def tpu_emulator_options() -> dict:
 @pytest.fixture
 def tpu_emulator(tpu_emulator_options: dict, monkeypatch: pytest.MonkeyPatch) -> Iterator[EmulatorHandle]:
     """A running emulator (``.url``, ``.admin()``, ``.faults()``, ``.preempt()``, ``.state()``,
-    ``.wait_for()``...) with TPUNB_TPU_API_ENDPOINT set to it for the test."""
+    ``.wait_for()``...) with TPUNB_TPU_API_ENDPOINT set to it for the test. Every API call the test
+    made is checked against tpu_v2 afterwards (tests/proto_check.py)."""
     url, handle = start_emulator(**tpu_emulator_options)
     monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", url)
+    exchanges = handle.record()
     try:
         yield handle
     finally:
         handle.stop()
+    for exchange in exchanges:  # every call the test made, against Google's own tpu_v2 messages
+        proto_check.check(exchange)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpunb import slices
-from tpunb.errors import CellInterrupted, ProvisionError, UnknownAcceleratorError
+from tpunb.errors import AuthenticationError, CellInterrupted, ProvisionError, UnknownAcceleratorError
 from tpunb.registry import Registry
 from tests.conftest import CPU_AS_TPU_HOST, interrupt_kernel_when, wait_for
 from tests.emulator_fixture import FAST
@@ -100,6 +100,17 @@ def test_cloud_failures_are_one_line_and_leave_nothing(cloud, cell, isolated_hom
     assert run.stdout.strip().splitlines()[-1] == f"ProvisionError: {run.error}"  # the error: one line
     assert "\n" not in str(run.error) and "Traceback" not in run.shown
     assert Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_os_login_ignoring_the_metadata_key_says_what_to_do(cloud, sshd, isolated_home):
+    """Under OS Login a VM ignores the node's ssh-keys: the refusal names OS Login and the gcloud fix."""
+    cloud.faults(os_login=True)
+    with pytest.raises(AuthenticationError) as info:
+        slices.launch("v4-8", name="oslogin", backend="gcp", python=sshd.python, connect_wait=1)
+    text = str(info.value)
+    assert "OS Login is probably on in project proj" in text and "\n" not in text
+    assert "gcloud compute os-login ssh-keys add --key-file" in text and "--user" in text
+    assert cloud.state()["nodes"] == [] and Registry(isolated_home / "registry.db").list_slices() == []
 
 
 def test_stuck_in_creating_past_timeout_is_deleted(cloud, cell, launch):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from tpunb import catalog
-from tpunb.emulator.resources import ApiError, eid, error_info
+from tpunb.emulator.resources import ACCELERATOR_CONFIG_TYPES, ApiError, eid, error_info
 from tpunb.errors import UnknownAcceleratorError
 
 ID_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -42,6 +42,7 @@ class Faults:
     quota: str | None = None  # "operation": create operations fail with code 8; "http": create answers 429
     no_capacity: bool | list[str] = False  # stockout everywhere, or in these zones only
     permission_denied: bool = False  # create calls answer 403 (caller lacks tpu.*.create)
+    os_login: bool = False  # new VMs ignore metadata ssh-keys, as under OS Login (enable-oslogin=TRUE)
     delete_denied: bool = False  # delete calls answer 403 (caller lacks tpu.*.delete): clean-up fails
     api_disabled: bool = False  # every call answers 403 SERVICE_DISABLED
     slow_create: float = 0.0  # extra seconds a node stays CREATING
@@ -74,7 +75,7 @@ def _coerce_fault(key: str, value: Any) -> Any:
         if isinstance(value, str):
             return [z for z in value.split(",") if z] or False
         return list(value) if isinstance(value, (list, tuple)) else bool(value)
-    if key in ("permission_denied", "api_disabled", "delete_denied"):
+    if key in ("permission_denied", "api_disabled", "delete_denied", "os_login"):
         return bool(value)
     if key == "slow_create":
         return float(value or 0)
@@ -113,13 +114,15 @@ class RequestChecks:
             self._denied(project, zone, kind, resource_id, "delete")
 
     def _denied(self, project: str, zone: str, kind: str, resource_id: str, verb: str) -> None:
+        """As the real API: a create is checked on the parent location, other verbs on the resource;
+        ErrorInfo's domain is the service (tests/fixtures/cloud/permission_iam_http_403.json)."""
         permission = f"tpu.{kind}.{verb}"
+        resource = f"projects/{project}/locations/{zone}" + ("" if verb == "create" else f"/{kind}/{resource_id}")
         raise ApiError(
             403,
             "PERMISSION_DENIED",
-            f"Permission '{permission}' denied on resource '//tpu.googleapis.com/projects/{project}/"
-            f"locations/{zone}/{kind}/{resource_id}' (or it may not exist).",
-            [error_info("IAM_PERMISSION_DENIED", "iam.googleapis.com", permission=permission)],
+            f"Permission '{permission}' denied on resource '//tpu.googleapis.com/{resource}' (or it may not exist).",
+            [error_info("IAM_PERMISSION_DENIED", "tpu.googleapis.com", permission=permission, resource=resource)],
         )
 
     def _check_create(self, project: str, zone: str, kind: str, resource_id: str) -> None:
@@ -150,7 +153,7 @@ class RequestChecks:
                 "INVALID_ARGUMENT",
                 f'Cloud TPU received a bad request. Invalid accelerator type "{name}". {eid()}',
             ) from None
-        if zone not in acc.zones:
+        if zone not in acc.zones or acc.generation not in ACCELERATOR_CONFIG_TYPES:  # no TPU7x in this API
             raise ApiError(
                 400,
                 "INVALID_ARGUMENT",

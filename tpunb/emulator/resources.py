@@ -43,14 +43,10 @@ class ApiError(Exception):
         self.details = details or []
 
     def body(self) -> dict:
-        return {
-            "error": {
-                "code": self.http,
-                "message": self.message,
-                "status": self.status,
-                "details": self.details,
-            }
-        }
+        error: dict[str, Any] = {"code": self.http, "message": self.message, "status": self.status}
+        if self.details:  # as the real API: no empty list (proto3 JSON leaves defaults out)
+            error["details"] = self.details
+        return {"error": error}
 
 
 def now_rfc3339() -> str:
@@ -94,7 +90,9 @@ class Operation:
         }
         if self.end_time:
             meta["endTime"] = self.end_time
-        out: dict[str, Any] = {"name": self.name, "metadata": meta, "done": self.done}
+        out: dict[str, Any] = {"name": self.name, "metadata": meta}
+        if self.done:  # proto3 JSON leaves a false bool out, as the real API does
+            out["done"] = True
         if self.error is not None:
             out["error"] = self.error
         elif self.response is not None:
@@ -125,6 +123,7 @@ class Node:
     endpoints: list[Endpoint] = field(default_factory=list)
     endpoints_visible: bool = False
     queued_resource: str | None = None
+    multislice: bool = False  # one of a multislice's nodes (Node.multisliceNode, output only)
     create_op: Operation | None = None
     delete_op: Operation | None = None
     numeric_id: int = field(default_factory=lambda: secrets.randbelow(8 * 10**18) + 10**18)  # int64
@@ -177,6 +176,8 @@ class Node:
             }
         if self.queued_resource:
             out["queuedResource"] = self.queued_resource
+        if self.multislice:
+            out["multisliceNode"] = True
         return out
 
 
@@ -242,7 +243,8 @@ class QueuedResource:
     def to_json(self) -> dict:
         state: dict[str, Any] = {"state": self.state}
         if self.state in _STATE_DATA:
-            state[_STATE_DATA[self.state]] = {"error": self.failed_error} if self.failed_error else {}
+            failed = self.state == "FAILED" and self.failed_error  # only FailedData has an error field
+            state[_STATE_DATA[self.state]] = {"error": self.failed_error} if failed else {}
         if self.state_initiator:
             state["stateInitiator"] = self.state_initiator
         out: dict[str, Any] = {

@@ -6,6 +6,7 @@ API (what google-cloud-tpu's REST transport calls; every path starts with /v2/):
   GET|POST   projects/P/locations/Z/queuedResources   list | create (?queuedResourceId=)
   GET|DELETE projects/P/locations/Z/queuedResources/Q (?force=true deletes its node too)
   GET        projects/P/locations/Z/operations/O
+  GET        projects/P/locations/Z/acceleratorTypes[/T]  |  runtimeVersions[/V]   (from tpunb's catalog)
 Admin (JSON in and out):
   GET  /_emulator/health               {"ok": true}
   GET  /_emulator/state                every node, queued resource, pending operation, fault, timing
@@ -28,9 +29,10 @@ import tempfile
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
+from tpunb.emulator import catalog_api
 from tpunb.emulator.admin import AdminClient
 from tpunb.emulator.hosts import HostPool
 from tpunb.emulator.metadata import MetadataServer
@@ -48,6 +50,10 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("GET", re.compile(_LOC + r"/queuedResources/(?P<id>[^/:]+)$"), "get_queued"),
     ("DELETE", re.compile(_LOC + r"/queuedResources/(?P<id>[^/:]+)$"), "delete_queued"),
     ("GET", re.compile(r"/v2/(?P<name>projects/[^/]+/locations/[^/]+/operations/[^/:]+)$"), "get_operation"),
+    ("GET", re.compile(_LOC + r"/acceleratorTypes$"), "list_accelerator_types"),
+    ("GET", re.compile(_LOC + r"/acceleratorTypes/(?P<id>[^/:]+)$"), "get_accelerator_type"),
+    ("GET", re.compile(_LOC + r"/runtimeVersions$"), "list_runtime_versions"),
+    ("GET", re.compile(_LOC + r"/runtimeVersions/(?P<id>[^/:]+)$"), "get_runtime_version"),
     ("GET", re.compile(r"/_emulator/health$"), "admin_health"),
     ("GET", re.compile(r"/_emulator/state$"), "admin_state"),
     ("POST", re.compile(r"/_emulator/reset$"), "admin_reset"),
@@ -63,6 +69,12 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
     """Dispatch one matched route to the emulator (under its lock)."""
     p, z = m.get("project", ""), m.get("zone", "")
     size, token = int(q.get("pageSize") or 0), q.get("pageToken", "")
+
+    def located(fn: Callable[..., Any], *args: str) -> Any:
+        """A catalog call, after the same location (and API enabled) checks every call gets."""
+        emu.call(emu._check_location, p, z)
+        return fn(p, z, *args)
+
     calls: dict[str, Callable[[], Any]] = {
         "list_nodes": lambda: emu.call(emu.list_nodes, p, z, size, token),
         "create_node": lambda: emu.call(emu.create_node, p, z, q.get("nodeId", ""), body),
@@ -75,6 +87,10 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
             emu.delete_queued, p, z, m["id"], q.get("force", "").lower() == "true"
         ),
         "get_operation": lambda: emu.call(emu.get_operation, m["name"]),
+        "list_accelerator_types": lambda: located(catalog_api.list_accelerator_types),
+        "get_accelerator_type": lambda: located(catalog_api.get_accelerator_type, m["id"]),
+        "list_runtime_versions": lambda: located(catalog_api.list_runtime_versions),
+        "get_runtime_version": lambda: located(catalog_api.get_runtime_version, m["id"]),
         "admin_health": lambda: {"ok": True},
         "admin_state": lambda: emu.call(emu.snapshot),
         "admin_reset": lambda: emu.call(emu.reset),
@@ -100,6 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query.replace(";", "&")).items()}
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        self._request = (self.command, url.path, query, raw)
         try:
             body = json.loads(raw) if raw.strip() else {}
             for method, pattern, action in _ROUTES:
@@ -121,6 +138,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, payload: Any) -> None:
         data = json.dumps(payload).encode()
+        exchanges = self.server.exchanges
+        method, path, query, raw = self._request
+        if exchanges is not None and path.startswith("/v2/"):
+            exchanges.append(Exchange(method, path, query, raw, code, data))
         self.send_response(code)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
@@ -132,6 +153,17 @@ class _Handler(BaseHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+class Exchange(NamedTuple):
+    """One API call as it crossed the wire: what tests check against Google's own messages."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    request: bytes
+    status: int
+    response: bytes
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -140,6 +172,7 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, _Handler)
         self.emulator = emulator
         self.verbose = verbose
+        self.exchanges: list[Exchange] | None = None  # set by EmulatorHandle.record()
 
     def handle_error(self, request, client_address) -> None:
         """A client that hung up mid-answer (an interrupted launch) is normal, not worth a traceback."""
@@ -157,6 +190,13 @@ class EmulatorHandle(AdminClient):
         self._server = server
         self._thread = thread
         self.emulator = server.emulator
+
+    def record(self) -> list[Exchange]:
+        """Keep every /v2/ request and its answer, raw, in the returned list (appended as served;
+        a second call returns the same list)."""
+        if self._server.exchanges is None:
+            self._server.exchanges = []
+        return self._server.exchanges
 
     def stop(self) -> None:
         """Stop serving, stop the clock and remove the keys this emulator installed."""

@@ -172,7 +172,8 @@ class Emulator(RequestChecks):
         if node.state != "CREATING" or self.nodes.get(node.name) is not node:
             return
         node.state, node.health, node.endpoints_visible = "READY", "HEALTHY", True
-        self.hosts.install_keys(node.name, node.metadata.get("ssh-keys", ""))
+        if not self.faults.os_login:
+            self.hosts.install_keys(node.name, node.metadata.get("ssh-keys", ""))
         for endpoint in node.endpoints:  # each worker VM boots: its startup-script runs
             self.hosts.boot(endpoint.internal_ip, node.metadata.get("startup-script", ""))
         if node.create_op:
@@ -351,7 +352,8 @@ class Emulator(RequestChecks):
             qr.failed_error = {"code": 6, "message": f"Resource '{taken[0]}' already exists"}
             return
         nodes = [
-            self._new_node(qr.project, qr.zone, node_id, acc, qr.node_request, spot=qr.spot, queued_resource=qr.name)
+            self._new_node(qr.project, qr.zone, node_id, acc, qr.node_request, spot=qr.spot, queued_resource=qr.name,
+                           multislice=qr.node_prefix is not None)
             for node_id in qr.node_ids
         ]
         for node in nodes:  # all slices or none: a multislice waits until every one fits
@@ -496,7 +498,7 @@ def _in_location(table: dict[str, Any], project: str, zone: str) -> list[Any]:
 def _page(items: list[dict], key: str, page_size: int, page_token: str) -> dict:
     start = int(page_token or 0)
     end = start + page_size if page_size > 0 else len(items)
-    out: dict[str, Any] = {key: items[start:end]}
+    out: dict[str, Any] = {key: items[start:end]} if items[start:end] else {}  # no empty list, as the real API
     if end < len(items):
         out["nextPageToken"] = str(end)
     return out

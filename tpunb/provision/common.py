@@ -22,7 +22,8 @@ GLOO_FRAGMENTS = r"(?:\s|\d|[.:]|\[Gloo\]|Rank|is connected to|peer ranks|Expect
 DROP_NOISE = {"drop_output": GLOO_CHATTER, "drop_fragments": GLOO_FRAGMENTS}
 
 
-#: where JAX's multislice runtime (megascale) listens on host 0 of slice 0: JAX's default port
+#: where JAX's multislice runtime (megascale) listens on host 0 of slice 0: our choice (Ray's TPU
+#: utilities use 8081; no Google page states libtpu's default; see docs/cloud-facts.md)
 MEGASCALE_PORT = 8080
 
 

@@ -17,12 +17,13 @@ import os
 import time
 
 from tpunb import catalog, report
-from tpunb.errors import CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
+from tpunb.errors import AuthenticationError, CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
 from tpunb.provision import ssh
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import owner_alive
 from tpunb.provision import warm
 from tpunb.provision.gcp import api
+from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -110,6 +111,10 @@ def create(request: LaunchRequest) -> Slice:
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
                                     or slices > 1) is not None
         fate = "deleted again" if deleted else "left: see above"
+        if isinstance(exc, AuthenticationError):  # the node's metadata held the key: OS Login ignores it
+            refused = AuthenticationError(gcp_errors.os_login_message(name, project, opts.user, str(key_path)))
+            progress.failed(f"could not connect to the hosts, so {name} was {fate}: {refused}")
+            raise refused from None
         progress.failed(f"could not connect to the hosts, so {name} was {fate}: {exc}")
         raise
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""

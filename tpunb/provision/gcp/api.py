@@ -39,6 +39,7 @@ from tpunb.provision.gcp.records import (  # noqa: F401 - the records are part o
     _multislice,
     _node_ids,
     _queued_info,
+    enum_name,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +65,8 @@ IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tp
 PUBLIC_ENDPOINT = "https://tpu.googleapis.com"
 DEFAULT_TIMEOUT = 1200.0
 DELETE_TIMEOUT = 600.0
+#: what tpu.googleapis.com creates (tpu_v2's AcceleratorConfig.Type has these and no later one)
+TPU_API_GENERATIONS = frozenset({"v2", "v3", "v4", "v5e", "v5p", "v6e"})
 LOST_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN"})
 LOST_QUEUED_STATES = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"})
 
@@ -253,6 +256,9 @@ def create(
     ProvisionErrors whose ``.reason`` names the kind (quota, no_capacity, permission, ...).
     """
     acc = catalog.lookup(spec.accelerator)  # UnknownAcceleratorError: one line with suggestions
+    if acc.generation not in TPU_API_GENERATIONS:  # docs/cloud-facts.md: "not supported on TPU7x and later"
+        raise UsageError(f"{acc.name} cannot be created through the Cloud TPU API (Google serves TPU7x and later "
+                         "through GKE or Compute Engine only): pick a v6e or older type")
     ctx = gcp_errors.Context(spec.name, spec.project, spec.zone, acc.name, spec.spot, spec.queued)
     started = time.monotonic()
     api, tpu_v2 = client(), _tpu()
@@ -321,13 +327,14 @@ def _wait_node(api: Any, op: Any, node_name: str, watch: _Transitions, deadline:
     while True:
         node = _get_or_none(api.get_node, node_name)
         if node is not None:
-            watch.see(node.state.name)
-            if node.state.name == "READY":
+            state = enum_name(node.state)
+            watch.see(state)
+            if state == "READY":
                 return _info(node)
-            if node.state.name in LOST_NODE_STATES:
+            if state in LOST_NODE_STATES:
                 spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
-                text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], node.state.name, spot)
-                raise ProvisionError(text, "preempted" if node.state.name == "PREEMPTED" else "lost")
+                text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], state, spot)
+                raise ProvisionError(text, "preempted" if state == "PREEMPTED" else "lost")
         if op.done():
             if op.operation.error.code:
                 raise _OperationFailed(op.operation.error.code, op.operation.error.message)
@@ -347,7 +354,7 @@ def _wait_queued(
             raise _OperationFailed(op.operation.error.code, op.operation.error.message)
         qr = _get_or_none(api.get_queued_resource, qr_name)
         if qr is not None:
-            state = qr.state.state.name
+            state = enum_name(qr.state.state)
             watch.see(state)
             if state == "ACTIVE":
                 if _node_ids(qr) == [node_name.rsplit("/", 1)[-1]]:
@@ -461,7 +468,7 @@ def get(project: str, zone: str, name: str) -> NodeInfo | None:
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     if node is not None:
-        return _info(node, queued_state=qr.state.state.name if qr is not None else None)
+        return _info(node, queued_state=enum_name(qr.state.state) if qr is not None else None)
     return _queued_info(qr) if qr is not None else None
 
 
@@ -525,7 +532,7 @@ def list_nodes(
         queued = list(api.list_queued_resources(parent=parent))
     except _api_errors() as e:
         raise _translate(e, ctx) from None
-    states = {q.name: q.state.state.name for q in queued}
+    states = {q.name: enum_name(q.state.state) for q in queued}
     multislices = {q.name: q for q in queued if len(_node_ids(q)) > 1}
     infos = [_info(n, states.get(n.queued_resource)) for n in nodes if n.queued_resource not in multislices]
     infos += [_multislice(q, [n for n in nodes if n.queued_resource == name]) for name, q in multislices.items()]

@@ -214,7 +214,8 @@ def _quota(f: Failure, ctx: Context) -> str:
     ]
     if not ctx.spot:
         options.append("try --spot (spot has its own quota)")
-    options.append("try another zone")
+    region = re.search(r"\bin region ([a-z]+-[a-z]+\d+)", f.message)  # a regional quota: its zones share it
+    options.append(f"try a zone outside {region.group(1)}" if region else "try another zone")
     what = f"quota exceeded for {ctx.accelerator} in {ctx.zone} (RESOURCE_EXHAUSTED: {f.message})"
     return f"{what}: {_either(options)}"
 
@@ -231,6 +232,15 @@ def _no_capacity(f: Failure, ctx: Context) -> str:
 
 def _preempted(f: Failure, ctx: Context) -> str:
     return preempted_message(ctx.name, "PREEMPTED", ctx.spot)
+
+
+def os_login_message(name: str, project: str, user: str, key_path: str) -> str:
+    """SSH refused tpunb's key although the node's ssh-keys metadata holds it: OS Login ignores
+    metadata keys (docs/cloud-facts.md), so the key must be registered with the user's account."""
+    return (f"the hosts of {name} refused SSH as {user} with tpunb's key, which the node's ssh-keys metadata "
+            f"holds: OS Login is probably on in project {project} (it ignores metadata keys); run `gcloud compute "
+            f"os-login ssh-keys add --key-file {key_path}.pub` and relaunch with --user set to your OS Login "
+            "user name")
 
 
 def preempted_message(name: str, state: str, spot: bool) -> str:

@@ -94,6 +94,12 @@ class NodeInfo:
         return ((now or datetime.now(self.create_time.tzinfo)) - self.create_time).total_seconds()
 
 
+def enum_name(value: Any) -> str:
+    """An enum's name; a number this client's tpu_v2 does not know (a state the API added later; the
+    REST transport asks for numbers) becomes STATE_<n> instead of an AttributeError."""
+    return getattr(value, "name", None) or f"STATE_{int(value)}"
+
+
 def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
     parts = node.name.split("/")
     port = int(node.labels.get(SSH_PORT_LABEL, 22) or 22)
@@ -104,8 +110,8 @@ def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
     return NodeInfo(
         name=parts[-1],
         accelerator=node.accelerator_type,
-        state=node.state.name,
-        health=node.health.name if node.health else None,
+        state=enum_name(node.state),
+        health=enum_name(node.health) if node.health else None,
         hosts=hosts,
         spot=bool(node.scheduling_config.spot or node.scheduling_config.preemptible),
         labels=dict(node.labels),
@@ -135,7 +141,7 @@ def _queued_info(qr: Any) -> NodeInfo:
         project=parts[1],
         zone=parts[3],
         runtime=node.runtime_version if node is not None else "",
-        queued_state=qr.state.state.name,
+        queued_state=enum_name(qr.state.state),
         slices=max(1, len(_node_ids(qr))),
     )
 
@@ -155,7 +161,7 @@ def _node_ids(qr: Any) -> list[str]:
 def _multislice(qr: Any, nodes: list[Any]) -> NodeInfo:
     """A multislice's nodes as one NodeInfo named after its queued resource: hosts numbered over
     every slice in slice order (as JAX numbers processes); READY only when every node is."""
-    infos = [_info(n, queued_state=qr.state.state.name) for n in nodes]
+    infos = [_info(n, queued_state=enum_name(qr.state.state)) for n in nodes]
     order = {node_id: i for i, node_id in enumerate(_node_ids(qr))}
     infos.sort(key=lambda i: order.get(i.name, len(order)))
     base = _queued_info(qr)
