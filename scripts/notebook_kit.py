@@ -64,6 +64,7 @@ def write(filename: str, cells: list, execute: bool = True) -> str:
     path = os.path.abspath(os.path.join(NOTEBOOKS, filename))
     if execute:
         os.environ.setdefault("TPUNB_HOME", tempfile.mkdtemp(prefix="tpunb-notebook-"))
+        os.environ["TPUNB_GROUP_WAIT"] = "60"  # lines grouped as nbval's run will (notebooks/conftest.py)
         started = time.monotonic()
         NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": NOTEBOOKS}}).execute()
         print(f"executed {filename} in {time.monotonic() - started:.0f} s", file=sys.stderr)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import threading
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from tpunb import display, session as session_module, slice as slice_module, slices
+from tpunb import session as session_module, slices
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
@@ -140,7 +139,7 @@ def patient_grouping(monkeypatch):
     """Grouped output waits for every running host's line (not 0.25 s), so a test that asserts
     exactly how lines group does not depend on how far apart a loaded machine ran the hosts.
     The 0.25 s bound itself is tested in test_display.py."""
-    monkeypatch.setattr(slice_module, "CellOutput", functools.partial(display.CellOutput, max_wait=60.0))
+    monkeypatch.setenv("TPUNB_GROUP_WAIT", "60")
 
 
 @pytest.fixture
