@@ -649,13 +649,20 @@ def run_in_child(args) -> None:
         slices.down(all=True)
     except Exception:
         pass
-    if harness.emulator is not None:
-        outcome.leaked = (outcome.leaked or 0) + harness.nodes()
-    if harness.record_failures:  # agents that were not recorded cannot be counted as not leaked
-        outcome.survived = False
-        outcome.note = f"agent pids not recorded ({harness.record_failures[0]}); {outcome.note}"[:160]
+    account(outcome, harness)
     print("OUTCOME " + json.dumps(asdict(outcome)), flush=True)
     os._exit(0)
+
+
+def account(outcome: Outcome, harness: Harness) -> Outcome:
+    """What the case left that the harness can see: nodes still in the emulator, and agents whose
+    pids were not recorded (then nobody can say none leaked: the case fails)."""
+    if harness.emulator is not None:
+        outcome.leaked = (outcome.leaked or 0) + harness.nodes()
+    if harness.record_failures:
+        outcome.survived = False
+        outcome.note = f"agent pids not recorded ({harness.record_failures[0]}); {outcome.note}"[:160]
+    return outcome
 
 
 def sessions_left(home: Path) -> int:
