@@ -11,6 +11,7 @@ import time
 
 
 import tpunb
+from tpunb import slices
 from tpunb.display import ANSI
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
 from tests.conftest import interrupt_kernel_when, wait_for_files
@@ -216,9 +217,10 @@ def test_push_and_pull(make_slice, cell, ip):
     assert isinstance(missing.error, RemoteError) and "nothing_here" in str(missing.error)
 
 
-def test_host_environment_and_secret_env(make_slice, cell, isolated_home):
-    run = cell("%tpu_launch v4-16 --name envslice --env API_TOKEN=s3cr3t-value")
-    assert run.error is None
+def test_host_environment_and_secret_env(make_slice, cell, isolated_home, request):
+    run = cell(make_slice.line(2, name="envslice") + " --env API_TOKEN=s3cr3t-value")
+    assert run.error is None, run.shown
+    assert slices.registry().get_slice("envslice").backend == request.node.callspec.params["make_slice"]
     values = cell("%%on_tpu\nimport os\n(os.environ['TPUNB_HOST_INDEX'], os.environ['TPUNB_NUM_HOSTS'], "
                   "os.environ['TPUNB_SLICE'], os.environ['API_TOKEN'] == 's3cr3t-value')")
     assert "Out[0]: ('0', '2', 'envslice', True)" in values.shown

@@ -193,7 +193,13 @@ class Slice:
         fails this call once, naming it; the next call restarts it.
         """
         with self._revive_lock:
-            return self._revive()
+            try:
+                return self._revive()
+            except TransportError:
+                if not self.session.closed:
+                    raise
+                raise NoSliceError(f"slice {self.name!r} was deleted while its hosts were restarting: "
+                                   f"launch a new one with %tpu_launch {self.launch_line}") from None
 
     def _revive(self) -> list[int]:
         self._check_not_deleted()

@@ -9,6 +9,7 @@ full text lives once the notebook's copy is capped.
 from __future__ import annotations
 
 import collections
+import os
 import re
 import sys
 import time
@@ -328,6 +329,12 @@ class LiveLines:
         self.dirty, self.shown_at = False, self.clock()
 
 
+def group_wait() -> float:
+    """How long a line waits for hosts that have not printed it: 0.25 s, or $TPUNB_GROUP_WAIT, which
+    the notebook checks set so a loaded machine groups lines as the stored outputs do."""
+    return float(os.environ.get("TPUNB_GROUP_WAIT") or 0.25)
+
+
 class CellOutput(OutputSink):
     """Live rendering of one cell's output in a notebook (or any stdout/stderr).
 
@@ -339,7 +346,7 @@ class CellOutput(OutputSink):
 
     def __init__(self, hosts: list[int], num_hosts: int, mode: str = "grouped", logs: HostLogs | None = None,
                  cap_lines: int = DEFAULT_CAP_LINES, out: TextIO | None = None, err: TextIO | None = None,
-                 show: Callable[[dict, dict], None] = _ipython_display, max_wait: float = 0.25,
+                 show: Callable[[dict, dict], None] = _ipython_display, max_wait: float | None = None,
                  cap_bytes: int = DEFAULT_CAP_BYTES, host_cap_lines: int | None = None,
                  host_cap_bytes: int | None = None, line_chars: int = LINE_CHARS,
                  live: Callable[[dict, str | None], str] = _ipython_live, live_interval: float = 0.1,
@@ -360,6 +367,7 @@ class CellOutput(OutputSink):
         self.line_chars = line_chars
         #: (stream, host) -> its unfinished line; made at a host's first output (most cells print nothing)
         self.splitters: dict[tuple[str, int], LineSplitter] = {}
+        max_wait = group_wait() if max_wait is None else max_wait
         self.mergers = {name: LineMerger(hosts, max_wait) for name in ("stdout", "stderr")}
         self.bars = {name: LiveLines(live, self._label, live_interval, clock) for name in ("stdout", "stderr")}
         self.printed = self.printed_bytes = 0
