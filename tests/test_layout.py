@@ -136,3 +136,49 @@ def test_process_state_is_read_in_one_place():
                if "/stat" in p.read_text() and "/proc" in p.read_text()
                and not (p.parent.name == "host" and p.name in shipped)]
     assert readers == ["host/procs.py"], readers
+
+
+#: the only places a test may pause for a fixed time, and why each is not standing in for a condition
+SLEEP_ALLOWED = {
+    ("conftest.py", "wait_for"): "the poll interval of a wait on a real condition",
+    ("test_emulator.py", "states_until"): "polls fast enough to see every state an operation passes through",
+    ("test_liveness.py", "press"): "the gap between a user's repeated Ctrl-C presses is the behaviour under test",
+}
+
+
+def _pauses(tree: ast.AST) -> list[tuple[str, int]]:
+    """(innermost function, line) of each fixed pause: time.sleep(...), sleep(...), or a wait on a
+    fresh Event."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        elif isinstance(node, ast.Call):
+            func = node.func
+            sleep = (isinstance(func, ast.Attribute) and func.attr == "sleep") or \
+                (isinstance(func, ast.Name) and func.id == "sleep")
+            fresh_event_wait = isinstance(func, ast.Attribute) and func.attr == "wait" and \
+                isinstance(func.value, ast.Call) and ast.unparse(func.value.func).endswith("Event")
+            if sleep or fresh_event_wait:
+                found.append((function, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_tests_wait_on_conditions_not_on_the_clock():
+    """A sleep in a test body is a guess about timing that a loaded machine proves wrong: wait on the
+    condition itself (conftest.wait_for, an Event, a file). Sleeps inside the cells a test sends to its
+    hosts are workloads, not waits, and are strings here. Allowed: SLEEP_ALLOWED, each with its reason."""
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        for function, line in _pauses(ast.parse(path.read_text())):
+            if (path.name, function) not in SLEEP_ALLOWED:
+                offenders.append(f"{path.relative_to(tests)}:{line} in {function}")
+    assert not offenders, "fixed pauses in tests (wait on a condition instead): " + ", ".join(offenders)
+    seen = {(p.name, f) for p in tests.rglob("*.py") for f, _ in _pauses(ast.parse(p.read_text()))}
+    assert seen >= set(SLEEP_ALLOWED), f"allow-list entries no longer needed: {set(SLEEP_ALLOWED) - seen}"
