@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from tpunb import display, session as session_module, slice as slice_module, slices
+from tpunb import display, slice as slice_module, slices
+from tpunb.engine import connection
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
@@ -52,7 +53,7 @@ def make_slice(request):
     JSON frames, as hosts on another Python do (tests of tpunb.connect cover marshal over SSH)."""
     if request.param == "local":
         return lambda hosts=2, name=None: slices.launch(ACCELERATOR_FOR_HOSTS[hosts], name=name)
-    request.getfixturevalue("monkeypatch").setattr(session_module, "MARSHAL_FRAMES", False)
+    request.getfixturevalue("monkeypatch").setattr(connection, "MARSHAL_FRAMES", False)
     server = request.getfixturevalue("sshd")
     key = request.getfixturevalue("ssh_key")
 

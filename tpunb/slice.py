@@ -13,13 +13,13 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb import catalog, report
-from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, kernel_cell_number, kernel_colors
+from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, OutputSink, kernel_cell_number, kernel_colors
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
 from tpunb.display.hosts import Layout
 from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
-from tpunb.session import OutputSink, Session
+from tpunb.session import Session
 from tpunb.status import HostRow
 from tpunb.transport.base import Transport
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
 from tpunb.display.hosts import HostNames, format_hosts
-from tpunb.session import OutputSink
+from tpunb.display.sink import OutputSink
 
 MODES = ("grouped", "all", "first")
 DEFAULT_CAP_LINES = 2000
