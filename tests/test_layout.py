@@ -1,6 +1,6 @@
-"""The house keeps its shape: no import circle inside tpunb, few modules at the top level, records
-and their rendering apart from the engine, and
-the modules shipped to hosts import nothing but the standard library and each other."""
+"""The house keeps its shape: no import circle inside tpunb, few modules at the top level, results
+and their rendering never pulled into the engine, and the modules shipped to hosts import nothing
+but the standard library and each other."""
 from __future__ import annotations
 
 import ast
