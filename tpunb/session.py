@@ -91,6 +91,8 @@ class Session:
         self._waiters_lock = threading.Lock()
         self.backlog: queue.Queue = queue.Queue()  # frames outside any request (stray output)
         self.jax_started = False
+        #: (host, error) of hosts that failed to join JAX when another host started it, not yet said
+        self.jax_failures: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
         self._cells = itertools.count(1)  # one number per cell, the same on every host
         self.colors: str | None = None  # the traceback colour scheme hosts use (the kernel's)
         self.on_metrics: Callable[[int, dict], None] | None = None  # (host, metrics frame)
@@ -198,18 +200,33 @@ class Session:
             host.notice = None
         return notices
 
+    def take_jax_failures(self) -> dict[int, str]:
+        """Hosts that failed to join JAX in the background, with why; each is told once."""
+        failures = {}
+        while True:
+            try:
+                index, error = self.jax_failures.get_nowait()
+            except queue.Empty:
+                return failures
+            failures[index] = error
+
     def dead_hosts(self) -> list[int]:
         return [h.index for h in self.hosts if not h.alive]
 
     # -- routing ------------------------------------------------------------------------------
     def _route(self, index: int, message: dict, blob: bytes) -> None:
-        if message.get("op") == "metrics":  # samples belong to no request: straight to the slice's store
+        op = message.get("op")
+        if op == "metrics":  # samples belong to no request: straight to the slice's store
             if self.on_metrics is not None:
                 self.on_metrics(index, message)
             return
-        if message.get("op") == "event" and message.get("kind") == "jax_starting":
-            self._start_jax_everywhere(index)
-        if message.get("op") == "died":
+        if op == "event":
+            kind = message.get("kind")
+            if kind == "jax_starting":
+                self._start_jax_everywhere(index)
+            elif kind == "jax_failed" and message.get("background"):  # no cell of that host shows it
+                self.jax_failures.put((index, message.get("error") or "no reason given"))
+        if op == "died":
             with self._waiters_lock:
                 waiters = list(self._waiters.values())
             for waiter in waiters:
