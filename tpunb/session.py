@@ -246,7 +246,7 @@ class Session:
                 try:
                     host.send({"op": "start_jax"})
                 except TransportError:
-                    pass
+                    pass  # its connection is gone: its death reaches the session, which says it
 
     def _request(self, ctrl_c: CtrlC | None = None, sink: OutputSink | None = None,
                  results: dict[int, HostResult] | None = None) -> Request:
