@@ -9,6 +9,10 @@ import collections
 import queue
 import signal
 import threading
+from typing import Any
+
+#: what an inbox holds: (host index, message, blob)
+Frame = tuple[int, dict, bytes]
 
 
 class Inbox:
@@ -18,16 +22,16 @@ class Inbox:
     a wait at once (CtrlC raises Wake inside it) without ever losing a frame."""
 
     def __init__(self) -> None:
-        self._items: collections.deque = collections.deque()
+        self._items: collections.deque[Frame] = collections.deque()
         self._bell: queue.SimpleQueue = queue.SimpleQueue()
 
-    def put(self, item) -> None:
+    def put(self, item: Frame) -> None:
         ring = not self._items
         self._items.append(item)
         if ring:
             self._bell.put(None)
 
-    def get(self, timeout: float, ctrl_c: CtrlC | None = None):
+    def get(self, timeout: float, ctrl_c: CtrlC | None = None) -> Frame:
         """The next frame, waiting up to ``timeout``; queue.Empty if none came."""
         if not self._items:
             if ctrl_c is not None:
@@ -54,7 +58,7 @@ class CtrlC:
     def __init__(self) -> None:
         self.presses = 0
         self.waiting = False
-        self._previous = None
+        self._previous: Any = None
 
     def __enter__(self) -> CtrlC:
         if threading.current_thread() is threading.main_thread() and \
@@ -68,7 +72,7 @@ class CtrlC:
             self.waiting = False
             raise Wake()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
