@@ -165,6 +165,20 @@ def one_line_error(error, shown: str, names: str = "") -> bool:
     return isinstance(error, TpunbError) and not ours_in(shown) and (names in str(error))
 
 
+def frames_of(error: BaseException) -> list[str]:
+    """file:function of each frame the error passed through, outermost first."""
+    tb, frames = error.__traceback__, []
+    while tb is not None:
+        frames.append(f"{tb.tb_frame.f_code.co_filename}:{tb.tb_frame.f_code.co_name}")
+        tb = tb.tb_next
+    return frames
+
+
+def raised_in_tpunb(error: BaseException) -> bool:
+    """A frame of tpunb's own code was running when it was raised (else IPython's, before the magic)."""
+    return any(f"{os.sep}tpunb{os.sep}" in frame for frame in frames_of(error))
+
+
 def wait_until(predicate, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -554,8 +568,11 @@ def launch_interrupted_anywhere(h: Harness) -> Outcome:
             error = None
         if error is None:  # the launch won the race: end it, the case is about interrupted ones
             h.cell(f"%tpu_down {name}")
+        elif isinstance(error, KeyboardInterrupt) and not raised_in_tpunb(error):
+            pass  # pressed in IPython's own code before the magic ran (a loaded machine): leaks still checked
         elif not one_line_error(error, shown, "interrupted"):
-            raw.append(f"{delay} s: {type(error).__name__}: {error}")
+            where = frames_of(error)[-1:] if isinstance(error, KeyboardInterrupt) else []
+            raw.append(f"{delay} s: {type(error).__name__}: {error} {' '.join(where)}".rstrip())
             if os.environ.get("TPUNB_FAULT_DEBUG"):
                 print(shown, file=sys.stderr)
         wait_until(lambda: h.nodes() == 0, 10)

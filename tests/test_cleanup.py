@@ -183,3 +183,25 @@ def _quietly(call) -> None:
         call()
     except Exception:  # a revival cut short by the deletion may say so; nothing must be left running
         pass
+
+
+def test_a_zombie_is_not_alive_for_any_caller():
+    """One rule for process state: an ended child not yet reaped is dead to the registry, the
+    server and the emulator alike, and a running one is alive with its parent and start time."""
+    from tpunb.emulator import sshd
+    from tpunb.host import procs
+    from tpunb.provision.common import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert pid_alive(child.pid) and sshd.alive(child.pid) and procs.parent(child.pid) == os.getpid()
+        assert child.pid in procs.descendants(os.getpid())
+        token = process_start(child.pid)
+        assert token is not None and token == procs.start_token(child.pid)
+        child.stdin.close()
+        wait_for(lambda: (procs.stat_fields(child.pid) or ["Z"])[0] == "Z", what="the child to become a zombie")
+        assert not pid_alive(child.pid) and not sshd.alive(child.pid) and procs.parent(child.pid) is None
+        assert child.pid not in procs.descendants(os.getpid())
+    finally:
+        child.wait()
+    assert not pid_alive(child.pid) and procs.stat_fields(child.pid) is None

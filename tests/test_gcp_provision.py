@@ -423,3 +423,69 @@ def test_interrupt_during_the_create_call_deletes_only_this_launch(tpu_emulator,
     with pytest.raises(KeyboardInterrupt):
         gcp.create(spec("other-launch"))
     assert gcp.get(P, Z, "other-launch").ready  # same name, another launch's node: left alone
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_failed_cleanup_is_said_in_one_line_and_listed_as_an_orphan_until_gone(tpu_emulator, queued):
+    """Ctrl-C while the node is created, and its delete is denied: one line names the node and the
+    exact gcloud command; %tpu_status and the sidebar list it (no project configured: the recorded
+    place is surveyed) until it is gone, re-checked on every listing."""
+    from tpunb import report, slices
+    from tpunb.registry import Registry
+    from tpunb.server import model
+
+    tpu_emulator.faults(slow_create=60)
+
+    def interrupt(state, elapsed):
+        if state in ("CREATING", "PROVISIONING"):
+            tpu_emulator.faults(delete_denied=True)
+            raise KeyboardInterrupt
+
+    with report.captured() as messages, pytest.raises(KeyboardInterrupt):
+        gcp.create(spec("stuck", queued=queued), on_state=interrupt)
+    command = (f"gcloud compute tpus queued-resources delete stuck --zone {Z} --project {P} --force" if queued
+               else f"gcloud compute tpus tpu-vm delete stuck --zone {Z} --project {P}")
+    [line] = [m.text for m in messages]
+    assert "\n" not in line and line.startswith("[tpunb] stuck may still exist") and line.endswith(command)
+    assert "PERMISSION_DENIED" in line or "denied" in line
+    assert Registry().orphans()[0][:3] == (P, Z, "stuck")
+
+    [row] = [r for r in slices.host_rows() if r.slice == "stuck"]
+    assert row.state.startswith("ORPHAN: its launch was interrupted and deleting it failed") and command in row.state
+    [orphan] = model.list_slices()["orphans"]
+    assert orphan["name"] == "stuck" and orphan["orphan"] and command in orphan["message"]
+
+    tpu_emulator.faults(delete_denied=False)
+    if queued:  # deleted by hand (as the command would): the next listing forgets it
+        assert gcp.delete(P, Z, "stuck", wait=True)
+        assert [r for r in slices.host_rows() if r.slice == "stuck"] == [] and Registry().orphans() == []
+    else:  # or %tpu_down, which deletes it through the recorded place
+        assert slices.down("stuck") == ["stuck"] and Registry().orphans() == []
+        assert model.list_slices()["orphans"] == []
+    assert leftovers(tpu_emulator) == ([], [])
+
+
+def test_the_preemption_watch_says_once_that_it_cannot_watch_and_why(tpu_emulator, monkeypatch, capsys):
+    """The API is switched off under a watched node: one line says so (with the API's reason),
+    however many rounds fail; when the API is back, a preemption is still said."""
+    from tpunb.provision.gcp.node import CloudNode
+
+    monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.02")
+    info = gcp.create(spec("watched", spot=True))
+    node = CloudNode("watched", "v4-8", P, Z, True, info)
+    try:
+        tpu_emulator.faults(api_disabled=True)
+        wait_until(lambda: node.watch_failures >= 5)
+        said = capsys.readouterr().err.splitlines()
+        blind = [line for line in said if "cannot watch its node" in line]
+        assert len(blind) == 1 and "slice watched" in blind[0] and "API" in blind[0], said
+        tpu_emulator.faults(api_disabled=False)
+        tpu_emulator.preempt("watched")
+        err = ""
+        while "was preempted" not in err and "PREEMPTED" not in err:
+            err += wait_until(lambda: capsys.readouterr().err)
+        assert "cannot watch" not in err and "%tpu_launch --recover watched" in err
+    finally:
+        node.close()
+        tpu_emulator.faults(api_disabled=False)
+        gcp.delete(P, Z, "watched", wait=True)

@@ -25,7 +25,8 @@ from tpunb import slices
 from tpunb.errors import UsageError
 from tpunb.host import idle
 from tpunb.provision.gcp import api
-from tpunb.provision.gcp.config import CloudOptions, format_duration, parse_duration
+from tpunb.provision.gcp.config import CloudOptions
+from tpunb.units import format_duration, parse_duration
 from tests.conftest import CPU_AS_TPU_HOST, wait_for
 from tests.emulator_fixture import FAST
 
@@ -123,19 +124,21 @@ def launch_line(sshd, extra: str, accel: str = "v4-16") -> str:
 @pytest.mark.parametrize("text, seconds", [("30m", 1800), ("2h", 7200), ("90s", 90), ("1h30m", 5400), ("3s", 3),
                                            ("0", 0), ("off", 0), (None, 0), (45, 45)])
 def test_durations(text, seconds):
-    assert parse_duration(text) == seconds
+    assert parse_duration(text, off=True) == seconds
 
 
 @pytest.mark.parametrize("bad", ["30", "abc", "-3m", "5x", float("nan"), -1])
 def test_bad_durations_are_one_line(bad):
     with pytest.raises(UsageError) as info:
-        parse_duration(bad, "--idle-delete")
-    assert "--idle-delete takes a duration like 30m" in str(info.value) and "\n" not in str(info.value)
+        parse_duration(bad, "--idle-delete", off=True)
+    message = str(info.value)
+    assert message.startswith("--idle-delete takes a duration with a unit") and "\n" not in message
+    assert "use 90s, 30m, 2h or 1d" in message
 
 
 @pytest.mark.parametrize("seconds, text", [(1800, "30m"), (5400, "1h30m"), (3, "3s"), (90, "1m30s"), (0, "0s")])
 def test_durations_are_said_as_they_are_written(seconds, text):
-    assert format_duration(seconds) == text and (not seconds or parse_duration(text) == seconds)
+    assert format_duration(seconds) == text and parse_duration(text) == seconds
 
 
 def test_default_comes_from_the_environment(monkeypatch):

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from tests.conftest import wait_for
-from tpunb import slices
+from tpunb import report, slices
 from tpunb.metrics import MetricsStore
 from tpunb.widgets.metrics import render_html, stragglers
 
@@ -64,6 +64,44 @@ def test_a_host_whose_metric_source_fails_still_runs_cells(make_slice):
     result = sl.run("6 * 7", output=None)
     assert result.ok and result.reprs == {0: "42", 1: "42"}
     wait_for(lambda: latest(sl, "cpu_percent", 1) is not None, 20, "cpu samples from host 1")
+
+
+def test_a_cells_logged_steps_arrive_with_the_cell(make_slice, ip):
+    """Slice.metrics() and %tpu_metrics right after a cell hold every step it logged, without
+    waiting for a sampler tick (an hour away here, so only the cell's end can bring them)."""
+    sl = make_slice(2)
+    sl.set_metrics_interval(3600)
+    sl.run("import tpunb\nfor step in range(40):\n    tpunb.log(step, loss=1.0 / (step + 1))",
+           output=None).raise_for_status()
+    loss = sl.metrics().query("metric == 'loss'")
+    assert {h: sorted(loss[loss.host == h].step) for h in (0, 1)} == {0: list(range(40)), 1: list(range(40))}
+    with report.captured() as said:
+        ip.run_line_magic("tpu_metrics", "loss")
+    rows = said[0].text.splitlines()[2:]
+    assert len(rows) == 2 and all(row.split() == [str(h), "0.025"] for h, row in enumerate(rows)), said[0].text
+
+
+def test_the_sampler_survives_a_tick_that_fails_and_says_so_once(make_slice, cell):
+    """A sample no frame can carry makes host 1's tick fail for real; sampling goes on, and
+    the host says it once."""
+    sl = make_slice(2)
+    sl.set_metrics_interval(0.1)
+    broke = cell("%%on_tpu\nimport gc, os, threading\nif os.environ['TPUNB_HOST_INDEX'] == '1':\n"
+                 "    sampler = next(o for o in gc.get_objects() if type(o).__name__ == 'Sampler' and not o._stopped)\n"
+                 "    failed = threading.Event()\n"
+                 "    def unsendable(now):\n"
+                 "        if failed.is_set():\n            return []\n"
+                 "        failed.set()\n        return [[now, 'weird', object(), None, None]]\n"
+                 "    sampler.sources['unsendable'] = unsendable\n"
+                 "    assert failed.wait(30)")
+    assert broke.error is None, broke.shown
+    before = len(sl.metrics().query("host == 1 and metric == 'rss_bytes'"))
+    wait_for(lambda: len(sl.metrics().query("host == 1 and metric == 'rss_bytes'")) > before + 3, 20,
+             "host 1 to keep sampling after its bad tick")
+    later = cell("%%on_tpu\n1")
+    said = broke.shown + later.shown
+    assert said.count("a metrics sample failed on this host (TypeError") == 1, said
+    assert "sampling goes on" in said and cell("%%on_tpu\n2").stderr == ""
 
 
 def test_the_ring_cap_holds_under_a_long_run(make_slice):
@@ -128,7 +166,7 @@ def test_widget_model_shows_hosts_values_and_stragglers():
     assert [s.host for s in late] == [2] and "step 19 while the leader is at 49" in late[0].why
     page = render_html("demo", store, 3, None, 1.0)
     assert page.count('class="tpunb-host') == 3 and page.count("tpunb-straggler") == 1
-    assert "<svg" in page and "loss" in page and "3.0 GB" in page and "stragglers: 2" in page
+    assert "<svg" in page and "loss" in page and "3.0 GiB" in page and "stragglers: 2" in page
 
 
 def test_metrics_widget_updates_from_the_feed_thread(make_slice, monkeypatch):

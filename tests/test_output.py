@@ -153,7 +153,7 @@ def test_a_million_lines_per_host_reach_the_logs_with_the_kernel_bounded(patient
     assert run.error is None, run.shown
     assert len(run.stdout) < 200_000  # the notebook's share: 2,000 lines and the notices
     # 2,000 lines shown, each printed by both hosts; the rest counted exactly, per host
-    assert "[tpunb] 1,996,000 lines not shown here (host 0: 998,000 (27.8 MB), host 1: 998,000" in run.stdout
+    assert "[tpunb] 1,996,000 lines not shown here (host 0: 998,000 (26.5 MiB), host 1: 998,000" in run.stdout
     for host in (0, 1):
         assert _log_lines(sl, host) == 1_000_000 + 2  # every line, after the cell's two header lines
         result = tpunb.last_result()[host]

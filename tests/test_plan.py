@@ -226,6 +226,14 @@ def test_deadline_picks_a_bigger_slice():
     assert rushed.options[0].total_seconds <= 2 * 86400
 
 
+def test_a_deadline_is_a_duration_with_a_unit_or_seconds():
+    args = dict(batch_tokens="1M", seq_len=8192, tokens="100B", tpu="v6e")
+    assert plan("llama3-8b", deadline=2 * 86400, **args).deadline_seconds == 2 * 86400  # a number: seconds
+    assert plan("llama3-8b", deadline="1d12h", **args).deadline_seconds == 36 * 3600
+    with pytest.raises(UsageError, match=r"deadline takes a duration with a unit, not '36': use 90s, 30m, 2h or 1d$"):
+        plan("llama3-8b", deadline="36", **args)  # hours to some, seconds to others: refused
+
+
 def test_every_generation_is_compared():
     p = plan("gemma2-9b", batch_tokens="1M", seq_len=4096, tokens="1B")
     assert {o.generation for o in p.options} == {"v2", "v3", "v4", "v5e", "v5p", "v6e", "tpu7x"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -213,7 +214,7 @@ def _dead(pid: int) -> bool:
 def _wait_for_memory_bars(page, within: str, count: int) -> None:
     """Until ``count`` memory bars under ``within`` show a sample (title and a filled bar)."""
     page.wait_for_function(f"""() => [...document.querySelectorAll('{SIDEBAR} {within} '
-        + '.jp-tpunb-Bar[data-metric="memory"]')].filter(b => /^Mem: [0-9.]+%$/.test(b.title)
+        + '.jp-tpunb-Bar[data-metric="memory"]')].filter(b => /^Mem: [0-9.]+ [KMGT]iB used of [0-9.]+ [KMGT]iB \\([0-9.]+%\\)$/.test(b.title)
         && parseFloat(b.querySelector('.jp-tpunb-BarFill').style.width) > 0).length === {count}""", timeout=30000)
 
 
@@ -243,6 +244,7 @@ def test_the_lab_serves_the_sidebar_built_in_this_checkout(lab):
 
 def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_path):
     sl = slices.launch("v4-16", name="demo")
+    sl.run("import jax.numpy as jnp\nx = jnp.ones((1024, 256))", output=None).raise_for_status()  # 1 MiB on each host
     pids = [h.info["pid"] for h in sl.session.hosts]
     _open_sidebar(page, lab_home)
     card = page.locator(f'{SIDEBAR} [data-slice="demo"]')
@@ -254,6 +256,16 @@ def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_p
     assert card.locator(".jp-tpunb-SliceGroup").count() == 0  # one slice: no per-slice groups
     # the hosts' live metrics reach the bars: the kernel publishes them, the panel's poll draws them
     _wait_for_memory_bars(page, '[data-slice="demo"]', 2)
+    # each bar's number beside it, its units on hover: CPU %, memory and HBM in binary units
+    hbm = f'{SIDEBAR} [data-slice="demo"] .jp-tpunb-BarValue[data-metric="hbm"]'
+    page.wait_for_function(f"() => [...document.querySelectorAll('{hbm}')].filter(v => v.textContent === '1.0 MiB'"
+                           " && /^HBM: 1.0 MiB used by live arrays/.test(v.title)).length === 2", timeout=30000)
+    for row in card.locator(".jp-tpunb-Host").all():
+        value = {m: row.locator(f'.jp-tpunb-BarValue[data-metric="{m}"]') for m in ("cpu", "memory")}
+        assert re.fullmatch(r"[0-9.]+%", value["cpu"].inner_text()), value["cpu"].inner_text()
+        assert re.fullmatch(r"CPU: [0-9.]+% busy", value["cpu"].get_attribute("title"))
+        assert re.fullmatch(r"[0-9.]+ [KMG]iB", value["memory"].inner_text()), value["memory"].inner_text()
+        assert value["memory"].get_attribute("title").startswith(f"Mem: {value['memory'].inner_text()} used of ")
     _screenshot(page, tmp_path, "sidebar.png")
     _delete_from_sidebar(page, "demo")
     assert all(_dead(pid) for pid in pids), "the slice's host processes must end"

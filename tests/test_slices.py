@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 import stat
 
+import pandas as pd
 import pytest
 
 import tpunb
 from tpunb import slices
 from tpunb.errors import NoSliceError, UsageError
 from tpunb.registry import Registry
+from tests.conftest import wait_for
 
 
 def test_status_lists_slices_and_hosts_as_a_dataframe(cell, ip):
@@ -49,7 +51,7 @@ def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
     slices.detach_all()  # what a kernel restart does: this kernel's host processes end
     assert "no slice yet" in cell("%%on_tpu\npass").shown
     cell("%tpu_status")
-    assert set(ip.user_ns["_"]["state"]) == {"stopped (use %tpu_use to restart)"}
+    assert set(ip.user_ns["_"]["state"]) == {"stopped: its kernel ended (%tpu_use restarts it)"}
     run = cell("%tpu_use survivor")
     assert run.error is None
     assert "their state was lost" in run.stderr
@@ -129,3 +131,30 @@ def test_down_all_deletes_every_slice_it_can_and_names_the_one_it_cannot(cell, i
                 os.kill(pid, 0)
     finally:
         other_kernel.kill()
+
+
+def test_tpu_status_shows_human_units_and_returns_the_raw_numbers(cell, ip):
+    """A notebook reads 50.6 MiB and 1h30m; the DataFrame %tpu_status returns keeps bytes and seconds."""
+    from tpunb.status import HostRow, frame
+    from tpunb.units import format_bytes
+
+    rows = [HostRow(slice="a", accelerator="v4-8", backend="local", host=0, address="localhost", state="running",
+                    rss_bytes=53067776.0, memory_used_bytes=1177620420.0, uptime_s=5400.0, cpu_percent=12.3),
+            HostRow(slice="a", accelerator="v4-8", backend="local", host=1, address="localhost", state="running")]
+    table = frame(rows)
+    assert table["rss_bytes"].tolist()[0] == 53067776.0 and table["uptime_s"].tolist()[0] == 5400.0
+    html = table._repr_html_()
+    for shown in ("50.6 MiB", "1.1 GiB", "1h30m", "12%"):
+        assert shown in html
+    assert all(raw not in text for raw in ("53067776", "1177620420", "5400") for text in (html, repr(table)))
+    assert type(table[table["host"] == 0]) is pd.DataFrame  # what is derived from it is a plain DataFrame
+
+    cell("%tpu_launch v4-16 --name units")
+    sl = slices.current()
+    wait_for(lambda: all(sl.metrics_store.latest_value(h, "rss_bytes") for h in (0, 1)), 30, "first samples")
+    run = cell("%tpu_status")
+    raw = ip.user_ns["_"]["rss_bytes"].tolist()
+    assert all(isinstance(v, (int, float)) and v > 2**20 for v in raw), raw
+    html = ip.user_ns["_"]._repr_html_()
+    assert all(format_bytes(v) in html and str(int(v)) not in html for v in raw)
+    assert not any(str(int(v)) in run.shown for v in raw), run.shown

@@ -18,6 +18,10 @@ class UsageError(TpunbError):
     """Bad arguments to a magic or an API call."""
 
 
+class OwnedElsewhere(TpunbError):
+    """The slice belongs to a live kernel and its hosts cannot be ended from here."""
+
+
 class UnknownAcceleratorError(TpunbError, ValueError):
     """An accelerator name that is not in the catalog; the message suggests close names."""
 

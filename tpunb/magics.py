@@ -65,12 +65,12 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_launch(self, line: str):
         """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z] ..."""
-        args = _parse(self.tpu_launch, line)
-        cloud = {f.name: getattr(args, f.name) for f in CloudOptions.flags() if getattr(args, f.name) not in (None, False)}
-        if bool(args.recover) == bool(args.accelerator):
-            raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
-                             f"Usage: {_usage(self.tpu_launch)}")
-        try:
+        try:  # a press while the line is parsed has made nothing either
+            args = _parse(self.tpu_launch, line)
+            cloud = {f.name: getattr(args, f.name) for f in CloudOptions.flags() if getattr(args, f.name) not in (None, False)}
+            if bool(args.recover) == bool(args.accelerator):
+                raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
+                                 f"Usage: {_usage(self.tpu_launch)}")
             slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env, recover=args.recover,
                           slices=args.slices, **cloud)
         except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)
@@ -109,8 +109,8 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_connect(self, line: str):
         """Make a slice of hosts you bring, over SSH: %tpu_connect 10.0.0.2,10.0.0.3 --user me."""
-        args = _parse(self.tpu_connect, line)
-        try:
+        try:  # a press while the line is parsed has made nothing either
+            args = _parse(self.tpu_connect, line)
             slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
                            python=args.python, accelerator=args.accelerator,
                            accept_new_host_key=args.accept_new_host_key, slices=args.slices)
@@ -135,7 +135,7 @@ class TpuMagics(Magics):
             result = sl.run_shell(command, hosts=args.hosts, timeout=args.timeout)
         codes = {h: r.exit_code for h, r in result.items()}
         if sl.num_hosts > 1 and any(code not in (0, None) for code in codes.values()):
-            print("exit codes: " + ", ".join(f"[{sl.layout.name(h)}] {c}" for h, c in codes.items()))
+            report.info("exit codes: " + ", ".join(f"[{sl.layout.name(h)}] {c}" for h, c in codes.items()))
         result.raise_for_status()
 
     @magic_arguments()
@@ -163,7 +163,7 @@ class TpuMagics(Magics):
         """Attach a slice by name (after a kernel restart, or to switch slices)."""
         args = _parse(self.tpu_use, line)
         sl = slices.use(args.name)
-        print(f"current slice: {sl.name} ({sl.kind}, {sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}, {sl.backend})")
+        report.info(f"current slice: {sl.name} ({sl.kind}, {sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}, {sl.backend})")
 
     @magic_arguments()
     @argument("name", nargs="?", default=None)
@@ -176,9 +176,9 @@ class TpuMagics(Magics):
             raise UsageError("give a NAME or --all, not both. usage: %tpu_down [NAME] [--all]")
         deleted = slices.down(args.name, all=args.all)
         if deleted:
-            print(f"deleted {', '.join(deleted)}")
+            report.info(f"deleted {', '.join(deleted)}")
         else:
-            print(f"{args.name or 'no slices'}: nothing to delete (already down)")
+            report.info(f"{args.name or 'no slices'}: nothing to delete (already down)")
 
     @magic_arguments()
     @argument("metrics", nargs="*", help="metrics to show (default: CPU, memory, HBM, duty cycle and every "
@@ -198,8 +198,8 @@ class TpuMagics(Magics):
         hosts = f"{sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}"
         title = f"{sl.name}, {hosts}" if sl.name == sl.kind else f"{sl.name} ({sl.kind}, {hosts})"
         if not in_widget_frontend():
-            print(render_text(title, sl.metrics_store, sl.num_hosts, args.metrics or None, sl.metrics_interval,
-                              sl.layout.names))
+            report.info(render_text(title, sl.metrics_store, sl.num_hosts, args.metrics or None,
+                                    sl.metrics_interval, sl.layout.names))
             return None
         return MetricsView(title, sl.metrics_store, sl.metrics_feed, sl.num_hosts, args.metrics or None,
                            sl.metrics_interval, sl.layout.names)
@@ -281,4 +281,4 @@ class TpuMagics(Magics):
         elif args.action == "stop":
             display(sl.profile_stop())
         else:
-            print(profile.describe(sl))
+            report.info(profile.describe(sl))

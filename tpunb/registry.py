@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpunb.host import procs
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS slices (
     name TEXT PRIMARY KEY,
@@ -38,6 +40,14 @@ CREATE TABLE IF NOT EXISTS host_keys (
     added REAL NOT NULL,
     PRIMARY KEY (host, port)
 );
+CREATE TABLE IF NOT EXISTS orphans (
+    project TEXT NOT NULL,
+    zone TEXT NOT NULL,
+    name TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    time REAL NOT NULL,
+    PRIMARY KEY (project, zone, name)
+);
 CREATE TABLE IF NOT EXISTS latest_metrics (
     slice TEXT NOT NULL,
     host INTEGER NOT NULL,
@@ -51,21 +61,8 @@ CREATE TABLE IF NOT EXISTS latest_metrics (
 
 
 def process_start(pid: int | None) -> str | None:
-    """When process ``pid`` started, as a token that differs for a later process given the same
-    pid (Linux: /proc/PID/stat field 22, clock ticks since boot); None where unknown."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
-    except (OSError, IndexError):
-        pass
-    try:
-        import psutil
-
-        return repr(psutil.Process(pid).create_time())
-    except Exception:  # no psutil, or no such process
-        return None
+    """When process ``pid`` started (see tpunb.procs.start_token): kept for callers and tests."""
+    return procs.start_token(pid)
 
 
 def tpunb_home() -> Path:
@@ -219,6 +216,22 @@ class Registry:
         if mark.get("busy") and owner_alive:
             return seconds
         return round(max(0.0, seconds - (time.time() - since)), 1)
+
+    # Cloud nodes a failed launch could not delete: listed by %tpu_status and the sidebar until gone.
+    def save_orphan(self, project: str, zone: str, name: str, reason: str) -> None:
+        with self._connect() as db:
+            db.execute("INSERT OR REPLACE INTO orphans VALUES (?, ?, ?, ?, ?)", (project, zone, name, reason, time.time()))
+
+    def orphans(self) -> list[tuple[str, str, str, str]]:
+        """(project, zone, name, why it was left) of each node recorded as an orphan."""
+        with self._connect() as db:
+            rows = db.execute("SELECT project, zone, name, reason FROM orphans ORDER BY time").fetchall()
+        return [(r["project"], r["zone"], r["name"], r["reason"]) for r in rows]
+
+    def forget_orphan(self, project: str, zone: str, name: str) -> bool:
+        with self._connect() as db:
+            return db.execute("DELETE FROM orphans WHERE project = ? AND zone = ? AND name = ?",
+                              (project, zone, name)).rowcount > 0
 
     # Known host keys (trust on first use, checked on every later connection).
     def get_host_key(self, host: str, port: int) -> tuple[str, str] | None:

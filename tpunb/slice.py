@@ -432,7 +432,7 @@ class Slice:
                 slice=self.name, current=current, accelerator=self.kind, backend=self.backend, host=host.index,
                 slice_index=self.layout.slice_of(host.index) if self.layout.multislice else None,
                 address=record.address if record else host.transport.address,
-                state="running" if host.alive else "dead", pid=host.info.get("pid"), runner=host.info.get("runner"),
+                state="running" if host.alive else "gone", pid=host.info.get("pid"), runner=host.info.get("runner"),
                 cpu_percent=latest(host.index, "cpu_percent"), rss_bytes=latest(host.index, "rss_bytes"),
                 memory_used_bytes=latest(host.index, "memory_used_bytes"),
                 hbm_used_bytes=latest(host.index, "hbm_used_bytes"), idle_delete_in=idle,

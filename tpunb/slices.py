@@ -14,9 +14,9 @@ from typing import Any
 
 from tpunb import catalog, colab, provision, report, status as status_rows
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
-from tpunb.provision import interrupts, warm
+from tpunb.provision import LaunchRequest, interrupts, warm
 from tpunb.provision.common import owner_running, start
-from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.registry import Registry
 from tpunb.results import RunResult
 from tpunb.slice import Slice
 from tpunb.status import HostRow
@@ -112,19 +112,16 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
             raise UsageError(f"{spec}: give the user once with --user, or as user@host on every host")
         user = spec_user
     reg = registry()
-    name = _claim_name(name, "hosts", reg)
+    name = _claim_name(name, provision.ssh.default_name(None), reg)
     if accept_new_host_key:
         for host, spec_port in places:
             forget_host_key(host, spec_port, reg)
     values = parse_env(env)
-    record = SliceRecord(name=name, accelerator=accelerator or "", backend="ssh", state="running",
-                         owner_pid=os.getpid(),
-                         spec={"user": user, "key": str(key) if key else None, "python": python, "cwd": cwd,
-                               "connect_timeout": connect_timeout, "env_keys": sorted(values),
-                               **({"slices": count} if count > 1 else {})},
-                         hosts=[HostRecord(i, a) for i, a in enumerate(addresses)])
-    with _interrupt_says_one_line(record.name, reg):
-        return _attach(provision.ssh.create(record, reg, values), values)
+    opts = provision.ssh.options(hosts=addresses, user=user, key=str(key) if key else None, python=python, cwd=cwd,
+                                 connect_timeout=connect_timeout)
+    request = LaunchRequest(name, catalog.lookup(accelerator) if accelerator else None, reg, values, opts, count)
+    with _interrupt_says_one_line(name, reg):
+        return _attach(provision.ssh.create(request), values)
 
 
 def launch(accelerator: str | None = None, name: str | None = None, backend: str | None = None, env: Any = None,
@@ -168,7 +165,7 @@ def _launch(accelerator: str | None, name: str | None, env: Any, backend: str | 
     name = _claim_name(name, base, reg)
     with _interrupt_says_one_line(name, reg):
         warm.ready("ipywidgets", "tpunb.widgets.launch")  # imported on a side thread, where Ctrl-C cannot cut it
-        return _attach(maker.create(name, accel, values, reg, opts, slices=count), values)
+        return _attach(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), values)
 
 
 def _slice_count(slices: Any) -> int:
@@ -204,7 +201,8 @@ def _launch_own_tpu(name: str | None, env: Any, backend: str | None, options: di
     values = parse_env(env)
     reg = registry()
     name = _claim_name(name, colab.OWN_TPU, reg)
-    return _attach(provision.local.create(name, accel, values, reg, own_tpu=True), values)
+    request = LaunchRequest(name, accel, reg, values, provision.local.LocalOptions(own_tpu=True))
+    return _attach(provision.local.create(request), values)
 
 
 def _recover(name: str, env: Any) -> Slice:
@@ -216,8 +214,8 @@ def _recover(name: str, env: Any) -> Slice:
         sl.close()
     reg = registry()
     accel, opts, env_keys, count = provision.gcp.recover(name, reg)
-    recovered = _attach(provision.gcp.create(_claim_name(name, name, reg), accel, values, reg, opts, slices=count),
-                        values)
+    request = LaunchRequest(_claim_name(name, name, reg), accel, reg, values, opts, count)
+    recovered = _attach(provision.gcp.create(request), values)
     _unset_env_note(name, env_keys, values, "pass them again with --env when recovering")
     return recovered
 
@@ -310,7 +308,7 @@ def _delete_one(name: str, reg: Registry) -> bool:
         if record is not None:
             provision.backend(record.backend).delete(record)  # before the registry forgets it
             reg.delete_slice(name)
-        elif not provision.gcp.delete_orphan(name):
+        elif not provision.gcp.delete_orphan(name, reg):
             return False
     _env.pop(name, None)
     detach(name)
@@ -334,15 +332,14 @@ def host_rows() -> list[HostRow]:
     current_name = _current[0] if _current else None
     reg = registry()
     records = reg.list_slices()
-    survey = provision.gcp.Survey(records)  # no API call unless a cloud slice or a project is configured
+    survey = provision.gcp.Survey(records, reg)  # no API call unless a cloud slice or a project is configured
     for record in records:
         sl = _attached.get(record.name)
         if sl is not None:
-            survey.node_status(record, sl.node)  # one list call refreshes every attached node
+            survey.refresh(record, sl.node)  # one list call refreshes every attached node
             rows.extend(sl.status_rows(current=record.name == current_name))
             continue
-        cloud = survey.node_status(record)
-        state = provision.backend(record.backend).detached_state(record)
+        seen = provision.backend(record.backend).slice_status(record, survey.nodes)
         latest = reg.latest_metrics(record.name)  # published by the kernel that owns the slice
         idle = reg.idle_delete_in(record.name, owner_running(record))
         for host in record.hosts or [None]:
@@ -350,9 +347,9 @@ def host_rows() -> list[HostRow]:
                 slice=record.name, accelerator=record.kind, backend=record.backend,
                 host=host.index if host else None,
                 slice_index=host.info.get("slice") if host and record.num_slices > 1 else None,
-                address=host.address if host else None, state=state,
-                idle_delete_in=idle, **cloud), latest))
-    rows.extend(survey.orphan_rows({r.name for r in records}))
+                address=host.address if host else None, state=seen.state,
+                idle_delete_in=idle, **seen.cloud), latest))
+    rows.extend(orphan.host_row() for orphan in survey.orphans({r.name for r in records}))
     return rows
 
 

@@ -7,7 +7,8 @@ here fetches anything: the slices, the registry and the backends fill the rows i
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
@@ -40,10 +41,85 @@ class HostRow:
     idle_delete_in: float | None = None  # seconds until the slice's idle watchdog deletes its node
 
 
+@dataclass
+class SliceStatus:
+    """A recorded slice as its backend sees it, so that %tpu_status, the widgets and the sidebar
+    say the same thing in the same words and no caller branches on a backend's name."""
+
+    state: str  # the slice's state, one wording per state (see each backend's slice_status)
+    host_states: list[str]  # per host: running, gone, connected, not connected
+    usd_per_hour: float | None = None  # what it costs now: 0.0 simulated, None unknown
+    list_usd_per_hour: float | None = None  # what it would cost on Cloud TPU
+    running_s: float | None = None  # how long it has been billed (or alive)
+    cloud: dict = field(default_factory=dict)  # HostRow's cloud columns (cloud_state, health, ...)
+    cpu_metric: str = "cpu_percent"  # which published metric is the host's CPU bar
+    memory_metric: str = "memory_used_bytes"  # and its memory bar
+
+
+@dataclass
+class OrphanStatus:
+    """A tpunb cloud node this registry does not hold as a slice: still billed until deleted."""
+
+    name: str
+    accelerator: str  # its kind: 'v4-8', or '2 x v4-16'
+    num_slices: int
+    project: str
+    zone: str
+    state: str  # the node's cloud state
+    spot: bool
+    usd_per_hour: float | None
+    uptime_s: float | None
+    message: str  # why it is an orphan and how to delete it, one line
+    cloud: dict = field(default_factory=dict)  # HostRow's cloud columns
+    backend: str = "gcp"  # the backend that finds orphans
+
+    def host_row(self) -> HostRow:
+        return HostRow(slice=self.name, accelerator=self.accelerator, backend=self.backend, host=None,
+                       address=f"{self.project}/{self.zone}", **self.cloud, state=f"ORPHAN: {self.message}")
+
+
 #: latest metrics: dropped from the DataFrame when no host has reported any
 METRIC_COLUMNS = ("cpu_percent", "rss_bytes", "memory_used_bytes", "hbm_used_bytes")
 COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_delete_in", "slice_index", "host", "address", "state",
            "pid", "runner", "uptime_s", *METRIC_COLUMNS]
+
+
+#: columns %tpu_status shows in human units (the returned DataFrame keeps the numbers)
+BYTE_COLUMNS = ("rss_bytes", "memory_used_bytes", "hbm_used_bytes")
+SECOND_COLUMNS = ("uptime_s", "idle_delete_in")
+
+
+def readable(table: "pandas.DataFrame") -> "pandas.DataFrame":
+    """A copy for people: bytes in KiB/MiB/GiB, seconds as 1h30m, CPU as a percentage, blanks for none."""
+    from tpunb.units import format_bytes, format_duration
+
+    shown = table.copy()
+    formats = {**{c: format_bytes for c in BYTE_COLUMNS}, **{c: format_duration for c in SECOND_COLUMNS},
+               "cpu_percent": lambda v: f"{v:.0f}%", "usd_per_hour": lambda v: f"${v:,.2f}/h"}
+    for column, fmt in formats.items():
+        if column in shown.columns:
+            shown[column] = [fmt(v) if v is not None and v == v else "" for v in shown[column]]
+    return shown
+
+
+@functools.cache
+def _status_frame_class():
+    import pandas as pd
+
+    class StatusFrame(pd.DataFrame):
+        """%tpu_status's DataFrame: raw numbers to compute with, human units when displayed."""
+
+        @property
+        def _constructor(self):
+            return pd.DataFrame  # what is derived from it (a column, a filter) is a plain DataFrame
+
+        def _repr_html_(self) -> str | None:
+            return readable(pd.DataFrame(self))._repr_html_()
+
+        def __repr__(self) -> str:
+            return repr(readable(pd.DataFrame(self)))
+
+    return StatusFrame
 
 
 def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
@@ -56,11 +132,11 @@ def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
         record["current"] = "*" if row.current else ""
         records.append(record)
     table = pd.DataFrame(records, columns=COLUMNS)
-    if not (table["backend"] == "gcp").any():
+    if table["cloud_state"].isna().all():  # no row is a cloud node
         table = table.drop(columns=list(CLOUD_COLUMNS))
     table["slice_index"] = table["slice_index"].astype("Int64")  # 0, 1 (not 0.0) beside single slices' blanks
     empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "slice_index") if table[c].isna().all()]
-    return table.drop(columns=empty)
+    return _status_frame_class()(table.drop(columns=empty))
 
 
 def with_latest_metrics(row: HostRow, latest: list[tuple[int, str, int | None, float, float]]) -> HostRow:

@@ -10,7 +10,8 @@ export interface IHost {
   label: string;
   address: string;
   state: string;
-  /** Latest samples, 0..1 fractions keyed cpu, memory, hbm; empty until kernels publish them. */
+  /** Latest samples: the bars as 0..1 fractions (cpu, memory, hbm) and the raw values (memory_total_bytes,
+   * hbm_used_bytes, ...); empty until kernels publish them. */
   metrics: { [key: string]: number };
 }
 

@@ -41,6 +41,55 @@ export function formatDuration(seconds: number | null): string {
   return h ? `${h}h ${m}m` : m ? `${m}m ${s % 60}s` : `${s}s`;
 }
 
+/** Bytes in binary units, as tpunb.units.format_bytes says them: 1536 -> '1.5 KiB'. */
+export function formatBytes(n: number): string {
+  if (Math.abs(n) < 1024) {
+    return `${n.toFixed(0)} bytes`;
+  }
+  let value = n / 1024;
+  for (const unit of ['KiB', 'MiB', 'GiB']) {
+    if (Math.abs(value) < 1024) {
+      return `${value.toFixed(1)} ${unit}`;
+    }
+    value /= 1024;
+  }
+  return `${value.toFixed(1)} TiB`;
+}
+
+function percentText(fraction: number): string {
+  const percent = fraction * 100;
+  return `${percent.toFixed(percent < 10 ? 1 : 0)}%`;
+}
+
+/** A host's bar: how full (0..1), the short text beside it and the hover text with units. The
+ * API gives fractions (cpu, memory, hbm) and the raw latest values they came from. */
+export function describeMetric(
+  key: string,
+  label: string,
+  metrics: { [key: string]: number }
+): { fraction?: number; text: string; title: string } {
+  const fraction = metrics[key];
+  if (key === 'memory' && fraction !== undefined && metrics.memory_total_bytes) {
+    const total = metrics.memory_total_bytes;
+    const used = formatBytes(fraction * total);
+    return { fraction, text: used, title: `${label}: ${used} used of ${formatBytes(total)} (${percentText(fraction)})` };
+  }
+  if (key === 'hbm' && metrics.hbm_used_bytes !== undefined) {
+    const used = formatBytes(metrics.hbm_used_bytes);
+    const of = metrics.hbm_total_bytes
+      ? `of ${formatBytes(metrics.hbm_total_bytes)} (${percentText(metrics.hbm_used_bytes / metrics.hbm_total_bytes)})`
+      : 'by live arrays (this host reports no HBM total)';
+    return { fraction, text: used, title: `${label}: ${used} used ${of}` };
+  }
+  if (fraction === undefined) {
+    return { text: '–', title: `${label}: no metrics yet` };
+  }
+  if (key === 'cpu') {
+    return { fraction, text: percentText(fraction), title: `${label}: ${percentText(fraction)} busy` };
+  }
+  return { fraction, text: percentText(fraction), title: `${label}: ${percentText(fraction)}` };
+}
+
 function formatUsd(value: number | null, suffix = ''): string {
   if (value === null || value === undefined) {
     return 'no list price';
@@ -167,21 +216,21 @@ export class SlicesPanel extends Widget {
     row.append(el('span', 'jp-tpunb-HostName', name), el('span', 'jp-tpunb-HostState', host.state));
     const bars = el('div', 'jp-tpunb-Bars');
     for (const [key, label] of METRICS) {
-      const value = host.metrics?.[key];
+      const shown = describeMetric(key, label, host.metrics ?? {});
       const bar = el('div', 'jp-tpunb-Bar');
       bar.dataset.metric = key;
       const fill = el('div', 'jp-tpunb-BarFill');
-      const percent = value === undefined ? 0 : Math.min(100, Math.max(0, value * 100));
+      const percent = shown.fraction === undefined ? 0 : Math.min(100, Math.max(0, shown.fraction * 100));
       fill.style.width = `${percent.toFixed(1)}%`;
       if (percent > 0) {
         fill.style.minWidth = '2px'; // a simulated host's few MB of 24 GB still shows
       }
       bar.append(fill);
-      bar.title =
-        value === undefined
-          ? `${label}: no metrics yet`
-          : `${label}: ${percent.toFixed(percent < 10 ? 1 : 0)}%`;
-      bars.append(el('span', 'jp-tpunb-BarLabel', label), bar);
+      bar.title = shown.title;
+      const text = el('span', 'jp-tpunb-BarValue', shown.text);
+      text.dataset.metric = key;
+      text.title = shown.title;
+      bars.append(el('span', 'jp-tpunb-BarLabel', label), bar, text);
     }
     row.append(bars);
     return row;

@@ -19,14 +19,15 @@ from tpunb.display.kernel import ipython_display, ipython_live
 from tpunb.display.lines import LineMerger, LineSplitter, LiveLines
 from tpunb.display.progress import HostsProgress
 from tpunb.display.sink import OutputSink
+from tpunb.units import format_bytes
 
 MODES = ("grouped", "all", "first")
 DEFAULT_CAP_LINES = 2000
-DEFAULT_CAP_BYTES = 1_000_000
+DEFAULT_CAP_BYTES = 1 << 20  # 1 MiB, said as such in the cap notice
 #: the longest line shown in the notebook; the log has it whole
 LINE_CHARS = 10_000
 #: rich output (displays) of one cell shown in the notebook, in characters of its data
-DISPLAY_CHARS = 50_000_000
+DISPLAY_CHARS = 50 << 20
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -70,10 +71,6 @@ class HostLogs:
 def _size(text: str) -> int:
     """Bytes of ``text`` as UTF-8, without encoding it when it is ASCII."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
-
-
-def _megabytes(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB" if n >= 1000 else f"{n} bytes"
 
 
 class CellOutput(OutputSink):
@@ -156,7 +153,7 @@ class CellOutput(OutputSink):
             for host, line in merger.clear():
                 self._hide_line([host], line)
         stream = self._stream_file(name)
-        stream.write(f"[tpunb] output capped at {self.cap_lines:,} lines / {_megabytes(self.cap_bytes)} per cell here; "
+        stream.write(f"[tpunb] output capped at {self.cap_lines:,} lines / {format_bytes(self.cap_bytes)} per cell here; "
                      f"the rest is counted at the end and written in full to {self._where()}\n")
         stream.flush()
 
@@ -322,12 +319,12 @@ class CellOutput(OutputSink):
         hidden = {h: n for h, n in self.hidden_lines.items() if n or self.hidden_bytes[h]}
         if hidden:
             total = sum(hidden.values())
-            per_host = ", ".join(f"host {self.names([h])}: {n:,} ({_megabytes(self.hidden_bytes[h])})"
+            per_host = ", ".join(f"host {self.names([h])}: {n:,} ({format_bytes(self.hidden_bytes[h])})"
                                  for h, n in sorted(hidden.items()))
             out.write(f"[tpunb] {total:,} lines not shown here ({per_host}); full output in {self._where()}, "
-                      "the last 1 MB in tpunb.last_result()[N].stdout\n")
+                      "the last 1 MiB in tpunb.last_result()[N].stdout\n")
         if self.capped_displays:
-            out.write(f"[tpunb] {self.capped_displays} rich outputs not shown: over {_megabytes(DISPLAY_CHARS)} "
+            out.write(f"[tpunb] {self.capped_displays} rich outputs not shown: over {format_bytes(DISPLAY_CHARS)} "
                       "of rich output in this cell\n")
         if self.hidden_displays:
             hosts = self.names(self.hidden_displays)

@@ -59,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="stockout everywhere, or in these comma-separated zones",
     )
     f.add_argument("--fault-permission-denied", action="store_true", help="creates answer 403")
+    f.add_argument("--fault-delete-denied", action="store_true", help="deletes answer 403 (clean-up fails)")
     f.add_argument(
         "--fault-api-disabled", action="store_true", help="every call answers 403 SERVICE_DISABLED"
     )
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         "quota": args.fault_quota,
         "no_capacity": args.fault_no_capacity or False,
         "permission_denied": args.fault_permission_denied,
+        "delete_denied": args.fault_delete_denied,
         "api_disabled": args.fault_api_disabled,
         "slow_create": args.fault_slow_create,
         "preempt_after": args.preempt_after,

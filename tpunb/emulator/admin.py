@@ -46,7 +46,7 @@ class AdminClient:
 
     def faults(self, **changes: Any) -> dict:
         """Turn faults on or off: quota="operation"|"http", no_capacity=True|[zones],
-        permission_denied=True, api_disabled=True, slow_create=seconds, preempt_after=seconds."""
+        permission_denied=True, delete_denied=True, api_disabled=True, slow_create=seconds, preempt_after=seconds."""
         return self.admin("POST", "/_emulator/faults", changes)
 
     def clear_faults(self) -> dict:

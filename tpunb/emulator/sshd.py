@@ -29,6 +29,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from tpunb.host import procs
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -61,27 +63,6 @@ def _free_port(addresses: list[str], avoid: int = 0) -> int:
             continue
         return port
     raise RuntimeError(f"no TCP port free on all of {addresses}")
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (per-connection sshds, shells, agents), deepest last."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 class Sshd:
@@ -178,7 +159,7 @@ class Sshd:
         """Kill sshd (and, with ``sessions``, every connection and process it started): a host dying."""
         if self._proc is None:
             return
-        victims = _descendants(self._proc.pid) if sessions else []
+        victims = procs.descendants(self._proc.pid) if sessions else []
         self._proc.kill()
         self._proc.wait()
         for pid in victims:
@@ -209,11 +190,4 @@ class Sshd:
 
 def alive(pid: int) -> bool:
     """True while ``pid`` runs on this machine (zombies count as dead: nobody may reap them here)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:][:1] != b"Z"
-
-
+    return procs.alive(pid)

@@ -249,6 +249,8 @@ class Agent:
                 print(f"tpunb: the cell ran, but its figures could not be shown: {type(exc).__name__}: "
                       f"{(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr, flush=True)
         self.pump.drain()
+        if self.sampler is not None:  # the cell's tpunb.log values reach the kernel before its done
+            self.sampler.send_logged()
         self.send({"op": "done", "id": message["id"], **(reply or {"status": "interrupted"}),
                    "seconds": time.perf_counter() - started, **({"exiting": True} if self.exit_requested else {})})
         self.current = self.pump.cell_id = None

@@ -6,7 +6,8 @@ never imports JAX (it reads it only once the user's code has started its backend
 touches libtpu in this process (importing libtpu.sdk beside JAX can crash it, and off a TPU its
 calls stall): TPU runtime metrics come from a helper process that speaks libtpu's gRPC metric
 service, started only where TPU devices exist. A source that fails is dropped after a few
-tries; cells never notice.
+tries, and a tick that fails is said once and sampling goes on; cells never notice. Values a
+cell logs are sent when it ends too, before it reports done.
 
 A sample is ``[time, metric, value, chip, step]`` (chip and step None where they do not apply).
 """
@@ -34,7 +35,7 @@ _logged = [0]  # user samples ever logged, to count what the bounded queue dropp
 def log(step: int | None = None, **scalars: float) -> None:
     """Record the user's own metrics (loss, tokens/s, ...) on this host: ``tpunb.log(step, loss=...)``.
 
-    Costs a clock read and a deque append; the sampler sends them with its next tick."""
+    Costs a clock read and a deque append; they are sent at the next tick or the cell's end."""
     now = time.time()
     for name, value in scalars.items():
         _pending.append((now, name, value, step))
@@ -209,7 +210,9 @@ class Sampler:
         self.dropped_sources: dict = {}
         self._wake = threading.Event()
         self._stopped = False
-        self._sent_logged = 0
+        self._sent_logged = _logged[0] - len(_pending)  # a sampler restarted after --interval 0 owes no drops
+        self._logged_lock = threading.Lock()
+        self.failed_ticks = 0
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -234,10 +237,19 @@ class Sampler:
             started = time.monotonic()
             try:
                 self.tick()
-            except Exception:  # the channel is gone: the agent is ending
+            except OSError:  # the channel is gone: the agent is ending
                 return
+            except Exception as exc:  # one bad tick costs its samples, never the sampling
+                self._failed_tick(exc)
             self._wake.wait(max(0.0, self.interval - (time.monotonic() - started)))
             self._wake.clear()
+
+    def _failed_tick(self, exc: Exception) -> None:
+        """Say the first failure (as between-cell output on this host's stderr); count the rest."""
+        self.failed_ticks += 1
+        if self.failed_ticks == 1:
+            print(f"[tpunb] a metrics sample failed on this host ({type(exc).__name__}: {exc}); "
+                  "its samples are lost, sampling goes on", file=sys.stderr, flush=True)
 
     def tick(self) -> None:
         now = time.time()
@@ -251,12 +263,29 @@ class Sampler:
                 if self.failures[name] >= FAILURES_BEFORE_DROP:
                     self.dropped_sources[name] = f"{type(exc).__name__}: {exc}"
                     del self.sources[name]
+        self._send_with_logged(samples)
+
+    def send_logged(self) -> None:
+        """Send what ``tpunb.log`` recorded now, not at the next tick: a cell's end calls this
+        before its ``done`` frame, so the kernel holds every step once the cell returns. Sends
+        no frame when the cell logged nothing; waits for a tick that is sending logged values."""
+        with self._logged_lock:
+            if _pending or _logged[0] != self._sent_logged:
+                self._send_locked([])
+
+    def _send_with_logged(self, samples: list) -> None:
+        with self._logged_lock:
+            self._send_locked(samples)
+
+    def _send_locked(self, samples: list) -> None:
+        """One ``metrics`` frame of ``samples`` and the logged values not sent yet; the caller
+        holds the lock, so values a tick took are sent before a cell's end reports done."""
         user = []
         while _pending:
             t, metric, value, step = _pending.popleft()
             try:  # a jax or numpy scalar becomes a float here, off the user's thread
                 user.append([t, metric, float(value), None, None if step is None else int(step)])
-            except (TypeError, ValueError):
+            except Exception:  # not a number (or a deleted jax array): skipped, counted as dropped
                 continue
         message = {"op": "metrics", "samples": samples + user}
         dropped = _logged[0] - self._sent_logged - len(user)

@@ -34,7 +34,8 @@ from tpunb.plan.roofline import (
     Mesh, SliceEstimate, custom_slice, evaluate, fsdp_min_tokens_per_chip, fsdp_tp_split,
     hbm_intensity, ici_intensity, max_tensor_parallel, mixed_min_tokens_per_chip,
 )
-from tpunb.plan.units import DTYPE_BYTES, GIB, dtype_bytes, parse_count, parse_duration
+from tpunb.plan.units import DTYPE_BYTES, GIB, dtype_bytes, parse_count
+from tpunb.units import parse_duration
 from tpunb.plan.workloads import (
     OPTIMIZER_STATES, REMAT_POLICIES, Memory, Serving, Training, Workload, require, serve_memory,
     train_memory,
@@ -139,13 +140,14 @@ def plan(
     parameter count (``"7B"``). ``workload``: ``"train"``/``"serve"`` with ``options`` filling
     :class:`Training` / :class:`Serving` fields, or an instance of one. ``tpu``: generations or
     slices to consider (all by default). For each generation the plan keeps the smallest slice
-    that holds the job (and, with ``deadline``, finishes in time). ``hbm_reserve`` is the share
-    of HBM left for XLA scratch, fragmentation and the runtime.
+    that holds the job (and, with ``deadline``, finishes in time: ``"36h"``, ``"7d"``, or a
+    number of seconds). ``hbm_reserve`` is the share of HBM left for XLA scratch, fragmentation
+    and the runtime.
     """
     spec = resolve_model(model)
     w = _make_workload(workload, options)
     require(0 <= hbm_reserve < 1, f"hbm_reserve must be in [0, 1), not {hbm_reserve}")
-    deadline_s = parse_duration(deadline) if deadline is not None else None
+    deadline_s = parse_duration(deadline, "deadline") if deadline is not None else None
     if isinstance(w, Training):
         memory, trainable = train_memory(spec, w)
         dense, attn = spec.flops_per_token(w.seq_len, training=True)

@@ -57,7 +57,7 @@ class PlanMagics(Magics):
     @argument("--serve", action="store_true", help="plan serving instead of training")
     @argument("--tpu", help="generations or slices to consider, comma separated (default: all)")
     @argument("--spot", action="store_true", help="rank options by spot price")
-    @argument("--deadline", help="training must finish within this (36h, 30d, 2w)")
+    @argument("--deadline", help="training must finish within this (36h, 30d, 2w; a unit is required)")
     @argument("--reserve", type=float, default=0.1, help="share of HBM kept free (default 0.1)")
     @argument("--batch", help="training: tokens per step (1M, 2^20); serving: concurrent sequences")
     @argument("--mfu", type=float, help="target model FLOPs utilisation (train 0.4, serve prefill 0.5)")

@@ -1,7 +1,8 @@
-"""Quantities as people write them and as the planner shows them: counts, durations, dtypes, money.
+"""Quantities as people write them and as the planner shows them: counts, dtypes, times, money.
 
-One place for the suffixes (``7B``, ``2^20``, ``36h``) and the readable forms (``8.03B``,
-``14.8 s``, ``$9.60``), so the model, the estimator and the tables all read and print alike.
+One place for the suffixes (``7B``, ``2^20``) and the readable forms (``8.03B``, ``14.8 s``,
+``$9.60``), so the model, the estimator and the tables all read and print alike. Durations
+people write (``36h``) are read by tpunb.units, as every other flag's are.
 """
 from __future__ import annotations
 
@@ -44,16 +45,6 @@ def parse_count(value: Union[str, float, int], what: str = "count") -> float:
     if not m:
         raise UsageError(f"cannot read {what} {value!r}: write it like 4096, 1M, 2^20, 7B or 1.5e12")
     return float(m[1]) * _SUFFIX[m[2] or ""]
-
-
-def parse_duration(value: Union[str, float, int]) -> float:
-    """Seconds from ``"36h"``, ``"30d"``, ``"2w"``, ``"90m"``; a bare number counts hours."""
-    if isinstance(value, (int, float)):
-        return float(value) * 3600
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d|w)?\s*", str(value).lower())
-    if not m:
-        raise UsageError(f"cannot read duration {value!r}: write it like 36h, 30d or 2w")
-    return float(m[1]) * {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}[m[2] or "h"]
 
 
 def human_count(n: float) -> str:

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb import report
+from tpunb.host import procs
 from tpunb.registry import Registry, SliceRecord, process_start
 
 if TYPE_CHECKING:
@@ -61,16 +62,8 @@ def start(sl: "Slice", reg: Registry, started: float, ready: str | None = None) 
 
 
 def pid_alive(pid: int | None) -> bool:
-    """A process with this pid exists (one we may not signal counts)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    """A process with this pid runs (a zombie does not): tpunb.procs.alive."""
+    return procs.alive(pid)
 
 
 def owner_running(record: SliceRecord) -> bool:

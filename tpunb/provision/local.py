@@ -8,15 +8,34 @@ starts fresh ones for a slice whose kernel is gone.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
+from dataclasses import dataclass
 
 from tpunb import catalog, colab, report
 from tpunb.catalog import Accelerator
-from tpunb.errors import UsageError
-from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, start
+from tpunb.errors import OwnedElsewhere, TpunbError, UsageError
+from tpunb.host import procs
+from tpunb.provision.base import LaunchRequest, Nodes
+from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, owner_running, start
 from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.units import parse_duration
 from tpunb.slice import Slice
+from tpunb.status import SliceStatus
+
+NAME = "local"
+#: a local slice's one wording for "its kernel ended": %tpu_status, widgets and the sidebar
+STOPPED = "stopped: its kernel ended (%tpu_use restarts it)"
+HOST_EXIT_SECONDS = 10.0  # how long a forced delete waits for a host process to end after SIGTERM, then SIGKILL
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """A simulated slice takes no options; ``own_tpu`` (set by %tpu_launch local, never by a user
+    option) runs one host on this machine's real TPU chips (a Colab TPU runtime)."""
+
+    own_tpu: bool = False
 from tpunb.transport.local import LocalTransport
 
 
@@ -24,31 +43,31 @@ def default_name(accelerator: Accelerator) -> str:
     return accelerator.name
 
 
-def options(**given) -> None:
+def options(**given) -> LocalOptions:
     """A local slice takes no options beyond its accelerator. ``idle_delete`` is accepted and
     ignored: a simulated slice costs nothing and its host processes end with the kernel."""
-    from tpunb.provision.gcp.config import parse_duration
-
-    if parse_duration(given.pop("idle_delete", None), "--idle-delete"):
+    if parse_duration(given.pop("idle_delete", None), "--idle-delete", off=True):
         report.info("[tpunb] --idle-delete applies to Cloud TPU slices; a local simulated slice costs nothing and "
                     "its hosts end with this kernel, so it is ignored")
     if given:
         raise UsageError(f"unknown option{'s' if len(given) > 1 else ''} {', '.join(sorted(given))} for backend "
                          "local (cloud options need --backend gcp and a Google Cloud project)")
+    return LocalOptions()
 
 
-def create(name: str, accelerator: Accelerator, env: dict[str, str], reg: Registry, opts: None = None,
-           own_tpu: bool = False, slices: int = 1) -> Slice:
-    """Start one host process per TPU host of ``accelerator``; the slice is recorded once all are up.
-    ``own_tpu``: one host process on this machine's real TPU chips (a Colab TPU runtime), not simulated.
+def create(request: LaunchRequest) -> Slice:
+    """Start one host process per TPU host of the accelerator; the slice is recorded once all are up.
+    ``options.own_tpu``: one host process on this machine's real TPU chips, not simulated.
     ``slices``: a multislice, every host of every slice in one jax.distributed job, slice by slice."""
+    name, accelerator, slices = request.name, request.accelerator, request.slices
+    own_tpu = bool(request.options and request.options.own_tpu)
     per_slice = accelerator.hosts
     hosts = [HostRecord(i, "localhost", {"devices": accelerator.devices_per_host, "slice": i // per_slice})
              for i in range(per_slice * slices)]
     spec: dict = {"own_tpu": True} if own_tpu else {}
     if slices > 1:
         spec["slices"] = slices
-    record = SliceRecord(name=name, accelerator=accelerator.name, backend="local", state="running",
+    record = SliceRecord(name=name, accelerator=accelerator.name, backend=NAME, state="running",
                          owner_pid=os.getpid(), hosts=hosts, spec=spec)
     chips = f"{accelerator.devices_per_host} chip{'s' if accelerator.devices_per_host > 1 else ''}"
     many = f"{slices} x {accelerator.name} as a local simulated multislice" if slices > 1 else \
@@ -59,7 +78,7 @@ def create(name: str, accelerator: Accelerator, env: dict[str, str], reg: Regist
                 f"Launching {many} {name!r} (no Google Cloud project configured, or --backend local): "
                 f"{each}{per_slice} host{'s' if per_slice > 1 else ''} x {accelerator.devices_per_host} "
                 "JAX CPU devices ...")
-    return start(attach(record, reg, env), reg, time.perf_counter())
+    return start(attach(record, request.registry, request.env), request.registry, time.perf_counter())
 
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
@@ -85,21 +104,62 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
     return Slice(record, transports, host_init, reg, coordinator_port=free_port)
 
 
-def delete(record: SliceRecord) -> None:
-    """Nothing outlives the host processes; a slice another live kernel owns is that kernel's to end."""
+def delete(record: SliceRecord, force: bool = False) -> None:
+    """Nothing outlives the host processes; a slice another live kernel owns is that kernel's to
+    end, unless ``force`` (the sidebar's delete): then its host processes are ended from here."""
     if owner_alive(record):
-        raise UsageError(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}): "
-                         "take it down there")
+        if not force:
+            raise UsageError(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}): "
+                             "take it down there")
+        end_hosts(record)
+
+
+def end_hosts(record: SliceRecord) -> None:
+    """End a local slice's host processes that its (live) kernel started: each is its own process
+    group. Only processes whose parent is still the owner are signalled, never a reused pid."""
+    pids = [h.info.get("pid") for h in record.hosts]
+    if not all(pids):
+        raise OwnedElsewhere(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}) "
+                             f"that did not publish its host processes: %tpu_down {record.name} there")
+    mine = [pid for pid in pids if procs.parent(pid) == record.owner_pid]
+    for sig, wait in ((signal.SIGTERM, HOST_EXIT_SECONDS), (signal.SIGKILL, HOST_EXIT_SECONDS)):
+        for pid in mine:
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + wait
+        while mine and time.monotonic() < deadline:
+            mine = [pid for pid in mine if procs.parent(pid) == record.owner_pid]  # a zombie has ended
+            if mine:
+                time.sleep(0.05)  # polling the processes' state, not a guessed delay
+        if not mine:
+            return
+    raise TpunbError(f"host processes {mine} of {record.name!r} did not end; kill them, then %tpu_down {record.name}")
+
+
 
 
 def name_reusable(record: SliceRecord) -> bool:
-    """A recorded local slice whose kernel is gone holds nothing: its name may be taken again."""
-    return not owner_alive(record)
+    """A recorded local slice none of whose host processes runs holds nothing: its name may be taken again."""
+    return "running" not in _host_states(record)
 
 
-def detached_state(record: SliceRecord) -> str:
-    """The state %tpu_status shows for a recorded slice this kernel has not attached."""
-    return "in another kernel" if owner_alive(record) else "stopped (use %tpu_use to restart)"
+def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
+    """Running while its kernel runs (each host while its process does), free, and what it
+    would cost on Cloud TPU; the host's own process is its CPU and memory (hosts share this machine)."""
+    from tpunb.provision.gcp.node import list_price
+
+    hosts = _host_states(record)
+    return SliceStatus(
+        state="running" if "running" in hosts else STOPPED, host_states=hosts,
+        usd_per_hour=0.0, list_usd_per_hour=list_price(record), running_s=time.time() - record.created,
+        cpu_metric="process_cpu_percent", memory_metric="rss_bytes")
+
+
+def _host_states(record: SliceRecord) -> list[str]:
+    owner = owner_running(record)
+    return ["running" if owner and procs.alive(h.info.get("pid") or record.owner_pid) else "gone" for h in record.hosts]
 
 
 def free_port() -> int:

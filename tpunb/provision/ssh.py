@@ -5,15 +5,49 @@ The same functions as every backend; a Cloud TPU node's workers are attached thr
 """
 from __future__ import annotations
 
+import os
 import random
 import time
+from dataclasses import dataclass, fields
 
 from tpunb import report
-from tpunb.errors import HostKeyError, TransportError
+from tpunb.catalog import Accelerator
+from tpunb.errors import HostKeyError, TransportError, UsageError
 from tpunb.provision import interrupts
-from tpunb.provision.common import DROP_NOISE, host_env, start
-from tpunb.registry import Registry, SliceRecord
+from tpunb.provision.base import LaunchRequest, Nodes
+from tpunb.provision.common import DROP_NOISE, host_env, owner_running, start
+from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.slice import Node, Slice
+from tpunb.status import SliceStatus
+
+NAME = "ssh"
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach the hosts you bring: their addresses in host order ('host' or 'host:port'),
+    and the user, key, Python and working directory on them."""
+
+    hosts: tuple[str, ...] = ()
+    user: str | None = None
+    key: str | None = None
+    python: str = "python3"
+    cwd: str | None = None
+    connect_timeout: float = 10.0
+
+
+def options(**given) -> SshOptions:
+    unknown = sorted(set(given) - {f.name for f in fields(SshOptions)})
+    if unknown:
+        raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for hosts you "
+                         "bring: give hosts, user, key, python, cwd or connect_timeout")
+    if "hosts" in given:
+        given["hosts"] = tuple(given["hosts"])
+    return SshOptions(**given)
+
+
+def default_name(accelerator: Accelerator | None) -> str:
+    return "hosts"
 
 
 def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list:
@@ -38,12 +72,21 @@ def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list
             delay = min(delay * 2, 10.0)
 
 
-def create(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
-    """Connect to the hosts of a new record (made by %tpu_connect) and start their agents."""
+def create(request: LaunchRequest) -> Slice:
+    """Record the hosts of ``request.options`` as a new slice, connect to them, start their agents."""
+    opts: SshOptions = request.options
+    if not opts or not opts.hosts:
+        raise UsageError("give at least one host, e.g. %tpu_connect 10.0.0.2,10.0.0.3")
+    record = SliceRecord(name=request.name, accelerator=request.accelerator.name if request.accelerator else "",
+                         backend=NAME, state="running", owner_pid=os.getpid(),
+                         spec={"user": opts.user, "key": opts.key, "python": opts.python, "cwd": opts.cwd,
+                               "connect_timeout": opts.connect_timeout, "env_keys": sorted(request.env),
+                               **({"slices": request.slices} if request.slices > 1 else {})},
+                         hosts=[HostRecord(i, a) for i, a in enumerate(opts.hosts)])
     started = time.perf_counter()
     count = len(record.hosts)
     report.info(f"Connecting to {count} host{'s' if count > 1 else ''} over SSH as {record.name!r} ...")
-    return start(attach(record, reg, env), reg, started)
+    return start(attach(record, request.registry, request.env), request.registry, started)
 
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float = 0.0,
@@ -65,7 +108,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float 
     return Slice(record, transports, host_init, reg, coordinator_port=lambda: random.randint(20000, 32000), node=node)
 
 
-def delete(record: SliceRecord) -> None:
+def delete(record: SliceRecord, force: bool = False) -> None:
     """The hosts are yours: nothing to delete beyond the agents, which end with their connection."""
 
 
@@ -73,5 +116,13 @@ def name_reusable(record: SliceRecord) -> bool:
     return False
 
 
-def detached_state(record: SliceRecord) -> str:
-    return "not connected (use %tpu_use to reconnect)"
+#: hosts you bring, not connected from any kernel: one wording everywhere
+NOT_CONNECTED = "not connected (%tpu_use reconnects)"
+
+
+def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
+    """Connected while the kernel that connected them runs; their price is not ours to know."""
+    connected = owner_running(record)
+    return SliceStatus(state="connected" if connected else NOT_CONNECTED,
+                       host_states=["connected" if connected else "not connected"] * len(record.hosts),
+                       running_s=time.time() - record.created)

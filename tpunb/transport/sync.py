@@ -26,6 +26,7 @@ from pathlib import Path
 from tpunb.errors import SyncError, TransportError
 from tpunb.transport.sftp import CREATE, TRUNCATE, WRITE_FLAG, PipelinedSFTP, attrs
 from tpunb.transport.ssh import SSHTransport
+from tpunb.units import format_bytes
 
 MANIFEST = ".tpunb-sync.json"
 OPEN_AHEAD = 16  # files whose OPEN is in flight while an earlier one is written
@@ -69,7 +70,7 @@ class SyncReport:
     def __str__(self) -> str:
         deleted = sum(h.deleted for h in self.hosts)
         return (f"synced {self.files} files to {len(self.hosts)} hosts in {self.seconds:.2f} s: "
-                f"{self.files_sent} sent ({self.bytes_sent / 1e6:.1f} MB), {deleted} deleted")
+                f"{self.files_sent} sent ({format_bytes(self.bytes_sent)}), {deleted} deleted")
 
 
 # -- what to send ---------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tpunb.display.hosts import HostNames, format_hosts
 from tpunb.metrics import MetricsFeed, MetricsStore
+from tpunb.units import format_bytes
 
 SYSTEM = ("cpu_percent", "process_cpu_percent", "rss_bytes", "hbm_used_bytes", "duty_cycle_percent")
 PER_CHIP_SUM = {"hbm_used_bytes", "hbm_total_bytes"}  # other per-chip metrics are averaged
@@ -92,10 +93,7 @@ def _format(metric: str, value: float | None) -> str:
     if value is None:
         return "–"
     if metric.endswith("_bytes"):
-        for unit in ("B", "KB", "MB", "GB", "TB"):
-            if abs(value) < 1024 or unit == "TB":
-                return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-            value /= 1024
+        return format_bytes(value)
     if metric.endswith("_percent"):
         return f"{value:.0f}%"
     return f"{value:.4g}"

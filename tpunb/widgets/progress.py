@@ -16,7 +16,8 @@ def byte_progress(description: str) -> Iterator[Callable[[int, int], None]]:
 
     def update(done: int, total: int) -> None:
         if not bars:
-            bars.append(tqdm(desc=description, unit="B", unit_scale=True, unit_divisor=1024, total=total, leave=True))
+            # unit "iB" with divisor 1024: tqdm says MiB/s and GiB/s (with "B" it said MB/s for MiB/s)
+            bars.append(tqdm(desc=description, unit="iB", unit_scale=True, unit_divisor=1024, total=total, leave=True))
         bar = bars[0]
         if bar.total != total:
             bar.total = total

@@ -19,14 +19,19 @@ import time
 from tpunb import catalog, report
 from tpunb.errors import CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
 from tpunb.provision import ssh
+from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import owner_alive
 from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
-from tpunb.provision.gcp.node import CloudNode, price_per_hour
+from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
 from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.slice import Node, Slice
-from tpunb.status import HostRow
+from tpunb.status import OrphanStatus, SliceStatus
+
+NAME = "gcp"
+#: a slice whose launch has not finished (or was cut off): one wording everywhere
+CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
 
 
 def default_name(accelerator: catalog.Accelerator) -> str:
@@ -42,13 +47,14 @@ def configured() -> bool:
     return resolve_project_zone(None, None)[0] is not None
 
 
-def create(name: str, accel: catalog.Accelerator, env: dict[str, str], reg: Registry, opts: CloudOptions,
-           slices: int = 1) -> Slice:
+def create(request: LaunchRequest) -> Slice:
     """Create a Cloud TPU node, wait for READY with progress, connect to every worker over SSH.
     Whatever fails or is interrupted after the node exists deletes it again.
 
     ``slices``: a multislice, one queued resource for that many nodes (``{name}-0``, ...), ready
     when all are; its workers are one slice here, numbered node by node."""
+    name, accel, env, reg, slices = request.name, request.accelerator, request.env, request.registry, request.slices
+    opts: CloudOptions = request.options or CloudOptions()
     warm.ready()  # the SSH and Cloud TPU clients, imported where Ctrl-C cannot cut them
     from tpunb.transport import keys
     from tpunb.transport.ssh import forget_host_key
@@ -100,11 +106,11 @@ def create(name: str, accel: catalog.Accelerator, env: dict[str, str], reg: Regi
     except BaseException as exc:
         if sl is not None:
             sl.close()
-        try:
-            api.delete(project, zone, name, wait=True)
-        finally:
-            reg.delete_slice(name)
-        progress.failed(f"could not connect to the hosts, so {name} was deleted again: {exc}")
+        reg.delete_slice(name)
+        deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
+                                    or slices > 1) is not None
+        fate = "deleted again" if deleted else "left: see above"
+        progress.failed(f"could not connect to the hosts, so {name} was {fate}: {exc}")
         raise
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
     if opts.idle_delete:
@@ -148,8 +154,9 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
         raise
 
 
-def delete(record: SliceRecord) -> None:
-    """Delete the node and wait until it is gone (before the registry forgets it)."""
+def delete(record: SliceRecord, force: bool = False) -> None:
+    """Delete the node and wait until it is gone (before the registry forgets it), whoever
+    attached it (``force`` changes nothing: a node is deleted from anywhere)."""
     _node(record, watch=False).delete()
 
 
@@ -158,10 +165,25 @@ def name_reusable(record: SliceRecord) -> bool:
     return False
 
 
-def detached_state(record: SliceRecord) -> str:
+def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
+    """The node's cloud state as the survey found it (its own state while not surveyed); hosts
+    connected while the kernel that attached them runs; billed since the node was created."""
+    place = (record.spec.get("project"), record.spec.get("zone"))
+    cloud = {}
+    running_s = time.time() - record.created
     if record.state == "creating":
-        return "being created (or its launch was cut off: %tpu_down deletes it)"
-    return ssh.detached_state(record)
+        state = CREATING
+    elif place in nodes:
+        info = nodes[place].get(record.name)
+        cloud = _node(record, info, watch=False).status()
+        state = cloud["cloud_state"] or "UNKNOWN"
+        running_s = cloud["uptime_s"] if cloud["uptime_s"] is not None else running_s
+    else:
+        state = record.state
+    hosts = ssh.slice_status(record, nodes).host_states
+    price = list_price(record)
+    return SliceStatus(state=state, host_states=hosts, usd_per_hour=price, list_usd_per_hour=price,
+                       running_s=running_s, cloud=cloud)
 
 
 def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions, list[str], int]:
@@ -180,54 +202,76 @@ def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions
 
 
 class Survey:
-    """One list call per project and zone in use (and the configured one, for orphans)."""
+    """One list call per project and zone in use (and the configured one, for orphans); nodes a
+    failed launch could not delete are re-checked here and forgotten once they are gone."""
 
-    def __init__(self, records: list[SliceRecord]) -> None:
-        places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == "gcp"}
+    def __init__(self, records: list[SliceRecord], reg: Registry | None = None) -> None:
+        self.registry = reg or Registry()
+        self.recorded = {(p, z, n): why for p, z, n, why in self.registry.orphans()}
+        places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == NAME}
+        places |= {(p, z) for p, z, _ in self.recorded}
         project, zone = resolve_project_zone(None, None)
         if project and zone:
             places.add((project, zone))
-        self.nodes: dict[tuple[str, str], dict[str, api.NodeInfo]] = {}
+        self.nodes: Nodes = {}
         for place in sorted(places):
             try:
                 self.nodes[place] = {info.name: info for info in api.list_nodes(*place)}
             except TpunbError as exc:
                 report.warn(f"[tpunb] cannot list nodes in {place[0]}/{place[1]}: {exc}")
 
-    def node_status(self, record: SliceRecord, node: Node | None = None) -> dict:
-        """The cloud columns of a gcp record, refreshing its attached ``node``; {} for other backends."""
-        if record.backend != "gcp":
-            return {}
+    def refresh(self, record: SliceRecord, node: Node | None) -> None:
+        """Give an attached slice's node what the survey saw of it (one list call covers a zone)."""
         place = (record.spec.get("project"), record.spec.get("zone"))
-        if place not in self.nodes:
-            return node.status() if node is not None else {}
-        info = self.nodes[place].get(record.name)
-        cloud = node if isinstance(node, CloudNode) else _node(record, info, watch=False)
-        cloud.update(info)
-        return cloud.status()
+        if isinstance(node, CloudNode) and place in self.nodes:
+            node.update(self.nodes[place].get(record.name))
 
-    def orphan_rows(self, known: set[str]) -> list[HostRow]:
-        """tpunb nodes the registry does not know: still billed, and %tpu_down can delete them."""
-        rows = []
+    def orphans(self, known: set[str]) -> list[OrphanStatus]:
+        """tpunb nodes the registry does not hold as slices: still billed, deletable here."""
+        found = []
         for (project, zone), nodes in self.nodes.items():
             for node_name, info in sorted(nodes.items()):
-                if node_name in known:
+                if node_name in known or not info.tpunb_owned:
                     continue
-                orphan = CloudNode(node_name, info.accelerator, project, zone, info.spot, info, watch=False,
-                                   slices=info.slices)
-                rows.append(HostRow(slice=node_name, accelerator=info.kind, backend="gcp", host=None,
-                                    address=f"{project}/{zone}", **orphan.status(),
-                                    state=f"ORPHAN: not in this registry, still billed; %tpu_down {node_name} "
-                                          "deletes it"))
-        return rows
+                why = self.recorded.get((project, zone, node_name))
+                message = (f"{why}; still billed: delete it here, with %tpu_down {node_name} or "
+                           f"{api.delete_command(project, zone, node_name, info.queued_resource is not None)}"
+                           if why else
+                           f"not in this registry and still billed: delete it here or with %tpu_down {node_name}")
+                found.append(self._orphan(project, zone, node_name, info, message))
+        for (project, zone, node_name), why in self.recorded.items():
+            if (project, zone) not in self.nodes:  # not listed now: say what is known, check again later
+                found.append(self._orphan(project, zone, node_name, None, f"{why}; %tpu_down {node_name} deletes it"))
+            elif node_name not in self.nodes[(project, zone)]:
+                self.registry.forget_orphan(project, zone, node_name)  # gone since: nothing bills any more
+        return found
+
+    @staticmethod
+    def _orphan(project: str, zone: str, name: str, info: api.NodeInfo | None, message: str) -> OrphanStatus:
+        if info is None:
+            return OrphanStatus(name=name, accelerator="", num_slices=1, project=project, zone=zone, state="UNKNOWN",
+                                spot=False, usd_per_hour=None, uptime_s=None, message=message,
+                                cloud={"cloud_state": "UNKNOWN"})
+        node = CloudNode(name, info.accelerator, project, zone, info.spot, info, watch=False, slices=info.slices)
+        cloud = node.status()
+        return OrphanStatus(name=name, accelerator=info.kind, num_slices=info.slices, project=project, zone=zone,
+                            state=cloud["cloud_state"], spot=info.spot, usd_per_hour=cloud["usd_per_hour"],
+                            uptime_s=cloud["uptime_s"], message=message, cloud=cloud)
 
 
-def delete_orphan(name: str) -> bool:
-    """A tpunb node the registry does not know, in the configured project and zone: delete it."""
+def delete_orphan(name: str, reg: Registry | None = None) -> bool:
+    """A tpunb node the registry does not hold as a slice (in the configured project and zone, or
+    recorded as left by a failed launch): delete it."""
+    reg = reg or Registry()
+    places = [(p, z) for p, z, n, _ in reg.orphans() if n == name]
     project, zone = resolve_project_zone(None, None)
-    if not (project and zone):
-        return False
-    info = api.get(project, zone, name)
-    if info is None or not info.tpunb_owned:
-        return False
-    return api.delete(project, zone, name, wait=True)
+    if project and zone:
+        places.append((project, zone))
+    for place in dict.fromkeys(places):
+        info = api.get(*place, name)
+        if info is not None and info.tpunb_owned and api.delete(*place, name, wait=True):
+            reg.forget_orphan(*place, name)
+            return True
+        if info is None:
+            reg.forget_orphan(*place, name)
+    return False

@@ -10,12 +10,12 @@ error reaches the user.
 ``TPUNB_TPU_API_ENDPOINT=http://127.0.0.1:8470`` points every call at the local emulator
 (``python -m tpunb.emulator``) with anonymous credentials and fast polling; otherwise
 google.auth.default() credentials talk to the real API. google.cloud.tpu_v2 is imported on
-first use, so ``import tpunb`` stays fast.
+first use, so ``import tpunb`` stays fast. The records (NodeSpec, NodeInfo, HostEndpoint) and
+their conversion from API messages live in ``records``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import os
@@ -23,15 +23,23 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision import interrupts, warm
 from tpunb.provision.gcp import errors as gcp_errors
-from tpunb.provision.gcp.config import CloudOptions, require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.config import require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.records import (  # noqa: F401 - the records are part of this seam's API
+    TPUNB_LABELS,
+    HostEndpoint,
+    NodeInfo,
+    NodeSpec,
+    _info,
+    _multislice,
+    _node_ids,
+    _queued_info,
+)
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2
@@ -51,94 +59,13 @@ __all__ = [
 ]
 
 ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
-TPUNB_LABELS: Mapping[str, str] = {"created-by": "tpunb"}
 LAUNCH_LABEL = "tpunb-launch"  # a per-create token: proves a node is ours after an interrupted call
 IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/idle.py)
 PUBLIC_ENDPOINT = "https://tpu.googleapis.com"
-SSH_PORT_LABEL = "tpunb-ssh-port"  # set by the emulator when its sshd is not on port 22
 DEFAULT_TIMEOUT = 1200.0
 DELETE_TIMEOUT = 600.0
 LOST_NODE_STATES = frozenset({"PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN"})
 LOST_QUEUED_STATES = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"})
-
-
-@dataclass(kw_only=True)
-class NodeSpec(CloudOptions):
-    """What to create: the launch's options plus the node's name, type and SSH access. ``name`` is
-    both the node id and, with ``queued``, the queued resource id."""
-
-    name: str
-    accelerator: str
-    project: str
-    zone: str
-    ssh_user: str | None = None
-    ssh_public_key: str | None = None  # "ssh-ed25519 AAAA... comment", goes to metadata ssh-keys
-    startup_script: str | None = None
-    #: a multislice: one queued resource asks for this many nodes, named ``{name}-0``, ``{name}-1``, ...
-    slices: int = 1
-
-
-@dataclass(frozen=True)
-class HostEndpoint:
-    """One worker VM of a slice, in networkEndpoints order (index = TPU worker id)."""
-
-    index: int
-    internal_ip: str
-    external_ip: str | None
-    port: int = 22  # its sshd
-    slice: int = 0  # which node of a multislice it belongs to (index counts over all of them)
-
-    def address(self, internal: bool = False) -> str:
-        """The IP to connect to: external unless ``internal`` or the worker has none."""
-        return self.internal_ip if internal or not self.external_ip else self.external_ip
-
-
-@dataclass
-class NodeInfo:
-    """A node as the API reports it (or, before its node exists, a queued resource)."""
-
-    name: str
-    accelerator: str
-    state: str | None  # node state (READY, CREATING, PREEMPTED...); None while only queued
-    health: str | None
-    hosts: list[HostEndpoint]
-    spot: bool
-    labels: dict[str, str]
-    create_time: datetime | None
-    queued_resource: str | None  # full name of its queued resource, if any
-    project: str = ""
-    zone: str = ""
-    runtime: str = ""
-    queued_state: str | None = None  # WAITING_FOR_RESOURCES, ACTIVE, SUSPENDED, FAILED...
-    slices: int = 1  # a multislice: its nodes seen as one, named after their queued resource
-
-    @property
-    def ready(self) -> bool:
-        return self.state == "READY"
-
-    @property
-    def kind(self) -> str:
-        """What status and the sidebar show: 'v4-16', or '2 x v4-16' for a multislice (as SliceRecord.kind)."""
-        return f"{self.slices} x {self.accelerator}" if self.slices > 1 else self.accelerator
-
-    @property
-    def lost(self) -> bool:
-        """Preempted, terminated or otherwise gone for good: its hosts will not come back."""
-        return self.state in ("PREEMPTED", "TERMINATED") or self.queued_state in (
-            "SUSPENDED",
-            "SUSPENDING",
-            "FAILED",
-        )
-
-    @property
-    def tpunb_owned(self) -> bool:
-        return all(self.labels.get(k) == v for k, v in TPUNB_LABELS.items())
-
-    def uptime(self, now: datetime | None = None) -> float | None:
-        """Seconds since creation, or None if unknown."""
-        if self.create_time is None:
-            return None
-        return ((now or datetime.now(self.create_time.tzinfo)) - self.create_time).total_seconds()
 
 
 # -- client --------------------------------------------------------------------------------
@@ -273,85 +200,6 @@ def idle_metadata(spec: NodeSpec) -> dict[str, str]:
     return {IDLE_ATTRIBUTE: json.dumps(config), "startup-script": idle_script()}
 
 
-def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
-    parts = node.name.split("/")
-    port = int(node.labels.get(SSH_PORT_LABEL, 22) or 22)
-    hosts = [
-        HostEndpoint(i, ep.ip_address, ep.access_config.external_ip or None, port)
-        for i, ep in enumerate(node.network_endpoints)
-    ]
-    return NodeInfo(
-        name=parts[-1],
-        accelerator=node.accelerator_type,
-        state=node.state.name,
-        health=node.health.name if node.health else None,
-        hosts=hosts,
-        spot=bool(node.scheduling_config.spot or node.scheduling_config.preemptible),
-        labels=dict(node.labels),
-        create_time=node.create_time or None,
-        queued_resource=node.queued_resource or None,
-        project=parts[1],
-        zone=parts[3],
-        runtime=node.runtime_version,
-        queued_state=queued_state,
-    )
-
-
-def _queued_info(qr: Any) -> NodeInfo:
-    parts = qr.name.split("/")
-    spec = qr.tpu.node_spec[0] if qr.tpu.node_spec else None
-    node = spec.node if spec is not None else None
-    return NodeInfo(
-        name=(spec.node_id if spec is not None else "") or parts[-1],  # a multislice has no node_id
-        accelerator=node.accelerator_type if node is not None else "",
-        state=None,
-        health=None,
-        hosts=[],
-        spot="spot" in qr,
-        labels=dict(node.labels) if node is not None else {},
-        create_time=qr.create_time or None,
-        queued_resource=qr.name,
-        project=parts[1],
-        zone=parts[3],
-        runtime=node.runtime_version if node is not None else "",
-        queued_state=qr.state.state.name,
-        slices=max(1, len(_node_ids(qr))),
-    )
-
-
-def _node_ids(qr: Any) -> list[str]:
-    """The ids of the nodes a queued resource asks for: ``{prefix}-{i}`` for a multislice."""
-    spec = qr.tpu.node_spec[0] if qr.tpu.node_spec else None
-    if spec is None:
-        return []
-    params = spec.multislice_params
-    if params.node_count:
-        prefix = params.node_id_prefix or qr.name.rsplit("/", 1)[-1]
-        return [f"{prefix}-{i}" for i in range(params.node_count)]
-    return [spec.node_id]
-
-
-def _multislice(qr: Any, nodes: list[Any]) -> NodeInfo:
-    """A multislice's nodes as one NodeInfo named after its queued resource: hosts numbered over
-    every slice in slice order (as JAX numbers processes); READY only when every node is."""
-    infos = [_info(n, queued_state=qr.state.state.name) for n in nodes]
-    order = {node_id: i for i, node_id in enumerate(_node_ids(qr))}
-    infos.sort(key=lambda i: order.get(i.name, len(order)))
-    base = _queued_info(qr)
-    hosts, states = [], []
-    for slice_index, info in enumerate(infos):
-        states.append(info.state)
-        hosts += [dataclasses.replace(h, index=len(hosts) + k, slice=slice_index) for k, h in enumerate(info.hosts)]
-    missing = len(infos) < base.slices
-    unready = [s for s in states if s != "READY"]  # PREEMPTED on one node: the whole multislice is lost
-    return dataclasses.replace(
-        infos[0] if infos else base, name=base.name, hosts=hosts, queued_resource=qr.name, slices=base.slices,
-        queued_state=base.queued_state,
-        state=unready[0] if unready else None if missing else "READY",
-        health=None if unready or missing else infos[0].health,
-    )
-
-
 def _names(project: str, zone: str, name: str) -> tuple[str, str, str]:
     parent = f"projects/{project}/locations/{zone}"
     return parent, f"{parent}/nodes/{name}", f"{parent}/queuedResources/{name}"
@@ -459,8 +307,8 @@ def create(
         raise ProvisionError(f"{e}; {_cleanup(spec)}", e.reason or "lost") from None
     except _api_errors() as e:
         raise _translate(e, _with_cleanup(ctx, _cleanup(spec))) from None
-    except BaseException:
-        _cleanup(spec)
+    except BaseException as e:
+        _cleanup(spec, "its launch was interrupted" if isinstance(e, KeyboardInterrupt) else "its launch failed")
         raise
 
 
@@ -534,15 +382,14 @@ def _nodes_of(api: Any, qr: Any) -> list[Any]:
     return [node for node in found if node is not None]
 
 
-def _cleanup(spec: NodeSpec) -> str:
+def _cleanup(spec: NodeSpec, why: str = "its launch failed") -> str:
     """Delete what a failed create made; returns what happened, for the error message."""
     what = ("queued resource and its nodes" if spec.slices > 1 else
             "queued resource and node" if spec.queued else "node")
-    try:
-        existed = delete(spec.project, spec.zone, spec.name, wait=True)
-    except Exception as e:  # the original failure matters more; say what is left behind
-        why = gcp_errors.one_line(str(e), 120)
-        return f"could not delete {what} {spec.name} ({why}): delete it with %tpu_down {spec.name}"
+    queued = spec.queued or spec.slices > 1
+    existed = delete_or_say(spec.project, spec.zone, spec.name, why, queued)
+    if existed is None:
+        return f"could not delete {what} {spec.name}: it is listed as an orphan in %tpu_status until it is gone"
     return f"deleted {what} {spec.name}" if existed else "nothing was left to clean up"
 
 
@@ -550,17 +397,49 @@ def _delete_if_launched(spec: NodeSpec, launch: str) -> None:
     """After an interrupted create call: delete the node only if this launch created it."""
     api = client()
     _, node_name, qr_name = _names(spec.project, spec.zone, spec.name)
+    queued = spec.queued or spec.slices > 1
     try:
-        if spec.queued or spec.slices > 1:
+        if queued:
             qr = _get_or_none(api.get_queued_resource, qr_name)
             labels = qr.tpu.node_spec[0].node.labels if qr is not None and qr.tpu.node_spec else {}
         else:
             node = _get_or_none(api.get_node, node_name)
             labels = node.labels if node is not None else {}
-        if labels.get(LAUNCH_LABEL) == launch:
-            delete(spec.project, spec.zone, spec.name, wait=True)
-    except Exception:
-        pass  # best effort while an interrupt is already on its way up
+    except Exception as e:  # cannot tell whether it exists: say how to check, while the interrupt goes up
+        _say_left(spec.project, spec.zone, spec.name, queued, "its launch was interrupted", e)
+        return
+    if labels.get(LAUNCH_LABEL) == launch:
+        delete_or_say(spec.project, spec.zone, spec.name, "its launch was interrupted", queued)
+
+
+def delete_command(project: str, zone: str, name: str, queued: bool = False) -> str:
+    """The gcloud command that deletes a node (or a queued resource and its nodes) by hand."""
+    if queued:
+        return f"gcloud compute tpus queued-resources delete {name} --zone {zone} --project {project} --force"
+    return f"gcloud compute tpus tpu-vm delete {name} --zone {zone} --project {project}"
+
+
+def delete_or_say(project: str, zone: str, name: str, why: str, queued: bool = False) -> bool | None:
+    """Delete a node a failed launch left; if that fails too, say so in one line with the command
+    that deletes it, and record it as an orphan (%tpu_status and the sidebar list it until it is
+    gone). True if deleted, False if nothing was there, None if it may still exist (and bill)."""
+    try:
+        return delete(project, zone, name, wait=True)
+    except Exception as e:  # the original failure matters more: say what is left behind
+        _say_left(project, zone, name, queued, why, e)
+        return None
+
+
+def _say_left(project: str, zone: str, name: str, queued: bool, why: str, error: BaseException) -> None:
+    from tpunb import report
+    from tpunb.registry import Registry
+
+    reason = f"{why} and deleting it failed ({gcp_errors.one_line(str(error), 120)})"
+    try:
+        Registry().save_orphan(project, zone, name, reason)
+    finally:
+        report.warn(f"[tpunb] {name} may still exist and bill: {reason}; delete it with "
+                    f"{delete_command(project, zone, name, queued)}")
 
 
 # -- get / delete / list -------------------------------------------------------------------

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpunb.errors import ProvisionError, UsageError
+from tpunb.units import format_duration, parse_duration  # noqa: F401 (imported from here by gcp/)
 
 
 IDLE_DELETE_ENV = "TPUNB_IDLE_DELETE"
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _option(help: str | None = None, flag: bool = True, **kw):
@@ -56,9 +56,9 @@ class CloudOptions:
     def __post_init__(self) -> None:
         self.labels = parse_labels(self.labels)
         if self.idle_delete is None:
-            self.idle_delete = parse_duration(os.environ.get(IDLE_DELETE_ENV), f"${IDLE_DELETE_ENV}")
+            self.idle_delete = parse_duration(os.environ.get(IDLE_DELETE_ENV), f"${IDLE_DELETE_ENV}", off=True)
         else:
-            self.idle_delete = parse_duration(self.idle_delete, "--idle-delete")
+            self.idle_delete = parse_duration(self.idle_delete, "--idle-delete", off=True)
 
     @classmethod
     def from_kwargs(cls, given: dict) -> "CloudOptions":
@@ -76,33 +76,6 @@ class CloudOptions:
     def flags(cls) -> list[dataclasses.Field]:
         """The fields %tpu_launch offers as --flags."""
         return [f for f in dataclasses.fields(CloudOptions) if f.metadata.get("flag")]
-
-
-def parse_duration(value: str | float | int | None, flag: str = "duration") -> float:
-    """'30m' -> 1800.0; '2h', '90s', '1h30m', a number of seconds; 0, 'off' or None -> 0 (disabled)."""
-    if value is None or value is False:
-        return 0.0
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value >= 0 and value == value and value != float("inf"):
-            return float(value)
-    else:
-        text = str(value).strip().lower()
-        if text in ("0", "off", "never", "none", ""):
-            return 0.0
-        parts = re.findall(r"(\d+(?:\.\d+)?)\s*([smhd])", text)
-        if parts and re.fullmatch(r"(?:\s*\d+(?:\.\d+)?\s*[smhd])+\s*", text):
-            return float(sum(float(n) * _UNITS[unit] for n, unit in parts))
-    raise UsageError(f"{flag} takes a duration like 30m, 2h or 90s (0 or off: never), not {value!r}")
-
-
-def format_duration(seconds: float) -> str:
-    """1800 -> '30m', 5400 -> '1h30m', 3 -> '3s': durations as --idle-delete takes them."""
-    rest, parts = round(seconds), []
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
-        if rest >= size or (unit == "s" and not parts):
-            parts.append(f"{rest // size}{unit}")
-            rest %= size
-    return "".join(parts)
 
 
 def parse_labels(labels: str | dict | None) -> dict[str, str]:

@@ -14,8 +14,9 @@ import time
 
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, TpunbError
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp import api, errors as gcp_errors
 from tpunb.provision.gcp.config import format_duration
+from tpunb.registry import SliceRecord
 from tpunb.slice import Node
 
 FRESH_SECONDS = 10.0  # a state this recent is trusted before a cell without asking the API again
@@ -27,6 +28,15 @@ def price_per_hour(accelerator: catalog.Accelerator, spot: bool, slices: int = 1
         return accelerator.price_per_hour(spot) * slices
     except TpunbError:
         return None
+
+
+def list_price(record: SliceRecord) -> float | None:
+    """What a recorded slice (every slice of a multislice) costs, or would cost, on Cloud TPU."""
+    try:
+        accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
+    except TpunbError:
+        return None
+    return price_per_hour(accelerator, bool(record.spec.get("spot")), record.num_slices) if accelerator else None
 
 
 def watch_interval() -> float:
@@ -47,6 +57,8 @@ class CloudNode(Node):
         self.info = info
         self.checked_at = time.monotonic() if info is not None else 0.0
         self._reported = False
+        self._blind = False  # the watch said it cannot see the node; quiet until it can again
+        self.watch_failures = 0  # watch rounds that could not read the node
         self._stop = threading.Event()
         if watch:
             threading.Thread(target=self._watch, daemon=True, name=f"tpunb-watch-{name}").start()
@@ -99,11 +111,20 @@ class CloudNode(Node):
         return f"slice {self.name}: {reason}; relaunch it with %tpu_launch --recover {self.name}" if reason else None
 
     def _watch(self) -> None:
+        """Refresh the state every watch interval; say a preemption once, and once that the node
+        cannot be watched (and why) until a refresh works again. Cells check the node anyway."""
         while not self._stop.wait(watch_interval()):
             try:
                 self.refresh()
-            except Exception:  # a passing API error: try again next round
+            except Exception as exc:  # permissions, API off, network: try again next round
+                self.watch_failures += 1
+                if not self._blind:
+                    self._blind = True
+                    why = gcp_errors.one_line(str(exc) or type(exc).__name__, 160)
+                    report.warn(f"[tpunb] slice {self.name}: cannot watch its node for preemption ({why}); "
+                                f"trying again every {watch_interval():g} s, and before each cell")
                 continue
+            self._blind = False
             reason = self.lost_reason()
             if reason and not self._reported:
                 self._reported = True

@@ -1,0 +1,82 @@
+"""The backend contract in code: every member of provision.base.Backend, called on each backend
+with real parts (local host processes, a real sshd, the Cloud TPU API emulator whose hosts are
+that sshd), and what each returns checked."""
+from __future__ import annotations
+
+import pytest
+
+from tpunb import catalog, provision
+from tpunb.errors import UsageError
+from tpunb.provision import Backend, LaunchRequest, gcp, local, ssh
+from tpunb.registry import Registry
+from tpunb.slice import Slice
+from tpunb.status import SliceStatus
+from tests.conftest import CPU_AS_TPU_HOST
+from tests.emulator_fixture import FAST
+
+ZONE = "us-central2-b"
+MEMBERS = ("options", "default_name", "create", "attach", "delete", "name_reusable", "slice_status")
+
+
+@pytest.fixture
+def tpu_emulator_options(sshd):
+    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+
+
+@pytest.fixture(params=["local", "ssh", "gcp"])
+def backend(request, sshd, ssh_key):
+    """(backend module, its options record, what slice_status says of its live slice)."""
+    if request.param == "local":
+        return local, local.options(), ("running", ["running", "running"])
+    if request.param == "ssh":
+        opts = ssh.options(hosts=[f"{a}:{sshd.port}" for a in sshd.addresses[:2]], key=str(ssh_key),
+                           python=sshd.python)
+        return ssh, opts, ("connected", ["connected", "connected"])
+    request.getfixturevalue("tpu_emulator")
+    return gcp, gcp.options(project="proj", zone=ZONE, python=sshd.python), ("READY", ["connected", "connected"])
+
+
+def test_every_backend_satisfies_the_protocol_member_by_member(backend):
+    module, opts, (live_state, live_hosts) = backend
+    assert isinstance(module, Backend) and all(callable(getattr(module, m)) for m in MEMBERS)
+    assert provision.backend(module.NAME) is module
+    assert isinstance(opts, type(module.options()))
+    with pytest.raises(UsageError, match="unknown option"):
+        module.options(no_such_option=1)
+    accel = catalog.lookup("v4-16")
+    name = module.default_name(accel)
+    assert name == {"local": "v4-16", "ssh": "hosts", "gcp": "tpunb-v4-16"}[module.NAME]
+
+    reg = Registry()
+    sl = module.create(LaunchRequest(name, accel, reg, dict(CPU_AS_TPU_HOST), opts))
+    try:
+        assert isinstance(sl, Slice) and len(sl.session.hosts) == 2
+        assert sl.run("import os\nos.environ['TPUNB_SLICE']", output=None).reprs == {0: repr(name), 1: repr(name)}
+        record = reg.get_slice(name)
+        assert record.backend == module.NAME and record.owner_pid is not None
+        assert module.name_reusable(record) is False  # running: its name is taken
+        nodes = gcp.Survey([record], reg).nodes
+        seen = module.slice_status(record, nodes)
+        assert isinstance(seen, SliceStatus) and (seen.state, seen.host_states) == (live_state, live_hosts)
+        assert seen.usd_per_hour == {"local": 0.0, "ssh": None, "gcp": 25.76}[module.NAME]
+    finally:
+        sl.close()
+
+    again = module.attach(record, reg, {})
+    try:
+        assert isinstance(again, Slice) and again.name == name and not again.session.hosts[0].alive
+    finally:
+        again.close()
+    after = module.slice_status(record, gcp.Survey([record], reg).nodes)
+    if module is local:  # hosts ended with their slice: the one wording for it, and the name is free
+        assert (after.state, after.host_states) == ("stopped: its kernel ended (%tpu_use restarts it)", ["gone"] * 2)
+        assert module.name_reusable(record) is True
+    else:  # hosts you bring, and a node that may bill, keep their names until %tpu_down
+        assert module.name_reusable(record) is False
+    module.delete(record)
+    module.delete(record)  # idempotent
+    reg.delete_slice(name)
+    if module is gcp:
+        assert gcp.api.get("proj", ZONE, name) is None
+        gone = module.slice_status(record, gcp.Survey([record], reg).nodes)
+        assert gone.state == "GONE" and gone.cloud["cloud_state"] == "GONE"

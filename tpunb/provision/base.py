@@ -1,0 +1,61 @@
+"""The backend contract: what local, ssh and gcp each offer, and the one launch request record.
+
+Callers pick a backend module by a slice's backend name (``provision.backend(name)``) and call
+these members only, so nothing outside a backend branches on its name. tests/test_backends.py
+calls every member on each backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from tpunb.catalog import Accelerator
+    from tpunb.provision.gcp.api import NodeInfo  # noqa: F401 - named in the Nodes alias
+    from tpunb.registry import Registry, SliceRecord
+    from tpunb.slice import Slice
+    from tpunb.status import SliceStatus
+
+#: what a cloud survey found: {(project, zone): {node name: NodeInfo}}; places not listed are absent
+Nodes = dict[tuple[str, str], dict[str, "NodeInfo"]]
+
+
+@dataclass
+class LaunchRequest:
+    """One slice to make: the same record for every backend."""
+
+    name: str
+    accelerator: "Accelerator | None"  # None: SSH hosts whose accelerator was not given
+    registry: "Registry"
+    env: dict[str, str] = field(default_factory=dict)  # --env values: memory only, never stored
+    options: Any = None  # the backend's own options record, from its ``options(**given)``
+    slices: int = 1  # a multislice: this many slices of ``accelerator`` in one JAX job
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A way to make hosts. Modules satisfy it (provision.local, provision.ssh, provision.gcp)."""
+
+    NAME: str
+
+    def options(self, **given: Any) -> Any:
+        """The backend's options record from keyword options; a one-line UsageError for unknown ones."""
+
+    def default_name(self, accelerator: "Accelerator | None") -> str:
+        """The name a new slice gets when none is given (before -2, -3 ... for uniqueness)."""
+
+    def create(self, request: LaunchRequest) -> "Slice":
+        """Make the hosts, start their agents, record the slice (owned by this kernel)."""
+
+    def attach(self, record: "SliceRecord", reg: "Registry", env: dict[str, str]) -> "Slice":
+        """A recorded slice's hosts again, agents not started."""
+
+    def delete(self, record: "SliceRecord", force: bool = False) -> None:
+        """Delete what outlives the host processes (a cloud node); idempotent. ``force``: also
+        what another live kernel holds (the sidebar's delete), where the backend can."""
+
+    def name_reusable(self, record: "SliceRecord") -> bool:
+        """A new slice may take this recorded slice's name."""
+
+    def slice_status(self, record: "SliceRecord", nodes: Nodes) -> "SliceStatus":
+        """The recorded slice's state, hosts and price, as every view shows it."""
