@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from tpunb import session as session_module, slices
+from tpunb import slices
+from tpunb.engine import connection
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
@@ -57,7 +58,7 @@ def make_slice(request):
         make.line = lambda count=2, name=None: f"%tpu_launch {ACCELERATOR_FOR_HOSTS[count]}" + (
             f" --name {name}" if name else "")
         return make
-    request.getfixturevalue("monkeypatch").setattr(session_module, "MARSHAL_FRAMES", False)
+    request.getfixturevalue("monkeypatch").setattr(connection, "MARSHAL_FRAMES", False)
     server = request.getfixturevalue("sshd")
     key = request.getfixturevalue("ssh_key")
 

@@ -1,5 +1,6 @@
-"""The house keeps its shape: no import circle inside tpunb, few modules at the top level, and
-the modules shipped to hosts import nothing but the standard library and each other."""
+"""The house keeps its shape: no import circle inside tpunb, few modules at the top level, results
+and their rendering never pulled into the engine, and the modules shipped to hosts import nothing
+but the standard library and each other."""
 from __future__ import annotations
 
 import ast
@@ -182,3 +183,44 @@ def test_tests_wait_on_conditions_not_on_the_clock():
     assert not offenders, "fixed pauses in tests (wait on a condition instead): " + ", ".join(offenders)
     seen = {(p.name, f) for p in tests.rglob("*.py") for f, _ in _pauses(ast.parse(p.read_text()))}
     assert seen >= set(SLEEP_ALLOWED), f"allow-list entries no longer needed: {set(SLEEP_ALLOWED) - seen}"
+
+
+#: the engine: the session, its parts and the transports under them
+ENGINE = ("tpunb.session", "tpunb.engine", "tpunb.transport")
+#: records and their rendering, which the engine hands results to and must not be pulled into
+RECORDS = ("tpunb.results", "tpunb.display")
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def engine_reached_from_records(edges: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each record module that reaches the engine, with the import path that does it."""
+    found = {}
+    for start in sorted(m for m in edges if _within(m, RECORDS)):
+        paths, queue = {start: [start]}, [start]
+        while queue:
+            node = queue.pop(0)
+            if _within(node, ENGINE):
+                found[start] = paths[node]
+                break
+            for nxt in sorted(edges.get(node, ())):
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    queue.append(nxt)
+    return found
+
+
+def test_records_and_display_never_import_the_engine():
+    reached = engine_reached_from_records(graph())
+    assert not reached, "; ".join(" -> ".join(path) for path in reached.values())
+
+
+def test_the_check_sees_the_engine_reached_through_another_module():
+    edges = {"tpunb.results": {"tpunb.display.hosts"}, "tpunb.display.hosts": {"tpunb.errors"},
+             "tpunb.display.sink": set(), "tpunb.errors": {"tpunb.engine.connection"},
+             "tpunb.engine.connection": {"tpunb.transport.base"}, "tpunb.transport.base": set()}
+    reached = engine_reached_from_records(edges)
+    assert reached == {"tpunb.results": ["tpunb.results", "tpunb.display.hosts", "tpunb.errors", "tpunb.engine.connection"],
+                       "tpunb.display.hosts": ["tpunb.display.hosts", "tpunb.errors", "tpunb.engine.connection"]}

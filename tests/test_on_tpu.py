@@ -201,6 +201,19 @@ def test_matplotlib_figure_from_host_zero_renders_inline(make_slice, cell):
     assert len(images) == 1 and images[0]["image/png"][:4] == "iVBO"  # one PNG, from host 0
 
 
+def test_a_figure_that_cannot_be_shown_is_said_once_in_the_cells_output(patient_grouping, make_slice, cell):
+    make_slice(2)
+    run = cell("%%on_tpu\nimport matplotlib\nmatplotlib.use('agg')\nimport matplotlib.pyplot as plt\nfigure = plt.figure()\nplt.plot([1, 2, 3])\n"
+               "def savefig(*args, **kwargs):\n    raise OSError('No space left on device')\n"
+               "figure.savefig = savefig\n'drawn'")
+    assert run.error is None and "Out[0-1]: 'drawn'" in run.shown, run.shown
+    assert run.stderr == ("[0-1] tpunb: the cell ran, but its figures could not be shown: "
+                          "OSError: No space left on device\n"), run.stderr
+    assert not [o for o in run.outputs if "image/png" in o.data]
+    after = cell("%%on_tpu\n1")
+    assert after.error is None and after.stderr == "", after.stderr  # the failed figure is not tried again
+
+
 def test_push_and_pull(make_slice, cell, ip):
     sl = make_slice(2)
     ip.user_ns["weights"] = {"w": [1, 2, 3]}
