@@ -19,6 +19,13 @@ from tpunb.host.service import alive
 PYTHON = shlex.quote(sys.executable)
 
 
+@pytest.fixture(autouse=True)
+def no_service_left(isolated_home):
+    """Services outlive the kernel by design: a test's slices are deleted, so none keeps running."""
+    yield
+    slices.down(all=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

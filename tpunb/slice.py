@@ -89,6 +89,8 @@ class Slice:
         #: called with this slice once it is deleted (the kernel's list of slices forgets it)
         self.on_delete: list[Callable[["Slice"], None]] = []
         self._revive_lock = threading.Lock()  # threads reviving the same dead hosts take turns
+        #: port forwards to hosts (tpunb.serve.forward), ended with the slice
+        self.forwards: list = []
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -233,6 +235,9 @@ class Slice:
     def close(self) -> None:
         """End the host sessions (and the cloud watch); the slice itself stays, for %tpu_use."""
         self.metrics_feed.stop()
+        for made in self.forwards:
+            made.close()
+        self.forwards.clear()
         self.session.close()
         self.cell_logs.close()
         self.node.close()
@@ -458,6 +463,20 @@ class Slice:
         from tpunb import serve
 
         return serve.stop(self, name)
+
+    def forward(self, port: int, host: int | str = 0, local_port: int | None = None) -> str:
+        """The URL (``http://127.0.0.1:L/``) on this machine that reaches ``port`` on ``host``: over
+        the slice's SSH connection, or a local host's own address; ended with the slice."""
+        from tpunb.serve import forward
+
+        chosen = self.layout.parse(host if not isinstance(host, int) else [host])
+        if len(chosen) != 1:
+            raise UsageError(f"host {host!r} picks {len(chosen)} hosts: a forward reaches one (e.g. host=0)")
+        made = forward.forward(self.session.transports, chosen[0], port, local_port)
+        if isinstance(made, str):
+            return made
+        self.forwards.append(made)
+        return made.url
 
     def _end_services(self) -> None:
         from tpunb import serve
