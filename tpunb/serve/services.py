@@ -142,12 +142,14 @@ def follow(sl: "Slice", name: str, host=None, tail: int | None = 10, poll: float
         offsets[h] = r.get("offset", 0)
         if r.get("text"):
             yield h, r["text"]
+    pending = {h: "" for h in indices}  # a line the service is still writing: shown once it is whole
     while True:
         for h in indices:
             r = _on_hosts(sl, [h], lambda _: {"op": "logs", "name": name, "offset": offsets[h]})[h]
-            if r.get("text"):
-                offsets[h] = r["offset"]
-                yield h, r["text"]
+            offsets[h] = r.get("offset", offsets[h])
+            whole, cut, pending[h] = (pending[h] + r.get("text", "")).rpartition("\n")
+            if cut:
+                yield h, whole + cut
         time.sleep(poll)  # the log is a file on another machine: nothing tells us it grew
 
 
