@@ -1,6 +1,6 @@
 """Services on a host: commands that outlive cells, the agent and the kernel.
 
-The kernel runs this module as a short-lived control process (``python -c CONTROL``, the module's
+The kernel runs this module as a short-lived control process (``bundle.SERVICE_CONTROL``, the module's
 source and one request on stdin, one reply on stdout). ``start`` forks a supervisor into a
 session of its own, so the watchdog that ends the agent's session with the kernel never reaches
 it. The supervisor runs the command with its output appended to a log file, restarts it on
@@ -25,23 +25,6 @@ import time
 STOP_GRACE = 3.0
 #: states in which a supervisor is still at work
 ACTIVE = ("starting", "running", "restarting")
-
-CONTROL = r"""
-import json, os, sys, types
-def _read(n):
-    data = b""
-    while len(data) < n:
-        chunk = os.read(0, n - len(data))
-        if not chunk:
-            raise SystemExit(3)
-        data += chunk
-    return data
-_message = json.loads(_read(int(_read(12))))
-_module = types.ModuleType("tpunb_host_service")
-sys.modules["tpunb_host_service"] = _module
-exec(compile(_message["source"], "<tpunb:service>", "exec"), _module.__dict__)
-_module.control(_message["request"])
-"""
 
 
 def frame(value: dict) -> bytes:

@@ -6,21 +6,15 @@ kernel that is gone.
 """
 from __future__ import annotations
 
-import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from tpunb.errors import TransportError
-from tpunb.host.service import CONTROL, frame
+from tpunb.host.bundle import SERVICE_CONTROL, service_source
+from tpunb.host.service import frame
 from tpunb.registry import tpunb_home
 from tpunb.transport.base import Transport
 from tpunb.transport.local import LocalTransport
-
-
-@functools.lru_cache(maxsize=1)
-def _source() -> str:
-    return (Path(__file__).parent.parent / "host" / "service.py").read_text()
 
 
 def root_for(transport: Transport) -> str:
@@ -32,9 +26,9 @@ def root_for(transport: Transport) -> str:
 def ask(transport: Transport, request: dict) -> dict:
     """Run one request on the host and return its reply; TransportError if the host is unreachable."""
     transport.connect()
-    process = transport.spawn([transport.python, "-c", CONTROL])
+    process = transport.spawn([transport.python, "-c", SERVICE_CONTROL])
     try:
-        process.send(frame({"source": _source(), "request": {"root": root_for(transport), **request}}))
+        process.send(frame({"source": service_source(), "request": {"root": root_for(transport), **request}}))
         head = process.recv_exact(12)
         body = process.recv_exact(int(head)) if len(head) == 12 and head.isdigit() else b""
         if not body:
