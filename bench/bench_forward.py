@@ -7,13 +7,15 @@ service (``/big``: the download, from memory; ``/small``: 16 bytes). Two ways to
 here: ``Slice.forward`` (direct-tcpip channels on the slice's paramiko connection) and ``ssh -N
 -L`` (OpenSSH's client, its own connection to the same sshd). Measured, alternating between the
 two so load from elsewhere hits both alike: the download's throughput, and HTTP request latency
-(a new connection per request, as browsers and urllib do) with 1 and with 32 concurrent clients.
+(a new connection per request, as browsers and urllib do) with 1 and with 32 concurrent clients,
+from a client process of its own (as a browser is).
 Prints a Markdown table and the ratios against the goal (throughput >= 0.8x, p50 <= 1.2x).
 """
 from __future__ import annotations
 
 import argparse
 import http.client
+import json
 import os
 import shlex
 import socket
@@ -86,6 +88,19 @@ def latencies(port: int, requests: int, clients: int) -> list[float]:
         return list(pool.map(one, range(requests)))
 
 
+def measure(port: int, what: str, amount: int, clients: int) -> list[float]:
+    """Run a measurement in a process of its own, as a browser would be: the clients' threads
+    must not share the kernel's interpreter (and its lock) with the forward they measure."""
+    out = subprocess.run([sys.executable, __file__, "--client", str(port), what, str(amount), str(clients)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def client(port: int, what: str, amount: int, clients: int) -> None:
+    values = [throughput(port, amount)] if what == "download" else latencies(port, amount, clients)
+    print(json.dumps(values))
+
+
 def wait_listening(port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -102,7 +117,11 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=256)
     parser.add_argument("--requests", type=int, default=400, help="HTTP requests per latency run")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--client", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.client:
+        port, what, amount, clients = args.client
+        return client(int(port), what, int(amount), int(clients))
 
     home = Path(tempfile.mkdtemp(prefix="bench-forward-"))
     os.environ["TPUNB_HOME"] = str(home)
@@ -132,9 +151,9 @@ def main() -> None:
         results: dict[str, dict[str, list]] = {name: {"mbps": [], "lat1": [], "lat32": []} for name in contenders}
         for _ in range(args.repeat):
             for name, local in contenders.items():
-                results[name]["mbps"].append(throughput(local, args.megabytes))
-                results[name]["lat1"] += latencies(local, args.requests // 4, 1)
-                results[name]["lat32"] += latencies(local, args.requests, 32)
+                results[name]["mbps"] += measure(local, "download", args.megabytes, 1)
+                results[name]["lat1"] += measure(local, "latency", args.requests // 4, 1)
+                results[name]["lat32"] += measure(local, "latency", args.requests, 32)
     finally:
         ssh.terminate()
         ssh.wait()

@@ -2,11 +2,12 @@
 
 For SSH and cloud hosts every accepted connection becomes a direct-tcpip channel on the slice's
 existing SSH connection (what ``ssh -L`` does); for local hosts, a plain connection to the
-port here. Each connection is copied both ways by two threads until both sides have ended.
+port here. Each connection is copied both ways by a thread of its own until both sides have ended.
 """
 from __future__ import annotations
 
 import errno
+import select
 import socket
 import threading
 from typing import Callable
@@ -101,10 +102,7 @@ class Forward:
                 remote.close()
                 return
             self._open_sockets.update((client, remote))
-        upstream = threading.Thread(target=_pump, args=(client, remote), daemon=True, name="tpunb-forward-up")
-        upstream.start()
-        _pump(remote, client)
-        upstream.join()
+        _relay(client, remote)
         with self._lock:
             self._open_sockets.difference_update((client, remote))
         for end in (client, remote):
@@ -131,19 +129,32 @@ class Forward:
                 pass
 
 
-def _pump(source, sink) -> None:
-    """Copy until ``source`` ends, then end ``sink``'s writing half (the other way may go on)."""
-    while True:
+def _relay(client: socket.socket, remote) -> None:
+    """Copy both ways on this one thread (a paramiko channel has a file descriptor to wait on)
+    until both sides have ended; an end one way is passed on as a half close, the other goes on."""
+    other = {client: remote, remote: client}
+    reading = [client, remote]
+    while reading:
         try:
-            data = source.recv(CHUNK)
-        except OSError:
-            data = b""
-        if not data:
-            break
-        try:
-            sink.sendall(data)
-        except OSError:
-            break
+            ready, _, _ = select.select(reading, [], [])
+        except (OSError, ValueError):
+            return  # the forward was closed under us
+        for source in ready:
+            try:
+                data = source.recv(CHUNK)
+            except OSError:
+                data = b""
+            if data:
+                try:
+                    other[source].sendall(data)
+                    continue
+                except OSError:
+                    return
+            reading.remove(source)
+            _end_writing(other[source])
+
+
+def _end_writing(sink) -> None:
     try:
         if isinstance(sink, socket.socket):
             sink.shutdown(socket.SHUT_WR)
