@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.test_serve import PYTHON, free_port, no_service_left  # noqa: F401 - autouse fixture
-from tpunb import slices
+from tpunb import report, slices
 from tpunb.errors import UsageError
 
 ECHO_HTTP = r'''
@@ -126,6 +126,9 @@ def test_a_forward_to_an_ssh_host_that_died_says_so_at_the_next_request(sshd, ss
         line = caught.value.read().decode()
         assert caught.value.code == 502 and line.count("\n") == 1
         assert line.startswith(f"forward {url} -> host 0 port ") and sshd.addresses[0] in line
+        with report.captured() as said:
+            assert sl.services() == []
+        assert [m.text for m in said] == ["[tpunb] host 0 could not be reached: its services are not listed"]
     finally:
         sshd.start()
 

@@ -246,6 +246,11 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
                 os.close(fd)
             except OSError:
                 pass
+    if hasattr(os, "sched_setscheduler"):  # local control processes run as batch work; a service need not
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
     log = os.open(os.path.join(directory, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):

@@ -116,6 +116,10 @@ def _raise_failures(sl: "Slice", name: str, replies: dict[int, dict], what: str)
 def services(sl: "Slice") -> list[ServiceState]:
     """Every service of the slice on every host (hosts that cannot be reached are left out)."""
     replies = _on_hosts(sl, list(range(sl.num_hosts)), lambda h: {"op": "list"})
+    gone = sorted(h for h, r in replies.items() if r.get("unreachable"))
+    if gone:
+        report.warn(f"[tpunb] host{'s' if len(gone) > 1 else ''} {sl.layout.names(gone)} could not be reached: "
+                    f"{'their' if len(gone) > 1 else 'its'} services are not listed")
     return sorted((ServiceState.from_host(s) for r in replies.values() for s in r.get("services", [])),
                   key=lambda s: (s.name, s.host))
 
