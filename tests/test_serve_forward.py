@@ -43,6 +43,18 @@ while True:
     threading.Thread(target=echo, args=(server.accept()[0],), daemon=True).start()
 '''
 
+ECHO_WEBSOCKET = r'''
+import asyncio, sys
+import tornado.web, tornado.websocket
+class Echo(tornado.websocket.WebSocketHandler):
+    def on_message(self, message):
+        self.write_message(message[::-1], binary=isinstance(message, bytes))
+async def main():
+    tornado.web.Application([("/ws", Echo)]).listen(int(sys.argv[1]), address="127.0.0.1")
+    await asyncio.Event().wait()
+asyncio.run(main())
+'''
+
 
 def start(sl, tmp_path, name: str, script: str) -> int:
     path = tmp_path / f"{name}.py"
@@ -90,6 +102,31 @@ def test_bytes_flow_both_ways_and_a_half_close_reaches_the_host(make_slice, tmp_
         while chunk := conn.recv(1 << 20):
             rest += chunk
         assert rest == b"X" * 3_000_000
+
+
+def test_websockets_through_a_forward(make_slice, tmp_path):
+    """A real WebSocket (tornado on the host and here): text and binary messages both ways, many
+    at once on one connection, then a clean close handshake."""
+    import asyncio
+
+    from tornado.websocket import websocket_connect
+
+    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    url = through(sl, start(sl, tmp_path, "ws", ECHO_WEBSOCKET)).replace("http://", "ws://") + "ws"
+
+    async def talk():
+        conn = await websocket_connect(url)
+        messages = [f"message {i}" for i in range(50)] + [bytes(range(256)) * 400]
+        for message in messages:
+            await conn.write_message(message, binary=isinstance(message, bytes))
+        replies = [await conn.read_message() for _ in messages]
+        conn.close(code=1000)
+        ended = await conn.read_message()  # None once the close handshake is done
+        return messages, replies, ended, conn.close_code
+
+    messages, replies, ended, code = asyncio.run(talk())
+    assert replies == [m[::-1] for m in messages]
+    assert ended is None and code == 1000
 
 
 def test_a_taken_local_port_names_a_free_one(make_slice, tmp_path):
