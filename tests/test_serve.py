@@ -151,3 +151,11 @@ def test_bad_arguments_are_one_line_usage_errors(make_slice):
         sl.serve("sleeper", "exec sleep 300")
     with pytest.raises(UsageError, match="no service named 'ghost'.*its services are sleeper"):
         sl.stop_service("ghost")
+
+
+def test_a_start_that_fails_on_one_host_leaves_nothing_new_running(make_slice):
+    sl = make_slice(2, name=unique("svc"))
+    sl.serve("job", "exec sleep 300", hosts=[1])
+    with pytest.raises(ServiceError, match=r"service 'job' did not start \(host 1: service 'job' already runs"):
+        sl.serve("job", "exec sleep 300")
+    assert {s.host: s.state for s in sl.services()} == {0: "stopped", 1: "running"}

@@ -469,7 +469,7 @@ class Slice:
         the slice's SSH connection, or a local host's own address; ended with the slice."""
         from tpunb.serve import forward
 
-        chosen = self.layout.parse(host if not isinstance(host, int) else [host])
+        chosen = self.layout.parse(host)
         if len(chosen) != 1:
             raise UsageError(f"host {host!r} picks {len(chosen)} hosts: a forward reaches one (e.g. host=0)")
         made = forward.forward(self.session.transports, chosen[0], port, local_port)

@@ -79,26 +79,38 @@ def serve(sl: "Slice", name: str, command: str, hosts=None, restart: str = "no",
     started = time.perf_counter()
     replies = _on_hosts(sl, indices, lambda h: {
         "op": "start", "name": name, "command": command, "restart": restart, "max_restarts": int(max_restarts),
-        "backoff": float(backoff), "env": {**inits[h].get("env", {}), **values}, "env_keys": sorted(values), "cwd": inits[h].get("cwd")})
+        "backoff": float(backoff), "env": {**inits[h].get("env", {}), **values}, "env_keys": sorted(values),
+        "cwd": inits[h].get("cwd")})
+    started_on = [h for h, r in replies.items() if "error" not in r]
+    if len(started_on) < len(indices) and started_on:  # all or nothing: end what this call started
+        _on_hosts(sl, started_on, lambda h: {"op": "stop", "name": name})
     _raise_failures(sl, name, replies, "did not start")
-    if port is not None:
-        what = f"HTTP GET {path} on port {port}" if path else f"port {port}"
-        report.info(f"[tpunb] waiting for {name!r} to answer {what} on host{'s' if len(indices) > 1 else ''} "
-                    f"{sl.layout.names(indices)} (up to {timeout:g} s)")
-        waits = _on_hosts(sl, indices, lambda h: {"op": "wait", "name": name, "port": port, "path": path,
-                                                  "timeout": float(timeout), "tail": TAIL})
-        bad = {h: r for h, r in waits.items() if not r.get("ready")}
-        if bad:
-            first = min(bad)
-            why = "; ".join(f"host {sl.layout.name(h)}: {r.get('why') or r.get('error')}" for h, r in sorted(bad.items()))
-            still = "it keeps running (stop it with %tpu_serve --stop " + name + ")" if any(
-                r.get("state", {}).get("state") in ("running", "restarting") for r in bad.values()) else "it has ended"
-            raise ServiceError(f"service {name!r} is not ready ({why}); {still}; its last log lines on host "
-                               f"{sl.layout.name(first)}:", first, bad[first].get("tail", ""))
-        report.info(f"[tpunb] {name!r} ready on host{'s' if len(indices) > 1 else ''} {sl.layout.names(indices)} in {time.perf_counter() - started:.1f} s")
+    where = f"host{'s' if len(indices) > 1 else ''} {sl.layout.names(indices)}"
+    if port is None:
+        report.info(f"[tpunb] started {name!r} on {where}")
     else:
-        report.info(f"[tpunb] started {name!r} on host{'s' if len(indices) > 1 else ''} {sl.layout.names(indices)}")
+        _wait_ready(sl, name, indices, port, path, timeout, where)
+        report.info(f"[tpunb] {name!r} ready on {where} in {time.perf_counter() - started:.1f} s")
     return [ServiceState.from_host(r["state"]) for r in replies.values()]
+
+
+def _wait_ready(sl: "Slice", name: str, indices: list[int], port: int, path: str | None, timeout: float,
+                where: str) -> None:
+    """Until the service answers on every host; else one ServiceError naming each host and why,
+    with the first one's last log lines."""
+    what = f"HTTP GET {path} on port {port}" if path else f"port {port}"
+    report.info(f"[tpunb] waiting for {name!r} to answer {what} on {where} (up to {timeout:g} s)")
+    waits = _on_hosts(sl, indices, lambda h: {"op": "wait", "name": name, "port": port, "path": path,
+                                              "timeout": float(timeout), "tail": TAIL})
+    bad = {h: r for h, r in waits.items() if not r.get("ready")}
+    if not bad:
+        return
+    first = min(bad)
+    why = "; ".join(f"host {sl.layout.name(h)}: {r.get('why') or r.get('error')}" for h, r in sorted(bad.items()))
+    running = any(r.get("state", {}).get("state") in ("running", "restarting") for r in bad.values())
+    still = f"it keeps running (stop it with %tpu_serve --stop {name})" if running else "it has ended"
+    raise ServiceError(f"service {name!r} is not ready ({why}); {still}; its last log lines on host "
+                       f"{sl.layout.name(first)}:", first, bad[first].get("tail", ""))
 
 
 def _on_hosts(sl: "Slice", indices: list[int], make) -> dict[int, dict]:
@@ -159,7 +171,7 @@ def follow(sl: "Slice", name: str, host=None, tail: int | None = 10, poll: float
 
 def _hosts_with(sl: "Slice", name: str, host) -> list[int]:
     if host is not None:
-        chosen = sl.layout.parse(host if not isinstance(host, int) else [host])
+        chosen = sl.layout.parse(host)
         if len(chosen) != 1:
             raise UsageError(f"host {host!r} picks {len(chosen)} hosts: give one (e.g. 0)")
         return chosen
