@@ -159,3 +159,19 @@ def test_a_start_that_fails_on_one_host_leaves_nothing_new_running(make_slice):
     with pytest.raises(ServiceError, match=r"service 'job' did not start \(host 1: service 'job' already runs"):
         sl.serve("job", "exec sleep 300")
     assert {s.host: s.state for s in sl.services()} == {0: "stopped", 1: "running"}
+
+
+def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
+    from tpunb.host.bundle import SERVICE_CONTROL
+    from tpunb.transport.local import LocalTransport
+
+    sl = slices.launch("v4-32", name=unique("plain"))
+    sl.serve("one", "exec sleep 300", hosts=[2])
+    asked = []
+    real = LocalTransport.spawn
+    monkeypatch.setattr(LocalTransport, "spawn", lambda self, argv: asked.append(argv) or real(self, argv))
+    (pid,) = [s.pid for s in sl.services()]
+    asked.clear()
+    slices.down(sl.name)
+    assert [argv[-1] for argv in asked] == [SERVICE_CONTROL]  # host 2 only: the others have no service folder
+    assert not alive(pid)

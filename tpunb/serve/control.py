@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from tpunb.errors import TransportError
 from tpunb.host.bundle import SERVICE_CONTROL, service_source
@@ -21,6 +22,12 @@ def root_for(transport: Transport) -> str:
     """Where a host keeps its services' state and logs: under $TPUNB_HOME on this machine (local
     hosts share it), under the login's ~/.tpunb on a remote host."""
     return str(tpunb_home() / "services") if isinstance(transport, LocalTransport) else "~/.tpunb/services"
+
+
+def may_have_services(transport: Transport, slice_name: str, host: int) -> bool:
+    """False when a host on this machine has no service folder: nothing to ask it (deleting a
+    64-host local slice starts no process); a remote host may always have some."""
+    return not isinstance(transport, LocalTransport) or Path(root_for(transport), slice_name, f"host-{host}").exists()
 
 
 def ask(transport: Transport, request: dict) -> dict:

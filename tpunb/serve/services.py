@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from tpunb import report
 from tpunb.errors import ServiceError, UsageError
-from tpunb.serve.control import ask_hosts
+from tpunb.serve.control import ask_hosts, may_have_services
 
 if TYPE_CHECKING:
     from tpunb.slice import Slice
@@ -200,4 +200,5 @@ def stop(sl: "Slice", name: str) -> list[int]:
 def stop_all(sl: "Slice") -> None:
     """End every service of the slice and forget them (the slice is being deleted); hosts that
     cannot be reached are skipped: their machine goes with the slice."""
-    _on_hosts(sl, list(range(sl.num_hosts)), lambda h: {"op": "stop", "all": True})
+    hosts = [h for h in range(sl.num_hosts) if may_have_services(sl.session.transports[h], sl.name, h)]
+    _on_hosts(sl, hosts, lambda h: {"op": "stop", "all": True})
