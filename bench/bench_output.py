@@ -65,7 +65,7 @@ def child(lines: int) -> None:
     watcher.join()
     logged = []
     for host in range(2):
-        with open(sl.logs.path(host), "rb") as f:
+        with open(sl.cell_logs.path(host), "rb") as f:
             logged.append(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) - 2)
     print(json.dumps({"seconds": seconds, "logged": logged, "rss_growth": peak - before,
                       "notebook_bytes": len(sink.getvalue().encode()), "tpunb": tpunb.__file__}))

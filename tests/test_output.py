@@ -140,7 +140,7 @@ def test_frames_over_the_limit_are_refused_by_the_sender(monkeypatch):
 
 # -- real hosts ------------------------------------------------------------------------------------
 def _log_lines(sl, host: int) -> int:
-    with open(sl.logs.path(host), "rb") as f:
+    with open(sl.cell_logs.path(host), "rb") as f:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
@@ -174,7 +174,7 @@ def test_tqdm_on_hosts_is_one_updating_line_per_host(patient_grouping, make_slic
     assert all(o.update for o in run.outputs[1:]) and not run.outputs[0].update  # one output, updated
     assert any("/20 " in bar and "20/20" not in bar for bar in bars)  # seen while it ran
     assert len(bars) <= 30  # about 10 updates a second, not one per \r (2 hosts x 21)
-    log = sl.logs.path(1).read_bytes()
+    log = sl.cell_logs.path(1).read_bytes()
     assert log.count(b"\r") > 20 and b"20/20" in log  # the log has every update
 
 
@@ -184,7 +184,7 @@ def test_a_20_mb_line_is_cut_in_the_notebook_and_whole_in_the_log(make_slice, ce
     assert run.error is None, run.shown
     assert len(run.stdout) < 100_000
     assert "more characters in the log]" in run.stdout and "next" in run.stdout
-    assert "y" * 20_000_000 + "\n" in sl.logs.path(0).read_text()
+    assert "y" * 20_000_000 + "\n" in sl.cell_logs.path(0).read_text()
 
 
 def test_a_huge_value_is_capped_on_the_host_and_the_hosts_live_on(make_slice, cell):

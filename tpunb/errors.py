@@ -108,3 +108,16 @@ class CellInterrupted(TpunbError):
     def __init__(self, message: str, results=None) -> None:
         super().__init__(message)
         self.results = results
+
+
+class ServiceError(TpunbError):
+    """A service on a host failed to start, exited or never answered; ``host`` names the host and
+    ``tail`` holds the service's last log lines, shown under the one-line message."""
+
+    def __init__(self, message: str, host: int | None = None, tail: str = "") -> None:
+        super().__init__(message)
+        self.host = host
+        self.tail = tail
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"] + [f"  | {line}" for line in self.tail.splitlines()]

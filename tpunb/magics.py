@@ -282,3 +282,95 @@ class TpuMagics(Magics):
             display(sl.profile_stop())
         else:
             report.info(profile.describe(sl))
+
+    # -- serving (tpunb.serve) -------------------------------------------------------------------
+    @magic_arguments()
+    @argument("name", nargs="?", default=None, help="the service's name (letters, digits, . _ -)")
+    @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3")
+    @argument("--restart", choices=["no", "on-failure"], default="no",
+              help="on-failure: restart a crashed command, backing off, a bounded number of times")
+    @argument("--wait-port", type=int, default=None, metavar="P", help="return once port P answers on every host")
+    @argument("--wait-http", default=None, metavar="PORT/PATH", help="return once GET PATH on PORT answers on every host")
+    @argument("--timeout", type=float, default=120.0, help="seconds to wait for --wait-port/--wait-http")
+    @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+              help="for the command only; never shown or stored")
+    @argument("--stop", action="store_true", help="stop the service NAME on every host")
+    @argument("--slice", dest="slice_name", default=None)
+    @line_magic
+    def tpu_serve(self, line: str):
+        """Run a command on the hosts as a service that outlives cells and this kernel:
+        %tpu_serve NAME [--hosts H] [--restart on-failure] [--wait-http PORT/PATH] -- COMMAND;
+        %tpu_serve --stop NAME; %tpu_serve alone lists the services."""
+        stripped = line.strip()
+        if stripped == "--" or stripped.startswith("-- "):  # a command without a name before it
+            head, dashes, command = "", "--", stripped[2:]
+        else:
+            head, dashes, command = (line + " ").partition(" -- ")
+        args = _parse(self.tpu_serve, head)
+        usage = "%tpu_serve NAME [--hosts H] [--restart on-failure] [--wait-port P | --wait-http PORT/PATH] -- COMMAND"
+        sl = slices.current(args.slice_name)
+        if args.stop:
+            if not args.name or command.strip():
+                raise UsageError("give the service to stop: %tpu_serve --stop NAME")
+            sl.stop_service(args.name)
+        elif args.name is None and not dashes:
+            report.info(_services_table(sl.services()) or f"no services on {sl.name!r}: start one with {usage}")
+        elif not args.name or not command.strip():
+            raise UsageError(f"give a NAME and, after --, the command. Usage: {usage}")
+        else:
+            with _one_line_interrupt():
+                sl.serve(args.name, command.strip(), hosts=args.hosts, restart=args.restart,
+                         env=slices.parse_env(args.env), wait_port=args.wait_port, wait_http=args.wait_http,
+                         timeout=args.timeout)
+
+    @magic_arguments()
+    @argument("name", help="the service")
+    @argument("--host", default=None, help="only this host (default: every host that runs it)")
+    @argument("--tail", type=int, default=None, metavar="K", help="the last K lines")
+    @argument("--follow", action="store_true", help="keep printing new lines until interrupted")
+    @argument("--slice", dest="slice_name", default=None)
+    @line_magic
+    def tpu_logs(self, line: str):
+        """A service's output on its hosts: %tpu_logs NAME [--host N] [--tail K] [--follow]."""
+        from tpunb import serve
+
+        args = _parse(self.tpu_logs, line)
+        sl = slices.current(args.slice_name)
+        if args.tail is not None and args.tail < 0:
+            raise UsageError(f"--tail takes a number of lines >= 0, not {args.tail}")
+        if not args.follow:
+            texts = sl.logs(args.name, host=args.host, tail=args.tail)
+            texts = {sl.layout.parse(args.host)[0]: texts} if isinstance(texts, str) else texts
+            report.info(_labelled(texts, sl.layout.name, len(texts) > 1).rstrip("\n"))
+            return
+        try:
+            for host, text in serve.follow(sl, args.name, args.host, 10 if args.tail is None else args.tail):
+                report.info(_labelled({host: text}, sl.layout.name, args.host is None and sl.num_hosts > 1).rstrip("\n"))
+        except KeyboardInterrupt:
+            report.info(f"[tpunb] stopped following {args.name!r}")
+
+    @magic_arguments()
+    @argument("port", type=int, help="the port on the host")
+    @argument("--host", default="0", help="which host (default 0)")
+    @argument("--local-port", type=int, default=None, metavar="L", help="this machine's port (default: a free one)")
+    @argument("--slice", dest="slice_name", default=None)
+    @line_magic
+    def tpu_forward(self, line: str):
+        """Reach PORT on a host from this machine: %tpu_forward 8000 [--host N]; returns the URL."""
+        args = _parse(self.tpu_forward, line)
+        sl = slices.current(args.slice_name)
+        return sl.forward(args.port, host=args.host, local_port=args.local_port)
+
+
+def _labelled(texts: dict[int, str], name, label: bool) -> str:
+    if not label:
+        return "".join(texts.values())
+    return "".join(f"[{name(h)}] {line}\n" for h, text in sorted(texts.items()) for line in text.splitlines())
+
+
+def _services_table(rows: list) -> str:
+    lines = [f"{'service':<16} {'host':>4}  {'state':<10} {'exit':>4} {'restarts':>8}  command"] if rows else []
+    for s in rows:
+        code = "" if s.exit_code is None else str(s.exit_code)
+        lines.append(f"{s.name:<16} {s.host:>4}  {s.state:<10} {code:>4} {s.restarts:>8}  {s.command[:60]}")
+    return "\n".join(lines)

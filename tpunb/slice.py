@@ -82,13 +82,15 @@ class Slice:
         self.session.on_metrics = self.metrics_store.add
         self.metrics_feed = MetricsFeed(self.metrics_store, registry, record.name, on_gone=self._deleted_elsewhere)
         self._gone = False  # deleted outside this kernel (the JupyterLab sidebar, another kernel)
-        self.logs = HostLogs(tpunb_home() / "logs" / record.name)
+        self.cell_logs = HostLogs(tpunb_home() / "logs" / record.name)
         self.last_result: RunResult | None = None
         self.started_at = time.time()
         self.node = node or Node()
         #: called with this slice once it is deleted (the kernel's list of slices forgets it)
         self.on_delete: list[Callable[["Slice"], None]] = []
         self._revive_lock = threading.Lock()  # threads reviving the same dead hosts take turns
+        #: port forwards to hosts (tpunb.serve.forward), ended with the slice
+        self.forwards: list = []
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -239,14 +241,18 @@ class Slice:
     def close(self) -> None:
         """End the host sessions (and the cloud watch); the slice itself stays, for %tpu_use."""
         self.metrics_feed.stop()
+        for made in self.forwards:
+            made.close()
+        self.forwards.clear()
         self.session.close()
-        self.logs.close()
+        self.cell_logs.close()
         self.node.close()
 
     def delete(self) -> None:
-        """End every host process and forget the slice. Idempotent."""
+        """End every host process and service and forget the slice. Idempotent."""
         for listener in self.on_delete:
             listener(self)
+        self._end_services()
         self.close()
         self.node.delete()  # the registry forgets it only once the node is gone
         self.registry.delete_slice(self.name)
@@ -278,9 +284,9 @@ class Slice:
         self._show_backlog()
         self._say_jax_failures()
         if sink is None:
-            sink = (CellOutput(indices, self.num_hosts, output, self.logs, names=self.layout.names) if output
-                    else _LogOnly(self.logs))
-        self.logs.begin_cell(indices, "$ " + code if shell else code)
+            sink = (CellOutput(indices, self.num_hosts, output, self.cell_logs, names=self.layout.names) if output
+                    else _LogOnly(self.cell_logs))
+        self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
         self._idle_mark(True, tell_host=True)
         try:
@@ -312,7 +318,7 @@ class Slice:
         while not self.session.backlog.empty():
             host, message, _ = self.session.backlog.get_nowait()
             if message.get("op") == "stream":
-                self.logs.write(host, message["text"])
+                self.cell_logs.write(host, message["text"])
                 stream = sys.stderr if message.get("name") == "stderr" else sys.stdout
                 lines = message["text"].splitlines()
                 room = max(0, BACKLOG_LINES - shown)
@@ -320,7 +326,7 @@ class Slice:
                 stream.write("".join(f"[{label}, between cells] {line[:LINE_CHARS]}\n" for line in lines[:room]))
                 shown, hidden = shown + min(room, len(lines)), hidden + max(0, len(lines) - room)
         if hidden:
-            sys.stdout.write(f"[tpunb] {hidden:,} more lines printed between cells are in {self.logs.directory}/host-N.log\n")
+            sys.stdout.write(f"[tpunb] {hidden:,} more lines printed between cells are in {self.cell_logs.directory}/host-N.log\n")
 
     def _say_jax_failures(self) -> None:
         """Hosts that failed to join JAX when another host started it (no cell of theirs shows it)."""
@@ -444,6 +450,56 @@ class Slice:
                 hbm_used_bytes=latest(host.index, "hbm_used_bytes"), idle_delete_in=idle,
                 **{"uptime_s": uptime, **node}))
         return rows
+
+    # -- services (tpunb.serve) ------------------------------------------------------------------
+    def serve(self, name: str, command: str, hosts: str | list[int] | None = None, restart: str = "no",
+              env: dict[str, str] | None = None, wait_port: int | None = None, wait_http: str | None = None,
+              timeout: float = 120.0, max_restarts: int = 5) -> list:
+        """Run shell ``command`` as service ``name`` on the hosts (default: all), detached from cells
+        and this kernel; ``restart="on-failure"`` restarts it (``max_restarts`` times, backing off).
+        ``wait_port``/``wait_http`` ('PORT/PATH') return once it answers on every host. One
+        ServiceState per host; ``env`` values reach the command only, never a file or output."""
+        from tpunb import serve
+
+        self.revive()
+        return serve.serve(self, name, command, hosts, restart, env, wait_port, wait_http, timeout, max_restarts)
+
+    def services(self) -> list:
+        """Every service on every host, read from the hosts (a new kernel sees an old one's)."""
+        from tpunb import serve
+
+        return serve.services(self)
+
+    def logs(self, name: str, host: int | str | None = None, tail: int | None = None) -> dict[int, str] | str:
+        """Service ``name``'s output on each host ({host: text}), or on ``host`` alone; ``tail``: last lines."""
+        from tpunb import serve
+
+        return serve.logs(self, name, host, tail)
+
+    def stop_service(self, name: str) -> list[int]:
+        """Stop service ``name`` (its whole process group) on every host that runs it."""
+        from tpunb import serve
+
+        return serve.stop(self, name)
+
+    def forward(self, port: int, host: int | str = 0, local_port: int | None = None) -> str:
+        """The URL (``http://127.0.0.1:L/``) on this machine that reaches ``port`` on ``host``: over
+        the slice's SSH connection, or a local host's own address; ended with the slice."""
+        from tpunb.serve import forward
+
+        chosen = self.layout.parse(host)
+        if len(chosen) != 1:
+            raise UsageError(f"host {host!r} picks {len(chosen)} hosts: a forward reaches one (e.g. host=0)")
+        made = forward.forward(self.session.transports, chosen[0], port, local_port)
+        if isinstance(made, str):
+            return made
+        self.forwards.append(made)
+        return made.url
+
+    def _end_services(self) -> None:
+        from tpunb import serve
+
+        serve.stop_all(self)
 
 
 class _LogOnly(OutputSink):

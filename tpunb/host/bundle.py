@@ -13,7 +13,8 @@ PACKAGE = "tpunb_host"
 #: shipped in this order: each module's relative imports name only modules before it
 MODULES = ("protocol", "watchdog", "io", "inbox", "runners", "jax_start", "metrics", "profiler", "idle", "agent")
 
-BOOTSTRAP = r"""
+#: the start of every program given on a host's command line: read a length-prefixed message from stdin
+READ = r"""
 import json, os, sys, types
 def _read(n):
     data = b""
@@ -23,7 +24,9 @@ def _read(n):
             raise SystemExit(3)
         data += chunk
     return data
-_bundle = json.loads(_read(int(_read(12))))
+"""
+
+BOOTSTRAP = READ + r"""_bundle = json.loads(_read(int(_read(12))))
 _package = types.ModuleType(_bundle["package"])
 _package.__path__ = []
 sys.modules[_bundle["package"]] = _package
@@ -35,6 +38,14 @@ for _name, _source in _bundle["modules"]:
     setattr(_package, _name, _module)
     exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
 sys.modules[_bundle["package"] + ".agent"].main()
+"""
+
+#: the service control process (``service.py``): its source and one request arrive on stdin
+SERVICE_CONTROL = READ + r"""_message = json.loads(_read(int(_read(12))))
+_module = types.ModuleType("tpunb_host_service")
+sys.modules["tpunb_host_service"] = _module
+exec(compile(_message["source"], "<tpunb:service>", "exec"), _module.__dict__)
+_module.control(_message["request"])
 """
 
 
@@ -52,3 +63,9 @@ def idle_script() -> str:
     """The idle watchdog (``idle.py``) as a standalone Python script: a node's startup-script, and
     what host 0's agent runs as the watchdog process."""
     return "#!/usr/bin/env python3\n" + (Path(__file__).parent / "idle.py").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def service_source() -> str:
+    """``service.py``, sent with each request to the service control process."""
+    return (Path(__file__).parent / "service.py").read_text()

@@ -372,6 +372,17 @@ class SSHTransport(Transport):
                                  "or check that sshd allows it") from None
         return channel
 
+    def open_tunnel(self, port: int, host: str = "127.0.0.1", timeout: float | None = None) -> Channel:
+        """A direct-tcpip channel to ``host:port`` as this host sees it (what ``ssh -L`` does), on
+        the existing connection."""
+        try:
+            return self._require().open_channel("direct-tcpip", (host, int(port)), ("127.0.0.1", 0),
+                                                timeout=timeout or self.connect_timeout)
+        except paramiko.ChannelException as exc:
+            raise TransportError(f"nothing answers on port {port} of {self.address} ({exc.text})") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"cannot open a tunnel to {self.address} ({exc}): reconnect") from None
+
     def spawn(self, argv: list[str]) -> SSHAgentProcess:
         """Start ``argv`` on the host; its pid is reported first so ``close`` can always end it."""
         command = f"printf '{PID_MARK}%s\\n' $$ >&2; exec {shlex.join(argv)}"

@@ -1,0 +1,80 @@
+"""The serving magics, thin over Slice.serve/logs/forward: in a real IPython shell, over local
+hosts and real sshd hosts."""
+from __future__ import annotations
+
+import threading
+import urllib.request
+import uuid
+
+import pytest
+
+import tpunb.serve
+from tests.conftest import interrupt_kernel_when, wait_for
+from tests.test_serve import PYTHON, free_port, http_server, no_service_left  # noqa: F401 - autouse fixture
+
+
+def test_serve_forward_logs_and_stop_from_magics(make_slice, cell):
+    sl = make_slice(2, name=f"mag-{uuid.uuid4().hex[:6]}")
+    port = free_port()
+    run = cell(f"%tpu_serve web --hosts 0 --wait-http {port}/ --env TOKEN=hush-123 -- {http_server(port)}")
+    assert run.error is None, run.shown
+    assert f"[tpunb] 'web' ready on host 0 in" in run.stdout and "hush-123" not in run.shown
+    run = cell(f"url = %tpu_forward {port}\nurl")
+    assert run.error is None, run.shown
+    url = cell("print(url)").stdout.strip()
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        assert reply.status == 200
+    run = cell("%tpu_serve hi -- echo hi from $TPUNB_HOST_INDEX")
+    assert run.stdout == "[tpunb] started 'hi' on hosts 0-1\n"
+    wait_for(lambda: {s.state for s in sl.services() if s.name == "hi"} == {"exited"}, what="hi to exit")
+    run = cell("%tpu_logs hi")
+    assert run.stdout == ("[0] hi from 0\n[0] [tpunb] exited with code 0\n"
+                          "[1] hi from 1\n[1] [tpunb] exited with code 0\n")
+    assert cell("%tpu_logs hi --host 1 --tail 1").stdout == "[tpunb] exited with code 0\n"
+    listed = cell("%tpu_serve").stdout.splitlines()
+    assert listed[0].split() == ["service", "host", "state", "exit", "restarts", "command"]
+    assert [line.split()[:3] for line in listed[1:]] == [["hi", "0", "exited"], ["hi", "1", "exited"],
+                                                         ["web", "0", "running"]]
+    run = cell("%tpu_serve --stop web")
+    assert run.error is None and run.stdout == "[tpunb] stopped 'web' on host 0\n"
+
+
+@pytest.mark.parametrize("line, says", [
+    ("%tpu_serve web", "give a NAME and, after --, the command. Usage: %tpu_serve NAME"),
+    ("%tpu_serve -- echo hi", "give a NAME and, after --, the command"),
+    ("%tpu_serve web --restart always -- true", "argument --restart: invalid choice: 'always'"),
+    ("%tpu_serve web --env NOEQUALS -- true", "--env takes KEY=VALUE, got 'NOEQUALS'"),
+    ("%tpu_serve --stop", "give the service to stop: %tpu_serve --stop NAME"),
+    ("%tpu_logs", "the following arguments are required: name"),
+    ("%tpu_logs web --tail -2", "--tail takes a number of lines >= 0, not -2"),
+    ("%tpu_forward eighty", "argument port: invalid int value: 'eighty'"),
+    ("%tpu_forward 70000", "a port is a number from 1 to 65535, not 70000"),
+])
+def test_bad_arguments_give_one_line_usage_errors(make_slice, cell, line, says):
+    make_slice(1, name=f"mag-{uuid.uuid4().hex[:6]}")
+    run = cell(line)
+    assert type(run.error).__name__ == "UsageError", run.shown
+    assert says in str(run.error) and "\n" not in str(run.error)
+
+
+def test_follow_prints_new_lines_and_ends_cleanly_on_interrupt(make_slice, cell, monkeypatch):
+    sl = make_slice(1, name=f"mag-{uuid.uuid4().hex[:6]}")
+    script = "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.05; done"
+    assert cell(f"%tpu_serve ticker -- {script}").error is None
+    followed = threading.Event()
+    real = tpunb.serve.follow
+
+    def watched(*args, **kwargs):  # the real follow; says when it has printed twice
+        for count, chunk in enumerate(real(*args, **kwargs)):
+            yield chunk
+            if count == 1:
+                followed.set()
+
+    monkeypatch.setattr(tpunb.serve, "follow", watched)
+    interrupt_kernel_when(followed.is_set)
+    run = cell("%tpu_logs ticker --follow --tail 2")
+    assert run.error is None, run.shown
+    assert run.stdout.startswith("tick ") and run.stdout.endswith("[tpunb] stopped following 'ticker'\n")
+    ticks = [int(line.split()[1]) for line in run.stdout.splitlines()[:-1]]
+    assert ticks == list(range(ticks[0], ticks[0] + len(ticks))) and len(ticks) >= 3  # in order, none lost
+    assert [s.state for s in sl.services()] == ["running"]  # following it did not touch it

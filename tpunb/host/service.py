@@ -1,0 +1,339 @@
+"""Services on a host: commands that outlive cells, the agent and the kernel.
+
+The kernel runs this module as a short-lived control process (``bundle.SERVICE_CONTROL``, the module's
+source and one request on stdin, one reply on stdout). ``start`` forks a supervisor into a
+session of its own, so the watchdog that ends the agent's session with the kernel never reaches
+it. The supervisor runs the command with its output appended to a log file, restarts it on
+failure with a bounded back-off, and keeps a state file (pid, state, exit code, restarts) that a
+later kernel's control process reads again. Environment values given by the kernel live only in
+the supervisor's memory and the command's environment: never in a file.
+
+Shipped to hosts: standard library only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+#: how long a stopped service's process group gets to end before it is killed
+STOP_GRACE = 3.0
+#: states in which a supervisor is still at work
+ACTIVE = ("starting", "running", "restarting")
+
+
+def frame(value: dict) -> bytes:
+    """A length-prefixed JSON message, as the control process reads and writes them."""
+    body = json.dumps(value).encode()
+    return b"%012d" % len(body) + body
+
+
+def control(request: dict) -> None:
+    """Answer one request from the kernel on stdout (a frame), then exit."""
+    try:
+        reply = OPS[request["op"]](request)
+    except Exception as exc:  # noqa: BLE001 - every failure goes back to the kernel as one line
+        reply = {"error": f"{type(exc).__name__}: {exc}"}
+    os.write(1, frame(reply))
+
+
+# -- files ------------------------------------------------------------------------------------------
+def _host_dir(request: dict) -> str:
+    return os.path.join(os.path.expanduser(request["root"]), request["slice"], f"host-{request['host']}")
+
+
+def _service_dir(request: dict, name: str | None = None) -> str:
+    return os.path.join(_host_dir(request), name or request["name"])
+
+
+def _read_state(directory: str) -> dict | None:
+    try:
+        with open(os.path.join(directory, "state.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_state(directory: str, state: dict) -> None:
+    path = os.path.join(directory, "state.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(state, f)
+    os.replace(path + ".tmp", path)
+
+
+def alive(pid: int | None) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped counts as ended)."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not os.path.isdir("/proc")
+
+
+def _current(directory: str) -> dict | None:
+    """The state file, with a supervisor that vanished (host rebooted, killed) said as ``lost``."""
+    state = _read_state(directory)
+    if state and state.get("state") in ACTIVE and not alive(state.get("supervisor")):
+        state["state"] = "lost"
+    return state
+
+
+def tail_lines(path: str, lines: int) -> str:
+    """The last ``lines`` lines of a file (read from its end: logs grow large)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 256 * (lines + 1) - 65536))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode(errors="replace")
+    return "".join(text.splitlines(keepends=True)[-lines:]) if lines else ""
+
+
+# -- operations -------------------------------------------------------------------------------------
+def op_start(request: dict) -> dict:
+    directory = _service_dir(request)
+    state = _current(directory)
+    if state and state.get("state") in ACTIVE:
+        return {"error": f"service {request['name']!r} already runs (pid {state.get('pid')}): stop it first"}
+    os.makedirs(directory, exist_ok=True)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # leave the caller's session, then fork again so no terminal or parent holds us
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                os.close(read_end)
+                _supervise(request, directory, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    os.waitpid(child, 0)
+    with os.fdopen(read_end, "rb") as f:
+        said = f.read().decode()
+    if not said:
+        return {"error": f"the supervisor of {request['name']!r} did not start: see {directory}/log"}
+    return {"state": json.loads(said), "log": os.path.join(directory, "log")}
+
+
+def op_list(request: dict) -> dict:
+    root = _host_dir(request)
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    return {"services": [s for s in (_current(os.path.join(root, n)) for n in names) if s]}
+
+
+def op_logs(request: dict) -> dict:
+    """The log's last lines (``tail``), or its bytes from ``offset`` on (for following it)."""
+    path = os.path.join(_service_dir(request), "log")
+    if not os.path.exists(path):
+        return {"error": f"no service {request['name']!r} on this host"}
+    if request.get("offset") is not None:
+        with open(path, "rb") as f:
+            f.seek(request["offset"])
+            data = f.read(4 << 20)
+        return {"text": data.decode(errors="replace"), "offset": request["offset"] + len(data)}
+    tail = request.get("tail")
+    if tail is None:
+        with open(path, "rb") as f:
+            data = f.read()
+        return {"text": data.decode(errors="replace"), "offset": len(data)}
+    return {"text": tail_lines(path, tail), "offset": os.path.getsize(path)}
+
+
+def op_stop(request: dict) -> dict:
+    """Stop one service (``name``) or every one of this slice on this host (``all``, then its files go)."""
+    root = _host_dir(request)
+    names = (sorted(os.listdir(root)) if os.path.isdir(root) else []) if request.get("all") else [request["name"]]
+    stopped = []
+    for name in names:
+        directory = os.path.join(root, name)
+        state = _read_state(directory)
+        if state is None:
+            if not request.get("all"):
+                return {"error": f"no service {name!r} on this host"}
+            continue
+        _end(state)
+        stopped.append(name)
+    if request.get("all"):
+        shutil.rmtree(root, ignore_errors=True)
+    return {"stopped": stopped}
+
+
+def _end(state: dict) -> None:
+    """SIGTERM the supervisor (it ends its command's group) and wait; SIGKILL whatever is left."""
+    supervisor, pgid = state.get("supervisor"), state.get("pid")
+    if alive(supervisor):
+        _signal(supervisor, signal.SIGTERM, group=False)
+        _wait_gone(supervisor, STOP_GRACE + 2)
+    for pid, group in ((pgid, True), (supervisor, False)):
+        if pid and alive(pid):
+            _signal(pid, signal.SIGKILL, group)
+            _wait_gone(pid, 2)
+
+
+def _signal(pid: int, sig: int, group: bool) -> None:
+    try:
+        (os.killpg if group else os.kill)(pid, sig)
+    except OSError:
+        pass
+
+
+def _wait_gone(pid: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def op_wait(request: dict) -> dict:
+    """Wait on this host until the service answers (a port accepts, or an HTTP path replies), it
+    ends, or ``timeout`` passes; says which, with the log's last lines when it failed."""
+    directory = _service_dir(request)
+    deadline = time.monotonic() + request["timeout"]
+    why = "no answer"
+    while True:
+        state = _current(directory) or {}
+        if _answers(request["port"], request.get("path")):
+            return {"ready": True, "state": state}
+        if state.get("state") not in ACTIVE:
+            code = state.get("exit_code")
+            why = f"it exited with code {code}" if code is not None else f"it is {state.get('state', 'gone')}"
+            break
+        if time.monotonic() > deadline:
+            what = f"HTTP GET {request['path']}" if request.get("path") else "a connection"
+            why = f"no answer to {what} on port {request['port']} within {request['timeout']:g} s"
+            break
+        time.sleep(0.1)
+    return {"ready": False, "why": why, "tail": tail_lines(os.path.join(directory, "log"), request.get("tail", 20)),
+            "state": state}
+
+
+def _answers(port: int, path: str | None) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+            if not path:
+                return True
+            conn.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            return conn.recv(12).startswith(b"HTTP/")
+    except OSError:
+        return False
+
+
+OPS = {"start": op_start, "list": op_list, "logs": op_logs, "stop": op_stop, "wait": op_wait}
+
+
+# -- the supervisor ---------------------------------------------------------------------------------
+def _supervise(request: dict, directory: str, report_fd: int) -> None:
+    """Run the command until it ends for good; restart it on failure when asked, with back-off."""
+    for fd in range(3, 1024):  # hold nothing of the control process (its pipes to the kernel)
+        if fd != report_fd:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    if hasattr(os, "sched_setscheduler"):  # local control processes run as batch work; a service need not
+        try:
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+    log = os.open(os.path.join(directory, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up pipe hears the command end
+    env = {**os.environ, **request.get("env", {})}
+    state = {"name": request["name"], "host": request["host"], "command": request["command"],
+             "env_keys": request.get("env_keys", []), "restart": request.get("restart", "no"),
+             "supervisor": os.getpid(), "pid": None, "state": "starting", "exit_code": None, "restarts": 0,
+             "started_at": time.time(), "log": os.path.join(directory, "log"), "message": ""}
+    max_restarts, backoff = int(request.get("max_restarts", 5)), float(request.get("backoff", 1.0))
+
+    def say(line: str) -> None:
+        os.write(log, f"[tpunb] {line}\n".encode())
+
+    while True:
+        try:
+            child = subprocess.Popen(["/bin/sh", "-c", request["command"]], stdin=devnull, stdout=log, stderr=log,
+                                     env=env, cwd=request.get("cwd") or None, start_new_session=True)
+        except OSError as exc:
+            say(f"cannot start the command: {exc}")
+            state.update(state="exited", exit_code=127, message=str(exc))
+            _write_state(directory, state)
+            break
+        state.update(pid=child.pid, state="running", exit_code=None)
+        _write_state(directory, state)
+        if report_fd is not None:
+            os.write(report_fd, json.dumps(state).encode())
+            os.close(report_fd)
+            report_fd = None
+        code = _wait_child(child, stopping, wake_r)
+        state["exit_code"] = code
+        if stopping:
+            state.update(state="stopped", message="stopped")
+            say(f"stopped (exit code {code})")
+            break
+        if code == 0 or state["restart"] != "on-failure":
+            state.update(state="exited", message=f"exited with code {code}")
+            say(f"exited with code {code}")
+            break
+        if state["restarts"] >= max_restarts:
+            state.update(state="failed", message=f"gave up after {max_restarts} restarts (last exit code {code})")
+            say(state["message"])
+            break
+        delay = min(backoff * 2 ** state["restarts"], 30.0)
+        state.update(state="restarting", restarts=state["restarts"] + 1,
+                     message=f"exited with code {code}; restart {state['restarts'] + 1} of {max_restarts} in {delay:g} s")
+        say(state["message"])
+        _write_state(directory, state)
+        _pause(delay, stopping, wake_r)
+        if stopping:
+            state.update(state="stopped", message="stopped")
+            break
+    _write_state(directory, state)
+
+
+def _wait_child(child: subprocess.Popen, stopping: list, wake_r: int) -> int:
+    """Wait for the command; on SIGTERM end its group (SIGTERM, then SIGKILL after STOP_GRACE)."""
+    killed_at = None
+    while True:
+        code = child.poll()
+        if code is not None:
+            return code
+        if stopping and killed_at is None:
+            killed_at = time.monotonic()
+            _signal(child.pid, signal.SIGTERM, group=True)
+        if killed_at is not None and time.monotonic() - killed_at > STOP_GRACE:
+            _signal(child.pid, signal.SIGKILL, group=True)
+        _pause(0.1, stopping, wake_r)
+
+
+def _pause(seconds: float, stopping: list, wake_r: int) -> None:
+    """Sleep, but wake at once on a signal (SIGTERM: stop; SIGCHLD: the command ended)."""
+    if stopping and seconds > 0.1:
+        return
+    try:
+        if select.select([wake_r], [], [], seconds)[0]:
+            os.read(wake_r, 512)
+    except InterruptedError:
+        pass

@@ -1,0 +1,62 @@
+"""One request to the service control process on each host (``tpunb/host/service.py``).
+
+Services are not cells: they are reached with a short-lived process of their own on each host,
+never through the agent, so they work the same whether the agent lives, died or belongs to a
+kernel that is gone.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tpunb.errors import TransportError
+from tpunb.host.bundle import SERVICE_CONTROL, service_source
+from tpunb.host.service import frame
+from tpunb.registry import tpunb_home
+from tpunb.transport.base import Transport
+from tpunb.transport.local import LocalTransport
+
+
+def root_for(transport: Transport) -> str:
+    """Where a host keeps its services' state and logs: under $TPUNB_HOME on this machine (local
+    hosts share it), under the login's ~/.tpunb on a remote host."""
+    return str(tpunb_home() / "services") if isinstance(transport, LocalTransport) else "~/.tpunb/services"
+
+
+def may_have_services(transport: Transport, slice_name: str, host: int) -> bool:
+    """False when a host on this machine has no service folder: nothing to ask it (deleting a
+    64-host local slice starts no process); a remote host may always have some."""
+    return not isinstance(transport, LocalTransport) or Path(root_for(transport), slice_name, f"host-{host}").exists()
+
+
+def ask(transport: Transport, request: dict) -> dict:
+    """Run one request on the host and return its reply; TransportError if the host is unreachable."""
+    transport.connect()
+    process = transport.spawn([transport.python, "-c", SERVICE_CONTROL])
+    try:
+        process.send(frame({"source": service_source(), "request": {"root": root_for(transport), **request}}))
+        head = process.recv_exact(12)
+        body = process.recv_exact(int(head)) if len(head) == 12 and head.isdigit() else b""
+        if not body:
+            why = process.stderr_tail().strip().splitlines()[-1:] or ["no reply"]
+            raise TransportError(f"the service control process on {transport.address} failed: {why[0]}")
+        return json.loads(body)
+    finally:
+        process.close()
+
+
+def ask_hosts(transports: list[Transport], requests: dict[int, dict]) -> dict[int, dict]:
+    """A request per host ({host: request}), all at once: {host: reply}; an unreachable host's
+    reply is ``{"error": ..., "unreachable": True}``."""
+    def one(host: int) -> dict:
+        try:
+            return ask(transports[host], {**requests[host], "host": host})
+        except TransportError as exc:
+            return {"error": str(exc), "unreachable": True}
+
+    hosts = list(requests)
+    if len(hosts) <= 1:
+        return {h: one(h) for h in hosts}
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        return dict(zip(hosts, pool.map(one, hosts)))

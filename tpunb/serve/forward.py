@@ -1,0 +1,177 @@
+"""Port forwards: a listening port on the notebook's machine that reaches a port on a host.
+
+For SSH and cloud hosts every accepted connection becomes a direct-tcpip channel on the slice's
+existing SSH connection (what ``ssh -L`` does); for local hosts, a plain connection to the
+port here. Each connection is copied both ways by a thread of its own until both sides have ended.
+"""
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import threading
+from typing import Callable
+
+from tpunb import report
+from tpunb.errors import TransportError, UsageError
+from tpunb.transport.base import Transport
+
+CHUNK = 256 * 1024
+#: seconds a new connection waits for its channel before the client is told the host is unreachable
+OPEN_TIMEOUT = 10.0
+
+
+def opener(transport: Transport, port: int) -> Callable[[], object]:
+    """How to reach ``port`` on the host behind ``transport``: a socket-like object per call."""
+    if hasattr(transport, "open_tunnel"):
+        def tunnel():
+            transport.connect()  # a dropped connection is made again; a dead host fails here, at once
+            return transport.open_tunnel(port, timeout=OPEN_TIMEOUT)
+        return tunnel
+
+    def direct():
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=OPEN_TIMEOUT)
+        except OSError as exc:
+            raise TransportError(f"nothing answers on port {port} of {transport.address} ({exc.strerror})") from None
+    return direct
+
+
+def free_local_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Forward:
+    """``url`` reaches ``port`` on host ``host``; ``close()`` ends the listener and every connection."""
+
+    def __init__(self, open_remote: Callable[[], object], host: int, port: int, local_port: int | None) -> None:
+        self.host, self.port = host, port
+        self._open = open_remote
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._server.bind(("127.0.0.1", local_port or 0))
+        except OSError as exc:
+            self._server.close()
+            if exc.errno == errno.EADDRINUSE:
+                raise UsageError(f"port {local_port} is taken on this machine: try --local-port {free_local_port()} "
+                                 "(or leave it out to get a free one)") from None
+            raise
+        self._server.listen(512)
+        self.local_port = self._server.getsockname()[1]
+        self._closed = False
+        self._lock = threading.Lock()
+        self._open_sockets: set = set()
+        threading.Thread(target=self._accept, daemon=True, name=f"tpunb-forward-{self.local_port}").start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.local_port}/"
+
+    def __repr__(self) -> str:
+        return f"<Forward {self.url} -> host {self.host} port {self.port}{' (closed)' if self._closed else ''}>"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve, args=(client,), daemon=True, name="tpunb-forward-conn").start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            remote = self._open()
+        except TransportError as exc:
+            line = f"forward {self.url} -> host {self.host} port {self.port}: {exc}"
+            report.warn(f"[tpunb] {line}")
+            body = (line + "\n").encode()
+            try:
+                client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            except OSError:
+                pass
+            client.close()
+            return
+        with self._lock:
+            if self._closed:
+                client.close()
+                remote.close()
+                return
+            self._open_sockets.update((client, remote))
+        _relay(client, remote)
+        with self._lock:
+            self._open_sockets.difference_update((client, remote))
+        for end in (client, remote):
+            end.close()
+
+    def close(self) -> None:
+        """Stop listening and end every connection; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            ends = list(self._open_sockets)
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._server.close()
+        for end in ends:
+            try:
+                if isinstance(end, socket.socket):
+                    end.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked reading it (close alone does not)
+                end.close()
+            except OSError:
+                pass
+
+
+def _relay(client: socket.socket, remote) -> None:
+    """Copy both ways on this one thread (a paramiko channel has a file descriptor to wait on)
+    until both sides have ended; an end one way is passed on as a half close, the other goes on."""
+    other = {client: remote, remote: client}
+    reading = [client, remote]
+    while reading:
+        try:
+            ready, _, _ = select.select(reading, [], [])
+        except (OSError, ValueError):
+            return  # the forward was closed under us
+        for source in ready:
+            try:
+                data = source.recv(CHUNK)
+            except OSError:
+                data = b""
+            if data:
+                try:
+                    other[source].sendall(data)
+                    continue
+                except OSError:
+                    return
+            reading.remove(source)
+            _end_writing(other[source])
+
+
+def _end_writing(sink) -> None:
+    try:
+        if isinstance(sink, socket.socket):
+            sink.shutdown(socket.SHUT_WR)
+        else:
+            sink.shutdown_write()
+    except (OSError, EOFError):
+        pass
+
+
+def forward(transports: list[Transport], host: int, port: int, local_port: int | None) -> Forward | str:
+    """A Forward to ``port`` on ``host``; for a host on this machine without ``local_port``, its own
+    address (a string: there is nothing to carry)."""
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise UsageError(f"a port is a number from 1 to 65535, not {port!r}")
+    if local_port is not None and (not isinstance(local_port, int) or not 0 < local_port < 65536):
+        raise UsageError(f"--local-port is a number from 1 to 65535, not {local_port!r}")
+    transport = transports[host]
+    if not hasattr(transport, "open_tunnel") and local_port in (None, port):
+        return f"http://127.0.0.1:{port}/"
+    return Forward(opener(transport, port), host, port, local_port)
