@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import idle, protocol, watchdog
+from . import diagnose, idle, protocol, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
@@ -78,7 +78,8 @@ class Agent:
     def start(self) -> None:
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
                    "pgid": os.getpgid(0), "watchdog": self.watchdog_pid, "python": sys.version.split()[0],
-                   "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize})
+                   "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize,
+                   "versions": _versions()})
         frame = self.channel.recv()
         if frame is None:
             os._exit(0)
@@ -301,6 +302,14 @@ class Agent:
                                 f"{protocol.MAX_BLOB:,} a frame carries: pull smaller pieces"})
             return
         self.send({"op": "done", "id": message["id"], "status": "ok"}, data)
+
+
+def _versions() -> dict | None:
+    """This host's package versions for the kernel's skew check; never a reason not to start."""
+    try:
+        return diagnose.versions()
+    except Exception:
+        return None
 
 
 def _pickler():

@@ -1,0 +1,175 @@
+"""Diagnoses at connect, on real OpenSSH hosts: a host with another jax version is named, a
+process holding the TPU's device files is named with the line that frees it, and a coordinator
+port that drops packets fails the cell in seconds with the port and the firewall rule."""
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tpunb import diagnose, slices
+from tpunb.host import diagnose as host_diagnose
+
+
+def specs(sshd, hosts):
+    return ",".join(f"{a}:{sshd.port}" for a in hosts)
+
+
+@pytest.fixture
+def other_jax_python(tmp_path):
+    """A second Python environment, as a host set up by hand may have: a venv over this Python's
+    packages whose own site-packages says jax is 0.4.1."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    site = next(venv.glob("lib/python*/site-packages"))
+    dist = site / "jax-0.4.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: jax\nVersion: 0.4.1\n")
+    return str(venv / "bin" / "python")
+
+
+def test_a_host_with_another_jax_is_named_in_one_warning(cell, sshd, ssh_key, other_jax_python):
+    run = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:3])} --key {ssh_key} "
+               f"--python {sshd.python},{other_jax_python},{sshd.python}")
+    assert run.error is None, run.shown
+    ours = host_diagnose.versions()["jax"]
+    warnings = [line for line in run.shown.splitlines() if "different versions" in line]
+    assert len(warnings) == 1, run.shown
+    assert f"jax {ours} on hosts 0,2 but 0.4.1 on host 1" in warnings[0]
+    assert "python" not in warnings[0].split(":", 1)[1].split("(")[0]  # only what differs is named
+
+    table = cell("%tpu_status --versions").result.result
+    assert list(table["host"]) == [0, 1, 2]
+    assert list(table["jax"]) == [ours, "0.4.1", ours]
+    assert set(table["python"]) == {host_diagnose.versions()["python"]}
+    assert set(table["libtpu"]) == {""}  # not installed here: a blank, not None
+
+
+def test_hosts_that_agree_give_no_warning(cell, sshd, ssh_key):
+    run = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:2])} --key {ssh_key} --python {sshd.python}")
+    assert run.error is None, run.shown
+    assert "different versions" not in run.shown
+    assert slices.current().warn_version_skew() is None
+
+
+def test_skew_line_names_each_differing_package_once():
+    line = diagnose.skew_line({0: {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2"},
+                               1: {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.9.0"},
+                               2: {"python": "3.12.1", "jax": "0.10.2", "jaxlib": "0.10.2"},
+                               3: None})  # a host that sent no versions is not compared
+    assert line.count("\n") == 0
+    assert "jaxlib 0.10.2 on hosts 0,2 but 0.9.0 on host 1" in line
+    assert "python 3.11.7 on hosts 0,1 but 3.12.1 on host 2" in line
+    assert "jax 0.10.2" not in line
+
+
+@pytest.fixture
+def tpu_held(tmp_path):
+    """A TPU device file (a plain file here) held open by a real process, and the environment
+    that points the hosts at it."""
+    device = tmp_path / "accel0"
+    device.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1]); print('holding', flush=True); "
+                               "sys.stdin.read()", str(device)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "holding\n"  # it has the file open
+    yield holder, {host_diagnose.DEVICES_ENV: str(tmp_path / "accel*"),
+                   host_diagnose.LOCKFILE_ENV: str(tmp_path / "libtpu_lockfile")}
+    holder.kill()
+    holder.wait()
+
+
+def test_a_process_holding_the_tpu_is_named_and_the_given_line_frees_it(cell, sshd, ssh_key, tpu_held):
+    holder, env = tpu_held
+    settings = " ".join(f"{k}={v}" for k, v in env.items())
+    run = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:2])} --key {ssh_key} --python {sshd.python} --env {settings}")
+    assert run.error is None, run.shown
+    failed = cell("%%on_tpu\nimport jax")
+    assert failed.error is not None
+    assert f"the TPU on host 0 is held by pid {holder.pid}" in failed.shown, failed.shown
+    assert "-c import sys; f = open(sys.argv[1])" in failed.shown  # its command line
+    fix = re.search(r"%tpu_run --hosts 0 kill [0-9 ]+", failed.shown).group(0)
+    assert fix.split()[-1] == str(holder.pid)
+    assert cell(fix).error is None
+    assert holder.wait(timeout=30) != 0  # the line ended it
+    started = cell("%%on_tpu\nimport jax\njax.process_count()")  # nothing of JAX was left half-started
+    assert started.error is None, started.shown
+    assert "Out[0-1]: 2" in started.shown
+
+
+def test_a_stale_libtpu_lockfile_is_named_with_the_line_that_removes_it(cell, sshd, ssh_key, tmp_path):
+    lock = tmp_path / "libtpu_lockfile"
+    lock.write_text("")  # left by a run that was killed: no process has it open
+    env = f"{host_diagnose.DEVICES_ENV}={tmp_path}/accel* {host_diagnose.LOCKFILE_ENV}={lock}"
+    assert cell(f"%tpu_connect {specs(sshd, sshd.addresses[:1])} --key {ssh_key} --python {sshd.python} "
+                f"--env {env}").error is None
+    failed = cell("%%on_tpu\nimport jax")
+    assert f"a stale {lock} on host 0" in failed.shown, failed.shown
+    assert cell(f"%tpu_run --hosts 0 rm -f {lock}").error is None
+    assert not lock.exists()
+    assert cell("%%on_tpu\nimport jax\njax.device_count()").error is None
+
+
+def test_nothing_is_said_when_the_tpu_is_free(tmp_path, monkeypatch):
+    monkeypatch.setenv(host_diagnose.DEVICES_ENV, str(tmp_path / "accel*"))
+    monkeypatch.setenv(host_diagnose.LOCKFILE_ENV, str(tmp_path / "libtpu_lockfile"))
+    (tmp_path / "accel0").write_text("")  # present, held by nobody
+    assert host_diagnose.tpu_busy(0) is None
+
+
+@pytest.fixture
+def dropping_port(sshd):
+    """A port on host 0's address that drops connection attempts, as a firewall does: a listener
+    whose backlog is full and that never accepts (Linux then ignores further SYNs)."""
+    listener = socket.socket()
+    listener.bind((sshd.addresses[0], 0))
+    listener.listen(0)
+    filler = socket.create_connection(listener.getsockname(), timeout=5)
+    yield listener.getsockname()[1]
+    filler.close()
+    listener.close()
+
+
+def test_a_coordinator_port_that_drops_packets_fails_the_cell_in_seconds(cell, sshd, ssh_key, dropping_port):
+    run = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:2])} --key {ssh_key} --python {sshd.python} "
+               f"--coordinator-port {dropping_port} --env JAX_PLATFORMS=cpu")
+    assert run.error is None, run.shown
+    started = time.monotonic()
+    failed = cell("%%on_tpu\nimport jax")
+    assert time.monotonic() - started < 60  # JAX itself waits 120 s, then aborts the process
+    assert failed.error is not None
+    for host in (0, 1):
+        assert (f"host {host} cannot reach the JAX coordinator at {sshd.addresses[0]}:{dropping_port}"
+                in failed.shown), failed.shown
+    assert f"port {dropping_port} is blocked" in failed.shown
+    assert f"gcloud compute firewall-rules create tpunb-jax-{dropping_port}" in failed.shown
+    assert f"--allow tcp:{dropping_port}" in failed.shown
+
+
+def test_a_fixed_coordinator_port_survives_a_restart(cell, sshd, ssh_key):
+    with socket.socket() as s:
+        s.bind((sshd.addresses[0], 0))
+        port = s.getsockname()[1]
+    assert cell(f"%tpu_connect {specs(sshd, sshd.addresses[:2])} --key {ssh_key} --python {sshd.python} "
+                f"--coordinator-port {port} --env JAX_PLATFORMS=cpu").error is None
+    pids = []
+    for _ in range(2):  # exit() ends every host; the next cell restarts them, on the same port
+        run = cell("%%on_tpu\nimport jax, os\n(jax.process_count(), os.getpid())")
+        assert run.error is None, run.shown
+        assert "Out[1]: (2, " in run.shown
+        pids.append(slices.current().session.hosts[0].info["pid"])
+        assert cell("%%on_tpu\nexit()").error is None
+    assert pids[0] != pids[1]  # really restarted
+
+
+def test_probe_counts_a_refusal_as_reachable_and_silence_as_blocked(dropping_port, sshd):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens: refused at once
+    assert host_diagnose.probe(f"127.0.0.1:{closed}", deadline_s=2) is None
+    started = time.monotonic()
+    assert host_diagnose.probe(f"{sshd.addresses[0]}:{dropping_port}", deadline_s=1.5) == "no answer in 1.5 s"
+    assert time.monotonic() - started < 5

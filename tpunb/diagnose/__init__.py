@@ -1,0 +1,9 @@
+"""Diagnoses at connect, one line each: version skew between hosts, a TPU another process
+holds, a coordinator port a firewall drops. Each check is a small public function so that
+``%tpu_doctor`` can run it too; the hosts' half of each lives in ``tpunb/host/diagnose.py``.
+"""
+from tpunb.diagnose.reach import COORDINATOR_PORT, PROBE_SECONDS, firewall_fix, probe_settings
+from tpunb.diagnose.versions import PACKAGES, VersionRow, skew_line, version_rows
+
+__all__ = ["COORDINATOR_PORT", "PACKAGES", "PROBE_SECONDS", "VersionRow", "firewall_fix", "probe_settings",
+           "skew_line", "version_rows"]

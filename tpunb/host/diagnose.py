@@ -1,0 +1,166 @@
+"""What a host finds out about itself so that the kernel can name what is wrong in one line:
+its package versions (sent in the hello, read without importing them), which processes hold
+the TPU, and whether the JAX coordinator's port answers at all.
+
+Shipped to hosts: standard library only (see the package docstring).
+"""
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import socket
+import time
+
+#: the packages whose versions must agree across a slice (jax #10218: the first question asked)
+PACKAGES = ("jax", "jaxlib", "libtpu", "flax")
+#: distributions that provide a package under another name (older libtpu wheels)
+ALIASES = {"libtpu": ("libtpu", "libtpu-nightly")}
+#: where the TPU's device files are (colon-separated globs); tests point this at plain files
+DEVICES_ENV = "TPUNB_TPU_DEVICES"
+DEFAULT_DEVICES = "/dev/accel*:/dev/vfio/[0-9]*"
+#: the lock libtpu takes; left behind by a killed run it blocks the next (jax #10192)
+LOCKFILE_ENV = "TPUNB_LIBTPU_LOCKFILE"
+DEFAULT_LOCKFILE = "/tmp/libtpu_lockfile"
+
+
+def versions() -> dict:
+    """Python and PACKAGES versions (None: not installed), from package metadata: importing jax
+    would cost seconds and start its backend."""
+    import importlib.metadata as metadata
+    import platform
+
+    found = {"python": platform.python_version()}
+    for package in PACKAGES:
+        found[package] = None
+        for dist in ALIASES.get(package, (package,)):
+            try:
+                found[package] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+            except Exception:  # a broken dist-info must not stop the agent
+                break
+    return found
+
+
+def device_paths() -> list[str]:
+    """The TPU device files on this host (none on a CPU machine)."""
+    patterns = os.environ.get(DEVICES_ENV) or DEFAULT_DEVICES
+    return sorted(p for pattern in patterns.split(":") if pattern for p in glob.glob(pattern))
+
+
+def lockfile() -> str:
+    return os.environ.get(LOCKFILE_ENV) or DEFAULT_LOCKFILE
+
+
+def holders(paths: list[str]) -> list[dict]:
+    """Processes with one of ``paths`` open: pid, command line, age in seconds, path. Only
+    processes this user may inspect are seen (all of them as root)."""
+    wanted = {os.path.realpath(p) for p in paths}
+    found, boot, tick = [], _boot_time(), os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fd_dir = f"/proc/{entry}/fd"
+        try:
+            links = [os.readlink(f"{fd_dir}/{fd}") for fd in os.listdir(fd_dir)]
+        except OSError:  # gone, or not ours to read
+            continue
+        held = sorted(wanted.intersection(links))
+        if held:
+            found.append({"pid": int(entry), "command": _command(entry), "age_s": _age(entry, boot, tick),
+                          "path": held[0]})
+    return found
+
+
+def tpu_busy(host: int, own: set[int] | None = None) -> str | None:
+    """One line saying what keeps JAX from the TPU here (another process holds a device file, or
+    a stale libtpu lock file), with the %tpu_run line that frees it; None if nothing does."""
+    own = own or {os.getpid()}
+    lock = lockfile()
+    devices = device_paths()
+    if not devices and not os.path.exists(lock):
+        return None
+    others = [h for h in holders(devices + [lock]) if h["pid"] not in own]
+    if others:
+        first = others[0]
+        pids = " ".join(str(h["pid"]) for h in others)
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        return (f"the TPU on host {host} is held by pid {first['pid']} ({first['command']}, running "
+                f"{_duration(first['age_s'])}, has {first['path']} open){more}: free it with "
+                f"%tpu_run --hosts {host} kill {pids}")
+    if os.path.exists(lock):
+        return (f"a stale {lock} on host {host} (left by a run that was killed) blocks the TPU: free it with "
+                f"%tpu_run --hosts {host} rm -f {lock}")
+    return None
+
+
+def probe(address: str, deadline_s: float = 5.0, attempt_s: float = 1.0) -> str | None:
+    """Whether packets reach ``host:port``: None if they do, else why not. An answer of any kind
+    counts, a refusal too (the coordinator starts its service a moment later, inside host 0's
+    jax.distributed.initialize); only silence until ``deadline_s`` (a firewall dropping packets)
+    or an unreachable network fails."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    stop = time.monotonic() + deadline_s
+    why = "no answer"
+    while True:
+        left = stop - time.monotonic()
+        if left <= 0:
+            return f"{why} in {deadline_s:g} s"
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(attempt_s, left)):
+                return None
+        except ConnectionRefusedError:
+            return None
+        except socket.timeout:
+            why = "no answer"
+        except OSError as exc:
+            if exc.errno in (errno.ECONNRESET,):
+                return None
+            why = exc.strerror or str(exc)
+            time.sleep(min(0.2, max(0.0, stop - time.monotonic())))
+
+
+def _boot_time() -> float:
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+def _command(pid: str) -> str:
+    """The process's command line, its program by name only, cut to fit a line."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().decode("utf-8", "replace").rstrip("\0").split("\0")
+    except OSError:
+        words = []
+    if words and words[0]:
+        words[0] = os.path.basename(words[0])
+    text = " ".join(words).strip()
+    return (text[:97] + "...") if len(text) > 100 else (text or "?")
+
+
+def _age(pid: str, boot: float, tick: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return max(0.0, time.time() - (boot + int(fields[19]) / tick))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "for an unknown time"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
