@@ -173,3 +173,15 @@ def test_probe_counts_a_refusal_as_reachable_and_silence_as_blocked(dropping_por
     started = time.monotonic()
     assert host_diagnose.probe(f"{sshd.addresses[0]}:{dropping_port}", deadline_s=1.5) == "no answer in 1.5 s"
     assert time.monotonic() - started < 5
+
+
+def test_cloud_slices_use_the_port_gcp_opens_and_the_emulator_a_random_one(monkeypatch):
+    from tpunb.provision import gcp
+    from tpunb.registry import SliceRecord
+
+    record = SliceRecord(name="n", accelerator="v4-16", backend="gcp", state="running", spec={"network": "my-vpc"})
+    monkeypatch.delenv("TPUNB_TPU_API_ENDPOINT", raising=False)
+    assert gcp.jax_coordinator(record) == {"coordinator_port": 8476, "network": "my-vpc"}
+    assert "--network my-vpc --allow tcp:8476" in diagnose.firewall_fix(8476, "my-vpc")
+    monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", "http://127.0.0.1:1")
+    assert gcp.jax_coordinator(record)["coordinator_port"] is None
