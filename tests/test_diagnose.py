@@ -47,6 +47,7 @@ def test_a_host_with_another_jax_is_named_in_one_warning(cell, sshd, ssh_key, ot
     assert list(table["jax"]) == [ours, "0.4.1", ours]
     assert set(table["python"]) == {host_diagnose.versions()["python"]}
     assert set(table["libtpu"]) == {""}  # not installed here: a blank, not None
+    assert diagnose.problems(slices.current()) == [warnings[0]]  # %tpu_doctor finds the same
 
 
 def test_hosts_that_agree_give_no_warning(cell, sshd, ssh_key):
@@ -91,6 +92,9 @@ def test_a_process_holding_the_tpu_is_named_and_the_given_line_frees_it(cell, ss
     assert failed.error is not None
     assert f"the TPU on host 0 is held by pid {holder.pid}" in failed.shown, failed.shown
     assert "-c import sys; f = open(sys.argv[1])" in failed.shown  # its command line
+    checks = diagnose.check_hosts(slices.current())  # what %tpu_doctor asks, on demand
+    assert [c.host for c in checks] == [0, 1]
+    assert all(f"held by pid {holder.pid}" in c.tpu_busy and c.coordinator is None for c in checks)
     fix = re.search(r"%tpu_run --hosts 0 kill [0-9 ]+", failed.shown).group(0)
     assert fix.split()[-1] == str(holder.pid)
     assert cell(fix).error is None
@@ -147,6 +151,9 @@ def test_a_coordinator_port_that_drops_packets_fails_the_cell_in_seconds(cell, s
     assert f"port {dropping_port} is blocked" in failed.shown
     assert f"gcloud compute firewall-rules create tpunb-jax-{dropping_port}" in failed.shown
     assert f"--allow tcp:{dropping_port}" in failed.shown
+    found = diagnose.problems(slices.current(), probe_seconds=1)
+    assert found == [f"host {h} cannot reach the JAX coordinator at {sshd.addresses[0]}:{dropping_port} "
+                     "(no answer in 1 s)" for h in (0, 1)]
 
 
 def test_a_fixed_coordinator_port_survives_a_restart(cell, sshd, ssh_key):

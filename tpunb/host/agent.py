@@ -166,9 +166,18 @@ class Agent:
                 pass
         elif op == "metrics_interval":
             self._set_metrics_interval(float(message.get("seconds", 1.0)))
+        elif op == "diagnose":  # answered on a side thread: works while a cell runs
+            quiet_thread(self._diagnose, "tpunb-diagnose", message)
         else:
             return True
         return False
+
+    def _diagnose(self, message: dict) -> None:
+        try:
+            reply = diagnose.answer(self.jax.config if self.jax else None, float(message.get("probe_s", 5.0)))
+        except Exception as exc:  # one line back to the kernel, whatever broke
+            reply = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        self.send({"op": "done", "id": message.get("id"), **reply})
 
     def _set_metrics_interval(self, seconds: float) -> None:
         """0 stops sampling; anything else (re)starts it at that period."""

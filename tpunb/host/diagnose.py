@@ -123,6 +123,17 @@ def probe(address: str, deadline_s: float = 5.0, attempt_s: float = 1.0) -> str 
             time.sleep(min(0.2, max(0.0, stop - time.monotonic())))
 
 
+def answer(jax_config: dict | None, probe_s: float) -> dict:
+    """Every check at once, for the kernel's ``diagnose`` request (%tpu_doctor): versions, what
+    holds the TPU, and whether the coordinator answers (None: fine, or nothing to check)."""
+    kwargs = (jax_config or {}).get("kwargs") or {}
+    host = kwargs.get("process_id", int(os.environ.get("TPUNB_HOST_INDEX", "0") or 0))
+    address = kwargs.get("coordinator_address") if (jax_config or {}).get("initialize", True) else None
+    silence = probe(address, probe_s) if address else None
+    return {"status": "ok", "versions": versions(), "tpu_busy": tpu_busy(host),
+            "coordinator": f"host {host} cannot reach the JAX coordinator at {address} ({silence})" if silence else None}
+
+
 def _boot_time() -> float:
     try:
         with open("/proc/stat") as f:
