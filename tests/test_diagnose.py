@@ -104,6 +104,20 @@ def test_a_process_holding_the_tpu_is_named_and_the_given_line_frees_it(cell, ss
     assert "Out[0-1]: 2" in started.shown
 
 
+def test_jax_saying_the_tpu_is_in_use_gets_the_holder_named(cell, sshd, ssh_key, tpu_held):
+    """What libtpu raises when our check could not see the holder (another user's process)."""
+    holder, env = tpu_held
+    settings = " ".join(f"{k}={v}" for k, v in env.items())
+    assert cell(f"%tpu_connect {specs(sshd, sshd.addresses[:1])} --key {ssh_key} --python {sshd.python} "
+                f"--env {settings}").error is None
+    failed = cell("%%on_tpu\nraise RuntimeError(\"Unable to initialize backend 'tpu': ABORTED: The TPU is already in "
+                  "use by process with pid 1. Not attempting to load libtpu.so in this process.\")")
+    assert "Not attempting to load libtpu.so" in failed.shown  # the error itself is kept
+    assert f"[tpunb] the TPU on host 0 is held by pid {holder.pid}" in failed.shown, failed.shown
+    other = cell("%%on_tpu\nraise RuntimeError('something else')")
+    assert "[tpunb]" not in other.shown
+
+
 def test_a_stale_libtpu_lockfile_is_named_with_the_line_that_removes_it(cell, sshd, ssh_key, tmp_path):
     lock = tmp_path / "libtpu_lockfile"
     lock.write_text("")  # left by a run that was killed: no process has it open

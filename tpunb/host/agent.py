@@ -71,6 +71,12 @@ class Agent:
 
     def send_error(self, ename: str, evalue: str, traceback_lines: list) -> None:
         self.pump.drain()
+        try:
+            hint = None if ename == "JaxStartError" else diagnose.explain_error(evalue)  # that one says it
+        except Exception:  # a diagnosis must never lose the error itself
+            hint = None
+        if hint:
+            evalue, traceback_lines = f"{evalue}\n[tpunb] {hint}", [*traceback_lines, f"[tpunb] {hint}"]
         self.send({"op": "error", "id": self.current, "ename": ename, "evalue": cap_text(evalue),
                    "traceback": [cap_text(str(line)) for line in traceback_lines[-1000:]]})
 

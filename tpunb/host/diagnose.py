@@ -96,6 +96,20 @@ def tpu_busy(host: int, own: set[int] | None = None) -> str | None:
     return None
 
 
+#: what JAX and libtpu say when they cannot take the chips (jax #10192, openxla/xla#4666)
+BUSY_SIGNS = ("TPU is already in use", "libtpu.so already in use", "Device or resource busy", "libtpu_lockfile")
+
+
+def explain_error(text: str) -> str | None:
+    """For an error JAX raised because it could not take the TPU: the one line that says who holds
+    it and how to free it (or how to find a holder this user cannot see); None for other errors."""
+    if not any(sign in text for sign in BUSY_SIGNS):
+        return None
+    host = int(os.environ.get("TPUNB_HOST_INDEX", "0") or 0)
+    return tpu_busy(host) or (f"another user's process holds the TPU on host {host}: find it with "
+                              f"%tpu_run --hosts {host} sudo lsof -w /dev/accel* /dev/vfio/*")
+
+
 def probe(address: str, deadline_s: float = 5.0, attempt_s: float = 1.0) -> str | None:
     """Whether packets reach ``host:port``: None if they do, else why not. An answer of any kind
     counts, a refusal too (the coordinator starts its service a moment later, inside host 0's
