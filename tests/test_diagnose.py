@@ -206,3 +206,13 @@ def test_cloud_slices_use_the_port_gcp_opens_and_the_emulator_a_random_one(monke
     assert "--network my-vpc --allow tcp:8476" in diagnose.firewall_fix(8476, "my-vpc")
     monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", "http://127.0.0.1:1")
     assert gcp.jax_coordinator(record)["coordinator_port"] is None
+
+
+def test_bad_diagnosis_arguments_are_one_line(cell, sshd, ssh_key):
+    wrong = cell("%tpu_status --bogus")
+    assert "Usage: %tpu_status [--versions]" in wrong.shown and "Traceback" not in wrong.shown
+    two_pythons = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:3])} --key {ssh_key} "
+                       f"--python {sshd.python},{sshd.python}")
+    assert "2 interpreters for 3 hosts" in two_pythons.shown and "Traceback" not in two_pythons.shown
+    no_port = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:2])} --key {ssh_key} --coordinator-port 70000")
+    assert "--coordinator-port 70000: give a TCP port" in no_port.shown and "Traceback" not in no_port.shown
