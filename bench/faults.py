@@ -80,6 +80,7 @@ class Harness:
         self.shell.run_cell("%load_ext tpunb")
         self.name = "faulty"
         self.emulator = None
+        self.record_failures: list[str] = []  # agent pids that could not be recorded for the leak count
 
     def cell(self, code: str):
         """(error, text shown, seconds), as a notebook would show them."""
@@ -126,13 +127,18 @@ class Harness:
         return int(self.slice.session.hosts[host].info["pid"])
 
     def record(self) -> None:
-        """Append the agents' session ids (each agent leads its own session) for the leak count."""
+        """Append the agents' session ids (each agent leads its own session) for the leak count.
+        A record that fails, or finds a host without a pid, is kept as a failure of the case:
+        otherwise "0 leaked" would be said of agents nobody looked for."""
         path = self.home / "sessions.json"
         known = set(json.loads(path.read_text())) if path.exists() else set()
         try:
-            known |= {int(h.info["pid"]) for h in self.slice.session.hosts if h.info.get("pid")}
-        except Exception:
-            pass
+            hosts = self.slice.session.hosts
+            pids = {int(h.info["pid"]) for h in hosts}
+        except Exception as exc:
+            self.record_failures.append(f"{type(exc).__name__}: {exc}")
+            return
+        known |= pids
         path.write_text(json.dumps(sorted(known)))
 
     def freeze(self, pid: int) -> None:
@@ -660,10 +666,20 @@ def run_in_child(args) -> None:
         slices.down(all=True)
     except Exception:
         pass
-    if harness.emulator is not None:
-        outcome.leaked = (outcome.leaked or 0) + harness.nodes()
+    account(outcome, harness)
     print("OUTCOME " + json.dumps(asdict(outcome)), flush=True)
     os._exit(0)
+
+
+def account(outcome: Outcome, harness: Harness) -> Outcome:
+    """What the case left that the harness can see: nodes still in the emulator, and agents whose
+    pids were not recorded (then nobody can say none leaked: the case fails)."""
+    if harness.emulator is not None:
+        outcome.leaked = (outcome.leaked or 0) + harness.nodes()
+    if harness.record_failures:
+        outcome.survived = False
+        outcome.note = f"agent pids not recorded ({harness.record_failures[0]}); {outcome.note}"[:160]
+    return outcome
 
 
 def sessions_left(home: Path) -> int:

@@ -17,7 +17,7 @@ cells = [
         "`tpunb.colab.authenticate(\"my-project\")`. Then `%tpu_launch v4-16 --spot --zone us-central2-b` "
         "creates a real slice, and every other cell runs as below."),
     new_code_cell("%load_ext tpunb"),
-    new_code_cell("# NBVAL_IGNORE_OUTPUT\nfrom tpunb.emulator.sandbox import start_sandbox\n\n"
+    new_code_cell("from tpunb.emulator.sandbox import start_sandbox\n\n"
                   "sandbox = start_sandbox()   # emulator + sshd hosts; sets TPUNB_TPU_API_ENDPOINT, project, zone\n"
                   "sandbox"),
     new_markdown_cell("With a project configured, `%tpu_launch` uses Cloud TPU (`--backend gcp`). A spot `v4-16` "

@@ -2,7 +2,7 @@
 PYTHONPATH=. python3 scripts/make_lora_notebook.py"""
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from notebook_kit import BLOCK, IGNORE, ignore_host_output, write
+from notebook_kit import BLOCK, write
 
 cells = [
     new_markdown_cell(
@@ -68,7 +68,7 @@ cells = [
         "for step in range(20):\n"
         "    loss = pretrain_step(model, opt, *batch(plain, step))\n"
         "new_task = float(nnx.jit(loss_fn)(model, *batch(capitals, 0)))\n"
-        'print(f"pretrained: loss {float(loss):.2f} on the text, {new_task:.2f} on it in capitals (the new task)")', metadata=IGNORE),
+        'print(f"pretrained: loss {float(loss):.2f} on the text, {new_task:.2f} on it in capitals (the new task)")'),
     new_markdown_cell(
         "## Add LoRA adapters, freeze the rest\n\n"
         "`nnx.LoRA(..., base_module=layer)` wraps a layer: its output becomes `layer(x) + x @ A @ B` with "
@@ -98,14 +98,14 @@ cells = [
         "    opt.update(model, grads)\n"
         "    return loss"),
     new_markdown_cell("Fine-tune on the text in capitals; `%tpu_metrics` shows each host's loss while it runs."),
-    new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_metrics loss cpu_percent"),
+    new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_metrics loss cpu_percent"),  # a widget: its view is not compared
     new_code_cell(
         "%%on_tpu\nimport tpunb\n\nhistory = []\n"
         "for step in range(20):\n"
         "    loss = float(finetune_step(model, opt, *batch(capitals, step)))\n"
         "    history.append(loss)\n"
         "    tpunb.log(step, loss=loss)\n"
-        'print(f"fine-tuning loss {history[0]:.2f} -> {history[-1]:.2f}")', metadata=IGNORE),
+        'print(f"fine-tuning loss {history[0]:.2f} -> {history[-1]:.2f}")'),
     new_markdown_cell("Only the adapters moved; the loss on the new task fell:"),
     new_code_cell(
         "%%on_tpu\nafter = jax.tree.map(np.asarray, nnx.state(model, BASE))\n"
@@ -146,4 +146,4 @@ cells = [
     new_code_cell("%tpu_down"),
 ]
 
-write("05_lora_finetune.ipynb", ignore_host_output(cells))
+write("05_lora_finetune.ipynb", cells)

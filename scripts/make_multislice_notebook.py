@@ -2,7 +2,7 @@
 PYTHONPATH=. python3 scripts/make_multislice_notebook.py"""
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from notebook_kit import ignore_host_output, write
+from notebook_kit import write
 
 cells = [
     new_markdown_cell(
@@ -96,4 +96,4 @@ cells = [
         "`--idle-delete` does not cover a multislice yet."),
 ]
 
-write("07_multislice.ipynb", ignore_host_output(cells))
+write("07_multislice.ipynb", cells)

@@ -37,21 +37,21 @@ cells = [
         "    if jax.process_index() == 1:\n"
         "        time.sleep(0.02)      # host 1's extra work\n"
         "    w, loss = train_step(w, xs)\n"
-        "    loss.block_until_ready()\n"
-        "print('loss', round(float(loss), 4))", metadata=IGNORE),
+        "    loss.block_until_ready()", metadata=IGNORE),  # the view's timeline holds this run's timings
+    new_code_cell("%%on_tpu\nprint('loss after ten steps', round(float(loss), 4))"),
     new_markdown_cell("The same profile in Python: the straggler, every event as a DataFrame, the top ops per "
                       "host, and the step times. `prof.path` holds the files, one folder per host, for "
                       "`xprof --logdir` or TensorBoard."),
     new_code_cell("import tpunb\nprof = tpunb.last_profile()\nprint('straggler: host', prof.straggler)\n"
                   "print('train_step calls per host:', prof.events.query(\"name == 'PjitFunction(train_step)'\")"
                   ".groupby('host').size().to_dict())"),
-    new_code_cell("prof.top(5)", metadata=IGNORE),
-    new_code_cell("prof.steps.describe().loc[['count', '50%']]", metadata=IGNORE),
+    new_code_cell("prof.top(5)", metadata=IGNORE),  # milliseconds of this run (and their order)
+    new_code_cell("prof.steps.describe().loc[['count', '50%']]", metadata=IGNORE),  # the median: this run's
     new_markdown_cell("`%tpu_profile start` and `%tpu_profile stop` record around any number of `%%on_tpu` "
                       "cells; `%tpu_profile` alone says whether a recording runs and lists past profiles."),
     new_code_cell("%tpu_profile start"),
     new_code_cell("%%on_tpu\nfor step in range(3):\n    w, loss = train_step(w, xs)\nprint('loss', round(float(loss), 4))"),
-    new_code_cell("%tpu_profile stop", metadata=IGNORE),
+    new_code_cell("%tpu_profile stop", metadata=IGNORE),  # the view again: this run's timings
     new_code_cell("%tpu_down"),
 ]
 

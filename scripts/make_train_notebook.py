@@ -2,7 +2,7 @@
 PYTHONPATH=. python3 scripts/make_train_notebook.py"""
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from notebook_kit import BLOCK, IGNORE, ignore_host_output, write
+from notebook_kit import BLOCK, IGNORE, write
 
 cells = [
     new_markdown_cell(
@@ -96,7 +96,7 @@ cells = [
         "Open the live metrics, then train. Each host calls `tpunb.log(step, loss=...)`, which costs "
         "microseconds; `%tpu_metrics` redraws the loss of every host while the cell runs, next to CPU and "
         "memory, and would call out a host that falls behind."),
-    new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_metrics loss cpu_percent rss_bytes"),
+    new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_metrics loss cpu_percent rss_bytes"),  # a widget: its view is not compared
     new_code_cell(
         "%%on_tpu\nhistory = []                                        # (step, loss) on this host\n\n"
         "def train(steps):\n"
@@ -142,7 +142,7 @@ cells = [
     new_code_cell(
         "%%tpu_profile --name fsdp-steps\nfor step in range(35, 39):\n"
         "    loss = float(train_step(model, opt, *global_batch(step)))\n"
-        "    history.append((step, loss))", metadata=IGNORE),
+        "    history.append((step, loss))", metadata=IGNORE),  # the profile view: this run's timings
     new_code_cell("import tpunb\n\nprof = tpunb.last_profile()\n"
                   "steps = prof.events.query(\"name == 'PjitFunction(train_step)'\")\n"
                   "print(\"train_step calls per host:\", steps.groupby(\"host\").size().to_dict())"),
@@ -200,7 +200,7 @@ cells = [
         '    ax.plot(steps, losses, label=f"host {h}", linestyle="-" if h == 0 else "--")\n'
         'ax.axvline(20, color="grey", linewidth=0.8)\nax.text(21, max(losses) * 0.95, "FSDP from here", color="grey")\n'
         'ax.set(xlabel="step", ylabel="loss (nats per character)", title="Char-level LM on a simulated v4-16")\n'
-        "ax.legend()\nplt.show()", metadata=IGNORE),
+        "ax.legend()\nplt.show()"),
     new_markdown_cell("The loss must fall (this cell fails the notebook, and so the tests, if training breaks):"),
     new_code_cell(
         "first, last = histories[0][0][1], sum(loss for _, loss in histories[0][-5:]) / 5\n"
@@ -209,4 +209,4 @@ cells = [
     new_code_cell("%tpu_down"),
 ]
 
-write("04_train_flax.ipynb", ignore_host_output(cells))
+write("04_train_flax.ipynb", cells)

@@ -13,7 +13,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks")
 COLAB = "https://colab.research.google.com/github/tpunb/tpunb/blob/main/notebooks/"
 BADGE = "https://colab.research.google.com/assets/colab-badge.svg"
-#: nbval runs the cell and ignores what it printed (timings, losses, paths change from run to run)
+#: nbval runs the cell and ignores what it showed: only for views holding a run's timings (profiles)
 IGNORE = {"tags": ["nbval-ignore-output"]}
 #: the transformer block both training tutorials use (pre-norm causal self-attention and an MLP)
 BLOCK = (
@@ -45,17 +45,6 @@ def colab_cells(filename: str) -> list:
     ]
 
 
-def ignore_host_output(cells: list) -> list:
-    """Tag every %%on_tpu cell nbval-ignore-output. Hosts print the same line at slightly different times,
-    and on a loaded machine more than the display's grouping window apart, so the same run can show
-    `[0-1] x` or `[1] x` then `[0] x`; these cells still run, and their asserts still fail the notebook."""
-    for cell in cells:
-        if cell.cell_type == "code" and cell.source.startswith(("%%on_tpu", "%%tpu_profile")):
-            tags = cell.metadata.setdefault("tags", [])
-            tags.extend(tag for tag in IGNORE["tags"] if tag not in tags)
-    return cells
-
-
 def write(filename: str, cells: list, execute: bool = True) -> str:
     """Prepend the Colab cells, execute the notebook (unless told not to) and write it to notebooks/."""
     from nbclient import NotebookClient
@@ -64,6 +53,7 @@ def write(filename: str, cells: list, execute: bool = True) -> str:
     path = os.path.abspath(os.path.join(NOTEBOOKS, filename))
     if execute:
         os.environ.setdefault("TPUNB_HOME", tempfile.mkdtemp(prefix="tpunb-notebook-"))
+        os.environ["TPUNB_GROUP_WAIT"] = "60"  # lines grouped as nbval's run will (notebooks/conftest.py)
         started = time.monotonic()
         NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": NOTEBOOKS}}).execute()
         print(f"executed {filename} in {time.monotonic() - started:.0f} s", file=sys.stderr)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import threading
 import time
@@ -11,7 +10,8 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from tpunb import display, session as session_module, slice as slice_module, slices
+from tpunb import slices
+from tpunb.engine import connection
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
@@ -49,10 +49,16 @@ def jp_server_cleanup():
 def make_slice(request):
     """make_slice(hosts) -> a current slice with that many hosts, on each transport in turn:
     local host processes, and real OpenSSH sshd hosts on loopback addresses. The SSH hosts speak
-    JSON frames, as hosts on another Python do (tests of tpunb.connect cover marshal over SSH)."""
+    JSON frames, as hosts on another Python do (tests of tpunb.connect cover marshal over SSH).
+    ``make_slice.line(hosts, name)`` is the magic that makes the same slice, for tests of the magics."""
     if request.param == "local":
-        return lambda hosts=2, name=None: slices.launch(ACCELERATOR_FOR_HOSTS[hosts], name=name)
-    request.getfixturevalue("monkeypatch").setattr(session_module, "MARSHAL_FRAMES", False)
+        def make(count: int = 2, name: str | None = None):
+            return slices.launch(ACCELERATOR_FOR_HOSTS[count], name=name)
+
+        make.line = lambda count=2, name=None: f"%tpu_launch {ACCELERATOR_FOR_HOSTS[count]}" + (
+            f" --name {name}" if name else "")
+        return make
+    request.getfixturevalue("monkeypatch").setattr(connection, "MARSHAL_FRAMES", False)
     server = request.getfixturevalue("sshd")
     key = request.getfixturevalue("ssh_key")
 
@@ -61,6 +67,13 @@ def make_slice(request):
         return slices.connect(addresses, key=str(key), python=server.python, name=name,
                            accelerator=ACCELERATOR_FOR_HOSTS[count], env=CPU_AS_TPU_HOST)
 
+    def line(count: int = 2, name: str | None = None) -> str:
+        addresses = ",".join(f"{a}:{server.port}" for a in server.addresses[:count])
+        env = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
+        return (f"%tpu_connect {addresses} --key {key} --python {server.python} "
+                f"--accelerator {ACCELERATOR_FOR_HOSTS[count]} --env {env}" + (f" --name {name}" if name else ""))
+
+    make.line = line
     return make
 
 
@@ -127,7 +140,7 @@ def patient_grouping(monkeypatch):
     """Grouped output waits for every running host's line (not 0.25 s), so a test that asserts
     exactly how lines group does not depend on how far apart a loaded machine ran the hosts.
     The 0.25 s bound itself is tested in test_display.py."""
-    monkeypatch.setattr(slice_module, "CellOutput", functools.partial(display.CellOutput, max_wait=60.0))
+    monkeypatch.setenv("TPUNB_GROUP_WAIT", "60")
 
 
 @pytest.fixture

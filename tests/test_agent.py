@@ -6,10 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpunb import session as session_module
+from tpunb.engine import connection
 from tpunb.host import protocol
 from tpunb.errors import ProtocolError
-from tpunb.session import Broadcast, OutputSink, Session
+from tpunb.display import OutputSink
+from tpunb.engine.frames import Broadcast
+from tpunb.session import Session
 from tpunb.transport.fanin import FrameCutter
 from tpunb.transport.local import LocalTransport
 
@@ -18,7 +20,7 @@ from tpunb.transport.local import LocalTransport
 def test_plain_runner_without_ipython(monkeypatch, same_python):
     """On a host of this same Python, frames are marshal and the kernel compiles the cell; on any
     other (JSON frames), the host compiles it: both run it alike."""
-    monkeypatch.setattr(session_module, "MARSHAL_FRAMES", same_python)
+    monkeypatch.setattr(connection, "MARSHAL_FRAMES", same_python)
     session = Session([LocalTransport("local:0")], lambda i: {"env": {}, "ipython": False})
     session.start()
     try:
@@ -200,14 +202,14 @@ def test_frames_that_come_while_a_cell_runs_are_read_beside_it(monkeypatch, inbo
             assert result.status == "timeout" and result.error["ename"] == "KeyboardInterrupt", result
         assert session.execute("6 * 7", [0])[0].value == {"text/plain": "42"}
 
-        rid, waiter = session._request()
-        host.send_frame(Broadcast({"op": "exec", "id": rid, "code": long_cell, "count": 9}).for_host(host)
-                        + Broadcast({"op": "interrupt", "id": rid}).for_host(host))
+        request = session._request()
+        host.send_frame(Broadcast({"op": "exec", "id": request.rid, "code": long_cell, "count": 9}).for_host(host)
+                        + Broadcast({"op": "interrupt", "id": request.rid}).for_host(host))
         message = {}
         while message.get("op") != "done":
-            _, message, _ = waiter.get(10)
+            _, message, _ = request.inbox.get(10)
         assert message["status"] == "interrupted"
-        session._forget(rid)
+        session._forget(request.rid)
 
         process = host.process._proc
         host.send({"op": "exec", "id": -1, "code": long_cell, "count": 10})

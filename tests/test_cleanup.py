@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tpunb import slices
-from tpunb.errors import UsageError
+from tpunb.errors import NoSliceError, UsageError
 from tpunb.host import protocol
 from tpunb.registry import process_start
 from tests.conftest import CPU_AS_TPU_HOST, wait_for
@@ -166,23 +166,50 @@ def test_two_threads_reviving_a_dead_host_start_one_agent():
              "no agent to outlive Slice.delete()")
 
 
-def test_deleting_a_slice_while_another_thread_revives_it_leaves_no_agent():
+@pytest.mark.parametrize("pause", ["before_launch", "after_launch"])
+def test_deleting_a_slice_while_another_thread_revives_it_leaves_no_agent(pause):
+    """The revival is held at a point inside its agent start (before host 1's agent is spawned, or
+    after it was spawned and before its handshake) until the deletion has begun closing the hosts:
+    the two overlap every run. Revival says the slice was deleted, in one line; nothing is left."""
     sl = slices.launch("v4-16", name="raced")
     os.kill(sl.session.hosts[1].info["pid"], signal.SIGKILL)
     wait_for(lambda: sl.session.dead_hosts() == [1], 10, "host 1 to be seen dead")
-    reviving = threading.Thread(target=lambda: _quietly(sl.revive))
+    host, session = sl.session.hosts[1], sl.session
+    held, deleting = threading.Event(), threading.Event()
+    launch, close = host.launch, session.close
+
+    def launch_held():
+        if pause == "before_launch":
+            held.set()
+            assert deleting.wait(30), "the deletion never began"
+        launch()
+        if pause == "after_launch":
+            held.set()
+            assert deleting.wait(30), "the deletion never began"
+
+    def close_noted():
+        deleting.set()
+        close()
+
+    host.launch, session.close = launch_held, close_noted
+    outcome: dict = {}
+
+    def revive():
+        try:
+            outcome["revived"] = sl.revive()
+        except Exception as exc:  # judged below: only "the slice is gone" may end a revival cut short
+            outcome["error"] = exc
+
+    reviving = threading.Thread(target=revive)
     reviving.start()
+    assert held.wait(30), "the revival never reached the agent start"
     sl.delete()
     reviving.join(30)
     assert not reviving.is_alive()
+    error = outcome.get("error")
+    assert isinstance(error, NoSliceError) and "was deleted while its hosts were restarting" in str(error), outcome
+    assert slices.registry().get_slice("raced") is None
     wait_for(lambda: not agents_of_this_kernel(), 10, "no agent to outlive Slice.delete()")
-
-
-def _quietly(call) -> None:
-    try:
-        call()
-    except Exception:  # a revival cut short by the deletion may say so; nothing must be left running
-        pass
 
 
 def test_a_zombie_is_not_alive_for_any_caller():

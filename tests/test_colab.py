@@ -110,8 +110,12 @@ def test_core_widgets_render_without_colabs_custom_manager_in_a_real_kernel(isol
         assert versions == [IPython.__version__, ipywidgets.__version__]  # the kernel runs this runtime
         reply, _ = run_in_kernel(client, "%load_ext tpunb\n%tpu_launch v4-8")
         assert reply["status"] == "ok", reply
-        reply, _ = run_in_kernel(client, "%%on_tpu\nimport time, tpunb\ntpunb.log(1, marker=7.5)\ntime.sleep(1.5)")
-        assert reply["status"] == "ok", reply  # the host's sampler sent the marker during the sleep
+        reply, _ = run_in_kernel(client, "%%on_tpu\nimport tpunb\ntpunb.log(1, marker=7.5)")
+        assert reply["status"] == "ok", reply
+        reply, _ = run_in_kernel(client, "from tests.conftest import wait_for\nimport tpunb\n"
+                                         "wait_for(lambda: 'marker' in set(tpunb.current().metrics().metric), 20, "
+                                         "'the host to send the marker')")
+        assert reply["status"] == "ok", reply  # the kernel holds the marker before the view is drawn
         reply, messages = run_in_kernel(client, "%tpu_metrics")  # the live view: a core HTML widget
         assert reply["status"] == "ok", reply
         views = [m for m in messages if m["msg_type"] == "display_data" and WIDGET_VIEW in m["content"]["data"]]

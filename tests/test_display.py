@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 
 from tpunb.display import CellOutput, LineMerger, format_hosts, render_values
-from tpunb.session import HostResult
+from tpunb.results import HostResult
 
 
 class Clock:

@@ -270,12 +270,15 @@ def test_preempted_queued_spot_resource_is_suspended(api, tpu_emulator):
         lambda: api.get_queued_resource(name=f"{PARENT}/queuedResources/qs").state.state.name, {"ACTIVE"}
     )
     assert api.get_node(name=f"{PARENT}/nodes/qs").scheduling_config.spot
+    tpu_emulator.timings(delete_seconds=0.6)  # SUSPENDING lasts long enough to be seen on a busy machine
     tpu_emulator.preempt("qs")
     assert api.get_node(name=f"{PARENT}/nodes/qs").state == tpu_v2.Node.State.PREEMPTED
     seen = states_until(
         lambda: api.get_queued_resource(name=f"{PARENT}/queuedResources/qs").state.state.name, {"SUSPENDED"}
     )
-    assert seen[-1] == "SUSPENDED"
+    assert seen == ["SUSPENDING", "SUSPENDED"]  # the service suspends it, as Cloud TPU does a preempted spot
+    suspended = api.get_queued_resource(name=f"{PARENT}/queuedResources/qs").state
+    assert suspended.state_initiator == tpu_v2.QueuedResourceState.StateInitiator.SERVICE
 
 
 def test_queued_resource_waits_out_a_stockout(api, tpu_emulator):
@@ -288,13 +291,12 @@ def test_queued_resource_waits_out_a_stockout(api, tpu_emulator):
         api.get_queued_resource(name=f"{PARENT}/queuedResources/w").state.state.name
         == "WAITING_FOR_RESOURCES"
     )
+    assert list(api.list_nodes(parent=PARENT)) == []  # no node while capacity is out
+    tpu_emulator.timings(create_seconds=0.6)  # PROVISIONING lasts long enough to be seen on a busy machine
     tpu_emulator.clear_faults()
-    assert (
-        states_until(
-            lambda: api.get_queued_resource(name=f"{PARENT}/queuedResources/w").state.state.name, {"ACTIVE"}
-        )[-1]
-        == "ACTIVE"
-    )
+    seen = states_until(lambda: api.get_queued_resource(name=f"{PARENT}/queuedResources/w").state.state.name, {"ACTIVE"})
+    assert seen == ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
+    assert api.get_node(name=f"{PARENT}/nodes/w").state == tpu_v2.Node.State.READY
 
 
 def test_queued_resource_fails_on_quota(api, tpu_emulator):

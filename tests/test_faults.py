@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults import CASES, run_case
+from bench.faults import CASES, Harness, Outcome, account, run_case
 
 FAST = [(c, where) for c in CASES if c.fast for where in c.where]
 
@@ -21,6 +21,16 @@ def test_fault_is_survived(chosen, where, sshd, ssh_key):
     outcome = run_case(chosen, where, info)
     assert outcome.survived, outcome
     assert outcome.leaked == 0, outcome
+
+
+def test_a_failed_pid_record_fails_the_case(tmp_path):
+    """With no slice to read pids from, the record fails: the case cannot claim that none leaked."""
+    harness = Harness("local", tmp_path, {})
+    harness.record()
+    assert len(harness.record_failures) == 1 and "NoSliceError" in harness.record_failures[0]
+    assert not (tmp_path / "sessions.json").exists()
+    outcome = account(Outcome("f", "local", True, leaked=0), harness)
+    assert not outcome.survived and outcome.note.startswith("agent pids not recorded (NoSliceError")
 
 
 LAUNCH_WATCHING_IMPORTS = """

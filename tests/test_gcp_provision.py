@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import getpass
-import time
 
 import paramiko
 import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import tpu_v2
 
+from tests.conftest import wait_for
 from tests.sshd import Sshd, _write_ed25519
 from tpunb.catalog import lookup
 from tpunb.emulator import start_emulator
@@ -33,11 +33,7 @@ def recorder() -> tuple[list[str], callable]:
 
 def wait_until(predicate, timeout: float = 10.0):
     """Poll a condition (never a guessed sleep); returns its first truthy value."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.005)
-    return value
+    return wait_for(predicate, timeout, "the emulator's state")
 
 
 def leftovers(emulator) -> tuple[list, list]:

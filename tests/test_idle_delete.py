@@ -78,6 +78,20 @@ def watchdogs(host_dir: Path) -> list[int]:
     return found
 
 
+def kept(host_dir: Path) -> int:
+    """How often the watchdog kept the node because a request ran past the idle limit (its log)."""
+    try:
+        return (host_dir / idle.LOG).read_text().count("kept: a request has run")
+    except FileNotFoundError:
+        return 0
+
+
+#: host code: wait until the watchdog's log says it kept the node for a running request ``times`` times
+UNTIL_KEPT = ("import os, threading\n"
+              "while not os.path.exists({log!r}) or open({log!r}).read().count('kept: a request has run') < {times}:\n"
+              "    threading.Event().wait(0.01)\n")
+
+
 def kernel_process(sshd, lines: list[str]) -> subprocess.Popen:
     """A kernel in its own process: an IPython shell with tpunb loaded running these cells, then
     waiting for ever; it prints 'cell done' after each cell."""
@@ -218,13 +232,12 @@ def test_killed_kernel_node_is_deleted_on_time(cloud, sshd):
     try:
         assert "READY" in cell_done(kernel)
         wait_for(lambda: any("busy" in line for line in kernel.output), 30, "the long cell to start")
-        started = time.monotonic()
-        wait_for(lambda: time.monotonic() - started > 4.5, 10, "a cell running longer than the idle limit")
+        host_dir = host0_dir(cloud, sshd, "idle-kill")
+        wait_for(lambda: kept(host_dir) == 1, 10, "the watchdog to see the cell run past the idle limit")
         assert "idle-kill" in node_names(cloud)  # a running cell is activity, however long it runs
         node = next(n for n in cloud.nodes() if n["name"].endswith("/idle-kill"))
         assert json.loads(node["metadata"]["tpunb-idle"])["seconds"] == 3
         assert node["metadata"]["startup-script"].startswith("#!/usr/bin/env python3")
-        host_dir = host0_dir(cloud, sshd, "idle-kill")
         wait_for(lambda: watchdogs(host_dir), 10, "the watchdog on host 0")
         assert not watchdogs(Path(sshd.host_environment(node["hosts"][1])["TPUNB_HOST_DIR"]))  # worker 0 only
         killed = kill(kernel)
@@ -272,11 +285,13 @@ def test_activity_postpones_deletion_and_status_shows_the_timer(cloud, sshd, cel
     cell("%tpu_status")
     timer = ip.user_ns["_"]["idle_delete_in"]
     assert len(timer) == 2 and 0 < timer.iloc[0] <= 4
+    log = str(host0_dir(cloud, sshd, "busy") / idle.LOG)
     started = time.monotonic()
-    run = cell("%%on_tpu\nimport time\ntime.sleep(6)\n'slept'")  # longer than the idle limit: busy, not idle
+    # each cell runs until the watchdog has seen it run past the idle limit: busy, not idle
+    run = cell(f"%%on_tpu\n{UNTIL_KEPT.format(log=log, times=1)}'slept'")
     assert run.error is None and "slept" in run.shown
     assert time.monotonic() - started > 4 and "busy" in node_names(cloud)
-    run = cell("%%on_tpu --hosts 1\nimport time\ntime.sleep(2)")  # a cell on another host counts too
+    run = cell(f"%%on_tpu --hosts 1\n{UNTIL_KEPT.format(log=log, times=2)}")  # a cell on another host counts too
     assert run.error is None and "busy" in node_names(cloud)
     ended = time.monotonic()
     cell("%tpu_status")

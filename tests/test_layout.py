@@ -1,5 +1,6 @@
-"""The house keeps its shape: no import circle inside tpunb, few modules at the top level, and
-the modules shipped to hosts import nothing but the standard library and each other."""
+"""The house keeps its shape: no import circle inside tpunb, few modules at the top level, results
+and their rendering never pulled into the engine, and the modules shipped to hosts import nothing
+but the standard library and each other."""
 from __future__ import annotations
 
 import ast
@@ -136,3 +137,90 @@ def test_process_state_is_read_in_one_place():
                if "/stat" in p.read_text() and "/proc" in p.read_text()
                and not (p.parent.name == "host" and p.name in shipped)]
     assert readers == ["host/procs.py"], readers
+
+
+#: the only places a test may pause for a fixed time, and why each is not standing in for a condition
+SLEEP_ALLOWED = {
+    ("conftest.py", "wait_for"): "the poll interval of a wait on a real condition",
+    ("test_emulator.py", "states_until"): "polls fast enough to see every state an operation passes through",
+    ("test_liveness.py", "press"): "the gap between a user's repeated Ctrl-C presses is the behaviour under test",
+}
+
+
+def _pauses(tree: ast.AST) -> list[tuple[str, int]]:
+    """(innermost function, line) of each fixed pause: time.sleep(...), sleep(...), or a wait on a
+    fresh Event."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        elif isinstance(node, ast.Call):
+            func = node.func
+            sleep = (isinstance(func, ast.Attribute) and func.attr == "sleep") or \
+                (isinstance(func, ast.Name) and func.id == "sleep")
+            fresh_event_wait = isinstance(func, ast.Attribute) and func.attr == "wait" and \
+                isinstance(func.value, ast.Call) and ast.unparse(func.value.func).endswith("Event")
+            if sleep or fresh_event_wait:
+                found.append((function, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(tree, "<module>")
+    return found
+
+
+def test_tests_wait_on_conditions_not_on_the_clock():
+    """A sleep in a test body is a guess about timing that a loaded machine proves wrong: wait on the
+    condition itself (conftest.wait_for, an Event, a file). Sleeps inside the cells a test sends to its
+    hosts are workloads, not waits, and are strings here. Allowed: SLEEP_ALLOWED, each with its reason."""
+    tests = Path(__file__).resolve().parent
+    offenders = []
+    for path in sorted(tests.rglob("*.py")):
+        for function, line in _pauses(ast.parse(path.read_text())):
+            if (path.name, function) not in SLEEP_ALLOWED:
+                offenders.append(f"{path.relative_to(tests)}:{line} in {function}")
+    assert not offenders, "fixed pauses in tests (wait on a condition instead): " + ", ".join(offenders)
+    seen = {(p.name, f) for p in tests.rglob("*.py") for f, _ in _pauses(ast.parse(p.read_text()))}
+    assert seen >= set(SLEEP_ALLOWED), f"allow-list entries no longer needed: {set(SLEEP_ALLOWED) - seen}"
+
+
+#: the engine: the session, its parts and the transports under them
+ENGINE = ("tpunb.session", "tpunb.engine", "tpunb.transport")
+#: records and their rendering, which the engine hands results to and must not be pulled into
+RECORDS = ("tpunb.results", "tpunb.display")
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def engine_reached_from_records(edges: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each record module that reaches the engine, with the import path that does it."""
+    found = {}
+    for start in sorted(m for m in edges if _within(m, RECORDS)):
+        paths, queue = {start: [start]}, [start]
+        while queue:
+            node = queue.pop(0)
+            if _within(node, ENGINE):
+                found[start] = paths[node]
+                break
+            for nxt in sorted(edges.get(node, ())):
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    queue.append(nxt)
+    return found
+
+
+def test_records_and_display_never_import_the_engine():
+    reached = engine_reached_from_records(graph())
+    assert not reached, "; ".join(" -> ".join(path) for path in reached.values())
+
+
+def test_the_check_sees_the_engine_reached_through_another_module():
+    edges = {"tpunb.results": {"tpunb.display.hosts"}, "tpunb.display.hosts": {"tpunb.errors"},
+             "tpunb.display.sink": set(), "tpunb.errors": {"tpunb.engine.connection"},
+             "tpunb.engine.connection": {"tpunb.transport.base"}, "tpunb.transport.base": set()}
+    reached = engine_reached_from_records(edges)
+    assert reached == {"tpunb.results": ["tpunb.results", "tpunb.display.hosts", "tpunb.errors", "tpunb.engine.connection"],
+                       "tpunb.display.hosts": ["tpunb.display.hosts", "tpunb.errors", "tpunb.engine.connection"]}

@@ -9,7 +9,7 @@ from tpunb import slices
 from tpunb.display import CellOutput, render_values
 from tpunb.errors import CellInterrupted, ProvisionError, UsageError
 from tpunb.display.hosts import Layout
-from tpunb.session import HostResult
+from tpunb.results import HostResult
 from tests.conftest import interrupt_kernel_when, wait_for
 from tests.emulator_fixture import FAST
 

@@ -11,6 +11,7 @@ import time
 
 
 import tpunb
+from tpunb import slices
 from tpunb.display import ANSI
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
 from tests.conftest import interrupt_kernel_when, wait_for_files
@@ -200,6 +201,19 @@ def test_matplotlib_figure_from_host_zero_renders_inline(make_slice, cell):
     assert len(images) == 1 and images[0]["image/png"][:4] == "iVBO"  # one PNG, from host 0
 
 
+def test_a_figure_that_cannot_be_shown_is_said_once_in_the_cells_output(patient_grouping, make_slice, cell):
+    make_slice(2)
+    run = cell("%%on_tpu\nimport matplotlib\nmatplotlib.use('agg')\nimport matplotlib.pyplot as plt\nfigure = plt.figure()\nplt.plot([1, 2, 3])\n"
+               "def savefig(*args, **kwargs):\n    raise OSError('No space left on device')\n"
+               "figure.savefig = savefig\n'drawn'")
+    assert run.error is None and "Out[0-1]: 'drawn'" in run.shown, run.shown
+    assert run.stderr == ("[0-1] tpunb: the cell ran, but its figures could not be shown: "
+                          "OSError: No space left on device\n"), run.stderr
+    assert not [o for o in run.outputs if "image/png" in o.data]
+    after = cell("%%on_tpu\n1")
+    assert after.error is None and after.stderr == "", after.stderr  # the failed figure is not tried again
+
+
 def test_push_and_pull(make_slice, cell, ip):
     sl = make_slice(2)
     ip.user_ns["weights"] = {"w": [1, 2, 3]}
@@ -216,9 +230,10 @@ def test_push_and_pull(make_slice, cell, ip):
     assert isinstance(missing.error, RemoteError) and "nothing_here" in str(missing.error)
 
 
-def test_host_environment_and_secret_env(make_slice, cell, isolated_home):
-    run = cell("%tpu_launch v4-16 --name envslice --env API_TOKEN=s3cr3t-value")
-    assert run.error is None
+def test_host_environment_and_secret_env(make_slice, cell, isolated_home, request):
+    run = cell(make_slice.line(2, name="envslice") + " --env API_TOKEN=s3cr3t-value")
+    assert run.error is None, run.shown
+    assert slices.registry().get_slice("envslice").backend == request.node.callspec.params["make_slice"]
     values = cell("%%on_tpu\nimport os\n(os.environ['TPUNB_HOST_INDEX'], os.environ['TPUNB_NUM_HOSTS'], "
                   "os.environ['TPUNB_SLICE'], os.environ['API_TOKEN'] == 's3cr3t-value')")
     assert "Out[0]: ('0', '2', 'envslice', True)" in values.shown

@@ -13,7 +13,7 @@ from tpunb import slices
 from tpunb.display import CellOutput, LineSplitter
 from tpunb.errors import RemoteError
 from tpunb.host import protocol
-from tpunb.session import TAIL_CHARS, Tail
+from tpunb.results import TAIL_CHARS, Tail
 from tests.conftest import wait_for, wait_for_files
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import socket
 import stat
@@ -231,8 +232,12 @@ def test_a_dead_sshd_ends_streams_and_reconnect_works_once_it_is_back(sshd, ssh_
     transport.close()
 
 
-def test_parse_host_specs():
-    assert parse_host("h") == (os.environ.get("USER") or parse_host("x")[0], "h", 22)
+def test_parse_host_specs(monkeypatch):
+    monkeypatch.setenv("LOGNAME", "carol")  # the login name, as ssh itself defaults it
+    assert parse_host("h") == ("carol", "h", 22)
+    for var in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(var, raising=False)
+    assert parse_host("h")[0] == pwd.getpwuid(os.getuid()).pw_name  # no variable: the account's name
     assert parse_host("alice@h:2222") == ("alice", "h", 2222)
     assert parse_host("h", user="bob", port=23) == ("bob", "h", 23)
     assert parse_host("[::1]:2200")[1:] == ("::1", 2200)

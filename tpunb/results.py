@@ -1,4 +1,5 @@
-"""The result of running a cell on several hosts: per-host results, and one error for all.
+"""The result of running a cell on several hosts: what each host did (``HostResult``), and all of
+them together with one error for all (``RunResult``).
 
 Like Fabric's GroupResult: a cell can succeed on some hosts and fail on others, so the result
 keeps every host's outcome, and ``raise_for_status`` turns the failures into one exception that
@@ -7,12 +8,87 @@ still carries the successes.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from tpunb.display import ANSI
 from tpunb.display.hosts import HostNames, format_hosts
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
-from tpunb.session import HostResult
+
+#: how much of each host's stdout and stderr a result keeps in memory (the logs keep everything)
+TAIL_CHARS = 1 << 20
+#: how many of a cell's displays a result keeps (the newest)
+KEEP_DISPLAYS = 100
+
+
+class Tail:
+    """The last ``limit`` characters of a stream; adding is O(len(text)), whatever came before."""
+
+    def __init__(self, limit: int = TAIL_CHARS) -> None:
+        self.limit = limit
+        self._chunks: list[str] = []
+        self._size = 0
+        self.total = 0  # characters ever added
+
+    def add(self, text: str) -> None:
+        self._chunks.append(text)
+        self._size += len(text)
+        self.total += len(text)
+        if self._size > 2 * self.limit:
+            self._compact()
+
+    def _compact(self) -> None:
+        joined = "".join(self._chunks)[-self.limit:]
+        self._chunks, self._size = [joined], len(joined)
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.limit
+
+    def __str__(self) -> str:
+        if len(self._chunks) > 1 or self._size > self.limit:
+            self._compact()
+        return self._chunks[0] if self._chunks else ""
+
+
+_NO_TEXT = Tail()  # what a stream that printed nothing reads as (never added to)
+
+
+@dataclass
+class HostResult:
+    """What one host did with one cell. ``stdout``/``stderr`` are the last TAIL_CHARS characters
+    (``stdout_truncated`` says when more came); the host's log file has all of it."""
+
+    host: int
+    status: str = "running"  # ok | error | interrupted | timeout | died | killed | not run
+    value: dict | None = None  # the last expression's mime bundle ({"text/plain": ...})
+    displays: list[dict] = field(default_factory=list)  # the newest KEEP_DISPLAYS
+    error: dict | None = None  # {"ename", "evalue", "traceback": [lines]}
+    seconds: float | None = None
+    detail: str = ""  # why a host died or was killed
+    exit_code: int | None = None  # shell commands (%tpu_run)
+    #: made at a stream's first text: most hosts of most cells print nothing (256 results a cell)
+    tails: dict[str, Tail] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def stdout(self) -> str:
+        return str(self.tails.get("stdout", _NO_TEXT))
+
+    @property
+    def stderr(self) -> str:
+        return str(self.tails.get("stderr", _NO_TEXT))
+
+    @property
+    def stdout_truncated(self) -> bool:
+        return self.tails.get("stdout", _NO_TEXT).truncated
+
+    @property
+    def stderr_truncated(self) -> bool:
+        return self.tails.get("stderr", _NO_TEXT).truncated
 
 
 class RunResult(Mapping):

@@ -15,27 +15,25 @@ a cell or between cells, without waiting for anyone to press interrupt.
 """
 from __future__ import annotations
 
-import collections
 import itertools
-import marshal
 import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 import time
-import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from tpunb.errors import CellInterrupted, HostDiedError, ProtocolError, RemoteError, TransportError, UsageError
-from tpunb.transport.fanin import FanIn, Frames, Stream
-from tpunb.host import protocol
-from tpunb.host.bundle import BOOTSTRAP, agent_bundle
-from tpunb.host.runners import cell_filename, compile_cell
-from tpunb.transport.base import AgentProcess, Transport
+from tpunb.display.sink import OutputSink
+from tpunb.engine.connection import HostConnection
+from tpunb.engine.ctrl_c import CtrlC, Inbox, Wake
+from tpunb.engine.frames import Broadcast, dump_values
+from tpunb.errors import CellInterrupted, HostDiedError, RemoteError, TransportError
+from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
+from tpunb.transport.base import Transport
+from tpunb.transport.fanin import FanIn
 
 #: how often the watch thread looks at every host's last frame
 WATCH_PERIOD = 0.25
@@ -45,9 +43,6 @@ HEARTBEAT_TIMEOUT = 5.0
 BEAT_INTERVAL = 1.0
 #: a further Ctrl-C ends an escalation step once it lasted this long
 PRESS_FLOOR = 1.0
-_CHUNK = 1 << 20  # a large frame is read in pieces, each counting as a sign of life
-#: marshal frames with agents that run this same Python (False: JSON with every host, as with others)
-MARSHAL_FRAMES = True
 
 
 def default_heartbeat_timeout() -> float:
@@ -58,293 +53,16 @@ def default_heartbeat_timeout() -> float:
     return seconds if seconds > 0 else 0.0
 
 
-#: how much of each host's stdout and stderr a result keeps in memory (the logs keep everything)
-TAIL_CHARS = 1 << 20
-#: how many of a cell's displays a result keeps (the newest)
-KEEP_DISPLAYS = 100
+@dataclass(eq=False, slots=True)
+class Request:
+    """One request in flight: where its frames arrive, and what the session makes of them."""
 
-
-class Tail:
-    """The last ``limit`` characters of a stream; adding is O(len(text)), whatever came before."""
-
-    def __init__(self, limit: int = TAIL_CHARS) -> None:
-        self.limit = limit
-        self._chunks: list[str] = []
-        self._size = 0
-        self.total = 0  # characters ever added
-
-    def add(self, text: str) -> None:
-        self._chunks.append(text)
-        self._size += len(text)
-        self.total += len(text)
-        if self._size > 2 * self.limit:
-            self._compact()
-
-    def _compact(self) -> None:
-        joined = "".join(self._chunks)[-self.limit:]
-        self._chunks, self._size = [joined], len(joined)
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > self.limit
-
-    def __str__(self) -> str:
-        if len(self._chunks) > 1 or self._size > self.limit:
-            self._compact()
-        return self._chunks[0] if self._chunks else ""
-
-
-_NO_TEXT = Tail()  # what a stream that printed nothing reads as (never added to)
-
-
-@dataclass
-class HostResult:
-    """What one host did with one cell. ``stdout``/``stderr`` are the last TAIL_CHARS characters
-    (``stdout_truncated`` says when more came); the host's log file has all of it."""
-
-    host: int
-    status: str = "running"  # ok | error | interrupted | timeout | died | killed | not run
-    value: dict | None = None  # the last expression's mime bundle ({"text/plain": ...})
-    displays: list[dict] = field(default_factory=list)  # the newest KEEP_DISPLAYS
-    error: dict | None = None  # {"ename", "evalue", "traceback": [lines]}
-    seconds: float | None = None
-    detail: str = ""  # why a host died or was killed
-    exit_code: int | None = None  # shell commands (%tpu_run)
-    #: made at a stream's first text: most hosts of most cells print nothing (256 results a cell)
-    tails: dict[str, Tail] = field(default_factory=dict, repr=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def stdout(self) -> str:
-        return str(self.tails.get("stdout", _NO_TEXT))
-
-    @property
-    def stderr(self) -> str:
-        return str(self.tails.get("stderr", _NO_TEXT))
-
-    @property
-    def stdout_truncated(self) -> bool:
-        return self.tails.get("stdout", _NO_TEXT).truncated
-
-    @property
-    def stderr_truncated(self) -> bool:
-        return self.tails.get("stderr", _NO_TEXT).truncated
-
-
-class HostConnection:
-    """One host's agent: started once per host session, then reused for every cell."""
-
-    def __init__(self, index: int, transport: Transport, router: Callable[[int, dict, bytes], None],
-                 fanin: FanIn | None = None) -> None:
-        self.index = index
-        self.transport = transport
-        self.router = router
-        #: reads this host's frames with every other host's on one thread, when its stream is an fd
-        self.fanin = fanin
-        self._stream: Stream | None = None
-        self.process: AgentProcess | None = None
-        self.info: dict = {}
-        self.alive = False
-        self.died_reason = ""
-        self.started_at: float | None = None
-        #: when the last bytes of this host arrived (time.monotonic)
-        self.heard_at = time.monotonic()
-        #: why this host was ended while no cell ran (it stopped answering): the next cell says so
-        self.notice: str | None = None
-        #: frames to and from this host are marshal, not JSON: its agent runs this same Python
-        self.fast = False
-        self._handshake: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self._life = threading.Lock()  # launch, close and give_up of this host's agent, one at a time
-
-    def launch(self) -> None:
-        """Start the agent and ship it; the handshake is finished by ``handshake``."""
-        with self._life:
-            self._handshake = queue.Queue()  # a fresh one: the previous agent may have left "died" in it
-            self.transport.connect()  # after a lost connection, the next cell reconnects by itself
-            self.process = process = self.transport.spawn([self.transport.python, "-c", BOOTSTRAP])
-            self.notice = None
-            handshake = self._handshake
-            fd = process.frames_fd() if self.fanin is not None else None
-            if fd is not None:
-                self._stream = self.fanin.add(fd, lambda frames: self._on_frames(handshake, frames),
-                                              lambda reason: self._on_end(process, handshake, reason))
-        process.send(agent_bundle())
-        if fd is None:
-            threading.Thread(target=self._read_loop, args=(process, handshake), daemon=True,
-                             name=f"tpunb-host-{self.index}").start()
-
-    def handshake(self, init: dict, timeout: float) -> None:
-        """Check the protocol version, send the host's settings, wait until it is ready."""
-        hello = self._wait_handshake(timeout, "start")
-        if hello.get("protocol") != protocol.PROTOCOL_VERSION:
-            raise ProtocolError(f"host {self.index} runs agent protocol v{hello.get('protocol')}, "
-                                f"this tpunb speaks v{protocol.PROTOCOL_VERSION}: restart the slice")
-        self.info = dict(hello)
-        self.fast = MARSHAL_FRAMES and hello.get("magic") == protocol.MAGIC
-        self.send({"op": "init", **init, "marshal": self.fast})
-        ready = self._wait_handshake(timeout, "get ready")
-        self.info.update(runner=ready.get("runner"), runner_error=ready.get("runner_error"), inbox=ready.get("inbox"))
-        self.heard_at = time.monotonic()
-        self.alive = True
-        self.started_at = time.time()
-
-    def _wait_handshake(self, timeout: float, what: str) -> dict:
-        try:
-            message = self._handshake.get(timeout=timeout)
-        except queue.Empty:
-            raise TransportError(f"host {self.index} ({self.transport.address}) did not {what} "
-                                 f"within {timeout:.0f} s") from None
-        if message.get("op") == "died":
-            if self.process is None:
-                raise TransportError(f"host {self.index} ({self.transport.address}) was closed while starting")
-            tail = self.process.stderr_tail().strip()
-            raise TransportError(f"host {self.index} ({self.transport.address}) failed to start the agent"
-                                 + (f": {tail.splitlines()[-1]}" if tail else ""))
-        return message
-
-    def send(self, message: dict, blob: bytes = b"") -> None:
-        self.send_frame(protocol.encode(message, blob, self.fast))
-
-    def send_frame(self, data: bytes) -> None:
-        """Send a frame already encoded (one request to many hosts is encoded once)."""
-        process = self.process
-        if process is None:
-            raise TransportError(f"host {self.index} is not running")
-        with self._lock:
-            process.send(data)
-
-    def _read_exact(self, process: AgentProcess, n: int) -> bytes:
-        """``process.recv_exact``, noting every piece that arrives as a sign of life."""
-        if n <= _CHUNK:
-            data = process.recv_exact(n)
-            self.heard_at = time.monotonic()
-            return data
-        pieces = []
-        while n > 0:
-            piece = process.recv_exact(min(n, _CHUNK))
-            self.heard_at = time.monotonic()
-            if not piece:
-                break
-            pieces.append(piece)
-            n -= len(piece)
-        return b"".join(pieces)
-
-    def _read_loop(self, process: AgentProcess, handshake: queue.Queue) -> None:
-        """A thread of this host's own, for streams a selector cannot wait on (paramiko channels)."""
-        reason = ""
-        try:
-            while True:
-                frame = protocol.read_frame(lambda n: self._read_exact(process, n))
-                if frame is None:
-                    break
-                self._deliver(handshake, *frame)
-        except (EOFError, ValueError, TransportError, OSError) as exc:
-            reason = f"broken stream: {exc}"
-        self._ended(process, handshake, reason)
-
-    def _deliver(self, handshake: queue.Queue, message: dict, blob: bytes) -> None:
-        op = message.get("op")
-        if op == "beat":
-            return
-        if op in ("hello", "ready"):
-            handshake.put(message)
-        else:
-            self.router(self.index, message, blob)
-
-    def _on_frames(self, handshake: queue.Queue, frames: Frames) -> None:
-        """From the session's FanIn thread: bytes arrived (a sign of life), maybe completing frames."""
-        self.heard_at = time.monotonic()
-        for message, blob in frames:
-            self._deliver(handshake, message, blob)
-
-    def _on_end(self, process: AgentProcess, handshake: queue.Queue, reason: str) -> None:
-        """From the FanIn thread: telling why a host died may wait for its exit status, which
-        must not hold up every other host's frames."""
-        threading.Thread(target=self._ended, args=(process, handshake, reason), daemon=True,
-                         name=f"tpunb-host-{self.index}-end").start()
-
-    def _ended(self, process: AgentProcess, handshake: queue.Queue, reason: str) -> None:
-        handshake.put({"op": "died"})
-        if process is not self.process:
-            return  # an old agent that was replaced or closed on purpose
-        reason = reason or describe_exit(process)
-        if process is not self.process:
-            return
-        self.died_reason = reason  # before it is seen dead: a cell that finds it so tells why
-        self.alive = False
-        self.router(self.index, {"op": "died", "id": None, "reason": self.died_reason}, b"")
-
-    def _stop_reading(self) -> None:
-        """Before the process's streams are closed (their fd numbers may be reused at once)."""
-        stream, self._stream = self._stream, None
-        if stream is not None and self.fanin.remove(stream):
-            self._handshake.put({"op": "died"})  # a start waiting on it ends now
-
-    def has_unread(self) -> bool:
-        """It spoke and this kernel has not read it yet (see ``AgentProcess.has_unread``)."""
-        process = self.process
-        return process is not None and process.has_unread()
-
-    def signal(self, sig: int) -> None:
-        pgid, process = self.info.get("pgid"), self.process
-        if process is not None and pgid:
-            process.signal_group(pgid, sig)
-
-    def give_up(self, reason: str, notice: bool = False) -> bool:
-        """End this host's agent for good without waiting on it (it stopped answering); False if
-        it was not running. ``notice``: no cell saw it happen, so the next one says so."""
-        with self._life:
-            process, self.process = self.process, None
-            if process is None:
-                return False
-            self.died_reason = reason  # before it is seen dead: whoever sees that can tell why
-            if notice:
-                self.notice = reason
-            self.alive = False
-            self._stop_reading()
-        process.abandon(self.info.get("pgid"))
-        return True
-
-    def close(self) -> None:
-        with self._life:
-            process, self.process = self.process, None
-            self.alive = False
-            self._stop_reading()
-        if process is not None:
-            process.close()
-
-
-def describe_exit(process: AgentProcess, wait: float = 0.5) -> str:
-    """'killed by SIGKILL', 'exited with status 1', ... for messages about dead hosts."""
-    deadline = time.monotonic() + wait
-    status = process.exit_status()
-    while status is None and time.monotonic() < deadline:
-        time.sleep(0.01)  # the exit status lags the end of stream by microseconds
-        status = process.exit_status()
-    if status is None:
-        return "its connection closed"
-    if status < 0:
-        try:
-            return f"killed by {signal.Signals(-status).name}"
-        except ValueError:
-            return f"killed by signal {-status}"
-    tail = process.stderr_tail().strip()
-    return f"exited with status {status}" + (f" ({tail.splitlines()[-1]})" if tail else "")
-
-
-class OutputSink:
-    """Receives a cell's output as it arrives; display.CellOutput renders it for notebooks."""
-
-    def stream(self, host: int, name: str, text: str) -> None: ...
-    def display(self, host: int, data: dict, metadata: dict) -> None: ...
-    def event(self, host: int, message: dict) -> None: ...
-    def tick(self) -> None: ...
-    def host_done(self, host: int) -> None: ...
-    def finish(self) -> None: ...
+    rid: int
+    inbox: Inbox
+    ctrl_c: CtrlC | None = None
+    sink: OutputSink = field(default_factory=OutputSink)
+    results: dict[int, HostResult] = field(default_factory=dict)  # a cell's, per host
+    pending: set[int] = field(default_factory=set)  # hosts it still waits on
 
 
 class Session:
@@ -369,10 +87,12 @@ class Session:
         self.fanin = FanIn()
         self.hosts = [HostConnection(i, t, self._route, self.fanin) for i, t in enumerate(transports)]
         self._ids = itertools.count(1)
-        self._waiters: dict[int, queue.Queue] = {}
+        self._waiters: dict[int, Inbox] = {}  # request id -> where its frames go
         self._waiters_lock = threading.Lock()
         self.backlog: queue.Queue = queue.Queue()  # frames outside any request (stray output)
         self.jax_started = False
+        #: (host, error) of hosts that failed to join JAX when another host started it, not yet said
+        self.jax_failures: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
         self._cells = itertools.count(1)  # one number per cell, the same on every host
         self.colors: str | None = None  # the traceback colour scheme hosts use (the kernel's)
         self.on_metrics: Callable[[int, dict], None] | None = None  # (host, metrics frame)
@@ -480,18 +200,33 @@ class Session:
             host.notice = None
         return notices
 
+    def take_jax_failures(self) -> dict[int, str]:
+        """Hosts that failed to join JAX in the background, with why; each is told once."""
+        failures = {}
+        while True:
+            try:
+                index, error = self.jax_failures.get_nowait()
+            except queue.Empty:
+                return failures
+            failures[index] = error
+
     def dead_hosts(self) -> list[int]:
         return [h.index for h in self.hosts if not h.alive]
 
     # -- routing ------------------------------------------------------------------------------
     def _route(self, index: int, message: dict, blob: bytes) -> None:
-        if message.get("op") == "metrics":  # samples belong to no request: straight to the slice's store
+        op = message.get("op")
+        if op == "metrics":  # samples belong to no request: straight to the slice's store
             if self.on_metrics is not None:
                 self.on_metrics(index, message)
             return
-        if message.get("op") == "event" and message.get("kind") == "jax_starting":
-            self._start_jax_everywhere(index)
-        if message.get("op") == "died":
+        if op == "event":
+            kind = message.get("kind")
+            if kind == "jax_starting":
+                self._start_jax_everywhere(index)
+            elif kind == "jax_failed" and message.get("background"):  # no cell of that host shows it
+                self.jax_failures.put((index, message.get("error") or "no reason given"))
+        if op == "died":
             with self._waiters_lock:
                 waiters = list(self._waiters.values())
             for waiter in waiters:
@@ -511,14 +246,15 @@ class Session:
                 try:
                     host.send({"op": "start_jax"})
                 except TransportError:
-                    pass
+                    pass  # its connection is gone: its death reaches the session, which says it
 
-    def _request(self) -> tuple[int, "Inbox"]:
-        rid = next(self._ids)
-        waiter = Inbox()
+    def _request(self, ctrl_c: CtrlC | None = None, sink: OutputSink | None = None,
+                 results: dict[int, HostResult] | None = None) -> Request:
+        """A new request whose frames are routed to its inbox until ``_forget``."""
+        request = Request(next(self._ids), Inbox(), ctrl_c, sink or OutputSink(), results if results is not None else {})
         with self._waiters_lock:
-            self._waiters[rid] = waiter
-        return rid, waiter
+            self._waiters[request.rid] = request.inbox
+        return request
 
     def _forget(self, rid: int) -> None:
         with self._waiters_lock:
@@ -533,21 +269,20 @@ class Session:
         interrupted; timeouts and dead hosts are reported in the results. ``count`` names the
         cell on every host alike (the notebook's cell number; by default the session's own).
         """
-        sink = sink or OutputSink()
         results = {i: HostResult(i) for i in indices}
-        rid, waiter = self._request()
-        pending = set()
-        request = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code, "count": count or next(self._cells),
+        message = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code, "count": count or next(self._cells),
                                                                     "colors": self.colors}
         stopped = ""
         with CtrlC() as ctrl_c:
+            request = self._request(ctrl_c, sink, results)
+            rid, pending = request.rid, request.pending
             try:
-                frames = Broadcast({**request, "id": rid})  # encoded once per kind of host, whatever their number
+                frames = Broadcast({**message, "id": rid})  # encoded once per kind of host, whatever their number
                 for i in indices:
                     host = self.hosts[i]
                     if not host.alive:  # it died after the revive looked, its "died" routed before this
                         pending.add(i)  # request waited: this cell reports it and stops the others
-                        waiter.put((i, {"op": "died", "id": rid, "reason": host.died_reason or "its agent ended"}, b""))
+                        request.inbox.put((i, {"op": "died", "id": rid, "reason": host.died_reason or "its agent ended"}, b""))
                         continue
                     try:
                         host.send_frame(frames.for_host(host))
@@ -556,7 +291,7 @@ class Session:
                         results[i].status, results[i].detail = "died", str(exc)
                 deadline = time.monotonic() + timeout if timeout else None
                 try:
-                    self._collect(rid, waiter, pending, results, sink, deadline, ctrl_c)
+                    self._collect(request, deadline)
                 except _Deadline:
                     stopped = "timeout"
                 except _HostDied:
@@ -564,19 +299,19 @@ class Session:
                 except (_Interrupt, KeyboardInterrupt):
                     stopped = "interrupted"
                 if stopped:
-                    self._stop(rid, waiter, pending, results, sink, stopped, ctrl_c)
+                    self._stop(request, stopped)
             finally:
                 self._forget(rid)
         if stopped == "interrupted":
             raise CellInterrupted("the cell was interrupted on every host", results)
         return results
 
-    def _collect(self, rid, waiter, pending, results, sink, deadline, ctrl_c: CtrlC | None = None,
-                 until: int = 1, stop_on_death=True) -> None:
+    def _collect(self, request: Request, deadline: float | None, until: int = 1, stop_on_death: bool = True) -> None:
         """Apply frames until no host is pending; raises _Deadline, _HostDied or _Interrupt (once
         Ctrl-C was pressed ``until`` times in this cell) to stop early; a press that only ends a
         wait (``until`` > 1) does so after PRESS_FLOOR seconds of it, so hosts that stop when asked
         are not killed by a burst of presses. The sink ticks every 0.1 s, however busy the hosts."""
+        inbox, ctrl_c, pending, results, sink = request.inbox, request.ctrl_c, request.pending, request.results, request.sink
         ticked = began = time.monotonic()
         while pending:
             if ctrl_c is not None and ctrl_c.presses >= until and (until == 1 or time.monotonic() - began >= PRESS_FLOOR):
@@ -584,8 +319,8 @@ class Session:
             now = time.monotonic()
             wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
             try:
-                index, message, blob = waiter.get(wait, ctrl_c)
-            except (queue.Empty, _Wake):
+                index, message, blob = inbox.get(wait, ctrl_c)
+            except (queue.Empty, Wake):
                 index = None
             now = time.monotonic()
             if index is None or now - ticked >= 0.1:
@@ -635,10 +370,11 @@ class Session:
             pending.discard(index)
             sink.host_done(index)
 
-    def _stop(self, rid, waiter, pending, results, sink, why: str, ctrl_c: CtrlC) -> None:
+    def _stop(self, request: Request, why: str) -> None:
         """Interrupt the hosts still running, then escalate on those that do not stop. Each further
         Ctrl-C ends the current wait: interrupt, SIGTERM, SIGKILL, give up."""
-        frames = Broadcast({"op": "interrupt", "id": rid})
+        pending, results = request.pending, request.results
+        frames = Broadcast({"op": "interrupt", "id": request.rid})
         for i in list(pending):
             try:
                 self.hosts[i].send_frame(frames.for_host(self.hosts[i]))
@@ -646,31 +382,31 @@ class Session:
                 pass
         marked = set(pending)
         presses = 1 if why == "interrupted" else 0  # the press that stopped the cell
-        if not self._wait(rid, waiter, pending, results, sink, self.interrupt_grace, ctrl_c, presses + 1):
-            self._escalate(rid, waiter, pending, results, sink, ctrl_c, presses + 2)
+        if not self._wait(request, self.interrupt_grace, presses + 1):
+            self._escalate(request, presses + 2)
         for i in marked:
             if results[i].status == "interrupted" and why == "timeout":
                 results[i].status = "timeout"
 
-    def _wait(self, rid, waiter, pending, results, sink, seconds: float, ctrl_c: CtrlC, until: int) -> bool:
+    def _wait(self, request: Request, seconds: float, until: int) -> bool:
         """Collect for up to ``seconds``; False if hosts are still pending (or Ctrl-C was pressed
         ``until`` times)."""
         try:
-            self._collect(rid, waiter, pending, results, sink, time.monotonic() + seconds, ctrl_c, until,
-                          stop_on_death=False)
+            self._collect(request, time.monotonic() + seconds, until, stop_on_death=False)
         except (_Deadline, _Interrupt, KeyboardInterrupt):
             return False
-        return not pending
+        return not request.pending
 
-    def _escalate(self, rid, waiter, pending, results, sink, ctrl_c: CtrlC, until: int) -> None:
+    def _escalate(self, request: Request, until: int) -> None:
         """SIGTERM, then SIGKILL, sent to every stuck host at once (a kill over a frozen connection
         takes seconds); hosts still pending after that are given up without waiting on them."""
+        pending, results = request.pending, request.results
         stuck = sorted(pending)
         for step, sig in enumerate((signal.SIGTERM, signal.SIGKILL)):
             for i in sorted(pending):
                 threading.Thread(target=self.hosts[i].signal, args=(sig,), daemon=True,
                                  name=f"tpunb-signal-{i}").start()
-            if self._wait(rid, waiter, pending, results, sink, self.term_grace, ctrl_c, until + step):
+            if self._wait(request, self.term_grace, until + step):
                 break
         for i in stuck:
             results[i].status = "killed"
@@ -678,23 +414,23 @@ class Session:
         for i in sorted(pending):  # unreachable even by SIGKILL (frozen, or its connection): give it up
             self.hosts[i].give_up("did not stop when interrupted and was killed")
             pending.discard(i)
-            sink.host_done(i)
+            request.sink.host_done(i)
 
     # -- data ---------------------------------------------------------------------------------
     def call(self, indices: list[int], message: dict, blob: bytes = b"", timeout: float = 60.0) -> dict[int, tuple[dict, bytes]]:
         """A short request to several hosts; raises TransportError naming hosts that failed."""
-        rid, waiter = self._request()
-        replies: dict[int, tuple[dict, bytes]] = {}
         with CtrlC() as ctrl_c:
+            request = self._request(ctrl_c)
             try:
-                self._call(rid, waiter, indices, message, blob, timeout, replies, ctrl_c)
+                return self._call(request, indices, message, blob, timeout)
             finally:
-                self._forget(rid)
-        return replies
+                self._forget(request.rid)
 
-    def _call(self, rid, waiter, indices, message, blob, timeout, replies, ctrl_c: CtrlC) -> None:
-        pending = set()
-        frames = Broadcast({**message, "id": rid}, blob)  # a pushed value is pickled once
+    def _call(self, request: Request, indices: list[int], message: dict, blob: bytes,
+              timeout: float) -> dict[int, tuple[dict, bytes]]:
+        inbox, ctrl_c, pending = request.inbox, request.ctrl_c, request.pending
+        replies: dict[int, tuple[dict, bytes]] = {}
+        frames = Broadcast({**message, "id": request.rid}, blob)  # a pushed value is pickled once
         for i in indices:  # a host that died before this request waited: its "died" went to no one
             if not self.hosts[i].alive:
                 raise HostDiedError(f"host {i} died ({self.hosts[i].died_reason or 'its agent ended'})")
@@ -706,8 +442,8 @@ class Session:
             if ctrl_c.presses:
                 raise CellInterrupted(f"interrupted while hosts {sorted(pending)} were answering {message['op']}")
             try:
-                index, reply, data = waiter.get(max(0.0, min(0.1, deadline - time.monotonic())), ctrl_c)
-            except _Wake:
+                index, reply, data = inbox.get(max(0.0, min(0.1, deadline - time.monotonic())), ctrl_c)
+            except Wake:
                 continue
             except queue.Empty:
                 if time.monotonic() < deadline:
@@ -720,9 +456,10 @@ class Session:
             if reply.get("op") == "done" and index in pending:
                 replies[index] = (reply, data)
                 pending.discard(index)
+        return replies
 
     def push(self, values: dict[str, Any], indices: list[int]) -> None:
-        blob = _dumps(values)
+        blob = dump_values(values)
         replies = self.call(indices, {"op": "push"}, blob)
         failed = {i: r["error"] for i, (r, _) in replies.items() if r.get("status") != "ok"}
         if failed:
@@ -739,124 +476,6 @@ class Session:
         if failed:
             raise RemoteError("; ".join(f"host {i}: {e}" for i, e in failed.items()))
         return out
-
-
-def _dumps(values: dict) -> bytes:
-    """cloudpickle when present (lambdas, notebook classes), else pickle; a value that cannot be
-    sent is named in a one-line UsageError (which variable, and why)."""
-    try:
-        import cloudpickle
-        dumps = cloudpickle.dumps
-    except ImportError:
-        dumps = pickle.dumps
-    try:
-        return dumps(values, protocol=4)
-    except Exception:
-        for name, value in values.items():
-            try:
-                dumps(value, protocol=4)
-            except Exception as exc:
-                raise UsageError(f"cannot send {name} to the hosts: {type(exc).__name__}: {exc} "
-                                 "(send what it is made from, and rebuild it there)") from None
-        raise
-
-
-class Broadcast:
-    """One request for many hosts, encoded once for each kind of host: JSON, marshal, and for
-    hosts that run cells with plain ``exec`` in this same Python, marshal with the cell compiled
-    here (once for the slice, where every host would compile it again)."""
-
-    def __init__(self, message: dict, blob: bytes = b"") -> None:
-        self.message, self.blob = message, blob
-        self._frames: dict[tuple[bool, bool], bytes] = {}
-        self._compiled: bytes | None = None
-
-    def for_host(self, host: "HostConnection") -> bytes:
-        precompile = (host.fast and self.message.get("op") == "exec" and host.info.get("runner") == "plain"
-                      and host.info.get("optimize") == sys.flags.optimize)  # -O strips asserts when compiling
-        key = (host.fast, precompile)
-        frame = self._frames.get(key)
-        if frame is None:
-            compiled = self._compile() if precompile else b""
-            message = {**self.message, "compiled": True} if compiled else self.message
-            frame = self._frames[key] = protocol.encode(message, compiled or self.blob, host.fast)
-        return frame
-
-    def _compile(self) -> bytes:
-        """The cell compiled as a plain host would (b"" if it does not compile: the hosts report that)."""
-        if self._compiled is None:
-            self._compiled = b""
-            count = self.message.get("count")
-            if count is not None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("error")  # a cell that warns is compiled where the warning shows
-                    try:
-                        self._compiled = marshal.dumps(compile_cell(self.message["code"], cell_filename(count)))
-                    except (SyntaxError, Warning, ValueError, OverflowError, RecursionError, MemoryError):
-                        pass
-        return self._compiled
-
-
-class Inbox:
-    """The frames of one request: reader threads ``put``, the request's thread ``get``s.
-
-    The wait is on a C-level queue of tokens, never on the frames themselves, so a Ctrl-C may end
-    a wait at once (CtrlC raises _Wake inside it) without ever losing a frame."""
-
-    def __init__(self) -> None:
-        self._items: collections.deque = collections.deque()
-        self._bell: queue.SimpleQueue = queue.SimpleQueue()
-
-    def put(self, item) -> None:
-        ring = not self._items
-        self._items.append(item)
-        if ring:
-            self._bell.put(None)
-
-    def get(self, timeout: float, ctrl_c: "CtrlC | None" = None):
-        """The next frame, waiting up to ``timeout``; queue.Empty if none came."""
-        if not self._items:
-            if ctrl_c is not None:
-                ctrl_c.waiting = True
-            try:
-                self._bell.get(timeout=timeout)
-            except queue.Empty:
-                pass
-            finally:
-                if ctrl_c is not None:
-                    ctrl_c.waiting = False
-        try:
-            return self._items.popleft()
-        except IndexError:
-            raise queue.Empty from None
-
-
-class CtrlC:
-    """Ctrl-C during a cell, counted instead of raised (on the main thread, while Python's own
-    handler is in place): a KeyboardInterrupt inside tpunb's or paramiko's code could leave a
-    half-sent frame and a raw traceback. A press during an Inbox wait ends that wait at once
-    (_Wake, raised only there); the session looks at ``presses`` after every wait."""
-
-    def __init__(self) -> None:
-        self.presses = 0
-        self.waiting = False
-        self._previous = None
-
-    def __enter__(self) -> "CtrlC":
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._press)
-        return self
-
-    def _press(self, signum, frame) -> None:
-        self.presses += 1
-        if self.waiting:
-            self.waiting = False
-            raise _Wake()
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
 
 
 def _watch(session_ref: "weakref.ref[Session]", stop: threading.Event) -> None:
@@ -887,5 +506,3 @@ class _Interrupt(Exception):
     pass
 
 
-class _Wake(Exception):
-    """Ends an Inbox wait on Ctrl-C; never leaves the session."""

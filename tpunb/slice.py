@@ -13,13 +13,13 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb import catalog, diagnose, report
-from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, kernel_cell_number, kernel_colors
+from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, OutputSink, kernel_cell_number, kernel_colors
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
 from tpunb.display.hosts import Layout
 from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
-from tpunb.session import OutputSink, Session
+from tpunb.session import Session
 from tpunb.status import HostRow
 from tpunb.transport.base import Transport
 
@@ -195,7 +195,13 @@ class Slice:
         fails this call once, naming it; the next call restarts it.
         """
         with self._revive_lock:
-            return self._revive()
+            try:
+                return self._revive()
+            except TransportError:
+                if not self.session.closed:
+                    raise
+                raise NoSliceError(f"slice {self.name!r} was deleted while its hosts were restarting: "
+                                   f"launch a new one with %tpu_launch {self.launch_line}") from None
 
     def _revive(self) -> list[int]:
         self._check_not_deleted()
@@ -272,6 +278,7 @@ class Slice:
             raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
         self.revive()
         self._show_backlog()
+        self._say_jax_failures()
         if sink is None:
             sink = (CellOutput(indices, self.num_hosts, output, self.logs, names=self.layout.names) if output
                     else _LogOnly(self.logs))
@@ -282,6 +289,7 @@ class Slice:
             results = self.session.execute(code, indices, timeout, sink, shell=shell, count=kernel_cell_number())
         except CellInterrupted as exc:
             sink.finish()
+            self._say_jax_failures()
             result = self.last_result = RunResult(exc.results, names=self.layout.names)
             stopped = result.hosts_with("interrupted")
             message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {self.layout.names(stopped)}; "
@@ -292,6 +300,7 @@ class Slice:
         finally:
             self._idle_mark(False, tell_host=True)
         sink.finish()
+        self._say_jax_failures()
         self.last_result = RunResult(results, timeout, names=self.layout.names)
         if self.last_result.hosts_with("died"):
             note = self.node.explain_deaths()  # e.g. the cloud says the node was preempted
@@ -314,6 +323,15 @@ class Slice:
                 shown, hidden = shown + min(room, len(lines)), hidden + max(0, len(lines) - room)
         if hidden:
             sys.stdout.write(f"[tpunb] {hidden:,} more lines printed between cells are in {self.logs.directory}/host-N.log\n")
+
+    def _say_jax_failures(self) -> None:
+        """Hosts that failed to join JAX when another host started it (no cell of theirs shows it)."""
+        for host, error in sorted(self.session.take_jax_failures().items()):
+            name = self.layout.name(host)
+            reason = (error.strip().splitlines() or ["no reason given"])[0][:300]
+            report.warn(f"[tpunb] host {name} could not start JAX when another host did ({reason}): JAX collectives "
+                        f"over the slice will wait for it; fix the cause, then run exit() on it (%%on_tpu --hosts "
+                        f"{name}) to restart the slice's hosts")
 
     def run_shell(self, command: str, hosts: str | list[int] | None = None, timeout: float | None = None,
                   output: str | None = "grouped") -> RunResult:

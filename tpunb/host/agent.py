@@ -238,9 +238,10 @@ class Agent:
             os._exit(0)
 
     # -- requests -------------------------------------------------------------------------
-    def _as_user_code(self, message: dict, work, after=None) -> None:
+    def _as_user_code(self, message: dict, work, figures: bool = False) -> None:
         """Run ``work()`` as the request ``message`` names: interruptible, its output tagged with the
-        request, then one ``done`` frame carrying what ``work`` returned (or 'interrupted')."""
+        request, then (``figures``) its unshown matplotlib figures, then one ``done`` frame carrying
+        what ``work`` returned (or 'interrupted')."""
         if self.flusher.flush_before_cell():  # what background threads printed since the last cell: not this cell's
             self.pump.drain()
         self.current = self.pump.cell_id = message["id"]
@@ -257,11 +258,12 @@ class Agent:
         finally:
             self.in_user_code = False
             self.inbox.cell_ended()
-        if after is not None:
+        if figures:
             try:
-                after()
-            except Exception:
-                pass
+                flush_figures(self)
+            except Exception as exc:  # the cell ran: it stays ok, and its output says what was not shown
+                print(f"tpunb: the cell ran, but its figures could not be shown: {type(exc).__name__}: "
+                      f"{(str(exc).strip().splitlines() or [''])[0]}", file=sys.stderr, flush=True)
         self.pump.drain()
         if self.sampler is not None:  # the cell's tpunb.log values reach the kernel before its done
             self.sampler.send_logged()
@@ -273,7 +275,7 @@ class Agent:
         self._as_user_code(message, lambda: {"status": self.runner.run(message["code"], message.get("count"),
                                                                            message.get("colors"),
                                                                            blob if message.get("compiled") else b"")},
-                           after=lambda: flush_figures(self))
+                           figures=True)
 
     def op_shell(self, message: dict, blob: bytes) -> None:
         """A shell command with the host's environment; output streams, the exit code comes back."""

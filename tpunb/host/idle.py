@@ -223,7 +223,7 @@ def watch() -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another watchdog runs
-    busy_seen, retry = 0.0, RETRY[0]
+    busy_seen, retry, kept = 0.0, RETRY[0], None
     while True:
         state = read_state()
         seconds = float((state or {}).get("seconds") or 0)
@@ -231,8 +231,12 @@ def watch() -> int:
             log("disarmed: watchdog exits")
             return 0
         now = time.time()
-        _, busy = last_activity()
+        mark = last_activity()
+        busy = mark[1]
         if busy is not None and _alive(busy):
+            if mark != kept and seconds_left(state, now, busy_seen) <= 0:  # once per request: why it stays
+                log(f"kept: a request has run {seconds:g} s or more (agent pid {busy}); the idle time starts at its end")
+                kept = mark
             busy_seen = now  # a request runs: that is activity for as long as it lasts
         left = seconds_left(state, now, busy_seen)
         if left <= 0:

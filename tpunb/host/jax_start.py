@@ -114,8 +114,9 @@ class JaxStarter(importlib.abc.MetaPathFinder):
                 import jax  # the import hook joins jax.distributed
 
                 jax.devices()  # and the backend: hosts exchange their topologies when it starts
-            except Exception:
-                pass
+            except Exception as exc:  # no cell of this host shows it: the kernel says it once
+                self.state = f"failed: {exc}"
+                self.agent.send_event("jax_failed", error=f"{type(exc).__name__}: {exc}", background=True)
 
         quiet_thread(importer, "tpunb-jax-start")
 

@@ -312,10 +312,12 @@ def flush_figures(agent) -> None:
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is None:
         return
-    for number in pyplot.get_fignums():
-        figure = pyplot.figure(number)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", bbox_inches="tight")
-        agent.send_display({"image/png": base64.b64encode(buffer.getvalue()).decode(),
-                            "text/plain": repr(figure)}, {}, {}, False)
-    pyplot.close("all")
+    try:
+        for number in pyplot.get_fignums():
+            figure = pyplot.figure(number)
+            buffer = io.BytesIO()
+            figure.savefig(buffer, format="png", bbox_inches="tight")
+            agent.send_display({"image/png": base64.b64encode(buffer.getvalue()).decode(),
+                                "text/plain": repr(figure)}, {}, {}, False)
+    finally:
+        pyplot.close("all")  # shown or failed, once: the next cell does not try them again

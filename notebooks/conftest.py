@@ -1,0 +1,19 @@
+"""nbval's kernels group host output patiently ($TPUNB_GROUP_WAIT, as tests' patient_grouping does):
+stored outputs of %%on_tpu cells are compared, and on a loaded machine hosts can print the same line
+more than the usual 0.25 s apart. Set for the notebooks only: nbval starts a notebook's kernel in its
+first cell's setup, and the kernel keeps the environment it started with."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    os.environ["TPUNB_GROUP_WAIT"] = "60"
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is None or nextitem.path.suffix != ".ipynb":
+        os.environ.pop("TPUNB_GROUP_WAIT", None)

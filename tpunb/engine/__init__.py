@@ -1,0 +1,3 @@
+"""The kernel's side of the hosts' agents, by job: the connection to one host (``connection``),
+frames encoded for many (``frames``), Ctrl-C and a request's inbox (``ctrl_c``). ``tpunb.session``
+fans requests out over them."""

@@ -1,0 +1,225 @@
+"""One host's agent seen from the kernel: start it, ship it, hand its frames to the session.
+
+Frames of hosts whose stream is a file descriptor are read by the session's FanIn thread (one for
+every local host); the others (paramiko channels) get a reader thread of their own. Every byte
+that arrives counts as a sign of life for the session's liveness watch.
+"""
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+from typing import Callable
+
+from tpunb.errors import ProtocolError, TransportError
+from tpunb.host import protocol
+from tpunb.host.bundle import BOOTSTRAP, agent_bundle
+from tpunb.transport.base import AgentProcess, Transport
+from tpunb.transport.fanin import FanIn, Frames, Stream
+
+_CHUNK = 1 << 20  # a large frame is read in pieces, each counting as a sign of life
+#: marshal frames with agents that run this same Python (False: JSON with every host, as with others)
+MARSHAL_FRAMES = True
+
+
+class HostConnection:
+    """One host's agent: started once per host session, then reused for every cell."""
+
+    def __init__(self, index: int, transport: Transport, router: Callable[[int, dict, bytes], None],
+                 fanin: FanIn | None = None) -> None:
+        self.index = index
+        self.transport = transport
+        self.router = router
+        #: reads this host's frames with every other host's on one thread, when its stream is an fd
+        self.fanin = fanin
+        self._stream: Stream | None = None
+        self.process: AgentProcess | None = None
+        self.info: dict = {}
+        self.alive = False
+        self.died_reason = ""
+        self.started_at: float | None = None
+        #: when the last bytes of this host arrived (time.monotonic)
+        self.heard_at = time.monotonic()
+        #: why this host was ended while no cell ran (it stopped answering): the next cell says so
+        self.notice: str | None = None
+        #: frames to and from this host are marshal, not JSON: its agent runs this same Python
+        self.fast = False
+        self._handshake: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._life = threading.Lock()  # launch, close and give_up of this host's agent, one at a time
+
+    def launch(self) -> None:
+        """Start the agent and ship it; the handshake is finished by ``handshake``."""
+        with self._life:
+            self._handshake = queue.Queue()  # a fresh one: the previous agent may have left "died" in it
+            self.transport.connect()  # after a lost connection, the next cell reconnects by itself
+            self.process = process = self.transport.spawn([self.transport.python, "-c", BOOTSTRAP])
+            self.notice = None
+            handshake = self._handshake
+            fd = process.frames_fd() if self.fanin is not None else None
+            if fd is not None:
+                self._stream = self.fanin.add(fd, lambda frames: self._on_frames(handshake, frames),
+                                              lambda reason: self._on_end(process, handshake, reason))
+        process.send(agent_bundle())
+        if fd is None:
+            threading.Thread(target=self._read_loop, args=(process, handshake), daemon=True,
+                             name=f"tpunb-host-{self.index}").start()
+
+    def handshake(self, init: dict, timeout: float) -> None:
+        """Check the protocol version, send the host's settings, wait until it is ready."""
+        hello = self._wait_handshake(timeout, "start")
+        if hello.get("protocol") != protocol.PROTOCOL_VERSION:
+            raise ProtocolError(f"host {self.index} runs agent protocol v{hello.get('protocol')}, "
+                                f"this tpunb speaks v{protocol.PROTOCOL_VERSION}: restart the slice")
+        self.info = dict(hello)
+        self.fast = MARSHAL_FRAMES and hello.get("magic") == protocol.MAGIC
+        self.send({"op": "init", **init, "marshal": self.fast})
+        ready = self._wait_handshake(timeout, "get ready")
+        self.info.update(runner=ready.get("runner"), runner_error=ready.get("runner_error"), inbox=ready.get("inbox"))
+        self.heard_at = time.monotonic()
+        self.alive = True
+        self.started_at = time.time()
+
+    def _wait_handshake(self, timeout: float, what: str) -> dict:
+        try:
+            message = self._handshake.get(timeout=timeout)
+        except queue.Empty:
+            raise TransportError(f"host {self.index} ({self.transport.address}) did not {what} "
+                                 f"within {timeout:.0f} s") from None
+        if message.get("op") == "died":
+            if self.process is None:
+                raise TransportError(f"host {self.index} ({self.transport.address}) was closed while starting")
+            tail = self.process.stderr_tail().strip()
+            raise TransportError(f"host {self.index} ({self.transport.address}) failed to start the agent"
+                                 + (f": {tail.splitlines()[-1]}" if tail else ""))
+        return message
+
+    def send(self, message: dict, blob: bytes = b"") -> None:
+        self.send_frame(protocol.encode(message, blob, self.fast))
+
+    def send_frame(self, data: bytes) -> None:
+        """Send a frame already encoded (one request to many hosts is encoded once)."""
+        process = self.process
+        if process is None:
+            raise TransportError(f"host {self.index} is not running")
+        with self._lock:
+            process.send(data)
+
+    def _read_exact(self, process: AgentProcess, n: int) -> bytes:
+        """``process.recv_exact``, noting every piece that arrives as a sign of life."""
+        if n <= _CHUNK:
+            data = process.recv_exact(n)
+            self.heard_at = time.monotonic()
+            return data
+        pieces = []
+        while n > 0:
+            piece = process.recv_exact(min(n, _CHUNK))
+            self.heard_at = time.monotonic()
+            if not piece:
+                break
+            pieces.append(piece)
+            n -= len(piece)
+        return b"".join(pieces)
+
+    def _read_loop(self, process: AgentProcess, handshake: queue.Queue) -> None:
+        """A thread of this host's own, for streams a selector cannot wait on (paramiko channels)."""
+        reason = ""
+        try:
+            while True:
+                frame = protocol.read_frame(lambda n: self._read_exact(process, n))
+                if frame is None:
+                    break
+                self._deliver(handshake, *frame)
+        except (EOFError, ValueError, TransportError, OSError) as exc:
+            reason = f"broken stream: {exc}"
+        self._ended(process, handshake, reason)
+
+    def _deliver(self, handshake: queue.Queue, message: dict, blob: bytes) -> None:
+        op = message.get("op")
+        if op == "beat":
+            return
+        if op in ("hello", "ready"):
+            handshake.put(message)
+        else:
+            self.router(self.index, message, blob)
+
+    def _on_frames(self, handshake: queue.Queue, frames: Frames) -> None:
+        """From the session's FanIn thread: bytes arrived (a sign of life), maybe completing frames."""
+        self.heard_at = time.monotonic()
+        for message, blob in frames:
+            self._deliver(handshake, message, blob)
+
+    def _on_end(self, process: AgentProcess, handshake: queue.Queue, reason: str) -> None:
+        """From the FanIn thread: telling why a host died may wait for its exit status, which
+        must not hold up every other host's frames."""
+        threading.Thread(target=self._ended, args=(process, handshake, reason), daemon=True,
+                         name=f"tpunb-host-{self.index}-end").start()
+
+    def _ended(self, process: AgentProcess, handshake: queue.Queue, reason: str) -> None:
+        handshake.put({"op": "died"})
+        if process is not self.process:
+            return  # an old agent that was replaced or closed on purpose
+        reason = reason or describe_exit(process)
+        if process is not self.process:
+            return
+        self.died_reason = reason  # before it is seen dead: a cell that finds it so tells why
+        self.alive = False
+        self.router(self.index, {"op": "died", "id": None, "reason": self.died_reason}, b"")
+
+    def _stop_reading(self) -> None:
+        """Before the process's streams are closed (their fd numbers may be reused at once)."""
+        stream, self._stream = self._stream, None
+        if stream is not None and self.fanin.remove(stream):
+            self._handshake.put({"op": "died"})  # a start waiting on it ends now
+
+    def has_unread(self) -> bool:
+        """It spoke and this kernel has not read it yet (see ``AgentProcess.has_unread``)."""
+        process = self.process
+        return process is not None and process.has_unread()
+
+    def signal(self, sig: int) -> None:
+        pgid, process = self.info.get("pgid"), self.process
+        if process is not None and pgid:
+            process.signal_group(pgid, sig)
+
+    def give_up(self, reason: str, notice: bool = False) -> bool:
+        """End this host's agent for good without waiting on it (it stopped answering); False if
+        it was not running. ``notice``: no cell saw it happen, so the next one says so."""
+        with self._life:
+            process, self.process = self.process, None
+            if process is None:
+                return False
+            self.died_reason = reason  # before it is seen dead: whoever sees that can tell why
+            if notice:
+                self.notice = reason
+            self.alive = False
+            self._stop_reading()
+        process.abandon(self.info.get("pgid"))
+        return True
+
+    def close(self) -> None:
+        with self._life:
+            process, self.process = self.process, None
+            self.alive = False
+            self._stop_reading()
+        if process is not None:
+            process.close()
+
+
+def describe_exit(process: AgentProcess, wait: float = 0.5) -> str:
+    """'killed by SIGKILL', 'exited with status 1', ... for messages about dead hosts."""
+    deadline = time.monotonic() + wait
+    status = process.exit_status()
+    while status is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # the exit status lags the end of stream by microseconds
+        status = process.exit_status()
+    if status is None:
+        return "its connection closed"
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    tail = process.stderr_tail().strip()
+    return f"exited with status {status}" + (f" ({tail.splitlines()[-1]})" if tail else "")
