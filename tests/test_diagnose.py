@@ -138,6 +138,17 @@ def test_nothing_is_said_when_the_tpu_is_free(tmp_path, monkeypatch):
     assert host_diagnose.tpu_busy(0) is None
 
 
+
+def test_chips_another_process_was_given_are_not_ours_to_check(tmp_path, monkeypatch):
+    """Processes sharing a VM's chips (TPU_VISIBLE_CHIPS) each hold their own accel files."""
+    for chip in (0, 1):
+        (tmp_path / f"accel{chip}").write_text("")
+    monkeypatch.setenv(host_diagnose.DEVICES_ENV, str(tmp_path / "accel*"))
+    assert host_diagnose.device_paths() == [str(tmp_path / "accel0"), str(tmp_path / "accel1")]
+    monkeypatch.setenv("TPU_VISIBLE_CHIPS", "1")
+    assert host_diagnose.device_paths() == [str(tmp_path / "accel1")]
+
+
 @pytest.fixture
 def dropping_port(sshd):
     """A port on host 0's address that drops connection attempts, as a firewall does: a listener

@@ -45,9 +45,15 @@ def versions() -> dict:
 
 
 def device_paths() -> list[str]:
-    """The TPU device files on this host (none on a CPU machine)."""
+    """The TPU device files this process would open (none on a CPU machine): with
+    TPU_VISIBLE_CHIPS (processes sharing a VM's chips), only its own chips' accel files."""
     patterns = os.environ.get(DEVICES_ENV) or DEFAULT_DEVICES
-    return sorted(p for pattern in patterns.split(":") if pattern for p in glob.glob(pattern))
+    paths = sorted(p for pattern in patterns.split(":") if pattern for p in glob.glob(pattern))
+    visible = os.environ.get("TPU_VISIBLE_CHIPS", "").strip()
+    if visible:
+        chips = {f"accel{c.strip()}" for c in visible.split(",")}
+        paths = [p for p in paths if not os.path.basename(p).startswith("accel") or os.path.basename(p) in chips]
+    return paths
 
 
 def lockfile() -> str:
