@@ -4,10 +4,13 @@ port that drops packets fails the cell in seconds with the port and the firewall
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -129,6 +132,22 @@ def test_a_stale_libtpu_lockfile_is_named_with_the_line_that_removes_it(cell, ss
     assert cell(f"%tpu_run --hosts 0 rm -f {lock}").error is None
     assert not lock.exists()
     assert cell("%%on_tpu\nimport jax\njax.device_count()").error is None
+
+
+def test_another_users_lockfile_is_not_called_stale():
+    """Their processes are hidden from a user who is not root: the lock may be live. The check runs
+    as user nobody (the system's Python: pyenv's is under /root), on a lock file root made."""
+    where = Path(tempfile.mkdtemp())  # pytest's own temp dirs are root's alone
+    where.chmod(0o755)
+    (where / "libtpu_lockfile").write_text("")
+    code = (f"import sys; sys.path.insert(0, {str(Path(host_diagnose.__file__).parent)!r}); import diagnose; "
+            "print(diagnose.tpu_busy(0))")
+    seen = subprocess.run(["/usr/bin/python3", "-I", "-c", code], capture_output=True, text=True, check=True,
+                          user=65534, env={host_diagnose.DEVICES_ENV: f"{where}/accel*",
+                                           host_diagnose.LOCKFILE_ENV: f"{where}/libtpu_lockfile"}).stdout
+    shutil.rmtree(where)
+    assert "belongs to another user" in seen and "sudo lsof -w /dev/accel*" in seen, seen
+    assert "stale" not in seen
 
 
 def test_nothing_is_said_when_the_tpu_is_free(tmp_path, monkeypatch):

@@ -96,10 +96,15 @@ def tpu_busy(host: int, own: set[int] | None = None) -> str | None:
         return (f"the TPU on host {host} is held by pid {first['pid']} ({first['command']}, running "
                 f"{_duration(first['age_s'])}, has {first['path']} open){more}: free it with "
                 f"%tpu_run --hosts {host} kill {pids}")
-    if os.path.exists(lock):
-        return (f"a stale {lock} on host {host} (left by a run that was killed) blocks the TPU: free it with "
-                f"%tpu_run --hosts {host} rm -f {lock}")
-    return None
+    try:
+        owner = os.stat(lock).st_uid
+    except OSError:
+        return None
+    if owner != os.getuid() and os.getuid() != 0:  # their processes are hidden from us: maybe not stale
+        return (f"{lock} on host {host} belongs to another user, whose run holds the TPU or left it: look with "
+                f"%tpu_run --hosts {host} sudo lsof -w /dev/accel* /dev/vfio/*, then sudo rm -f {lock}")
+    return (f"a stale {lock} on host {host} (left by a run that was killed) blocks the TPU: free it with "
+            f"%tpu_run --hosts {host} rm -f {lock}")
 
 
 #: what JAX and libtpu say when they cannot take the chips (jax #10192, openxla/xla#4666)
