@@ -3,6 +3,7 @@ process holding the TPU's device files is named with the line that frees it, and
 port that drops packets fails the cell in seconds with the port and the firewall rule."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -189,10 +190,11 @@ def test_a_coordinator_port_that_drops_packets_fails_the_cell_in_seconds(cell, s
     failed = cell("%%on_tpu\nimport jax")
     assert time.monotonic() - started < 60  # JAX itself waits 120 s, then aborts the process
     assert failed.error is not None
-    for host in (0, 1):
-        assert (f"host {host} cannot reach the JAX coordinator at {sshd.addresses[0]}:{dropping_port}"
-                in failed.shown), failed.shown
+    assert (f"host 1 cannot reach the JAX coordinator at {sshd.addresses[0]}:{dropping_port}"
+            in failed.shown), failed.shown
     assert f"port {dropping_port} is blocked" in failed.shown
+    # host 0 would bind that port itself: the listener standing in for the firewall is this process
+    assert f"port {dropping_port}, JAX's coordinator port, is taken on host 0 by pid {os.getpid()}" in failed.shown
     assert f"gcloud compute firewall-rules create tpunb-jax-{dropping_port}" in failed.shown
     assert f"--allow tcp:{dropping_port}" in failed.shown
     found = diagnose.problems(slices.current(), probe_seconds=1)
@@ -214,6 +216,21 @@ def test_a_fixed_coordinator_port_survives_a_restart(cell, sshd, ssh_key):
         pids.append(slices.current().session.hosts[0].info["pid"])
         assert cell("%%on_tpu\nexit()").error is None
     assert pids[0] != pids[1]  # really restarted
+
+
+def test_a_taken_coordinator_port_names_its_holder_and_is_free_once_it_ends():
+    holder = subprocess.Popen([sys.executable, "-c", "import socket, sys; s = socket.socket(); s.bind(('', 0)); "
+                               "s.listen(); print(s.getsockname()[1], flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    port = int(holder.stdout.readline())
+    try:
+        said = host_diagnose.port_taken(port, deadline_s=0.3)
+        assert said.startswith(f"port {port}, JAX's coordinator port, is taken on host 0 by pid {holder.pid}"), said
+        assert f"%tpu_run --hosts 0 kill {holder.pid}" in said
+    finally:
+        holder.kill()
+        holder.wait()
+    assert host_diagnose.port_taken(port, deadline_s=5) is None
 
 
 def test_probe_counts_a_refusal_as_reachable_and_silence_as_blocked(dropping_port, sshd):

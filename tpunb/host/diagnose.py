@@ -61,9 +61,10 @@ def lockfile() -> str:
 
 
 def holders(paths: list[str]) -> list[dict]:
-    """Processes with one of ``paths`` open: pid, command line, age in seconds, path. Only
+    """Processes with one of ``paths`` (files, or 'socket:[INODE]') open: pid, command line, age in
+    seconds, path. Only
     processes this user may inspect are seen (all of them as root)."""
-    wanted = {os.path.realpath(p) for p in paths}
+    wanted = {p if p.startswith("socket:[") else os.path.realpath(p) for p in paths}
     found, boot, tick = [], _boot_time(), os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -119,6 +120,47 @@ def explain_error(text: str) -> str | None:
     host = int(os.environ.get("TPUNB_HOST_INDEX", "0") or 0)
     return tpu_busy(host) or (f"another user's process holds the TPU on host {host}: find it with "
                               f"%tpu_run --hosts {host} sudo lsof -w /dev/accel* /dev/vfio/*")
+
+
+def port_taken(port: int, deadline_s: float = 5.0) -> str | None:
+    """On the coordinator's host, before JAX binds ``port``: None once it is free (a coordinator
+    that just ended may hold it a moment), else one line naming who holds it and how to free it."""
+    stop = time.monotonic() + deadline_s
+    while True:
+        try:
+            family = socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET
+            with socket.socket(family) as s:  # JAX binds [::]:port, which an IPv4 listener also blocks
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(("", port))
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return None  # not ours to judge (no IPv6 here, ...): JAX says what it finds
+        if time.monotonic() >= stop:
+            break
+        time.sleep(0.1)
+    found = holders([f"socket:[{inode}]" for inode in _listening(port)])
+    fix = "pick another with --coordinator-port"
+    if not found:
+        return f"port {port}, JAX's coordinator port, is taken on host 0 by a process this user cannot see: {fix}"
+    first = found[0]
+    return (f"port {port}, JAX's coordinator port, is taken on host 0 by pid {first['pid']} ({first['command']}, "
+            f"running {_duration(first['age_s'])}): free it with %tpu_run --hosts 0 kill {first['pid']}, or {fix}")
+
+
+def _listening(port: int) -> set[str]:
+    """Inodes of the sockets listening on ``port`` (/proc/net/tcp and tcp6; state 0A is LISTEN)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            if len(row) > 9 and row[3] == "0A" and int(row[1].rpartition(":")[2], 16) == port:
+                inodes.add(row[9])
+    return inodes
 
 
 def probe(address: str, deadline_s: float = 5.0, attempt_s: float = 1.0) -> str | None:

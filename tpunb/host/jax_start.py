@@ -94,7 +94,10 @@ class JaxStarter(importlib.abc.MetaPathFinder):
             why = diagnose.tpu_busy(host)
         address = kwargs.get("coordinator_address")
         probe = self.config.get("probe") or {}
-        if not why and address and self.config.get("initialize", True) and probe.get("seconds", 0) > 0:
+        checking = bool(address and self.config.get("initialize", True) and probe.get("seconds", 0) > 0)
+        if not why and checking and host == 0:
+            why = diagnose.port_taken(int(address.rpartition(":")[2]), float(probe["seconds"]))
+        if not why and checking:
             silence = diagnose.probe(address, float(probe["seconds"]))
             if silence:
                 why = (f"host {host} cannot reach the JAX coordinator at {address} ({silence}): port "
