@@ -102,7 +102,9 @@ class TpuMagics(Magics):
     @argument("--port", type=int, default=22)
     @argument("--name", default=None, help="slice name")
     @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
-    @argument("--python", default="python3", help="Python >= 3.10 on the hosts")
+    @argument("--python", default="python3", help="Python >= 3.10 on the hosts (or A,B,... one per host)")
+    @argument("--coordinator-port", type=int, default=None,
+              help="JAX's coordinator port on host 0, fixed (default: random); 8476 passes GCP's TPU firewall rule")
     @argument("--accelerator", default=None, help="what the hosts are (e.g. v4-16), for status and JAX")
     @argument("--accept-new-host-key", action="store_true", help="the hosts were re-created: record their new keys")
     @argument("--slices", type=int, default=None, help="the hosts are N equal slices of a multislice, slice by slice")
@@ -113,7 +115,8 @@ class TpuMagics(Magics):
             args = _parse(self.tpu_connect, line)
             slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
                            python=args.python, accelerator=args.accelerator,
-                           accept_new_host_key=args.accept_new_host_key, slices=args.slices)
+                           accept_new_host_key=args.accept_new_host_key, slices=args.slices,
+                           coordinator_port=args.coordinator_port)
         except KeyboardInterrupt:
             raise CellInterrupted("%tpu_connect interrupted before it started anything: nothing is left running") \
                 from None
@@ -204,12 +207,13 @@ class TpuMagics(Magics):
         return MetricsView(title, sl.metrics_store, sl.metrics_feed, sl.num_hosts, args.metrics or None,
                            sl.metrics_interval, sl.layout.names)
 
+    @magic_arguments()
+    @argument("--versions", action="store_true", help="Python, jax, jaxlib, libtpu and flax of every host")
     @line_magic
     def tpu_status(self, line: str):
-        """Slices and their hosts as a DataFrame."""
-        if line.strip():
-            raise UsageError("%tpu_status takes no arguments")
-        return slices.status()
+        """Slices and their hosts as a DataFrame (--versions: each host's package versions)."""
+        args = _parse(self.tpu_status, line)
+        return slices.versions() if args.versions else slices.status()
 
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send")

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpunb import catalog, report
+from tpunb import catalog, diagnose, report
 from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, OutputSink, kernel_cell_number, kernel_colors
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
 from tpunb.display.hosts import Layout
@@ -150,6 +150,8 @@ class Slice:
             self.session.jax_started = False
             hosts = None
         self.session.start(hosts)
+        if hosts is None:
+            self.warn_version_skew()
         self._idle_mark(False)  # host 0's agent armed (or touched) the idle watchdog as it started
         self.metrics_feed.start()
 
@@ -431,6 +433,23 @@ class Slice:
         return profile.capture(self, seconds, self.layout.parse(hosts), python_tracer, name)
 
     # -- status -------------------------------------------------------------------------------
+    def versions(self) -> dict[int, dict | None]:
+        """Each host's Python, jax, jaxlib, libtpu and flax versions, from its agent's hello."""
+        return {host.index: host.info.get("versions") for host in self.session.hosts}
+
+    def warn_version_skew(self) -> str | None:
+        """Warn, in one line, which hosts run other versions than the rest; the line, or None."""
+        line = diagnose.skew_line(self.versions(), self.layout.names)
+        if line:
+            report.warn(line)
+        return line
+
+    def version_rows(self) -> list[diagnose.VersionRow]:
+        """One row per host for %tpu_status --versions."""
+        return diagnose.version_rows(self.name, [
+            (h.index, self.record.hosts[h.index].address if h.index < len(self.record.hosts) else h.transport.address,
+             h.info.get("versions")) for h in self.session.hosts])
+
     def status_rows(self, current: bool = False) -> list[HostRow]:
         """One row per host, live: what %tpu_status, widgets and the server show."""
         rows = []

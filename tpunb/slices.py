@@ -78,14 +78,16 @@ def _unset_env_note(name: str, env_keys: list[str], values: dict[str, str], what
 
 # -- making and attaching slices ------------------------------------------------------------------
 def connect(hosts: list[str] | str, user: str | None = None, key: str | None = None, port: int = 22,
-            name: str | None = None, env: Any = None, python: str = "python3", accelerator: str | None = None,
+            name: str | None = None, env: Any = None, python: str | list[str] = "python3", accelerator: str | None = None,
             accept_new_host_key: bool = False, cwd: str | None = None, connect_timeout: float = 10.0,
-            slices: int | None = None) -> Slice:
+            slices: int | None = None, coordinator_port: int | None = None) -> Slice:
     """Make a slice of hosts you bring (TPU VMs created elsewhere, any Linux machines) over SSH.
 
     Host index follows the order given. ``accept_new_host_key`` forgets the recorded keys of
     these hosts first: use it when a host was re-created, never by default. ``slices=N``: the
     hosts are N equal slices of a multislice, in order (each gets the MEGASCALE_* environment).
+    ``python``: one interpreter for all hosts, or one per host (a list, or 'a,b,...').
+    ``coordinator_port``: JAX's coordinator port on host 0, fixed (one your firewall opens).
     """
     warm.ready("ipywidgets", "tpunb.widgets.launch", "tpunb.transport.ssh")  # where Ctrl-C cannot cut them
     from tpunb.transport.ssh import forget_host_key, parse_host
@@ -117,8 +119,12 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
         for host, spec_port in places:
             forget_host_key(host, spec_port, reg)
     values = parse_env(env)
+    if not isinstance(python, str):
+        python = ",".join(python)
+    if coordinator_port is not None and not 0 < int(coordinator_port) < 65536:
+        raise UsageError(f"--coordinator-port {coordinator_port}: give a TCP port, 1-65535 (8476 passes GCP's TPU firewall rule)")
     opts = provision.ssh.options(hosts=addresses, user=user, key=str(key) if key else None, python=python, cwd=cwd,
-                                 connect_timeout=connect_timeout)
+                                 connect_timeout=connect_timeout, coordinator_port=coordinator_port)
     request = LaunchRequest(name, catalog.lookup(accelerator) if accelerator else None, reg, values, opts, count)
     with _interrupt_says_one_line(name, reg):
         return _attach(provision.ssh.create(request), values)
@@ -356,6 +362,12 @@ def host_rows() -> list[HostRow]:
 def status():
     """%tpu_status as a pandas DataFrame: ``host_rows()``, one row per host."""
     return status_rows.frame(host_rows())
+
+
+def versions():
+    """%tpu_status --versions as a pandas DataFrame: Python, jax, jaxlib, libtpu and flax of every
+    host of the slices attached to this kernel, one row per host."""
+    return status_rows.versions_frame([row for sl in _attached.values() for row in sl.version_rows()])
 
 
 def last_result() -> RunResult | None:

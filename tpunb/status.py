@@ -139,6 +139,16 @@ def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
     return _status_frame_class()(table.drop(columns=empty))
 
 
+def versions_frame(rows: Iterable) -> "pandas.DataFrame":
+    """%tpu_status --versions: one row per host (``tpunb.diagnose.VersionRow``), blanks for none."""
+    import pandas as pd
+
+    from tpunb.diagnose import PACKAGES
+
+    table = pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=["slice", "host", "address", *PACKAGES])
+    return table.fillna("")
+
+
 def with_latest_metrics(row: HostRow, latest: list[tuple[int, str, int | None, float, float]]) -> HostRow:
     """Fill a row's metric columns from the registry's latest values (a slice another kernel runs)."""
     values: dict[str, float] = {}

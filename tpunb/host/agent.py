@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import idle, protocol, watchdog
+from . import diagnose, idle, protocol, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
@@ -71,6 +71,12 @@ class Agent:
 
     def send_error(self, ename: str, evalue: str, traceback_lines: list) -> None:
         self.pump.drain()
+        try:
+            hint = None if ename == "JaxStartError" else diagnose.explain_error(evalue)  # that one says it
+        except Exception:  # a diagnosis must never lose the error itself
+            hint = None
+        if hint:
+            evalue, traceback_lines = f"{evalue}\n[tpunb] {hint}", [*traceback_lines, f"[tpunb] {hint}"]
         self.send({"op": "error", "id": self.current, "ename": ename, "evalue": cap_text(evalue),
                    "traceback": [cap_text(str(line)) for line in traceback_lines[-1000:]]})
 
@@ -78,7 +84,8 @@ class Agent:
     def start(self) -> None:
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
                    "pgid": os.getpgid(0), "watchdog": self.watchdog_pid, "python": sys.version.split()[0],
-                   "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize})
+                   "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize,
+                   "versions": _versions()})
         frame = self.channel.recv()
         if frame is None:
             os._exit(0)
@@ -165,9 +172,18 @@ class Agent:
                 pass
         elif op == "metrics_interval":
             self._set_metrics_interval(float(message.get("seconds", 1.0)))
+        elif op == "diagnose":  # answered on a side thread: works while a cell runs
+            quiet_thread(self._diagnose, "tpunb-diagnose", message)
         else:
             return True
         return False
+
+    def _diagnose(self, message: dict) -> None:
+        try:
+            reply = diagnose.answer(self.jax.config if self.jax else None, float(message.get("probe_s", 5.0)))
+        except Exception as exc:  # one line back to the kernel, whatever broke
+            reply = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        self.send({"op": "done", "id": message.get("id"), **reply})
 
     def _set_metrics_interval(self, seconds: float) -> None:
         """0 stops sampling; anything else (re)starts it at that period."""
@@ -303,6 +319,14 @@ class Agent:
                                 f"{protocol.MAX_BLOB:,} a frame carries: pull smaller pieces"})
             return
         self.send({"op": "done", "id": message["id"], "status": "ok"}, data)
+
+
+def _versions() -> dict | None:
+    """This host's package versions for the kernel's skew check; never a reason not to start."""
+    try:
+        return diagnose.versions()
+    except Exception:
+        return None
 
 
 def _pickler():

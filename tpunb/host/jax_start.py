@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import threading
 
+from . import diagnose
 from .io import quiet_thread
 
 
+class JaxStartError(RuntimeError):
+    """JAX cannot start on this host, for a reason said in one line (a blocked coordinator
+    port, a TPU another process holds): raised in the cell instead of a hang of minutes."""
+
+
 class _AfterImportLoader(importlib.abc.Loader):
-    def __init__(self, inner, after) -> None:
-        self.inner, self.after = inner, after
+    def __init__(self, inner, before, after) -> None:
+        self.inner, self.before, self.after = inner, before, after
 
     def create_module(self, spec):
         return self.inner.create_module(spec)
 
     def exec_module(self, module) -> None:
+        self.before()
         self.inner.exec_module(module)
         self.after(module)
 
@@ -40,7 +48,7 @@ class JaxStarter(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _AfterImportLoader(spec.loader, self._initialize)
+        spec.loader = _AfterImportLoader(spec.loader, self.check, self._initialize)
         return spec
 
     def _initialize(self, jax_module) -> None:
@@ -72,6 +80,32 @@ class JaxStarter(importlib.abc.MetaPathFinder):
         distributed.initialize = initialize
         self.state = "ready"
         self.agent.send_event("jax_ready")
+
+    def check(self) -> None:
+        """Before jax loads: the TPU is free, and the coordinator's port answers. A failure leaves
+        nothing of JAX behind, so the same import starts it once the cause is gone."""
+        if self.started.is_set():
+            return
+        kwargs = self.config.get("kwargs") or {}
+        host = kwargs.get("process_id", 0)
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        why = None
+        if not platforms or "tpu" in platforms.split(","):
+            why = diagnose.tpu_busy(host)
+        address = kwargs.get("coordinator_address")
+        probe = self.config.get("probe") or {}
+        checking = bool(address and self.config.get("initialize", True) and probe.get("seconds", 0) > 0)
+        if not why and checking and host == 0:
+            why = diagnose.port_taken(int(address.rpartition(":")[2]), float(probe["seconds"]))
+        if not why and checking:
+            silence = diagnose.probe(address, float(probe["seconds"]))
+            if silence:
+                why = (f"host {host} cannot reach the JAX coordinator at {address} ({silence}): port "
+                       f"{address.rpartition(':')[2]} is blocked. {probe.get('fix') or ''}").strip()
+        if why:
+            self.state = f"failed: {why}"
+            self.agent.send_event("jax_failed", error=why)
+            raise JaxStartError(why)
 
     def start_in_background(self) -> None:
         """Another host started JAX: join it now, or its initialize() would wait for us."""

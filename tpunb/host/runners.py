@@ -25,8 +25,9 @@ _OWN_FILES = os.path.dirname(os.path.abspath(__file__)) if os.path.isfile(__file
 
 
 def _is_ours(filename: str) -> bool:
-    """A frame of the agent's own modules (shipped as <tpunb:...>, or this folder in a source tree)."""
-    return filename.startswith("<tpunb:") or (_OWN_FILES is not None and os.path.dirname(filename) == _OWN_FILES)
+    """A frame of the agent's own modules (shipped as <tpunb:...>, or this folder in a source tree),
+    or of the import machinery that ran its import hook (JAX's start)."""
+    return filename.startswith(("<tpunb:", "<frozen importlib.")) or (_OWN_FILES is not None and os.path.dirname(filename) == _OWN_FILES)
 
 
 def user_traceback(tb: types.TracebackType | None, ipython: bool = False) -> types.TracebackType | None:

@@ -10,7 +10,7 @@ import random
 import time
 from dataclasses import dataclass, fields
 
-from tpunb import report
+from tpunb import diagnose, report
 from tpunb.catalog import Accelerator
 from tpunb.errors import HostKeyError, TransportError, UsageError
 from tpunb.provision import interrupts
@@ -26,7 +26,9 @@ NAME = "ssh"
 @dataclass(frozen=True)
 class SshOptions:
     """How to reach the hosts you bring: their addresses in host order ('host' or 'host:port'),
-    and the user, key, Python and working directory on them."""
+    and the user, key, Python (one for all, or 'a,b,...' one per host) and working directory on
+    them; ``coordinator_port``: a fixed port for JAX's coordinator on host 0 (one your firewall
+    opens) instead of a random one per start."""
 
     hosts: tuple[str, ...] = ()
     user: str | None = None
@@ -34,13 +36,15 @@ class SshOptions:
     python: str = "python3"
     cwd: str | None = None
     connect_timeout: float = 10.0
+    coordinator_port: int | None = None
 
 
 def options(**given) -> SshOptions:
     unknown = sorted(set(given) - {f.name for f in fields(SshOptions)})
     if unknown:
         raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for hosts you "
-                         "bring: give hosts, user, key, python, cwd or connect_timeout")
+                         "bring: give hosts, user, key, python, cwd, connect_timeout "
+                         "or coordinator_port")
     if "hosts" in given:
         given["hosts"] = tuple(given["hosts"])
     return SshOptions(**given)
@@ -60,7 +64,7 @@ def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list
     while True:
         try:
             return connect_all([h.address for h in record.hosts], user=spec.get("user"), key_path=spec.get("key"),
-                               python=spec.get("python", "python3"),
+                               python=pythons(spec.get("python") or "python3", len(record.hosts)),
                                connect_timeout=spec.get("connect_timeout", 10.0), registry=reg)
         except HostKeyError:
             raise
@@ -72,6 +76,17 @@ def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list
             delay = min(delay * 2, 10.0)
 
 
+def pythons(python: str, count: int) -> str | list[str]:
+    """'python3' for every host, or 'a,b,...' one per host (a one-line error if the count differs)."""
+    if "," not in python:
+        return python
+    given = [p.strip() for p in python.split(",")]
+    if len(given) != count:
+        raise UsageError(f"--python {python}: {len(given)} interpreters for {count} hosts; give one for all, "
+                         "or one per host in host order")
+    return given
+
+
 def create(request: LaunchRequest) -> Slice:
     """Record the hosts of ``request.options`` as a new slice, connect to them, start their agents."""
     opts: SshOptions = request.options
@@ -81,6 +96,7 @@ def create(request: LaunchRequest) -> Slice:
                          backend=NAME, state="running", owner_pid=os.getpid(),
                          spec={"user": opts.user, "key": opts.key, "python": opts.python, "cwd": opts.cwd,
                                "connect_timeout": opts.connect_timeout, "env_keys": sorted(request.env),
+                               **({"coordinator_port": opts.coordinator_port} if opts.coordinator_port else {}),
                                **({"slices": request.slices} if request.slices > 1 else {})},
                          hosts=[HostRecord(i, a) for i, a in enumerate(opts.hosts)])
     started = time.perf_counter()
@@ -90,9 +106,12 @@ def create(request: LaunchRequest) -> Slice:
 
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float = 0.0,
-           node: Node | None = None) -> Slice:
-    """One SSH connection per host (agents not started yet), jax.distributed coordinated by host 0."""
+           node: Node | None = None, coordinator_port: int | None = None, network: str | None = None) -> Slice:
+    """One SSH connection per host (agents not started yet), jax.distributed coordinated by host 0,
+    on ``coordinator_port`` (the record's, else a random one per start). Every host checks it can
+    reach that port before JAX starts; ``network`` goes into the firewall rule named if not."""
     spec = record.spec
+    fixed = spec.get("coordinator_port") or coordinator_port
     transports = connect_hosts(record, reg, wait)
     coordinator = record.hosts[0].info.get("internal_ip") or transports[0].host
     num_hosts = len(record.hosts)
@@ -101,11 +120,13 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float 
         variables = {**host_env(record, index), **env}
         jax = {"initialize": num_hosts > 1,
                "kwargs": {"coordinator_address": f"{coordinator}:{coordinator_port}", "num_processes": num_hosts,
-                          "process_id": index, "initialization_timeout": 120}}
+                          "process_id": index, "initialization_timeout": 120},
+               "probe": diagnose.probe_settings(coordinator_port, network)}
         return {"env": variables, "jax": jax, "cwd": spec.get("cwd"), **DROP_NOISE}
 
-    # a port outside Linux's ephemeral range (32768+), where outgoing connections take theirs
-    return Slice(record, transports, host_init, reg, coordinator_port=lambda: random.randint(20000, 32000), node=node)
+    # a random port outside Linux's ephemeral range (32768+), where outgoing connections take theirs
+    pick = (lambda: int(fixed)) if fixed else (lambda: random.randint(20000, 32000))
+    return Slice(record, transports, host_init, reg, coordinator_port=pick, node=node)
 
 
 def delete(record: SliceRecord, force: bool = False) -> None:

@@ -430,23 +430,27 @@ def connect_all(
     registry: Registry | None = None,
     connect_timeout: float = 10.0,
     keepalive: int = 15,
-    python: str = "python3",
+    python: str | list[str] = "python3",
 ) -> list[SSHTransport]:
     """Connect to every ``[user@]host[:port]`` in parallel, in order; all or nothing.
 
+    ``python``: one interpreter for every host, or one per host (hosts set up differently).
     Raises one TransportError naming each host that failed and why (a HostKeyError if every
     failure is a changed host key); its ``failures`` maps address -> exception.
     """
     pkey = load_private_key(key_path)
     registry = registry or Registry()
     specs = [parse_host(h, user, port) for h in hosts]
+    pythons = [python] * len(specs) if isinstance(python, str) else list(python)
+    if len(pythons) != len(specs):
+        raise UsageError(f"give one Python for every host, or one for all: {len(pythons)} for {len(specs)} hosts")
 
-    def one(spec: tuple[str, str, int]) -> SSHTransport:
+    def one(spec: tuple[str, str, int], interpreter: str) -> SSHTransport:
         u, h, p = spec
-        return SSHTransport(h, p, u, key_path, registry, connect_timeout, keepalive, python, _pkey=pkey)
+        return SSHTransport(h, p, u, key_path, registry, connect_timeout, keepalive, interpreter, _pkey=pkey)
 
     with ThreadPoolExecutor(max_workers=max(1, min(64, len(specs))), thread_name_prefix="tpunb-connect") as pool:
-        futures = [pool.submit(one, spec) for spec in specs]
+        futures = [pool.submit(one, spec, interpreter) for spec, interpreter in zip(specs, pythons)]
     connected = [f.result() for f in futures if f.exception() is None]
     failures = {}
     for (_, h, p), future in zip(specs, futures):

@@ -16,7 +16,7 @@ import getpass
 import os
 import time
 
-from tpunb import catalog, report
+from tpunb import catalog, diagnose, report
 from tpunb.errors import AuthenticationError, CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
 from tpunb.provision import ssh
 from tpunb.provision.base import LaunchRequest, Nodes
@@ -101,7 +101,7 @@ def create(request: LaunchRequest) -> Slice:
         for host in info.hosts:  # a new VM has a new host key, even where an old one had its address
             forget_host_key(host.address(opts.internal_ip), host.port, reg)
         record.state = "running"
-        sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=_node(record, info))
+        sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=_node(record, info), **jax_coordinator(record))
         sl.connect()
         reg.save_slice(record)
     except BaseException as exc:
@@ -136,6 +136,14 @@ def recorded_options(record: SliceRecord) -> CloudOptions:
     return CloudOptions(**{k: v for k, v in record.spec.items() if k in names and v is not None})
 
 
+def jax_coordinator(record: SliceRecord) -> dict:
+    """Where JAX's coordinator listens on a node's worker 0: on Google's API port 8476, which the
+    firewall rule GCP makes for TPU pods opens (a random port hangs on a custom network, see
+    docs/cloud-facts.md); the emulator's workers share one machine, so a random port each there."""
+    return {"coordinator_port": None if api.endpoint() else diagnose.COORDINATOR_PORT,
+            "network": record.spec.get("network")}
+
+
 def _node(record: SliceRecord, info: api.NodeInfo | None = None, watch: bool = True) -> CloudNode:
     spec = record.spec
     return CloudNode(record.name, record.accelerator, spec["project"], spec["zone"], bool(spec.get("spot")), info,
@@ -153,7 +161,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
     node = _node(record)
     try:
         node.check()
-        return ssh.attach(record, reg, env, node=node)
+        return ssh.attach(record, reg, env, node=node, **jax_coordinator(record))
     except BaseException:
         node.close()
         raise
