@@ -73,10 +73,10 @@ class Harness:
     of every agent started (so the parent can look for what outlived the case)."""
 
     def __init__(self, where: str, home: Path, sshd: dict) -> None:
-        from IPython.testing.globalipapp import start_ipython
+        from IPython.testing.globalipapp import get_ipython
 
         self.where, self.home, self.sshd = where, home, sshd
-        self.shell = start_ipython()
+        self.shell = get_ipython()  # the process's one test shell (start_ipython gives None after the first)
         self.shell.run_cell("%load_ext tpunb")
         self.name = "faulty"
         self.emulator = None
