@@ -24,6 +24,7 @@ from tpunb.provision.common import owner_alive
 from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failover
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -65,10 +66,10 @@ def create(request: LaunchRequest) -> Slice:
         raise UsageError("--idle-delete watches one node, not yet a multislice: launch it without --idle-delete "
                          f"and end it with %tpu_down {name}")
     project, zone = require_project_zone(opts.project, opts.zone)
-    catalog.check_zone(accel, zone)
+    places = _places(accel, zone, opts.alternatives)
     key_path, public_key = keys.default_key()
-    opts = dataclasses.replace(opts, project=project, zone=zone, user=opts.user or getpass.getuser(),
-                               python=opts.python or "python3")
+    opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=opts.user or getpass.getuser(),
+                               python=opts.python or "python3", queued=opts.queued or opts.race is not None)
     spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=opts.user,
                         ssh_public_key=public_key, slices=slices)
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
@@ -78,11 +79,13 @@ def create(request: LaunchRequest) -> Slice:
     kind = (f"multislice ({slices} nodes in one queued resource)" if slices > 1
             else "queued resource" if opts.queued else "node")
     price = price_per_hour(accel, opts.spot, slices)
+    where = _either([p.zone for p in dict.fromkeys(places)]) if len(places) > 1 else places[0].zone
     progress = LaunchProgress(f"Launching {record.kind} {'spot ' if opts.spot else ''}{kind} {name!r} in "
-                              f"{project}/{zone} (backend gcp)", price)
+                              f"{project}/{where} (backend gcp)", price)
     started = time.perf_counter()
+    search = failover.Search(spec, places, opts.race or 1, progress.state, opts.timeout or api.DEFAULT_TIMEOUT)
     try:
-        info = api.create(spec, on_state=progress.state, timeout=opts.timeout or api.DEFAULT_TIMEOUT)
+        info, spec = search.run()
     except KeyboardInterrupt:
         reg.delete_slice(name)
         message = f"launch of {name} interrupted: what it had created was deleted, nothing is left running"
@@ -92,6 +95,11 @@ def create(request: LaunchRequest) -> Slice:
         reg.delete_slice(name)
         progress.failed(f"failed: {exc}")
         raise
+    if len(places) > 1:  # the winner's place and plain options: --recover relaunches just that
+        zone, accel = spec.zone, catalog.lookup(spec.accelerator)
+        opts = dataclasses.replace(opts, zone=zone, race=None, alternatives=None)
+        record.accelerator, price = accel.name, price_per_hour(accel, opts.spot, slices)
+        record.spec.update(_fields(opts))
     sl = None
     try:
         record.hosts = [HostRecord(h.index, h.address(opts.internal_ip) if h.port == 22
@@ -120,9 +128,22 @@ def create(request: LaunchRequest) -> Slice:
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
     if opts.idle_delete:
         cost += f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)"
-    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: {len(record.hosts)} host"
+    tries = f" ({search.summary()})" if len(places) > 1 else ""
+    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} host"
                   f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
     return sl
+
+
+def _places(accel: catalog.Accelerator, zone: str, alternatives: str | None) -> list[failover.Candidate]:
+    """Where to try: one zone (checked against the catalog), or every (type, zone) of a failover."""
+    zone_list = failover.zones(accel, zone)
+    if len(zone_list) == 1 and not alternatives and zone.strip().lower() != failover.ANY:
+        catalog.check_zone(accel, zone_list[0])
+    return failover.candidates(accel, zone_list, alternatives, any_zone=zone.strip().lower() == failover.ANY)
+
+
+def _either(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def _fields(opts: CloudOptions) -> dict:
