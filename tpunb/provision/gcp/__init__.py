@@ -93,7 +93,8 @@ def create(request: LaunchRequest) -> Slice:
         raise CellInterrupted(message) from None
     except BaseException as exc:
         reg.delete_slice(name)
-        progress.failed(f"failed: {exc}")
+        first = (str(exc) or repr(exc)).splitlines()[0]
+        progress.failed(f"failed: {first}")  # the error itself says the rest, line by line
         raise
     if len(places) > 1:  # the winner's place and plain options: --recover relaunches just that
         zone, accel = spec.zone, catalog.lookup(spec.accelerator)

@@ -10,6 +10,7 @@ interrupted: nothing is left holding quota. Each try ends in an ``Outcome`` the 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ PROJECT_WIDE = frozenset({"credentials", "api_disabled"})
 #: what each failure kind is called on the launch line
 LABELS = {"no_capacity": "no capacity", "quota": "quota exceeded", "permission": "permission denied",
           "timeout": "timed out", "preempted": "preempted while created", "invalid_zone": "zone unknown",
-          "invalid_accelerator": "type not offered", "already_exists": "name taken", "cancelled": "cancelled"}
+          "invalid_accelerator": "type not offered", "already_exists": "name taken"}
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ class Outcome:
         label = LABELS.get(self.kind, self.kind.replace("_", " "))
         if self.kind == "timeout" and "WAITING_FOR_RESOURCES" in self.detail:
             label = "no capacity came free before --timeout"
-        known = self.kind in LABELS or self.kind == "granted"
+        if self.kind == "cancelled":  # lost the race: what it was doing when it was deleted
+            label = f"{self.detail or 'not started'}, deleted"
+        known = self.kind in LABELS or self.kind in ("granted", "cancelled")
         return f"{self.candidate}: {label}" + ("" if known or not self.detail else f" ({self.detail})")
 
 
@@ -101,6 +104,7 @@ class Search:
         self.spec, self.places, self.width = spec, places, max(1, width)
         self.on_state, self.timeout = on_state, timeout
         self.outcomes: list[Outcome] = []
+        self.started = time.monotonic()
 
     def run(self) -> tuple[api.NodeInfo, api.NodeSpec]:
         """The first node granted and the spec that made it; a ProvisionError with one line per
@@ -156,26 +160,27 @@ class Search:
         for place, attempt in list(running.items()):
             attempt.cancel(why)
             del running[place]
-            self.outcomes.append(Outcome(place, "cancelled"))
+            self.outcomes.append(Outcome(place, "cancelled", attempt.state or ""))
 
     def _say(self, outcome: Outcome) -> None:
         self.outcomes.append(outcome)
         if self.on_state is not None and len(self.places) > 1:
-            self.on_state(str(outcome), 0.0)
+            self.on_state(str(outcome), time.monotonic() - self.started)
 
     def _prefixed(self, place: Candidate) -> Callable[[str, float], Any] | None:
         if self.on_state is None or len(self.places) == 1:
             return self.on_state
-        return lambda state, elapsed: self.on_state(f"{place}: {state}", elapsed)
+        return lambda state, _: self.on_state(f"{place}: {state}", time.monotonic() - self.started)
 
     def summary(self) -> str:
         """Per place what happened, for the launch line: 'us-east5-a v5p-8: no capacity; ...'."""
-        return "; ".join(str(o) for o in self.outcomes if o.kind != "cancelled")
+        order = sorted(self.outcomes, key=lambda o: self.places.index(o.candidate))
+        return "; ".join(str(o) for o in order)
 
     def everywhere_failed(self) -> ProvisionError:
         """One line per place, then one line saying what to try."""
         kinds = {o.kind for o in self.outcomes}
-        lines = [f"{self.spec.name} was granted nowhere ({len(self.outcomes)} tries):"]
+        lines = [f"{self.spec.name} was granted nowhere ({len(self.outcomes)} tries):"]  # none was cancelled
         lines += [f"  {o}" for o in self.outcomes]
         lines.append(f"try: {advice(kinds, self.spec)}")
         reason = kinds.pop() if len(kinds) == 1 else "failover"
@@ -187,12 +192,12 @@ def advice(kinds: set[str], spec: api.NodeSpec) -> str:
     tips = []
     if kinds & {"no_capacity", "timeout", "preempted"}:
         if not spec.queued:
-            tips.append("--queued --race 3 (wait for capacity in three zones at once)")
+            tips.append("--queued --race 3 to wait for capacity in 3 zones at once")
         if not spec.spot:
             tips.append("--spot")
-        tips.append("--zone any or --alternatives with another type of the same host count")
+        tips.append("more zones (--zone any) or types (--alternatives)")
     if "quota" in kinds:
-        tips.append(f"more TPU quota (https://console.cloud.google.com/iam-admin/quotas?project={spec.project})")
+        tips.append(f"more quota (https://console.cloud.google.com/iam-admin/quotas?project={spec.project})")
     if "permission" in kinds:
-        tips.append("roles/tpu.admin for your account in the zones that refused")
+        tips.append("roles/tpu.admin where permission was denied")
     return "; ".join(tips) or "%tpu_doctor to check the project, then retry"
