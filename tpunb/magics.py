@@ -204,6 +204,21 @@ class TpuMagics(Magics):
         return MetricsView(title, sl.metrics_store, sl.metrics_feed, sl.num_hosts, args.metrics or None,
                            sl.metrics_interval, sl.layout.names)
 
+    @magic_arguments()
+    @argument("name", nargs="?", default=None, help="slice to check (default: the current one, if any)")
+    @argument("--accelerator", default=None, help="with no slice: the type a launch would ask for, e.g. v5p-8")
+    @argument("--zone", default=None, help="with no slice: the zone to check (default: the configured one)")
+    @argument("--project", default=None, help="with no slice: the project to check (default: the configured one)")
+    @line_magic
+    def tpu_doctor(self, line: str):
+        """Check credentials, project, API, quota, zone and every host's clock and disk: one row each."""
+        from tpunb.doctor import doctor
+
+        args = _parse(self.tpu_doctor, line)
+        with _one_line_interrupt():
+            rows = doctor(args.name, accelerator=args.accelerator, zone=args.zone, project=args.project)
+        report.info(str(rows))
+
     @line_magic
     def tpu_status(self, line: str):
         """Slices and their hosts as a DataFrame."""
