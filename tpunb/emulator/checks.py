@@ -42,7 +42,7 @@ class Faults:
     quota: str | None = None  # "operation": create operations fail with code 8; "http": create answers 429
     quota_zones: list[str] | None = None  # the quota fault only in these zones (None: everywhere)
     no_capacity: bool | list[str] = False  # stockout everywhere, or in these zones only
-    permission_denied: bool | list[str] = False  # create calls answer 403 (caller lacks tpu.*.create), or in these zones
+    permission_denied: bool | list[str] = False  # creates answer 403 (no tpu.*.create), everywhere or in these zones
     os_login: bool = False  # new VMs ignore metadata ssh-keys, as under OS Login (enable-oslogin=TRUE)
     delete_denied: bool = False  # delete calls answer 403 (caller lacks tpu.*.delete): clean-up fails
     api_disabled: bool = False  # every call answers 403 SERVICE_DISABLED
