@@ -9,7 +9,7 @@ import pytest
 from google.cloud import tpu_v2
 
 from tests.conftest import CPU_AS_TPU_HOST, wait_for
-from tests.emulator_fixture import FAST
+from tests.emulator_fixture import configure, on_sshd
 from tpunb import doctor, slices
 from tpunb.doctor import hosts as host_checks
 from tpunb.errors import NoSliceError
@@ -21,13 +21,12 @@ ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    return on_sshd(sshd)
 
 
 @pytest.fixture
 def cloud(tpu_emulator, monkeypatch):
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
-    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", ZONE)
+    configure(monkeypatch, ZONE)
     yield tpu_emulator
     slices.down(all=True)
 

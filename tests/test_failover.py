@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import CPU_AS_TPU_HOST, interrupt_kernel_when, wait_for
-from tests.emulator_fixture import FAST
+from tests.emulator_fixture import configure, on_sshd
 from tpunb import catalog, slices
 from tpunb.errors import CellInterrupted, ProvisionError, UsageError
 from tpunb.provision.gcp import api, failover
@@ -18,15 +18,13 @@ ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    return on_sshd(sshd)
 
 
 @pytest.fixture
 def cloud(tpu_emulator, monkeypatch, isolated_home):
     """A configured project pointed at the emulator; after the test nothing is left in any zone."""
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
-    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", Z1)
-    monkeypatch.delenv("CLOUDSDK_COMPUTE_REGION", raising=False)
+    configure(monkeypatch, Z1)
     yield tpu_emulator
     slices.down(all=True)
     assert tpu_emulator.state()["nodes"] == [] and tpu_emulator.state()["queuedResources"] == []

@@ -49,11 +49,9 @@ def clock_skew(ctx: Context) -> tuple[str, str] | None:
     if ctx.slice is None:
         return None
     answers, missing, before, after = probe(ctx)
-    if not answers:
-        return FAILED, f"no host answered ({', '.join(f'host {h}: {s}' for h, s in missing.items())})"
-    names = ctx.slice.layout.names
-    if missing:
-        return FAILED, f"host {names(missing)} did not answer ({', '.join(sorted(set(missing.values())))})"
+    if missing:  # the disk check says nothing more about them
+        hosts = ctx.slice.layout.names(missing)
+        return FAILED, f"host {hosts} did not answer ({', '.join(sorted(set(missing.values())))}): %tpu_use revives it"
     if len(answers) == 1:
         return OK, "one host: no other clock to disagree with"
     apart, first, last = skew({h: a[0] for h, a in answers.items()}, before, after)
@@ -71,9 +69,9 @@ def clock_skew(ctx: Context) -> tuple[str, str] | None:
 def disk_space(ctx: Context) -> tuple[str, str] | None:
     if ctx.slice is None:
         return None
-    answers, missing, _, _ = probe(ctx)
+    answers = probe(ctx)[0]
     if not answers:
-        return None  # clock skew said which hosts did not answer
+        return None  # the clock check named the hosts that did not answer
     low = {h: min(a[1], a[2]) for h, a in answers.items()}
     worst = min(low, key=low.get)
     where = f"host {ctx.slice.layout.name(worst)} has {format_bytes(low[worst])} free in home or temp"

@@ -96,8 +96,9 @@ def create(request: LaunchRequest) -> Slice:
         first = (str(exc) or repr(exc)).splitlines()[0]
         progress.failed(f"failed: {first}")  # the error itself says the rest, line by line
         raise
+    zone = spec.zone  # where the node is (--zone named several, or any)
     if len(places) > 1:  # the winner's place and plain options: --recover relaunches just that
-        zone, accel = spec.zone, catalog.lookup(spec.accelerator)
+        accel = catalog.lookup(spec.accelerator)
         opts = dataclasses.replace(opts, zone=zone, race=None, alternatives=None)
         record.accelerator, price = accel.name, price_per_hour(accel, opts.spot, slices)
         record.spec.update(_fields(opts))

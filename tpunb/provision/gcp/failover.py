@@ -124,7 +124,11 @@ class Search:
                     if info is not None:
                         del running[place]
                         self._say(Outcome(place, "granted"))
-                        self._cancel(running, "another zone was granted first")
+                        try:
+                            self._cancel(running, "another zone was granted first")
+                        except BaseException:  # interrupted while the losers are deleted: the winner goes too
+                            attempt.cancel("its launch was interrupted")
+                            raise
                         return info, attempt.spec
                 if running:
                     api._sleep(min([next(delays)] + [a.time_left() for a in running.values()]))
