@@ -2,6 +2,9 @@
 order, queued resources raced, types widened; the hosts that win are the emulator's real sshd hosts."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests.conftest import CPU_AS_TPU_HOST, interrupt_kernel_when, wait_for
@@ -126,3 +129,19 @@ def test_a_project_wide_failure_stops_at_the_first_zone(tpu_emulator):
     with pytest.raises(ProvisionError, match="gcloud services enable tpu.googleapis.com") as info:
         failover.Search(spec, failover.candidates(catalog.lookup("v5p-8"), [Z1, Z2], None)).run()
     assert "\n" not in str(info.value)
+
+
+def test_a_kernel_killed_mid_race_leaves_what_tpu_down_deletes_in_every_zone(cloud, isolated_home):
+    """SIGKILL gives the launching kernel no chance to clean up: its record names every zone it tried."""
+    cloud.faults(no_capacity=True)
+    script = ("import tpunb\n"
+              f"tpunb.launch('v5p-8', name='cut', backend='gcp', zone={[Z1, Z2, Z3]!r}, race=3, python='python3')\n")
+    kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(cloud.state()["queuedResources"]) == 3, 60, "the race to wait in three zones")
+    finally:
+        kernel.kill()
+        kernel.wait()
+    assert places(cloud.state(), "queuedResources") == sorted([Z1, Z2, Z3])  # the dead kernel left them
+    assert slices.down("cut") == ["cut"]
+    assert cloud.state()["queuedResources"] == [] and Registry(isolated_home / "registry.db").list_slices() == []

@@ -34,6 +34,8 @@ from tpunb.status import OrphanStatus, SliceStatus
 NAME = "gcp"
 #: a slice whose launch has not finished (or was cut off): one wording everywhere
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
+#: a failover's record, while it launches: every zone it may have made something in
+TRIED = "failover_zones"
 
 
 def default_name(accelerator: catalog.Accelerator) -> str:
@@ -74,7 +76,8 @@ def create(request: LaunchRequest) -> Slice:
                         ssh_public_key=public_key, slices=slices)
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**_fields(opts), "key": str(key_path), "env_keys": sorted(env),
-                               **({"slices": slices} if slices > 1 else {})})
+                               **({"slices": slices} if slices > 1 else {}),
+                               **({TRIED: sorted({p.zone for p in places})} if len(places) > 1 else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
     kind = (f"multislice ({slices} nodes in one queued resource)" if slices > 1
             else "queued resource" if opts.queued else "node")
@@ -102,6 +105,7 @@ def create(request: LaunchRequest) -> Slice:
         opts = dataclasses.replace(opts, zone=zone, race=None, alternatives=None)
         record.accelerator, price = accel.name, price_per_hour(accel, opts.spot, slices)
         record.spec.update(_fields(opts))
+        record.spec.pop(TRIED, None)  # the losers are gone: only the winner's zone holds anything
     sl = None
     try:
         record.hosts = [HostRecord(h.index, h.address(opts.internal_ip) if h.port == 22
@@ -184,8 +188,12 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
 
 def delete(record: SliceRecord, force: bool = False) -> None:
     """Delete the node and wait until it is gone (before the registry forgets it), whoever
-    attached it (``force`` changes nothing: a node is deleted from anywhere)."""
+    attached it (``force`` changes nothing: a node is deleted from anywhere). A failover whose
+    kernel died mid-launch may have left requests in each zone it tried: those go too."""
     _node(record, watch=False).delete()
+    for zone in record.spec.get(TRIED, []):
+        if zone != record.spec["zone"]:
+            api.delete(record.spec["project"], zone, record.name, wait=True)
 
 
 def name_reusable(record: SliceRecord) -> bool:
