@@ -145,3 +145,19 @@ def test_a_kernel_killed_mid_race_leaves_what_tpu_down_deletes_in_every_zone(clo
     assert places(cloud.state(), "queuedResources") == sorted([Z1, Z2, Z3])  # the dead kernel left them
     assert slices.down("cut") == ["cut"]
     assert cloud.state()["queuedResources"] == [] and Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_zone_any_with_one_zone_offering_the_type_launches_there(cloud, cell, sshd):
+    run = cell(f"%tpu_launch v4-8 --name only --zone any --python {sshd.python} --env {ENV}")
+    assert run.error is None, run.shown
+    assert "in proj/us-central2-b (backend gcp)" in run.stdout and places(cloud.state()) == ["us-central2-b"]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ("--race 0", "--race takes how many zones to wait in at once, e.g. --race 3, not '0'"),
+    ("--zone us-central1-a --alternatives v5p-16", "--alternatives v5p-16 has 2 hosts, v5p-8 has 1"),
+])
+def test_bad_failover_flags_are_one_line(cloud, cell, flags, expected):
+    run = cell(f"%tpu_launch v5p-8 --backend gcp {flags}")
+    assert isinstance(run.error, UsageError) and expected in str(run.error) and "\n" not in str(run.error)
+    assert cloud.state()["nodes"] == []
