@@ -17,7 +17,7 @@ def credentials(ctx: Context) -> tuple[str, str] | None:
     if api.endpoint():
         return OK, f"anonymous, for the Cloud TPU API emulator at {api.endpoint()} (${api.ENDPOINT_ENV})"
     try:
-        found = api._default_credentials()
+        found = api.default_credentials()
     except ProvisionError as e:
         return FAILED, str(e)
     who = getattr(found, "service_account_email", None) or getattr(found, "account", None) or "your gcloud login"

@@ -106,11 +106,12 @@ def client() -> tpu_v2.TpuClient:
                     transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": url}
                 )
             else:
-                _clients[key] = tpu_v2.TpuClient(transport="rest", credentials=_default_credentials())
+                _clients[key] = tpu_v2.TpuClient(transport="rest", credentials=default_credentials())
         return _clients[key]
 
 
-def _default_credentials() -> Any:
+def default_credentials() -> Any:
+    """google.auth.default()'s credentials, or the one-line ProvisionError saying how to get some."""
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
 
@@ -151,6 +152,14 @@ def _translate(exc: BaseException, ctx: gcp_errors.Context) -> ProvisionError:
             f"{gcp_errors.credentials_message()} ({gcp_errors.one_line(str(exc), 120)})", "credentials"
         )
     return gcp_errors.error(gcp_errors.from_exception(exc), ctx)
+
+
+def call(fn: Callable[..., Any], ctx: gcp_errors.Context, **kw: Any) -> Any:
+    """One API call whose failure becomes the one-line ProvisionError (for read-only lookups)."""
+    try:
+        return fn(**kw)
+    except _api_errors() as e:
+        raise _translate(e, ctx) from None
 
 
 # -- records -------------------------------------------------------------------------------

@@ -10,10 +10,7 @@ from tpunb.provision.gcp.records import enum_name
 
 
 def _call(project: str, zone: str, what: str, fn, **kw):
-    try:
-        return fn(**kw)
-    except api._api_errors() as e:
-        raise api._translate(e, gcp_errors.Context(what, project, zone)) from None
+    return api.call(fn, gcp_errors.Context(what, project, zone), **kw)
 
 
 def offers(project: str, zone: str, accelerator: str) -> bool:
