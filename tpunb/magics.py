@@ -64,7 +64,7 @@ class TpuMagics(Magics):
     @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had")
     @line_magic
     def tpu_launch(self, line: str):
-        """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z] ..."""
+        """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z|Z1,Z2|any] [--race N] ..."""
         try:  # a press while the line is parsed has made nothing either
             args = _parse(self.tpu_launch, line)
             cloud = {f.name: getattr(args, f.name) for f in CloudOptions.flags() if getattr(args, f.name) not in (None, False)}
