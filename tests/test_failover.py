@@ -86,7 +86,7 @@ def test_interrupting_a_race_deletes_every_queued_resource(cloud, launch, isolat
 
 
 def test_every_zone_failing_gives_one_line_per_zone_then_what_to_try(cloud, sshd, isolated_home):
-    cloud.faults(no_capacity=[Z1], quota="operation", quota_zones=[Z2], permission_denied=[Z3])
+    cloud.faults(no_capacity=[Z1], quota="operation", quota_regions=[catalog.region_of(Z2)], permission_denied=[Z3])
     with pytest.raises(ProvisionError) as info:
         slices.launch("v5p-8", name="nowhere", backend="gcp", zone=[Z1, Z2, Z3], python=sshd.python)
     lines = str(info.value).splitlines()
@@ -112,6 +112,18 @@ def test_alternatives_widen_the_search_to_another_type_with_the_same_hosts(tpu_e
     assert api.delete("proj", "us-central1-a", "wide") is True
     with pytest.raises(UsageError, match="has 1 host, v6e-16 has 4"):
         failover.candidates(v6e, ["us-central1-b"], "v6e-8")
+
+
+def test_an_exhausted_regional_quota_skips_the_regions_other_zones(tpu_emulator):
+    """Quotas are per region (docs/cloud-facts.md): us-east5-b is not asked once us-east5-a said so."""
+    tpu_emulator.faults(quota="http", quota_regions=["us-east5"], permission_denied=["us-east5-b"])
+    wanted = failover.candidates(catalog.lookup("v6e-16"), ["us-east5-a", "us-east5-b", "us-central1-b"], None)
+    search = failover.Search(api.NodeSpec(name="reg", accelerator="v6e-16", project="proj", zone="us-east5-a"), wanted)
+    info, _ = search.run()
+    assert info.zone == "us-central1-b"
+    assert search.summary() == ("us-east5-a v6e-16: quota exceeded; us-east5-b v6e-16: not tried: the v6e quota of "
+                                "us-east5 is exhausted; us-central1-b v6e-16: granted")
+    assert api.delete("proj", "us-central1-b", "reg") is True
 
 
 def test_zone_any_lists_every_zone_of_the_type_nearest_first(monkeypatch):

@@ -40,7 +40,7 @@ class Faults:
     """What goes wrong on purpose. Each stays on until changed or cleared."""
 
     quota: str | None = None  # "operation": create operations fail with code 8; "http": create answers 429
-    quota_zones: list[str] | None = None  # the quota fault only in these zones (None: everywhere)
+    quota_regions: list[str] | None = None  # the quota fault only in these regions (None: everywhere)
     no_capacity: bool | list[str] = False  # stockout everywhere, or in these zones only
     permission_denied: bool | list[str] = False  # creates answer 403 (no tpu.*.create), everywhere or in these zones
     os_login: bool = False  # new VMs ignore metadata ssh-keys, as under OS Login (enable-oslogin=TRUE)
@@ -66,8 +66,8 @@ class Faults:
         return _in(self.permission_denied, zone)
 
     def quota_in(self, zone: str) -> str | None:
-        """The quota fault's mode where ``zone``'s creates hit it, else None."""
-        return self.quota if self.quota_zones is None or zone in self.quota_zones else None
+        """The quota fault's mode where ``zone``'s creates hit it, else None (quotas are regional)."""
+        return self.quota if self.quota_regions is None or catalog.region_of(zone) in self.quota_regions else None
 
 
 def _in(fault: bool | list[str], zone: str) -> bool:
@@ -88,7 +88,7 @@ def _coerce_fault(key: str, value: Any) -> Any:
         if isinstance(value, str):
             return [z for z in value.split(",") if z] or False
         return list(value) if isinstance(value, (list, tuple)) else bool(value)
-    if key == "quota_zones":
+    if key == "quota_regions":
         return None if value is None else [z for z in (value.split(",") if isinstance(value, str) else value) if z]
     if key in ("api_disabled", "delete_denied", "os_login"):
         return bool(value)
@@ -188,8 +188,9 @@ class RequestChecks:
         return acc
 
     def _quota_message(self, acc: catalog.Accelerator, zone: str, spot: bool) -> str:
-        metric = f"TPU{acc.generation.upper()}{'Preemptible' if spot else ''}PodPerProjectPerZoneForTPUAPI"
-        return f"Quota '{metric}' exhausted. Limit 0 in zone {zone}"
+        """As the real API words it: quotas are per region (docs/cloud-facts.md, marin-community/marin#87)."""
+        metric = f"TPU{acc.generation.upper()}{'Preemptible' if spot else ''}PodPerProjectPerRegionForTPUAPI"
+        return f"Quota '{metric}' exhausted. Limit 0 in region {catalog.region_of(zone)}"
 
     def _check_quota_http(self, project: str, acc: catalog.Accelerator, zone: str, spot: bool) -> None:
         if self.faults.quota_in(zone) == "http":

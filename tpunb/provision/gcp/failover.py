@@ -18,6 +18,7 @@ from typing import Any
 from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision.gcp import api
+from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import user_region
 
 ANY = "any"
@@ -54,7 +55,9 @@ class Outcome:
             label = "no capacity came free before --timeout"
         if self.kind == "cancelled":  # lost the race: what it was doing when it was deleted
             label = f"{self.detail or 'not started'}, deleted"
-        known = self.kind in LABELS or self.kind in ("granted", "cancelled")
+        if self.kind == "skipped":
+            label = f"not tried: {self.detail}"
+        known = self.kind in LABELS or self.kind in ("granted", "cancelled", "skipped")
         return f"{self.candidate}: {label}" + ("" if known or not self.detail else f" ({self.detail})")
 
 
@@ -119,7 +122,7 @@ class Search:
                         info = attempt.poll()
                     except ProvisionError as e:
                         del running[place]
-                        self._failed(place, e)
+                        self._failed(place, e, waiting)
                         continue
                     if info is not None:
                         del running[place]
@@ -144,21 +147,28 @@ class Search:
         for place in list(waiting):
             if len(running) >= self.width:
                 return
-            if place.zone in busy:
+            if place.zone in busy or place not in waiting:  # a failure may have ruled it out meanwhile
                 continue
             waiting.remove(place)
             spec = dataclasses.replace(self.spec, zone=place.zone, accelerator=place.accelerator)
             try:
                 running[place] = api.Attempt(spec, self._prefixed(place), self.timeout)
             except ProvisionError as e:
-                self._failed(place, e)
+                self._failed(place, e, waiting)
                 continue
             busy.add(place.zone)
 
-    def _failed(self, place: Candidate, error: ProvisionError) -> None:
+    def _failed(self, place: Candidate, error: ProvisionError, waiting: list[Candidate]) -> None:
         if len(self.places) == 1 or error.reason in PROJECT_WIDE:
             raise error  # one place: its own message says it best; project-wide: no zone will do
         self._say(Outcome(place, error.reason or "other", str(error)))
+        region = gcp_errors.quota_region(str(error)) if error.reason == "quota" else None
+        if region:  # quotas are regional, per generation: the region's other zones would fail the same way
+            generation = catalog.lookup(place.accelerator).generation
+            for other in [c for c in waiting if catalog.region_of(c.zone) == region
+                          and catalog.lookup(c.accelerator).generation == generation]:
+                waiting.remove(other)
+                self._say(Outcome(other, "skipped", f"the {generation} quota of {region} is exhausted"))
 
     def _cancel(self, running: dict, why: str) -> None:
         for place, attempt in list(running.items()):
