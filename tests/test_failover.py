@@ -126,6 +126,18 @@ def test_an_exhausted_regional_quota_skips_the_regions_other_zones(tpu_emulator)
     assert api.delete("proj", "us-central1-b", "reg") is True
 
 
+def test_spot_queued_requests_fail_over_one_zone_at_a_time(tpu_emulator):
+    """Without --race a queued request waits its --timeout in each zone, then is deleted."""
+    tpu_emulator.faults(no_capacity=[Z1])
+    spec = api.NodeSpec(name="sq", accelerator="v5p-8", project="proj", zone=Z1, spot=True, queued=True)
+    search = failover.Search(spec, failover.candidates(catalog.lookup("v5p-8"), [Z1, Z2], None), timeout=2.0)
+    info, made = search.run()
+    assert (info.zone, info.spot, made.queued) == (Z2, True, True)
+    assert search.summary() == f"{Z1} v5p-8: no capacity came free before --timeout; {Z2} v5p-8: granted"
+    assert places(tpu_emulator.state(), "queuedResources") == [Z2]
+    assert api.delete("proj", Z2, "sq") is True
+
+
 def test_zone_any_lists_every_zone_of_the_type_nearest_first(monkeypatch):
     monkeypatch.setenv("CLOUDSDK_COMPUTE_REGION", "us-east5")
     v6e = catalog.lookup("v6e-16")
