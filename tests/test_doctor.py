@@ -12,7 +12,7 @@ from tests.conftest import CPU_AS_TPU_HOST, wait_for
 from tests.emulator_fixture import configure, on_sshd
 from tpunb import doctor, slices
 from tpunb.doctor import hosts as host_checks
-from tpunb.errors import NoSliceError
+from tpunb.errors import NoSliceError, UsageError
 from tpunb.provision.gcp import api
 
 ZONE = "us-central2-b"  # offers v4
@@ -109,3 +109,9 @@ def test_clock_skew_counts_only_what_the_probe_time_cannot_explain():
 def test_an_unknown_slice_name_says_which_exist(cell):
     with pytest.raises(NoSliceError, match="no slice named 'ghost'"):
         doctor("ghost")
+
+
+def test_an_unknown_flag_is_a_one_line_usage_error(cell):
+    run = cell("%tpu_doctor --zonez us-east5-a")
+    assert isinstance(run.error, UsageError) and "unrecognized arguments: --zonez. Usage: %tpu_doctor" in str(run.error)
+    assert "\n" not in str(run.error)
