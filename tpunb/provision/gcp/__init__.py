@@ -7,7 +7,8 @@ this registry does not know (orphans, still billed) are found.
 
 The parts: ``api`` is the one seam for every Cloud TPU call, ``node`` the cloud side of an
 attached slice, ``config`` the launch options and default project/zone, ``errors`` failures as
-one-line messages.
+one-line messages, ``failover`` the zones (and types) a launch tries until one grants it,
+``lookups`` read-only questions for %tpu_doctor.
 """
 from __future__ import annotations
 
