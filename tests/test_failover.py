@@ -112,6 +112,9 @@ def test_alternatives_widen_the_search_to_another_type_with_the_same_hosts(tpu_e
     assert api.delete("proj", "us-central1-a", "wide") is True
     with pytest.raises(UsageError, match="has 1 host, v6e-16 has 4"):
         failover.candidates(v6e, ["us-central1-b"], "v6e-8")
+    with pytest.raises(ProvisionError, match="v6e-16 or v5litepod-16 is offered in none of us-central2-b, "
+                                             "asia-east1-c: zones with v6e-16: us-central1-b, "):
+        failover.candidates(v6e, ["us-central2-b", "asia-east1-c"], "v5litepod-16")
 
 
 def test_an_exhausted_regional_quota_skips_the_regions_other_zones(tpu_emulator):

@@ -84,8 +84,12 @@ def candidates(accelerator: catalog.Accelerator, zone_list: list[str], alternati
     for acc in types:
         places = catalog.zones_near(acc, user_region()) if any_zone else zone_list
         found += [Candidate(acc.name, z) for z in places if z in acc.zones]
-    if not found:
+    if not found and len(zone_list) == 1:
         catalog.check_zone(accelerator, zone_list[0])  # the one-line error naming zones that do offer it
+    if not found:
+        what = " or ".join(t.name for t in types)
+        raise ProvisionError(f"{what} is offered in none of {', '.join(zone_list)}: zones with {accelerator.name}: "
+                             f"{', '.join(accelerator.zones)} (or --zone any)")
     return list(dict.fromkeys(found))
 
 
