@@ -37,3 +37,15 @@ def tpu_emulator(tpu_emulator_options: dict, monkeypatch: pytest.MonkeyPatch) ->
         handle.stop()
     for exchange in exchanges:  # every call the test made, against Google's own tpu_v2 messages
         proto_check.check(exchange)
+
+
+def on_sshd(sshd) -> dict:
+    """Fast start_emulator options whose nodes' hosts are ``sshd``'s real SSH hosts."""
+    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+
+
+def configure(monkeypatch: pytest.MonkeyPatch, zone: str, project: str = "proj") -> None:
+    """A configured project and default zone, as GOOGLE_CLOUD_PROJECT and CLOUDSDK_COMPUTE_ZONE say."""
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project)
+    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", zone)
+    monkeypatch.delenv("CLOUDSDK_COMPUTE_REGION", raising=False)

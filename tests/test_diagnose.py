@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb import diagnose, slices
+from tpunb import diagnose, doctor, slices
 from tpunb.host import diagnose as host_diagnose
 
 
@@ -51,7 +51,10 @@ def test_a_host_with_another_jax_is_named_in_one_warning(cell, sshd, ssh_key, ot
     assert list(table["jax"]) == [ours, "0.4.1", ours]
     assert set(table["python"]) == {host_diagnose.versions()["python"]}
     assert set(table["libtpu"]) == {""}  # not installed here: a blank, not None
-    assert diagnose.problems(slices.current()) == [warnings[0]]  # %tpu_doctor finds the same
+    assert diagnose.problems(slices.current()) == [warnings[0]]
+    rows = {r.check: r for r in doctor()}  # %tpu_doctor finds the same, and nothing else wrong
+    assert rows["package versions"].status == "warning" and warnings[0] in rows["package versions"].why
+    assert rows["TPU free"].status == rows["coordinator port"].status == "ok"
 
 
 def test_hosts_that_agree_give_no_warning(cell, sshd, ssh_key):
@@ -99,6 +102,8 @@ def test_a_process_holding_the_tpu_is_named_and_the_given_line_frees_it(cell, ss
     checks = diagnose.check_hosts(slices.current())  # what %tpu_doctor asks, on demand
     assert [c.host for c in checks] == [0, 1]
     assert all(f"held by pid {holder.pid}" in c.tpu_busy and c.coordinator is None for c in checks)
+    row = next(r for r in doctor() if r.check == "TPU free")
+    assert row.status == "failed" and f"held by pid {holder.pid}" in row.why and "(and 1 more hosts)" in row.why
     fix = re.search(r"%tpu_run --hosts 0 kill [0-9 ]+", failed.shown).group(0)
     assert fix.split()[-1] == str(holder.pid)
     assert cell(fix).error is None

@@ -201,7 +201,7 @@ def test_fault_quota_through_the_operation_and_http(api, tpu_emulator):
     tpu_emulator.faults(quota="operation")
     op = api.create_node(parent=PARENT, node_id="q", node=node())
     with pytest.raises(
-        exceptions.ResourceExhausted, match="Quota 'TPUV4PodPerProjectPerZoneForTPUAPI' exhausted"
+        exceptions.ResourceExhausted, match="Quota 'TPUV4PodPerProjectPerRegionForTPUAPI' exhausted. Limit 0 in region us-central2"
     ):
         op.result(timeout=10, polling=POLL)
     assert tpu_emulator.nodes() == []

@@ -157,10 +157,10 @@ def test_queued_spot_preemption_suspends_the_queued_resource(tpu_emulator):
             {},
             "quota",
             "quota exceeded for v4-8 in us-central2-b (RESOURCE_EXHAUSTED: Quota "
-            "'TPUV4PodPerProjectPerZoneForTPUAPI' exhausted. Limit 0 in zone us-central2-b): "
+            "'TPUV4PodPerProjectPerRegionForTPUAPI' exhausted. Limit 0 in region us-central2): "
             "request more TPU quota",
         ),
-        ({"quota": "http"}, {"spot": True}, "quota", "try another zone"),
+        ({"quota": "http"}, {"spot": True}, "quota", "try a zone outside us-central2"),
         (
             {"no_capacity": True},
             {"accelerator": "v5litepod-8", "zone": "us-west4-a"},

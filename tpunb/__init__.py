@@ -1,12 +1,13 @@
 """tpunb: Cloud TPU slices native to Jupyter.
 
 ``%load_ext tpunb`` registers the magics; the same things are plain functions here:
-``launch``, ``connect``, ``use``, ``current``, ``down``, ``status``, ``plan``.
+``launch``, ``connect``, ``use``, ``current``, ``down``, ``status``, ``plan``, ``doctor``.
 """
 from __future__ import annotations
 
 import sys
 
+from tpunb.doctor import doctor
 from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
@@ -16,7 +17,7 @@ from tpunb.slices import connect, current, down, last_result, launch, status, us
 
 __version__ = "0.1.0"
 __all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_profile", "log", "plan",
-           "Slice", "TpunbError"]
+           "doctor", "Slice", "TpunbError"]
 
 
 def log(step: int | None = None, **scalars: float) -> None:

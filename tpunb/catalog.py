@@ -349,6 +349,29 @@ def check_zone(acc: Accelerator | str, zone: str) -> None:
     )
 
 
+def region_of(zone: str) -> str:
+    """us-central1-a -> us-central1."""
+    return zone.rsplit("-", 1)[0]
+
+
+def zones_near(acc: Accelerator | str, region: str | None = None) -> list[str]:
+    """The zones offering ``acc``, nearest to ``region`` first: the same region, then the same
+    area (us-central*), then the same continent (us-*); the catalog's order otherwise."""
+    acc = lookup(acc) if isinstance(acc, str) else acc
+    if not region:
+        return list(acc.zones)
+
+    def distance(zone: str) -> int:
+        theirs = region_of(zone)
+        if theirs == region:
+            return 0
+        if theirs.rstrip("0123456789") == region.rstrip("0123456789"):
+            return 1
+        return 2 if theirs.split("-")[0] == region.split("-")[0] else 3
+
+    return sorted(acc.zones, key=distance)
+
+
 def zones() -> list[str]:
     """Every zone that offers some TPU, sorted."""
     return sorted({z for g in generations() for z in g.zones})

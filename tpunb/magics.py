@@ -64,7 +64,7 @@ class TpuMagics(Magics):
     @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had")
     @line_magic
     def tpu_launch(self, line: str):
-        """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z] ..."""
+        """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z|Z1,Z2|any] [--race N] ..."""
         try:  # a press while the line is parsed has made nothing either
             args = _parse(self.tpu_launch, line)
             cloud = {f.name: getattr(args, f.name) for f in CloudOptions.flags() if getattr(args, f.name) not in (None, False)}
@@ -206,6 +206,21 @@ class TpuMagics(Magics):
             return None
         return MetricsView(title, sl.metrics_store, sl.metrics_feed, sl.num_hosts, args.metrics or None,
                            sl.metrics_interval, sl.layout.names)
+
+    @magic_arguments()
+    @argument("name", nargs="?", default=None, help="slice to check (default: the current one, if any)")
+    @argument("--accelerator", default=None, help="with no slice: the type a launch would ask for, e.g. v5p-8")
+    @argument("--zone", default=None, help="with no slice: the zone to check (default: the configured one)")
+    @argument("--project", default=None, help="with no slice: the project to check (default: the configured one)")
+    @line_magic
+    def tpu_doctor(self, line: str):
+        """Check credentials, project, API, quota, zone and every host's clock and disk: one row each."""
+        from tpunb.doctor import doctor
+
+        args = _parse(self.tpu_doctor, line)
+        with _one_line_interrupt():
+            rows = doctor(args.name, accelerator=args.accelerator, zone=args.zone, project=args.project)
+        report.info(str(rows))
 
     @magic_arguments()
     @argument("--versions", action="store_true", help="Python, jax, jaxlib, libtpu and flax of every host")

@@ -45,8 +45,8 @@ class AdminClient:
         return self.state()["queuedResources"]
 
     def faults(self, **changes: Any) -> dict:
-        """Turn faults on or off: quota="operation"|"http", no_capacity=True|[zones],
-        permission_denied=True, delete_denied=True, api_disabled=True, os_login=True (VMs ignore metadata
+        """Turn faults on or off: quota="operation"|"http" (quota_regions=[regions]: only there),
+        no_capacity=True|[zones], permission_denied=True|[zones], delete_denied=True, api_disabled=True, os_login=True (VMs ignore metadata
         ssh-keys), slow_create=seconds, preempt_after=seconds."""
         return self.admin("POST", "/_emulator/faults", changes)
 

@@ -40,8 +40,9 @@ class Faults:
     """What goes wrong on purpose. Each stays on until changed or cleared."""
 
     quota: str | None = None  # "operation": create operations fail with code 8; "http": create answers 429
+    quota_regions: list[str] | None = None  # the quota fault only in these regions (None: everywhere)
     no_capacity: bool | list[str] = False  # stockout everywhere, or in these zones only
-    permission_denied: bool = False  # create calls answer 403 (caller lacks tpu.*.create)
+    permission_denied: bool | list[str] = False  # creates answer 403 (no tpu.*.create), everywhere or in these zones
     os_login: bool = False  # new VMs ignore metadata ssh-keys, as under OS Login (enable-oslogin=TRUE)
     delete_denied: bool = False  # delete calls answer 403 (caller lacks tpu.*.delete): clean-up fails
     api_disabled: bool = False  # every call answers 403 SERVICE_DISABLED
@@ -59,7 +60,19 @@ class Faults:
             setattr(self, key, _coerce_fault(key, value))
 
     def stockout(self, zone: str) -> bool:
-        return self.no_capacity is True or (isinstance(self.no_capacity, list) and zone in self.no_capacity)
+        return _in(self.no_capacity, zone)
+
+    def denied(self, zone: str) -> bool:
+        return _in(self.permission_denied, zone)
+
+    def quota_in(self, zone: str) -> str | None:
+        """The quota fault's mode where ``zone``'s creates hit it, else None (quotas are regional)."""
+        return self.quota if self.quota_regions is None or catalog.region_of(zone) in self.quota_regions else None
+
+
+def _in(fault: bool | list[str], zone: str) -> bool:
+    """A fault that is on everywhere (True) or in a list of zones."""
+    return fault is True or (isinstance(fault, list) and zone in fault)
 
 
 def _coerce_fault(key: str, value: Any) -> Any:
@@ -71,11 +84,13 @@ def _coerce_fault(key: str, value: Any) -> Any:
         if value in ("operation", "http"):
             return value
         raise ApiError(400, "INVALID_ARGUMENT", "fault quota must be true, false, 'operation' or 'http'")
-    if key == "no_capacity":
+    if key in ("no_capacity", "permission_denied"):
         if isinstance(value, str):
             return [z for z in value.split(",") if z] or False
         return list(value) if isinstance(value, (list, tuple)) else bool(value)
-    if key in ("permission_denied", "api_disabled", "delete_denied", "os_login"):
+    if key == "quota_regions":
+        return None if value is None else [z for z in (value.split(",") if isinstance(value, str) else value) if z]
+    if key in ("api_disabled", "delete_denied", "os_login"):
         return bool(value)
     if key == "slow_create":
         return float(value or 0)
@@ -127,7 +142,7 @@ class RequestChecks:
 
     def _check_create(self, project: str, zone: str, kind: str, resource_id: str) -> None:
         """The faults a create call hits before any validation of its body."""
-        if self.faults.permission_denied:
+        if self.faults.denied(zone):
             self._denied(project, zone, kind, resource_id, "create")
         if not ID_RE.match(resource_id or ""):
             raise ApiError(
@@ -173,11 +188,12 @@ class RequestChecks:
         return acc
 
     def _quota_message(self, acc: catalog.Accelerator, zone: str, spot: bool) -> str:
-        metric = f"TPU{acc.generation.upper()}{'Preemptible' if spot else ''}PodPerProjectPerZoneForTPUAPI"
-        return f"Quota '{metric}' exhausted. Limit 0 in zone {zone}"
+        """As the real API words it: quotas are per region (docs/cloud-facts.md, marin-community/marin#87)."""
+        metric = f"TPU{acc.generation.upper()}{'Preemptible' if spot else ''}PodPerProjectPerRegionForTPUAPI"
+        return f"Quota '{metric}' exhausted. Limit 0 in region {catalog.region_of(zone)}"
 
     def _check_quota_http(self, project: str, acc: catalog.Accelerator, zone: str, spot: bool) -> None:
-        if self.faults.quota == "http":
+        if self.faults.quota_in(zone) == "http":
             message = self._quota_message(acc, zone, spot)
             raise ApiError(
                 429,

@@ -123,7 +123,7 @@ class Emulator(RequestChecks):
         endpoints = (
             None if self.faults.stockout(zone) else self.hosts.allocate(name, acc.hosts, node.external_ips)
         )
-        if self.faults.quota == "operation":
+        if self.faults.quota_in(zone) == "operation":
             self._at(
                 fail_after, self._fail_create, node, RESOURCE_EXHAUSTED, self._quota_message(acc, zone, spot)
             )
@@ -339,7 +339,7 @@ class Emulator(RequestChecks):
         if self.queued.get(qr.name) is not qr or qr.state != "WAITING_FOR_RESOURCES":
             return
         qr.attempts += 1
-        if self.faults.quota:
+        if self.faults.quota_in(qr.zone):
             qr.state, qr.state_initiator = "FAILED", "SERVICE"
             qr.failed_error = {
                 "code": RESOURCE_EXHAUSTED,

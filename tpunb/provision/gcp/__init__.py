@@ -7,7 +7,8 @@ this registry does not know (orphans, still billed) are found.
 
 The parts: ``api`` is the one seam for every Cloud TPU call, ``node`` the cloud side of an
 attached slice, ``config`` the launch options and default project/zone, ``errors`` failures as
-one-line messages.
+one-line messages, ``failover`` the zones (and types) a launch tries until one grants it,
+``lookups`` read-only questions for %tpu_doctor.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tpunb.provision.common import owner_alive
 from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failover
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -33,6 +35,8 @@ from tpunb.status import OrphanStatus, SliceStatus
 NAME = "gcp"
 #: a slice whose launch has not finished (or was cut off): one wording everywhere
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
+#: a failover's record, while it launches: every zone it may have made something in
+TRIED = "failover_zones"
 
 
 def default_name(accelerator: catalog.Accelerator) -> str:
@@ -65,24 +69,27 @@ def create(request: LaunchRequest) -> Slice:
         raise UsageError("--idle-delete watches one node, not yet a multislice: launch it without --idle-delete "
                          f"and end it with %tpu_down {name}")
     project, zone = require_project_zone(opts.project, opts.zone)
-    catalog.check_zone(accel, zone)
+    places = _places(accel, zone, opts.alternatives)
     key_path, public_key = keys.default_key()
-    opts = dataclasses.replace(opts, project=project, zone=zone, user=opts.user or getpass.getuser(),
-                               python=opts.python or "python3")
+    opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=opts.user or getpass.getuser(),
+                               python=opts.python or "python3", queued=opts.queued or opts.race is not None)
     spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=opts.user,
                         ssh_public_key=public_key, slices=slices)
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**_fields(opts), "key": str(key_path), "env_keys": sorted(env),
-                               **({"slices": slices} if slices > 1 else {})})
+                               **({"slices": slices} if slices > 1 else {}),
+                               **({TRIED: sorted({p.zone for p in places})} if len(places) > 1 else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
     kind = (f"multislice ({slices} nodes in one queued resource)" if slices > 1
             else "queued resource" if opts.queued else "node")
     price = price_per_hour(accel, opts.spot, slices)
+    where = _either([p.zone for p in dict.fromkeys(places)]) if len(places) > 1 else places[0].zone
     progress = LaunchProgress(f"Launching {record.kind} {'spot ' if opts.spot else ''}{kind} {name!r} in "
-                              f"{project}/{zone} (backend gcp)", price)
+                              f"{project}/{where} (backend gcp)", price)
     started = time.perf_counter()
+    search = failover.Search(spec, places, opts.race or 1, progress.state, opts.timeout or api.DEFAULT_TIMEOUT)
     try:
-        info = api.create(spec, on_state=progress.state, timeout=opts.timeout or api.DEFAULT_TIMEOUT)
+        info, spec = search.run()
     except KeyboardInterrupt:
         reg.delete_slice(name)
         message = f"launch of {name} interrupted: what it had created was deleted, nothing is left running"
@@ -90,8 +97,16 @@ def create(request: LaunchRequest) -> Slice:
         raise CellInterrupted(message) from None
     except BaseException as exc:
         reg.delete_slice(name)
-        progress.failed(f"failed: {exc}")
+        first = (str(exc) or repr(exc)).splitlines()[0]
+        progress.failed(f"failed: {first}")  # the error itself says the rest, line by line
         raise
+    zone = spec.zone  # where the node is (--zone named several, or any)
+    if len(places) > 1:  # the winner's place and plain options: --recover relaunches just that
+        accel = catalog.lookup(spec.accelerator)
+        opts = dataclasses.replace(opts, zone=zone, race=None, alternatives=None)
+        record.accelerator, price = accel.name, price_per_hour(accel, opts.spot, slices)
+        record.spec.update(_fields(opts))
+        record.spec.pop(TRIED, None)  # the losers are gone: only the winner's zone holds anything
     sl = None
     try:
         record.hosts = [HostRecord(h.index, h.address(opts.internal_ip) if h.port == 22
@@ -120,9 +135,22 @@ def create(request: LaunchRequest) -> Slice:
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
     if opts.idle_delete:
         cost += f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)"
-    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s: {len(record.hosts)} host"
+    tries = f" ({search.summary()})" if len(places) > 1 else ""
+    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} host"
                   f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
     return sl
+
+
+def _places(accel: catalog.Accelerator, zone: str, alternatives: str | None) -> list[failover.Candidate]:
+    """Where to try: one zone (checked against the catalog), or every (type, zone) of a failover."""
+    zone_list = failover.zones(accel, zone)
+    if len(zone_list) == 1 and not alternatives and zone.strip().lower() != failover.ANY:
+        catalog.check_zone(accel, zone_list[0])
+    return failover.candidates(accel, zone_list, alternatives, any_zone=zone.strip().lower() == failover.ANY)
+
+
+def _either(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def _fields(opts: CloudOptions) -> dict:
@@ -169,8 +197,12 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
 
 def delete(record: SliceRecord, force: bool = False) -> None:
     """Delete the node and wait until it is gone (before the registry forgets it), whoever
-    attached it (``force`` changes nothing: a node is deleted from anywhere)."""
+    attached it (``force`` changes nothing: a node is deleted from anywhere). A failover whose
+    kernel died mid-launch may have left requests in each zone it tried: those go too."""
     _node(record, watch=False).delete()
+    for zone in record.spec.get(TRIED, []):
+        if zone != record.spec["zone"]:
+            api.delete(record.spec["project"], zone, record.name, wait=True)
 
 
 def name_reusable(record: SliceRecord) -> bool:

@@ -106,11 +106,12 @@ def client() -> tpu_v2.TpuClient:
                     transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": url}
                 )
             else:
-                _clients[key] = tpu_v2.TpuClient(transport="rest", credentials=_default_credentials())
+                _clients[key] = tpu_v2.TpuClient(transport="rest", credentials=default_credentials())
         return _clients[key]
 
 
-def _default_credentials() -> Any:
+def default_credentials() -> Any:
+    """google.auth.default()'s credentials, or the one-line ProvisionError saying how to get some."""
     import google.auth
     from google.auth.exceptions import DefaultCredentialsError
 
@@ -151,6 +152,14 @@ def _translate(exc: BaseException, ctx: gcp_errors.Context) -> ProvisionError:
             f"{gcp_errors.credentials_message()} ({gcp_errors.one_line(str(exc), 120)})", "credentials"
         )
     return gcp_errors.error(gcp_errors.from_exception(exc), ctx)
+
+
+def call(fn: Callable[..., Any], ctx: gcp_errors.Context, **kw: Any) -> Any:
+    """One API call whose failure becomes the one-line ProvisionError (for read-only lookups)."""
+    try:
+        return fn(**kw)
+    except _api_errors() as e:
+        raise _translate(e, ctx) from None
 
 
 # -- records -------------------------------------------------------------------------------
@@ -255,121 +264,149 @@ def create(
     created is deleted before the error propagates; API failures become one-line
     ProvisionErrors whose ``.reason`` names the kind (quota, no_capacity, permission, ...).
     """
-    acc = catalog.lookup(spec.accelerator)  # UnknownAcceleratorError: one line with suggestions
-    if acc.generation not in TPU_API_GENERATIONS:  # docs/cloud-facts.md: "not supported on TPU7x and later"
-        raise UsageError(f"{acc.name} cannot be created through the Cloud TPU API (Google serves TPU7x and later "
-                         "through GKE or Compute Engine only): pick a v6e or older type")
-    ctx = gcp_errors.Context(spec.name, spec.project, spec.zone, acc.name, spec.spot, spec.queued)
-    started = time.monotonic()
-    api, tpu_v2 = client(), _tpu()
-    launch = secrets.token_hex(4)
-    node = _node_body(spec, acc, launch)
-    parent, node_name, qr_name = _names(spec.project, spec.zone, spec.name)
-    queued_path = spec.queued or spec.slices > 1  # a multislice exists only as a queued resource
+    attempt = Attempt(spec, on_state, timeout)
+    delays = _poll_delays()
     try:
-        if queued_path:
-            node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node=node)
-            if spec.slices > 1:
-                node_spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
-                    node_count=spec.slices, node_id_prefix=spec.name
-                )
-            else:
-                node_spec.node_id = spec.name
-            queued = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
-            if spec.spot:
-                queued.spot = tpu_v2.QueuedResource.Spot()
-            op = api.create_queued_resource(
-                parent=parent, queued_resource_id=spec.name, queued_resource=queued
+        while (info := attempt.poll()) is None:
+            _sleep(min(next(delays), attempt.time_left()))
+        return info
+    except ProvisionError:
+        raise  # poll() has cleaned up and said so
+    except BaseException as e:
+        attempt.cancel("its launch was interrupted" if isinstance(e, KeyboardInterrupt) else "its launch failed")
+        raise
+
+
+class Attempt:
+    """One create in flight: submitted when made, advanced one look at a time by ``poll``, so a
+    caller can watch several at once (a zone race) and ``cancel`` the ones that lose."""
+
+    def __init__(self, spec: NodeSpec, on_state: Callable[[str, float], Any] | None = None,
+                 timeout: float | None = DEFAULT_TIMEOUT) -> None:
+        acc = catalog.lookup(spec.accelerator)  # UnknownAcceleratorError: one line with suggestions
+        if acc.generation not in TPU_API_GENERATIONS:  # docs/cloud-facts.md: "not supported on TPU7x and later"
+            raise UsageError(f"{acc.name} cannot be created through the Cloud TPU API (Google serves TPU7x and "
+                             "later through GKE or Compute Engine only): pick a v6e or older type")
+        self.spec, self.timeout = spec, timeout
+        self.ctx = gcp_errors.Context(spec.name, spec.project, spec.zone, acc.name, spec.spot, spec.queued)
+        started = time.monotonic()
+        self.deadline = None if timeout is None else started + timeout
+        self.watch = _Transitions(on_state, started)
+        self.queued = spec.queued or spec.slices > 1  # a multislice exists only as a queued resource
+        _, self.node_name, self.qr_name = _names(spec.project, spec.zone, spec.name)
+        self.api = client()
+        launch = secrets.token_hex(4)
+        try:
+            self.op = self._submit(_node_body(spec, acc, launch))
+        except _api_errors() as e:
+            raise _translate(e, self.ctx) from None  # the API refused: nothing was created
+        except BaseException:
+            _delete_if_launched(spec, launch)  # interrupted mid-call: it may or may not exist
+            raise
+
+    def _submit(self, node: tpu_v2.Node) -> Any:
+        spec, tpu_v2 = self.spec, _tpu()
+        parent = f"projects/{spec.project}/locations/{spec.zone}"
+        if not self.queued:
+            return self.api.create_node(parent=parent, node_id=spec.name, node=node)
+        node_spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node=node)
+        if spec.slices > 1:
+            node_spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
+                node_count=spec.slices, node_id_prefix=spec.name
             )
         else:
-            op = api.create_node(parent=parent, node_id=spec.name, node=node)
-    except _api_errors() as e:
-        raise _translate(e, ctx) from None  # the API refused: nothing was created
-    except BaseException:
-        _delete_if_launched(spec, launch)  # interrupted mid-call: it may or may not exist
-        raise
-    watch = _Transitions(on_state, started)
-    deadline = None if timeout is None else started + timeout
-    try:
-        if queued_path:
-            return _wait_queued(api, op, node_name, qr_name, watch, deadline)
-        return _wait_node(api, op, node_name, watch, deadline)
-    except _TimedOut:
-        note = _cleanup(spec)
-        what = "queued resource" if queued_path else "node"
-        hint = "retry with a longer --timeout or another zone"
-        if watch.last == "WAITING_FOR_RESOURCES":
-            hint = "no capacity came free: try another zone" + ("" if spec.spot else " or --spot")
-        raise ProvisionError(
-            f"{what} {spec.name} was still {watch.last or 'not visible'} after {timeout:g} s (--timeout); "
-            f"{note}; {hint}",
-            "timeout",
-        ) from None
-    except _OperationFailed as e:
-        raise gcp_errors.error(
-            gcp_errors.from_status(e.code, e.message), _with_cleanup(ctx, _cleanup(spec))
-        ) from None
-    except ProvisionError as e:
-        raise ProvisionError(f"{e}; {_cleanup(spec)}", e.reason or "lost") from None
-    except _api_errors() as e:
-        raise _translate(e, _with_cleanup(ctx, _cleanup(spec))) from None
-    except BaseException as e:
-        _cleanup(spec, "its launch was interrupted" if isinstance(e, KeyboardInterrupt) else "its launch failed")
-        raise
+            node_spec.node_id = spec.name
+        queued = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
+        if spec.spot:
+            queued.spot = tpu_v2.QueuedResource.Spot()
+        return self.api.create_queued_resource(parent=parent, queued_resource_id=spec.name, queued_resource=queued)
+
+    @property
+    def state(self) -> str | None:
+        """The last state seen (WAITING_FOR_RESOURCES, CREATING, ...), None before the first look."""
+        return self.watch.last
+
+    def time_left(self) -> float:
+        return float("inf") if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def poll(self) -> NodeInfo | None:
+        """One look: the node once READY (ACTIVE), else None. A failure or timeout deletes what
+        this attempt made and raises the one-line ProvisionError."""
+        spec = self.spec
+        try:
+            info = (_poll_queued if self.queued else _poll_node)(self.api, self.op, self.node_name, self.qr_name,
+                                                                 self.watch)
+            if info is None and self.deadline is not None and time.monotonic() >= self.deadline:
+                raise _TimedOut()
+            return info
+        except _TimedOut:
+            note = _cleanup(spec)
+            what = "queued resource" if self.queued else "node"
+            hint = "retry with a longer --timeout or another zone"
+            if self.watch.last == "WAITING_FOR_RESOURCES":
+                hint = "no capacity came free: try another zone" + ("" if spec.spot else " or --spot")
+            raise ProvisionError(
+                f"{what} {spec.name} was still {self.watch.last or 'not visible'} after {self.timeout:g} s "
+                f"(--timeout); {note}; {hint}",
+                "timeout",
+            ) from None
+        except _OperationFailed as e:
+            raise gcp_errors.error(
+                gcp_errors.from_status(e.code, e.message), _with_cleanup(self.ctx, _cleanup(spec))
+            ) from None
+        except ProvisionError as e:
+            raise ProvisionError(f"{e}; {_cleanup(spec)}", e.reason or "lost") from None
+        except _api_errors() as e:
+            raise _translate(e, _with_cleanup(self.ctx, _cleanup(spec))) from None
+
+    def cancel(self, why: str) -> str:
+        """Delete what this attempt made (it lost a race, or the launch was interrupted)."""
+        return _cleanup(self.spec, why)
 
 
 def _with_cleanup(ctx: gcp_errors.Context, note: str) -> gcp_errors.Context:
     return gcp_errors.Context(ctx.name, ctx.project, ctx.zone, ctx.accelerator, ctx.spot, ctx.queued, note)
 
 
-def _wait_node(api: Any, op: Any, node_name: str, watch: _Transitions, deadline: float | None) -> NodeInfo:
-    delays = _poll_delays()
-    while True:
-        node = _get_or_none(api.get_node, node_name)
-        if node is not None:
-            state = enum_name(node.state)
-            watch.see(state)
-            if state == "READY":
-                return _info(node)
-            if state in LOST_NODE_STATES:
-                spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
-                text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], state, spot)
-                raise ProvisionError(text, "preempted" if state == "PREEMPTED" else "lost")
-        if op.done():
-            if op.operation.error.code:
-                raise _OperationFailed(op.operation.error.code, op.operation.error.message)
-            if node is None:
-                raise ProvisionError(
-                    f"node {node_name.rsplit('/', 1)[-1]} disappeared right after it was created", "lost"
-                )
-        _wait_or_time_out(delays, deadline)
-
-
-def _wait_queued(
-    api: Any, op: Any, node_name: str, qr_name: str, watch: _Transitions, deadline: float | None
-) -> NodeInfo:
-    delays = _poll_delays()
-    while True:
-        if op.done() and op.operation.error.code:
+def _poll_node(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transitions) -> NodeInfo | None:
+    node = _get_or_none(api.get_node, node_name)
+    if node is not None:
+        state = enum_name(node.state)
+        watch.see(state)
+        if state == "READY":
+            return _info(node)
+        if state in LOST_NODE_STATES:
+            spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
+            text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], state, spot)
+            raise ProvisionError(text, "preempted" if state == "PREEMPTED" else "lost")
+    if op.done():
+        if op.operation.error.code:
             raise _OperationFailed(op.operation.error.code, op.operation.error.message)
-        qr = _get_or_none(api.get_queued_resource, qr_name)
-        if qr is not None:
-            state = enum_name(qr.state.state)
-            watch.see(state)
-            if state == "ACTIVE":
-                if _node_ids(qr) == [node_name.rsplit("/", 1)[-1]]:
-                    return _info(api.get_node(name=node_name), queued_state=state)
-                info = _multislice(qr, _nodes_of(api, qr))  # every node of a multislice, as one
-                if info.ready:
-                    return info
-            if state == "FAILED" and qr.state.failed_data.error.code:
-                error = qr.state.failed_data.error
-                raise _OperationFailed(error.code, error.message)
-            if state in LOST_QUEUED_STATES:
-                raise ProvisionError(
-                    f"queued resource {qr_name.rsplit('/', 1)[-1]} became {state} while waiting", "lost"
-                )
-        _wait_or_time_out(delays, deadline)
+        if node is None:
+            raise ProvisionError(f"node {node_name.rsplit('/', 1)[-1]} disappeared right after it was created", "lost")
+    return None
+
+
+def _poll_queued(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transitions) -> NodeInfo | None:
+    if op.done() and op.operation.error.code:
+        raise _OperationFailed(op.operation.error.code, op.operation.error.message)
+    qr = _get_or_none(api.get_queued_resource, qr_name)
+    if qr is None:
+        return None
+    state = enum_name(qr.state.state)
+    watch.see(state)
+    if state == "ACTIVE":
+        if _node_ids(qr) == [node_name.rsplit("/", 1)[-1]]:
+            return _info(api.get_node(name=node_name), queued_state=state)
+        info = _multislice(qr, _nodes_of(api, qr))  # every node of a multislice, as one
+        if info.ready:
+            return info
+    if state == "FAILED" and qr.state.failed_data.error.code:
+        error = qr.state.failed_data.error
+        raise _OperationFailed(error.code, error.message)
+    if state in LOST_QUEUED_STATES:
+        raise ProvisionError(f"queued resource {qr_name.rsplit('/', 1)[-1]} became {state} while waiting", "lost")
+    return None
 
 
 def _wait_or_time_out(delays: Iterator[float], deadline: float | None) -> None:

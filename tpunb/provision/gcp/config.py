@@ -35,7 +35,12 @@ class CloudOptions:
 
     project: str | None = _option("Google Cloud project (default: GOOGLE_CLOUD_PROJECT, then gcloud's config)",
                                   default=None)
-    zone: str | None = _option("zone (default: CLOUDSDK_COMPUTE_ZONE, then gcloud's config)", default=None)
+    zone: str | None = _option("zone, or Z1,Z2,... tried in that order, or any: every zone offering the type, "
+                               "nearest first (default: CLOUDSDK_COMPUTE_ZONE, then gcloud's config)", default=None)
+    race: int | None = _option("with several zones: wait for capacity in N zones at once (queued resources); "
+                               "the first granted wins, the others are deleted", default=None)
+    alternatives: str | None = _option("T1,T2: other accelerator types with the same host count to try after "
+                                       "ACCELERATOR, in the same zones", default=None)
     spot: bool = _option("spot capacity: cheaper, may be preempted", default=False)
     runtime: str | None = _option("TPU runtime version (default: the generation's usual one)", default=None)
     queued: bool = _option("create through a queued resource (waits for capacity)", default=False)
@@ -55,6 +60,18 @@ class CloudOptions:
 
     def __post_init__(self) -> None:
         self.labels = parse_labels(self.labels)
+        if isinstance(self.zone, (list, tuple)):  # the Python API: zone=["us-east5-a", "us-central1-a"]
+            self.zone = ",".join(self.zone)
+        if isinstance(self.alternatives, (list, tuple)):
+            self.alternatives = ",".join(self.alternatives)
+        if self.race is not None:
+            given = self.race
+            try:
+                self.race = int(given)
+            except (TypeError, ValueError):
+                self.race = 0
+            if self.race < 1 or isinstance(given, bool):
+                raise UsageError(f"--race takes how many zones to wait in at once, e.g. --race 3, not {given!r}")
         if self.idle_delete is None:
             self.idle_delete = parse_duration(os.environ.get(IDLE_DELETE_ENV), f"${IDLE_DELETE_ENV}", off=True)
         else:
@@ -131,6 +148,19 @@ def resolve_project_zone(
             project = project or config.get("core", "project", fallback=None) or None
             zone = zone or config.get("compute", "zone", fallback=None) or None
     return project, zone
+
+
+def user_region() -> str | None:
+    """The region the user works from: CLOUDSDK_COMPUTE_REGION, gcloud's compute/region, or the
+    region of their default zone; None when none is known."""
+    region = os.environ.get("CLOUDSDK_COMPUTE_REGION") or None
+    if region is None:
+        config = active_gcloud_config()
+        region = config.get("compute", "region", fallback=None) if config is not None else None
+    if region is None:
+        zone = resolve_project_zone(None, None)[1]
+        region = zone.rsplit("-", 1)[0] if zone and "," not in zone and zone != "any" else None
+    return region or None
 
 
 def require_project_zone(project: str | None = None, zone: str | None = None) -> tuple[str, str]:

@@ -208,14 +208,20 @@ def _either(options: list[str]) -> str:
     return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
 
 
+def quota_region(message: str) -> str | None:
+    """The region a quota message names ("... Limit 0 in region us-east5"): its zones share it."""
+    found = re.search(r"\bin region ([a-z]+-[a-z]+\d+)", message)
+    return found.group(1) if found else None
+
+
 def _quota(f: Failure, ctx: Context) -> str:
     options = [
         f"request more TPU quota (https://console.cloud.google.com/iam-admin/quotas?project={ctx.project})"
     ]
     if not ctx.spot:
         options.append("try --spot (spot has its own quota)")
-    region = re.search(r"\bin region ([a-z]+-[a-z]+\d+)", f.message)  # a regional quota: its zones share it
-    options.append(f"try a zone outside {region.group(1)}" if region else "try another zone")
+    region = quota_region(f.message)
+    options.append(f"try a zone outside {region}" if region else "try another zone")
     what = f"quota exceeded for {ctx.accelerator} in {ctx.zone} (RESOURCE_EXHAUSTED: {f.message})"
     return f"{what}: {_either(options)}"
 

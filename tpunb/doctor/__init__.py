@@ -1,0 +1,74 @@
+"""%tpu_doctor: what stands between this notebook and a working slice, one row per check.
+
+Each check is a small function registered with ``@check("label")`` (tpunb.doctor.base) in
+``CHECKS``, in the order the table shows: the modules imported below, in this order. It takes
+the ``Context`` (project, zone, accelerator, the slice if one is attached) and returns
+``(status, why)``: "ok", "warning" or "failed" and one line, or None where it does not apply (no
+host checks without a slice, no cloud checks for a local slice). A check that raises becomes a
+failed row with the error's first line, so one broken check never hides the others.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tpunb.doctor import cloud, hosts, jax_ready  # noqa: F401 - importing them registers their checks, in this order
+from tpunb.doctor.base import CHECKS, FAILED, Context, Row
+
+
+class Report(list):
+    """The rows of one %tpu_doctor run; prints as a table."""
+
+    title: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(row.status != FAILED for row in self)
+
+    def __str__(self) -> str:
+        width = max([len(r.check) for r in self] + [5])
+        lines = [self.title] if self.title else []
+        lines += [f"{r.check:<{width}}  {r.status:<7}  {r.why}" for r in self]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(str(self))
+
+
+def run(ctx: Context) -> Report:
+    """Every registered check on ``ctx``, in order."""
+    rows = Report()
+    for label, fn in CHECKS:
+        try:
+            answer = fn(ctx)
+        except Exception as e:  # one broken check must not hide the others
+            text = (str(e) or type(e).__name__).splitlines()[0]
+            answer = (FAILED, f"{type(e).__name__}: {text}" if not str(e) else text)
+        if answer is not None:
+            rows.append(Row(label, *answer))
+    return rows
+
+
+def doctor(name: str | None = None, accelerator: str | None = None, zone: str | None = None,
+           project: str | None = None) -> Report:
+    """Check the slice ``name`` (default: the current one, if any), or, with no slice, what a
+    launch of ``accelerator`` in ``project``/``zone`` needs. Returns the rows; print() shows them."""
+    from tpunb import slices
+    from tpunb.errors import NoSliceError
+    from tpunb.provision.gcp.config import resolve_project_zone
+
+    sl = None
+    try:
+        sl = slices.current(name)
+    except NoSliceError:
+        if name:
+            raise
+    if sl is not None and sl.backend == "gcp":
+        spec = sl.record.spec
+        project, zone = project or spec.get("project"), zone or spec.get("zone")
+    else:
+        project, zone = resolve_project_zone(project, zone)
+    accelerator = accelerator or (sl.record.accelerator if sl is not None else None)
+    report = run(Context(project, zone, accelerator, sl))
+    where = f"slice {sl.name!r} ({sl.kind}, {sl.backend})" if sl is not None else "no slice attached"
+    report.title = f"tpu_doctor: {where}; project {project or '?'}, zone {zone or '?'}"
+    return report

@@ -1,0 +1,46 @@
+"""Read-only questions to the Cloud TPU API that change nothing: does a zone offer a type, which
+runtime versions it has, which queued resources failed on quota. %tpu_doctor asks them; they go
+through the same client and error translation as ``api`` (the one seam for cloud calls)."""
+from __future__ import annotations
+
+from tpunb.errors import ProvisionError
+from tpunb.provision.gcp import api
+from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp.records import enum_name
+
+
+def _call(project: str, zone: str, what: str, fn, **kw):
+    return api.call(fn, gcp_errors.Context(what, project, zone), **kw)
+
+
+def offers(project: str, zone: str, accelerator: str) -> bool:
+    """The zone lists ``accelerator`` among its acceleratorTypes (what create would accept)."""
+    name = f"projects/{project}/locations/{zone}/acceleratorTypes/{accelerator}"
+    try:
+        _call(project, zone, accelerator, api.client().get_accelerator_type, name=name)
+    except ProvisionError as e:
+        if e.reason == "not_found":
+            return False
+        raise
+    return True
+
+
+def runtime_versions(project: str, zone: str) -> list[str]:
+    """The runtime versions a zone offers."""
+    parent = f"projects/{project}/locations/{zone}"
+    pages = _call(project, zone, "runtime versions", api.client().list_runtime_versions, parent=parent)
+    return [r.version for r in pages]
+
+
+def quota_failures(project: str, zone: str) -> list[tuple[str, str]]:
+    """Queued resources in the zone that FAILED on quota: (name, the API's message)."""
+    parent = f"projects/{project}/locations/{zone}"
+    queued = _call(project, zone, "queued resources", api.client().list_queued_resources, parent=parent)
+    found = []
+    for qr in queued:
+        error = qr.state.failed_data.error
+        if enum_name(qr.state.state) == "FAILED" and error.code == 8:  # RESOURCE_EXHAUSTED
+            failure = gcp_errors.from_status(error.code, error.message)
+            if gcp_errors.classify(failure) == "quota":
+                found.append((qr.name.rsplit("/", 1)[-1], failure.message))
+    return found
