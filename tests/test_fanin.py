@@ -86,6 +86,30 @@ def test_one_thread_reads_many_processes_and_says_how_each_ended():
     assert "silent" not in ends  # removed, never ended by the reader
 
 
+def test_closing_ends_a_stream_still_registered_so_its_waiter_hears_at_once():
+    """A host started while its session closed (a revival racing a delete): the close ends its
+    stream, so a handshake waiting on it fails now instead of at its 120 s timeout. Streams removed
+    before the close are not ended again."""
+    fanin = FanIn()
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE) for _ in range(2)]
+    ends: dict[int, str] = {}
+    try:
+        streams = [fanin.add(p.stdout.fileno(), lambda frames: None, lambda why, i=i: ends.__setitem__(i, why))
+                   for i, p in enumerate(procs)]
+        assert fanin.remove(streams[0])
+        fanin.close()
+        assert ends == {1: "its slice's host sessions were closed"}  # said by close() itself, before it returned
+        with pytest.raises(Exception, match="closed"):
+            fanin.add(procs[0].stdout.fileno(), lambda frames: None, lambda why: None)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            p.stdout.close()
+            p.stdin.close()
+
+
 @pytest.mark.parametrize("make_slice", ["local"], indirect=True)
 def test_local_hosts_share_one_reader_thread(make_slice, cell):
     before = set(threading.enumerate())

@@ -77,18 +77,21 @@ class FanIn:
         return True
 
     def close(self) -> None:
+        """Stop reading. A stream still registered (a host started while its session closed) is
+        ended, so whoever waits on it (a handshake) hears so now, not at its timeout."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            for key in list(self._selector.get_map().values()):
-                if key.data is not None:
-                    self._drop(key.data)
+            dropped = [key.data for key in list(self._selector.get_map().values())
+                       if key.data is not None and self._drop(key.data)]
             running = self._thread is not None
         if running:
             os.write(self._wake_w, b"x")  # the thread wakes, sees _closed and releases everything
         else:
             self._release()
+        for stream in dropped:
+            stream.on_end("its slice's host sessions were closed")
 
     def _release(self) -> None:
         self._selector.close()
