@@ -147,11 +147,12 @@ cells = [
     new_code_cell("%tpu_serve lm --hosts 0 --restart on-failure --wait-http 18000/health -- "
                   "cd $work && exec python3 server.py 18000 charlm.pkl"),
     new_markdown_cell(
-        "`%tpu_forward` gives a URL on this machine that reaches the port on the host (over the slice's SSH "
-        "connection for a real slice; a local host's own address here). Ask for a completion:"),
+        "`%tpu_forward` gives a URL on this machine that reaches the port on the host, carried over the slice's "
+        "SSH connection as `ssh -L` would. `--local-port` picks this machine's port (without it: a free one; "
+        "and for a local slice's host, its own address, as there is nothing to carry). Ask for a completion:"),
     new_code_cell(
         "import json, time, urllib.request\n\n"
-        "url = %tpu_forward 18000\nprint(url)\n\n\n"
+        "url = %tpu_forward 18000 --local-port 18080\nprint(url)\n\n\n"
         "def post(body):\n"
         "    return urllib.request.urlopen(urllib.request.Request(\n"
         '        url + "v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}), timeout=60)\n\n\n'
@@ -201,7 +202,7 @@ cells = [
         "while not any(s.name == 'lm' and s.restarts == 1 and s.state == 'running' for s in sl.services()):\n"
         "    assert time.monotonic() < deadline, 'the service was not restarted'\n"
         "    time.sleep(0.2)\n"
-        "while True:   # running again: compiling, then listening\n"
+        "while True:   # running again, compiling: the forward says once that nothing answers yet\n"
         "    try:\n"
         '        urllib.request.urlopen(url + "health", timeout=5).close()\n'
         "        break\n"
