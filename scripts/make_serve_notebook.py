@@ -248,7 +248,7 @@ cells = [
     new_markdown_cell("## Stop\n\n`%tpu_serve --stop NAME` ends a service on every host; `%tpu_down` ends every "
                       "service of the slice with it."),
     new_code_cell("%tpu_serve --stop xprof\n%tpu_serve --stop lm\n%tpu_serve"),
-    new_code_cell("%tpu_down"),
+    new_code_cell("%tpu_down\nimport shutil\n\nshutil.rmtree(work)   # this machine's copy of the model and the profile"),
     new_markdown_cell(
         "## The real thing: vLLM on a v6e-8\n\n"
         "The same commands serve a real model from a Cloud TPU v6e-8 (one host, 8 chips) with vLLM's TPU "
@@ -257,9 +257,9 @@ cells = [
         "```\n"
         "%tpu_launch v6e-8 --zone us-east5-b --name gemma\n"
         "%tpu_serve vllm --wait-http 8000/health --timeout 1800 --env HF_TOKEN=hf_... -- "
-        "sudo docker run --rm --privileged --net host --shm-size 16G -e HF_TOKEN "
-        "-v /dev/shm:/dev/shm vllm/vllm-tpu:latest "
-        "vllm serve google/gemma-3-27b-it --tensor-parallel-size 8 --max-model-len 4096 --port 8000\n"
+        "sudo docker run --rm --name vllm --privileged --net host --shm-size 16G -v /dev/shm:/dev/shm -e HF_TOKEN "
+        "--entrypoint vllm vllm/vllm-tpu:latest "
+        "serve google/gemma-4-31B-it --tensor-parallel-size 8 --max-model-len 16384 --port 8000\n"
         "url = %tpu_forward 8000\n"
         "%tpu_logs vllm --follow\n"
         "```\n\n"
@@ -267,10 +267,10 @@ cells = [
         "```\n"
         "%tpu_run pip install vllm-tpu\n"
         "%tpu_serve vllm --wait-http 8000/health --timeout 1800 --env HF_TOKEN=hf_... -- "
-        "vllm serve google/gemma-3-27b-it --tensor-parallel-size 8 --max-model-len 4096 --port 8000\n"
+        "vllm serve google/gemma-4-31B-it --tensor-parallel-size 8 --max-model-len 16384 --port 8000\n"
         "url = %tpu_forward 8000\n"
         "```\n\n"
-        "The `stream` function above measures it unchanged once `\"model\": \"google/gemma-3-27b-it\"` is added "
+        "The `stream` function above measures it unchanged once `\"model\": \"google/gemma-4-31B-it\"` is added "
         "to the request body. The first start downloads the weights and compiles for several minutes (hence "
         "`--timeout 1800`); `--env` passes the token to the command only, never to a log or a file. "
         "`%tpu_down` (or `--idle-delete`) ends the slice, and its $/h, when you are done."),
