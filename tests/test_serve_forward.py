@@ -152,6 +152,27 @@ def test_a_forward_to_nothing_says_so_in_one_line_at_the_next_request(make_slice
     assert capsys.readouterr().err == f"[tpunb] {line}"
 
 
+def test_a_client_retrying_a_forward_is_told_once_until_the_port_answers(make_slice, capsys):
+    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    port = free_port()
+    url = through(sl, port)
+    capsys.readouterr()
+    for _ in range(3):  # as a client polling a restarting service does
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(url, timeout=30)
+        assert caught.value.code == 502 and f"nothing answers on port {port}" in caught.value.read().decode()
+    assert capsys.readouterr().err.count("\n") == 1
+    with socket.create_server(("127.0.0.1", port)) as listening, \
+            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1].strip("/"))), timeout=5) as client:
+        answer, _ = listening.accept()
+        with answer:
+            answer.sendall(b"x")
+            assert client.recv(1) == b"x"  # relayed: the forward reached the port, a later failure is news again
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(url, timeout=30)
+    assert capsys.readouterr().err.count("\n") == 1
+
+
 def test_a_forward_to_an_ssh_host_that_died_says_so_at_the_next_request(sshd, ssh_key, tmp_path):
     sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
                         name=f"fwd-{uuid.uuid4().hex[:6]}")

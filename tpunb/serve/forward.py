@@ -64,6 +64,7 @@ class Forward:
         self._closed = False
         self._lock = threading.Lock()
         self._open_sockets: set = set()
+        self._said: str | None = None  # the last failure warned about: a client retrying is told once
         threading.Thread(target=self._accept, daemon=True, name=f"tpunb-forward-{self.local_port}").start()
 
     @property
@@ -87,7 +88,10 @@ class Forward:
             remote = self._open()
         except TransportError as exc:
             line = f"forward {self.url} -> host {self.host} port {self.port}: {exc}"
-            report.warn(f"[tpunb] {line}")
+            with self._lock:
+                repeated, self._said = line == self._said, line
+            if not repeated:  # every request still gets the line in its 502; the notebook gets it once
+                report.warn(f"[tpunb] {line}")
             body = (line + "\n").encode()
             try:
                 client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
@@ -97,6 +101,7 @@ class Forward:
             client.close()
             return
         with self._lock:
+            self._said = None
             if self._closed:
                 client.close()
                 remote.close()
