@@ -19,7 +19,9 @@ from tpunb.provision.common import owner_running, start
 from tpunb.registry import Registry
 from tpunb.results import RunResult
 from tpunb.slice import Slice
-from tpunb.status import HostRow
+from tpunb import serve
+from tpunb.serve import seen
+from tpunb.status import ForwardRow, HostRow, ServiceRow
 
 BACKENDS = provision.LAUNCH_BACKENDS
 _attached: dict[str, Slice] = {}
@@ -359,9 +361,27 @@ def host_rows() -> list[HostRow]:
     return rows
 
 
+def service_rows(hosts: list[HostRow]) -> tuple[list[ServiceRow], list[ForwardRow]]:
+    """Every service of every known slice per host, and every forward a live kernel holds; a
+    running service carries its slice's $/h (from ``hosts``' rows): it keeps the slice billing."""
+    price = {r.slice: r.usd_per_hour for r in hosts if r.usd_per_hour is not None}
+    services, forwards = [], []
+    for record in registry().list_slices():
+        sl = _attached.get(record.name)
+        for s in sl.services() if sl is not None else serve.recorded_services(record):
+            busy = s.state in seen.BUSY
+            services.append(ServiceRow(slice=record.name, service=s.name, host=s.host, state=seen.describe(s),
+                                       restarts=s.restarts, exit_code=s.exit_code, pid=s.pid, command=s.command,
+                                       busy=busy, usd_per_hour=price.get(record.name) if busy else None))
+        forwards.extend(ForwardRow(slice=record.name, **f) for f in seen.forwards(record.name))
+    return services, forwards
+
+
 def status():
-    """%tpu_status as a pandas DataFrame: ``host_rows()``, one row per host."""
-    return status_rows.frame(host_rows())
+    """%tpu_status as a pandas DataFrame: ``host_rows()``, one row per host; services and forwards
+    in ``.attrs`` (shown below it)."""
+    hosts = host_rows()
+    return status_rows.frame(hosts, *service_rows(hosts))
 
 
 def versions():

@@ -89,6 +89,12 @@ def _current(directory: str) -> dict | None:
     state = _read_state(directory)
     if state and state.get("state") in ACTIVE and not alive(state.get("supervisor")):
         state["state"] = "lost"
+    if state and state.get("state") == "running":  # answered a wait since this run started
+        try:
+            with open(os.path.join(directory, "ready")) as f:
+                state["ready"] = f.read() == str(state.get("pid"))
+        except OSError:
+            pass
     return state
 
 
@@ -209,6 +215,8 @@ def op_wait(request: dict) -> dict:
     while True:
         state = _current(directory) or {}
         if _answers(request["port"], request.get("path")):
+            with open(os.path.join(directory, "ready"), "w") as f:  # status says ready (until a restart)
+                f.write(str(state.get("pid")))
             return {"ready": True, "state": state}
         if state.get("state") not in ACTIVE:
             code = state.get("exit_code")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable
 
 from tpunb import report
 from tpunb.errors import TpunbError
+from tpunb.serve import seen
 from tpunb.serve.control import ask_hosts, may_have_services
 from tpunb.transport.base import Transport
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 def stop_recorded(record: "SliceRecord", transports: Callable[[], list[Transport]]) -> None:
     """Stop every service on the recorded slice's hosts and forget them; a host that cannot be
     reached is named in one warning (its machine may be gone with the slice)."""
+    seen.forget_services(record.name)
+    seen.forget_forwards(record.name, everyone=True)
     try:
         made = transports()
     except TpunbError as exc:
