@@ -12,14 +12,13 @@ import os
 import re
 from typing import Any
 
-from tpunb import catalog, colab, provision, report, status as status_rows
+from tpunb import catalog, colab, provision, report, serve, status as status_rows
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
 from tpunb.provision import LaunchRequest, interrupts, warm
 from tpunb.provision.common import owner_running, start
 from tpunb.registry import Registry
 from tpunb.results import RunResult
 from tpunb.slice import Slice
-from tpunb import serve
 from tpunb.serve import seen
 from tpunb.status import ForwardRow, HostRow, ServiceRow
 
@@ -368,12 +367,9 @@ def service_rows(hosts: list[HostRow]) -> tuple[list[ServiceRow], list[ForwardRo
     services, forwards = [], []
     for record in registry().list_slices():
         sl = _attached.get(record.name)
-        for s in sl.services() if sl is not None else serve.recorded_services(record):
-            busy = s.state in seen.BUSY
-            services.append(ServiceRow(slice=record.name, service=s.name, host=s.host, state=seen.describe(s),
-                                       restarts=s.restarts, exit_code=s.exit_code, pid=s.pid, command=s.command,
-                                       busy=busy, usd_per_hour=price.get(record.name) if busy else None))
-        forwards.extend(ForwardRow(slice=record.name, **f) for f in seen.forwards(record.name))
+        states = sl.services() if sl is not None else serve.recorded_services(record)
+        services.extend(seen.service_rows(record.name, states, price.get(record.name)))
+        forwards.extend(seen.forward_rows(record.name))
     return services, forwards
 
 

@@ -314,7 +314,9 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
                      message=f"exited with code {code}; restart {state['restarts'] + 1} of {max_restarts} in {delay:g} s")
         say(state["message"])
         _write_state(directory, state)
-        _pause(delay, stopping, wake_r)
+        until = time.monotonic() + delay
+        while not stopping and time.monotonic() < until:  # the last run's SIGCHLD may wake a pause at once
+            _pause(until - time.monotonic(), stopping, wake_r)
         if stopping:
             state.update(state="stopped", message="stopped")
             break

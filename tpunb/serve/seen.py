@@ -9,6 +9,7 @@ hosts with a service folder), a remote slice's services are what a kernel last l
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from tpunb.host.procs import alive
 from tpunb.registry import tpunb_home
+from tpunb.status import ForwardRow, ServiceRow
 
 if TYPE_CHECKING:
     from tpunb.serve.services import ServiceState
@@ -39,6 +41,21 @@ def describe(service: "ServiceState") -> str:
     if service.state == "lost":
         return "lost (its supervisor is gone: the host restarted?)"
     return service.state
+
+
+def service_rows(slice_name: str, states: list["ServiceState"], usd_per_hour: float | None) -> list[ServiceRow]:
+    """The status rows of a slice's services; a running one carries the slice's $/h: it keeps it billing."""
+    return [ServiceRow(slice=slice_name, service=s.name, host=s.host, state=describe(s), restarts=s.restarts,
+                       exit_code=s.exit_code, pid=s.pid, command=s.command, busy=s.state in BUSY,
+                       usd_per_hour=usd_per_hour if s.state in BUSY else None) for s in states]
+
+
+def forward_rows(slice_name: str) -> list[ForwardRow]:
+    """The status rows of the slice's forwards; with jupyter-server-proxy installed, each also
+    names its path under the Jupyter server's base URL (a link that works from another machine)."""
+    proxied = importlib.util.find_spec("jupyter_server_proxy") is not None
+    return [ForwardRow(slice=slice_name, **f, proxy=f"proxy/{f['local_port']}/" if proxied else None)
+            for f in forwards(slice_name)]
 
 
 # -- forwards ---------------------------------------------------------------------------------------
