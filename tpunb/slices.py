@@ -8,6 +8,7 @@ live in memory only and never in the registry.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 from typing import Any
@@ -377,7 +378,10 @@ def status():
     """%tpu_status as a pandas DataFrame: ``host_rows()``, one row per host; services and forwards
     in ``.attrs`` (shown below it)."""
     hosts = host_rows()
-    return status_rows.frame(hosts, *service_rows(hosts))
+    services, forwards = service_rows(hosts)
+    kept = seen.kept_busy(services)  # no idle countdown: the watchdog keeps the node while they run
+    hosts = [dataclasses.replace(r, idle_delete_in=None) if r.slice in kept else r for r in hosts]
+    return status_rows.frame(hosts, services, forwards)
 
 
 def versions():

@@ -50,6 +50,11 @@ def service_rows(slice_name: str, states: list["ServiceState"], usd_per_hour: fl
                        usd_per_hour=usd_per_hour if s.state in BUSY else None) for s in states]
 
 
+def kept_busy(services: list[ServiceRow]) -> set[str]:
+    """Slices whose idle watchdog (on host 0) sees a service run: their idle timer is held."""
+    return {s.slice for s in services if s.busy and s.host == 0}
+
+
 def forward_rows(slice_name: str) -> list[ForwardRow]:
     """The status rows of the slice's forwards; with jupyter-server-proxy installed, each also
     names its path under the Jupyter server's base URL (a link that works from another machine)."""

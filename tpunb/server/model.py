@@ -58,7 +58,7 @@ def _slice_row(record: SliceRecord, now: float, nodes: Nodes, reg: Registry) -> 
     owner_alive = owner_running(record)
     seen = provision.backend(record.backend).slice_status(record, nodes)
     usd_per_hour, running_s = seen.usd_per_hour, seen.running_s
-    return {
+    row = {
         "name": record.name, "backend": record.backend, "accelerator": record.kind,
         "num_slices": record.num_slices, "state": seen.state, "created": record.created,
         "age_s": round(now - record.created, 1),
@@ -69,9 +69,12 @@ def _slice_row(record: SliceRecord, now: float, nodes: Nodes, reg: Registry) -> 
         "idle_delete_in": reg.idle_delete_in(record.name, owner_alive),
         "owner_pid": record.owner_pid,
         "hosts": _host_rows(record, seen, owner_alive, reg.latest_metrics(record.name)),
-        **_serving(record, usd_per_hour),
         "orphan": False,
     }
+    serving = _serving(record, usd_per_hour)
+    if serving["idle_held"]:
+        row["idle_delete_in"] = None  # the watchdog keeps the node while its service runs
+    return {**row, **serving}
 
 
 def _serving(record: SliceRecord, usd_per_hour: float | None) -> dict[str, Any]:
@@ -81,7 +84,8 @@ def _serving(record: SliceRecord, usd_per_hour: float | None) -> dict[str, Any]:
     services = serve.seen.service_rows(record.name, serve.recorded_services(record), usd_per_hour)
     return {"services": [dataclasses.asdict(s) for s in services],
             "forwards": [dataclasses.asdict(f) for f in serve.seen.forward_rows(record.name)],
-            "busy_services": sorted({s.service for s in services if s.busy})}
+            "busy_services": sorted({s.service for s in services if s.busy}),
+            "idle_held": record.name in serve.seen.kept_busy(services)}
 
 
 def _orphan_row(orphan: OrphanStatus) -> dict[str, Any]:
