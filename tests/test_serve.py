@@ -175,3 +175,17 @@ def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
     slices.down(sl.name)
     assert [argv[-1] for argv in asked] == [SERVICE_CONTROL]  # host 2 only: the others have no service folder
     assert not alive(pid)
+
+
+def test_down_of_a_slice_this_kernel_has_not_attached_stops_its_services(make_slice):
+    sl = make_slice(2, name=unique("svc"))
+    port = free_port()
+    sl.serve("web", http_server(port), hosts=[1], wait_port=port)
+    sl.serve("job", "exec sleep 300")
+    pids = [s.pid for s in sl.services()]
+    assert len(pids) == 3 and all(alive(p) for p in pids)
+    slices.detach_all()  # as a kernel that ended: the record stays, nothing here holds the slice
+    assert slices.down(sl.name) == [sl.name]
+    assert not any(alive(p) for p in pids)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()

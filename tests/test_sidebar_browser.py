@@ -491,3 +491,38 @@ def test_the_launch_form_checks_slices_and_adds_them_to_the_launch_line(lab_home
     pids = [h.info["pid"] for h in Registry().get_slice("v4-8-x2").hosts]
     _delete_from_sidebar(page, "v4-8-x2")
     assert all(_dead(pid) for pid in pids)
+
+
+def test_the_card_lists_a_service_and_its_forward_link_opens_the_page_through_the_server_proxy(lab_home, page,
+                                                                                                tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "index.html").write_text("<h1>served from host 1</h1>")
+    sl = slices.launch("v4-16", name="served")
+    try:
+        port, local_port = _free_port(), _free_port()
+        sl.serve("web", f"{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {site}", hosts=[1],
+                 wait_port=port)
+        sl.serve("once", "exit 3", hosts=[0])
+        sl.forward(port, host=1, local_port=local_port)
+        _open_sidebar(page, lab_home)
+        card = page.locator(f'{SIDEBAR} [data-slice="served"]')
+        web = card.locator('.jp-tpunb-Service[data-service="web"]')
+        web.wait_for()
+        assert web.inner_text().split() == ["web", "host", "1", "ready"]
+        once = card.locator('.jp-tpunb-Service[data-service="once"]')
+        once.wait_for()
+        assert once.locator(".jp-tpunb-ServiceState").inner_text() == "exited with code 3"
+        assert card.locator(".jp-tpunb-Busy").inner_text() == "service web keeps it busy · $0.00/h (simulated)"
+        link = card.locator(".jp-tpunb-ForwardLink")
+        assert link.inner_text() == f"host 1:{port}"
+        assert link.get_attribute("href") == f"{lab_home.url}/proxy/{local_port}/"  # the lab's base URL, not the kernel's
+        _screenshot(page, tmp_path, "sidebar-service.png")
+        with page.context.expect_page() as opened:
+            link.click()
+        served = opened.value
+        served.wait_for_load_state()
+        assert served.url == f"{lab_home.url}/proxy/{local_port}/"
+        assert served.locator("h1").inner_text() == "served from host 1"
+    finally:
+        slices.down("served")

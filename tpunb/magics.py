@@ -375,10 +375,17 @@ class TpuMagics(Magics):
     @argument("--slice", dest="slice_name", default=None)
     @line_magic
     def tpu_forward(self, line: str):
-        """Reach PORT on a host from this machine: %tpu_forward 8000 [--host N]; returns the URL."""
+        """Reach PORT on a host from this machine: %tpu_forward 8000 [--host N]; returns the URL, and
+        prints the link for a browser on another machine (Colab's proxy, or jupyter-server-proxy's)."""
+        from tpunb.serve.links import browser_link
+
         args = _parse(self.tpu_forward, line)
         sl = slices.current(args.slice_name)
-        return sl.forward(args.port, host=args.host, local_port=args.local_port)
+        url = sl.forward(args.port, host=args.host, local_port=args.local_port)
+        link = browser_link(url)
+        if link:
+            report.info(f"[tpunb] port {args.port} of host {args.host}: {url} on this machine; in your browser: {link}")
+        return url
 
 
 def _labelled(texts: dict[int, str], name, label: bool) -> str:

@@ -19,6 +19,7 @@ from tpunb.display.hosts import Layout
 from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
+from tpunb.serve import seen
 from tpunb.session import Session
 from tpunb.status import HostRow
 from tpunb.transport.base import Transport
@@ -246,6 +247,7 @@ class Slice:
         for made in self.forwards:
             made.close()
         self.forwards.clear()
+        seen.forget_forwards(self.name)
         self.session.close()
         self.cell_logs.close()
         self.node.close()
@@ -510,10 +512,11 @@ class Slice:
         if len(chosen) != 1:
             raise UsageError(f"host {host!r} picks {len(chosen)} hosts: a forward reaches one (e.g. host=0)")
         made = forward.forward(self.session.transports, chosen[0], port, local_port)
-        if isinstance(made, str):
-            return made
-        self.forwards.append(made)
-        return made.url
+        url = made if isinstance(made, str) else made.url
+        if not isinstance(made, str):
+            self.forwards.append(made)
+        seen.record_forward(self.name, chosen[0], port, url)  # %tpu_status and the sidebar list it
+        return url
 
     def _end_services(self) -> None:
         from tpunb import serve

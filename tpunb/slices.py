@@ -8,18 +8,20 @@ live in memory only and never in the registry.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 from typing import Any
 
-from tpunb import catalog, colab, provision, report, status as status_rows
+from tpunb import catalog, colab, provision, report, serve, status as status_rows
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
 from tpunb.provision import LaunchRequest, interrupts, warm
 from tpunb.provision.common import owner_running, start
 from tpunb.registry import Registry
 from tpunb.results import RunResult
 from tpunb.slice import Slice
-from tpunb.status import HostRow
+from tpunb.serve import seen
+from tpunb.status import ForwardRow, HostRow, ServiceRow
 
 BACKENDS = provision.LAUNCH_BACKENDS
 _attached: dict[str, Slice] = {}
@@ -359,9 +361,27 @@ def host_rows() -> list[HostRow]:
     return rows
 
 
+def service_rows(hosts: list[HostRow]) -> tuple[list[ServiceRow], list[ForwardRow]]:
+    """Every service of every known slice per host, and every forward a live kernel holds; a
+    running service carries its slice's $/h (from ``hosts``' rows): it keeps the slice billing."""
+    price = {r.slice: r.usd_per_hour for r in hosts if r.usd_per_hour is not None}
+    services, forwards = [], []
+    for record in registry().list_slices():
+        sl = _attached.get(record.name)
+        states = sl.services() if sl is not None else serve.recorded_services(record)
+        services.extend(seen.service_rows(record.name, states, price.get(record.name)))
+        forwards.extend(seen.forward_rows(record.name))
+    return services, forwards
+
+
 def status():
-    """%tpu_status as a pandas DataFrame: ``host_rows()``, one row per host."""
-    return status_rows.frame(host_rows())
+    """%tpu_status as a pandas DataFrame: ``host_rows()``, one row per host; services and forwards
+    in ``.attrs`` (shown below it)."""
+    hosts = host_rows()
+    services, forwards = service_rows(hosts)
+    kept = seen.kept_busy(services)  # no idle countdown: the watchdog keeps the node while they run
+    hosts = [dataclasses.replace(r, idle_delete_in=None) if r.slice in kept else r for r in hosts]
+    return status_rows.frame(hosts, services, forwards)
 
 
 def versions():

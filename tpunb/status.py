@@ -78,6 +78,34 @@ class OrphanStatus:
                        address=f"{self.project}/{self.zone}", **self.cloud, state=f"ORPHAN: {self.message}")
 
 
+@dataclass
+class ServiceRow:
+    """One service on one host: %tpu_status's services table and the sidebar's card list these."""
+
+    slice: str
+    service: str
+    host: int
+    state: str  # one wording (tpunb.serve.seen.describe): ready, exited with code 3, restarting (restart 2), ...
+    restarts: int
+    exit_code: int | None
+    pid: int | None
+    command: str
+    busy: bool  # it runs: it keeps the slice busy (no idle delete) and billing
+    usd_per_hour: float | None = None  # what the slice it keeps busy costs
+
+
+@dataclass
+class ForwardRow:
+    """A port forward a live kernel holds: ``url`` on the kernel's machine reaches ``port`` on ``host``."""
+
+    slice: str
+    host: int
+    port: int
+    url: str
+    local_port: int
+    proxy: str | None = None  # the path under the Jupyter server's base URL (jupyter-server-proxy), or None
+
+
 #: latest metrics: dropped from the DataFrame when no host has reported any
 METRIC_COLUMNS = ("cpu_percent", "rss_bytes", "memory_used_bytes", "hbm_used_bytes")
 COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_delete_in", "slice_index", "host", "address", "state",
@@ -114,16 +142,25 @@ def _status_frame_class():
             return pd.DataFrame  # what is derived from it (a column, a filter) is a plain DataFrame
 
         def _repr_html_(self) -> str | None:
-            return readable(pd.DataFrame(self))._repr_html_()
+            extra = "".join(f"<h4>{title}</h4>{table._repr_html_()}" for title, table in self._extra())
+            return readable(pd.DataFrame(self))._repr_html_() + extra
 
         def __repr__(self) -> str:
-            return repr(readable(pd.DataFrame(self)))
+            return "\n\n".join([repr(readable(pd.DataFrame(self))),
+                                 *(f"{title}\n{table.to_string(index=False)}" for title, table in self._extra())])
+
+        def _extra(self) -> list:
+            """The services and forwards tables (``.attrs``), when there are any."""
+            return [(title, readable(self.attrs[key])) for key, title in (("services", "services"), ("forwards", "forwards"))
+                    if key in self.attrs and len(self.attrs[key])]
 
     return StatusFrame
 
 
-def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
-    """The rows as %tpu_status shows them: the current slice starred, cloud columns only if needed."""
+def frame(rows: Iterable[HostRow], services: Iterable[ServiceRow] = (), forwards: Iterable[ForwardRow] = ()
+          ) -> "pandas.DataFrame":
+    """The rows as %tpu_status shows them: the current slice starred, cloud columns only if needed;
+    the services and forwards, when any, as tables of their own in ``.attrs`` (shown below it)."""
     import pandas as pd
 
     records = []
@@ -136,7 +173,12 @@ def frame(rows: Iterable[HostRow]) -> "pandas.DataFrame":
         table = table.drop(columns=list(CLOUD_COLUMNS))
     table["slice_index"] = table["slice_index"].astype("Int64")  # 0, 1 (not 0.0) beside single slices' blanks
     empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "slice_index") if table[c].isna().all()]
-    return _status_frame_class()(table.drop(columns=empty))
+    shown = _status_frame_class()(table.drop(columns=empty))
+    for key, made, cls in (("services", list(services), ServiceRow), ("forwards", list(forwards), ForwardRow)):
+        if made:
+            extra = pd.DataFrame([dataclasses.asdict(r) for r in made], columns=[f.name for f in dataclasses.fields(cls)])
+            shown.attrs[key] = extra.dropna(axis="columns", how="all")
+    return shown
 
 
 def versions_frame(rows: Iterable) -> "pandas.DataFrame":

@@ -15,6 +15,31 @@ export interface IHost {
   metrics: { [key: string]: number };
 }
 
+/** A service on one host of a slice (tpunb.status.ServiceRow). */
+export interface IService {
+  service: string;
+  host: number;
+  /** One wording: starting, ready, running, restarting (restart N), exited with code N, gave up after ... */
+  state: string;
+  restarts: number;
+  exit_code: number | null;
+  command: string;
+  /** It runs: it keeps the slice busy (no idle delete) and billing. */
+  busy: boolean;
+  usd_per_hour: number | null;
+}
+
+/** A port forward a live kernel holds (tpunb.status.ForwardRow). */
+export interface IForward {
+  host: number;
+  port: number;
+  /** On the kernel's machine: http://127.0.0.1:L/ */
+  url: string;
+  local_port: number;
+  /** With jupyter-server-proxy: 'proxy/L/' under the Jupyter server's base URL (works from any browser). */
+  proxy: string | null;
+}
+
 /** A slice (or an orphaned cloud node) as GET /tpunb/api/slices reports it. */
 export interface ISlice {
   name: string;
@@ -30,6 +55,10 @@ export interface ISlice {
   usd_so_far: number | null;
   list_usd_per_hour?: number | null;
   hosts: IHost[];
+  services?: IService[];
+  forwards?: IForward[];
+  /** Names of the services that run: while one does, the slice is busy (and bills). */
+  busy_services?: string[];
   orphan: boolean;
   message?: string;
 }

@@ -1,10 +1,11 @@
 import { ILabShell } from '@jupyterlab/application';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { Dialog, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { ICatalog, IHost, ISlice, ISlices, requestAPI } from './api';
+import { ICatalog, IForward, IHost, ISlice, ISlices, requestAPI } from './api';
 import { tpuIcon } from './icon';
 import { fillDatalist, launchCommand, launchInNotebook, parseAccelerator, parseSlices } from './launch';
 
@@ -95,6 +96,51 @@ function formatUsd(value: number | null, suffix = ''): string {
     return 'no list price';
   }
   return `$${value.toLocaleString(undefined, { minimumFractionDigits: 2, maximumFractionDigits: 2 })}${suffix}`;
+}
+
+/** A forward's link: through jupyter-server-proxy under this page's base URL when the server has it
+ * (it works from a browser on another machine), else the kernel machine's own address. */
+export function forwardLink(forward: IForward, baseUrl: string): string {
+  return forward.proxy ? URLExt.join(baseUrl, forward.proxy) : forward.url;
+}
+
+/** What a slice serves: a line per service and host (its state), a line saying which services keep
+ * it busy and at what price, and a link per forward. */
+function servingList(slice: ISlice): HTMLElement {
+  const box = el('div', 'jp-tpunb-Serving');
+  const busy = slice.busy_services ?? [];
+  if (busy.length) {
+    const price = slice.backend === 'local' ? '$0.00/h (simulated)' : formatUsd(slice.usd_per_hour, '/h');
+    const names = busy.join(', ');
+    box.append(
+      el('div', 'jp-tpunb-Busy', `${busy.length > 1 ? 'services' : 'service'} ${names} keep${busy.length > 1 ? '' : 's'} it busy · ${price}`)
+    );
+  }
+  const list = el('ul', 'jp-tpunb-Services');
+  for (const service of slice.services ?? []) {
+    const row = el('li', 'jp-tpunb-Service');
+    row.dataset.service = service.service;
+    row.dataset.host = String(service.host);
+    row.title = service.command;
+    row.append(
+      el('span', 'jp-tpunb-ServiceName', service.service),
+      el('span', 'jp-tpunb-ServiceHost', `host ${service.host}`),
+      el('span', 'jp-tpunb-ServiceState', service.state)
+    );
+    list.append(row);
+  }
+  for (const forward of slice.forwards ?? []) {
+    const row = el('li', 'jp-tpunb-Forward');
+    const link = el('a', 'jp-tpunb-ForwardLink', `host ${forward.host}:${forward.port}`);
+    link.href = forwardLink(forward, PageConfig.getBaseUrl());
+    link.target = '_blank';
+    link.rel = 'noopener';
+    link.title = `${link.href} reaches port ${forward.port} on host ${forward.host}`;
+    row.append(el('span', 'jp-tpunb-ForwardArrow', 'port →'), link);
+    list.append(row);
+  }
+  box.append(list);
+  return box;
 }
 
 /** The left-sidebar panel: a card per slice, orphans in red, and a launch form. */
@@ -188,6 +234,9 @@ export class SlicesPanel extends Widget {
       card.append(
         slice.num_slices > 1 ? this.sliceGroups(slice) : this.hostList(slice.hosts, host => `host ${host.index}`)
       );
+    }
+    if (slice.services?.length || slice.forwards?.length) {
+      card.append(servingList(slice));
     }
     return card;
   }

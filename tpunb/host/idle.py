@@ -17,6 +17,8 @@ runs as root, the agent as the SSH user, so both must reach it; no secrets are w
                  request (busy), or empty. World-writable so the SSH user can touch root's file.
   idle.lock      held (flock) by the running watchdog: at most one per host
   idle.log       what the watchdog did (never the token)
+  serving/PID    a service's supervisor (tpunb/host/service.py) runs on this host: while one
+                 lives, the node is in use
 The access token comes from the metadata server (``$GCE_METADATA_HOST``, as google-auth reads
 it, else metadata.google.internal) on every delete attempt and is kept in memory only.
 """
@@ -32,6 +34,7 @@ import urllib.error
 import urllib.request
 
 STATE, ACTIVITY, LOCK, LOG, SCRIPT = "idle.json", "activity", "idle.lock", "idle.log", "idle_watchdog.py"
+SERVING = "serving"
 METADATA_ATTRIBUTE = "tpunb-idle"
 POLL = 5.0  # the watchdog looks at least this often (activity only moves the deadline later)
 RETRY = (15.0, 300.0)  # after a failed delete: first wait, doubling up to the last
@@ -111,6 +114,15 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(b")") + 2:][:1] != b"Z"
+
+
+def supervisors() -> list[int]:
+    """Pids of the service supervisors alive on this host (their marks in ``serving/``)."""
+    try:
+        names = os.listdir(_path(SERVING))
+    except OSError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit() and _alive(int(n)))
 
 
 def watchdog_running() -> bool:
@@ -223,7 +235,7 @@ def watch() -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another watchdog runs
-    busy_seen, retry, kept = 0.0, RETRY[0], None
+    busy_seen, retry, kept, kept_serving = 0.0, RETRY[0], None, []
     while True:
         state = read_state()
         seconds = float((state or {}).get("seconds") or 0)
@@ -238,6 +250,13 @@ def watch() -> int:
                 log(f"kept: a request has run {seconds:g} s or more (agent pid {busy}); the idle time starts at its end")
                 kept = mark
             busy_seen = now  # a request runs: that is activity for as long as it lasts
+        serving = supervisors()
+        if serving:
+            if serving != kept_serving and seconds_left(state, now, busy_seen) <= 0:
+                log(f"kept: a service runs (supervisor pids {', '.join(map(str, serving))}); "
+                    "the idle time starts when the last one ends")
+                kept_serving = serving
+            busy_seen = now  # a running service is use, as a running request is
         left = seconds_left(state, now, busy_seen)
         if left <= 0:
             try:

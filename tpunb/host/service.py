@@ -89,6 +89,12 @@ def _current(directory: str) -> dict | None:
     state = _read_state(directory)
     if state and state.get("state") in ACTIVE and not alive(state.get("supervisor")):
         state["state"] = "lost"
+    if state and state.get("state") == "running":  # answered a wait since this run started
+        try:
+            with open(os.path.join(directory, "ready")) as f:
+                state["ready"] = f.read() == str(state.get("pid"))
+        except OSError:
+            pass
     return state
 
 
@@ -209,6 +215,8 @@ def op_wait(request: dict) -> dict:
     while True:
         state = _current(directory) or {}
         if _answers(request["port"], request.get("path")):
+            with open(os.path.join(directory, "ready"), "w") as f:  # status says ready (until a restart)
+                f.write(str(state.get("pid")))
             return {"ready": True, "state": state}
         if state.get("state") not in ACTIVE:
             code = state.get("exit_code")
@@ -268,6 +276,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
              "supervisor": os.getpid(), "pid": None, "state": "starting", "exit_code": None, "restarts": 0,
              "started_at": time.time(), "log": os.path.join(directory, "log"), "message": ""}
     max_restarts, backoff = int(request.get("max_restarts", 5)), float(request.get("backoff", 1.0))
+    serving = _serving_mark()
 
     def say(line: str) -> None:
         os.write(log, f"[tpunb] {line}\n".encode())
@@ -306,11 +315,46 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
                      message=f"exited with code {code}; restart {state['restarts'] + 1} of {max_restarts} in {delay:g} s")
         say(state["message"])
         _write_state(directory, state)
-        _pause(delay, stopping, wake_r)
+        until = time.monotonic() + delay
+        while not stopping and time.monotonic() < until:  # the last run's SIGCHLD may wake a pause at once
+            _pause(until - time.monotonic(), stopping, wake_r)
         if stopping:
             state.update(state="stopped", message="stopped")
             break
     _write_state(directory, state)
+    if serving:
+        _end_serving(serving)
+
+
+def _serving_mark() -> str | None:
+    """On a host whose node deletes itself when idle (``tpunb/host/idle.py`` armed in its host dir),
+    a file named after this supervisor's pid in the host dir's ``serving`` folder: the watchdog
+    counts a running service as use. The path, or None when nothing is armed here."""
+    host_dir = os.environ.get("TPUNB_HOST_DIR") or "/var/tmp/tpunb-host"
+    if not os.path.exists(os.path.join(host_dir, "idle.json")):
+        return None
+    folder = os.path.join(host_dir, "serving")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        os.chmod(folder, 0o1777)  # root's boot and the SSH user share the host dir
+    except OSError:
+        pass
+    path = os.path.join(folder, str(os.getpid()))
+    try:
+        open(path, "w").close()
+    except OSError:
+        return None
+    return path
+
+
+def _end_serving(mark: str) -> None:
+    """The service ended for good: its mark goes, and the host's activity is now (the idle time
+    starts at the end of the last use, not at the watchdog's last look)."""
+    try:
+        os.unlink(mark)
+        os.utime(os.path.join(os.path.dirname(os.path.dirname(mark)), "activity"), None)
+    except OSError:
+        pass
 
 
 def _wait_child(child: subprocess.Popen, stopping: list, wake_r: int) -> int:

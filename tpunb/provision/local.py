@@ -20,6 +20,7 @@ from tpunb.host import procs
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, owner_running, start
 from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.serve.cleanup import stop_recorded
 from tpunb.units import parse_duration
 from tpunb.slice import Slice
 from tpunb.status import SliceStatus
@@ -105,13 +106,15 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
 
 
 def delete(record: SliceRecord, force: bool = False) -> None:
-    """Nothing outlives the host processes; a slice another live kernel owns is that kernel's to
-    end, unless ``force`` (the sidebar's delete): then its host processes are ended from here."""
+    """Only services outlive the host processes: they are stopped here. A slice another live kernel
+    owns is that kernel's to end, unless ``force`` (the sidebar's delete): then its host processes
+    are ended from here."""
     if owner_alive(record):
         if not force:
             raise UsageError(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}): "
                              "take it down there")
         end_hosts(record)
+    stop_recorded(record, lambda: [LocalTransport(f"local:{h.index}") for h in record.hosts])
 
 
 def end_hosts(record: SliceRecord) -> None:

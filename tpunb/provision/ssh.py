@@ -17,6 +17,7 @@ from tpunb.provision import interrupts
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_running, start
 from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.serve.cleanup import stop_recorded
 from tpunb.slice import Node, Slice
 from tpunb.status import SliceStatus
 
@@ -130,7 +131,10 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float 
 
 
 def delete(record: SliceRecord, force: bool = False) -> None:
-    """The hosts are yours: nothing to delete beyond the agents, which end with their connection."""
+    """The hosts are yours: nothing to delete beyond the agents, which end with their connection,
+    and the services, which do not: they are stopped here."""
+    if record.hosts:
+        stop_recorded(record, lambda: connect_hosts(record, Registry()))
 
 
 def name_reusable(record: SliceRecord) -> bool:

@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING, Iterator
 
 from tpunb import report
 from tpunb.errors import ServiceError, UsageError
+from tpunb.serve import seen
 from tpunb.serve.control import ask_hosts, may_have_services
+from tpunb.transport.local import LocalTransport
 
 if TYPE_CHECKING:
+    from tpunb.registry import SliceRecord
     from tpunb.slice import Slice
 
 RESTART = ("no", "on-failure")
@@ -39,6 +42,7 @@ class ServiceState:
     message: str = ""
     started_at: float | None = None
     env_keys: list[str] = dataclasses.field(default_factory=list)
+    ready: bool = False  # running and answered a --wait-port/--wait-http since it (re)started
 
     @classmethod
     def from_host(cls, raw: dict) -> "ServiceState":
@@ -132,6 +136,22 @@ def services(sl: "Slice") -> list[ServiceState]:
     if gone:
         report.warn(f"[tpunb] host{'s' if len(gone) > 1 else ''} {sl.layout.names(gone)} could not be reached: "
                     f"{'their' if len(gone) > 1 else 'its'} services are not listed")
+    found = sorted((ServiceState.from_host(s) for r in replies.values() for s in r.get("services", [])),
+                   key=lambda s: (s.name, s.host))
+    seen.record_services(sl.name, found)  # for the sidebar and other kernels, which cannot ask remote hosts
+    return found
+
+
+def recorded_services(record: "SliceRecord") -> list[ServiceState]:
+    """The services of a slice this process does not hold: a local slice's hosts are asked
+    (they are on this machine, and only those with a service folder); a remote slice's are what
+    a kernel last listed (``services``)."""
+    if record.backend != "local":
+        return [ServiceState.from_host(s) for s in seen.listed_services(record.name)]
+    transports = [LocalTransport(f"local:{h.index}") for h in record.hosts]
+    asked = {h: {"op": "list", "slice": record.name} for h in range(len(transports))
+             if may_have_services(transports[h], record.name, h)}
+    replies = ask_hosts(transports, asked) if asked else {}
     return sorted((ServiceState.from_host(s) for r in replies.values() for s in r.get("services", [])),
                   key=lambda s: (s.name, s.host))
 
@@ -202,3 +222,5 @@ def stop_all(sl: "Slice") -> None:
     cannot be reached are skipped: their machine goes with the slice."""
     hosts = [h for h in range(sl.num_hosts) if may_have_services(sl.session.transports[h], sl.name, h)]
     _on_hosts(sl, hosts, lambda h: {"op": "stop", "all": True})
+    seen.forget_services(sl.name)
+    seen.forget_forwards(sl.name, everyone=True)

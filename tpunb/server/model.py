@@ -10,10 +10,11 @@ what the Cloud TPU API says. Three functions, plain JSON-ready dicts out:
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
-from tpunb import catalog as _catalog, provision, report, slices
+from tpunb import catalog as _catalog, provision, report, serve, slices
 from tpunb.display.hosts import Layout
 from tpunb.errors import NoSliceError, OwnedElsewhere  # noqa: F401 - handlers map it to 409
 from tpunb.provision.base import Nodes
@@ -57,7 +58,7 @@ def _slice_row(record: SliceRecord, now: float, nodes: Nodes, reg: Registry) -> 
     owner_alive = owner_running(record)
     seen = provision.backend(record.backend).slice_status(record, nodes)
     usd_per_hour, running_s = seen.usd_per_hour, seen.running_s
-    return {
+    row = {
         "name": record.name, "backend": record.backend, "accelerator": record.kind,
         "num_slices": record.num_slices, "state": seen.state, "created": record.created,
         "age_s": round(now - record.created, 1),
@@ -70,6 +71,21 @@ def _slice_row(record: SliceRecord, now: float, nodes: Nodes, reg: Registry) -> 
         "hosts": _host_rows(record, seen, owner_alive, reg.latest_metrics(record.name)),
         "orphan": False,
     }
+    serving = _serving(record, usd_per_hour)
+    if serving["idle_held"]:
+        row["idle_delete_in"] = None  # the watchdog keeps the node while its service runs
+    return {**row, **serving}
+
+
+def _serving(record: SliceRecord, usd_per_hour: float | None) -> dict[str, Any]:
+    """The slice's services per host and the forwards live kernels hold (each with its proxy path
+    under the server's base URL when jupyter-server-proxy is installed), and which services keep
+    the slice busy: while one runs, the idle timer does not delete it and it bills."""
+    services = serve.seen.service_rows(record.name, serve.recorded_services(record), usd_per_hour)
+    return {"services": [dataclasses.asdict(s) for s in services],
+            "forwards": [dataclasses.asdict(f) for f in serve.seen.forward_rows(record.name)],
+            "busy_services": sorted({s.service for s in services if s.busy}),
+            "idle_held": record.name in serve.seen.kept_busy(services)}
 
 
 def _orphan_row(orphan: OrphanStatus) -> dict[str, Any]:

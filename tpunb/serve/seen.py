@@ -1,0 +1,127 @@
+"""Services and forwards as %tpu_status and the sidebar show them, also in processes that do not
+hold the slice (the Jupyter server, another kernel).
+
+Forwards live in the kernel that made them: it records them in a file per slice and kernel
+(``$TPUNB_HOME/forwards/<slice>/<pid>.json``), which readers skip once that kernel is gone.
+Services live on the hosts: a local slice's hosts are asked directly (on this machine, and only
+hosts with a service folder), a remote slice's services are what a kernel last listed of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tpunb.host.procs import alive
+from tpunb.registry import tpunb_home
+from tpunb.status import ForwardRow, ServiceRow
+
+if TYPE_CHECKING:
+    from tpunb.serve.services import ServiceState
+
+#: states in which a service keeps its slice busy (and billing): the idle timer does not run
+BUSY = ("starting", "running", "restarting")
+
+
+def describe(service: "ServiceState") -> str:
+    """One wording per state: starting, ready, running, restarting (restart N), exited with code N,
+    gave up after N restarts (...), stopped, lost."""
+    if service.state == "running":
+        return "ready" if service.ready else "running"
+    if service.state == "restarting":
+        return f"restarting (restart {service.restarts})"
+    if service.state == "exited":
+        return f"exited with code {service.exit_code}"
+    if service.state == "failed":
+        return service.message or f"gave up after {service.restarts} restarts"
+    if service.state == "lost":
+        return "lost (its supervisor is gone: the host restarted?)"
+    return service.state
+
+
+def service_rows(slice_name: str, states: list["ServiceState"], usd_per_hour: float | None) -> list[ServiceRow]:
+    """The status rows of a slice's services; a running one carries the slice's $/h: it keeps it billing."""
+    return [ServiceRow(slice=slice_name, service=s.name, host=s.host, state=describe(s), restarts=s.restarts,
+                       exit_code=s.exit_code, pid=s.pid, command=s.command, busy=s.state in BUSY,
+                       usd_per_hour=usd_per_hour if s.state in BUSY else None) for s in states]
+
+
+def kept_busy(services: list[ServiceRow]) -> set[str]:
+    """Slices whose idle watchdog (on host 0) sees a service run: their idle timer is held."""
+    return {s.slice for s in services if s.busy and s.host == 0}
+
+
+def forward_rows(slice_name: str) -> list[ForwardRow]:
+    """The status rows of the slice's forwards; with jupyter-server-proxy installed, each also
+    names its path under the Jupyter server's base URL (a link that works from another machine)."""
+    proxied = importlib.util.find_spec("jupyter_server_proxy") is not None
+    return [ForwardRow(slice=slice_name, **f, proxy=f"proxy/{f['local_port']}/" if proxied else None)
+            for f in forwards(slice_name)]
+
+
+# -- forwards ---------------------------------------------------------------------------------------
+def _forwards_dir(slice_name: str) -> Path:
+    return tpunb_home() / "forwards" / slice_name
+
+
+def record_forward(slice_name: str, host: int, port: int, url: str) -> None:
+    """Add a forward this kernel made (``url`` reaches ``port`` on ``host``) to the slice's record."""
+    folder = _forwards_dir(slice_name)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{os.getpid()}.json"
+    made = [f for f in _read(path) if f["url"] != url]
+    local_port = int(url.rstrip("/").rsplit(":", 1)[1])
+    made.append({"host": host, "port": port, "url": url, "local_port": local_port})
+    path.with_suffix(".tmp").write_text(json.dumps(made))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def forget_forwards(slice_name: str, everyone: bool = False) -> None:
+    """This kernel's forwards of the slice ended (``everyone``: the slice is gone)."""
+    if everyone:
+        shutil.rmtree(_forwards_dir(slice_name), ignore_errors=True)
+    else:
+        (_forwards_dir(slice_name) / f"{os.getpid()}.json").unlink(missing_ok=True)
+
+
+def forwards(slice_name: str) -> list[dict]:
+    """Every live kernel's forwards to the slice: {host, port, url, local_port}."""
+    folder = _forwards_dir(slice_name)
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if alive(int(path.stem)):
+            found.extend(_read(path))
+    return sorted(found, key=lambda f: (f["host"], f["port"], f["local_port"]))
+
+
+def _read(path: Path) -> list[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+
+
+# -- services ---------------------------------------------------------------------------------------
+def _listed_path(slice_name: str) -> Path:
+    return tpunb_home() / "services-listed" / f"{slice_name}.json"
+
+
+def record_services(slice_name: str, states: list["ServiceState"]) -> None:
+    """What a kernel just listed of a slice's services, for readers that cannot ask its hosts."""
+    path = _listed_path(slice_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".tmp").write_text(json.dumps([dataclasses.asdict(s) for s in states]))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def forget_services(slice_name: str) -> None:
+    _listed_path(slice_name).unlink(missing_ok=True)
+
+
+def listed_services(slice_name: str) -> list[dict]:
+    """What a kernel last listed of the slice's services (each as its host's state file says)."""
+    return _read(_listed_path(slice_name))
