@@ -32,21 +32,21 @@ def package_versions(ctx: Context) -> tuple[str, str] | None:
     return OK, f"{len(checks)} host{'s' if len(checks) != 1 else ''} run the same Python, jax, jaxlib, libtpu and flax"
 
 
-@check("TPU free")
-def tpu_free(ctx: Context) -> tuple[str, str] | None:
+def _first_problem(ctx: Context, field: str, fine: str) -> tuple[str, str] | None:
+    """FAILED with the first host's line for ``field`` (and how many more hosts have one), else OK."""
     if ctx.slice is None:
         return None
-    busy = [c.tpu_busy for c in _answered(ctx) if c.tpu_busy]
-    if busy:
-        return FAILED, busy[0] + (f" (and {len(busy) - 1} more hosts)" if len(busy) > 1 else "")
-    return OK, "no other process holds a TPU device file or the libtpu lockfile"
+    lines = [getattr(c, field) for c in _answered(ctx) if getattr(c, field)]
+    if lines:
+        return FAILED, lines[0] + (f" (and {len(lines) - 1} more hosts)" if len(lines) > 1 else "")
+    return OK, fine
+
+
+@check("TPU free")
+def tpu_free(ctx: Context) -> tuple[str, str] | None:
+    return _first_problem(ctx, "tpu_busy", "no other process holds a TPU device file or the libtpu lockfile")
 
 
 @check("coordinator port")
 def coordinator_port(ctx: Context) -> tuple[str, str] | None:
-    if ctx.slice is None:
-        return None
-    blocked = [c.coordinator for c in _answered(ctx) if c.coordinator]
-    if blocked:
-        return FAILED, blocked[0] + (f" (and {len(blocked) - 1} more hosts)" if len(blocked) > 1 else "")
-    return OK, "every host reaches the JAX coordinator's port"
+    return _first_problem(ctx, "coordinator", "every host reaches the JAX coordinator's port")
