@@ -248,13 +248,21 @@ class TpuMagics(Magics):
     @argument("name", help="variable to fetch")
     @argument("--host", default=None,
               help="only this host (3, -1, or s1/0 in a multislice): the value itself instead of {host: value}")
+    @argument("--gather", action="store_true",
+              help="a global jax.Array as one numpy array, each host sending only its own shards")
     @argument("--slice", dest="slice_name", default=None)
     @line_magic
     def tpu_pull(self, line: str):
-        """Fetch a variable from the hosts into the notebook: {host: value}, or one host's value."""
+        """Fetch a variable from the hosts into the notebook: {host: value}, or one host's value,
+        or with --gather one numpy array assembled from a global jax.Array's shards."""
         args = _parse(self.tpu_pull, line)
         sl = slices.current(args.slice_name)
-        if args.host is None:
+        if args.gather and args.host is not None:
+            raise UsageError(f"%tpu_pull {args.name} --gather assembles the array from every host: "
+                             "drop --host (or pull one host's value without --gather)")
+        if args.gather:
+            value = sl.gather(args.name)
+        elif args.host is None:
             value = sl.pull(args.name)
         else:
             chosen = sl.layout.parse(args.host)

@@ -466,7 +466,15 @@ class Session:
             raise TransportError("push failed on " + "; ".join(f"host {i}: {e}" for i, e in failed.items()))
 
     def pull(self, names: list[str], indices: list[int]) -> dict[int, dict[str, Any]]:
-        replies = self.call(indices, {"op": "pull", "names": names})
+        return self._values(indices, {"op": "pull", "names": names})
+
+    def gather(self, name: str, indices: list[int]) -> dict[int, dict[str, Any]]:
+        """{host: its owned shards of the global jax.Array ``name``} (tpunb.engine.gather assembles)."""
+        return self._values(indices, {"op": "gather", "name": name})
+
+    def _values(self, indices: list[int], message: dict) -> dict[int, Any]:
+        """{host: unpickled reply} of a request that fetches values; RemoteError names failed hosts."""
+        replies = self.call(indices, message)
         out, failed = {}, {}
         for i, (reply, blob) in sorted(replies.items()):
             if reply.get("status") != "ok":

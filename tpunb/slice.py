@@ -25,6 +25,7 @@ from tpunb.status import HostRow
 from tpunb.transport.base import Transport
 
 if TYPE_CHECKING:
+    import numpy
     import pandas
 
 #: lines printed between cells (background threads) shown before the next cell; the log has all
@@ -384,6 +385,17 @@ class Slice:
         self._idle_mark(False, tell_host=True)
         replies = self.session.pull([name], self.layout.parse(hosts))
         return {host: values[name] for host, values in replies.items()}
+
+    def gather(self, name: str, hosts: str | list[int] | None = None) -> "numpy.ndarray":
+        """A global jax.Array ``name`` as one numpy array: each host sends only the shards it
+        owns (a replicated shard once, from its lowest host), assembled here by index."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise UsageError(f"gather takes a variable name, e.g. sl.gather('x'), not {name!r}")
+        from tpunb.engine.gather import assemble
+
+        self.revive()
+        self._idle_mark(False, tell_host=True)
+        return assemble(name, self.session.gather(name, self.layout.parse(hosts)))
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self, since: Any = None) -> "pandas.DataFrame":

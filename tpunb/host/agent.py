@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import diagnose, idle, protocol, watchdog
+from . import diagnose, idle, protocol, shards, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
@@ -307,15 +307,33 @@ class Agent:
             self.send({"op": "done", "id": message["id"], "status": "error",
                        "error": f"NameError: {', '.join(missing)} not defined on this host"})
             return
+        self._send_value(message, {name: namespace[name] for name in message["names"]}, ", ".join(message["names"]))
+
+    def op_gather(self, message: dict, blob: bytes) -> None:
+        """This host's distinct shards of a global jax.Array, for the notebook to assemble."""
+        name = message["name"]
+        if name not in self.runner.namespace:
+            self.send({"op": "done", "id": message["id"], "status": "error",
+                       "error": f"NameError: {name} not defined on this host"})
+            return
         try:
-            data = _pickler().dumps({name: namespace[name] for name in message["names"]}, protocol=4)
+            part = shards.owned(self.runner.namespace[name])
+        except Exception as exc:
+            self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{name}: {exc}"})
+            return
+        self._send_value(message, part, name)
+
+    def _send_value(self, message: dict, value, what: str) -> None:
+        """Pickle ``value`` into the reply of ``message``, or say why it cannot travel."""
+        try:
+            data = _pickler().dumps(value, protocol=4)
         except Exception as exc:
             self.send({"op": "done", "id": message["id"], "status": "error",
-                       "error": f"cannot send {', '.join(message['names'])} back: {type(exc).__name__}: {exc}"})
+                       "error": f"cannot send {what} back: {type(exc).__name__}: {exc}"})
             return
         if len(data) > protocol.MAX_BLOB:
             self.send({"op": "done", "id": message["id"], "status": "error",
-                       "error": f"{', '.join(message['names'])} pickled to {len(data):,} bytes, over the "
+                       "error": f"{what} pickled to {len(data):,} bytes, over the "
                                 f"{protocol.MAX_BLOB:,} a frame carries: pull smaller pieces"})
             return
         self.send({"op": "done", "id": message["id"], "status": "ok"}, data)
