@@ -61,3 +61,22 @@ def test_a_slice_no_kernel_holds_still_shows_its_services_and_no_stale_forward(m
     assert alive(pid)
     assert _services(sl.name) == {("web", 0): "ready"}
     assert "forwards" not in slices.status().attrs
+
+
+def test_status_asks_hosts_for_services_only_once_the_slice_has_some(make_slice, monkeypatch):
+    """Listing services starts a process on every host: a slice without any does not pay that on
+    every %tpu_status (4 SSH hosts: 100 ms a call); once one is started, %tpu_status asks them all."""
+    from tpunb.serve import control
+
+    asked = []
+    real_ask = control.ask
+    monkeypatch.setattr(control, "ask", lambda transport, request: asked.append(request["host"]) or
+                        real_ask(transport, request))
+    sl = make_slice(2, name=unique("quiet"))
+    slices.status()
+    slices.status()
+    assert asked == []
+    sl.serve("plain", "exec sleep 300", hosts=[1])
+    asked.clear()
+    assert _services(sl.name) == {("plain", 1): "running"}
+    assert sorted(asked) == [0, 1]  # live: every host of the slice was asked

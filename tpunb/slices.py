@@ -368,7 +368,10 @@ def service_rows(hosts: list[HostRow]) -> tuple[list[ServiceRow], list[ForwardRo
     services, forwards = [], []
     for record in registry().list_slices():
         sl = _attached.get(record.name)
-        states = sl.services() if sl is not None else serve.recorded_services(record)
+        # ask the hosts of an attached slice only once it is known to have services: listing them
+        # starts a process on every host, which a slice without any must not pay on every %tpu_status
+        known = sl is not None and bool(seen.listed_services(record.name))
+        states = sl.services() if known else serve.recorded_services(record)
         services.extend(seen.service_rows(record.name, states, price.get(record.name)))
         forwards.extend(seen.forward_rows(record.name))
     return services, forwards

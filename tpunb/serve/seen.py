@@ -112,9 +112,21 @@ def _listed_path(slice_name: str) -> Path:
 
 def record_services(slice_name: str, states: list["ServiceState"]) -> None:
     """What a kernel just listed of a slice's services, for readers that cannot ask its hosts."""
+    _write_listed(slice_name, [dataclasses.asdict(s) for s in states])
+
+
+def note_started(slice_name: str, states: list["ServiceState"]) -> None:
+    """Services just started join the slice's listing (beside the others it holds), so the slice
+    is known to have services without asking its hosts."""
+    started = {(s.name, s.host) for s in states}
+    kept = [raw for raw in listed_services(slice_name) if (raw.get("name"), raw.get("host")) not in started]
+    _write_listed(slice_name, [*kept, *(dataclasses.asdict(s) for s in states)])
+
+
+def _write_listed(slice_name: str, listed: list[dict]) -> None:
     path = _listed_path(slice_name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.with_suffix(".tmp").write_text(json.dumps([dataclasses.asdict(s) for s in states]))
+    path.with_suffix(".tmp").write_text(json.dumps(listed))
     os.replace(path.with_suffix(".tmp"), path)
 
 

@@ -95,7 +95,9 @@ def serve(sl: "Slice", name: str, command: str, hosts=None, restart: str = "no",
     else:
         _wait_ready(sl, name, indices, port, path, timeout, where)
         report.info(f"[tpunb] {name!r} ready on {where} in {time.perf_counter() - started:.1f} s")
-    return [ServiceState.from_host(r["state"]) for r in replies.values()]
+    states = [ServiceState.from_host(r["state"]) for r in replies.values()]
+    seen.note_started(sl.name, states)  # %tpu_status now asks this slice's hosts for their services
+    return states
 
 
 def _wait_ready(sl: "Slice", name: str, indices: list[int], port: int, path: str | None, timeout: float,
