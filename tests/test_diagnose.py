@@ -64,6 +64,19 @@ def test_hosts_that_agree_give_no_warning(cell, sshd, ssh_key):
     assert slices.current().warn_version_skew() is None
 
 
+def test_hosts_on_the_kernels_python_do_not_read_their_versions_but_show_the_kernels(cell):
+    """A local slice's hosts run this kernel's Python: their hello says so instead of reading
+    package metadata (10 ms a process), and %tpu_status --versions shows this kernel's versions."""
+    assert cell("%tpu_launch v4-16 --name same").error is None
+    sl = slices.current()
+    assert [h.info["versions"] for h in sl.session.hosts] == ["kernel", "kernel"]
+    ours = host_diagnose.versions()
+    table = cell("%tpu_status --versions").result.result
+    assert list(table["host"]) == [0, 1] and list(table["jax"]) == [ours["jax"]] * 2
+    assert list(table["python"]) == [ours["python"]] * 2
+    assert sl.warn_version_skew() is None
+
+
 def test_skew_line_names_each_differing_package_once():
     line = diagnose.skew_line({0: {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2"},
                                1: {"python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.9.0"},

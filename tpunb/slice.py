@@ -448,8 +448,10 @@ class Slice:
 
     # -- status -------------------------------------------------------------------------------
     def versions(self) -> dict[int, dict | None]:
-        """Each host's Python, jax, jaxlib, libtpu and flax versions, from its agent's hello."""
-        return {host.index: host.info.get("versions") for host in self.session.hosts}
+        """Each host's Python, jax, jaxlib, libtpu and flax versions, from its agent's hello (a host
+        on this kernel's own Python says so, and has this kernel's)."""
+        said = {host.index: host.info.get("versions") for host in self.session.hosts}
+        return {i: diagnose.kernel_versions() if v == "kernel" else v for i, v in said.items()}
 
     def warn_version_skew(self) -> str | None:
         """Warn, in one line, which hosts run other versions than the rest; the line, or None."""
@@ -460,9 +462,10 @@ class Slice:
 
     def version_rows(self) -> list[diagnose.VersionRow]:
         """One row per host for %tpu_status --versions."""
+        versions = self.versions()
         return diagnose.version_rows(self.name, [
             (h.index, self.record.hosts[h.index].address if h.index < len(self.record.hosts) else h.transport.address,
-             h.info.get("versions")) for h in self.session.hosts])
+             versions[h.index]) for h in self.session.hosts])
 
     def status_rows(self, current: bool = False) -> list[HostRow]:
         """One row per host, live: what %tpu_status, widgets and the server show."""

@@ -5,10 +5,12 @@ importing jax); these functions compare them and name the hosts that differ, in 
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
+from tpunb.host import diagnose as _host
 from tpunb.host.diagnose import PACKAGES as _HOST_PACKAGES
 
 #: what is compared, in the order shown
@@ -27,6 +29,12 @@ class VersionRow:
     jaxlib: str | None = None
     libtpu: str | None = None
     flax: str | None = None
+
+
+@functools.cache
+def kernel_versions() -> dict:
+    """This kernel's own versions: those of every host that runs on its Python (a local slice)."""
+    return _host.versions()
 
 
 def version_rows(slice_name: str, infos: list[tuple[int, str | None, dict | None]]) -> list[VersionRow]:

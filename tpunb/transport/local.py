@@ -107,6 +107,7 @@ class LocalTransport(Transport):
     def spawn(self, argv: list[str]) -> LocalAgentProcess:
         env = dict(os.environ)
         env.pop("PYTHONSTARTUP", None)
+        env["TPUNB_KERNEL_PYTHON"] = sys.executable  # a host on this Python has the kernel's package versions
         try:
             return LocalAgentProcess(argv, env)
         except OSError as exc:
