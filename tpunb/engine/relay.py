@@ -105,9 +105,9 @@ def _send(session: Session, request, blob: bytes, root: int, rest: list[int], tr
     host = session.hosts[root]
     try:
         host.send({"op": "relay_push", "id": request.rid, "tree": tree, "me": [root, host.transport.address]}, blob)
-    except TransportError as exc:
+    except TransportError:
         _cancel(session, request)
-        return {root: str(exc)}
+        return {root: "its connection ended while the value was on its way"}
     request.pending.add(root)
     return {}
 

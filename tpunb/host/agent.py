@@ -311,10 +311,14 @@ class Agent:
         """A pushed value that comes by relay (tpunb_host.relay): the root has it in ``blob`` and
         streams it to its children; the others wait for it from their parent."""
         try:
-            if message.get("tree") is not None:
-                self.relay.send_tree(blob, message["tree"], message["id"], message["me"])
-            else:
-                blob = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
+            self.inbox.cell_started()  # a relay_cancel that comes meanwhile is read beside this
+            try:
+                if message.get("tree") is not None:
+                    self.relay.send_tree(blob, message["tree"], message["id"], message["me"])
+                else:
+                    blob = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
+            finally:
+                self.inbox.cell_ended()
             self.runner.namespace.update(pickle.loads(blob))
             self.send({"op": "done", "id": message["id"], "status": "ok"})
         except Exception as exc:  # RelayError names the peer; anything else in one line too

@@ -1,0 +1,131 @@
+"""Push by relay on real sshd hosts: the kernel sends a value once, the hosts pass it on over an
+authenticated link; the result equals a direct push; a relay host that dies fails the push in one
+line naming it, and the next push works.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from tpunb import slices
+from tpunb.engine import connection, relay
+from tpunb.errors import HostDiedError
+from tpunb.host.relay import NONCE, RelayError, connect_auth
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.usefixtures("sshd")
+
+
+@pytest.fixture
+def ssh_slice(sshd, ssh_key, monkeypatch):
+    """4 real sshd hosts on loopback, JSON frames (as hosts on another Python)."""
+    monkeypatch.setattr(connection, "MARSHAL_FRAMES", False)
+    monkeypatch.setenv("TPUNB_RELAY", "always")
+    return slices.connect([f"{a}:{sshd.port}" for a in sshd.addresses], key=str(ssh_key), python=sshd.python)
+
+
+def _sent_bytes(sl, monkeypatch) -> dict[int, int]:
+    """{host: bytes the kernel sends it from now on}."""
+    sent = {h.index: 0 for h in sl.session.hosts}
+    for host in sl.session.hosts:
+        original = host.send_frame
+
+        def counting(data, host=host, original=original):
+            sent[host.index] += len(data)
+            original(data)
+
+        monkeypatch.setattr(host, "send_frame", counting)
+    return sent
+
+
+@pytest.mark.parametrize("fanout", [1, 3])
+def test_a_value_pushed_by_relay_equals_the_one_pushed_directly(ssh_slice, monkeypatch, fanout):
+    """numpy, nested Python and a cloudpickled closure: a chain (fanout 1) and one relay fanning out."""
+    monkeypatch.setattr(relay, "FANOUT", fanout)
+    base = 7
+    values = {"arr": np.random.default_rng(0).standard_normal(1 << 20),  # 8 MB
+              "nested": {"a": [1, (2.5, "x"), {3, 4}], "b": b"\x00\xff" * 1000, "c": None},
+              "f": lambda n: n * base + 1}
+    sent = _sent_bytes(ssh_slice, monkeypatch)
+    ssh_slice.push({f"r_{k}": v for k, v in values.items()})
+    assert max(sent[i] for i in (1, 2, 3)) < 4096 < 8 << 20 < sent[0]  # the value crossed SSH once, to host 0
+    monkeypatch.setenv("TPUNB_RELAY", "never")
+    ssh_slice.push({f"d_{k}": v for k, v in values.items()})
+    check = ("import numpy as np\n(np.array_equal(r_arr, d_arr), r_arr.dtype == d_arr.dtype, r_nested == d_nested, "
+             "r_f(3) == d_f(3) == 22)")
+    assert ssh_slice.run(check).reprs == {i: "(True, True, True, True)" for i in range(4)}
+
+
+def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypatch):
+    monkeypatch.delenv("TPUNB_RELAY")
+    hosts = list(range(4))
+    assert relay.wanted(ssh_slice.session, relay.MIN_BYTES, hosts)
+    assert not relay.wanted(ssh_slice.session, relay.MIN_BYTES - 1, hosts)  # small: direct
+    assert not relay.wanted(ssh_slice.session, relay.MIN_BYTES, hosts[:relay.MIN_HOSTS - 1])  # few hosts: direct
+    local = slices.launch("v4-32", name="local")
+    assert not relay.wanted(local.session, 1 << 30, hosts)  # hosts on this machine: nothing to save
+
+
+def test_a_peer_without_the_slice_secret_is_refused_and_the_host_keeps_working(ssh_slice):
+    address, port = relay.listeners(ssh_slice.session, [2])[2]
+    assert address == ssh_slice.session.hosts[2].transport.host  # its slice-internal address, not 0.0.0.0
+    for proof in (b"\x00" * 32, None):  # a wrong proof, and one made with another secret
+        with socket.create_connection((address, port), timeout=10) as sock:
+            nonce = sock.recv(NONCE)
+            if proof is None:
+                with pytest.raises(RelayError):
+                    connect_auth(sock, secrets.token_bytes(32))
+            else:
+                sock.sendall(secrets.token_bytes(NONCE) + proof)
+                assert sock.recv(64) == b""  # closed without proving itself to us
+            assert len(nonce) == NONCE
+    with socket.create_connection((address, port), timeout=10) as sock:  # the right secret: both sides proven
+        connect_auth(sock, bytes.fromhex(ssh_slice.session._relay_secret))
+    ssh_slice.push({"after": np.arange(1 << 20)})
+    assert ssh_slice.run("int(after.sum())").reprs == {i: str(sum(range(1 << 20))) for i in range(4)}
+
+
+def test_the_secret_never_shows(ssh_slice, sshd):
+    secret = ssh_slice.session._relay_secret
+    shown = ssh_slice.run("import os\nsorted(os.environ.items())").reprs
+    assert all(secret not in text for text in shown.values())
+    assert secret not in repr(ssh_slice) and secret not in repr(vars(ssh_slice))
+    home = os.environ["TPUNB_HOME"]
+    for root, _, files in os.walk(home):
+        for name in files:
+            assert secret.encode() not in open(os.path.join(root, name), "rb").read()
+
+
+def _read_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/io") as f:
+        return int(f.readline().split()[1])  # rchar
+
+
+def test_a_relay_host_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
+    value = np.ones(64 << 20, dtype=np.uint8)
+    root = ssh_slice.session.hosts[0]
+    pid, address = root.info["pid"], root.transport.address
+    before = _read_bytes(pid)
+    killed = {}
+
+    def kill_when_receiving() -> None:
+        wait_for(lambda: _read_bytes(pid) - before > 8 << 20, 30, "the relay host to be receiving the value")
+        os.kill(pid, signal.SIGKILL)
+        killed["at"] = time.perf_counter()
+
+    import threading
+
+    threading.Thread(target=kill_when_receiving, daemon=True).start()
+    with pytest.raises(HostDiedError) as caught:
+        ssh_slice.push({"big": value})
+    message = str(caught.value)
+    assert "\n" not in message and f"relay host 0 ({address})" in message and "mid-transfer" in message, message
+    assert time.perf_counter() - killed["at"] < 10  # nothing waited for a timeout
+    ssh_slice.push({"big": value[:8 << 20]})  # host 0 restarted, the relay works again
+    assert ssh_slice.run("int(big.sum())").reprs == {i: str(8 << 20) for i in range(4)}
