@@ -96,19 +96,22 @@ def push(session: Session, blob: bytes, indices: list[int], fanout: int | None =
 
 
 def _send(session: Session, request, blob: bytes, root: int, rest: list[int], tree: list) -> dict[int, str]:
-    """The waiting hosts first (small frames), then the value to the root; {root: why} if it died
-    while the value was on its way (the others are told to give up)."""
-    frames = Broadcast({"op": "relay_push", "id": request.rid, "wait": WAIT})
-    for i in rest:
-        session.hosts[i].send_frame(frames.for_host(session.hosts[i]))
-        request.pending.add(i)
+    """The value to the root, then the small requests to the others (their wait for the stream to
+    begin starts once the root has it, however slow the notebook's link); {root: why} if the root
+    died while the value was on its way (the others were sent nothing)."""
     host = session.hosts[root]
     try:
         host.send({"op": "relay_push", "id": request.rid, "tree": tree, "me": [root, host.transport.address]}, blob)
     except TransportError:
-        _cancel(session, request)
         return {root: "its connection ended while the value was on its way"}
     request.pending.add(root)
+    frames = Broadcast({"op": "relay_push", "id": request.rid, "wait": WAIT})
+    for i in rest:
+        try:
+            session.hosts[i].send_frame(frames.for_host(session.hosts[i]))
+        except TransportError as exc:
+            return {i: str(exc)}
+        request.pending.add(i)
     return {}
 
 
@@ -118,6 +121,8 @@ def _collect(session: Session, request, died: dict[int, str]) -> tuple[dict[int,
     inbox, ctrl_c, pending = request.inbox, request.ctrl_c, request.pending
     errors: dict[int, str] = {}
     deadline = time.monotonic() + AFTERMATH if died else None
+    if died:
+        _cancel(session, request)
     while pending:
         if ctrl_c.presses:
             _cancel(session, request)

@@ -1,0 +1,145 @@
+"""Push by relay (issue 22): the topology, where relay beats direct sends, and a delayed link.
+
+    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--sections topology,threshold,relay]
+
+Hosts are real OpenSSH sshd hosts on loopback addresses (one sshd, up to 16 addresses), the
+kernel is this process. Values are random bytes in a numpy array (incompressible).
+1. topology: ``--mb`` MB to ``--hosts`` hosts, direct (the kernel sends it to every host) and by
+   relay with trees of fanout 1 (a chain), 2, 4 and hosts-1 (one relay fanning out).
+2. threshold: 1, 4 and 16 MB to 4 and ``--hosts`` hosts, direct and by relay (fanout 4).
+3. relay (``relay_section``): the same hosts behind bench/delay_proxy.py, which holds every chunk
+   ``--delay`` s each way and counts its bytes (hosts still reach each other directly): ``--mb``
+   MB direct and by relay, bytes over the delayed link, and the trivial cell's p50.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+import numpy as np  # noqa: E402
+
+from tpunb import slices  # noqa: E402
+from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
+from tpunb.engine import relay  # noqa: E402
+
+
+def value(mb: float) -> np.ndarray:
+    return np.frombuffer(os.urandom(int(mb * 1_000_000)), dtype=np.uint8)
+
+
+def timed_push(sl, x, how: str, fanout: int | None = None, repeat: int = 1, hosts: list[int] | None = None) -> float:
+    """Median seconds of ``repeat`` pushes, ``how`` in (direct, relay)."""
+    os.environ["TPUNB_RELAY"] = "never" if how == "direct" else "always"
+    relay.FANOUT = fanout or relay.FANOUT
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        sl.push({"x": x}, hosts)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def connect(specs: list[str], key: Path, python: str, name: str):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return slices.connect(specs, key=str(key), python=python, name=name)
+
+
+def topology(sl, hosts: int, mb: float, repeat: int) -> None:
+    x = value(mb)
+    print(f"\n### Topology: {mb:g} MB to {hosts} SSH hosts on loopback (median of {repeat}; direct once)\n")
+    print("| route | s | MB/s per host |")
+    print("|---|---|---|")
+    rows = [("direct (kernel to every host)", "direct", None, 1)]
+    rows += [(f"relay, fanout {k}" + (" (chain)" if k == 1 else " (one relay fans out)" if k == hosts - 1 else ""),
+              "relay", k, repeat) for k in sorted({1, 2, 4, hosts - 1})]
+    for label, how, k, n in rows:
+        s = timed_push(sl, x, how, k, n)
+        print(f"| {label} | {s:.2f} | {mb / s:.1f} |", flush=True)
+
+
+def threshold(sl, hosts: int, repeat: int) -> None:
+    print(f"\n### Direct or relay (fanout 4), by size and hosts (median of {repeat})\n")
+    print("| MB | hosts | direct s | relay s |")
+    print("|---|---|---|---|")
+    for n in sorted({4, hosts}):
+        for mb in (1, 4, 16):
+            x = value(mb)
+            times = {how: timed_push(sl, x, how, 4, repeat, list(range(n))) for how in ("direct", "relay")}
+            print(f"| {mb} | {n} | {times['direct']:.3f} | {times['relay']:.3f} |", flush=True)
+
+
+def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, repeat: int) -> None:
+    """The delayed link: bytes across it and seconds, direct and by relay, and a trivial cell."""
+    targets = [f"{a}:{server.port}" for a in server.addresses[:hosts]]
+    proxy = subprocess.Popen([sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay", str(delay), *targets],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        ports = json.loads(proxy.stdout.readline())["ports"]
+
+        def counted() -> int:
+            proxy.stdin.write("\n")
+            proxy.stdin.flush()
+            return json.loads(proxy.stdout.readline())["up"]
+
+        sl = connect([f"127.0.0.1:{p}" for p in ports], key, server.python, "delayed")
+        x = value(mb)
+        print(f"\n### Across a delayed link: {delay * 1e3:.0f} ms each way, {hosts} SSH hosts, {mb:g} MB\n")
+        print("| what | s | MB over the delayed link (kernel to hosts) |")
+        print("|---|---|---|")
+        for label, how, n in (("push, direct", "direct", 1), ("push, relay (fanout 4)", "relay", repeat)):
+            before = counted()
+            s = timed_push(sl, x, how, 4, n)
+            print(f"| {label} | {s:.2f} | {(counted() - before) / n / 1e6:.1f} |", flush=True)
+        cells = []
+        for _ in range(20):
+            started = time.perf_counter()
+            sl.session.execute("pass", list(range(hosts)))
+            cells.append(time.perf_counter() - started)
+        print(f"| trivial cell, p50 of 20 | {statistics.median(cells):.3f} | |")
+        slices.down("delayed")
+    finally:
+        proxy.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=16)
+    parser.add_argument("--mb", type=float, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--delay", type=float, default=0.05)
+    parser.add_argument("--sections", default="topology,threshold,relay")
+    args = parser.parse_args()
+    os.environ.setdefault("TPUNB_HOME", tempfile.mkdtemp(prefix="tpunb-bench-relay-home-"))
+    work = Path(tempfile.mkdtemp(prefix="tpunb-bench-relay-"))
+    server = Sshd(hosts=args.hosts, directory=work / "sshd")
+    key = work / "id_ed25519"
+    server.authorize(write_ed25519(key))
+    sections = args.sections.split(",")
+    try:
+        if "topology" in sections or "threshold" in sections:
+            sl = connect([f"{a}:{server.port}" for a in server.addresses], key, server.python, "loopback")
+            if "topology" in sections:
+                topology(sl, args.hosts, args.mb, args.repeat)
+            if "threshold" in sections:
+                threshold(sl, args.hosts, args.repeat)
+            slices.down("loopback")
+        if "relay" in sections:
+            relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat)
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    main()
