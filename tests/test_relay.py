@@ -129,3 +129,27 @@ def test_a_relay_host_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
     assert time.perf_counter() - killed["at"] < 10  # nothing waited for a timeout
     ssh_slice.push({"big": value[:8 << 20]})  # host 0 restarted, the relay works again
     assert ssh_slice.run("int(big.sum())").reprs == {i: str(8 << 20) for i in range(4)}
+
+
+def test_a_relay_cut_off_mid_stream_fails_its_subtree_naming_it():
+    """Two hosts' relays on real sockets, a chain parent -> 1 -> 2: the parent stops after half the
+    value; host 1 says the parent's stream ended, host 2 that host 1's did, neither hangs."""
+    from tpunb.host import relay as host_relay
+
+    secret = secrets.token_bytes(32)
+    one, two = host_relay.Relay(secret.hex()), host_relay.Relay(secret.hex())
+    (a1, p1), (a2, p2) = [(r["address"], r["port"]) for r in (one.listen(), two.listen())]
+    tree = [[1, a1, p1, [[2, a2, p2, []]]]]
+    children = host_relay._open_children(secret, tree, 5, 4 << 20, [0, "the-root"])
+    host_relay._forward(children, memoryview(b"x" * (2 << 20)))
+    children[0][1].close()
+    with pytest.raises(RelayError, match=r"relay from host 0 \(the-root\) ended after 2,097,152 of 4,194,304"):
+        one.wait(5, 10)
+    with pytest.raises(RelayError, match=rf"relay from host 1 \({a1}\) ended"):
+        two.wait(5, 10)
+    assert one.refused == two.refused == 0
+    good = host_relay._open_children(secret, tree, 6, 3, [0, "the-root"])  # the next transfer works
+    host_relay._forward(good, memoryview(b"abc"))
+    assert bytes(one.wait(6, 10)) == bytes(two.wait(6, 10)) == b"abc"
+    for child in good:
+        child[1].close()
