@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from tpunb.engine.ctrl_c import CtrlC, Wake
 from tpunb.engine.frames import Broadcast
 from tpunb.errors import CellInterrupted, HostDiedError, TransportError
+from tpunb.host import protocol
 
 if TYPE_CHECKING:
     from tpunb.engine.connection import HostConnection
@@ -101,7 +102,9 @@ def _send(session: Session, request, blob: bytes, root: int, rest: list[int], tr
     died while the value was on its way (the others were sent nothing)."""
     host = session.hosts[root]
     try:
-        host.send({"op": "relay_push", "id": request.rid, "tree": tree, "me": [root, host.transport.address]}, blob)
+        frame = protocol.encode({"op": "relay_push", "id": request.rid, "tree": tree,
+                                 "me": [root, host.transport.address]}, blob, host.fast)
+        host.send_frame(memoryview(frame))  # paramiko's sendall slices what it is given: a view, not copies
     except TransportError:
         return {root: "its connection ended while the value was on its way"}
     request.pending.add(root)
