@@ -1,12 +1,12 @@
 """Push by relay (issue 22): the topology, where relay beats direct sends, and a delayed link.
 
-    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--sections topology,threshold,relay]
+    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--sections topology,threshold,relay] [--bytes-sends]
 
 Hosts are real OpenSSH sshd hosts on loopback addresses (one sshd, up to 16 addresses), the
 kernel is this process. Values are random bytes in a numpy array (incompressible).
 1. topology: ``--mb`` MB to ``--hosts`` hosts, direct (the kernel sends it to every host) and by
    relay with trees of fanout 1 (a chain), 2, 4 and hosts-1 (one relay fanning out).
-2. threshold: 1, 4 and 16 MB to 4 and ``--hosts`` hosts, direct and by relay (fanout 4).
+2. threshold: ``--threshold-mb`` to ``--threshold-hosts`` hosts, direct and by relay (fanout 4).
 3. relay (``relay_section``): the same hosts behind bench/delay_proxy.py, which holds every chunk
    ``--delay`` s each way and counts its bytes (hosts still reach each other directly): ``--mb``
    MB direct and by relay, bytes over the delayed link, and the trivial cell's p50.
@@ -33,6 +33,15 @@ import numpy as np  # noqa: E402
 from tpunb import slices  # noqa: E402
 from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
 from tpunb.engine import relay  # noqa: E402
+from tpunb.engine.connection import HostConnection  # noqa: E402
+
+
+def view_sends() -> None:
+    """Direct sends as the relay's: frames handed to paramiko as memoryviews. Its sendall slices
+    what it gets, so a bytes frame is copied once per 32 kB packet (64 MB to one host: 44 s here
+    under load); the direct path's own fix is another part of issue 22."""
+    send_frame = HostConnection.send_frame
+    HostConnection.send_frame = lambda self, data: send_frame(self, memoryview(data))
 
 
 def value(mb: float) -> np.ndarray:
@@ -59,9 +68,11 @@ def connect(specs: list[str], key: Path, python: str, name: str):
 def topology(sl, hosts: int, mb: float, repeat: int) -> None:
     x = value(mb)
     print(f"\n### Topology: {mb:g} MB to {hosts} SSH hosts on loopback (median of {repeat}; direct once)\n")
-    print("| route | s | MB/s per host |")
+    print("| route | s | value MB / s |")
     print("|---|---|---|")
     rows = [("direct (kernel to every host)", "direct", None, 1)]
+    only_root = timed_push(sl, x, "direct", None, repeat, [0])
+    print(f"| direct to host 0 only (what any relay costs the kernel) | {only_root:.2f} | {mb / only_root:.1f} |")
     rows += [(f"relay, fanout {k}" + (" (chain)" if k == 1 else " (one relay fans out)" if k == hosts - 1 else ""),
               "relay", k, repeat) for k in sorted({1, 2, 4, hosts - 1})]
     for label, how, k, n in rows:
@@ -69,15 +80,15 @@ def topology(sl, hosts: int, mb: float, repeat: int) -> None:
         print(f"| {label} | {s:.2f} | {mb / s:.1f} |", flush=True)
 
 
-def threshold(sl, hosts: int, repeat: int) -> None:
+def threshold(sl, counts: list[int], sizes: list[float], repeat: int) -> None:
     print(f"\n### Direct or relay (fanout 4), by size and hosts (median of {repeat})\n")
     print("| MB | hosts | direct s | relay s |")
     print("|---|---|---|---|")
-    for n in sorted({4, hosts}):
-        for mb in (1, 4, 16):
+    for n in counts:
+        for mb in sizes:
             x = value(mb)
             times = {how: timed_push(sl, x, how, 4, repeat, list(range(n))) for how in ("direct", "relay")}
-            print(f"| {mb} | {n} | {times['direct']:.3f} | {times['relay']:.3f} |", flush=True)
+            print(f"| {mb:g} | {n} | {times['direct']:.3f} | {times['relay']:.3f} |", flush=True)
 
 
 def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, repeat: int) -> None:
@@ -120,7 +131,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--sections", default="topology,threshold,relay")
+    parser.add_argument("--threshold-hosts", default="2,4,16")
+    parser.add_argument("--threshold-mb", default="0.064,0.25,1,4,16")
+    parser.add_argument("--bytes-sends", action="store_true", help="direct sends as today (bytes to paramiko: slow)")
     args = parser.parse_args()
+    if not args.bytes_sends:
+        view_sends()
     os.environ.setdefault("TPUNB_HOME", tempfile.mkdtemp(prefix="tpunb-bench-relay-home-"))
     work = Path(tempfile.mkdtemp(prefix="tpunb-bench-relay-"))
     server = Sshd(hosts=args.hosts, directory=work / "sshd")
@@ -133,7 +149,8 @@ def main() -> None:
             if "topology" in sections:
                 topology(sl, args.hosts, args.mb, args.repeat)
             if "threshold" in sections:
-                threshold(sl, args.hosts, args.repeat)
+                threshold(sl, [int(n) for n in args.threshold_hosts.split(",")],
+                          [float(mb) for mb in args.threshold_mb.split(",")], args.repeat)
             slices.down("loopback")
         if "relay" in sections:
             relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat)

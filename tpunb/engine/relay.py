@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tpunb.session import Session
 
 #: a value this large or larger goes by relay (below it, direct sends cost less)
-MIN_BYTES = 4 << 20
+MIN_BYTES = 1 << 20
 #: ... to at least this many hosts
 MIN_HOSTS = 4
 #: children per host in the relay tree (1: a chain; hosts - 1: one relay fanning out)
