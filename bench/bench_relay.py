@@ -1,6 +1,6 @@
 """Push by relay (issue 22): the topology, where relay beats direct sends, and a delayed link.
 
-    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--sections topology,threshold,relay] [--bytes-sends]
+    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--sections topology,threshold,relay,cells] [--bytes-sends]
 
 Hosts are real OpenSSH sshd hosts on loopback addresses (one sshd, up to 16 addresses), the
 kernel is this process. Values are random bytes in a numpy array (incompressible).
@@ -10,6 +10,8 @@ kernel is this process. Values are random bytes in a numpy array (incompressible
 3. relay (``relay_section``): the same hosts behind bench/delay_proxy.py, which holds every chunk
    ``--delay`` s each way and counts its bytes (hosts still reach each other directly): ``--mb``
    MB direct and by relay, bytes over the delayed link, and the trivial cell's p50.
+4. cells (not in the default run): ``--cell-hosts`` SSH hosts, the kernel's CPU per host for a
+   trivial cell and for sending it one small frame (what sending cells through the tree could save).
 """
 from __future__ import annotations
 
@@ -124,6 +126,46 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
         proxy.kill()
 
 
+def cells_section(work: Path, hosts: int, rounds: int = 100) -> None:
+    """What a relay could save a trivial cell: the kernel's CPU per host per cell, against its CPU
+    to send one small frame to a host (the half a cell sent once through the tree would save)."""
+    from tpunb.engine.frames import Broadcast
+
+    servers = [Sshd(hosts=min(16, hosts - i), directory=work / f"cells-{i}") for i in range(0, hosts, 16)]
+    key = work / "cells_key"
+    line = write_ed25519(key)
+    try:
+        for server in servers:
+            server.authorize(line)
+        sl = connect([f"{a}:{s.port}" for s in servers for a in s.addresses], key, servers[0].python, "cells")
+        session, every = sl.session, list(range(hosts))
+        for _ in range(10):
+            session.execute("pass", every)
+        cell_cpu, send_cpu, walls = [], [], []
+        block = max(1, rounds // 5)
+        for _ in range(5):
+            cpu, wall = time.process_time(), time.perf_counter()
+            for _ in range(block):
+                session.execute("pass", every)
+            cell_cpu.append((time.process_time() - cpu) / block / hosts)
+            walls.append((time.perf_counter() - wall) / block)
+            cpu = time.process_time()
+            for _ in range(block):
+                frames = Broadcast({"op": "heartbeat", "seconds": 1.0})  # no reply
+                for host in session.hosts:
+                    host.send_frame(frames.for_host(host))
+            send_cpu.append((time.process_time() - cpu) / block / hosts)
+        print(f"\n### Trivial cell on {hosts} SSH hosts (medians of 5 blocks of {block})\n")
+        print(f"| cell p50 wall | kernel CPU per host per cell | of which sending the frame |")
+        print("|---|---|---|")
+        print(f"| {statistics.median(walls) * 1e3:.1f} ms | {statistics.median(cell_cpu) * 1e6:.0f} us "
+              f"| {statistics.median(send_cpu) * 1e6:.0f} us |")
+        slices.down("cells")
+    finally:
+        for server in servers:
+            server.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=16)
@@ -131,6 +173,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--sections", default="topology,threshold,relay")
+    parser.add_argument("--cell-hosts", type=int, default=64)
     parser.add_argument("--threshold-hosts", default="2,4,16")
     parser.add_argument("--threshold-mb", default="0.064,0.25,1,4,16")
     parser.add_argument("--bytes-sends", action="store_true", help="direct sends as today (bytes to paramiko: slow)")
@@ -154,6 +197,8 @@ def main() -> None:
             slices.down("loopback")
         if "relay" in sections:
             relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat)
+        if "cells" in sections:
+            cells_section(work, args.cell_hosts)
     finally:
         server.close()
 
