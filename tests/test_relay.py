@@ -18,6 +18,7 @@ from tpunb.engine import connection, relay
 from tpunb.errors import HostDiedError
 from tpunb.host.relay import NONCE, RelayError, connect_auth
 from tests.conftest import wait_for
+from tests.test_cloud import cloud, tpu_emulator_options  # noqa: F401 - fixtures: emulator nodes on the sshd
 
 pytestmark = pytest.mark.usefixtures("sshd")
 
@@ -153,3 +154,15 @@ def test_a_relay_cut_off_mid_stream_fails_its_subtree_naming_it():
     assert bytes(one.wait(6, 10)) == bytes(two.wait(6, 10)) == b"abc"
     for child in good:
         child[1].close()
+
+
+def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
+    """A v4-32 from the Cloud TPU emulator (4 sshd hosts), no override: a 2 MB value goes by relay."""
+    monkeypatch.delenv("TPUNB_RELAY", raising=False)
+    sl = slices.launch("v4-32", name="relayed", backend="gcp", python=sshd.python)
+    sent = _sent_bytes(sl, monkeypatch)
+    value = np.arange(1 << 18)  # 2 MB
+    sl.push({"v": value})
+    assert max(sent[i] for i in (1, 2, 3)) < 4096 < value.nbytes < sent[0]
+    assert sl.run("int(v.sum())").reprs == {i: str(int(value.sum())) for i in range(4)}
+    slices.down("relayed")
