@@ -106,14 +106,17 @@ def _send(session: Session, request, blob: bytes, root: int, rest: list[int], tr
                                  "me": [root, host.transport.address]}, blob, host.fast)
         host.send_frame(memoryview(frame))  # paramiko's sendall slices what it is given: a view, not copies
     except TransportError:
-        return {root: "its connection ended while the value was on its way"}
+        why = "its connection ended while the value was on its way"
+        host.give_up(why)  # seen dead now, not when its reader gets there: the next request revives it
+        return {root: why}
     request.pending.add(root)
     frames = Broadcast({"op": "relay_push", "id": request.rid, "wait": WAIT})
     for i in rest:
         try:
             session.hosts[i].send_frame(frames.for_host(session.hosts[i]))
-        except TransportError as exc:
-            return {i: str(exc)}
+        except TransportError:
+            session.hosts[i].give_up("its connection ended")
+            return {i: "its connection ended"}
         request.pending.add(i)
     return {}
 
