@@ -166,3 +166,17 @@ def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
     assert max(sent[i] for i in (1, 2, 3)) < 4096 < value.nbytes < sent[0]
     assert sl.run("int(v.sum())").reprs == {i: str(int(value.sum())) for i in range(4)}
     slices.down("relayed")
+
+
+def test_hosts_that_cannot_reach_each_other_get_the_value_directly(ssh_slice):
+    """Host 2's listener is somewhere host 0 cannot reach: the push still lands everywhere, sent
+    directly, and the session stops trying the relay."""
+    relay.listeners(ssh_slice.session, [0, 1, 2, 3])
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nowhere = closed.getsockname()[1]  # bound, never listening: connections are refused
+        host = ssh_slice.session.hosts[2]
+        relay._listeners[host] = (host.info["pid"], ["127.0.0.1", nowhere])
+        ssh_slice.push({"v": np.arange(1 << 18)})
+    assert ssh_slice.run("int(v.sum())").reprs == {i: str(sum(range(1 << 18))) for i in range(4)}
+    assert not relay.wanted(ssh_slice.session, 1 << 30, [0, 1, 2, 3])

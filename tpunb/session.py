@@ -464,8 +464,7 @@ class Session:
 
     def push(self, values: dict[str, Any], indices: list[int]) -> None:
         blob = dump_values(values)
-        if relay.wanted(self, len(blob), indices):  # sent once, passed on inside the slice
-            relay.push(self, blob, indices)
+        if relay.wanted(self, len(blob), indices) and relay.push(self, blob, indices):  # sent once, passed on
             return
         replies = self.call(indices, {"op": "push"}, blob)
         failed = {i: r["error"] for i, (r, _) in replies.items() if r.get("status") != "ok"}

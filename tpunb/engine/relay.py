@@ -17,6 +17,7 @@ from tpunb.engine.ctrl_c import CtrlC, Wake
 from tpunb.engine.frames import Broadcast
 from tpunb.errors import CellInterrupted, HostDiedError, TransportError
 from tpunb.host import protocol
+from tpunb.host.relay import UNREACHABLE
 
 if TYPE_CHECKING:
     from tpunb.engine.connection import HostConnection
@@ -33,6 +34,8 @@ WAIT = 60.0
 #: seconds the others get to report once the push failed somewhere
 AFTERMATH = 10.0
 
+#: sessions whose hosts could not reach each other: they push directly from then on
+_unreachable: "weakref.WeakSet[Session]" = weakref.WeakSet()
 #: host -> (its agent's pid, [address, port] of its relay listener)
 _listeners: "weakref.WeakKeyDictionary[HostConnection, tuple]" = weakref.WeakKeyDictionary()
 
@@ -45,7 +48,7 @@ def mode() -> str:
 def wanted(session: Session, size: int, indices: list[int]) -> bool:
     """Whether a push of ``size`` bytes to these hosts goes by relay."""
     how = mode()
-    if how == "never" or len(indices) < 2:
+    if how == "never" or len(indices) < 2 or session in _unreachable:
         return False
     if how == "always":
         return True
@@ -79,10 +82,17 @@ def listeners(session: Session, indices: list[int]) -> dict[int, list]:
     return {h.index: _listeners[h][1] for h in hosts}
 
 
-def push(session: Session, blob: bytes, indices: list[int], fanout: int | None = None) -> None:
+def push(session: Session, blob: bytes, indices: list[int], fanout: int | None = None) -> bool:
     """Send ``blob`` (pickled values) once, to the first host, which relays it to the rest; one
-    line naming the relay host when one dies mid-transfer."""
-    where = listeners(session, indices)
+    line naming the relay host when one dies mid-transfer. False when the hosts cannot reach each
+    other (or listen): the caller sends directly, as it will from then on for this session."""
+    try:
+        where = listeners(session, indices)
+    except TransportError:
+        if any(not session.hosts[i].alive for i in indices):
+            raise
+        _unreachable.add(session)
+        return False
     root, rest = indices[0], indices[1:]
     tree = plan([[i, *where[i]] for i in indices], fanout or FANOUT)
     with CtrlC() as ctrl_c:
@@ -92,8 +102,12 @@ def push(session: Session, blob: bytes, indices: list[int], fanout: int | None =
             died, errors = _collect(session, request, died)
         finally:
             session._forget(request.rid)
+    if not died and any(UNREACHABLE in error for error in errors.values()):
+        _unreachable.add(session)
+        return False
     if died or errors:
         raise _failure(session, tree, root, died, errors)
+    return True
 
 
 def _send(session: Session, request, blob: bytes, root: int, rest: list[int], tree: list) -> dict[int, str]:

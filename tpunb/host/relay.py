@@ -36,6 +36,8 @@ AUTH_TIMEOUT = 5.0
 #: seconds without a byte from a parent after which a transfer fails
 IDLE_TIMEOUT = 30.0
 _LENGTH = struct.Struct("!I")
+#: how a host's error says a peer could not be reached (the kernel then sends directly)
+UNREACHABLE = "to relay to it"
 
 
 class RelayError(Exception):
@@ -245,7 +247,7 @@ def _open_children(secret: bytes, tree: list, rid, size: int, me: list) -> list:
             try:
                 sock = socket.create_connection((address, port), timeout=AUTH_TIMEOUT)
             except OSError as exc:
-                raise RelayError(f"cannot reach host {index} ({address}:{port}) to relay to it: {exc}") from None
+                raise RelayError(f"cannot reach host {index} ({address}:{port}) {UNREACHABLE}: {exc}") from None
             children.append([index, sock])
             connect_auth(sock, secret)
             sock.settimeout(IDLE_TIMEOUT)
