@@ -5,9 +5,12 @@ line naming it, and the next push works.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import socket
+import subprocess
+import threading
 import time
 
 import numpy as np
@@ -120,8 +123,6 @@ def test_a_relay_host_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
         os.kill(pid, signal.SIGKILL)
         killed["at"] = time.perf_counter()
 
-    import threading
-
     threading.Thread(target=kill_when_receiving, daemon=True).start()
     with pytest.raises(HostDiedError) as caught:
         ssh_slice.push({"big": value})
@@ -180,3 +181,32 @@ def test_hosts_that_cannot_reach_each_other_get_the_value_directly(ssh_slice):
         ssh_slice.push({"v": np.arange(1 << 18)})
     assert ssh_slice.run("int(v.sum())").reprs == {i: str(sum(range(1 << 18))) for i in range(4)}
     assert not relay.wanted(ssh_slice.session, 1 << 30, [0, 1, 2, 3])
+
+
+def _received(address: str, port: int) -> int:
+    """Bytes the listener at address:port has received on its open connections (``ss -ti``)."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(n) for n in re.findall(r"bytes_received:(\d+)", out)) if address in out else 0
+
+
+def test_a_relay_host_inside_the_chain_killed_mid_stream_is_named(ssh_slice, monkeypatch):
+    """A chain 0 -> 1 -> 2 -> 3; host 1's agent is killed once it has received 16 MB from host 0:
+    one line names host 1, the hosts below it say so rather than wait, and the next push works."""
+    monkeypatch.setattr(relay, "FANOUT", 1)
+    address, port = relay.listeners(ssh_slice.session, [1])[1]
+    victim = ssh_slice.session.hosts[1]
+    pid, name = victim.info["pid"], victim.transport.address
+
+    def kill_when_forwarding() -> None:
+        wait_for(lambda: _received(address, port) > 16 << 20, 60, "host 1 to be receiving from host 0")
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_when_forwarding, daemon=True).start()
+    with pytest.raises(HostDiedError) as caught:
+        ssh_slice.push({"big": np.ones(256 << 20, dtype=np.uint8)})
+    message = str(caught.value)
+    assert "\n" not in message and f"relay host 1 ({name}) died mid-transfer" in message, message
+    assert "hosts [2, 3] did not get the value" in message, message
+    ssh_slice.push({"big": np.ones(4 << 20, dtype=np.uint8)})
+    assert ssh_slice.run("int(big.sum())").reprs == {i: str(4 << 20) for i in range(4)}
