@@ -156,7 +156,7 @@ def cells_section(work: Path, hosts: int, rounds: int = 100) -> None:
                     host.send_frame(frames.for_host(host))
             send_cpu.append((time.process_time() - cpu) / block / hosts)
         print(f"\n### Trivial cell on {hosts} SSH hosts (medians of 5 blocks of {block})\n")
-        print(f"| cell p50 wall | kernel CPU per host per cell | of which sending the frame |")
+        print("| cell p50 wall | kernel CPU per host per cell | of which sending the frame |")
         print("|---|---|---|")
         print(f"| {statistics.median(walls) * 1e3:.1f} ms | {statistics.median(cell_cpu) * 1e6:.0f} us "
               f"| {statistics.median(send_cpu) * 1e6:.0f} us |")
