@@ -1,8 +1,10 @@
 """Port forwards (Slice.forward): many concurrent requests, both directions, clean close, a taken
 port, an unreachable host, and nothing left listening after %tpu_down. Over local hosts (a relay
-on another local port) and real sshd hosts (direct-tcpip channels on the slice's connection)."""
+on another local port) and real sshd hosts, in both of its modes: an OpenSSH ControlMaster that
+is handed each connection, and direct-tcpip channels on the slice's paramiko connection."""
 from __future__ import annotations
 
+import os
 import socket
 import urllib.error
 import urllib.request
@@ -54,6 +56,28 @@ async def main():
     await asyncio.Event().wait()
 asyncio.run(main())
 '''
+
+
+@pytest.fixture(autouse=True, params=["openssh", "paramiko"])
+def forward_mode(request, monkeypatch):
+    """Every test in both modes ($TPUNB_FORWARD); local hosts take neither, and run twice alike."""
+    monkeypatch.setenv("TPUNB_FORWARD", request.param)
+    return request.param
+
+
+def ssh_children() -> list[int]:
+    """This process's ``ssh`` children: the forwards' ControlMasters."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, ppid = stat[stat.index(b"(") + 1:stat.rindex(b")")], int(stat[stat.rindex(b")") + 2:].split()[1])
+        if name == b"ssh" and ppid == os.getpid():
+            found.append(int(entry))
+    return found
 
 
 def start(sl, tmp_path, name: str, script: str) -> int:
@@ -191,12 +215,15 @@ def test_a_forward_to_an_ssh_host_that_died_says_so_at_the_next_request(sshd, ss
         sshd.start()
 
 
-def test_down_leaves_no_listening_port(make_slice, tmp_path):
+def test_down_leaves_no_listening_port(make_slice, tmp_path, forward_mode):
     sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
     url = through(sl, start(sl, tmp_path, "echo", ECHO_HTTP))
     with urllib.request.urlopen(url + "a", timeout=30) as reply:
         assert reply.read() == b"/a" * 500
+    carried_by_openssh = sl.backend != "local" and forward_mode == "openssh"
+    assert bool(ssh_children()) == carried_by_openssh
     local = int(url.rsplit(":", 1)[1].strip("/"))
     slices.down(sl.name)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", local), timeout=5).close()
+    assert ssh_children() == []  # no ControlMaster left
