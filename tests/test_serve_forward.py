@@ -227,3 +227,32 @@ def test_down_leaves_no_listening_port(make_slice, tmp_path, forward_mode):
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", local), timeout=5).close()
     assert ssh_children() == []  # no ControlMaster left
+
+
+def test_a_host_that_stops_answering_gets_a_502_within_the_open_timeout(sshd, ssh_key, tmp_path, monkeypatch):
+    """A frozen host (every sshd process stopped, as a VM that hangs): the next request waits at
+    most the open timeout, then gets the one line; nothing hangs."""
+    import signal
+    import time
+
+    from tpunb.host.procs import descendants
+    from tpunb.serve import forward
+
+    monkeypatch.setattr(forward, "OPEN_TIMEOUT", 2.0)
+    sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
+                        name=f"fwd-{uuid.uuid4().hex[:6]}")
+    url = through(sl, start(sl, tmp_path, "echo", ECHO_HTTP))
+    frozen = [sshd._proc.pid, *descendants(sshd._proc.pid)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        asked = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(url + "x", timeout=30)
+        waited = time.monotonic() - asked
+        line = caught.value.read().decode()
+        assert caught.value.code == 502 and line.count("\n") == 1 and sshd.addresses[0] in line, line
+        assert 1.5 < waited < 10, waited
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
