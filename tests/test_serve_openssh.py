@@ -11,6 +11,7 @@ from tests.test_idle_delete import cell_done, kernel_process, kill
 from tests.test_serve import free_port, http_server, no_service_left  # noqa: F401 - autouse fixture
 from tests.test_serve_forward import ssh_children
 from tpunb import slices
+from tpunb.serve import openssh
 
 
 def masters_of(pid: int, port: int) -> list[int]:
@@ -60,3 +61,23 @@ def test_without_ssh_on_path_forwards_use_paramiko_quietly(make_slice, monkeypat
     with urllib.request.urlopen(url, timeout=30) as reply:
         assert reply.status == 200
     assert ssh_children() == [] and capsys.readouterr().err == ""
+
+
+def test_an_ssh_that_cannot_connect_is_said_once_and_forwards_still_work(sshd, ssh_key, tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'ssh: Could not resolve hostname: made up' >&2\nexit 255\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(openssh, "_said", [])
+    sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
+                        name=f"fwd-{uuid.uuid4().hex[:6]}")
+    port = free_port()
+    sl.serve("web", http_server(port), hosts=[0], wait_port=port)
+    capsys.readouterr()
+    urls = [sl.forward(port), sl.forward(port)]
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=30) as reply:
+            assert reply.status == 200
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "OpenSSH cannot carry forwards" in said and "Could not resolve hostname" in said
