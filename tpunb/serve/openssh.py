@@ -61,7 +61,7 @@ def _string(value: bytes) -> bytes:
 
 
 class Master:
-    """One ``ssh -M -N`` to the host behind an SSH transport, with its control socket."""
+    """One ``ssh -M`` (a ControlMaster) to the host behind an SSH transport, with its control socket."""
 
     def __init__(self, transport) -> None:
         registry = transport.registry
