@@ -105,7 +105,7 @@ class Forward:
         with self._lock:
             carrier, self._carrier = self._carrier, None
         if carrier is not None:
-            carrier.close()
+            carrier.close(hand_back=True)  # the connections it had not carried yet come back here too
         threading.Thread(target=self._serve, args=(client,), daemon=True, name="tpunb-forward-conn").start()
 
     def _answered(self) -> None:

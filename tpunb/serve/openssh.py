@@ -204,11 +204,13 @@ class Carrier:
             except (OSError, ValueError):
                 return  # closed under us
             for key, _ in events:
+                if self.closed:  # close() has dealt with every connection
+                    return
                 if key.data is not None:
                     self._readable(key.data)
             now = time.monotonic()
             with self._lock:
-                late = [h for h in self._waiting if h.deadline <= now]
+                late = [] if self.closed else [h for h in self._waiting if h.deadline <= now]
             for handoff in late:
                 self._finish(handoff)
                 self._refused(handoff.client, TransportError(
@@ -254,8 +256,9 @@ class Carrier:
                 pass
         handoff.mux.close()
 
-    def close(self) -> None:
-        """End the master and every connection it carries; idempotent."""
+    def close(self, hand_back: bool = False) -> None:
+        """End the master and every connection it carries; idempotent. ``hand_back``: connections
+        still waiting for a channel go to ``gone`` (carried another way) instead of being closed."""
         with self._lock:
             if self.closed:
                 return
@@ -265,7 +268,7 @@ class Carrier:
         for handoff in handoffs:
             handoff.mux.close()
             if not handoff.opened:
-                handoff.client.close()
+                self._gone(handoff.client) if hand_back else handoff.client.close()
         self._wake.send(b"\0")  # the thread wakes, sees closed, ends
         self._wake.close()
 
