@@ -40,8 +40,10 @@ _said: list[str] = []  # why OpenSSH is not used, said once per kernel
 
 
 def wanted() -> bool:
-    """OpenSSH carries forwards unless ``$TPUNB_FORWARD=paramiko`` or ``ssh`` is not on PATH."""
-    return os.environ.get("TPUNB_FORWARD", "openssh") != "paramiko" and shutil.which("ssh") is not None
+    """OpenSSH carries forwards unless ``$TPUNB_FORWARD=paramiko``, ``ssh`` is not on PATH, or this
+    system cannot pass a socket to another process (Windows)."""
+    return (os.environ.get("TPUNB_FORWARD", "openssh") != "paramiko" and hasattr(socket, "AF_UNIX")
+            and hasattr(socket.socket, "sendmsg") and shutil.which("ssh") is not None)
 
 
 def _die_with_parent() -> None:
