@@ -26,10 +26,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from tpunb import report
 from tpunb.errors import TransportError
 from tpunb.transport.keys import default_key
+
+if TYPE_CHECKING:
+    from tpunb.transport.ssh import SSHTransport
 
 # PROTOCOL.mux (OpenSSH): messages are uint32 length + body; strings are uint32 length + bytes
 HELLO, STDIO_FWD, VERSION = 0x00000001, 0x10000008, 4
@@ -65,7 +69,7 @@ def _string(value: bytes) -> bytes:
 class Master:
     """One ``ssh -M`` (a ControlMaster) to the host behind an SSH transport, with its control socket."""
 
-    def __init__(self, transport) -> None:
+    def __init__(self, transport: SSHTransport) -> None:
         registry = transport.registry
         if registry is None:
             from tpunb.registry import Registry
@@ -126,7 +130,7 @@ class Master:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def master_for(transport) -> Master | None:
+def master_for(transport: SSHTransport) -> Master | None:
     """A Master for this SSH transport, or None (said once) when OpenSSH cannot carry it."""
     if not wanted():
         return None
