@@ -55,10 +55,14 @@ class Channel:
         self.sent_at = time.monotonic()  # the heartbeat stays quiet while other frames flow
 
     def send(self, message: dict, blob: bytes = b"") -> None:
-        data = memoryview(protocol.encode(message, blob, self.fast))
+        head = protocol.encode_head(message, len(blob), self.fast)
+        data = memoryview(head + blob) if len(blob) < 65536 else None  # a large blob is not copied
         with self._lock:
-            while data:
-                data = data[os.write(self.out_fd, data):]
+            if data is None:
+                _write_all(self.out_fd, memoryview(head))
+                _write_all(self.out_fd, memoryview(blob).cast("B"))
+            else:
+                _write_all(self.out_fd, data)
             self.sent_at = time.monotonic()
 
     def heartbeat(self, interval: float) -> None:
@@ -111,6 +115,11 @@ class Channel:
             return False
         self._frames.extend(self._cutter.feed(data))
         return True
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
 
 class _FdWriter(io.RawIOBase):

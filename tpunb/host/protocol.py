@@ -17,7 +17,7 @@ import json
 import marshal
 import struct
 
-PROTOCOL_VERSION = 4  # 3: stream frames carry at most MAX_TEXT characters, hosts cap values; 4: heartbeat (``beat`` frames, ``heartbeat`` at init), watchdog
+PROTOCOL_VERSION = 5  # 5: values as pickle 5 segments in ``part`` frames or a memfd; 3: stream frames carry at most MAX_TEXT characters, hosts cap values; 4: heartbeat (``beat`` frames, ``heartbeat`` at init), watchdog
 HEADER = struct.Struct("!II")
 MAX_JSON = 256 * 1024 * 1024
 #: set in the header's first field: the body is marshal data, not JSON
@@ -41,6 +41,11 @@ def encode(message: dict, blob: bytes = b"", fast: bool = False) -> bytes:
     """One frame as bytes, ready to write; FrameTooLarge if the reader could not take it.
     ``fast``: a marshal body, for a peer that runs this same Python (JSON where marshal refuses a
     value, such as a float subclass like numpy's float64: the header says which)."""
+    return encode_head(message, len(blob), fast) + blob
+
+
+def encode_head(message: dict, blob_len: int, fast: bool = False) -> bytes:
+    """A frame's header and body: written before its blob, which need not be copied after them."""
     body = None
     if fast:
         try:
@@ -49,9 +54,9 @@ def encode(message: dict, blob: bytes = b"", fast: bool = False) -> bytes:
             pass
     if body is None:
         body, flag = _ENCODER.encode(message).encode("utf-8", "replace"), 0
-    if len(body) > MAX_JSON or len(blob) > MAX_BLOB:
-        raise FrameTooLarge(f"a {message.get('op')} frame of {len(body) + len(blob):,} bytes is over the limit")
-    return HEADER.pack(len(body) | flag, len(blob)) + body + blob
+    if len(body) > MAX_JSON or blob_len > MAX_BLOB:
+        raise FrameTooLarge(f"a {message.get('op')} frame of {len(body) + blob_len:,} bytes is over the limit")
+    return HEADER.pack(len(body) | flag, blob_len) + body
 
 
 def decode_header(header: bytes) -> tuple[int, int, bool]:
