@@ -93,8 +93,10 @@ def test_a_bar_shows_for_values_of_16_mb_and_more_only(make_slice, capsys):
     assert "push: 100%" in shown and "pull: 100%" in shown and "iB/s" in shown, shown
 
 
-def test_ctrl_c_ends_a_1_gb_push_and_the_next_one_works(make_slice):
-    sl = make_slice(2)
+@pytest.fixture
+def press_once_bytes_move(monkeypatch):
+    """Ctrl-C, pressed as soon as the transfer under way has moved its first bytes; the time of
+    the press."""
     moved = threading.Event()
     real_add = transfer.Meter.add
 
@@ -102,7 +104,7 @@ def test_ctrl_c_ends_a_1_gb_push_and_the_next_one_works(make_slice):
         real_add(meter, nbytes)
         moved.set()
 
-    shm_before = sorted(os.listdir("/dev/shm"))
+    monkeypatch.setattr(transfer.Meter, "add", add)
     pressed: list[float] = []
 
     def press():
@@ -110,15 +112,17 @@ def test_ctrl_c_ends_a_1_gb_push_and_the_next_one_works(make_slice):
         pressed.append(time.perf_counter())
         os.kill(os.getpid(), signal.SIGINT)
 
+    threading.Thread(target=press, daemon=True).start()
+    return pressed
+
+
+def test_ctrl_c_ends_a_1_gb_push_and_the_next_one_works(make_slice, press_once_bytes_move):
+    sl = make_slice(2)
+    shm_before = sorted(os.listdir("/dev/shm"))
     value = np.ones(1 << 30, np.uint8)
-    transfer.Meter.add = add
-    try:
-        threading.Thread(target=press, daemon=True).start()
-        with pytest.raises(CellInterrupted):
-            sl.push({"huge": value})
-        ended = time.perf_counter()
-    finally:
-        transfer.Meter.add = real_add
+    with pytest.raises(CellInterrupted):
+        sl.push({"huge": value})
+    ended, pressed = time.perf_counter(), press_once_bytes_move
     assert pressed and ended - pressed[0] < 3.0, f"the push ended {ended - pressed[0]:.1f} s after Ctrl-C"
     del value
     sl.push({"after": np.arange(3)})
@@ -138,3 +142,27 @@ def test_a_host_dead_before_a_push_fails_it_and_leaves_no_memfd(make_slice):
     assert memfds() == []
     sl.push({"v": np.arange(4)})
     assert {h: v.tolist() for h, v in sl.pull("v").items()} == {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}
+
+
+def test_ctrl_c_ends_a_1_gb_pull_in_parts_and_the_next_one_works(make_slice, monkeypatch, cell):
+    monkeypatch.setattr(transfer.transfer, "can_share", lambda: False)  # local hosts too send parts
+    sl = make_slice(2)
+    assert cell("%%on_tpu\nimport numpy as np\nhuge = np.ones(1 << 30, np.uint8)\nsmall = 5").error is None
+    moved = threading.Event()
+    monkeypatch.setattr(transfer.Transfer, "take_part", _noting(transfer.Transfer.take_part, moved))
+    pressed: list[float] = []
+    threading.Thread(target=lambda: (moved.wait(60), pressed.append(time.perf_counter()),
+                                     os.kill(os.getpid(), signal.SIGINT)), daemon=True).start()
+    with pytest.raises(CellInterrupted):
+        sl.pull("huge")
+    assert pressed and time.perf_counter() - pressed[0] < 3.0
+    assert sl.pull("small") == {0: 5, 1: 5}  # the hosts stopped sending: their streams are whole
+    assert sl.session.dead_hosts() == [] and sl.session.take_notices() == {}
+    assert not [m for _, m, _ in list(sl.session.backlog.queue) if m.get("op") == "part"]  # dropped, not kept
+
+
+def _noting(method, event: threading.Event):
+    def noted(*args):
+        method(*args)
+        event.set()
+    return noted

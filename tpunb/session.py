@@ -235,7 +235,7 @@ class Session:
         waiter = self._waiters.get(message.get("id"))
         if waiter is not None:
             waiter.put((index, message, blob))
-        else:
+        elif op != "part":  # a piece of a value nobody waits for any more (Ctrl-C) is dropped
             self.backlog.put((index, message, blob))
 
     def _start_jax_everywhere(self, origin: int) -> None:

@@ -132,7 +132,7 @@ class Transfer:
         self.stopped = threading.Event()
         self.seen = 0  # bytes moved when the request last looked (it waits on while they flow)
         self._memfd: int | None = None
-        self._threads: list[threading.Thread] = []
+        self._streaming: set[int] = set()  # hosts a thread still sends parts to
         self._arriving: dict[int, Assembly] = {}
 
     # -- out ------------------------------------------------------------------------------------
@@ -145,10 +145,9 @@ class Transfer:
         streamed = [h for h in hosts if h not in shared]
         self.meter.expect(size * len(streamed) + (size if shared else 0), size)
         for host in streamed:
-            thread = threading.Thread(target=self._stream, args=(host, request, segments), daemon=True,
-                                      name=f"tpunb-push-{host.index}")
-            thread.start()
-            self._threads.append(thread)
+            self._streaming.add(host.index)
+            threading.Thread(target=self._stream, args=(host, request, segments), daemon=True,
+                             name=f"tpunb-push-{host.index}").start()
         if shared:
             self._memfd = transfer.write_memfd(segments, lambda: self.ctrl_c.presses > 0, self.meter.add)
             if self._memfd is None:
@@ -159,6 +158,12 @@ class Transfer:
         return True
 
     def _stream(self, host: HostConnection, request: dict, segments: list[memoryview]) -> None:
+        try:
+            self._stream_parts(host, request, segments)
+        finally:
+            self._streaming.discard(host.index)
+
+    def _stream_parts(self, host: HostConnection, request: dict, segments: list[memoryview]) -> None:
         """One host's parts, then the request; on stop, an interrupt that makes it drop the parts."""
         sizes = request["sizes"]
         for at, piece in transfer.pieces(segments):
@@ -215,15 +220,14 @@ class Transfer:
         """Ctrl-C: senders stop after their current piece (and tell their hosts); hosts sending
         to us are told to stop."""
         self.stopped.set()
-        sending = {t.name for t in self._threads if t.is_alive()}
         for host in hosts:
-            if f"tpunb-push-{host.index}" not in sending and host.alive:
+            if host.index not in self._streaming and host.alive:
                 with contextlib.suppress(Exception):
                     host.send({"op": "interrupt", "id": self.rid})
 
     def close(self) -> None:
         """Free what the request held: the memfd, the bar, the sending threads (each stops after
-        its current piece)."""
+        its current piece and tells its host to drop what it has)."""
         self.stopped.set()
         if self._memfd is not None:
             os.close(self._memfd)

@@ -309,20 +309,18 @@ class Agent:
         if assembly is not None:
             assembly.add(message["at"], blob)
 
-    def _arrived(self, message: dict, blob: bytes):
-        """The pushed value: from the kernel's memfd, from part frames, or from the blob."""
+    def _arrived(self, message: dict):
+        """The pushed value: from the kernel's memfd, or from part frames."""
         if "shm" in message:
             return transfer.loads(transfer.map_memfd(*message["shm"], message["sizes"]))
-        if "sizes" in message:
-            assembly = self.arriving.pop(message["id"], None)
-            if assembly is None or not assembly.complete:
-                raise ValueError("the value did not arrive whole: push it again")
-            return transfer.loads(assembly.segments())
-        return pickle.loads(blob)
+        assembly = self.arriving.pop(message["id"], None)
+        if assembly is None or not assembly.complete:
+            raise ValueError("the value did not arrive whole: push it again")
+        return transfer.loads(assembly.segments())
 
     def op_push(self, message: dict, blob: bytes) -> None:
         try:
-            values = self._arrived(message, blob)
+            values = self._arrived(message)
             self.runner.namespace.update(values)
             self.send({"op": "done", "id": message["id"], "status": "ok"})
         except Exception as exc:
