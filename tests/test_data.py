@@ -87,8 +87,10 @@ def test_a_bar_shows_for_values_of_16_mb_and_more_only(make_slice, capsys):
     sl.pull("small")
     quiet = capsys.readouterr().err
     assert "push" not in quiet and "pull" not in quiet, quiet
-    sl.push({"large": np.zeros(16 << 20, np.uint8)})
-    sl.pull("large")
+    large = np.random.default_rng(1).random(2 << 20)  # 16 MB of float64
+    sl.push({"large": large})
+    for host, value in sl.pull("large").items():
+        np.testing.assert_array_equal(value, large)
     shown = capsys.readouterr().err
     assert "push: 100%" in shown and "pull: 100%" in shown and "iB/s" in shown, shown
 
