@@ -81,6 +81,22 @@ def test_local_push_and_pull_of_large_arrays_by_memfd_or_pipes(local_way, cell):
              "the hosts to close their pulled values' memfds once the kernel mapped them")
 
 
+def test_a_local_host_that_cannot_map_the_kernels_memfd_is_sent_parts(monkeypatch):
+    import subprocess
+
+    from tpunb import slices
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: /proc/PID/fd is no more, as where /proc is closed to the hosts
+    monkeypatch.setattr(transfer, "memfd_owner", lambda: gone.pid)
+    sl = slices.launch("v4-16")
+    for run in range(2):
+        value = np.arange(1000 + run)
+        sl.push({"v": value})
+        assert all(np.array_equal(got, value) for got in sl.pull("v").values())
+    assert [h.info.get("unshared") for h in sl.session.hosts] == [True, True]
+
+
 def test_a_bar_shows_for_values_of_16_mb_and_more_only(make_slice, capsys):
     sl = make_slice(2)
     sl.push({"small": np.zeros(15 << 20, np.uint8)})

@@ -468,6 +468,9 @@ class Session:
                 raise HostDiedError(f"host {index} died ({reply.get('reason')})")
             if reply.get("op") == "part" and index in pending:
                 moving.take_part(index, reply, data)
+            elif reply.get("op") == "done" and reply.get("unshared") and index in pending:
+                self.hosts[index].info["unshared"] = True  # it cannot map our memfds: parts, now and later
+                moving.stream(self.hosts[index])
             elif reply.get("op") == "done" and index in pending:
                 replies[index] = (reply, moving.value(self.hosts[index], reply) if "sizes" in reply else data)
                 pending.discard(index)

@@ -86,7 +86,13 @@ def _writable_args(array, keep: list, numpy) -> tuple:
 
 def shares_memory(host: HostConnection) -> bool:
     """The host's agent runs on this machine (a local slice): it can map this process's memfds."""
-    return bool(getattr(host.process, "same_machine", False)) and transfer.can_share() and bool(host.info.get("pid"))
+    return (bool(getattr(host.process, "same_machine", False)) and transfer.can_share() and bool(host.info.get("pid"))
+            and not host.info.get("unshared"))
+
+
+def memfd_owner() -> int:
+    """The process whose memfds hosts open (through /proc/PID/fd)."""
+    return os.getpid()
 
 
 class Meter:
@@ -133,6 +139,8 @@ class Transfer:
         self.seen = 0  # bytes moved when the request last looked (it waits on while they flow)
         self._memfd: int | None = None
         self._streaming: set[int] = set()  # hosts a thread still sends parts to
+        self._request: dict = {}
+        self._segments: list[memoryview] = []
         self._arriving: dict[int, Assembly] = {}
 
     # -- out ------------------------------------------------------------------------------------
@@ -140,22 +148,29 @@ class Transfer:
         """Send ``message`` with the value to every host (memfd or parts); False if Ctrl-C stopped it."""
         sizes = [len(s) for s in segments]
         size = sum(sizes)
-        request = {**message, "id": self.rid, "sizes": sizes}
+        self._request, self._segments = {**message, "id": self.rid, "sizes": sizes}, segments
         shared = [h for h in hosts if shares_memory(h)]
         streamed = [h for h in hosts if h not in shared]
         self.meter.expect(size * len(streamed) + (size if shared else 0), size)
         for host in streamed:
-            self._streaming.add(host.index)
-            threading.Thread(target=self._stream, args=(host, request, segments), daemon=True,
-                             name=f"tpunb-push-{host.index}").start()
+            self.stream(host)
         if shared:
             self._memfd = transfer.write_memfd(segments, lambda: self.ctrl_c.presses > 0, self.meter.add)
             if self._memfd is None:
                 return False
-            with_fd = {**request, "shm": [os.getpid(), self._memfd]}
+            with_fd = {**self._request, "shm": [memfd_owner(), self._memfd]}
             for host in shared:
                 self._send(host, with_fd)
         return True
+
+    def stream(self, host: HostConnection) -> None:
+        """Send the value to this host in parts, on a thread of its own (also for a host that could
+        not map the memfd: it says so, and is sent parts from then on)."""
+        if host.info.get("unshared"):
+            self.meter.expect(sum(self._request["sizes"]), 0)
+        self._streaming.add(host.index)
+        threading.Thread(target=self._stream, args=(host, self._request, self._segments), daemon=True,
+                         name=f"tpunb-push-{host.index}").start()
 
     def _stream(self, host: HostConnection, request: dict, segments: list[memoryview]) -> None:
         try:

@@ -323,6 +323,9 @@ class Agent:
             values = self._arrived(message)
             self.runner.namespace.update(values)
             self.send({"op": "done", "id": message["id"], "status": "ok"})
+        except OSError as exc:  # the kernel's memfd could not be mapped here: it sends parts instead
+            self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{type(exc).__name__}: {exc}",
+                       **({"unshared": True} if "shm" in message else {})})
         except Exception as exc:
             self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{type(exc).__name__}: {exc}"})
 
