@@ -216,6 +216,9 @@ class Transfer:
             pid, fd = reply["shm"]
             try:
                 segments = transfer.map_memfd(pid, fd, reply["sizes"])
+            except OSError as exc:
+                raise TransportError(f"cannot map host {host.index}'s value here ({exc}): "
+                                     "check that this kernel may read /proc of its host processes") from None
             finally:
                 try:
                     host.send({"op": "release", "fd": fd})
