@@ -367,11 +367,9 @@ class Agent:
         reply = {"op": "done", "id": rid, "status": "ok", "sizes": sizes}
         self.inbox.cell_started()  # frames (an interrupt) are read while this sends
         try:
-            if message.get("shm") and transfer.can_share():
-                fd = transfer.write_memfd(segments, stop)
-                if fd is not None:
-                    self.lent.add(fd)
-                    reply["shm"] = [os.getpid(), fd]
+            fd = self._lend(segments, stop) if message.get("shm") and transfer.can_share() else None
+            if fd is not None:
+                reply["shm"] = [os.getpid(), fd]
             else:
                 for at, piece in transfer.pieces(segments):
                     if stop():
@@ -385,6 +383,20 @@ class Agent:
                 os.close(reply["shm"][1])
             reply = {"op": "done", "id": rid, "status": "interrupted"}
         self.send(reply)
+
+    def _lend(self, segments: list, stop) -> int | None:
+        """A memfd holding the value for the kernel to map (None: send parts). Requests come one at
+        a time, so memfds lent before this one were mapped (or given up) already."""
+        for fd in self.lent:
+            os.close(fd)
+        self.lent.clear()
+        try:
+            fd = transfer.write_memfd(segments, stop)
+        except OSError:  # no memfd to be had (memory, fds): parts still work
+            return None
+        if fd is not None:
+            self.lent.add(fd)
+        return fd
 
 
 def _versions() -> dict | str | None:
