@@ -62,6 +62,9 @@ def test_pushed_values_arrive_equal_writable_and_private_to_each_host(make_slice
     assert values["big"][0] == 0 and grid[0, 0] == 0  # the notebook's arrays are untouched
     assert {h: v.tolist() for h, v in sl.pull("on_device").items()} == {0: list(range(6)), 1: list(range(6))}
     assert float(sl.pull("zero_d")[1]) == 7.5
+    sl.push({"tiny": np.arange(4), "f": lambda: 2})  # small: in the request frame itself
+    assert cell("%%on_tpu\ntiny[0] = f() + 7").error is None  # writable there too
+    assert {h: v.tolist() for h, v in sl.pull("tiny").items()} == {0: [9, 1, 2, 3], 1: [9, 1, 2, 3]}
 
 
 def test_local_push_and_pull_of_large_arrays_by_memfd_or_pipes(local_way, cell):
@@ -91,7 +94,7 @@ def test_a_local_host_that_cannot_map_the_kernels_memfd_is_sent_parts(monkeypatc
     monkeypatch.setattr(transfer, "memfd_owner", lambda: gone.pid)
     sl = slices.launch("v4-16")
     for run in range(2):
-        value = np.arange(1000 + run)
+        value = np.arange(100_000 + run)  # over transfer.INLINE: not sent in the request itself
         sl.push({"v": value})
         assert all(np.array_equal(got, value) for got in sl.pull("v").values())
     assert [h.info.get("unshared") for h in sl.session.hosts] == [True, True]

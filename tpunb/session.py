@@ -31,6 +31,7 @@ from tpunb.engine.ctrl_c import CtrlC, Inbox, Wake
 from tpunb.engine.frames import Broadcast
 from tpunb.engine.transfer import Transfer, pack, shares_memory
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError, TransportError
+from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
 from tpunb.transport.base import Transport
 from tpunb.transport.fanin import FanIn
@@ -472,12 +473,17 @@ class Session:
                 self.hosts[index].info["unshared"] = True  # it cannot map our memfds: parts, now and later
                 moving.stream(self.hosts[index])
             elif reply.get("op") == "done" and index in pending:
-                replies[index] = (reply, moving.value(self.hosts[index], reply) if "sizes" in reply else data)
+                replies[index] = (reply, moving.value(self.hosts[index], reply, data) if "sizes" in reply else data)
                 pending.discard(index)
         return replies
 
     def push(self, values: dict[str, Any], indices: list[int]) -> None:
-        replies = self.call(indices, {"op": "push"}, segments=pack(values))
+        segments = pack(values)
+        sizes = [len(s) for s in segments]
+        if sum(sizes) <= INLINE:  # one frame, encoded once for every host
+            replies = self.call(indices, {"op": "push", "sizes": sizes, "inline": True}, join(segments))
+        else:
+            replies = self.call(indices, {"op": "push"}, segments=segments)
         failed = {i: r["error"] for i, (r, _) in replies.items() if r.get("status") != "ok"}
         if failed:
             raise TransportError("push failed on " + "; ".join(f"host {i}: {e}" for i, e in failed.items()))

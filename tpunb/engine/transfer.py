@@ -10,6 +10,7 @@ a progress bar (bytes, rate, ETA).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -31,7 +32,7 @@ def pack(values: dict) -> list[memoryview]:
     """``values`` as pickle 5 segments (cloudpickle when present: lambdas, notebook classes);
     jax.Arrays travel as numpy. A value that cannot be sent is named in a one-line UsageError."""
     keep: list = []  # arrays the segments view, alive until they are sent
-    pickler = _pickler(keep)
+    pickler = functools.partial(_pickler_class(), keep=keep)
     try:
         return _Segments(transfer.dumps(values, pickler), keep)
     except Exception:
@@ -50,7 +51,10 @@ class _Segments(list):
         self.keep = keep
 
 
-def _pickler(keep: list):
+@functools.lru_cache(maxsize=None)
+def _pickler_class():
+    """cloudpickle's Pickler (else pickle's) that sends jax.Arrays as numpy, and read-only
+    arrays as arrays the hosts may write to."""
     try:
         import cloudpickle
         base = cloudpickle.Pickler
@@ -59,13 +63,17 @@ def _pickler(keep: list):
         base = pickle.Pickler
 
     class Pickler(base):
+        def __init__(self, *args, keep: list, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.keep = keep
+
         def reducer_override(self, obj):
             numpy = sys.modules.get("numpy")
             jax = sys.modules.get("jax")
             if jax is not None and isinstance(obj, jax.Array):
                 obj = numpy.asarray(obj)
             if numpy is not None and type(obj) is numpy.ndarray and not obj.flags.writeable and obj.flags.c_contiguous:
-                return obj.__reduce_ex__(5)[0], (*_writable_args(obj, keep, numpy),)
+                return obj.__reduce_ex__(5)[0], (*_writable_args(obj, self.keep, numpy),)
             parent = getattr(super(), "reducer_override", None)
             return parent(obj) if parent is not None else NotImplemented
 
@@ -210,8 +218,10 @@ class Transfer:
         if assembly is not None:
             self.meter.add(assembly.add(message["at"], blob))
 
-    def value(self, host: HostConnection, reply: dict) -> Any:
-        """The value a host's ``done`` reply carries (from its memfd or its parts)."""
+    def value(self, host: HostConnection, reply: dict, blob: bytes) -> Any:
+        """The value a host's ``done`` reply carries (in its blob, its memfd or its parts)."""
+        if reply.get("inline"):
+            return transfer.loads(transfer.views(bytearray(blob), reply["sizes"]))
         if "shm" in reply:
             pid, fd = reply["shm"]
             try:

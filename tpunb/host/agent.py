@@ -309,8 +309,10 @@ class Agent:
         if assembly is not None:
             assembly.add(message["at"], blob)
 
-    def _arrived(self, message: dict):
-        """The pushed value: from the kernel's memfd, or from part frames."""
+    def _arrived(self, message: dict, blob: bytes):
+        """The pushed value: in the request's blob, from the kernel's memfd, or from part frames."""
+        if message.get("inline"):
+            return transfer.loads(transfer.views(bytearray(blob), message["sizes"]))
         if "shm" in message:
             return transfer.loads(transfer.map_memfd(*message["shm"], message["sizes"]))
         assembly = self.arriving.pop(message["id"], None)
@@ -320,7 +322,7 @@ class Agent:
 
     def op_push(self, message: dict, blob: bytes) -> None:
         try:
-            values = self._arrived(message)
+            values = self._arrived(message, blob)
             self.runner.namespace.update(values)
             self.send({"op": "done", "id": message["id"], "status": "ok"})
         except OSError as exc:  # the kernel's memfd could not be mapped here: it sends parts instead
@@ -365,6 +367,9 @@ class Agent:
         sizes = [len(s) for s in segments]
         stop = lambda: self.interrupt_for == rid  # noqa: E731 (an interrupt frame sets it)
         reply = {"op": "done", "id": rid, "status": "ok", "sizes": sizes}
+        if sum(sizes) <= transfer.INLINE:  # one frame
+            self.send({**reply, "inline": True}, transfer.join(segments))
+            return
         self.inbox.cell_started()  # frames (an interrupt) are read while this sends
         try:
             fd = self._lend(segments, stop) if message.get("shm") and transfer.can_share() else None

@@ -17,6 +17,8 @@ import pickle
 #: bytes in one part frame: small enough that a beat or an interrupt waits at most one of them
 PART = 2 << 20
 ALIGN = 64
+#: values up to this size travel in one frame (a memfd or parts cost more than they save)
+INLINE = 256 << 10
 #: memfds are written in pieces this large, so a Ctrl-C is seen between them
 WRITE_PIECE = 8 << 20
 
@@ -58,6 +60,15 @@ def views(buffer, sizes: list[int]) -> list[memoryview]:
     whole = memoryview(buffer).cast("B")
     offsets, _ = layout(sizes)
     return [whole[at:at + size] for at, size in zip(offsets, sizes)]
+
+
+def join(segments: list[memoryview]) -> bytearray:
+    """The segments laid out in one buffer: a small value travels in one frame."""
+    offsets, total = layout([len(s) for s in segments])
+    out = bytearray(total)
+    for at, segment in zip(offsets, segments):
+        out[at:at + len(segment)] = segment.cast("B") if segment.format != "B" or segment.ndim != 1 else segment
+    return out
 
 
 def pieces(segments: list[memoryview]):
