@@ -1,7 +1,7 @@
 """Values moving between the notebook and its hosts: pickled once, sent without copies.
 
 A pushed value is pickled once for every host with protocol 5, its arrays kept out of band (not
-copied). Hosts on this machine (a local slice) map one memfd the kernel writes once; other hosts
+copied). Up to ``transfer.INLINE`` bytes it travels in the request frame itself. Hosts on this machine (a local slice) map one memfd the kernel writes once; other hosts
 get ``part`` frames of at most 2 MB, one sending thread per host, so heartbeats, interrupts and
 other frames pass between the pieces, and a Ctrl-C stops every sender after its current piece
 (the hosts drop what arrived). Pulls come back the same two ways. Values over ``BAR_BYTES`` show
