@@ -193,11 +193,10 @@ def test_heartbeats_pass_during_a_long_transfer_in_parts(make_slice, monkeypatch
     monkeypatch.setattr(transfer.transfer, "can_share", lambda: False)  # local hosts too take parts
     sl = make_slice(2)
     sl.session.set_heartbeat_timeout(2.0)  # a host silent for 2 s would be ended as frozen
-    value = np.ones(768 << 20, np.uint8)
+    value = np.ones(512 << 20, np.uint8)
     started = time.perf_counter()
-    sl.push({"v": value})
-    pulled = sl.pull("v")
-    seconds = time.perf_counter() - started
-    assert all(int(v[-1]) == 1 and v.size == value.size for v in pulled.values())
-    assert seconds > 2.0, f"{seconds:.1f} s: too short to show that beats passed"
-    assert sl.session.dead_hosts() == [] and sl.session.take_notices() == {}
+    while time.perf_counter() - started < 4.0:  # transfers for twice the timeout, however fast
+        sl.push({"v": value})
+        assert all(int(v[-1]) == 1 and v.size == value.size for v in sl.pull("v").values())
+    notices = sl.session.take_notices()
+    assert sl.session.dead_hosts() == [] and notices == {}, notices

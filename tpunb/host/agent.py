@@ -128,6 +128,7 @@ class Agent:
             self.sampler.start()
         if init.get("idle"):
             self._arm_idle(init["idle"])
+        self.channel.place_blobs(self._place)  # pushed values are read straight into place
         self.inbox = make_inbox(self.channel, self._dispatch, self._session_gone)
         self.send({"op": "ready", "runner": self.runner.kind, "runner_error": runner_error, "inbox": self.inbox.kind})
         if float(init.get("heartbeat") or 0) > 0:
@@ -301,13 +302,24 @@ class Agent:
 
         self._as_user_code(message, run)
 
-    def _take_part(self, message: dict, blob: bytes) -> None:
-        rid = message.get("id")
-        if "sizes" in message:  # the first part: one transfer at a time, a stale one is dropped
-            self.arriving = {rid: transfer.Assembly(message["sizes"])}
-        assembly = self.arriving.get(rid)
+    def _take_part(self, message: dict, blob) -> None:
+        assembly = self._assembly(message)
         if assembly is not None:
             assembly.add(message["at"], blob)
+
+    def _assembly(self, message: dict):
+        """Where a part of a pushed value goes (the first part starts it: one at a time)."""
+        rid = message.get("id")
+        if "sizes" in message and rid not in self.arriving:
+            self.arriving = {rid: transfer.Assembly(message["sizes"])}
+        return self.arriving.get(rid)
+
+    def _place(self, message: dict, blob_len: int):
+        """Where a large part's bytes are read to: straight into its value's buffer."""
+        if message.get("op") != "part":
+            return None
+        assembly = self._assembly(message)
+        return assembly.place(message["at"], blob_len) if assembly is not None else None
 
     def _arrived(self, message: dict, blob: bytes):
         """The pushed value: in the request's blob, from the kernel's memfd, or from part frames."""

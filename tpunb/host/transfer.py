@@ -151,9 +151,16 @@ class Assembly:
         self.buffer = bytearray(layout(sizes)[1])
         self.received = 0
 
+    def place(self, at: int, size: int) -> memoryview | None:
+        """Where a part of ``size`` bytes at ``at`` is written as it is read (None if out of bounds)."""
+        if at < 0 or at + size > len(self.buffer):
+            return None
+        return memoryview(self.buffer)[at:at + size]
+
     def add(self, at: int, blob) -> int:
-        """Place one part; how many bytes it brought."""
-        self.buffer[at:at + len(blob)] = blob
+        """Place one part (already in place if read there); how many bytes it brought."""
+        if not (isinstance(blob, memoryview) and blob.obj is self.buffer):
+            self.buffer[at:at + len(blob)] = blob
         self.received += len(blob)
         return len(blob)
 
