@@ -3,10 +3,11 @@
 Run: python bench/bench_forward.py [--megabytes 256] [--requests 400] [--repeat 3]
 
 One real sshd host on loopback (tpunb.emulator.sshd), one HTTP server on it started as a tpunb
-service (``/big``: the download, from memory; ``/small``: 16 bytes). Two ways to reach it from
-here: ``Slice.forward`` (direct-tcpip channels on the slice's paramiko connection) and ``ssh -N
--L`` (OpenSSH's client, its own connection to the same sshd). Measured, alternating between the
-two so load from elsewhere hits both alike: the download's throughput, and HTTP request latency
+service (``/big``: the download, from memory; ``/small``: 16 bytes). Three ways to reach it from
+here: ``Slice.forward`` as it is by default with ``ssh`` on PATH (each connection handed to an
+OpenSSH ControlMaster), ``Slice.forward`` with ``TPUNB_FORWARD=paramiko`` (direct-tcpip channels
+on the slice's paramiko connection) and ``ssh -N -L`` (OpenSSH's client, its own connection to
+the same sshd). Measured, alternating between them so load from elsewhere hits all alike: the download's throughput, and HTTP request latency
 (a new connection per request, as browsers and urllib do) with 1 and with 32 concurrent clients,
 from a client process of its own (as a browser is).
 Prints a Markdown table and the ratios against the goal (throughput >= 0.8x, p50 <= 1.2x).
@@ -141,13 +142,16 @@ def main() -> None:
         sl = slices.connect([f"{address}:{sshd.port}"], key=str(key), python=sshd.python, name="bench-forward")
         sl.serve("files", f"exec {shlex.quote(sshd.python)} {script} {port} {args.megabytes}", wait_port=port)
     ours = int(sl.forward(port).rsplit(":", 1)[1].strip("/"))
+    os.environ["TPUNB_FORWARD"] = "paramiko"
+    paramiko_port = int(sl.forward(port, local_port=free_port()).rsplit(":", 1)[1].strip("/"))
+    del os.environ["TPUNB_FORWARD"]
     theirs = free_port()
     ssh = subprocess.Popen(["ssh", "-N", "-L", f"{theirs}:127.0.0.1:{port}", "-i", str(key), "-p", str(sshd.port),
                             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
                             "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", f"{sshd.user}@{address}"])
     try:
         wait_listening(theirs)
-        contenders = {"tpunb forward": ours, "ssh -L": theirs}
+        contenders = {"tpunb forward": ours, "tpunb forward (paramiko)": paramiko_port, "ssh -L": theirs}
         results: dict[str, dict[str, list]] = {name: {"mbps": [], "lat1": [], "lat32": []} for name in contenders}
         for _ in range(args.repeat):
             for name, local in contenders.items():
@@ -172,9 +176,11 @@ def main() -> None:
         rows[name] = (statistics.median(r["mbps"]), pct(r["lat1"], 50), pct(r["lat1"], 99),
                       pct(r["lat32"], 50), pct(r["lat32"], 99))
         print(f"| {name} | " + " | ".join(f"{v:.1f}" if i == 0 else f"{v:.2f}" for i, v in enumerate(rows[name])) + " |")
-    a, b = rows["tpunb forward"], rows["ssh -L"]
-    print(f"\nthroughput {a[0] / b[0]:.2f}x ssh -L (goal >= 0.8x); p50 {a[1] / b[1]:.2f}x (1 client), "
-          f"{a[3] / b[3]:.2f}x (32 clients) (goal <= 1.2x)")
+    b = rows["ssh -L"]
+    for name in ("tpunb forward", "tpunb forward (paramiko)"):
+        a = rows[name]
+        print(f"\n{name}: throughput {a[0] / b[0]:.2f}x ssh -L (goal >= 0.8x); p50 {a[1] / b[1]:.2f}x (1 client), "
+              f"{a[3] / b[3]:.2f}x (32 clients) (goal <= 1.2x)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Push by relay (issue 22): the topology, where relay beats direct sends, and a delayed link.
 
-    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--sections topology,threshold,relay,cells] [--bytes-sends]
+    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--sections topology,threshold,relay,cells]
 
 Hosts are real OpenSSH sshd hosts on loopback addresses (one sshd, up to 16 addresses), the
 kernel is this process. Values are random bytes in a numpy array (incompressible).
@@ -35,15 +35,6 @@ import numpy as np  # noqa: E402
 from tpunb import slices  # noqa: E402
 from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
 from tpunb.engine import relay  # noqa: E402
-from tpunb.engine.connection import HostConnection  # noqa: E402
-
-
-def view_sends() -> None:
-    """Direct sends as the relay's: frames handed to paramiko as memoryviews. Its sendall slices
-    what it gets, so a bytes frame is copied once per 32 kB packet (64 MB to one host: 44 s here
-    under load); the direct path's own fix is another part of issue 22."""
-    send_frame = HostConnection.send_frame
-    HostConnection.send_frame = lambda self, data: send_frame(self, memoryview(data))
 
 
 def value(mb: float) -> np.ndarray:
@@ -176,10 +167,7 @@ def main() -> None:
     parser.add_argument("--cell-hosts", type=int, default=64)
     parser.add_argument("--threshold-hosts", default="2,4,16")
     parser.add_argument("--threshold-mb", default="0.064,0.25,1,4,16")
-    parser.add_argument("--bytes-sends", action="store_true", help="direct sends as today (bytes to paramiko: slow)")
     args = parser.parse_args()
-    if not args.bytes_sends:
-        view_sends()
     os.environ.setdefault("TPUNB_HOME", tempfile.mkdtemp(prefix="tpunb-bench-relay-home-"))
     work = Path(tempfile.mkdtemp(prefix="tpunb-bench-relay-"))
     server = Sshd(hosts=args.hosts, directory=work / "sshd")

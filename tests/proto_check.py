@@ -49,6 +49,8 @@ ROUTES: list[Route] = [
     *_routes("runtimeVersions", "RuntimeVersion", "RuntimeVersions"),
     ("GET", re.compile(_LOC + r"operations/[^/:]+$"), operations_pb2.GetOperationRequest, None,
      operations_pb2.Operation),
+    ("POST", re.compile(_LOC + r"nodes/[^/:]+:getGuestAttributes$"), tpu_v2.GetGuestAttributesRequest,
+     tpu_v2.GetGuestAttributesRequest, tpu_v2.GetGuestAttributesResponse),
 ]
 # google/rpc/code.proto: each canonical code's HTTP status
 HTTP_OF_CODE = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "OUT_OF_RANGE": 400, "UNAUTHENTICATED": 401,

@@ -67,7 +67,7 @@ def test_a_cell_is_compiled_once_for_every_host_of_this_python():
 def test_protocol_version_mismatch_is_refused(monkeypatch):
     monkeypatch.setattr(protocol, "PROTOCOL_VERSION", 999)
     session = Session([LocalTransport("local:0")], lambda i: {"env": {}})
-    with pytest.raises(ProtocolError, match="agent protocol v4, this tpunb speaks v999"):
+    with pytest.raises(ProtocolError, match="agent protocol v5, this tpunb speaks v999"):
         session.start()
 
 

@@ -207,6 +207,12 @@ def test_metadata_server_and_vm_tokens(cloud, sshd):
     assert refused.value.code == 403
     assert [get(h, "instance/attributes/agent-worker-number") for h in hosts] == ["0", "1"]
     assert get(hosts[0], "project/project-id") == "proj"
+    put = urllib.request.Request(f"http://{hosts[1]}:{sshd.metadata_port}/computeMetadata/v1/instance/"
+                                 f"guest-attributes/{idle.SERVING_ATTRIBUTE}", data=b"1", method="PUT",
+                                 headers={"Metadata-Flavor": "Google"})
+    with pytest.raises(urllib.error.HTTPError) as disabled:
+        urllib.request.urlopen(put, timeout=5)
+    assert disabled.value.code == 403  # a node made without enable-guest-attributes=TRUE, as on GCE
     token = json.loads(get(hosts[1], "instance/service-accounts/default/token"))["access_token"]
 
     def delete(bearer: str, project: str = "proj") -> int:

@@ -35,16 +35,21 @@ def ssh_slice(sshd, ssh_key, monkeypatch):
 
 
 def _sent_bytes(sl, monkeypatch) -> dict[int, int]:
-    """{host: bytes the kernel sends it from now on}."""
+    """{host: bytes the kernel sends it from now on} (whole frames, and frames sent as head and blob)."""
     sent = {h.index: 0 for h in sl.session.hosts}
     for host in sl.session.hosts:
-        original = host.send_frame
+        send_frame, send_part = host.send_frame, host.send_part
 
-        def counting(data, host=host, original=original):
-            sent[host.index] += len(data)
+        def counting_frame(data, index=host.index, original=send_frame):
+            sent[index] += len(data)
             original(data)
 
-        monkeypatch.setattr(host, "send_frame", counting)
+        def counting_part(head, blob=b"", index=host.index, original=send_part):
+            sent[index] += len(head) + len(blob)
+            original(head, blob)
+
+        monkeypatch.setattr(host, "send_frame", counting_frame)
+        monkeypatch.setattr(host, "send_part", counting_part)
     return sent
 
 

@@ -1,8 +1,10 @@
 """Port forwards (Slice.forward): many concurrent requests, both directions, clean close, a taken
 port, an unreachable host, and nothing left listening after %tpu_down. Over local hosts (a relay
-on another local port) and real sshd hosts (direct-tcpip channels on the slice's connection)."""
+on another local port) and real sshd hosts, in both of its modes: an OpenSSH ControlMaster that
+is handed each connection, and direct-tcpip channels on the slice's paramiko connection."""
 from __future__ import annotations
 
+import os
 import socket
 import urllib.error
 import urllib.request
@@ -54,6 +56,28 @@ async def main():
     await asyncio.Event().wait()
 asyncio.run(main())
 '''
+
+
+@pytest.fixture(autouse=True, params=["openssh", "paramiko"])
+def forward_mode(request, monkeypatch):
+    """Every test in both modes ($TPUNB_FORWARD); local hosts take neither, and run twice alike."""
+    monkeypatch.setenv("TPUNB_FORWARD", request.param)
+    return request.param
+
+
+def ssh_children() -> list[int]:
+    """This process's ``ssh`` children: the forwards' ControlMasters."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name, ppid = stat[stat.index(b"(") + 1:stat.rindex(b")")], int(stat[stat.rindex(b")") + 2:].split()[1])
+        if name == b"ssh" and ppid == os.getpid():
+            found.append(int(entry))
+    return found
 
 
 def start(sl, tmp_path, name: str, script: str) -> int:
@@ -191,12 +215,44 @@ def test_a_forward_to_an_ssh_host_that_died_says_so_at_the_next_request(sshd, ss
         sshd.start()
 
 
-def test_down_leaves_no_listening_port(make_slice, tmp_path):
+def test_down_leaves_no_listening_port(make_slice, tmp_path, forward_mode):
     sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
     url = through(sl, start(sl, tmp_path, "echo", ECHO_HTTP))
     with urllib.request.urlopen(url + "a", timeout=30) as reply:
         assert reply.read() == b"/a" * 500
+    carried_by_openssh = sl.backend != "local" and forward_mode == "openssh"
+    assert bool(ssh_children()) == carried_by_openssh
     local = int(url.rsplit(":", 1)[1].strip("/"))
     slices.down(sl.name)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", local), timeout=5).close()
+    assert ssh_children() == []  # no ControlMaster left
+
+
+def test_a_host_that_stops_answering_gets_a_502_within_the_open_timeout(sshd, ssh_key, tmp_path, monkeypatch):
+    """A frozen host (every sshd process stopped, as a VM that hangs): the next request waits at
+    most the open timeout, then gets the one line; nothing hangs."""
+    import signal
+    import time
+
+    from tpunb.host.procs import descendants
+    from tpunb.serve import forward
+
+    monkeypatch.setattr(forward, "OPEN_TIMEOUT", 2.0)
+    sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
+                        name=f"fwd-{uuid.uuid4().hex[:6]}")
+    url = through(sl, start(sl, tmp_path, "echo", ECHO_HTTP))
+    frozen = [sshd._proc.pid, *descendants(sshd._proc.pid)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        asked = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(url + "x", timeout=30)
+        waited = time.monotonic() - asked
+        line = caught.value.read().decode()
+        assert caught.value.code == 502 and line.count("\n") == 1 and sshd.addresses[0] in line, line
+        assert 1.5 < waited < 10, waited
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)

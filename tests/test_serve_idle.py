@@ -1,13 +1,15 @@
 """A running service is use: the idle watchdog on the slice (--idle-delete) keeps the node while a
-service's supervisor lives on host 0, and %tpu_status says the service keeps it busy, with its $/h.
+service's supervisor lives on host 0 or says through its guest attribute that it runs on another host, and %tpu_status says the service keeps it busy, with its $/h.
 End to end on the Cloud TPU API emulator, whose hosts are real sshd hosts (as test_idle_delete.py)."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 from tests.conftest import wait_for
-from tests.test_idle_delete import (BOUND, cloud, host0_dir, launch_line, node_names,  # noqa: F401 - fixtures
-                                    tpu_emulator_options)
+from tests.test_idle_delete import (BOUND, cell_done, cloud, host0_dir, kernel_process, kill,  # noqa: F401
+                                    launch_line, node_names, tpu_emulator_options)
 from tpunb import slices
 from tpunb.host import idle
 
@@ -35,3 +37,48 @@ def test_a_running_service_keeps_an_idle_node_and_its_end_lets_the_watchdog_dele
     wait_for(lambda: "served" not in node_names(cloud), 3 + BOUND, "the idle watchdog to delete the node")
     assert time.monotonic() - stopped > 2.5  # the idle time counts from the service's end
     slices.down("served")
+
+
+def _service_on_host_1_of_a_dead_kernel(cloud, sshd, name: str, flags) -> tuple[int, float]:
+    """Launch a 2-host node with idle autodelete 3 s from a kernel process, start a service on
+    host 1 only that runs until ``flags/stop`` exists, kill the kernel; wait until host 0's watchdog
+    has kept the node for host 1's service. (the supervisor's pid, when the kernel was killed)"""
+    stop, pid = flags / "stop", flags / "supervisor"
+    command = f"echo $PPID > {pid}; while [ ! -e {stop} ]; do sleep 0.1; done"  # $PPID: the supervisor
+    kernel = kernel_process(sshd, [launch_line(sshd, f"--name {name} --idle-delete 3s"),
+                                   f"%tpu_serve web --hosts 1 -- {command}"])
+    try:
+        cell_done(kernel)
+        wait_for(lambda: sum(line.startswith("cell done") for line in kernel.output) == 2 or kernel.poll() is not None,
+                 60, "the service to start")
+        assert "".join(kernel.output).count("cell done None") == 2, "".join(kernel.output)
+        killed = kill(kernel)
+    finally:
+        if kernel.poll() is None:
+            kill(kernel)
+    log = host0_dir(cloud, sshd, name) / idle.LOG
+    wait_for(lambda: log.exists() and "kept: a service runs on host 1" in log.read_text(), 3 + BOUND,
+             "host 0's watchdog to keep the node for host 1's service")
+    assert time.monotonic() - killed > 2.5 and name in node_names(cloud)  # past the idle limit, kernel dead
+    return int(pid.read_text()), killed
+
+
+def test_a_service_on_another_host_keeps_the_node_with_the_kernel_dead_and_its_end_lets_it_go(cloud, sshd, flags):
+    _service_on_host_1_of_a_dead_kernel(cloud, sshd, "elsewhere", flags)
+    from tpunb.server import model
+
+    [card] = [s for s in model.list_slices()["slices"] if s["name"] == "elsewhere"]  # the dead kernel's slice
+    assert (card["busy_services"], card["idle_held"], card["idle_delete_in"]) == (["web"], True, None)
+    (flags / "stop").touch()
+    stopped = time.monotonic()
+    wait_for(lambda: "elsewhere" not in node_names(cloud), 3 + BOUND, "the idle watchdog to delete the node")
+    assert time.monotonic() - stopped > 2.5  # the idle time counts from the service's end
+
+
+def test_a_host_that_died_with_its_service_does_not_keep_the_node(cloud, sshd, flags):
+    supervisor, _ = _service_on_host_1_of_a_dead_kernel(cloud, sshd, "lost", flags)
+    os.kill(supervisor, signal.SIGKILL)  # as a preempted VM: no last word from its service
+    gone = time.monotonic()
+    wait_for(lambda: "lost" not in node_names(cloud), 3 + BOUND, "the idle watchdog to delete the node")
+    assert time.monotonic() - gone > 1.5  # from the service's last sign of life (it beat every 0.75 s)
+    (flags / "stop").touch()

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pickle
 import queue
 import secrets
 import signal
@@ -31,8 +30,10 @@ from tpunb.display.sink import OutputSink
 from tpunb.engine import relay
 from tpunb.engine.connection import HostConnection
 from tpunb.engine.ctrl_c import CtrlC, Inbox, Wake
-from tpunb.engine.frames import Broadcast, dump_values
+from tpunb.engine.frames import Broadcast
+from tpunb.engine.transfer import Transfer, pack, shares_memory
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError, TransportError
+from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
 from tpunb.transport.base import Transport
 from tpunb.transport.fanin import FanIn
@@ -239,7 +240,7 @@ class Session:
         waiter = self._waiters.get(message.get("id"))
         if waiter is not None:
             waiter.put((index, message, blob))
-        else:
+        elif op != "part":  # a piece of a value nobody waits for any more (Ctrl-C) is dropped
             self.backlog.put((index, message, blob))
 
     def _start_jax_everywhere(self, origin: int) -> None:
@@ -421,52 +422,74 @@ class Session:
             request.sink.host_done(i)
 
     # -- data ---------------------------------------------------------------------------------
-    def call(self, indices: list[int], message: dict, blob: bytes = b"", timeout: float = 60.0) -> dict[int, tuple[dict, bytes]]:
-        """A short request to several hosts; raises TransportError naming hosts that failed."""
+    def call(self, indices: list[int], message: dict, blob: bytes = b"", timeout: float = 60.0,
+             segments: list[memoryview] | None = None) -> dict[int, tuple[dict, Any]]:
+        """A short request to several hosts; raises TransportError naming hosts that failed.
+        ``segments``: a value sent with it (tpunb.engine.transfer). Replies that carry a value
+        come back as (reply, value)."""
         with CtrlC() as ctrl_c:
             request = self._request(ctrl_c)
+            moving = Transfer(request.rid, request.inbox, ctrl_c, message["op"])
             try:
-                return self._call(request, indices, message, blob, timeout)
+                return self._call(request, indices, message, blob, timeout, moving, segments)
             finally:
+                moving.close()
                 self._forget(request.rid)
 
-    def _call(self, request: Request, indices: list[int], message: dict, blob: bytes,
-              timeout: float) -> dict[int, tuple[dict, bytes]]:
+    def _call(self, request: Request, indices: list[int], message: dict, blob: bytes, timeout: float,
+              moving: Transfer, segments: list[memoryview] | None) -> dict[int, tuple[dict, Any]]:
         inbox, ctrl_c, pending = request.inbox, request.ctrl_c, request.pending
-        replies: dict[int, tuple[dict, bytes]] = {}
-        frames = Broadcast({**message, "id": request.rid}, blob)  # a pushed value is pickled once
+        replies: dict[int, tuple[dict, Any]] = {}
         for i in indices:  # a host that died before this request waited: its "died" went to no one
             if not self.hosts[i].alive:
                 raise HostDiedError(f"host {i} died ({self.hosts[i].died_reason or 'its agent ended'})")
-        for i in indices:
-            self.hosts[i].send_frame(frames.for_host(self.hosts[i]))
-            pending.add(i)
+        hosts = [self.hosts[i] for i in indices]
+        pending.update(indices)
+        if segments is not None:  # a pushed value is pickled once, sent without copies
+            if not moving.send(hosts, message, segments):
+                raise CellInterrupted(f"interrupted while sending {message['op']}")
+        else:
+            frames = Broadcast({**message, "id": request.rid}, blob)
+            for host in hosts:
+                host.send_frame(frames.for_host(host))
         deadline = time.monotonic() + timeout
         while pending:
             if ctrl_c.presses:
+                moving.stop([self.hosts[i] for i in pending])
                 raise CellInterrupted(f"interrupted while hosts {sorted(pending)} were answering {message['op']}")
             try:
                 index, reply, data = inbox.get(max(0.0, min(0.1, deadline - time.monotonic())), ctrl_c)
             except Wake:
                 continue
             except queue.Empty:
-                if time.monotonic() < deadline:
+                if time.monotonic() < deadline or moving.meter.done > moving.seen:
+                    moving.seen = moving.meter.done  # bytes still flow: the wait goes on
+                    deadline = max(deadline, time.monotonic() + 1.0)
                     continue
                 raise TransportError(f"hosts {sorted(pending)} did not answer {message['op']} "
                                      f"within {timeout:.0f} s") from None
             if reply.get("op") == "died" and index in pending:
                 self.hosts[index].notice = None
                 raise HostDiedError(f"host {index} died ({reply.get('reason')})")
-            if reply.get("op") == "done" and index in pending:
-                replies[index] = (reply, data)
+            if reply.get("op") == "part" and index in pending:
+                moving.take_part(index, reply, data)
+            elif reply.get("op") == "done" and reply.get("unshared") and index in pending:
+                self.hosts[index].info["unshared"] = True  # it cannot map our memfds: parts, now and later
+                moving.stream(self.hosts[index])
+            elif reply.get("op") == "done" and index in pending:
+                replies[index] = (reply, moving.value(self.hosts[index], reply, data) if "sizes" in reply else data)
                 pending.discard(index)
         return replies
 
     def push(self, values: dict[str, Any], indices: list[int]) -> None:
-        blob = dump_values(values)
-        if relay.wanted(self, len(blob), indices) and relay.push(self, blob, indices):  # sent once, passed on
+        segments = pack(values)
+        sizes = [len(s) for s in segments]
+        if relay.wanted(self, sum(sizes), indices) and relay.push(self, segments, indices):  # sent once, passed on
             return
-        replies = self.call(indices, {"op": "push"}, blob)
+        if sum(sizes) <= INLINE:  # one frame, encoded once for every host
+            replies = self.call(indices, {"op": "push", "sizes": sizes, "inline": True}, join(segments))
+        else:
+            replies = self.call(indices, {"op": "push"}, segments=segments)
         failed = {i: r["error"] for i, (r, _) in replies.items() if r.get("status") != "ok"}
         if failed:
             raise TransportError("push failed on " + "; ".join(f"host {i}: {e}" for i, e in failed.items()))
@@ -479,14 +502,16 @@ class Session:
         return self._values(indices, {"op": "gather", "name": name})
 
     def _values(self, indices: list[int], message: dict) -> dict[int, Any]:
-        """{host: unpickled reply} of a request that fetches values; RemoteError names failed hosts."""
-        replies = self.call(indices, message)
+        """{host: value of its reply} of a request that fetches values (by memfd from hosts on this
+        machine); RemoteError names failed hosts."""
+        local = all(shares_memory(self.hosts[i]) for i in indices)
+        replies = self.call(indices, {**message, "shm": True} if local else message)
         out, failed = {}, {}
-        for i, (reply, blob) in sorted(replies.items()):
+        for i, (reply, value) in sorted(replies.items()):
             if reply.get("status") != "ok":
-                failed[i] = reply.get("error")
+                failed[i] = reply.get("error") or reply.get("status")
             else:
-                out[i] = pickle.loads(blob)
+                out[i] = value
         if failed:
             raise RemoteError("; ".join(f"host {i}: {e}" for i, e in failed.items()))
         return out

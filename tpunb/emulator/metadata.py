@@ -10,6 +10,8 @@ google-auth honours), which the sshd and the emulator's boot set per host.
 Served: ``instance/service-accounts/default/token`` (a token the emulator accepts on its API
 for the node's project, for an hour), ``instance/attributes/`` and ``instance/attributes/KEY``
 (the node's metadata plus ``agent-worker-number``), ``project/project-id``, ``instance/zone``.
+``PUT instance/guest-attributes/NAMESPACE/KEY`` stores a worker's guest attribute, which the API's
+``nodes.getGuestAttributes`` returns (403 unless the node's metadata has ``enable-guest-attributes=TRUE``).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from tpunb.emulator.state import Emulator
 
 PREFIX = "/computeMetadata/v1/"
+GUEST = "instance/guest-attributes/"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -44,6 +47,25 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(answer), "application/json")
         else:
             self._send(200, str(answer))
+
+    def do_PUT(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        value = self.rfile.read(length).decode() if length else ""
+        path = self.path[len(PREFIX):].split("?", 1)[0] if self.path.startswith(PREFIX) else ""
+        attribute = path[len(GUEST):] if path.startswith(GUEST) else ""
+        if self.headers.get("Metadata-Flavor") != "Google":
+            self._send(403, "Missing required header Metadata-Flavor: Google", "text/html")
+        elif attribute.count("/") != 1 or not all(attribute.split("/")):
+            self._send(404, f"cannot write {path!r}: only {GUEST}NAMESPACE/KEY")
+        else:
+            emu = self.server.emulator
+            stored = emu.call(emu.put_guest_attribute, self.connection.getsockname()[0], attribute, value)
+            if stored is None:
+                self._send(404, "no node holds this host")
+            elif not stored:
+                self._send(403, "Guest attributes endpoint access is disabled.")
+            else:
+                self._send(200, "")
 
     def _send(self, code: int, text: str, kind: str = "application/text") -> None:
         data = text.encode()

@@ -118,6 +118,7 @@ class Node:
     external_ips: bool = False
     labels: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, str] = field(default_factory=dict)
+    guest_attributes: dict[int, dict[str, str]] = field(default_factory=dict)  # worker -> "ns/key" -> value
     state: str = "CREATING"
     health: str | None = None
     endpoints: list[Endpoint] = field(default_factory=list)

@@ -3,6 +3,7 @@
 API (what google-cloud-tpu's REST transport calls; every path starts with /v2/):
   GET|POST   projects/P/locations/Z/nodes             list (Z may be "-") | create (?nodeId=)
   GET|DELETE projects/P/locations/Z/nodes/N
+  POST       projects/P/locations/Z/nodes/N:getGuestAttributes   what the workers wrote (metadata.py)
   GET|POST   projects/P/locations/Z/queuedResources   list | create (?queuedResourceId=)
   GET|DELETE projects/P/locations/Z/queuedResources/Q (?force=true deletes its node too)
   GET        projects/P/locations/Z/operations/O
@@ -45,6 +46,7 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("POST", re.compile(_LOC + r"/nodes$"), "create_node"),
     ("GET", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+)$"), "get_node"),
     ("DELETE", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+)$"), "delete_node"),
+    ("POST", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+):getGuestAttributes$"), "get_guest_attributes"),
     ("GET", re.compile(_LOC + r"/queuedResources$"), "list_queued"),
     ("POST", re.compile(_LOC + r"/queuedResources$"), "create_queued"),
     ("GET", re.compile(_LOC + r"/queuedResources/(?P<id>[^/:]+)$"), "get_queued"),
@@ -80,6 +82,7 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
         "create_node": lambda: emu.call(emu.create_node, p, z, q.get("nodeId", ""), body),
         "get_node": lambda: emu.call(emu.get_node, p, z, m["id"]),
         "delete_node": lambda: emu.call(emu.delete_node, p, z, m["id"]),
+        "get_guest_attributes": lambda: emu.call(emu.get_guest_attributes, p, z, m["id"], body),
         "list_queued": lambda: emu.call(emu.list_queued, p, z, size, token),
         "create_queued": lambda: emu.call(emu.create_queued, p, z, q.get("queuedResourceId", ""), body),
         "get_queued": lambda: emu.call(emu.get_queued, p, z, m["id"]),

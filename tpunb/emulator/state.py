@@ -265,6 +265,35 @@ class Emulator(RequestChecks):
         return {"project/project-id": node.project, "instance/zone": f"projects/{node.project}/zones/{node.zone}",
                 "instance/hostname": f"t1v-n-{node.node_id}-w-{attributes['agent-worker-number']}"}.get(path)
 
+    def put_guest_attribute(self, address: str, path: str, value: str) -> bool | None:
+        """A VM writes ``NAMESPACE/KEY`` of its own guest attributes: None (no node), False (the
+        node's metadata does not enable them, as on GCE), True (stored)."""
+        node = self.nodes.get(self.hosts.owner_of(address) or "")
+        if node is None:
+            return None
+        if node.metadata.get("enable-guest-attributes", "").upper() != "TRUE":
+            return False
+        worker = [e.internal_ip for e in node.endpoints].index(address)
+        node.guest_attributes.setdefault(worker, {})[path] = value
+        return True
+
+    def get_guest_attributes(self, project: str, zone: str, node_id: str, body: dict) -> dict:
+        """nodes.getGuestAttributes: one entry per worker (all, or ``workerIds``), in worker order."""
+        self._check_location(project, zone)
+        node = _find(self.nodes, f"projects/{project}/locations/{zone}/nodes/{node_id}")
+        query = str(body.get("queryPath") or "")
+        workers = [int(w) for w in body.get("workerIds") or range(len(node.endpoints))]
+        entries = []
+        for worker in workers:
+            attributes = sorted((node.guest_attributes.get(worker) or {}).items())
+            items = [{"namespace": path.split("/", 1)[0], "key": path.split("/", 1)[1], "value": value}
+                     for path, value in attributes if path.startswith(query)]
+            entry: dict = {"queryPath": query} if query else {}
+            if items:
+                entry["queryValue"] = {"items": items}
+            entries.append(entry)
+        return {"guestAttributes": entries} if entries else {}
+
     def _issue_token(self, node: Node) -> str:
         now = time.time()
         for token, (project, expiry) in self.tokens.items():

@@ -106,6 +106,16 @@ class HostConnection:
         with self._lock:
             process.send(data)
 
+    def send_part(self, head: bytes, blob=b"") -> None:
+        """Send a frame as its encoded head and its blob (a view of a value: never copied)."""
+        process = self.process
+        if process is None:
+            raise TransportError(f"host {self.index} is not running")
+        with self._lock:
+            process.send(head)
+            if len(blob):
+                process.send(blob)
+
     def _read_exact(self, process: AgentProcess, n: int) -> bytes:
         """``process.recv_exact``, noting every piece that arrives as a sign of life."""
         if n <= _CHUNK:

@@ -1,38 +1,16 @@
-"""Frames for many hosts: a request encoded once per kind of host, and values pickled to send."""
+"""Frames for many hosts: a request encoded once per kind of host."""
 from __future__ import annotations
 
 import marshal
-import pickle
 import sys
 import warnings
 from typing import TYPE_CHECKING
 
-from tpunb.errors import UsageError
 from tpunb.host import protocol
 from tpunb.host.runners import cell_filename, compile_cell
 
 if TYPE_CHECKING:
     from tpunb.engine.connection import HostConnection
-
-
-def dump_values(values: dict) -> bytes:
-    """cloudpickle when present (lambdas, notebook classes), else pickle; a value that cannot be
-    sent is named in a one-line UsageError (which variable, and why)."""
-    try:
-        import cloudpickle
-        dumps = cloudpickle.dumps
-    except ImportError:
-        dumps = pickle.dumps
-    try:
-        return dumps(values, protocol=4)
-    except Exception:
-        for name, value in values.items():
-            try:
-                dumps(value, protocol=4)
-            except Exception as exc:
-                raise UsageError(f"cannot send {name} to the hosts: {type(exc).__name__}: {exc} "
-                                 "(send what it is made from, and rebuild it there)") from None
-        raise
 
 
 class Broadcast:

@@ -18,6 +18,7 @@ from tpunb.engine.frames import Broadcast
 from tpunb.errors import CellInterrupted, HostDiedError, TransportError
 from tpunb.host import protocol
 from tpunb.host.relay import UNREACHABLE
+from tpunb.host.transfer import join
 
 if TYPE_CHECKING:
     from tpunb.engine.connection import HostConnection
@@ -82,8 +83,8 @@ def listeners(session: Session, indices: list[int]) -> dict[int, list]:
     return {h.index: _listeners[h][1] for h in hosts}
 
 
-def push(session: Session, blob: bytes, indices: list[int], fanout: int | None = None) -> bool:
-    """Send ``blob`` (pickled values) once, to the first host, which relays it to the rest; one
+def push(session: Session, segments: list, indices: list[int], fanout: int | None = None) -> bool:
+    """Send ``segments`` (pickled values, ``engine.transfer.pack``) once, to the first host, which relays it to the rest; one
     line naming the relay host when one dies mid-transfer. False when the hosts cannot reach each
     other (or listen): the caller sends directly, as it will from then on for this session."""
     try:
@@ -94,11 +95,12 @@ def push(session: Session, blob: bytes, indices: list[int], fanout: int | None =
         _unreachable.add(session)
         return False
     root, rest = indices[0], indices[1:]
+    sizes, blob = [len(s) for s in segments], join(segments)
     tree = plan([[i, *where[i]] for i in indices], fanout or FANOUT)
     with CtrlC() as ctrl_c:
         request = session._request(ctrl_c)
         try:
-            died = _send(session, request, blob, root, rest, tree)
+            died = _send(session, request, blob, sizes, root, rest, tree)
             died, errors = _collect(session, request, died)
         finally:
             session._forget(request.rid)
@@ -110,21 +112,22 @@ def push(session: Session, blob: bytes, indices: list[int], fanout: int | None =
     return True
 
 
-def _send(session: Session, request, blob: bytes, root: int, rest: list[int], tree: list) -> dict[int, str]:
+def _send(session: Session, request, blob: bytearray, sizes: list[int], root: int, rest: list[int],
+          tree: list) -> dict[int, str]:
     """The value to the root, then the small requests to the others (their wait for the stream to
     begin starts once the root has it, however slow the notebook's link); {root: why} if the root
     died while the value was on its way (the others were sent nothing)."""
     host = session.hosts[root]
     try:
-        frame = protocol.encode({"op": "relay_push", "id": request.rid, "tree": tree,
-                                 "me": [root, host.transport.address]}, blob, host.fast)
-        host.send_frame(memoryview(frame))  # paramiko's sendall slices what it is given: a view, not copies
+        head = protocol.encode_head({"op": "relay_push", "id": request.rid, "tree": tree, "sizes": sizes,
+                                     "me": [root, host.transport.address]}, len(blob), host.fast)
+        host.send_part(head, memoryview(blob))  # a view: paramiko's sendall slices what it is given
     except TransportError:
         why = "its connection ended while the value was on its way"
         host.give_up(why)  # seen dead now, not when its reader gets there: the next request revives it
         return {root: why}
     request.pending.add(root)
-    frames = Broadcast({"op": "relay_push", "id": request.rid, "wait": WAIT})
+    frames = Broadcast({"op": "relay_push", "id": request.rid, "wait": WAIT, "sizes": sizes})
     for i in rest:
         try:
             session.hosts[i].send_frame(frames.for_host(session.hosts[i]))

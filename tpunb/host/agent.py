@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import diagnose, idle, protocol, shards, watchdog
+from . import diagnose, idle, protocol, shards, transfer, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
@@ -48,6 +48,8 @@ class Agent:
         self.sampler = None
         self.profiler = Profiler(self)
         self.relay = Relay(None)
+        self.arriving: dict = {}  # request id -> transfer.Assembly of a value coming in parts
+        self.lent: set[int] = set()  # memfds of pulled values the kernel has not mapped yet
 
     # -- frames out ---------------------------------------------------------------------
     def send(self, message: dict, blob: bytes = b"") -> None:
@@ -129,6 +131,7 @@ class Agent:
             self.sampler.start()
         if init.get("idle"):
             self._arm_idle(init["idle"])
+        self.channel.place_blobs(self._place)  # pushed values are read straight into place
         self.inbox = make_inbox(self.channel, self._dispatch, self._session_gone)
         self.send({"op": "ready", "runner": self.runner.kind, "runner_error": runner_error, "inbox": self.inbox.kind})
         if float(init.get("heartbeat") or 0) > 0:
@@ -158,9 +161,16 @@ class Agent:
         """Act on a frame that is not a request (from whichever thread reads); True for a request,
         which the main thread runs."""
         op = message.get("op")
-        if op == "interrupt":
+        if op == "part":  # a piece of a pushed value: placed at once, whichever thread reads
+            self._take_part(message, blob)
+        elif op == "interrupt":
             if message.get("id") is not None:
+                self.arriving.pop(message["id"], None)  # a push stopped part way: dropped
                 self._interrupt_cell(message["id"])
+        elif op == "release":  # the kernel mapped a pulled value: its memfd may go
+            if message.get("fd") in self.lent:
+                self.lent.discard(message["fd"])
+                os.close(message["fd"])
         elif op in PROFILE_OPS:  # answered on a side thread: works while a cell runs
             self.profiler.handle(message)
         elif op == "start_jax":
@@ -299,11 +309,44 @@ class Agent:
 
         self._as_user_code(message, run)
 
+    def _take_part(self, message: dict, blob) -> None:
+        assembly = self._assembly(message)
+        if assembly is not None:
+            assembly.add(message["at"], blob)
+
+    def _assembly(self, message: dict):
+        """Where a part of a pushed value goes (the first part starts it: one at a time)."""
+        rid = message.get("id")
+        if "sizes" in message and rid not in self.arriving:
+            self.arriving = {rid: transfer.Assembly(message["sizes"])}
+        return self.arriving.get(rid)
+
+    def _place(self, message: dict, blob_len: int):
+        """Where a large part's bytes are read to: straight into its value's buffer."""
+        if message.get("op") != "part":
+            return None
+        assembly = self._assembly(message)
+        return assembly.place(message["at"], blob_len) if assembly is not None else None
+
+    def _arrived(self, message: dict, blob: bytes):
+        """The pushed value: in the request's blob, from the kernel's memfd, or from part frames."""
+        if message.get("inline"):
+            return transfer.loads(transfer.views(bytearray(blob), message["sizes"]))
+        if "shm" in message:
+            return transfer.loads(transfer.map_memfd(*message["shm"], message["sizes"]))
+        assembly = self.arriving.pop(message["id"], None)
+        if assembly is None or not assembly.complete:
+            raise ValueError("the value did not arrive whole: push it again")
+        return transfer.loads(assembly.segments())
+
     def op_push(self, message: dict, blob: bytes) -> None:
         try:
-            values = pickle.loads(blob)
+            values = self._arrived(message, blob)
             self.runner.namespace.update(values)
             self.send({"op": "done", "id": message["id"], "status": "ok"})
+        except OSError as exc:  # the kernel's memfd could not be mapped here: it sends parts instead
+            self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{type(exc).__name__}: {exc}",
+                       **({"unshared": True} if "shm" in message else {})})
         except Exception as exc:
             self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{type(exc).__name__}: {exc}"})
 
@@ -319,7 +362,8 @@ class Agent:
                     blob = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
             finally:
                 self.inbox.cell_ended()
-            self.runner.namespace.update(pickle.loads(blob))
+            buffer = blob if isinstance(blob, bytearray) else bytearray(blob)  # arrays the cell may write to
+            self.runner.namespace.update(transfer.loads(transfer.views(buffer, message["sizes"])))
             self.send({"op": "done", "id": message["id"], "status": "ok"})
         except Exception as exc:  # RelayError names the peer; anything else in one line too
             error = str(exc) if isinstance(exc, RelayError) else f"{type(exc).__name__}: {exc}"
@@ -349,19 +393,53 @@ class Agent:
         self._send_value(message, part, name)
 
     def _send_value(self, message: dict, value, what: str) -> None:
-        """Pickle ``value`` into the reply of ``message``, or say why it cannot travel."""
+        """``value`` as the reply to ``message`` (a memfd the kernel maps when it shares this
+        machine, else part frames an interrupt stops), or say why it cannot travel."""
+        rid = message["id"]
         try:
-            data = _pickler().dumps(value, protocol=4)
+            segments = transfer.dumps(value, _pickler().Pickler)
         except Exception as exc:
-            self.send({"op": "done", "id": message["id"], "status": "error",
+            self.send({"op": "done", "id": rid, "status": "error",
                        "error": f"cannot send {what} back: {type(exc).__name__}: {exc}"})
             return
-        if len(data) > protocol.MAX_BLOB:
-            self.send({"op": "done", "id": message["id"], "status": "error",
-                       "error": f"{what} pickled to {len(data):,} bytes, over the "
-                                f"{protocol.MAX_BLOB:,} a frame carries: pull smaller pieces"})
+        sizes = [len(s) for s in segments]
+        stop = lambda: self.interrupt_for == rid  # noqa: E731 (an interrupt frame sets it)
+        reply = {"op": "done", "id": rid, "status": "ok", "sizes": sizes}
+        if sum(sizes) <= transfer.INLINE:  # one frame
+            self.send({**reply, "inline": True}, transfer.join(segments))
             return
-        self.send({"op": "done", "id": message["id"], "status": "ok"}, data)
+        self.inbox.cell_started()  # frames (an interrupt) are read while this sends
+        try:
+            fd = self._lend(segments, stop) if message.get("shm") and transfer.can_share() else None
+            if fd is not None:
+                reply["shm"] = [os.getpid(), fd]
+            else:
+                for at, piece in transfer.pieces(segments):
+                    if stop():
+                        break
+                    self.send({"op": "part", "id": rid, "at": at, **({"sizes": sizes} if at == 0 else {})}, piece)
+        finally:
+            self.inbox.cell_ended()
+        if stop():
+            if "shm" in reply:
+                self.lent.discard(reply["shm"][1])
+                os.close(reply["shm"][1])
+            reply = {"op": "done", "id": rid, "status": "interrupted"}
+        self.send(reply)
+
+    def _lend(self, segments: list, stop) -> int | None:
+        """A memfd holding the value for the kernel to map (None: send parts). Requests come one at
+        a time, so memfds lent before this one were mapped (or given up) already."""
+        for fd in self.lent:
+            os.close(fd)
+        self.lent.clear()
+        try:
+            fd = transfer.write_memfd(segments, stop)
+        except OSError:  # no memfd to be had (memory, fds): parts still work
+            return None
+        if fd is not None:
+            self.lent.add(fd)
+        return fd
 
 
 def _versions() -> dict | str | None:

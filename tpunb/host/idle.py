@@ -19,6 +19,11 @@ runs as root, the agent as the SSH user, so both must reach it; no secrets are w
   idle.log       what the watchdog did (never the token)
   serving/PID    a service's supervisor (tpunb/host/service.py) runs on this host: while one
                  lives, the node is in use
+Services on the other workers: a supervisor there (service.py) writes the time as its worker's
+guest attribute ``tpunb/serving`` every quarter of the idle limit while it runs, and once at its
+end. The workers of a slice cannot reach each other, but the TPU API sees them all: before it
+deletes, the watchdog reads them (``nodes.getGuestAttributes``) and counts the latest as use. A
+worker that died with its service stops writing, so its last time ages like any other activity.
 The access token comes from the metadata server (``$GCE_METADATA_HOST``, as google-auth reads
 it, else metadata.google.internal) on every delete attempt and is kept in memory only.
 """
@@ -36,6 +41,7 @@ import urllib.request
 STATE, ACTIVITY, LOCK, LOG, SCRIPT = "idle.json", "activity", "idle.lock", "idle.log", "idle_watchdog.py"
 SERVING = "serving"
 METADATA_ATTRIBUTE = "tpunb-idle"
+SERVING_ATTRIBUTE = "tpunb/serving"  # a worker's guest attribute: when its services last ran (service.py)
 POLL = 5.0  # the watchdog looks at least this often (activity only moves the deadline later)
 RETRY = (15.0, 300.0)  # after a failed delete: first wait, doubling up to the last
 
@@ -195,23 +201,50 @@ def metadata(path: str, timeout: float = 5.0) -> str:
         return response.read().decode()
 
 
-def delete_node(state: dict) -> str:
-    """Delete the node with the VM's own credentials: 'deleted', 'gone' (404) or raise."""
+def _api(state: dict, method: str, path: str, body: dict | None = None) -> bytes:
+    """One TPU API call with the VM's own credentials; raises HTTPError as urllib does."""
     token = json.loads(metadata("instance/service-accounts/default/token"))["access_token"]
     endpoint = (state.get("endpoint") or "https://tpu.googleapis.com").rstrip("/")
+    headers = {"Authorization": f"Bearer {token}"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    request = urllib.request.Request(f"{endpoint}/v2/{path}", method=method, headers=headers,
+                                     data=None if body is None else json.dumps(body).encode())
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read()
+
+
+def delete_node(state: dict) -> str:
+    """Delete the node with the VM's own credentials: 'deleted', 'gone' (404) or raise."""
     node = state["node"]
     if state.get("queued"):  # the queued resource (force: with its node), as the kernel deletes it
-        url = f"{endpoint}/v2/{node.replace('/nodes/', '/queuedResources/')}?force=true"
+        path = f"{node.replace('/nodes/', '/queuedResources/')}?force=true"
     else:
-        url = f"{endpoint}/v2/{node}"
-    request = urllib.request.Request(url, method="DELETE", headers={"Authorization": f"Bearer {token}"})
+        path = node
     try:
-        with urllib.request.urlopen(request, timeout=30):
-            return "deleted"
+        _api(state, "DELETE", path)
+        return "deleted"
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return "gone"
         raise RuntimeError(f"HTTP {e.code} {e.read(300).decode(errors='replace')}") from None
+
+
+def served_elsewhere(state: dict) -> tuple[float, int] | None:
+    """(the latest time a worker's service said it ran, that worker), from the workers' guest
+    attributes; None when none did. Raises when the API cannot be read."""
+    answer = json.loads(_api(state, "POST", f"{state['node']}:getGuestAttributes", {"queryPath": "tpunb/"}) or b"{}")
+    latest = None
+    for worker, entry in enumerate(answer.get("guestAttributes") or []):  # in worker order
+        for item in (entry.get("queryValue") or {}).get("items") or []:
+            if (item.get("namespace"), item.get("key")) == tuple(SERVING_ATTRIBUTE.split("/")):
+                try:
+                    at = float(item.get("value") or "")
+                except ValueError:
+                    continue
+                if latest is None or at > latest[0]:
+                    latest = (at, worker)
+    return latest
 
 
 # -- the watchdog ---------------------------------------------------------------------------
@@ -235,7 +268,7 @@ def watch() -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another watchdog runs
-    busy_seen, retry, kept, kept_serving = 0.0, RETRY[0], None, []
+    busy_seen, retry, kept, kept_serving, kept_elsewhere = 0.0, RETRY[0], None, [], None
     while True:
         state = read_state()
         seconds = float((state or {}).get("seconds") or 0)
@@ -259,6 +292,14 @@ def watch() -> int:
             busy_seen = now  # a running service is use, as a running request is
         left = seconds_left(state, now, busy_seen)
         if left <= 0:
+            elsewhere = _served_elsewhere(state, now)
+            if elsewhere and seconds_left(state, now, max(busy_seen, elsewhere[0])) > 0:
+                if elsewhere[1] != kept_elsewhere:
+                    log(f"kept: a service runs on host {elsewhere[1]}; the idle time starts when the last one ends")
+                    kept_elsewhere = elsewhere[1]
+                busy_seen = max(busy_seen, elsewhere[0])
+                continue
+            kept_elsewhere = None
             try:
                 outcome = delete_node(state)
             except Exception as exc:  # the API or metadata server failed: say so, try again
@@ -269,6 +310,17 @@ def watch() -> int:
             log(f"{outcome}: {state['node']} after {seconds:g} s without activity")
             return 0
         time.sleep(max(0.05, min(left, POLL)))
+
+
+def _served_elsewhere(state: dict, now: float) -> tuple[float, int] | None:
+    """``served_elsewhere``, never later than ``now`` (another VM's clock), or None (and said
+    in the log) when the API cannot be read: then host 0's own idle time decides."""
+    try:
+        found = served_elsewhere(state)
+    except Exception as exc:
+        log(f"cannot read the other hosts' services ({type(exc).__name__}: {exc}); deciding on host 0's use alone")
+        return None
+    return (min(found[0], now), found[1]) if found else None
 
 
 def boot() -> int:

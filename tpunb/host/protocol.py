@@ -17,7 +17,7 @@ import json
 import marshal
 import struct
 
-PROTOCOL_VERSION = 4  # 3: stream frames carry at most MAX_TEXT characters, hosts cap values; 4: heartbeat (``beat`` frames, ``heartbeat`` at init), watchdog
+PROTOCOL_VERSION = 5  # 5: values as pickle 5 segments in ``part`` frames or a memfd; 3: stream frames carry at most MAX_TEXT characters, hosts cap values; 4: heartbeat (``beat`` frames, ``heartbeat`` at init), watchdog
 HEADER = struct.Struct("!II")
 MAX_JSON = 256 * 1024 * 1024
 #: set in the header's first field: the body is marshal data, not JSON
@@ -41,6 +41,11 @@ def encode(message: dict, blob: bytes = b"", fast: bool = False) -> bytes:
     """One frame as bytes, ready to write; FrameTooLarge if the reader could not take it.
     ``fast``: a marshal body, for a peer that runs this same Python (JSON where marshal refuses a
     value, such as a float subclass like numpy's float64: the header says which)."""
+    return encode_head(message, len(blob), fast) + blob
+
+
+def encode_head(message: dict, blob_len: int, fast: bool = False) -> bytes:
+    """A frame's header and body: written before its blob, which need not be copied after them."""
     body = None
     if fast:
         try:
@@ -49,9 +54,9 @@ def encode(message: dict, blob: bytes = b"", fast: bool = False) -> bytes:
             pass
     if body is None:
         body, flag = _ENCODER.encode(message).encode("utf-8", "replace"), 0
-    if len(body) > MAX_JSON or len(blob) > MAX_BLOB:
-        raise FrameTooLarge(f"a {message.get('op')} frame of {len(body) + len(blob):,} bytes is over the limit")
-    return HEADER.pack(len(body) | flag, len(blob)) + body + blob
+    if len(body) > MAX_JSON or blob_len > MAX_BLOB:
+        raise FrameTooLarge(f"a {message.get('op')} frame of {len(body) + blob_len:,} bytes is over the limit")
+    return HEADER.pack(len(body) | flag, blob_len) + body
 
 
 def decode_header(header: bytes) -> tuple[int, int, bool]:
@@ -97,23 +102,83 @@ def read_frame(read_exact) -> tuple[dict, bytes] | None:
 Frames = list[tuple[dict, bytes]]
 
 
-class FrameCutter:
-    """One host's byte stream cut into frames, whatever sizes its pieces arrive in."""
+#: blobs this large or larger may be written straight where they belong (``FrameCutter.place``)
+DIRECT_MIN = 1 << 16
 
-    def __init__(self) -> None:
+
+class FrameCutter:
+    """One host's byte stream cut into frames, whatever sizes its pieces arrive in.
+
+    ``place(message, blob_len)``, if given, may return a writable view of ``blob_len`` bytes for a
+    large frame's blob once its body is read: the blob is then written there as it arrives (read
+    straight into it, see ``target``), never held, and the frame comes out with that view."""
+
+    def __init__(self, place=None) -> None:
         self._buffer = bytearray()
+        self.place = place
+        self._direct: list | None = None  # [message, view, bytes filled] of a blob being placed
 
     def feed(self, data: bytes) -> Frames:
         """The frames ``data`` completes; raises ValueError on bytes that are not tpunb frames."""
+        frames: Frames = []
+        if self._direct is not None:
+            data = self._fill(data, frames)
+            if not len(data):
+                return frames
         held = self._buffer
         if held:  # the rest of a frame that began in an earlier read
             held += data
-            frames, end = _cut(held)
+            cut, end = _cut(held)
             del held[:end]
         else:  # the usual case (a cell's ``done`` from each host): cut from the read itself, no copy
-            frames, end = _cut(data)
+            cut, end = _cut(data)
             if end < len(data):
                 held += memoryview(data)[end:]
+        frames.extend(cut)
+        if held and self.place is not None:
+            self._start_direct()
+        return frames
+
+    def _start_direct(self) -> None:
+        held = self._buffer
+        if len(held) < HEADER.size:
+            return
+        body_len, blob_len, fast = decode_header(held[:HEADER.size])
+        start = HEADER.size + body_len
+        if blob_len < DIRECT_MIN or len(held) < start:
+            return
+        message = decode_body(held[HEADER.size:start], fast)
+        view = self.place(message, blob_len)
+        if view is None:
+            return
+        got = len(held) - start
+        view[:got] = held[start:]
+        self._direct = [message, view, got]
+        held.clear()
+
+    def _fill(self, data, frames: Frames):
+        """Write ``data`` into the blob being placed; what is left of it once that is whole."""
+        message, view, filled = self._direct
+        n = min(len(data), len(view) - filled)
+        view[filled:filled + n] = memoryview(data)[:n]
+        self.filled(n, frames)
+        return memoryview(data)[n:]
+
+    def target(self) -> memoryview | None:
+        """Where the next bytes go when a blob is being placed (read straight into it), else None."""
+        if self._direct is None:
+            return None
+        _, view, filled = self._direct
+        return view[filled:]
+
+    def filled(self, n: int, frames: Frames | None = None) -> Frames:
+        """``n`` more bytes were written into ``target()``; the frame, once its blob is whole."""
+        frames = [] if frames is None else frames
+        self._direct[2] += n
+        if self._direct[2] >= len(self._direct[1]):
+            message, view, _ = self._direct
+            self._direct = None
+            frames.append((message, view))
         return frames
 
     @property
@@ -128,8 +193,8 @@ class FrameCutter:
 
     @property
     def inside_frame(self) -> bool:
-        """Bytes of an unfinished frame are held: an end of stream now breaks a frame."""
-        return bool(self._buffer)
+        """Bytes of an unfinished frame are held (or placed): an end of stream now breaks a frame."""
+        return bool(self._buffer) or self._direct is not None
 
 
 def _cut(data: bytes | bytearray) -> tuple[Frames, int]:

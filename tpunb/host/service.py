@@ -19,12 +19,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+import urllib.request
+from collections.abc import Callable
 
 #: how long a stopped service's process group gets to end before it is killed
 STOP_GRACE = 3.0
 #: states in which a supervisor is still at work
 ACTIVE = ("starting", "running", "restarting")
+#: this worker's guest attribute that says when its services last ran (read by tpunb/host/idle.py)
+SERVING_ATTRIBUTE = "tpunb/serving"
 
 
 def frame(value: dict) -> bytes:
@@ -277,6 +282,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
              "started_at": time.time(), "log": os.path.join(directory, "log"), "message": ""}
     max_restarts, backoff = int(request.get("max_restarts", 5)), float(request.get("backoff", 1.0))
     serving = _serving_mark()
+    heartbeat = None if serving else _publish_serving()
 
     def say(line: str) -> None:
         os.write(log, f"[tpunb] {line}\n".encode())
@@ -324,6 +330,8 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     _write_state(directory, state)
     if serving:
         _end_serving(serving)
+    if heartbeat:
+        heartbeat()
 
 
 def _serving_mark() -> str | None:
@@ -355,6 +363,64 @@ def _end_serving(mark: str) -> None:
         os.utime(os.path.join(os.path.dirname(os.path.dirname(mark)), "activity"), None)
     except OSError:
         pass
+
+
+def _metadata(path: str, value: str | None = None) -> str:
+    """GET (or, with ``value``, PUT) one path of the GCE metadata server."""
+    host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}", headers={"Metadata-Flavor": "Google"},
+                                     method="GET" if value is None else "PUT",
+                                     data=None if value is None else value.encode())
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.read().decode()
+
+
+def _on_gce() -> bool:
+    """A Google Compute Engine VM (a TPU VM) or our emulator's stand-in for one."""
+    if os.environ.get("GCE_METADATA_HOST"):
+        return True
+    try:
+        with open("/sys/class/dmi/id/product_name", encoding="utf-8") as f:
+            return "Google" in f.read()
+    except OSError:
+        return False
+
+
+def _publish_serving() -> Callable[[], None] | None:
+    """On a worker of a node that deletes itself when idle, other than worker 0 (whose watchdog
+    sees ``_serving_mark``): write the time as this worker's guest attribute every quarter of the
+    idle limit, so worker 0's watchdog counts this service as use (tpunb/host/idle.py). Returns what
+    to call at the service's end (one last write: the idle time starts then), or None."""
+    if not _on_gce():
+        return None
+    try:
+        seconds = float(json.loads(_metadata("instance/attributes/tpunb-idle")).get("seconds") or 0)
+    except Exception:  # not a node with idle autodelete, or no metadata server: nothing to tell
+        return None
+    if seconds <= 0:
+        return None
+    done = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                _metadata(f"instance/guest-attributes/{SERVING_ATTRIBUTE}", repr(time.time()))
+            except Exception:
+                pass  # the next beat tries again; worker 0 sees this worker's last good one age
+            if done.wait(max(0.25, min(60.0, seconds / 4))):
+                return
+
+    thread = threading.Thread(target=beat, daemon=True, name="tpunb-serving")
+    thread.start()
+
+    def end() -> None:
+        done.set()
+        thread.join(timeout=10)
+        try:
+            _metadata(f"instance/guest-attributes/{SERVING_ATTRIBUTE}", repr(time.time()))
+        except Exception:
+            pass
+    return end
 
 
 def _wait_child(child: subprocess.Popen, stopping: list, wake_r: int) -> int:

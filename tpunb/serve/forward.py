@@ -1,8 +1,10 @@
 """Port forwards: a listening port on the notebook's machine that reaches a port on a host.
 
-For SSH and cloud hosts every accepted connection becomes a direct-tcpip channel on the slice's
-existing SSH connection (what ``ssh -L`` does); for local hosts, a plain connection to the
-port here. Each connection is copied both ways by a thread of its own until both sides have ended.
+For SSH and cloud hosts every accepted connection becomes a direct-tcpip channel: handed to an
+OpenSSH ControlMaster when ``ssh`` is on PATH (openssh.py: the bytes are copied in C), else, or
+once that master has ended (its host died), on the slice's existing paramiko connection (what
+``ssh -L`` does); for local hosts, a plain connection to the port here. A connection tpunb
+copies is copied both ways by a thread of its own until both sides have ended.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable
 
 from tpunb import report
 from tpunb.errors import TransportError, UsageError
+from tpunb.serve import openssh
 from tpunb.transport.base import Transport
 
 CHUNK = 256 * 1024
@@ -46,7 +49,8 @@ def free_local_port() -> int:
 class Forward:
     """``url`` reaches ``port`` on host ``host``; ``close()`` ends the listener and every connection."""
 
-    def __init__(self, open_remote: Callable[[], object], host: int, port: int, local_port: int | None) -> None:
+    def __init__(self, open_remote: Callable[[], object], host: int, port: int, local_port: int | None,
+                 master: Callable[[], openssh.Master | None] | None = None) -> None:
         self.host, self.port = host, port
         self._open = open_remote
         self._server = socket.socket()
@@ -65,6 +69,15 @@ class Forward:
         self._lock = threading.Lock()
         self._open_sockets: set = set()
         self._said: str | None = None  # the last failure warned about: a client retrying is told once
+        self._carrier: openssh.Carrier | None = None
+        try:
+            made = master() if master else None  # after the port is ours: a taken port starts nothing
+        except BaseException:
+            self._server.close()
+            raise
+        if made is not None:
+            self._carrier = openssh.Carrier(made, "127.0.0.1", port, OPEN_TIMEOUT, self._refuse, self._carry_ourselves,
+                                            self._answered)
         threading.Thread(target=self._accept, daemon=True, name=f"tpunb-forward-{self.local_port}").start()
 
     @property
@@ -81,25 +94,29 @@ class Forward:
             except OSError:
                 return  # closed
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(client,), daemon=True, name="tpunb-forward-conn").start()
+            carrier = self._carrier
+            if carrier is not None and carrier.hand_over(client):
+                continue  # OpenSSH carries it
+            self._carry_ourselves(client)
+
+    def _carry_ourselves(self, client: socket.socket) -> None:
+        """Over tpunb's own channels, also once the OpenSSH master has ended (its host died, or it
+        was closed: the paramiko connection then says which, in the 502)."""
+        with self._lock:
+            carrier, self._carrier = self._carrier, None
+        if carrier is not None:
+            carrier.close(hand_back=True)  # the connections it had not carried yet come back here too
+        threading.Thread(target=self._serve, args=(client,), daemon=True, name="tpunb-forward-conn").start()
+
+    def _answered(self) -> None:
+        with self._lock:
+            self._said = None
 
     def _serve(self, client: socket.socket) -> None:
         try:
             remote = self._open()
         except TransportError as exc:
-            line = f"forward {self.url} -> host {self.host} port {self.port}: {exc}"
-            with self._lock:
-                repeated, self._said = line == self._said, line
-            if not repeated:  # every request still gets the line in its 502; the notebook gets it once
-                report.warn(f"[tpunb] {line}")
-            body = (line + "\n").encode()
-            try:
-                client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                               b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            except OSError:
-                pass
-            client.close()
-            return
+            return self._refuse(client, exc)
         with self._lock:
             self._said = None
             if self._closed:
@@ -113,6 +130,21 @@ class Forward:
         for end in (client, remote):
             end.close()
 
+    def _refuse(self, client: socket.socket, exc: TransportError) -> None:
+        """Answer a 502 with one line saying why; the notebook is told once until it works again."""
+        line = f"forward {self.url} -> host {self.host} port {self.port}: {exc}"
+        with self._lock:
+            repeated, self._said = line == self._said, line
+        if not repeated:  # every request still gets the line in its 502; the notebook gets it once
+            report.warn(f"[tpunb] {line}")
+        body = (line + "\n").encode()
+        try:
+            client.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        except OSError:
+            pass
+        client.close()
+
     def close(self) -> None:
         """Stop listening and end every connection; idempotent."""
         with self._lock:
@@ -120,6 +152,9 @@ class Forward:
                 return
             self._closed = True
             ends = list(self._open_sockets)
+            carrier, self._carrier = self._carrier, None
+        if carrier is not None:
+            carrier.close()
         try:
             self._server.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -179,4 +214,5 @@ def forward(transports: list[Transport], host: int, port: int, local_port: int |
     transport = transports[host]
     if not hasattr(transport, "open_tunnel") and local_port in (None, port):
         return f"http://127.0.0.1:{port}/"
-    return Forward(opener(transport, port), host, port, local_port)
+    master = (lambda: openssh.master_for(transport)) if hasattr(transport, "open_tunnel") else None
+    return Forward(opener(transport, port), host, port, local_port, master)

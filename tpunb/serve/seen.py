@@ -51,8 +51,9 @@ def service_rows(slice_name: str, states: list["ServiceState"], usd_per_hour: fl
 
 
 def kept_busy(services: list[ServiceRow]) -> set[str]:
-    """Slices whose idle watchdog (on host 0) sees a service run: their idle timer is held."""
-    return {s.slice for s in services if s.busy and s.host == 0}
+    """Slices with a service running on any host: their idle watchdog keeps them (host 0's own
+    services through its host dir, the others' through their guest attributes)."""
+    return {s.slice for s in services if s.busy}
 
 
 def forward_rows(slice_name: str) -> list[ForwardRow]:

@@ -29,9 +29,12 @@ def read_exact(recv: Callable[[int], bytes], n: int) -> bytes:
 class AgentProcess(ABC):
     """One running agent on one host, seen as two byte streams and a process group."""
 
+    #: the agent runs on this machine and may map this process's memfds
+    same_machine = False
+
     @abstractmethod
     def send(self, data: bytes) -> None:
-        """Write all of ``data`` to the agent's stdin; raise TransportError if it is gone."""
+        """Write all of ``data`` (bytes or a view) to the agent's stdin; raise TransportError if it is gone."""
 
     @abstractmethod
     def recv_exact(self, n: int) -> bytes:

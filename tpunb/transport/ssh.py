@@ -149,9 +149,14 @@ class SSHAgentProcess(AgentProcess):
         else:
             self._stderr_lines.append(line)
 
-    def send(self, data: bytes) -> None:
+    def send(self, data) -> None:
+        data = memoryview(data).cast("B")  # sendall re-slices what is left per packet: quadratic on bytes
         try:
-            self._channel.sendall(data)
+            while data:
+                sent = self._channel.send(data[:1 << 20])
+                if not sent:
+                    raise OSError("the channel closed")
+                data = data[sent:]
         except OSError as exc:
             raise TransportError(f"connection to {self._transport.address} is gone ({exc}); reconnect") from None
 

@@ -204,12 +204,14 @@ def idle_config(project: str, zone: str, name: str, seconds: float, queued: bool
 
 
 def idle_metadata(spec: NodeSpec) -> dict[str, str]:
-    """Node metadata that arms the watchdog at boot on worker 0, before any kernel attaches."""
+    """Node metadata that arms the watchdog at boot on worker 0, before any kernel attaches, and
+    lets every worker tell it that a service runs there (guest attributes)."""
     from tpunb.host.bundle import idle_script
 
     config = idle_config(spec.project, spec.zone, spec.name, spec.idle_delete, spec.queued)
     config["grace"] = spec.connect_wait  # at boot, the launching kernel has this long to attach
-    return {IDLE_ATTRIBUTE: json.dumps(config), "startup-script": idle_script()}
+    # every worker's services report to worker 0's watchdog through guest attributes (idle.py)
+    return {IDLE_ATTRIBUTE: json.dumps(config), "startup-script": idle_script(), "enable-guest-attributes": "TRUE"}
 
 
 def _names(project: str, zone: str, name: str) -> tuple[str, str, str]:
