@@ -18,9 +18,9 @@ import pytest
 
 from tpunb import slices
 from tpunb.engine import connection, relay
-from tpunb.errors import HostDiedError
+from tpunb.errors import CellInterrupted, HostDiedError
 from tpunb.host.relay import NONCE, RelayError, connect_auth
-from tests.conftest import wait_for
+from tests.conftest import interrupt_kernel_when, wait_for
 from tests.test_cloud import cloud, tpu_emulator_options  # noqa: F401 - fixtures: emulator nodes on the sshd
 
 pytestmark = pytest.mark.usefixtures("sshd")
@@ -215,3 +215,15 @@ def test_a_relay_host_inside_the_chain_killed_mid_stream_is_named(ssh_slice, mon
     assert "hosts [2, 3] did not get the value" in message, message
     ssh_slice.push({"big": np.ones(4 << 20, dtype=np.uint8)})
     assert ssh_slice.run("int(big.sum())").reprs == {i: str(4 << 20) for i in range(4)}
+
+
+def test_ctrl_c_stops_a_push_by_relay_within_3_s_and_no_host_dies(ssh_slice):
+    root = ssh_slice.session.hosts[0]
+    pid, before = root.info["pid"], _read_bytes(root.info["pid"])
+    sent = interrupt_kernel_when(lambda: _read_bytes(pid) - before > 32 << 20)
+    with pytest.raises(CellInterrupted):
+        ssh_slice.push({"big": np.ones(512 << 20, dtype=np.uint8)})
+    assert time.perf_counter() - sent["at"] < 3
+    assert ssh_slice.session.dead_hosts() == []
+    ssh_slice.push({"big": np.ones(2 << 20, dtype=np.uint8)})
+    assert ssh_slice.run("int(big.sum())").reprs == {i: str(2 << 20) for i in range(4)}

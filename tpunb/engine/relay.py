@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 
 from tpunb.engine.ctrl_c import CtrlC, Wake
 from tpunb.engine.frames import Broadcast
+from tpunb.engine.transfer import Transfer
 from tpunb.errors import CellInterrupted, HostDiedError, TransportError
-from tpunb.host import protocol
 from tpunb.host.relay import UNREACHABLE
-from tpunb.host.transfer import join
 
 if TYPE_CHECKING:
     from tpunb.engine.connection import HostConnection
@@ -30,8 +29,9 @@ MIN_BYTES = 1 << 20
 MIN_HOSTS = 4
 #: children per host in the relay tree (1: a chain; hosts - 1: one relay fanning out)
 FANOUT = 4
-#: seconds a host waits for its parent's stream to begin
-WAIT = 60.0
+#: seconds a host waits for its parent's stream to begin (the kernel tells it to give up sooner
+#: when anything fails or Ctrl-C is pressed; the root first receives the whole value)
+WAIT = 600.0
 #: seconds the others get to report once the push failed somewhere
 AFTERMATH = 10.0
 
@@ -84,9 +84,10 @@ def listeners(session: Session, indices: list[int]) -> dict[int, list]:
 
 
 def push(session: Session, segments: list, indices: list[int], fanout: int | None = None) -> bool:
-    """Send ``segments`` (pickled values, ``engine.transfer.pack``) once, to the first host, which relays it to the rest; one
-    line naming the relay host when one dies mid-transfer. False when the hosts cannot reach each
-    other (or listen): the caller sends directly, as it will from then on for this session."""
+    """Send ``segments`` (pickled values, ``engine.transfer.pack``) once, to the first host, which
+    relays them to the rest; one line naming the relay host when one dies mid-transfer. False when
+    the hosts cannot reach each other (or listen): the caller sends directly, as it will from then
+    on for this session."""
     try:
         where = listeners(session, indices)
     except TransportError:
@@ -94,15 +95,16 @@ def push(session: Session, segments: list, indices: list[int], fanout: int | Non
             raise
         _unreachable.add(session)
         return False
-    root, rest = indices[0], indices[1:]
-    sizes, blob = [len(s) for s in segments], join(segments)
+    root = indices[0]
     tree = plan([[i, *where[i]] for i in indices], fanout or FANOUT)
     with CtrlC() as ctrl_c:
         request = session._request(ctrl_c)
+        moving = Transfer(request.rid, request.inbox, ctrl_c, "push")  # parts to the root: a bar, Ctrl-C
         try:
-            died = _send(session, request, blob, sizes, root, rest, tree)
-            died, errors = _collect(session, request, died)
+            _send(session, request, moving, segments, indices, tree)
+            died, errors = _collect(session, request, moving, root)
         finally:
+            moving.close()
             session._forget(request.rid)
     if not died and any(UNREACHABLE in error for error in errors.values()):
         _unreachable.add(session)
@@ -112,42 +114,33 @@ def push(session: Session, segments: list, indices: list[int], fanout: int | Non
     return True
 
 
-def _send(session: Session, request, blob: bytearray, sizes: list[int], root: int, rest: list[int],
-          tree: list) -> dict[int, str]:
-    """The value to the root, then the small requests to the others (their wait for the stream to
-    begin starts once the root has it, however slow the notebook's link); {root: why} if the root
-    died while the value was on its way (the others were sent nothing)."""
-    host = session.hosts[root]
-    try:
-        head = protocol.encode_head({"op": "relay_push", "id": request.rid, "tree": tree, "sizes": sizes,
-                                     "me": [root, host.transport.address]}, len(blob), host.fast)
-        host.send_part(head, memoryview(blob))  # a view: paramiko's sendall slices what it is given
-    except TransportError:
-        why = "its connection ended while the value was on its way"
-        host.give_up(why)  # seen dead now, not when its reader gets there: the next request revives it
-        return {root: why}
-    request.pending.add(root)
-    frames = Broadcast({"op": "relay_push", "id": request.rid, "wait": WAIT, "sizes": sizes})
+def _send(session: Session, request, moving: Transfer, segments: list, indices: list[int], tree: list) -> None:
+    """The others are asked to wait for the value from their parent; the root gets it as parts
+    (from a sending thread, as a direct push sends them), then its request with the tree."""
+    root, rest = session.hosts[indices[0]], indices[1:]
+    frames = Broadcast({"op": "relay_push", "id": request.rid, "wait": WAIT, "sizes": [len(s) for s in segments]})
     for i in rest:
         try:
             session.hosts[i].send_frame(frames.for_host(session.hosts[i]))
-        except TransportError:
-            session.hosts[i].give_up("its connection ended")
-            return {i: "its connection ended"}
+        except TransportError as exc:
+            request.inbox.put((i, {"op": "died", "id": request.rid, "reason": str(exc)}, b""))
         request.pending.add(i)
-    return {}
+    request.pending.add(root.index)
+    if not moving.send([root], {"op": "relay_push", "tree": tree, "me": [root.index, root.transport.address]}, segments):
+        _cancel(session, request)
+        raise CellInterrupted("interrupted while sending a push")
 
 
-def _collect(session: Session, request, died: dict[int, str]) -> tuple[dict[int, str], dict[int, str]]:
+def _collect(session: Session, request, moving: Transfer, root: int) -> tuple[dict[int, str], dict[int, str]]:
     """Every host's answer: ({host: why it died}, {host: its error}); once one fails, the rest
     are told to give up and get AFTERMATH seconds to say so."""
     inbox, ctrl_c, pending = request.inbox, request.ctrl_c, request.pending
+    died: dict[int, str] = {}
     errors: dict[int, str] = {}
-    deadline = time.monotonic() + AFTERMATH if died else None
-    if died:
-        _cancel(session, request)
+    deadline = None
     while pending:
         if ctrl_c.presses:
+            moving.stop([session.hosts[root]])
             _cancel(session, request)
             raise CellInterrupted(f"interrupted while hosts {sorted(pending)} were receiving a push by relay")
         if deadline is not None and time.monotonic() > deadline:
@@ -160,9 +153,12 @@ def _collect(session: Session, request, died: dict[int, str]) -> tuple[dict[int,
             continue
         if index not in pending:
             continue
+        host = session.hosts[index]
         if reply.get("op") == "died":
-            session.hosts[index].notice = None  # this push reports it
+            host.notice = None  # this push reports it
             died[index] = reply.get("reason") or "its agent ended"
+            if host.alive:  # a send to it failed: seen dead now, so the next request revives it
+                host.give_up(died[index])
         elif reply.get("op") == "done":
             if reply.get("status") != "ok":
                 errors[index] = reply.get("error") or "failed"

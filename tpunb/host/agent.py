@@ -351,23 +351,32 @@ class Agent:
             self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{type(exc).__name__}: {exc}"})
 
     def op_relay_push(self, message: dict, blob: bytes) -> None:
-        """A pushed value that comes by relay (tpunb_host.relay): the root has it in ``blob`` and
+        """A pushed value that comes by relay (tpunb_host.relay): the root got it as parts and
         streams it to its children; the others wait for it from their parent."""
         try:
             self.inbox.cell_started()  # a relay_cancel that comes meanwhile is read beside this
             try:
                 if message.get("tree") is not None:
-                    self.relay.send_tree(blob, message["tree"], message["id"], message["me"])
+                    buffer = self._relay_buffer(message)
+                    self.relay.send_tree(buffer, message["tree"], message["id"], message["me"])
                 else:
-                    blob = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
+                    buffer = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
             finally:
                 self.inbox.cell_ended()
-            buffer = blob if isinstance(blob, bytearray) else bytearray(blob)  # arrays the cell may write to
             self.runner.namespace.update(transfer.loads(transfer.views(buffer, message["sizes"])))
             self.send({"op": "done", "id": message["id"], "status": "ok"})
         except Exception as exc:  # RelayError names the peer; anything else in one line too
             error = str(exc) if isinstance(exc, RelayError) else f"{type(exc).__name__}: {exc}"
             self.send({"op": "done", "id": message["id"], "status": "error", "error": error})
+
+    def _relay_buffer(self, message: dict) -> bytearray:
+        """The root's copy of a relayed value, laid out as ``transfer.join`` does."""
+        if "shm" in message:  # a host on the kernel's machine (TPUNB_RELAY=always)
+            return transfer.join(transfer.map_memfd(*message["shm"], message["sizes"]))
+        assembly = self.arriving.pop(message["id"], None)
+        if assembly is None or not assembly.complete:
+            raise ValueError("the value did not arrive whole: push it again")
+        return assembly.buffer
 
     def op_pull(self, message: dict, blob: bytes) -> None:
         namespace = self.runner.namespace

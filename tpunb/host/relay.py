@@ -233,6 +233,8 @@ class Relay:
         try:
             view = memoryview(blob)
             for start in range(0, len(blob), CHUNK):
+                if rid in self._cancelled:
+                    raise RelayError("cancelled by the kernel")
                 _forward(children, view[start:start + CHUNK])
         finally:
             for child in children:
