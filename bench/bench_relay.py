@@ -1,6 +1,6 @@
 """Push by relay (issue 22): the topology, where relay beats direct sends, and a delayed link.
 
-    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--sections topology,threshold,relay,cells]
+    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--mbit 0 1000 100] [--sections topology,threshold,relay,cells]
 
 Hosts are real OpenSSH sshd hosts on loopback addresses (one sshd, up to 16 addresses), the
 kernel is this process. Values are random bytes in a numpy array (incompressible).
@@ -8,7 +8,7 @@ kernel is this process. Values are random bytes in a numpy array (incompressible
    relay with trees of fanout 1 (a chain), 2, 4 and hosts-1 (one relay fanning out).
 2. threshold: ``--threshold-mb`` to ``--threshold-hosts`` hosts, direct and by relay (fanout 4).
 3. relay (``relay_section``): the same hosts behind bench/delay_proxy.py, which holds every chunk
-   ``--delay`` s each way and counts its bytes (hosts still reach each other directly): ``--mb``
+   ``--delay`` s each way (on one shared link of ``--mbit`` Mbit/s, each value in turn) and counts its bytes (hosts still reach each other directly): ``--mb``
    MB direct and by relay, bytes over the delayed link, and the trivial cell's p50.
 4. cells (not in the default run): ``--cell-hosts`` SSH hosts, the kernel's CPU per host for a
    trivial cell and for sending it one small frame (what sending cells through the tree could save).
@@ -84,10 +84,11 @@ def threshold(sl, counts: list[int], sizes: list[float], repeat: int) -> None:
             print(f"| {mb:g} | {n} | {times['direct']:.3f} | {times['relay']:.3f} |", flush=True)
 
 
-def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, repeat: int) -> None:
+def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, repeat: int, mbit: float = 0.0) -> None:
     """The delayed link: bytes across it and seconds, direct and by relay, and a trivial cell."""
     targets = [f"{a}:{server.port}" for a in server.addresses[:hosts]]
-    proxy = subprocess.Popen([sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay", str(delay), *targets],
+    proxy = subprocess.Popen([sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay", str(delay),
+                              "--mbit", str(mbit), *targets],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         ports = json.loads(proxy.stdout.readline())["ports"]
@@ -99,7 +100,8 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
 
         sl = connect([f"127.0.0.1:{p}" for p in ports], key, server.python, "delayed")
         x = value(mb)
-        print(f"\n### Across a delayed link: {delay * 1e3:.0f} ms each way, {hosts} SSH hosts, {mb:g} MB\n")
+        link = f", one shared {mbit:g} Mbit/s link each way" if mbit else ", no rate limit"
+        print(f"\n### Across a delayed link: {delay * 1e3:.0f} ms each way{link}, {hosts} SSH hosts, {mb:g} MB\n")
         print("| what | s | MB over the delayed link (kernel to hosts) |")
         print("|---|---|---|")
         for label, how, n in (("push, direct", "direct", 1), ("push, relay (fanout 4)", "relay", repeat)):
@@ -164,6 +166,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--delay", type=float, default=0.05)
     parser.add_argument("--sections", default="topology,threshold,relay")
+    parser.add_argument("--mbit", type=float, nargs="+", default=[0.0, 1000.0, 100.0],
+                        help="the delayed link's shared rate each way, one run per value (0: none)")
     parser.add_argument("--cell-hosts", type=int, default=64)
     parser.add_argument("--threshold-hosts", default="2,4,16")
     parser.add_argument("--threshold-mb", default="0.064,0.25,1,4,16")
@@ -184,7 +188,8 @@ def main() -> None:
                           [float(mb) for mb in args.threshold_mb.split(",")], args.repeat)
             slices.down("loopback")
         if "relay" in sections:
-            relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat)
+            for mbit in args.mbit:
+                relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat, mbit)
         if "cells" in sections:
             cells_section(work, args.cell_hosts)
     finally:

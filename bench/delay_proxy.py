@@ -1,9 +1,12 @@
 """A delayed link without netem: a TCP proxy that holds every chunk for ``delay`` seconds each way
-and counts the bytes it carries (this machine's kernel has no sch_netem; see NOTES.md).
+and counts the bytes it carries (this machine's kernel has no sch_netem; see NOTES.md). With a
+rate (``--mbit``), every connection shares one link of that many Mbit/s each way, as a notebook's
+uplink is shared by all its hosts' connections: a chunk leaves once the link has carried the ones
+before it, then takes the delay.
 
 One listening port on 127.0.0.1 per target (a host's sshd). Run as a process:
 
-    python bench/delay_proxy.py --delay 0.05 127.0.0.2:2222 127.0.0.3:2222 ...
+    python bench/delay_proxy.py --delay 0.05 [--mbit 100] 127.0.0.2:2222 127.0.0.3:2222 ...
 
 It prints one line of JSON, {"ports": [...]} (the listening port of each target, in order), then
 answers each line read on stdin with {"up": bytes to the targets, "down": bytes back}.
@@ -22,8 +25,10 @@ import time
 class DelayProxy:
     """Listening ports in front of ``targets`` ([(host, port)]), each chunk delayed each way."""
 
-    def __init__(self, targets: list[tuple[str, int]], delay: float) -> None:
+    def __init__(self, targets: list[tuple[str, int]], delay: float, mbit: float = 0.0) -> None:
         self.targets, self.delay = targets, delay
+        self.rate = mbit * 1e6 / 8  # bytes per second each way (0: no limit)
+        self.free_at = {"up": 0.0, "down": 0.0}  # when each direction's link has carried what it holds
         self.up = self.down = 0
         self.ports: list[int] = []
         self.loop = asyncio.new_event_loop()
@@ -80,7 +85,7 @@ class DelayProxy:
                     self.up += len(data)
                 else:
                     self.down += len(data)
-                held.put_nowait((time.monotonic() + self.delay, data))
+                held.put_nowait((self._leaves(direction, len(data)) + self.delay, data))
         except (OSError, asyncio.IncompleteReadError):
             pass
         held.put_nowait((0.0, None))
@@ -90,13 +95,23 @@ class DelayProxy:
             pass
 
 
+    def _leaves(self, direction: str, size: int) -> float:
+        """When a chunk arriving now has crossed the shared link (now, with no rate)."""
+        now = time.monotonic()
+        if not self.rate:
+            return now
+        self.free_at[direction] = max(now, self.free_at[direction]) + size / self.rate
+        return self.free_at[direction]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--delay", type=float, default=0.05, help="seconds each way")
+    parser.add_argument("--mbit", type=float, default=0.0, help="shared link rate each way (0: none)")
     parser.add_argument("targets", nargs="+", help="host:port of each target")
     args = parser.parse_args()
     targets = [(t.rsplit(":", 1)[0], int(t.rsplit(":", 1)[1])) for t in args.targets]
-    proxy = DelayProxy(targets, args.delay).start()
+    proxy = DelayProxy(targets, args.delay, args.mbit).start()
     print(json.dumps({"ports": proxy.ports}), flush=True)
     for _ in sys.stdin:
         print(json.dumps({"up": proxy.up, "down": proxy.down}), flush=True)
