@@ -73,10 +73,11 @@ def test_a_value_pushed_by_relay_equals_the_one_pushed_directly(ssh_slice, monke
 
 def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypatch):
     monkeypatch.delenv("TPUNB_RELAY")
-    hosts = list(range(4))
-    assert relay.wanted(ssh_slice.session, relay.MIN_BYTES, hosts)
-    assert not relay.wanted(ssh_slice.session, relay.MIN_BYTES - 1, hosts)  # small: direct
-    assert not relay.wanted(ssh_slice.session, relay.MIN_BYTES, hosts[:relay.MIN_HOSTS - 1])  # few hosts: direct
+    hosts, size = list(range(4)), relay.MIN_TOTAL // 4
+    assert size >= relay.MIN_BYTES and relay.wanted(ssh_slice.session, size, hosts)
+    assert not relay.wanted(ssh_slice.session, size - 1, hosts)  # less to send in all: direct
+    assert not relay.wanted(ssh_slice.session, relay.MIN_BYTES - 1, hosts[:1] * 64)  # small, however many
+    assert not relay.wanted(ssh_slice.session, 1 << 30, hosts[:1])  # one host: nothing to pass on
     local = slices.launch("v4-32", name="local")
     assert not relay.wanted(local.session, 1 << 30, hosts)  # hosts on this machine: nothing to save
 
@@ -163,11 +164,11 @@ def test_a_relay_cut_off_mid_stream_fails_its_subtree_naming_it():
 
 
 def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
-    """A v4-32 from the Cloud TPU emulator (4 sshd hosts), no override: a 2 MB value goes by relay."""
+    """A v4-32 from the Cloud TPU emulator (4 sshd hosts), no override: a 4 MB value goes by relay."""
     monkeypatch.delenv("TPUNB_RELAY", raising=False)
     sl = slices.launch("v4-32", name="relayed", backend="gcp", python=sshd.python)
     sent = _sent_bytes(sl, monkeypatch)
-    value = np.arange(1 << 18)  # 2 MB
+    value = np.arange(1 << 19)  # 4 MB to 4 hosts
     sl.push({"v": value})
     assert max(sent[i] for i in (1, 2, 3)) < 4096 < value.nbytes < sent[0]
     assert sl.run("int(v.sum())").reprs == {i: str(int(value.sum())) for i in range(4)}

@@ -2,7 +2,7 @@
 over the slice's own network (``tpunb.host.relay``); every host answers over its SSH channel.
 
 When: SSH hosts (and Cloud TPU, which reaches its hosts over SSH), values of at least
-``MIN_BYTES`` and at least ``MIN_HOSTS`` hosts; BENCHMARKS.md ("Moving data: relay") has the
+``MIN_BYTES`` whose direct sends would total ``MIN_TOTAL`` or more; BENCHMARKS.md ("Moving data: relay") has the
 measurements these come from. ``TPUNB_RELAY=always|never`` overrides (tests, benches).
 """
 from __future__ import annotations
@@ -23,10 +23,10 @@ if TYPE_CHECKING:
     from tpunb.engine.connection import HostConnection
     from tpunb.session import Session
 
-#: a value this large or larger goes by relay (below it, direct sends cost less)
+#: a value smaller than this goes directly (the tree's connections and hop cost more)...
 MIN_BYTES = 1 << 20
-#: ... to at least this many hosts
-MIN_HOSTS = 4
+#: ... and so does one whose direct sends would total less than this (value size x hosts)
+MIN_TOTAL = 8 << 20
 #: children per host in the relay tree (1: a chain; hosts - 1: one relay fanning out)
 FANOUT = 4
 #: seconds a host waits for its parent's stream to begin (the kernel tells it to give up sooner
@@ -56,7 +56,7 @@ def wanted(session: Session, size: int, indices: list[int]) -> bool:
     from tpunb.transport.ssh import SSHTransport
 
     remote = all(isinstance(session.hosts[i].transport, SSHTransport) for i in indices)
-    return remote and size >= MIN_BYTES and len(indices) >= MIN_HOSTS
+    return remote and size >= MIN_BYTES and size * len(indices) >= MIN_TOTAL
 
 
 def plan(nodes: list[list], fanout: int) -> list:
