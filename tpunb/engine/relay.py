@@ -2,8 +2,8 @@
 over the slice's own network (``tpunb.host.relay``); every host answers over its SSH channel.
 
 When: SSH hosts (and Cloud TPU, which reaches its hosts over SSH), values of at least
-``MIN_BYTES`` whose direct sends would total ``MIN_TOTAL`` or more; BENCHMARKS.md ("Moving data: relay") has the
-measurements these come from. ``TPUNB_RELAY=always|never`` overrides (tests, benches).
+``MIN_BYTES`` whose direct sends would total ``MIN_TOTAL`` or more; BENCHMARKS.md ("Moving data:
+relay") has the measurements these come from. ``TPUNB_RELAY=always|never`` overrides (tests, benches).
 """
 from __future__ import annotations
 
