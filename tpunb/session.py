@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import queue
+import secrets
 import signal
 import threading
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from tpunb.display.sink import OutputSink
+from tpunb.engine import relay
 from tpunb.engine.connection import HostConnection
 from tpunb.engine.ctrl_c import CtrlC, Inbox, Wake
 from tpunb.engine.frames import Broadcast
@@ -97,6 +99,7 @@ class Session:
         self._cells = itertools.count(1)  # one number per cell, the same on every host
         self.colors: str | None = None  # the traceback colour scheme hosts use (the kernel's)
         self.on_metrics: Callable[[int, dict], None] | None = None  # (host, metrics frame)
+        self._relay_secret = secrets.token_hex(32)  # proves hosts to each other (relay); sent at init, over SSH only
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, indices: Iterable[int] | None = None) -> None:
@@ -124,7 +127,8 @@ class Session:
         for host in chosen if not errors else ():
             def shake(h=host):
                 try:
-                    h.handshake({**self.init_for_host(h.index), "heartbeat": beat}, self.start_timeout)
+                    h.handshake({**self.init_for_host(h.index), "heartbeat": beat, "relay_secret": self._relay_secret},
+                                self.start_timeout)
                 except Exception as exc:  # collected and reported together below
                     errors.append(exc)
             thread = threading.Thread(target=shake, daemon=True)
@@ -480,6 +484,8 @@ class Session:
     def push(self, values: dict[str, Any], indices: list[int]) -> None:
         segments = pack(values)
         sizes = [len(s) for s in segments]
+        if relay.wanted(self, sum(sizes), indices) and relay.push(self, segments, indices):  # sent once, passed on
+            return
         if sum(sizes) <= INLINE:  # one frame, encoded once for every host
             replies = self.call(indices, {"op": "push", "sizes": sizes, "inline": True}, join(segments))
         else:

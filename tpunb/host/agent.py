@@ -27,6 +27,7 @@ from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
 from .metrics import Sampler, install_log_shim
 from .profiler import OPS as PROFILE_OPS, Profiler
+from .relay import OPS as RELAY_OPS, Relay, RelayError
 from .runners import PlainRunner, cap_bundle, cap_text, flush_figures, make_ipython_runner, prefer_inline_matplotlib
 
 
@@ -46,6 +47,7 @@ class Agent:
         self.jax = None
         self.sampler = None
         self.profiler = Profiler(self)
+        self.relay = Relay(None)
         self.arriving: dict = {}  # request id -> transfer.Assembly of a value coming in parts
         self.lent: set[int] = set()  # memfds of pulled values the kernel has not mapped yet
 
@@ -95,6 +97,7 @@ class Agent:
         if init.get("op") != "init":
             os._exit(2)
         self.channel.fast = bool(init.get("marshal"))  # the kernel runs this same Python: marshal frames
+        self.relay = Relay(init.get("relay_secret"))  # the slice's secret: in this frame only, over SSH
         os.environ.update({k: str(v) for k, v in (init.get("env") or {}).items()})
         if init.get("cwd"):
             try:
@@ -182,6 +185,10 @@ class Agent:
                 pass
         elif op == "metrics_interval":
             self._set_metrics_interval(float(message.get("seconds", 1.0)))
+        elif op in RELAY_OPS:  # the listener's address, or a transfer given up
+            reply = self.relay.handle(message)
+            if reply is not None:
+                self.send({"op": "done", "id": message.get("id"), **reply})
         elif op == "diagnose":  # answered on a side thread: works while a cell runs
             quiet_thread(self._diagnose, "tpunb-diagnose", message)
         else:
@@ -342,6 +349,34 @@ class Agent:
                        **({"unshared": True} if "shm" in message else {})})
         except Exception as exc:
             self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+    def op_relay_push(self, message: dict, blob: bytes) -> None:
+        """A pushed value that comes by relay (tpunb_host.relay): the root got it as parts and
+        streams it to its children; the others wait for it from their parent."""
+        try:
+            self.inbox.cell_started()  # a relay_cancel that comes meanwhile is read beside this
+            try:
+                if message.get("tree") is not None:
+                    buffer = self._relay_buffer(message)
+                    self.relay.send_tree(buffer, message["tree"], message["id"], message["me"])
+                else:
+                    buffer = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
+            finally:
+                self.inbox.cell_ended()
+            self.runner.namespace.update(transfer.loads(transfer.views(buffer, message["sizes"])))
+            self.send({"op": "done", "id": message["id"], "status": "ok"})
+        except Exception as exc:  # RelayError names the peer; anything else in one line too
+            error = str(exc) if isinstance(exc, RelayError) else f"{type(exc).__name__}: {exc}"
+            self.send({"op": "done", "id": message["id"], "status": "error", "error": error})
+
+    def _relay_buffer(self, message: dict) -> bytearray:
+        """The root's copy of a relayed value, laid out as ``transfer.join`` does."""
+        if "shm" in message:  # a host on the kernel's machine (TPUNB_RELAY=always)
+            return transfer.join(transfer.map_memfd(*message["shm"], message["sizes"]))
+        assembly = self.arriving.pop(message["id"], None)
+        if assembly is None or not assembly.complete:
+            raise ValueError("the value did not arrive whole: push it again")
+        return assembly.buffer
 
     def op_pull(self, message: dict, blob: bytes) -> None:
         namespace = self.runner.namespace
