@@ -18,6 +18,7 @@ import pytest
 
 from tpunb import slices
 from tpunb.engine import connection, relay
+from tpunb.engine.transfer import pack
 from tpunb.errors import CellInterrupted, HostDiedError
 from tpunb.host.relay import NONCE, RelayError, connect_auth
 from tests.conftest import interrupt_kernel_when, wait_for
@@ -63,7 +64,9 @@ def test_a_value_pushed_by_relay_equals_the_one_pushed_directly(ssh_slice, monke
               "f": lambda n: n * base + 1}
     sent = _sent_bytes(ssh_slice, monkeypatch)
     ssh_slice.push({f"r_{k}": v for k, v in values.items()})
-    assert max(sent[i] for i in (1, 2, 3)) < 4096 < 8 << 20 < sent[0]  # the value crossed SSH once, to host 0
+    assert relay.stripes(8 << 20, 4) == 2  # host 0 and host 1 each get half
+    assert max(sent[i] for i in (2, 3)) < 4096 < 4 << 20 < min(sent[0], sent[1])
+    assert sent[0] + sent[1] < (8 << 20) + (64 << 10)  # the value crossed SSH once, in two stripes
     monkeypatch.setenv("TPUNB_RELAY", "never")
     ssh_slice.push({f"d_{k}": v for k, v in values.items()})
     check = ("import numpy as np\n(np.array_equal(r_arr, d_arr), r_arr.dtype == d_arr.dtype, r_nested == d_nested, "
@@ -115,6 +118,42 @@ def test_the_secret_never_shows(ssh_slice, sshd):
 def _read_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/io") as f:
         return int(f.readline().split()[1])  # rchar
+
+
+def test_a_value_striped_over_every_host_equals_the_one_pushed_directly(ssh_slice, monkeypatch):
+    """Stripes that do not divide the value evenly and cut across its arrays: each host is sent
+    about a quarter, and every host ends with the whole value."""
+    rng = np.random.default_rng(1)
+    values = {"a": rng.integers(0, 255, (16 << 20) + 12345, dtype=np.uint8),
+              "b": rng.standard_normal(3 << 17), "c": {"n": [1, "two", (3.0,)]}}
+    total = sum(len(s) for s in pack(values))
+    assert total % 4 and relay.stripes(total, 4) == 4
+    sent = _sent_bytes(ssh_slice, monkeypatch)
+    ssh_slice.push({f"r_{k}": v for k, v in values.items()})
+    assert all(total // 4 - (1 << 16) < n < total // 4 + (1 << 16) for n in sent.values()), sent
+    monkeypatch.setenv("TPUNB_RELAY", "never")
+    ssh_slice.push({f"d_{k}": v for k, v in values.items()})
+    check = "import numpy as np\n(np.array_equal(r_a, d_a), np.array_equal(r_b, d_b), r_c == d_c)"
+    assert ssh_slice.run(check).reprs == {i: "(True, True, True)" for i in range(4)}
+
+
+def test_a_stripe_root_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
+    """Host 2 roots the third of four stripes; it is killed while its stripe arrives."""
+    victim = ssh_slice.session.hosts[2]
+    pid, address = victim.info["pid"], victim.transport.address
+    before = _read_bytes(pid)
+
+    def kill_when_receiving() -> None:
+        wait_for(lambda: _read_bytes(pid) - before > 8 << 20, 30, "host 2 to be receiving its stripe")
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_when_receiving, daemon=True).start()
+    with pytest.raises(HostDiedError) as caught:
+        ssh_slice.push({"big": np.ones(128 << 20, dtype=np.uint8)})
+    message = str(caught.value)
+    assert "\n" not in message and f"relay host 2 ({address}) died mid-transfer" in message, message
+    ssh_slice.push({"big": np.ones(32 << 20, dtype=np.uint8)})  # host 2 restarted, striped again
+    assert ssh_slice.run("int(big.sum())").reprs == {i: str(32 << 20) for i in range(4)}
 
 
 def test_a_relay_host_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
@@ -200,6 +239,7 @@ def test_a_relay_host_inside_the_chain_killed_mid_stream_is_named(ssh_slice, mon
     """A chain 0 -> 1 -> 2 -> 3; host 1's agent is killed once it has received 16 MB from host 0:
     one line names host 1, the hosts below it say so rather than wait, and the next push works."""
     monkeypatch.setattr(relay, "FANOUT", 1)
+    monkeypatch.setattr(relay, "STRIPES", 1)  # one root, one chain
     address, port = relay.listeners(ssh_slice.session, [1])[1]
     victim = ssh_slice.session.hosts[1]
     pid, name = victim.info["pid"], victim.transport.address
