@@ -36,15 +36,20 @@ from tpunb import slices  # noqa: E402
 from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
 from tpunb.engine import relay  # noqa: E402
 
+STRIPES = relay.STRIPES  # the shipped choice, restored after each section
+
 
 def value(mb: float) -> np.ndarray:
     return np.frombuffer(os.urandom(int(mb * 1_000_000)), dtype=np.uint8)
 
 
-def timed_push(sl, x, how: str, fanout: int | None = None, repeat: int = 1, hosts: list[int] | None = None) -> float:
-    """Median seconds of ``repeat`` pushes, ``how`` in (direct, relay)."""
+def timed_push(sl, x, how: str, fanout: int | None = None, repeat: int = 1, hosts: list[int] | None = None,
+               stripes: int | None = None) -> float:
+    """Median seconds of ``repeat`` pushes, ``how`` in (direct, relay), by relay over at most
+    ``stripes`` roots (the shipped STRIPES by default)."""
     os.environ["TPUNB_RELAY"] = "never" if how == "direct" else "always"
     relay.FANOUT = fanout or relay.FANOUT
+    relay.STRIPES = stripes or STRIPES
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
@@ -84,8 +89,10 @@ def threshold(sl, counts: list[int], sizes: list[float], repeat: int) -> None:
             print(f"| {mb:g} | {n} | {times['direct']:.3f} | {times['relay']:.3f} |", flush=True)
 
 
-def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, repeat: int, mbit: float = 0.0) -> None:
-    """The delayed link: bytes across it and seconds, direct and by relay, and a trivial cell."""
+def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, repeat: int, mbit: float = 0.0,
+                  stripes: tuple[int, ...] = (4, 8, 16)) -> None:
+    """The delayed link: bytes across it and seconds, direct, by relay from one root and striped
+    over ``stripes`` roots, and a trivial cell."""
     targets = [f"{a}:{server.port}" for a in server.addresses[:hosts]]
     proxy = subprocess.Popen([sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay", str(delay),
                               "--mbit", str(mbit), *targets],
@@ -104,9 +111,11 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
         print(f"\n### Across a delayed link: {delay * 1e3:.0f} ms each way{link}, {hosts} SSH hosts, {mb:g} MB\n")
         print("| what | s | MB over the delayed link (kernel to hosts) |")
         print("|---|---|---|")
-        for label, how, n in (("push, direct", "direct", 1), ("push, relay (fanout 4)", "relay", repeat)):
+        rows = [("push, direct", "direct", 1, 1), ("push, relay, one root (fanout 4)", "relay", repeat, 1)]
+        rows += [(f"push, relay, {k} stripes (fanout 4)", "relay", repeat, k) for k in stripes]
+        for label, how, n, k in rows:
             before = counted()
-            s = timed_push(sl, x, how, 4, n)
+            s = timed_push(sl, x, how, 4, n, stripes=k)
             print(f"| {label} | {s:.2f} | {(counted() - before) / n / 1e6:.1f} |", flush=True)
         cells = []
         for _ in range(20):
@@ -114,6 +123,9 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
             sl.session.execute("pass", list(range(hosts)))
             cells.append(time.perf_counter() - started)
         print(f"| trivial cell, p50 of 20 | {statistics.median(cells):.3f} | |")
+        trip = relay._round_trip.get(sl.session, 1.0)
+        print(f"\nThe hosts answered relay_listen in {trip * 1e3:.0f} ms: the shipped rule cuts {mb:g} MB "
+              f"into {relay.stripes(int(mb * 1e6), hosts, trip)} stripes.")
         slices.down("delayed")
     finally:
         proxy.kill()
@@ -168,6 +180,7 @@ def main() -> None:
     parser.add_argument("--sections", default="topology,threshold,relay")
     parser.add_argument("--mbit", type=float, nargs="+", default=[0.0, 1000.0, 100.0],
                         help="the delayed link's shared rate each way, one run per value (0: none)")
+    parser.add_argument("--stripes", default="4,8,16", help="stripe counts the relay section compares")
     parser.add_argument("--cell-hosts", type=int, default=64)
     parser.add_argument("--threshold-hosts", default="2,4,16")
     parser.add_argument("--threshold-mb", default="0.064,0.25,1,4,16")
@@ -189,7 +202,8 @@ def main() -> None:
             slices.down("loopback")
         if "relay" in sections:
             for mbit in args.mbit:
-                relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat, mbit)
+                relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat, mbit,
+                              tuple(int(k) for k in args.stripes.split(",")))
         if "cells" in sections:
             cells_section(work, args.cell_hosts)
     finally:

@@ -32,6 +32,7 @@ def ssh_slice(sshd, ssh_key, monkeypatch):
     """4 real sshd hosts on loopback, JSON frames (as hosts on another Python)."""
     monkeypatch.setattr(connection, "MARSHAL_FRAMES", False)
     monkeypatch.setenv("TPUNB_RELAY", "always")
+    monkeypatch.setattr(relay, "FAST_LINK", 0.0)  # stripe on loopback too, as across a slow link
     return slices.connect([f"{a}:{sshd.port}" for a in sshd.addresses], key=str(ssh_key), python=sshd.python)
 
 
@@ -72,6 +73,16 @@ def test_a_value_pushed_by_relay_equals_the_one_pushed_directly(ssh_slice, monke
     check = ("import numpy as np\n(np.array_equal(r_arr, d_arr), r_arr.dtype == d_arr.dtype, r_nested == d_nested, "
              "r_f(3) == d_f(3) == 22)")
     assert ssh_slice.run(check).reprs == {i: "(True, True, True, True)" for i in range(4)}
+
+
+def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatch):
+    """The hosts' first relay_listen times the link: on loopback it is fast, so one root."""
+    monkeypatch.setattr(relay, "FAST_LINK", 0.025)
+    relay.listeners(ssh_slice.session, [0, 1, 2, 3])
+    fast = relay._round_trip[ssh_slice.session]
+    assert 0 < fast < relay.FAST_LINK and relay.stripes(64 << 20, 4, fast) == 1
+    assert relay.stripes(64 << 20, 16, 0.1) == 16 and relay.stripes(64 << 20, 4, 0.1) == 4
+    assert relay.stripes(9 << 20, 16, 0.1) == 2 and relay.stripes(3 << 20, 16, 0.1) == 1  # 4 MB or more each
 
 
 def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypatch):

@@ -35,6 +35,9 @@ FANOUT = 4
 STRIPES = 16
 #: ... each of at least this many bytes (smaller values: fewer stripes, down to one root)
 STRIPE_BYTES = 4 << 20
+#: a link whose round trip (the hosts' answer to relay_listen) is shorter is fast: one root
+#: measures better there (the value crosses it quickly; stripes only add forwarding)
+FAST_LINK = 0.025
 #: seconds a host waits for its parent's stream to begin (the kernel tells it to give up sooner
 #: when anything fails or Ctrl-C is pressed; the root first receives the whole value)
 WAIT = 600.0
@@ -43,6 +46,8 @@ AFTERMATH = 10.0
 
 #: sessions whose hosts could not reach each other: they push directly from then on
 _unreachable: "weakref.WeakSet[Session]" = weakref.WeakSet()
+#: session -> seconds its hosts took to answer relay_listen (about one round trip of its link)
+_round_trip: "weakref.WeakKeyDictionary[Session, float]" = weakref.WeakKeyDictionary()
 #: host -> (its agent's pid, [address, port] of its relay listener)
 _listeners: "weakref.WeakKeyDictionary[HostConnection, tuple]" = weakref.WeakKeyDictionary()
 
@@ -74,8 +79,11 @@ def plan(nodes: list[list], fanout: int) -> list:
     return made[0][3]
 
 
-def stripes(size: int, hosts: int) -> int:
-    """How many stripes a value of ``size`` bytes to ``hosts`` hosts is cut into."""
+def stripes(size: int, hosts: int, round_trip: float = 1.0) -> int:
+    """How many stripes a value of ``size`` bytes to ``hosts`` hosts is cut into, across a link of
+    this round trip (seconds)."""
+    if round_trip < FAST_LINK:
+        return 1
     return max(1, min(hosts, STRIPES, size // STRIPE_BYTES))
 
 
@@ -90,7 +98,9 @@ def listeners(session: Session, indices: list[int]) -> dict[int, list]:
     hosts = [session.hosts[i] for i in indices]
     missing = [h.index for h in hosts if _listeners.get(h, (None,))[0] != h.info.get("pid")]
     if missing:
+        started = time.monotonic()
         replies = session.call(missing, {"op": "relay_listen"}, timeout=30.0)
+        _round_trip[session] = time.monotonic() - started
         failed = {i: r.get("error") for i, (r, _) in replies.items() if r.get("status") != "ok"}
         if failed:
             raise TransportError("cannot relay: " + "; ".join(f"host {i}: {e}" for i, e in failed.items()))
@@ -111,7 +121,7 @@ def push(session: Session, segments: list, indices: list[int], fanout: int | Non
             raise
         _unreachable.add(session)
         return False
-    count = stripes(sum(len(s) for s in segments), len(indices))
+    count = stripes(sum(len(s) for s in segments), len(indices), _round_trip.get(session, 1.0))
     forest = trees([[i, *where[i]] for i in indices], count, fanout or FANOUT)
     with CtrlC() as ctrl_c:
         request = session._request(ctrl_c)
