@@ -1,15 +1,17 @@
 """Push by relay (issue 22): the topology, where relay beats direct sends, and a delayed link.
 
-    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--mbit 0 1000 100] [--sections topology,threshold,relay,cells]
+    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--mbit 0 1000 100] [--stripes 4,8,16] [--sections topology,threshold,relay,cells]
 
 Hosts are real OpenSSH sshd hosts on loopback addresses (one sshd, up to 16 addresses), the
 kernel is this process. Values are random bytes in a numpy array (incompressible).
 1. topology: ``--mb`` MB to ``--hosts`` hosts, direct (the kernel sends it to every host) and by
-   relay with trees of fanout 1 (a chain), 2, 4 and hosts-1 (one relay fanning out).
+   relay with trees of fanout 1 (a chain), 2, 4 and hosts-1 (one relay fanning out), and striped
+   over one root per host (fanout 4), as across a slow link.
 2. threshold: ``--threshold-mb`` to ``--threshold-hosts`` hosts, direct and by relay (fanout 4).
 3. relay (``relay_section``): the same hosts behind bench/delay_proxy.py, which holds every chunk
-   ``--delay`` s each way (on one shared link of ``--mbit`` Mbit/s, each value in turn) and counts its bytes (hosts still reach each other directly): ``--mb``
-   MB direct and by relay, bytes over the delayed link, and the trivial cell's p50.
+   ``--delay`` s each way (on one shared link of ``--mbit`` Mbit/s, each value in turn) and counts
+   its bytes (hosts still reach each other directly): ``--mb`` MB direct, by relay from one root
+   and striped over each of ``--stripes`` roots, bytes over the delayed link, the trivial cell's p50.
 4. cells (not in the default run): ``--cell-hosts`` SSH hosts, the kernel's CPU per host for a
    trivial cell and for sending it one small frame (what sending cells through the tree could save).
 """
@@ -36,7 +38,7 @@ from tpunb import slices  # noqa: E402
 from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
 from tpunb.engine import relay  # noqa: E402
 
-STRIPES = relay.STRIPES  # the shipped choice, restored after each section
+STRIPES, FAST_LINK = relay.STRIPES, relay.FAST_LINK  # the shipped choices
 
 
 def value(mb: float) -> np.ndarray:
@@ -50,6 +52,7 @@ def timed_push(sl, x, how: str, fanout: int | None = None, repeat: int = 1, host
     os.environ["TPUNB_RELAY"] = "never" if how == "direct" else "always"
     relay.FANOUT = fanout or relay.FANOUT
     relay.STRIPES = stripes or STRIPES
+    relay.FAST_LINK = 0.0 if stripes and stripes > 1 else FAST_LINK  # asked for stripes: even on loopback
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
@@ -76,6 +79,9 @@ def topology(sl, hosts: int, mb: float, repeat: int) -> None:
     for label, how, k, n in rows:
         s = timed_push(sl, x, how, k, n)
         print(f"| {label} | {s:.2f} | {mb / s:.1f} |", flush=True)
+    s = timed_push(sl, x, "relay", 4, repeat, stripes=hosts)
+    print(f"| relay, fanout 4, {min(hosts, x.nbytes // relay.STRIPE_BYTES)} stripes (what a slow link picks) "
+          f"| {s:.2f} | {mb / s:.1f} |", flush=True)
 
 
 def threshold(sl, counts: list[int], sizes: list[float], repeat: int) -> None:
@@ -112,7 +118,8 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
         print("| what | s | MB over the delayed link (kernel to hosts) |")
         print("|---|---|---|")
         rows = [("push, direct", "direct", 1, 1), ("push, relay, one root (fanout 4)", "relay", repeat, 1)]
-        rows += [(f"push, relay, {k} stripes (fanout 4)", "relay", repeat, k) for k in stripes]
+        rows += [(f"push, relay, {min(k, hosts, x.nbytes // relay.STRIPE_BYTES)} stripes (fanout 4)", "relay", repeat, k)
+                 for k in stripes]
         for label, how, n, k in rows:
             before = counted()
             s = timed_push(sl, x, how, 4, n, stripes=k)
