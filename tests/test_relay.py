@@ -148,21 +148,31 @@ def test_a_value_striped_over_every_host_equals_the_one_pushed_directly(ssh_slic
     assert ssh_slice.run(check).reprs == {i: "(True, True, True)" for i in range(4)}
 
 
+def _push_killing(sl, index: int, begun, size: int, what: str) -> str:
+    """The one-line error of a push of ``size`` bytes during which host ``index``'s agent is
+    killed, once ``begun()``."""
+    pid = sl.session.hosts[index].info["pid"]
+
+    def kill() -> None:
+        wait_for(begun, 60, what)
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill, daemon=True).start()
+    with pytest.raises(HostDiedError) as caught:
+        sl.push({"big": np.ones(size, dtype=np.uint8)})
+    message = str(caught.value)
+    assert "\n" not in message, message
+    return message
+
+
 def test_a_stripe_root_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
     """Host 2 roots the third of four stripes; it is killed while its stripe arrives."""
     victim = ssh_slice.session.hosts[2]
     pid, address = victim.info["pid"], victim.transport.address
     before = _read_bytes(pid)
-
-    def kill_when_receiving() -> None:
-        wait_for(lambda: _read_bytes(pid) - before > 8 << 20, 30, "host 2 to be receiving its stripe")
-        os.kill(pid, signal.SIGKILL)
-
-    threading.Thread(target=kill_when_receiving, daemon=True).start()
-    with pytest.raises(HostDiedError) as caught:
-        ssh_slice.push({"big": np.ones(128 << 20, dtype=np.uint8)})
-    message = str(caught.value)
-    assert "\n" not in message and f"relay host 2 ({address}) died mid-transfer" in message, message
+    message = _push_killing(ssh_slice, 2, lambda: _read_bytes(pid) - before > 8 << 20, 128 << 20,
+                            "host 2 to be receiving its stripe")
+    assert f"relay host 2 ({address}) died mid-transfer" in message, message
     ssh_slice.push({"big": np.ones(32 << 20, dtype=np.uint8)})  # host 2 restarted, striped again
     assert ssh_slice.run("int(big.sum())").reprs == {i: str(32 << 20) for i in range(4)}
 
@@ -252,18 +262,10 @@ def test_a_relay_host_inside_the_chain_killed_mid_stream_is_named(ssh_slice, mon
     monkeypatch.setattr(relay, "FANOUT", 1)
     monkeypatch.setattr(relay, "STRIPES", 1)  # one root, one chain
     address, port = relay.listeners(ssh_slice.session, [1])[1]
-    victim = ssh_slice.session.hosts[1]
-    pid, name = victim.info["pid"], victim.transport.address
-
-    def kill_when_forwarding() -> None:
-        wait_for(lambda: _received(address, port) > 16 << 20, 60, "host 1 to be receiving from host 0")
-        os.kill(pid, signal.SIGKILL)
-
-    threading.Thread(target=kill_when_forwarding, daemon=True).start()
-    with pytest.raises(HostDiedError) as caught:
-        ssh_slice.push({"big": np.ones(256 << 20, dtype=np.uint8)})
-    message = str(caught.value)
-    assert "\n" not in message and f"relay host 1 ({name}) died mid-transfer" in message, message
+    name = ssh_slice.session.hosts[1].transport.address
+    message = _push_killing(ssh_slice, 1, lambda: _received(address, port) > 16 << 20, 256 << 20,
+                            "host 1 to be receiving from host 0")
+    assert f"relay host 1 ({name}) died mid-transfer" in message, message
     assert "hosts [2, 3] did not get the value" in message, message
     ssh_slice.push({"big": np.ones(4 << 20, dtype=np.uint8)})
     assert ssh_slice.run("int(big.sum())").reprs == {i: str(4 << 20) for i in range(4)}
