@@ -63,9 +63,9 @@ def test_a_value_pushed_by_relay_equals_the_one_pushed_directly(ssh_slice, monke
     values = {"arr": np.random.default_rng(0).standard_normal(1 << 20),  # 8 MB
               "nested": {"a": [1, (2.5, "x"), {3, 4}], "b": b"\x00\xff" * 1000, "c": None},
               "f": lambda n: n * base + 1}
+    monkeypatch.setattr(relay, "STRIPES", 2)  # host 0 and host 1 each get half
     sent = _sent_bytes(ssh_slice, monkeypatch)
     ssh_slice.push({f"r_{k}": v for k, v in values.items()})
-    assert relay.stripes(8 << 20, 4) == 2  # host 0 and host 1 each get half
     assert max(sent[i] for i in (2, 3)) < 4096 < 4 << 20 < min(sent[0], sent[1])
     assert sent[0] + sent[1] < (8 << 20) + (64 << 10)  # the value crossed SSH once, in two stripes
     monkeypatch.setenv("TPUNB_RELAY", "never")
@@ -82,7 +82,7 @@ def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatc
     fast = relay._round_trip[ssh_slice.session]
     assert 0 < fast < relay.FAST_LINK and relay.stripes(64 << 20, 4, fast) == 1
     assert relay.stripes(64 << 20, 16, 0.1) == 16 and relay.stripes(64 << 20, 4, 0.1) == 4
-    assert relay.stripes(9 << 20, 16, 0.1) == 2 and relay.stripes(3 << 20, 16, 0.1) == 1  # 4 MB or more each
+    assert relay.stripes(3 << 20, 16, 0.1) == 3 and relay.stripes(1 << 19, 16, 0.1) == 1  # 1 MB or more each
 
 
 def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypatch):

@@ -34,7 +34,7 @@ FANOUT = 4
 #: most stripes a value is cut into (each its own root, SSH channel and tree)...
 STRIPES = 16
 #: ... each of at least this many bytes (smaller values: fewer stripes, down to one root)
-STRIPE_BYTES = 4 << 20
+STRIPE_BYTES = 1 << 20
 #: a link whose round trip (the hosts' answer to relay_listen) is shorter is fast: one root
 #: measures better there (the value crosses it quickly; stripes only add forwarding)
 FAST_LINK = 0.025
