@@ -75,6 +75,21 @@ def test_a_value_pushed_by_relay_equals_the_one_pushed_directly(ssh_slice, monke
     assert ssh_slice.run(check).reprs == {i: "(True, True, True, True)" for i in range(4)}
 
 
+def test_stripe_trees_cover_every_host_and_spread_the_forwarding():
+    forest = relay.trees([[i, "10.0.0.1", 9000 + i] for i in range(16)], 16, 4)
+    forwards = dict.fromkeys(range(16), 0)
+    for j, tree in enumerate(forest):
+        todo, seen = list(tree), []
+        forwards[j] += 1  # the root sends its stripe on
+        while todo:
+            index, _, _, children = todo.pop()
+            seen.append(index)
+            forwards[index] += bool(children)
+            todo.extend(children)
+        assert sorted(seen) == [i for i in range(16) if i != j]  # each other host once
+    assert set(forwards.values()) == {4}  # every host forwards 4 of the 16 stripes
+
+
 def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatch):
     """The hosts' first relay_listen times the link: on loopback it is fast, so one root."""
     monkeypatch.setattr(relay, "FAST_LINK", 0.025)

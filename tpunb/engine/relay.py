@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+from collections import deque
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -213,13 +214,13 @@ def _cancel(session: Session, request) -> None:
 
 def _relays(forest: list, roots: list[int]) -> list[int]:
     """Hosts that pass the value on: the stripes' roots first, then inner nodes."""
-    out, todo = list(roots), [node for tree in forest for node in tree]
+    out, todo = dict.fromkeys(roots), deque(node for tree in forest for node in tree)
     while todo:
-        index, _, _, children = todo.pop(0)
-        if children and index not in out:
-            out.append(index)
+        index, _, _, children = todo.popleft()
+        if children:
+            out.setdefault(index)
         todo.extend(children)
-    return out
+    return list(out)
 
 
 def _failure(session: Session, forest: list, roots: list[int], died: dict[int, str],
