@@ -6,11 +6,14 @@ Sections (``--section``, default all of them):
 - ``ssh``: 4 and 16 real sshd hosts on loopback (tpunb.emulator.sshd), a 64 MB array pushed,
   against ``sync_tree`` (what %tpu_sync runs) of one 64 MB file to the same hosts over the same
   connections, each host into a directory of its own, in MB/s per host.
+- ``relay``: 16 sshd hosts behind bench/delay_proxy.py (100 ms RTT; no rate limit, then a shared
+  1 Gbit/s), a 64 MB array pushed directly, by relay from one root and striped over several
+  (bench/bench_relay.py's relay section).
 
 The two sides alternate within a run, so load from elsewhere on this machine hits both alike.
 Prints one Markdown table per section, with ratios.
 
-    python bench/bench_data.py [--section local|ssh] [--mb 64] [--repeat 5] [--ssh-hosts 4,16]
+    python bench/bench_data.py [--section local|ssh|relay] [--mb 64] [--repeat 5] [--ssh-hosts 4,16]
 """
 from __future__ import annotations
 
@@ -132,7 +135,26 @@ def section_ssh(args: argparse.Namespace) -> None:
     table(f"SSH hosts on loopback (real sshd, median of {args.repeat}; MB/s per host = {args.mb} MB / seconds)", rows)
 
 
-SECTIONS = {"local": section_local, "ssh": section_ssh}
+def section_relay(args: argparse.Namespace) -> None:
+    """16 sshd hosts behind a 100 ms RTT proxy (no rate limit, then 1 Gbit/s): push direct, by
+    relay from one root and striped (bench/bench_relay.py's relay section)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_relay import relay_section
+
+    from tpunb.emulator.sshd import Sshd, write_ed25519
+
+    work = Path(tempfile.mkdtemp(prefix="tpunb-bench-data-relay-"))
+    sshd = Sshd(hosts=16, directory=work / "sshd")
+    key = work / "id_ed25519"
+    sshd.authorize(write_ed25519(key))
+    try:
+        for mbit in (0.0, 1000.0):
+            relay_section(sshd, key, 16, args.mb, 0.05, args.repeat, mbit)
+    finally:
+        sshd.close()
+
+
+SECTIONS = {"local": section_local, "ssh": section_ssh, "relay": section_relay}
 
 
 def main() -> None:

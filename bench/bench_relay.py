@@ -1,15 +1,17 @@
 """Push by relay (issue 22): the topology, where relay beats direct sends, and a delayed link.
 
-    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--mbit 0 1000 100] [--sections topology,threshold,relay,cells]
+    python bench/bench_relay.py [--hosts 16] [--mb 64] [--repeat 3] [--delay 0.05] [--mbit 0 1000 100] [--stripes 4,8,16] [--sections topology,threshold,relay,cells]
 
 Hosts are real OpenSSH sshd hosts on loopback addresses (one sshd, up to 16 addresses), the
 kernel is this process. Values are random bytes in a numpy array (incompressible).
 1. topology: ``--mb`` MB to ``--hosts`` hosts, direct (the kernel sends it to every host) and by
-   relay with trees of fanout 1 (a chain), 2, 4 and hosts-1 (one relay fanning out).
+   relay with trees of fanout 1 (a chain), 2, 4 and hosts-1 (one relay fanning out), and striped
+   over one root per host (fanout 4), as across a slow link.
 2. threshold: ``--threshold-mb`` to ``--threshold-hosts`` hosts, direct and by relay (fanout 4).
 3. relay (``relay_section``): the same hosts behind bench/delay_proxy.py, which holds every chunk
-   ``--delay`` s each way (on one shared link of ``--mbit`` Mbit/s, each value in turn) and counts its bytes (hosts still reach each other directly): ``--mb``
-   MB direct and by relay, bytes over the delayed link, and the trivial cell's p50.
+   ``--delay`` s each way (on one shared link of ``--mbit`` Mbit/s, each value in turn) and counts
+   its bytes (hosts still reach each other directly): ``--mb`` MB direct, by relay from one root
+   and striped over each of ``--stripes`` roots, bytes over the delayed link, the trivial cell's p50.
 4. cells (not in the default run): ``--cell-hosts`` SSH hosts, the kernel's CPU per host for a
    trivial cell and for sending it one small frame (what sending cells through the tree could save).
 """
@@ -36,15 +38,21 @@ from tpunb import slices  # noqa: E402
 from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
 from tpunb.engine import relay  # noqa: E402
 
+STRIPES, FAST_LINK = relay.STRIPES, relay.FAST_LINK  # the shipped choices
+
 
 def value(mb: float) -> np.ndarray:
     return np.frombuffer(os.urandom(int(mb * 1_000_000)), dtype=np.uint8)
 
 
-def timed_push(sl, x, how: str, fanout: int | None = None, repeat: int = 1, hosts: list[int] | None = None) -> float:
-    """Median seconds of ``repeat`` pushes, ``how`` in (direct, relay)."""
+def timed_push(sl, x, how: str, fanout: int | None = None, repeat: int = 1, hosts: list[int] | None = None,
+               stripes: int | None = None) -> float:
+    """Median seconds of ``repeat`` pushes, ``how`` in (direct, relay), by relay over at most
+    ``stripes`` roots (the shipped STRIPES by default)."""
     os.environ["TPUNB_RELAY"] = "never" if how == "direct" else "always"
     relay.FANOUT = fanout or relay.FANOUT
+    relay.STRIPES = stripes or STRIPES
+    relay.FAST_LINK = 0.0 if stripes and stripes > 1 else FAST_LINK  # asked for stripes: even on loopback
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
@@ -71,6 +79,9 @@ def topology(sl, hosts: int, mb: float, repeat: int) -> None:
     for label, how, k, n in rows:
         s = timed_push(sl, x, how, k, n)
         print(f"| {label} | {s:.2f} | {mb / s:.1f} |", flush=True)
+    s = timed_push(sl, x, "relay", 4, repeat, stripes=hosts)
+    print(f"| relay, fanout 4, {min(hosts, x.nbytes // relay.STRIPE_BYTES)} stripes (what a slow link picks) "
+          f"| {s:.2f} | {mb / s:.1f} |", flush=True)
 
 
 def threshold(sl, counts: list[int], sizes: list[float], repeat: int) -> None:
@@ -84,8 +95,10 @@ def threshold(sl, counts: list[int], sizes: list[float], repeat: int) -> None:
             print(f"| {mb:g} | {n} | {times['direct']:.3f} | {times['relay']:.3f} |", flush=True)
 
 
-def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, repeat: int, mbit: float = 0.0) -> None:
-    """The delayed link: bytes across it and seconds, direct and by relay, and a trivial cell."""
+def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, repeat: int, mbit: float = 0.0,
+                  stripes: tuple[int, ...] = (4, 8, 16)) -> None:
+    """The delayed link: bytes across it and seconds, direct, by relay from one root and striped
+    over ``stripes`` roots, and a trivial cell."""
     targets = [f"{a}:{server.port}" for a in server.addresses[:hosts]]
     proxy = subprocess.Popen([sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay", str(delay),
                               "--mbit", str(mbit), *targets],
@@ -104,9 +117,12 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
         print(f"\n### Across a delayed link: {delay * 1e3:.0f} ms each way{link}, {hosts} SSH hosts, {mb:g} MB\n")
         print("| what | s | MB over the delayed link (kernel to hosts) |")
         print("|---|---|---|")
-        for label, how, n in (("push, direct", "direct", 1), ("push, relay (fanout 4)", "relay", repeat)):
+        rows = [("push, direct", "direct", 1, 1), ("push, relay, one root (fanout 4)", "relay", repeat, 1)]
+        counts = {min(k, hosts, x.nbytes // relay.STRIPE_BYTES): k for k in stripes}  # what each cap gives
+        rows += [(f"push, relay, {n} stripes (fanout 4)", "relay", repeat, k) for n, k in counts.items() if n > 1]
+        for label, how, n, k in rows:
             before = counted()
-            s = timed_push(sl, x, how, 4, n)
+            s = timed_push(sl, x, how, 4, n, stripes=k)
             print(f"| {label} | {s:.2f} | {(counted() - before) / n / 1e6:.1f} |", flush=True)
         cells = []
         for _ in range(20):
@@ -114,6 +130,9 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
             sl.session.execute("pass", list(range(hosts)))
             cells.append(time.perf_counter() - started)
         print(f"| trivial cell, p50 of 20 | {statistics.median(cells):.3f} | |")
+        trip = relay._round_trip.get(sl.session, 1.0)
+        print(f"\nThe hosts answered relay_listen in {trip * 1e3:.0f} ms: the shipped rule cuts {mb:g} MB "
+              f"into {relay.stripes(int(mb * 1e6), hosts, trip)} stripes.")
         slices.down("delayed")
     finally:
         proxy.kill()
@@ -168,6 +187,7 @@ def main() -> None:
     parser.add_argument("--sections", default="topology,threshold,relay")
     parser.add_argument("--mbit", type=float, nargs="+", default=[0.0, 1000.0, 100.0],
                         help="the delayed link's shared rate each way, one run per value (0: none)")
+    parser.add_argument("--stripes", default="4,8,16", help="stripe counts the relay section compares")
     parser.add_argument("--cell-hosts", type=int, default=64)
     parser.add_argument("--threshold-hosts", default="2,4,16")
     parser.add_argument("--threshold-mb", default="0.064,0.25,1,4,16")
@@ -189,7 +209,8 @@ def main() -> None:
             slices.down("loopback")
         if "relay" in sections:
             for mbit in args.mbit:
-                relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat, mbit)
+                relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat, mbit,
+                              tuple(int(k) for k in args.stripes.split(",")))
         if "cells" in sections:
             cells_section(work, args.cell_hosts)
     finally:

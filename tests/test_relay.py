@@ -18,6 +18,7 @@ import pytest
 
 from tpunb import slices
 from tpunb.engine import connection, relay
+from tpunb.engine.transfer import pack
 from tpunb.errors import CellInterrupted, HostDiedError
 from tpunb.host.relay import NONCE, RelayError, connect_auth
 from tests.conftest import interrupt_kernel_when, wait_for
@@ -31,6 +32,7 @@ def ssh_slice(sshd, ssh_key, monkeypatch):
     """4 real sshd hosts on loopback, JSON frames (as hosts on another Python)."""
     monkeypatch.setattr(connection, "MARSHAL_FRAMES", False)
     monkeypatch.setenv("TPUNB_RELAY", "always")
+    monkeypatch.setattr(relay, "FAST_LINK", 0.0)  # stripe on loopback too, as across a slow link
     return slices.connect([f"{a}:{sshd.port}" for a in sshd.addresses], key=str(ssh_key), python=sshd.python)
 
 
@@ -61,14 +63,41 @@ def test_a_value_pushed_by_relay_equals_the_one_pushed_directly(ssh_slice, monke
     values = {"arr": np.random.default_rng(0).standard_normal(1 << 20),  # 8 MB
               "nested": {"a": [1, (2.5, "x"), {3, 4}], "b": b"\x00\xff" * 1000, "c": None},
               "f": lambda n: n * base + 1}
+    monkeypatch.setattr(relay, "STRIPES", 2)  # host 0 and host 1 each get half
     sent = _sent_bytes(ssh_slice, monkeypatch)
     ssh_slice.push({f"r_{k}": v for k, v in values.items()})
-    assert max(sent[i] for i in (1, 2, 3)) < 4096 < 8 << 20 < sent[0]  # the value crossed SSH once, to host 0
+    assert max(sent[i] for i in (2, 3)) < 4096 < 4 << 20 < min(sent[0], sent[1])
+    assert sent[0] + sent[1] < (8 << 20) + (64 << 10)  # the value crossed SSH once, in two stripes
     monkeypatch.setenv("TPUNB_RELAY", "never")
     ssh_slice.push({f"d_{k}": v for k, v in values.items()})
     check = ("import numpy as np\n(np.array_equal(r_arr, d_arr), r_arr.dtype == d_arr.dtype, r_nested == d_nested, "
              "r_f(3) == d_f(3) == 22)")
     assert ssh_slice.run(check).reprs == {i: "(True, True, True, True)" for i in range(4)}
+
+
+def test_stripe_trees_cover_every_host_and_spread_the_forwarding():
+    forest = relay.trees([[i, "10.0.0.1", 9000 + i] for i in range(16)], 16, 4)
+    forwards = dict.fromkeys(range(16), 0)
+    for j, tree in enumerate(forest):
+        todo, seen = list(tree), []
+        forwards[j] += 1  # the root sends its stripe on
+        while todo:
+            index, _, _, children = todo.pop()
+            seen.append(index)
+            forwards[index] += bool(children)
+            todo.extend(children)
+        assert sorted(seen) == [i for i in range(16) if i != j]  # each other host once
+    assert set(forwards.values()) == {4}  # every host forwards 4 of the 16 stripes
+
+
+def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatch):
+    """The hosts' first relay_listen times the link: on loopback it is fast, so one root."""
+    monkeypatch.setattr(relay, "FAST_LINK", 0.025)
+    relay.listeners(ssh_slice.session, [0, 1, 2, 3])
+    fast = relay._round_trip[ssh_slice.session]
+    assert 0 < fast < relay.FAST_LINK and relay.stripes(64 << 20, 4, fast) == 1
+    assert relay.stripes(64 << 20, 16, 0.1) == 16 and relay.stripes(64 << 20, 4, 0.1) == 4
+    assert relay.stripes(3 << 20, 16, 0.1) == 3 and relay.stripes(1 << 19, 16, 0.1) == 1  # 1 MB or more each
 
 
 def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypatch):
@@ -115,6 +144,52 @@ def test_the_secret_never_shows(ssh_slice, sshd):
 def _read_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/io") as f:
         return int(f.readline().split()[1])  # rchar
+
+
+def test_a_value_striped_over_every_host_equals_the_one_pushed_directly(ssh_slice, monkeypatch):
+    """Stripes that do not divide the value evenly and cut across its arrays: each host is sent
+    about a quarter, and every host ends with the whole value."""
+    rng = np.random.default_rng(1)
+    values = {"a": rng.integers(0, 255, (16 << 20) + 12345, dtype=np.uint8),
+              "b": rng.standard_normal(3 << 17), "c": {"n": [1, "two", (3.0,)]}}
+    total = sum(len(s) for s in pack(values))
+    assert total % 4 and relay.stripes(total, 4) == 4
+    sent = _sent_bytes(ssh_slice, monkeypatch)
+    ssh_slice.push({f"r_{k}": v for k, v in values.items()})
+    assert all(total // 4 - (1 << 16) < n < total // 4 + (1 << 16) for n in sent.values()), sent
+    monkeypatch.setenv("TPUNB_RELAY", "never")
+    ssh_slice.push({f"d_{k}": v for k, v in values.items()})
+    check = "import numpy as np\n(np.array_equal(r_a, d_a), np.array_equal(r_b, d_b), r_c == d_c)"
+    assert ssh_slice.run(check).reprs == {i: "(True, True, True)" for i in range(4)}
+
+
+def _push_killing(sl, index: int, begun, size: int, what: str) -> str:
+    """The one-line error of a push of ``size`` bytes during which host ``index``'s agent is
+    killed, once ``begun()``."""
+    pid = sl.session.hosts[index].info["pid"]
+
+    def kill() -> None:
+        wait_for(begun, 60, what)
+        os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=kill, daemon=True).start()
+    with pytest.raises(HostDiedError) as caught:
+        sl.push({"big": np.ones(size, dtype=np.uint8)})
+    message = str(caught.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_a_stripe_root_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
+    """Host 2 roots the third of four stripes; it is killed while its stripe arrives."""
+    victim = ssh_slice.session.hosts[2]
+    pid, address = victim.info["pid"], victim.transport.address
+    before = _read_bytes(pid)
+    message = _push_killing(ssh_slice, 2, lambda: _read_bytes(pid) - before > 8 << 20, 128 << 20,
+                            "host 2 to be receiving its stripe")
+    assert f"relay host 2 ({address}) died mid-transfer" in message, message
+    ssh_slice.push({"big": np.ones(32 << 20, dtype=np.uint8)})  # host 2 restarted, striped again
+    assert ssh_slice.run("int(big.sum())").reprs == {i: str(32 << 20) for i in range(4)}
 
 
 def test_a_relay_host_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
@@ -200,19 +275,12 @@ def test_a_relay_host_inside_the_chain_killed_mid_stream_is_named(ssh_slice, mon
     """A chain 0 -> 1 -> 2 -> 3; host 1's agent is killed once it has received 16 MB from host 0:
     one line names host 1, the hosts below it say so rather than wait, and the next push works."""
     monkeypatch.setattr(relay, "FANOUT", 1)
+    monkeypatch.setattr(relay, "STRIPES", 1)  # one root, one chain
     address, port = relay.listeners(ssh_slice.session, [1])[1]
-    victim = ssh_slice.session.hosts[1]
-    pid, name = victim.info["pid"], victim.transport.address
-
-    def kill_when_forwarding() -> None:
-        wait_for(lambda: _received(address, port) > 16 << 20, 60, "host 1 to be receiving from host 0")
-        os.kill(pid, signal.SIGKILL)
-
-    threading.Thread(target=kill_when_forwarding, daemon=True).start()
-    with pytest.raises(HostDiedError) as caught:
-        ssh_slice.push({"big": np.ones(256 << 20, dtype=np.uint8)})
-    message = str(caught.value)
-    assert "\n" not in message and f"relay host 1 ({name}) died mid-transfer" in message, message
+    name = ssh_slice.session.hosts[1].transport.address
+    message = _push_killing(ssh_slice, 1, lambda: _received(address, port) > 16 << 20, 256 << 20,
+                            "host 1 to be receiving from host 0")
+    assert f"relay host 1 ({name}) died mid-transfer" in message, message
     assert "hosts [2, 3] did not get the value" in message, message
     ssh_slice.push({"big": np.ones(4 << 20, dtype=np.uint8)})
     assert ssh_slice.run("int(big.sum())").reprs == {i: str(4 << 20) for i in range(4)}

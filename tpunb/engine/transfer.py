@@ -171,6 +171,18 @@ class Transfer:
                 self._send(host, with_fd)
         return True
 
+    def send_stripes(self, stripes: list[tuple[HostConnection, dict, int, int]], segments: list[memoryview]) -> None:
+        """Send each (host, message, lo, hi) the layout's bytes [lo, hi) of the value as parts, then
+        its message, every host on a thread of its own (a relay's roots: each byte sent once)."""
+        sizes = [len(s) for s in segments]
+        self._segments = segments
+        self.meter.expect(sum(hi - lo for _, _, lo, hi in stripes), sum(sizes))
+        for host, message, lo, hi in stripes:
+            self._streaming.add(host.index)
+            threading.Thread(target=self._stream, args=(host, {**message, "id": self.rid, "sizes": sizes}, segments,
+                                                        (lo, hi)),
+                             daemon=True, name=f"tpunb-push-{host.index}").start()
+
     def stream(self, host: HostConnection) -> None:
         """Send the value to this host in parts, on a thread of its own (also for a host that could
         not map the memfd: it says so, and is sent parts from then on)."""
@@ -180,20 +192,23 @@ class Transfer:
         threading.Thread(target=self._stream, args=(host, self._request, self._segments), daemon=True,
                          name=f"tpunb-push-{host.index}").start()
 
-    def _stream(self, host: HostConnection, request: dict, segments: list[memoryview]) -> None:
+    def _stream(self, host: HostConnection, request: dict, segments: list[memoryview], span=None) -> None:
         try:
-            self._stream_parts(host, request, segments)
+            self._stream_parts(host, request, segments, span)
         finally:
             self._streaming.discard(host.index)
 
-    def _stream_parts(self, host: HostConnection, request: dict, segments: list[memoryview]) -> None:
-        """One host's parts, then the request; on stop, an interrupt that makes it drop the parts."""
-        sizes = request["sizes"]
-        for at, piece in transfer.pieces(segments):
+    def _stream_parts(self, host: HostConnection, request: dict, segments: list[memoryview], span=None) -> None:
+        """One host's parts (of bytes [lo, hi) given a ``span``), then the request; on stop, an
+        interrupt that makes it drop the parts."""
+        sizes, first = request["sizes"], True
+        for at, piece in (transfer.clipped(segments, *span) if span else transfer.pieces(segments)):
             if self.stopped.is_set():
                 self._send(host, {"op": "interrupt", "id": self.rid})
                 return
-            if not self._send(host, {"op": "part", "id": self.rid, "at": at, **({"sizes": sizes} if at == 0 else {})}, piece):
+            head = {"op": "part", "id": self.rid, "at": at, **({"sizes": sizes} if first else {})}
+            first = False
+            if not self._send(host, head, piece):
                 return
             self.meter.add(len(piece))
         self._send(host, request)

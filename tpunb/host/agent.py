@@ -356,11 +356,14 @@ class Agent:
         try:
             self.inbox.cell_started()  # a relay_cancel that comes meanwhile is read beside this
             try:
-                if message.get("tree") is not None:
-                    buffer = self._relay_buffer(message)
-                    self.relay.send_tree(buffer, message["tree"], message["id"], message["me"])
-                else:
-                    buffer = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
+                if message.get("tree") is not None:  # a root: its stripe came as parts
+                    try:
+                        self.relay.send_tree(self._relay_buffer(message), message["tree"], message["id"],
+                                             message["me"], message.get("stripe"), int(message.get("stripes", 1)))
+                    except BaseException:
+                        self.relay.forget(message["id"])
+                        raise
+                buffer = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
             finally:
                 self.inbox.cell_ended()
             self.runner.namespace.update(transfer.loads(transfer.views(buffer, message["sizes"])))
@@ -374,7 +377,7 @@ class Agent:
         if "shm" in message:  # a host on the kernel's machine (TPUNB_RELAY=always)
             return transfer.join(transfer.map_memfd(*message["shm"], message["sizes"]))
         assembly = self.arriving.pop(message["id"], None)
-        if assembly is None or not assembly.complete:
+        if assembly is None or assembly.received < message.get("want", assembly.total):
             raise ValueError("the value did not arrive whole: push it again")
         return assembly.buffer
 

@@ -3,9 +3,11 @@
 Shipped to hosts: standard library only (see the package docstring).
 
 Why: across a slow link the notebook's uplink is the bottleneck, and a value for N hosts would
-cross it N times. The kernel sends the value over SSH to one host (the root of a tree it plans);
-every host forwards each chunk to its children over the slice's own network as the chunk
-arrives, so the tree is pipelined. Every host still answers its own ``done`` over its SSH channel.
+cross it N times. The kernel cuts the value into K stripes (byte ranges) and sends stripe j over
+SSH to one host, the root of stripe j's tree (K SSH channels fill their windows at once); every
+host forwards each chunk to its children over the slice's own network as the chunk arrives, so a
+tree is pipelined, and places it at its offset in one buffer, whole once all K stripes arrived.
+Every host still answers its own ``done`` over its SSH channel.
 
 The link is authenticated both ways: the listener and the connecting peer each prove they hold
 the slice's secret (HMAC-SHA256 over both sides' random nonces), which the kernel made for this
@@ -87,13 +89,27 @@ def connect_auth(sock: socket.socket, secret: bytes) -> None:
 
 
 class Transfer:
-    """One value arriving from a parent: its bytes so far, and how it ended."""
+    """One value arriving as ``stripes`` stripes, each from its parent: which began, how many
+    arrived whole, and how it ended."""
 
-    def __init__(self, size: int) -> None:
-        self.data = bytearray(size)
-        self.got = 0
+    def __init__(self, size: int, stripes: int, data: bytearray | None = None) -> None:
+        self.data = bytearray(size) if data is None else data
+        self.stripes = stripes
+        self.begun: set[int] = set()  # the stripes' first offsets
+        self.arrived = 0
         self.error: str | None = None
         self.done = False
+
+    def claim(self, lo: int, size: int, stripes: int) -> bool:
+        """Whether stripe ``lo`` is new and fits this value (False: a duplicate or a stray peer)."""
+        if lo in self.begun or size != len(self.data) or stripes != self.stripes:
+            return False
+        self.begun.add(lo)
+        return True
+
+    def arrive(self) -> None:
+        self.arrived += 1
+        self.done = self.arrived >= self.stripes
 
 
 class Relay:
@@ -157,12 +173,17 @@ class Relay:
                 return
             header = json.loads(_recv_exact(conn, _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))[0]))
             rid, size, parent = header["rid"], int(header["size"]), header["from"]
+            lo, hi = header.get("stripe", [0, size])
+            stripes = int(header.get("stripes", 1))
             with self._cond:
-                if rid in self._cancelled or rid in self._transfers:
+                if rid in self._cancelled:
                     return
-                transfer = self._transfers[rid] = Transfer(size)
-            children = _open_children(self.secret, header["tree"], rid, size, header["me"])
-            self._receive(conn, transfer, children, parent)
+                found = self._transfers.get(rid) or self._transfers.setdefault(rid, Transfer(size, stripes))
+                if not found.claim(lo, size, stripes):
+                    return
+                transfer = found
+            children = _open_children(self.secret, header["tree"], rid, size, header["me"], [lo, hi], stripes)
+            self._receive(conn, transfer, children, parent, lo, hi)
         except (OSError, RelayError, ValueError, KeyError) as exc:
             if transfer is None:
                 self.refused += 1
@@ -173,15 +194,16 @@ class Relay:
                 child[1].close()
             conn.close()
 
-    def _receive(self, conn: socket.socket, transfer: Transfer, children: list, parent: list) -> None:
-        view, size = memoryview(transfer.data), len(transfer.data)
+    def _receive(self, conn: socket.socket, transfer: Transfer, children: list, parent: list, lo: int, hi: int) -> None:
+        """Stripe [lo, hi) from the parent into place, each chunk passed on as it comes."""
+        view, got = memoryview(transfer.data), lo
         conn.settimeout(1.0)
         heard = time.monotonic()
-        while transfer.got < size:
+        while got < hi:
             if transfer.error:
                 return
             try:
-                n = conn.recv_into(view[transfer.got:transfer.got + CHUNK])
+                n = conn.recv_into(view[got:min(hi, got + CHUNK)])
             except socket.timeout:
                 if time.monotonic() - heard > IDLE_TIMEOUT:
                     self._fail(transfer, f"the relay from host {parent[0]} ({parent[1]}) sent nothing for "
@@ -190,13 +212,13 @@ class Relay:
                 continue
             if not n:
                 self._fail(transfer, f"the relay from host {parent[0]} ({parent[1]}) ended after "
-                                     f"{transfer.got:,} of {size:,} bytes (that host died or was cut off)")
+                                     f"{got - lo:,} of {hi - lo:,} bytes (that host died or was cut off)")
                 return
             heard = time.monotonic()
-            _forward(children, view[transfer.got:transfer.got + n])
-            transfer.got += n
+            _forward(children, view[got:got + n])
+            got += n
         with self._cond:
-            transfer.done = True
+            transfer.arrive()
             self._cond.notify_all()
 
     def _fail(self, transfer: Transfer, why: str) -> None:
@@ -226,22 +248,41 @@ class Relay:
                 self._cond.wait(max(0.05, min(1.0, left)) if transfer is None else 1.0)
 
     # -- sending (the root) ---------------------------------------------------------------
-    def send_tree(self, blob: bytes, tree: list, rid, me: list) -> None:
-        """The root: stream ``blob`` to its children chunk by chunk; RelayError naming a child
-        that cannot be reached."""
-        children = _open_children(self.secret, tree, rid, len(blob), me)
+    def send_tree(self, blob: bytearray, tree: list, rid, me: list, stripe: list | None = None,
+                  stripes: int = 1) -> None:
+        """A root: stripe [lo, hi) of ``blob`` (the whole value's layout; all of it by default)
+        streamed to its children chunk by chunk, and kept toward this host's own copy (``wait``);
+        RelayError naming a child that cannot be reached."""
+        lo, hi = stripe or [0, len(blob)]
+        with self._cond:
+            transfer = self._transfers.get(rid) or self._transfers.setdefault(rid, Transfer(len(blob), stripes, blob))
+            if not transfer.claim(lo, len(blob), stripes):
+                raise RelayError(f"stripe at {lo} of this value came twice")
+            if transfer.data is not blob:  # other stripes began arriving first: this one joins them
+                transfer.data[lo:hi] = memoryview(blob)[lo:hi]
+            transfer.arrive()
+            self._cond.notify_all()
+        children = _open_children(self.secret, tree, rid, len(blob), me, [lo, hi], stripes)
         try:
-            view = memoryview(blob)
-            for start in range(0, len(blob), CHUNK):
+            view = memoryview(transfer.data)
+            for start in range(lo, hi, CHUNK):
                 if rid in self._cancelled:
                     raise RelayError("cancelled by the kernel")
-                _forward(children, view[start:start + CHUNK])
+                _forward(children, view[start:min(hi, start + CHUNK)])
         finally:
             for child in children:
                 child[1].close()
 
+    def forget(self, rid) -> None:
+        """Drop a transfer this host gives up (its buffer with it)."""
+        with self._cond:
+            self._cancelled.add(rid)
+            self._transfers.pop(rid, None)
+            self._cond.notify_all()
 
-def _open_children(secret: bytes, tree: list, rid, size: int, me: list) -> list:
+
+def _open_children(secret: bytes, tree: list, rid, size: int, me: list, stripe: list | None = None,
+                   stripes: int = 1) -> list:
     """Connect to each child ([index, address, port, subtree]), prove the secret, send its header."""
     children = []
     try:
@@ -253,8 +294,8 @@ def _open_children(secret: bytes, tree: list, rid, size: int, me: list) -> list:
             children.append([index, sock])
             connect_auth(sock, secret)
             sock.settimeout(IDLE_TIMEOUT)
-            header = json.dumps({"rid": rid, "size": size, "tree": subtree, "from": me,
-                                 "me": [index, address]}).encode()
+            header = json.dumps({"rid": rid, "size": size, "tree": subtree, "from": me, "me": [index, address],
+                                 "stripe": stripe or [0, size], "stripes": stripes}).encode()
             sock.sendall(_LENGTH.pack(len(header)) + header)
     except BaseException:
         for child in children:

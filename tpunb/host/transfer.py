@@ -80,6 +80,14 @@ def pieces(segments: list[memoryview]):
             yield at + start, segment[start:start + PART]
 
 
+def clipped(segments: list[memoryview], lo: int, hi: int):
+    """``pieces`` cut to the layout's bytes [lo, hi): one stripe of a value."""
+    for at, piece in pieces(segments):
+        start, end = max(at, lo), min(at + len(piece), hi)
+        if start < end:
+            yield start, piece[start - at:end - at]
+
+
 # -- same machine: one memfd ----------------------------------------------------------------
 def can_share() -> bool:
     return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
