@@ -1,9 +1,10 @@
 """Values moving between the notebook and its hosts: pickled once, sent without copies.
 
 A pushed value is pickled once for every host with protocol 5, its arrays kept out of band (not
-copied). Up to ``transfer.INLINE`` bytes it travels in the request frame itself. Hosts on this machine (a local slice) map one memfd the kernel writes once; other hosts
-get ``part`` frames of at most 2 MB, one sending thread per host, so heartbeats, interrupts and
-other frames pass between the pieces, and a Ctrl-C stops every sender after its current piece
+copied). Up to ``transfer.INLINE`` bytes it travels in the request frame itself. Hosts on this
+machine (a local slice) map one memfd the kernel writes once; other hosts get ``part`` frames
+of at most 2 MB, one sending thread per host, so heartbeats, interrupts and other frames pass
+between the pieces, and a Ctrl-C stops every sender after its current piece
 (the hosts drop what arrived). Pulls come back the same two ways. Values over ``BAR_BYTES`` show
 a progress bar (bytes, rate, ETA).
 """
@@ -178,18 +179,19 @@ class Transfer:
         self._segments = segments
         self.meter.expect(sum(hi - lo for _, _, lo, hi in stripes), sum(sizes))
         for host, message, lo, hi in stripes:
-            self._streaming.add(host.index)
-            threading.Thread(target=self._stream, args=(host, {**message, "id": self.rid, "sizes": sizes}, segments,
-                                                        (lo, hi)),
-                             daemon=True, name=f"tpunb-push-{host.index}").start()
+            self._start(host, {**message, "id": self.rid, "sizes": sizes}, segments, (lo, hi))
 
     def stream(self, host: HostConnection) -> None:
         """Send the value to this host in parts, on a thread of its own (also for a host that could
         not map the memfd: it says so, and is sent parts from then on)."""
         if host.info.get("unshared"):
             self.meter.expect(sum(self._request["sizes"]), 0)
+        self._start(host, self._request, self._segments)
+
+    def _start(self, host: HostConnection, request: dict, segments: list[memoryview], span=None) -> None:
+        """This host's sending thread: its parts (of bytes [lo, hi) given a ``span``), then ``request``."""
         self._streaming.add(host.index)
-        threading.Thread(target=self._stream, args=(host, self._request, self._segments), daemon=True,
+        threading.Thread(target=self._stream, args=(host, request, segments, span), daemon=True,
                          name=f"tpunb-push-{host.index}").start()
 
     def _stream(self, host: HostConnection, request: dict, segments: list[memoryview], span=None) -> None:
