@@ -49,6 +49,7 @@ ROUTES: list[Route] = [
     *_routes("runtimeVersions", "RuntimeVersion", "RuntimeVersions"),
     ("GET", re.compile(_LOC + r"operations/[^/:]+$"), operations_pb2.GetOperationRequest, None,
      operations_pb2.Operation),
+    ("PATCH", re.compile(_LOC + r"nodes/[^/:]+$"), tpu_v2.UpdateNodeRequest, tpu_v2.Node, operations_pb2.Operation),
     ("POST", re.compile(_LOC + r"nodes/[^/:]+:getGuestAttributes$"), tpu_v2.GetGuestAttributesRequest,
      tpu_v2.GetGuestAttributesRequest, tpu_v2.GetGuestAttributesResponse),
 ]
@@ -58,7 +59,7 @@ HTTP_OF_CODE = {"INVALID_ARGUMENT": 400, "FAILED_PRECONDITION": 400, "OUT_OF_RAN
                 "RESOURCE_EXHAUSTED": 429, "CANCELLED": 499, "UNKNOWN": 500, "INTERNAL": 500, "DATA_LOSS": 500,
                 "UNIMPLEMENTED": 501, "UNAVAILABLE": 503, "DEADLINE_EXCEEDED": 504}
 # which Any a finished operation may carry, by the verb in its metadata and what it targets
-OP_RESPONSES = {("create", "nodes"): NODE, ("create", "queuedResources"): QR,
+OP_RESPONSES = {("create", "nodes"): NODE, ("create", "queuedResources"): QR, ("update", "nodes"): NODE,
                 ("delete", "nodes"): EMPTY, ("delete", "queuedResources"): EMPTY}
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z$")
 

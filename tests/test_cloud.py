@@ -52,11 +52,13 @@ def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
     frame = ip.user_ns["_"]
     assert list(frame["cloud_state"]) == ["READY", "READY"] and list(frame["usd_per_hour"]) == [25.76, 25.76]
     assert list(frame["address"]) == [f"{a}:{sshd.port}" for a in sshd.addresses[:2]]
-    key = cloud.state()["nodes"][0]["metadata"]["ssh-keys"].split()[1]
-    assert key in sshd.authorized_keys.read_text()  # our key, installed through node metadata
+    user, key = cloud.state()["nodes"][0]["metadata"]["ssh-keys"].split()[:2]
+    assert user == "tpunb:ssh-ed25519"  # a fixed user, never the notebook's own (root in Colab)
+    assert all(key in sshd.logins(a)["tpunb"] for a in sshd.addresses[:2])  # installed through node metadata
+    assert "Out[0-1]: 'tpunb'" in cell("%%on_tpu\nimport getpass\ngetpass.getuser()").shown
     down = cell("%tpu_down pod")
     assert down.error is None and "deleted pod" in down.stdout
-    assert cloud.state()["nodes"] == [] and key not in sshd.authorized_keys.read_text()
+    assert cloud.state()["nodes"] == [] and all(sshd.logins(a) == {} for a in sshd.addresses)
     assert cell("%tpu_down pod").error is None  # idempotent
 
 
@@ -103,8 +105,11 @@ def test_cloud_failures_are_one_line_and_leave_nothing(cloud, cell, isolated_hom
 
 
 def test_os_login_ignoring_the_metadata_key_says_what_to_do(cloud, sshd, isolated_home):
-    """Under OS Login a VM ignores the node's ssh-keys: the refusal names OS Login and the gcloud fix."""
+    """Under OS Login a VM ignores the node's ssh-keys. An account that may not read the project's
+    metadata (no compute.projects.get) cannot see that OS Login is on, so the key goes to metadata:
+    the refusal then names OS Login and the gcloud fix."""
     cloud.faults(os_login=True)
+    cloud.accounts(permissions={"user@example.com": ["roles/tpu.admin", "roles/compute.osLogin"]})
     with pytest.raises(AuthenticationError) as info:
         slices.launch("v4-8", name="oslogin", backend="gcp", python=sshd.python, connect_wait=1)
     text = str(info.value)

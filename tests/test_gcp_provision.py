@@ -349,7 +349,7 @@ def test_missing_credentials_is_one_line(tmp_path, monkeypatch):
     )
 
 
-def ssh_login(address: str, port: int, key: paramiko.PKey) -> paramiko.SSHClient:
+def ssh_login(address: str, port: int, key: paramiko.PKey, user: str | None = None) -> paramiko.SSHClient:
     """A logged-in SSH client, with this key only (no agent, no ~/.ssh)."""
     ssh = paramiko.SSHClient()
     ssh.set_missing_host_key_policy(paramiko.AutoAddPolicy())
@@ -357,7 +357,7 @@ def ssh_login(address: str, port: int, key: paramiko.PKey) -> paramiko.SSHClient
         ssh.connect(
             address,
             port,
-            username=getpass.getuser(),
+            username=user or getpass.getuser(),
             pkey=key,
             allow_agent=False,
             look_for_keys=False,
@@ -370,7 +370,8 @@ def ssh_login(address: str, port: int, key: paramiko.PKey) -> paramiko.SSHClient
 
 
 def test_emulated_hosts_are_real_ssh_hosts(tmp_path, monkeypatch, tpu_emulator_options):
-    """ssh-keys metadata lands in the sshd's authorized keys: log in while READY, not after delete."""
+    """ssh-keys metadata makes its user and key on every host, as the guest agent does: log in as
+    that user while READY, not after delete (alice is no user of this machine)."""
     sshd = Sshd(hosts=2, directory=tmp_path / "sshd")
     options = dict(tpu_emulator_options, ssh_hosts=sshd.addresses, ssh_port=sshd.port)
     url, emulator = start_emulator(**options, authorized_keys=str(sshd.authorized_keys))
@@ -378,18 +379,21 @@ def test_emulated_hosts_are_real_ssh_hosts(tmp_path, monkeypatch, tpu_emulator_o
     key_path = tmp_path / "id_ed25519"
     public = _write_ed25519(key_path)
     try:
-        info = gcp.create(spec("sshnode", "v4-16", ssh_user=getpass.getuser(), ssh_public_key=public))
+        info = gcp.create(spec("sshnode", "v4-16", ssh_user="alice", ssh_public_key=public))
         assert [(h.address(), h.port) for h in info.hosts] == [(a, sshd.port) for a in sshd.addresses]
         key = paramiko.Ed25519Key.from_private_key_file(str(key_path))
         for host in info.hosts:
-            with ssh_login(host.address(), host.port, key) as ssh:
-                _, out, _ = ssh.exec_command("echo $SSH_CONNECTION")
-                assert host.address() in out.read().decode()
-        assert public.split()[1] in sshd.authorized_keys.read_text()
-        gcp.delete(P, Z, "sshnode")
-        assert public.split()[1] not in sshd.authorized_keys.read_text()
-        with pytest.raises(paramiko.AuthenticationException):
+            with ssh_login(host.address(), host.port, key, "alice") as ssh:
+                _, out, _ = ssh.exec_command("echo $SSH_CONNECTION $LOGNAME")
+                text = out.read().decode()
+                assert host.address() in text and text.split()[-1] == "alice"
+            assert public.split()[1] in sshd.logins(host.address())["alice"]
+        with pytest.raises(paramiko.AuthenticationException):  # the key is alice's, not the machine user's
             ssh_login(sshd.addresses[0], sshd.port, key)
+        gcp.delete(P, Z, "sshnode")
+        assert all(sshd.logins(a) == {} for a in sshd.addresses)
+        with pytest.raises(paramiko.AuthenticationException):
+            ssh_login(sshd.addresses[0], sshd.port, key, "alice")
     finally:
         emulator.stop()
         sshd.close()

@@ -43,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--authorized-keys", default=None, help="that sshd's AuthorizedKeysFile (ssh-keys metadata goes here)"
     )
     p.add_argument(
+        "--accounts", default=None,
+        help="an Sshd's accounts directory: its users (nss_wrapper passwd) and keys/ADDRESS/USER (logins per host)",
+    )
+    p.add_argument(
         "--metadata-port", type=int, default=None,
         help="serve a GCE metadata server on every --ssh-hosts address at this port (idle autodelete)",
     )
@@ -62,6 +66,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     f.add_argument("--fault-delete-denied", action="store_true", help="deletes answer 403 (clean-up fails)")
     f.add_argument(
         "--fault-api-disabled", action="store_true", help="every call answers 403 SERVICE_DISABLED"
+    )
+    f.add_argument(
+        "--fault-os-login", action="store_true",
+        help="enable-oslogin=TRUE in every project: VMs take OS Login keys, not metadata ssh-keys",
     )
     f.add_argument(
         "--fault-slow-create", type=float, default=0.0, metavar="S", help="nodes stay CREATING S more seconds"
@@ -85,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "permission_denied": args.fault_permission_denied,
         "delete_denied": args.fault_delete_denied,
         "api_disabled": args.fault_api_disabled,
+        "os_login": args.fault_os_login,
         "slow_create": args.fault_slow_create,
         "preempt_after": args.preempt_after,
     }
@@ -98,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         ssh_hosts=[h for h in args.ssh_hosts.split(",") if h],
         ssh_port=args.ssh_port,
         authorized_keys=args.authorized_keys,
+        accounts=args.accounts,
         metadata_port=args.metadata_port,
         faults=faults,
     )

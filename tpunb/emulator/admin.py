@@ -46,9 +46,18 @@ class AdminClient:
 
     def faults(self, **changes: Any) -> dict:
         """Turn faults on or off: quota="operation"|"http" (quota_regions=[regions]: only there),
-        no_capacity=True|[zones], permission_denied=True|[zones], delete_denied=True, api_disabled=True, os_login=True (VMs ignore metadata
+        no_capacity=True|[zones], permission_denied=True|[zones], delete_denied=True, api_disabled=True, os_login=True (enable-oslogin=TRUE in every project: VMs ignore metadata
         ssh-keys), slow_create=seconds, preempt_after=seconds."""
         return self.admin("POST", "/_emulator/faults", changes)
+
+    def accounts(self, user: str | None = None, permissions: dict | None = None,
+                 project_metadata: dict | None = None) -> dict:
+        """Who the kernel is (``user``), what each principal may do (``{principal: [role or
+        permission pattern, ...]}``, None: everything again) and each project's metadata
+        (``{project: {"enable-oslogin": "TRUE"}}``); the current settings without arguments."""
+        changes = {k: v for k, v in (("user", user), ("permissions", permissions),
+                                     ("project_metadata", project_metadata)) if v is not None}
+        return self.admin("POST", "/_emulator/accounts", changes) if changes else self.admin("GET", "/_emulator/accounts")
 
     def clear_faults(self) -> dict:
         return self.admin("DELETE", "/_emulator/faults")

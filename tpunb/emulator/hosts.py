@@ -1,11 +1,17 @@
-"""The hosts behind emulated TPU nodes: addresses from a pool and the sshd's authorized keys.
+"""The hosts behind emulated TPU nodes: addresses from a pool, and who may log in to them.
 
 With a pool (``--ssh-hosts 127.0.0.2,127.0.0.3``, all served by one sshd on ``--ssh-port``),
-each node gets real addresses tpunb can SSH into, and the public keys from its ``ssh-keys``
-metadata are appended to that sshd's AuthorizedKeysFile while the node is READY. Each line we
-add ends with a ``tpunb-emulator:<instance>:<node>`` marker (sshd reads it as part of the comment),
-so we remove exactly our lines (this emulator's, this node's) and leave everyone else's alone.
-Without a pool, nodes get made-up 10.x / 34.x addresses that nothing ever connects to.
+each node gets real addresses tpunb can SSH into. Without a pool, nodes get made-up 10.x / 34.x
+addresses that nothing ever connects to.
+
+Logins, as a VM's guest agent and OS Login make them. With ``accounts`` (a directory an
+``Sshd`` keeps: a passwd file its sshd reads through nss_wrapper, and ``keys/ADDRESS/USER``, the
+AuthorizedKeysFile of USER on that address), a READY node's hosts get a login per user: the
+``USER:KEY`` lines of its ``ssh-keys`` metadata, or under OS Login the POSIX users of the OS Login
+profiles (accounts.py), never both. Each user is made to exist, as the guest agent's useradd and
+OS Login's NSS module make it, and the node's keys go when the node does. Without ``accounts``
+(an sshd of another kind), the keys are appended to ``authorized_keys`` for whatever user logs
+in, each line marked ``tpunb-emulator:<instance>:<node>`` so exactly our lines are removed.
 
 With ``host_environment`` (address -> the variables that host's processes see, as the sshd sets
 them), hosts also boot and power off: a READY node's ``startup-script`` runs once per worker
@@ -18,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -41,17 +48,22 @@ class Endpoint:
 
 def parse_ssh_keys(metadata_value: str) -> list[str]:
     """Public key lines from GCP ``ssh-keys`` metadata (``user:ssh-ed25519 AAAA... comment``)."""
-    keys = []
-    for line in metadata_value.splitlines():
+    return [key for _, key in parse_user_keys(metadata_value)]
+
+
+def parse_user_keys(metadata_value: str) -> list[tuple[str, str]]:
+    """(user, key) per line of ``ssh-keys`` metadata; a line without ``USER:`` has user ""."""
+    found = []
+    for line in (metadata_value or "").splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
         user, sep, rest = line.partition(":")
         if sep and " " not in user and rest.lstrip().startswith(KEY_TYPES):
-            line = rest.strip()
-        if line.startswith(KEY_TYPES):
-            keys.append(line)
-    return keys
+            found.append((user, rest.strip()))
+        elif line.startswith(KEY_TYPES):
+            found.append(("", line))
+    return found
 
 
 class HostPool:
@@ -63,8 +75,12 @@ class HostPool:
         ssh_port: int = 22,
         authorized_keys: str | Path | None = None,
         host_environment: dict[str, dict[str, str]] | None = None,
+        accounts: str | Path | None = None,
     ) -> None:
         self.addresses = list(addresses or [])
+        if accounts is None and authorized_keys and (Path(authorized_keys).parent / "accounts").is_dir():
+            accounts = Path(authorized_keys).parent / "accounts"  # an Sshd keeps its accounts beside its keys
+        self.accounts = Path(accounts) if accounts else None
         self.host_environment = {a: dict(env) for a, env in (host_environment or {}).items()}
         self._boot_dir: str | None = None
         self.ssh_port = ssh_port
@@ -164,6 +180,23 @@ class HostPool:
         if self._boot_dir:
             shutil.rmtree(self._boot_dir, ignore_errors=True)
 
+    def set_logins(self, owner: str, logins: dict[str, list[str]]) -> int:
+        """Who may log in to ``owner``'s hosts now: user -> keys (replacing what was there); without
+        an accounts directory every key goes to authorized_keys. Returns how many keys."""
+        if self.accounts is None:
+            return self.install_keys(owner, "\n".join(k for keys in logins.values() for k in keys))
+        with self._lock:
+            addresses = [a for a, o in self._owner.items() if o == owner]
+        for user in logins:
+            add_user(self.accounts, user)
+        for address in addresses:
+            folder = self.accounts / "keys" / address
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True, exist_ok=True)
+            for user, keys in logins.items():
+                (folder / user).write_text("".join(f"{k}\n" for k in keys))
+        return sum(len(keys) for keys in logins.values())
+
     def install_keys(self, owner: str, ssh_keys_metadata: str) -> int:
         """Append ``owner``'s public keys to the authorized keys file; returns how many."""
         keys = parse_ssh_keys(ssh_keys_metadata or "")
@@ -178,14 +211,22 @@ class HostPool:
         return len(lines)
 
     def remove_keys(self, owner: str) -> None:
-        """Remove the lines this emulator added for ``owner``; other lines stay as they are."""
+        """Nobody logs in to ``owner``'s hosts any more: their key files go, and the lines this
+        emulator added to authorized_keys for ``owner`` (other lines stay as they are)."""
+        if self.accounts is not None:
+            with self._lock:
+                addresses = [a for a, o in self._owner.items() if o == owner]
+            for address in addresses:
+                shutil.rmtree(self.accounts / "keys" / address, ignore_errors=True)
         if self.authorized_keys is None or not self.authorized_keys.exists():
             return
         suffix = f" {self._tag}{owner}"
         self._rewrite(lambda line: line.rstrip("\n").endswith(suffix))
 
     def remove_all_keys(self) -> None:
-        """Remove every line this emulator added (reset and shutdown)."""
+        """Remove every login this emulator gave (reset and shutdown)."""
+        if self.accounts is not None:
+            shutil.rmtree(self.accounts / "keys", ignore_errors=True)
         if self.authorized_keys is None or not self.authorized_keys.exists():
             return
         self._rewrite(lambda line: f" {self._tag}" in line)
@@ -209,3 +250,17 @@ class HostPool:
                 "ssh_port": self.ssh_port,
                 "authorized_keys": str(self.authorized_keys) if self.authorized_keys else None,
             }
+
+
+def add_user(accounts: Path, user: str) -> None:
+    """Make ``user`` exist for the sshd (a line in the passwd file nss_wrapper serves it), with this
+    machine's uid, gid and home: the hosts are processes of this machine, whatever their name."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", user or ""):
+        return  # not a name a VM would make a user of (as the guest agent refuses it)
+    passwd = accounts / "passwd"
+    with open(passwd, "a+", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        if any(line.split(":", 1)[0] == user for line in f):
+            return
+        f.write(f"{user}:x:{os.getuid()}:{os.getgid()}:{user}:{Path.home()}:/bin/bash\n")

@@ -8,15 +8,23 @@ API (what google-cloud-tpu's REST transport calls; every path starts with /v2/):
   GET|DELETE projects/P/locations/Z/queuedResources/Q (?force=true deletes its node too)
   GET        projects/P/locations/Z/operations/O
   GET        projects/P/locations/Z/acceleratorTypes[/T]  |  runtimeVersions[/V]   (from tpunb's catalog)
+Beside it, what tpunb asks other Google APIs (the same base URL stands for each of their hosts):
+  POST /v1/users/U:importSshPublicKey (?projectId=)   OS Login: add a key, get the login profile
+  GET  /v1/users/U/loginProfile (?projectId=)          OS Login: the profile (its POSIX user)
+  POST /v1/projects/P:testIamPermissions               Cloud Resource Manager: which permissions the caller has
+  GET  /compute/v1/projects/P                          Compute Engine: the project's commonInstanceMetadata
+  GET  /tokeninfo                                      OAuth2: the caller's email
 Admin (JSON in and out):
   GET  /_emulator/health               {"ok": true}
   GET  /_emulator/state                every node, queued resource, pending operation, fault, timing
   POST /_emulator/reset                forget everything; back to the faults/timings it started with
   GET|POST|DELETE /_emulator/faults    read | merge (e.g. {"quota": "operation"}) | clear
   POST /_emulator/timings              e.g. {"create_seconds": 2}
+  GET|POST /_emulator/accounts         read | change the user, permissions per principal, project metadata
   POST /_emulator/nodes/{id}:preempt   {"after": seconds, "state": "PREEMPTED"|"TERMINATED"} (both optional)
-Calls without an Authorization header are anonymous (tpunb's kernel); a bearer token must be one
-the metadata server gave a node's VM (metadata.py), for that node's project.
+Calls without an Authorization header come from the project's user (tpunb's kernel); a bearer
+token must be one the metadata server gave a node's VM (metadata.py), for that node's project,
+and acts as that node's service account. Each call needs its IAM permission (accounts.py).
 """
 
 from __future__ import annotations
@@ -31,9 +39,10 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from tpunb.emulator import catalog_api
+from tpunb.emulator.accounts import API_PERMISSIONS
 from tpunb.emulator.admin import AdminClient
 from tpunb.emulator.hosts import HostPool
 from tpunb.emulator.metadata import MetadataServer
@@ -46,6 +55,7 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("POST", re.compile(_LOC + r"/nodes$"), "create_node"),
     ("GET", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+)$"), "get_node"),
     ("DELETE", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+)$"), "delete_node"),
+    ("PATCH", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+)$"), "update_node"),
     ("POST", re.compile(_LOC + r"/nodes/(?P<id>[^/:]+):getGuestAttributes$"), "get_guest_attributes"),
     ("GET", re.compile(_LOC + r"/queuedResources$"), "list_queued"),
     ("POST", re.compile(_LOC + r"/queuedResources$"), "create_queued"),
@@ -56,7 +66,14 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("GET", re.compile(_LOC + r"/acceleratorTypes/(?P<id>[^/:]+)$"), "get_accelerator_type"),
     ("GET", re.compile(_LOC + r"/runtimeVersions$"), "list_runtime_versions"),
     ("GET", re.compile(_LOC + r"/runtimeVersions/(?P<id>[^/:]+)$"), "get_runtime_version"),
+    ("POST", re.compile(r"/v1/users/(?P<user>[^/:]+):importSshPublicKey$"), "import_ssh_key"),
+    ("GET", re.compile(r"/v1/users/(?P<user>[^/:]+)/loginProfile$"), "login_profile"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):testIamPermissions$"), "test_iam_permissions"),
+    ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/:]+)$"), "compute_project"),
+    ("GET", re.compile(r"/tokeninfo$"), "tokeninfo"),
     ("GET", re.compile(r"/_emulator/health$"), "admin_health"),
+    ("GET", re.compile(r"/_emulator/accounts$"), "admin_accounts"),
+    ("POST", re.compile(r"/_emulator/accounts$"), "admin_set_accounts"),
     ("GET", re.compile(r"/_emulator/state$"), "admin_state"),
     ("POST", re.compile(r"/_emulator/reset$"), "admin_reset"),
     ("GET", re.compile(r"/_emulator/faults$"), "admin_faults"),
@@ -67,10 +84,25 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
 ]
 
 
-def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body: dict) -> Any:
-    """Dispatch one matched route to the emulator (under its lock)."""
+_KINDS = {"node": "nodes", "guest_attribute": "nodes", "queued": "queuedResources",
+          "accelerator_type": "acceleratorTypes", "runtime_version": "runtimeVersions"}
+
+
+def _resource(action: str, m: dict[str, str]) -> str:
+    """What a Cloud TPU call acts on, as IAM names it: the location for list and create, else the item."""
+    if "name" in m:
+        return m["name"]
+    parent = f"projects/{m.get('project', '')}/locations/{m.get('zone', '')}"
+    what = action.split("_", 1)[1].removesuffix("s")
+    return f"{parent}/{_KINDS.get(what, what)}/{m['id']}" if m.get("id") else parent
+
+
+def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body: dict, caller: str = "") -> Any:
+    """Dispatch one matched route to the emulator (under its lock), once the caller may make it."""
     p, z = m.get("project", ""), m.get("zone", "")
     size, token = int(q.get("pageSize") or 0), q.get("pageToken", "")
+    if action in API_PERMISSIONS:
+        emu.call(emu.accounts.require, caller, API_PERMISSIONS[action], _resource(action, m))
 
     def located(fn: Callable[..., Any], *args: str) -> Any:
         """A catalog call, after the same location (and API enabled) checks every call gets."""
@@ -82,6 +114,14 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
         "create_node": lambda: emu.call(emu.create_node, p, z, q.get("nodeId", ""), body),
         "get_node": lambda: emu.call(emu.get_node, p, z, m["id"]),
         "delete_node": lambda: emu.call(emu.delete_node, p, z, m["id"]),
+        "update_node": lambda: emu.call(emu.update_node, p, z, m["id"], body, q.get("updateMask", "")),
+        "import_ssh_key": lambda: emu.call(emu.import_ssh_key, caller, m["user"], body, q.get("projectId", "")),
+        "login_profile": lambda: emu.call(emu.accounts.login_profile, caller, m["user"], q.get("projectId", "")),
+        "test_iam_permissions": lambda: emu.call(emu.accounts.test_permissions, caller, p, body),
+        "compute_project": lambda: emu.call(emu.accounts.compute_project, caller, p),
+        "tokeninfo": lambda: emu.call(emu.accounts.tokeninfo, caller),
+        "admin_accounts": lambda: emu.call(emu.accounts.snapshot),
+        "admin_set_accounts": lambda: emu.call(emu.set_accounts, body),
         "get_guest_attributes": lambda: emu.call(emu.get_guest_attributes, p, z, m["id"], body),
         "list_queued": lambda: emu.call(emu.list_queued, p, z, size, token),
         "create_queued": lambda: emu.call(emu.create_queued, p, z, q.get("queuedResourceId", ""), body),
@@ -125,11 +165,13 @@ class _Handler(BaseHTTPRequestHandler):
             for method, pattern, action in _ROUTES:
                 m = pattern.match(url.path)
                 if m and method == self.command:
-                    if url.path.startswith("/v2/"):
+                    groups = {k: unquote(v) for k, v in m.groupdict().items()}
+                    caller = ""
+                    if not url.path.startswith("/_emulator/"):
                         emu = self.server.emulator
-                        emu.call(emu.check_token, self.headers.get("Authorization"), m.groupdict().get("project")
-                                 or m.groupdict().get("name", "/").split("/")[1])
-                    self._send(200, _api(self.server.emulator, action, m.groupdict(), query, body))
+                        project = groups.get("project") or groups.get("name", "/").split("/")[1] or query.get("projectId", "")
+                        caller = emu.call(emu.caller, self.headers.get("Authorization"), project)
+                    self._send(200, _api(self.server.emulator, action, groups, query, body, caller))
                     return
             raise ApiError(404, "NOT_FOUND", f"The emulator does not serve {self.command} {url.path}")
         except ApiError as e:
@@ -225,6 +267,7 @@ def build_emulator(
     faults: dict | None = None,
     metadata_port: int | None = None,
     host_environment: dict[str, dict[str, str]] | None = None,
+    accounts: str | None = None,
 ) -> Emulator:
     """An Emulator from the same options the command line takes. With ``metadata_port``, a
     metadata server answers on every host address at that port; ``host_environment`` (address ->
@@ -241,7 +284,7 @@ def build_emulator(
     emu = Emulator(
         Timings(create_seconds, delete_seconds, queue_seconds),
         emu_faults,
-        HostPool(hosts, ssh_port, authorized_keys, host_environment),
+        HostPool(hosts, ssh_port, authorized_keys, host_environment, accounts),
     )
     if disks:
         emu.closers.append(lambda: shutil.rmtree(disks, ignore_errors=True))
@@ -263,7 +306,7 @@ def start_emulator(port: int = 0, host: str = "127.0.0.1", **options: Any) -> tu
     """Run an emulator in a background thread; returns its URL (for TPUNB_TPU_API_ENDPOINT) and a handle.
 
     ``options`` are build_emulator's: create_seconds, delete_seconds, queue_seconds, ssh_hosts,
-    ssh_port, authorized_keys, metadata_port, host_environment, faults (a dict like {"no_capacity": ["us-central2-b"]}), plus verbose.
+    ssh_port, authorized_keys, accounts, metadata_port, host_environment, faults (a dict like {"no_capacity": ["us-central2-b"]}), plus verbose.
     """
     server = serve(host, port, **options)
     thread = threading.Thread(

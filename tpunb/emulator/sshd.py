@@ -6,7 +6,13 @@ One sshd process listens on 127.0.0.2, 127.0.0.3, ... (same port), each address 
 host. Everything it reads lives in a temp dir (config, host key, authorized_keys, pid file), so
 nothing depends on ~/.ssh or the machine's own sshd. Needs Debian's openssh-server installed.
 
-Sessions log in as the current user (root here). Root's ~/.bashrc on this machine runs
+Users. The machine's own user logs in with the keys in ``authorized_keys`` (``authorize()``). Other
+user names exist for this sshd only: it runs under nss_wrapper (Debian's libnss-wrapper, a
+test library that serves getpwnam from a file), reading ``accounts/passwd``, to which the
+emulator adds the users a VM would have (``hosts.add_user``). They all map to this machine's
+uid, since every host is a process of this machine; ``$USER`` and ``$LOGNAME`` in a session are the
+name it logged in with. Their keys are ``accounts/keys/ADDRESS/USER`` (per host, as each VM has its
+own). Sessions run as the current user (root here). Root's ~/.bashrc on this machine runs
 ``pyenv init`` (~200 ms per command); the hosts tpunb targets run commands without that, since a
 stock user .bashrc returns early for non-interactive shells. ``SetEnv SHLVL=1`` gives the same
 effect here: bash only sources ~/.bashrc for sshd commands when it is a top-level shell
@@ -32,6 +38,8 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from tpunb.host import procs
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+NSS_WRAPPER = "libnss_wrapper.so"
+NSS_WRAPPER_PATHS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 
 
 def write_ed25519(path: Path) -> str:
@@ -45,6 +53,14 @@ def write_ed25519(path: Path) -> str:
         f.write(pem)
     return key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                          serialization.PublicFormat.OpenSSH).decode()
+
+
+def nss_wrapper() -> str:
+    """The path of nss_wrapper's library, or a one-line error saying how to install it."""
+    for folder in NSS_WRAPPER_PATHS:
+        if os.path.exists(f"{folder}/{NSS_WRAPPER}"):
+            return f"{folder}/{NSS_WRAPPER}"
+    raise RuntimeError("nss_wrapper not found (the sshd's users other than yours): apt-get install -y libnss-wrapper")
 
 
 def _free_port(addresses: list[str], avoid: int = 0) -> int:
@@ -87,6 +103,11 @@ class Sshd:
         self.host_public_key = write_ed25519(self.host_key_path)
         self.authorized_keys = self.dir / "authorized_keys"
         self.authorized_keys.write_text("")
+        #: the users this sshd knows besides the machine's own (nss_wrapper's passwd) and their keys
+        self.accounts = self.dir / "accounts"
+        (self.accounts / "keys").mkdir(parents=True, exist_ok=True)
+        (self.accounts / "passwd").write_text(Path("/etc/passwd").read_text())
+        (self.accounts / "group").write_text(Path("/etc/group").read_text())
         self.pid_file = self.dir / "sshd.pid"
         self.log_file = self.dir / "sshd.log"
         self.config = self.dir / "sshd_config"
@@ -118,6 +139,7 @@ class Sshd:
             "Subsystem sftp /usr/lib/openssh/sftp-server\n"
             + "".join(f"Match LocalAddress {a}\n    SetEnv "
                       f"{' '.join(f'{k}={v}' for k, v in self.host_environment(a).items())}\n"
+                      f"    AuthorizedKeysFile {self.authorized_keys} {self.accounts}/keys/{a}/%u\n"
                       for a in self.addresses)
         )
 
@@ -129,7 +151,7 @@ class Sshd:
 
     def emulator_options(self) -> dict:
         """start_emulator keyword arguments that make these the emulated nodes' hosts."""
-        return {"ssh_hosts": list(self.addresses), "ssh_port": self.port,
+        return {"ssh_hosts": list(self.addresses), "ssh_port": self.port, "accounts": str(self.accounts),
                 "authorized_keys": str(self.authorized_keys), "metadata_port": self.metadata_port,
                 "host_environment": {a: self.host_environment(a) for a in self.addresses}}
 
@@ -139,10 +161,12 @@ class Sshd:
             return
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation dir Debian's sshd wants
         self.pid_file.unlink(missing_ok=True)
+        env = {**os.environ, "LD_PRELOAD": nss_wrapper(), "NSS_WRAPPER_PASSWD": str(self.accounts / "passwd"),
+               "NSS_WRAPPER_GROUP": str(self.accounts / "group")}
         with open(self.log_file, "ab") as log:
             self._proc = subprocess.Popen(
                 [SSHD, "-D", "-e", "-f", str(self.config)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
             )
         deadline = time.monotonic() + timeout
         while not self.pid_file.exists():  # written once the listening sockets are bound
@@ -177,6 +201,11 @@ class Sshd:
         if was_running:
             self.start()
         return self.host_public_key
+
+    def logins(self, address: str) -> dict[str, str]:
+        """Who may log in to host ``address`` as the emulator set it: user -> their keys' lines."""
+        folder = self.accounts / "keys" / address
+        return {f.name: f.read_text() for f in sorted(folder.iterdir())} if folder.is_dir() else {}
 
     def authorize(self, public_key_line: str) -> None:
         """Let the holder of this key log in (as ``self.user``) on every address."""

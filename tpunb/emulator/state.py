@@ -19,8 +19,9 @@ from dataclasses import asdict
 from typing import Any
 
 from tpunb import catalog
+from tpunb.emulator.accounts import Accounts, default_service_account
 from tpunb.emulator.checks import ID_RE, Faults, RequestChecks, Timings
-from tpunb.emulator.hosts import HostPool
+from tpunb.emulator.hosts import HostPool, parse_user_keys
 from tpunb.emulator.resources import (
     EMPTY_TYPE,
     TYPE_PREFIX,
@@ -44,6 +45,8 @@ class Emulator(RequestChecks):
         self.faults = faults or Faults()
         self.hosts = hosts or HostPool()
         self._initial = (asdict(self.timings), asdict(self.faults))
+        self.accounts = Accounts()
+        self.accounts.os_login_everywhere = self.faults.os_login
         self.nodes: dict[str, Node] = {}
         self.queued: dict[str, QueuedResource] = {}
         self.operations: dict[str, Operation] = {}
@@ -52,7 +55,7 @@ class Emulator(RequestChecks):
         self._events: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._seq = itertools.count()
         self._stopped = False
-        self.tokens: dict[str, tuple[str, float]] = {}  # VM access token -> (project, expiry)
+        self.tokens: dict[str, tuple[str, float, str]] = {}  # VM access token -> (project, expiry, principal)
         self.closers: list[Callable[[], None]] = []  # run by close(): the metadata server
         self._clock = threading.Thread(target=self._run_clock, name="tpu-emulator-clock", daemon=True)
         self._clock.start()
@@ -172,8 +175,7 @@ class Emulator(RequestChecks):
         if node.state != "CREATING" or self.nodes.get(node.name) is not node:
             return
         node.state, node.health, node.endpoints_visible = "READY", "HEALTHY", True
-        if not self.faults.os_login:
-            self.hosts.install_keys(node.name, node.metadata.get("ssh-keys", ""))
+        self._sync_logins(node)
         for endpoint in node.endpoints:  # each worker VM boots: its startup-script runs
             self.hosts.boot(endpoint.internal_ip, node.metadata.get("startup-script", ""))
         if node.create_op:
@@ -294,27 +296,81 @@ class Emulator(RequestChecks):
             entries.append(entry)
         return {"guestAttributes": entries} if entries else {}
 
+    @staticmethod
+    def service_account(node: Node) -> str:
+        """Who the node's VMs are: the account named at create, else the project's default."""
+        email = str((node.request.get("serviceAccount") or {}).get("email") or "")
+        return email if email and email != "default" else default_service_account(node.project)
+
     def _issue_token(self, node: Node) -> str:
-        now = time.time()
-        for token, (project, expiry) in self.tokens.items():
-            if project == node.project and expiry - now > 300:
+        now, principal = time.time(), self.service_account(node)
+        for token, (project, expiry, holder) in self.tokens.items():
+            if (project, holder) == (node.project, principal) and expiry - now > 300:
                 return token
         token = "ya29.emulator-" + secrets.token_urlsafe(24)
-        self.tokens[token] = (node.project, now + 3600)
+        self.tokens[token] = (node.project, now + 3600, principal)
         return token
 
-    def check_token(self, authorization: str | None, project: str) -> None:
-        """No Authorization header: anonymous (how tpunb's kernel talks to the emulator). A bearer
-        token must be one a VM got from the metadata server, unexpired, for this project."""
+    def caller(self, authorization: str | None, project: str) -> str:
+        """Who calls. No Authorization header: the project's user (how tpunb's kernel talks to the
+        emulator). A bearer token must be one a VM got from the metadata server, unexpired, for
+        this project: the call is its node's service account's."""
         if authorization is None:
-            return
+            return self.accounts.user
         scheme, _, token = authorization.partition(" ")
-        project_and_expiry = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
-        if project_and_expiry is None or project_and_expiry[1] < time.time():
+        found = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if found is None or found[1] < time.time():
             raise ApiError(401, "UNAUTHENTICATED", "Request had invalid authentication credentials. Expected OAuth 2 "
                            "access token, login cookie or other valid authentication credential.")
-        if project and project_and_expiry[0] != project:
+        if project and found[0] != project:
             raise ApiError(403, "PERMISSION_DENIED", f"The caller does not have permission on project {project}")
+        return found[2]
+
+    # -- who logs in to the VMs: metadata keys, or OS Login ------------------------------------
+
+    def _logins(self, node: Node) -> dict[str, list[str]]:
+        """User -> keys a READY node's VMs accept: the OS Login profiles' under OS Login, else the
+        ``USER:KEY`` lines of the project's and the node's ``ssh-keys`` metadata (the guest agent's)."""
+        if self.accounts.os_login_on(node.project, node.metadata):
+            return self.accounts.login_keys(node.project)
+        logins: dict[str, list[str]] = {}
+        lines = f"{self.accounts.metadata(node.project).get('ssh-keys', '')}\n{node.metadata.get('ssh-keys', '')}"
+        for user, key in parse_user_keys(lines):
+            logins.setdefault(user, []).append(key)
+        return logins
+
+    def _sync_logins(self, node: Node | None = None) -> None:
+        """Give a READY node's hosts (every READY node's, without one) the logins they have now."""
+        for each in [node] if node is not None else list(self.nodes.values()):
+            if each.state == "READY":
+                self.hosts.set_logins(each.name, self._logins(each))
+
+    def update_node(self, project: str, zone: str, node_id: str, body: dict, mask: str) -> dict:
+        """nodes.patch: the fields ``updateMask`` names (metadata, labels); the VMs see new keys at once."""
+        self._check_location(project, zone)
+        node = _find(self.nodes, f"projects/{project}/locations/{zone}/nodes/{node_id}")
+        fields = {f.strip() for f in (mask or "").split(",") if f.strip()}
+        unknown = fields - {"metadata", "labels"}
+        if not fields or unknown:
+            raise ApiError(400, "INVALID_ARGUMENT", f"updateMask must name metadata or labels, not {mask!r}.")
+        if "metadata" in fields:
+            node.metadata = {str(k): str(v) for k, v in (body.get("metadata") or {}).items()}
+        if "labels" in fields:
+            node.labels = {str(k): str(v) for k, v in (body.get("labels") or {}).items()}
+        self._sync_logins(node)
+        op = self._new_operation(project, zone, "update", node.name)
+        op.finish(response={"@type": TYPE_PREFIX + "Node", **node.to_json(self._ssh_port())})
+        return op.to_json()
+
+    def import_ssh_key(self, principal: str, email: str, body: dict, project: str) -> dict:
+        answer = self.accounts.import_key(principal, email, body, project)
+        self._sync_logins()  # a VM under OS Login asks for the profile's keys at every login
+        return answer
+
+    def set_accounts(self, changes: dict) -> dict:
+        answer = self.accounts.update(changes)
+        self._sync_logins()  # roles and project metadata decide who logs in where
+        return answer
 
     # -- queued resources ----------------------------------------------------------------
 
@@ -470,11 +526,18 @@ class Emulator(RequestChecks):
 
     def set_faults(self, changes: dict) -> dict:
         self.faults.update(changes)
+        self._faults_changed()
         return asdict(self.faults)
 
     def clear_faults(self) -> dict:
         self.faults = Faults()
+        self._faults_changed()
         return asdict(self.faults)
+
+    def _faults_changed(self) -> None:
+        if self.accounts.os_login_everywhere != self.faults.os_login:
+            self.accounts.os_login_everywhere = self.faults.os_login  # enable-oslogin in every project
+            self._sync_logins()
 
     def set_timings(self, changes: dict) -> dict:
         self.timings.update(changes)
@@ -492,6 +555,8 @@ class Emulator(RequestChecks):
         self._events.clear()
         self.timings = Timings(**self._initial[0])
         self.faults = Faults(**self._initial[1])
+        self.accounts = Accounts()
+        self.accounts.os_login_everywhere = self.faults.os_login
         return self.snapshot()
 
     def snapshot(self) -> dict:
@@ -507,6 +572,7 @@ class Emulator(RequestChecks):
             "pendingOperations": [o.name for o in self.operations.values() if not o.done],
             "faults": asdict(self.faults),
             "timings": asdict(self.timings),
+            "accounts": self.accounts.snapshot(),
             "hosts": self.hosts.snapshot(),
         }
 

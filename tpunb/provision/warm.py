@@ -20,6 +20,7 @@ LAUNCH_MODULES = (
     "tpunb.transport.keys",
     "tpunb.provision.gcp.api",
     "google.cloud.tpu_v2",
+    "google.cloud.oslogin_v1",
     "google.auth",
     "google.auth.credentials",
     "google.auth.exceptions",

@@ -13,7 +13,6 @@ one-line messages, ``failover`` the zones (and types) a launch tries until one g
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import os
 import time
 
@@ -25,7 +24,7 @@ from tpunb.provision.common import owner_alive
 from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
-from tpunb.provision.gcp import failover
+from tpunb.provision.gcp import failover, logins
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -37,6 +36,8 @@ NAME = "gcp"
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
 #: a failover's record, while it launches: every zone it may have made something in
 TRIED = "failover_zones"
+#: in Colab, a launch without --idle-delete deletes its node after this long without a cell
+COLAB_IDLE_DEFAULT = 3600.0
 
 
 def default_name(accelerator: catalog.Accelerator) -> str:
@@ -62,7 +63,6 @@ def create(request: LaunchRequest) -> Slice:
     opts: CloudOptions = request.options or CloudOptions()
     warm.ready()  # the SSH and Cloud TPU clients, imported where Ctrl-C cannot cut them
     from tpunb.transport import keys
-    from tpunb.transport.ssh import forget_host_key
     from tpunb.widgets.launch import LaunchProgress
 
     if slices > 1 and opts.idle_delete:
@@ -71,12 +71,16 @@ def create(request: LaunchRequest) -> Slice:
     project, zone = require_project_zone(opts.project, opts.zone)
     places = _places(accel, zone, opts.alternatives)
     key_path, public_key = keys.default_key()
-    opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=opts.user or getpass.getuser(),
+    opts = _colab_idle_default(opts, slices)
+    access = logins.login(project, public_key, opts.user)  # before any node exists: a refusal costs nothing
+    opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=access.user,
                                python=opts.python or "python3", queued=opts.queued or opts.race is not None)
-    spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=opts.user,
-                        ssh_public_key=public_key, slices=slices)
+    spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=access.user,
+                        ssh_public_key=public_key, slices=slices, owner=access.account or logins.owner(),
+                        os_login=access.os_login)
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**_fields(opts), "key": str(key_path), "env_keys": sorted(env),
+                               **({"os_login": True} if access.os_login else {}),
                                **({"slices": slices} if slices > 1 else {}),
                                **({TRIED: sorted({p.zone for p in places})} if len(places) > 1 else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
@@ -107,26 +111,24 @@ def create(request: LaunchRequest) -> Slice:
         record.accelerator, price = accel.name, price_per_hour(accel, opts.spot, slices)
         record.spec.update(_fields(opts))
         record.spec.pop(TRIED, None)  # the losers are gone: only the winner's zone holds anything
-    sl = None
+    sl = node = None
     try:
-        record.hosts = [HostRecord(h.index, h.address(opts.internal_ip) if h.port == 22
-                                   else f"{h.address(opts.internal_ip)}:{h.port}",
-                                   {"internal_ip": h.internal_ip, **({"slice": h.slice} if slices > 1 else {})})
-                        for h in info.hosts]
-        for host in info.hosts:  # a new VM has a new host key, even where an old one had its address
-            forget_host_key(host.address(opts.internal_ip), host.port, reg)
+        record.hosts = host_records(info, opts.internal_ip, reg)
         record.state = "running"
-        sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=_node(record, info), **jax_coordinator(record))
+        node = _node(record, info)
+        sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=node, **jax_coordinator(record))
         sl.connect()
         reg.save_slice(record)
     except BaseException as exc:
         if sl is not None:
             sl.close()
+        if node is not None:
+            node.close()  # its watch, also when no Slice was made of it
         reg.delete_slice(name)
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
                                     or slices > 1) is not None
         fate = "deleted again" if deleted else "left: see above"
-        if isinstance(exc, AuthenticationError):  # the node's metadata held the key: OS Login ignores it
+        if isinstance(exc, AuthenticationError) and not access.os_login:  # metadata key refused: OS Login?
             refused = AuthenticationError(gcp_errors.os_login_message(name, project, opts.user, str(key_path)))
             progress.failed(f"could not connect to the hosts, so {name} was {fate}: {refused}")
             raise refused from None
@@ -139,6 +141,33 @@ def create(request: LaunchRequest) -> Slice:
     progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} host"
                   f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
     return sl
+
+
+def host_records(info: api.NodeInfo, internal_ip: bool, reg: Registry) -> list[HostRecord]:
+    """The node's workers as the registry keeps them (address, port, internal IP, slice); a new VM
+    has a new host key, even where an old one had its address, so none recorded there is kept."""
+    from tpunb.transport.ssh import forget_host_key
+
+    hosts = []
+    for h in info.hosts:
+        address = h.address(internal_ip)
+        forget_host_key(address, h.port, reg)
+        hosts.append(HostRecord(h.index, address if h.port == 22 else f"{address}:{h.port}",
+                                {"internal_ip": h.internal_ip, **({"slice": h.slice} if info.slices > 1 else {})}))
+    return hosts
+
+
+def _colab_idle_default(opts: CloudOptions, slices: int) -> CloudOptions:
+    """In Colab a runtime is recycled with the notebook machine's files: a node nobody runs cells on
+    is deleted after COLAB_IDLE_DEFAULT unless --idle-delete (or $TPUNB_IDLE_DELETE) said otherwise."""
+    from tpunb import colab
+
+    if opts.idle_delete or opts.idle_delete_given or slices > 1 or not colab.in_colab():
+        return opts
+    report.info(f"[tpunb] in Colab, idle autodelete is on by default: the node is deleted after "
+                f"{format_duration(COLAB_IDLE_DEFAULT)} without a cell (--idle-delete D changes it, --idle-delete off "
+                "keeps it)")
+    return dataclasses.replace(opts, idle_delete=COLAB_IDLE_DEFAULT, idle_delete_given=True)
 
 
 def _places(accel: catalog.Accelerator, zone: str, alternatives: str | None) -> list[failover.Candidate]:
@@ -240,7 +269,8 @@ def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions
     if record.backend != "gcp":
         raise UsageError(f"{name!r} is a {record.backend} slice: %tpu_use {name} restarts it")
     report.info(f"Recovering {name!r}: deleting its lost node, then launching {record.kind} again")
-    api.delete(record.spec["project"], record.spec["zone"], name, wait=True)
+    api.delete(record.spec["project"], record.spec["zone"], name, wait=True,
+               queued=bool(record.spec.get("queued")) or record.num_slices > 1)
     reg.delete_slice(name)
     return (catalog.lookup(record.accelerator), recorded_options(record), record.spec.get("env_keys", []),
             record.num_slices)

@@ -29,7 +29,8 @@ from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision import interrupts, warm
 from tpunb.provision.gcp import errors as gcp_errors
-from tpunb.provision.gcp.config import require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.config import ENDPOINT_ENV, endpoint, require_project_zone, resolve_project_zone  # noqa: F401
+from tpunb.provision.gcp.spec import IDLE_ATTRIBUTE, LAUNCH_LABEL, idle_config, node_body  # noqa: F401
 from tpunb.provision.gcp.records import (  # noqa: F401 - the records are part of this seam's API
     TPUNB_LABELS,
     HostEndpoint,
@@ -59,10 +60,6 @@ __all__ = [
     "require_project_zone",
 ]
 
-ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
-LAUNCH_LABEL = "tpunb-launch"  # a per-create token: proves a node is ours after an interrupted call
-IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/idle.py)
-PUBLIC_ENDPOINT = "https://tpu.googleapis.com"
 DEFAULT_TIMEOUT = 1200.0
 DELETE_TIMEOUT = 600.0
 #: what tpu.googleapis.com creates (tpu_v2's AcceleratorConfig.Type has these and no later one)
@@ -75,14 +72,6 @@ LOST_QUEUED_STATES = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"}
 
 _clients: dict[str, Any] = {}
 _clients_lock = threading.Lock()
-
-
-def endpoint() -> str | None:
-    """The API endpoint override (the emulator's URL), or None for the real API."""
-    value = os.environ.get(ENDPOINT_ENV, "").strip()
-    if not value:
-        return None
-    return value if "://" in value else f"http://{value}"
 
 
 def _tpu() -> Any:
@@ -162,58 +151,6 @@ def call(fn: Callable[..., Any], ctx: gcp_errors.Context, **kw: Any) -> Any:
         raise _translate(e, ctx) from None
 
 
-# -- records -------------------------------------------------------------------------------
-
-
-def _node_body(spec: NodeSpec, acc: catalog.Accelerator, launch: str) -> tpu_v2.Node:
-    tpu_v2 = _tpu()
-    metadata = {}
-    if spec.ssh_public_key:
-        metadata["ssh-keys"] = f"{spec.ssh_user or 'tpunb'}:{spec.ssh_public_key.strip()}"
-    if spec.startup_script:
-        metadata["startup-script"] = spec.startup_script
-    if spec.idle_delete:
-        if spec.startup_script:
-            raise UsageError("idle_delete runs from the node's startup-script: give no startup_script with it")
-        metadata.update(idle_metadata(spec))
-    network = tpu_v2.NetworkConfig(enable_external_ips=not spec.internal_ip)
-    if spec.network:
-        network.network = spec.network
-    if spec.subnetwork:
-        network.subnetwork = spec.subnetwork
-    node = tpu_v2.Node(
-        accelerator_type=acc.name,
-        runtime_version=spec.runtime or acc.default_runtime,
-        network_config=network,
-        labels={**spec.labels, **TPUNB_LABELS, LAUNCH_LABEL: launch},
-        metadata=metadata,
-    )
-    if spec.service_account:
-        node.service_account = tpu_v2.ServiceAccount(
-            email=spec.service_account, scope=["https://www.googleapis.com/auth/cloud-platform"]
-        )
-    if spec.spot and not spec.queued:
-        node.scheduling_config = tpu_v2.SchedulingConfig(spot=True)
-    return node
-
-
-def idle_config(project: str, zone: str, name: str, seconds: float, queued: bool = False) -> dict:
-    """What the slice's idle watchdog needs: its limit, the API it calls, the node it deletes."""
-    return {"seconds": seconds, "endpoint": endpoint() or PUBLIC_ENDPOINT, "queued": bool(queued),
-            "node": f"projects/{project}/locations/{zone}/nodes/{name}"}
-
-
-def idle_metadata(spec: NodeSpec) -> dict[str, str]:
-    """Node metadata that arms the watchdog at boot on worker 0, before any kernel attaches, and
-    lets every worker tell it that a service runs there (guest attributes)."""
-    from tpunb.host.bundle import idle_script
-
-    config = idle_config(spec.project, spec.zone, spec.name, spec.idle_delete, spec.queued)
-    config["grace"] = spec.connect_wait  # at boot, the launching kernel has this long to attach
-    # every worker's services report to worker 0's watchdog through guest attributes (idle.py)
-    return {IDLE_ATTRIBUTE: json.dumps(config), "startup-script": idle_script(), "enable-guest-attributes": "TRUE"}
-
-
 def _names(project: str, zone: str, name: str) -> tuple[str, str, str]:
     parent = f"projects/{project}/locations/{zone}"
     return parent, f"{parent}/nodes/{name}", f"{parent}/queuedResources/{name}"
@@ -225,6 +162,17 @@ def _get_or_none(getter: Callable[..., Any], name: str) -> Any:
     try:
         return getter(name=name)
     except NotFound:
+        return None
+
+
+def _queued_or_none(api: Any, name: str) -> Any:
+    """A queued resource, or None when there is none or the caller may not read queued resources
+    (a role with only tpu.nodes.*): a plain node never needs them."""
+    from google.api_core.exceptions import PermissionDenied
+
+    try:
+        return _get_or_none(api.get_queued_resource, name)
+    except PermissionDenied:
         return None
 
 
@@ -299,7 +247,7 @@ class Attempt:
         self.api = client()
         launch = secrets.token_hex(4)
         try:
-            self.op = self._submit(_node_body(spec, acc, launch))
+            self.op = self._submit(node_body(_tpu(), spec, acc, launch))
         except _api_errors() as e:
             raise _translate(e, self.ctx) from None  # the API refused: nothing was created
         except BaseException:
@@ -357,7 +305,7 @@ class Attempt:
                 gcp_errors.from_status(e.code, e.message), _with_cleanup(self.ctx, _cleanup(spec))
             ) from None
         except ProvisionError as e:
-            raise ProvisionError(f"{e}; {_cleanup(spec)}", e.reason or "lost") from None
+            raise ProvisionError(f"{e} ({_cleanup(spec)})", e.reason or "lost") from None
         except _api_errors() as e:
             raise _translate(e, _with_cleanup(self.ctx, _cleanup(spec))) from None
 
@@ -381,12 +329,22 @@ def _poll_node(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transiti
             spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
             text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], state, spot)
             raise ProvisionError(text, "preempted" if state == "PREEMPTED" else "lost")
-    if op.done():
+    if node is None and _operation_done(op):  # only then: a role with only tpu.nodes.* cannot read operations
         if op.operation.error.code:
             raise _OperationFailed(op.operation.error.code, op.operation.error.message)
-        if node is None:
-            raise ProvisionError(f"node {node_name.rsplit('/', 1)[-1]} disappeared right after it was created", "lost")
+        raise ProvisionError(f"node {node_name.rsplit('/', 1)[-1]} disappeared right after it was created", "lost")
     return None
+
+
+def _operation_done(op: Any) -> bool:
+    """The create operation finished; one the caller may not read (no tpu.operations.get) counts as
+    finished without an error, so a vanished node is still said, only without the API's reason."""
+    from google.api_core.exceptions import PermissionDenied
+
+    try:
+        return op.done()
+    except PermissionDenied:
+        return True
 
 
 def _poll_queued(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transitions) -> NodeInfo | None:
@@ -470,7 +428,7 @@ def delete_or_say(project: str, zone: str, name: str, why: str, queued: bool = F
     that deletes it, and record it as an orphan (%tpu_status and the sidebar list it until it is
     gone). True if deleted, False if nothing was there, None if it may still exist (and bill)."""
     try:
-        return delete(project, zone, name, wait=True)
+        return delete(project, zone, name, wait=True, queued=queued)
     except Exception as e:  # the original failure matters more: say what is left behind
         _say_left(project, zone, name, queued, why, e)
         return None
@@ -491,17 +449,18 @@ def _say_left(project: str, zone: str, name: str, queued: bool, why: str, error:
 # -- get / delete / list -------------------------------------------------------------------
 
 
-def get(project: str, zone: str, name: str) -> NodeInfo | None:
+def get(project: str, zone: str, name: str, queued: bool | None = None) -> NodeInfo | None:
     """The node called ``name`` (with its queued resource's state), its queued resource alone
-    while the node does not exist yet, or None."""
+    while the node does not exist yet, or None. ``queued=False`` (a plain node) asks for the
+    node only; None (not known) asks for a queued resource only where one may be."""
     api = client()
     _, node_name, qr_name = _names(project, zone, name)
     ctx = gcp_errors.Context(name, project, zone)
     try:
         node = _get_or_none(api.get_node, node_name)
-        if node is not None and not node.queued_resource:
-            return _info(node)
-        qr = _get_or_none(api.get_queued_resource, node.queued_resource if node is not None else qr_name)
+        if (node is not None and not node.queued_resource) or (node is None and queued is False):
+            return _info(node) if node is not None else None
+        qr = _queued_or_none(api, node.queued_resource if node is not None else qr_name)
         if node is None and qr is not None and len(_node_ids(qr)) > 1:
             return _multislice(qr, _nodes_of(api, qr))
     except _api_errors() as e:
@@ -511,10 +470,13 @@ def get(project: str, zone: str, name: str) -> NodeInfo | None:
     return _queued_info(qr) if qr is not None else None
 
 
-def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float = DELETE_TIMEOUT) -> bool:
+def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float = DELETE_TIMEOUT,
+           queued: bool | None = None) -> bool:
     """Delete the node ``name`` and its queued resource; True if there was something to delete.
 
     Idempotent: a node that is already gone is success. With ``wait``, returns once both are gone.
+    ``queued=False`` (a plain node) calls only node methods, so a role with only tpu.nodes.* can
+    delete it; None (not known: an orphan, a node found in a survey) looks at the node first.
     """
     from google.api_core.exceptions import NotFound
 
@@ -523,14 +485,20 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
     ctx = gcp_errors.Context(name, project, zone)
     found = False
     try:
-        qr = _get_or_none(api.get_queued_resource, qr_name)
+        if queued is None:
+            node = _get_or_none(api.get_node, node_name)
+            queued = node is None or bool(node.queued_resource)  # absent: perhaps a request still waiting
+            if node is not None and node.queued_resource:
+                qr_name = node.queued_resource
+        qr = _queued_or_none(api, qr_name) if queued else None
         parent = qr_name.split("/queuedResources/")[0]
         node_names = [f"{parent}/nodes/{i}" for i in _node_ids(qr)] if qr is not None else [node_name]
-        try:  # force: also deletes the nodes the queued resource made (every slice of a multislice)
-            api.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(name=qr_name, force=True))
-            found = True
-        except NotFound:
-            pass
+        if qr is not None:  # force: also deletes the nodes the queued resource made (every slice of a multislice)
+            try:
+                api.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(name=qr_name, force=True))
+                found = True
+            except NotFound:
+                pass
         if not found:
             try:
                 api.delete_node(name=node_name)
@@ -538,21 +506,21 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
             except NotFound:
                 pass
         if found and wait:
-            _wait_gone(api, node_names, qr_name, time.monotonic() + timeout)
+            _wait_gone(api, node_names, qr_name if qr is not None else None, time.monotonic() + timeout)
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     return found
 
 
-def _wait_gone(api: Any, node_names: list[str], qr_name: str, deadline: float) -> None:
+def _wait_gone(api: Any, node_names: list[str], qr_name: str | None, deadline: float) -> None:
     delays = _poll_delays()
-    while _get_or_none(api.get_queued_resource, qr_name) is not None or any(
+    while (qr_name is not None and _queued_or_none(api, qr_name) is not None) or any(
         _get_or_none(api.get_node, name) is not None for name in node_names
     ):
         try:
             _wait_or_time_out(delays, deadline)
         except _TimedOut:
-            name = qr_name.rsplit("/", 1)[-1]
+            name = (qr_name or node_names[0]).rsplit("/", 1)[-1]
             raise ProvisionError(
                 f"{name} is still being deleted; check it later with %tpu_status", "timeout"
             ) from None
@@ -566,9 +534,14 @@ def list_nodes(
     api = client()
     parent = f"projects/{project}/locations/{zone or '-'}"
     ctx = gcp_errors.Context("nodes", project, zone or "-")
+    from google.api_core.exceptions import PermissionDenied
+
     try:
         nodes = list(api.list_nodes(parent=parent))
-        queued = list(api.list_queued_resources(parent=parent))
+        try:
+            queued = list(api.list_queued_resources(parent=parent))
+        except PermissionDenied:  # a role with only tpu.nodes.*: its nodes are all it can have made
+            queued = []
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     states = {q.name: enum_name(q.state.state) for q in queued}

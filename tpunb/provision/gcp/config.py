@@ -22,6 +22,15 @@ from tpunb.units import format_duration, parse_duration  # noqa: F401 (imported 
 
 
 IDLE_DELETE_ENV = "TPUNB_IDLE_DELETE"
+ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
+
+
+def endpoint() -> str | None:
+    """The API endpoint override (the emulator's URL), or None for the real API."""
+    value = os.environ.get(ENDPOINT_ENV, "").strip()
+    if not value:
+        return None
+    return value if "://" in value else f"http://{value}"
 
 
 def _option(help: str | None = None, flag: bool = True, **kw):
@@ -57,6 +66,7 @@ class CloudOptions:
         "watchdog on the slice does it, even if this kernel dies (0 or off: never; default: "
         f"${IDLE_DELETE_ENV} or off)", default=None)
     connect_wait: float = _option(flag=False, default=180.0)  # how long new VMs may take to start sshd
+    idle_delete_given: bool = _option(flag=False, default=False)  # said by --idle-delete or $TPUNB_IDLE_DELETE
 
     def __post_init__(self) -> None:
         self.labels = parse_labels(self.labels)
@@ -72,6 +82,8 @@ class CloudOptions:
                 self.race = 0
             if self.race < 1 or isinstance(given, bool):
                 raise UsageError(f"--race takes how many zones to wait in at once, e.g. --race 3, not {given!r}")
+        if self.idle_delete is not None or os.environ.get(IDLE_DELETE_ENV, "").strip():
+            self.idle_delete_given = True
         if self.idle_delete is None:
             self.idle_delete = parse_duration(os.environ.get(IDLE_DELETE_ENV), f"${IDLE_DELETE_ENV}", off=True)
         else:

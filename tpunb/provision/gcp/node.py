@@ -68,7 +68,7 @@ class CloudNode(Node):
         return price_per_hour(self.accelerator, self.spot, self.slices)
 
     def refresh(self) -> api.NodeInfo | None:
-        return self.update(api.get(self.project, self.zone, self.name))
+        return self.update(api.get(self.project, self.zone, self.name, queued=self.queued or self.slices > 1))
 
     def update(self, info: api.NodeInfo | None) -> api.NodeInfo | None:
         """Take a state the caller already has (one list call covers every node of a zone)."""
@@ -154,4 +154,4 @@ class CloudNode(Node):
 
     def delete(self) -> None:
         self.close()
-        api.delete(self.project, self.zone, self.name, wait=True)
+        api.delete(self.project, self.zone, self.name, wait=True, queued=self.queued or self.slices > 1)

@@ -27,6 +27,8 @@ class NodeSpec(CloudOptions):
     ssh_user: str | None = None
     ssh_public_key: str | None = None  # "ssh-ed25519 AAAA... comment", goes to metadata ssh-keys
     startup_script: str | None = None
+    owner: str = ""  # who launches it (the account, else this machine's user): the tpunb-owner label
+    os_login: bool = False  # the VMs take the key from OS Login: no ssh-keys metadata
     #: a multislice: one queued resource asks for this many nodes, named ``{name}-0``, ``{name}-1``, ...
     slices: int = 1
 
@@ -64,6 +66,7 @@ class NodeInfo:
     runtime: str = ""
     queued_state: str | None = None  # WAITING_FOR_RESOURCES, ACTIVE, SUSPENDED, FAILED...
     slices: int = 1  # a multislice: its nodes seen as one, named after their queued resource
+    metadata: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -121,6 +124,7 @@ def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
         zone=parts[3],
         runtime=node.runtime_version,
         queued_state=queued_state,
+        metadata=dict(node.metadata),
     )
 
 
@@ -143,6 +147,7 @@ def _queued_info(qr: Any) -> NodeInfo:
         runtime=node.runtime_version if node is not None else "",
         queued_state=enum_name(qr.state.state),
         slices=max(1, len(_node_ids(qr))),
+        metadata=dict(node.metadata) if node is not None else {},
     )
 
 

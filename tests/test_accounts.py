@@ -1,0 +1,64 @@
+"""Cloud accounts as they are: OS Login, least-privilege roles. The real google-cloud-tpu and
+google-cloud-os-login clients speak HTTP to the emulator, whose accounts model (accounts.py) says
+who may do what and whose hosts are real sshd hosts that accept only the users a VM would have."""
+from __future__ import annotations
+
+import json
+
+from tpunb.registry import Registry
+from tests.test_cloud import ENV, cloud, launch, tpu_emulator_options  # noqa: F401 - fixtures
+
+USER = "user@example.com"
+
+
+def test_os_login_project_launches_four_hosts_as_the_profiles_user(cloud, cell, sshd, launch):
+    """enable-oslogin=TRUE in the project: the key goes through OS Login (no flag), every host
+    logs in as the account's POSIX user, and the node carries no ssh-keys (the VMs would ignore them)."""
+    cloud.faults(os_login=True)
+    wire = cloud.record()
+    run = launch("--name ol", accel="v4-32")
+    assert run.error is None, run.shown
+    shown = cell("%%on_tpu\nimport getpass, os\nprint(getpass.getuser(), os.environ['TPUNB_HOST_INDEX'])")
+    assert shown.error is None, shown.shown
+    assert all(f"[{i}] user_example_com {i}" in shown.stdout for i in range(4)), shown.stdout
+    node = cloud.state()["nodes"][0]
+    assert "ssh-keys" not in node["metadata"] and json.loads(node["metadata"]["tpunb-slice"])["os_login"] is True
+    assert cloud.accounts()["os_login_profiles"][USER] == {"username": "user_example_com", "keys": 1}
+    assert all(list(sshd.logins(a)) == ["user_example_com"] for a in sshd.addresses)
+    cell("%tpu_down ol")
+    assert cloud.state()["nodes"] == []
+
+
+def test_an_account_that_may_not_log_in_is_told_before_any_node(cloud, cell, isolated_home, launch):
+    """OS Login on, the account without roles/compute.osLogin: one line naming the role and the
+    command that grants it, and no create call was ever made."""
+    cloud.faults(os_login=True)
+    cloud.accounts(permissions={USER: ["roles/tpu.admin", "compute.projects.get"]})
+    wire = cloud.record()
+    run = launch("--name nope", accel="v4-8")
+    text = str(run.error)
+    assert run.error is not None and "\n" not in text, run.shown
+    assert "OS Login is on in project proj" in text and "roles/compute.osLogin" in text
+    assert ("gcloud projects add-iam-policy-binding proj --member=user:user@example.com "
+            "--role=roles/compute.osLogin") in text
+    assert not [e for e in wire if e.method == "POST"] and cloud.state()["nodes"] == []
+    assert Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_a_role_with_only_tpu_nodes_launches_lists_and_deletes(cloud, cell, ip, launch):
+    """roles: tpu.nodes.* and nothing else (no operations, no queued resources, no project read):
+    a plain node is launched, listed, used and deleted, and never asks for a queued resource by name."""
+    cloud.accounts(permissions={USER: ["tpu.nodes.*"]})
+    wire = cloud.record()
+    assert launch("--name lean", accel="v4-8").error is None
+    assert cell("%%on_tpu\nimport jax\njax.device_count()").shown.strip() == "4"  # one host: no label
+    cell("%tpu_status")
+    frame = ip.user_ns["_"]
+    assert list(frame["cloud_state"]) == ["READY"]
+    down = cell("%tpu_down lean")
+    assert down.error is None and "deleted lean" in down.stdout
+    assert cloud.state()["nodes"] == []
+    by_name = [e for e in wire if "/queuedResources/" in e.path or e.path.endswith("/operations")]
+    assert by_name == [], [(e.method, e.path) for e in by_name]
+    denied = [e for e in wire if e.status == 403]
+    assert all(e.method == "GET" and e.path.endswith("/queuedResources") for e in denied)  # the survey's list only

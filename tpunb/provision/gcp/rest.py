@@ -1,0 +1,150 @@
+"""The Google APIs tpunb asks besides Cloud TPU: one seam, as ``api`` is for Cloud TPU.
+
+- Compute Engine ``projects.get``: the project's metadata (is OS Login on?).
+- Cloud Resource Manager ``projects.testIamPermissions``: which permissions the caller holds.
+- OAuth2 ``tokeninfo``: the email of the account behind the credentials.
+- OS Login (``google-cloud-os-login``, over REST as the TPU client): import a key, read a profile.
+
+Plain REST through google-auth's ``AuthorizedSession`` for the first three (one call each; no
+client library for them). With ``TPUNB_TPU_API_ENDPOINT`` set, every one of them goes to the
+emulator's URL instead of Google's hosts, with the same paths; calls there carry no credentials.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from tpunb.errors import ProvisionError
+from tpunb.provision.gcp import api
+from tpunb.provision.gcp.config import endpoint
+from tpunb.provision.gcp import errors as gcp_errors
+
+HOSTS = {"compute": "https://compute.googleapis.com", "crm": "https://cloudresourcemanager.googleapis.com",
+         "oauth2": "https://oauth2.googleapis.com", "oslogin": "https://oslogin.googleapis.com"}
+TIMEOUT = 30.0
+
+_sessions: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def url(service: str, path: str) -> str:
+    """The URL of ``path`` on ``service`` (a key of HOSTS), or on the emulator."""
+    return (endpoint() or HOSTS[service]) + path
+
+
+def credentials() -> Any:
+    """The credentials every call uses: anonymous against the emulator, else google.auth.default()'s."""
+    if endpoint():
+        from google.auth.credentials import AnonymousCredentials
+
+        return AnonymousCredentials()
+    return api.default_credentials()
+
+
+def session() -> Any:
+    """An AuthorizedSession (requests) with those credentials, one per endpoint."""
+    key = endpoint() or "google"
+    with _lock:
+        if key not in _sessions:
+            from google.auth.transport.requests import AuthorizedSession
+
+            _sessions[key] = AuthorizedSession(credentials())
+        return _sessions[key]
+
+
+class ApiFailure(ProvisionError):
+    """A call to one of these APIs failed; ``.status`` is the HTTP status (0: no answer at all)."""
+
+    def __init__(self, message: str, status: int, reason: str = "other") -> None:
+        super().__init__(message, reason)
+        self.status = status
+
+
+def call(method: str, service: str, path: str, body: dict | None = None, **params: str) -> dict:
+    """One JSON call; an HTTP error or no answer is an ApiFailure whose text is the API's own message."""
+    import requests
+
+    try:
+        response = session().request(method, url(service, path), json=body, params=params or None, timeout=TIMEOUT)
+    except (requests.RequestException, OSError) as exc:
+        raise ApiFailure(f"{HOSTS[service].split('//')[1]} did not answer ({gcp_errors.one_line(str(exc), 160)})",
+                         0, "unavailable") from None
+    if response.status_code >= 400:
+        try:
+            error = response.json().get("error") or {}
+            message = error.get("message") if isinstance(error, dict) else str(error)
+        except ValueError:
+            message = response.text
+        raise ApiFailure(gcp_errors.one_line(message or response.reason, 200), response.status_code,
+                         "permission" if response.status_code == 403 else "other")
+    return response.json() if response.content else {}
+
+
+# -- the calls ------------------------------------------------------------------------------
+
+
+def project_metadata(project: str) -> dict[str, str]:
+    """The project's common instance metadata (Compute Engine ``projects.get``)."""
+    answer = call("GET", "compute", f"/compute/v1/projects/{project}")
+    items = (answer.get("commonInstanceMetadata") or {}).get("items") or []
+    return {str(i.get("key")): str(i.get("value", "")) for i in items}
+
+
+def held_permissions(project: str, permissions: list[str]) -> set[str]:
+    """Which of ``permissions`` the caller holds in ``project`` (Cloud Resource Manager)."""
+    answer = call("POST", "crm", f"/v1/projects/{project}:testIamPermissions", {"permissions": permissions})
+    return set(answer.get("permissions") or [])
+
+
+def known_account() -> str | None:
+    """The account's email where it is known without a call: a service account's credentials name
+    it; a user's is what gcloud is set to (``core/account``)."""
+    from tpunb.provision.gcp.config import active_gcloud_config
+
+    try:
+        email = getattr(credentials(), "service_account_email", None)
+    except ProvisionError:
+        email = None
+    if email and "@" in email:
+        return email
+    config = active_gcloud_config()
+    return (config.get("core", "account", fallback=None) if config is not None else None) or None
+
+
+def account_email() -> str | None:
+    """The email of the account tpunb calls as: ``known_account()``, else what Google's tokeninfo
+    says of the access token (a user's application-default credentials carry the email scope)."""
+    email = known_account()
+    if email:
+        return email
+    creds = credentials()
+    params = {}
+    if not endpoint():
+        import google.auth.transport.requests
+
+        if not creds.valid:
+            creds.refresh(google.auth.transport.requests.Request())
+        params["access_token"] = creds.token
+    return call("GET", "oauth2", "/tokeninfo", **params).get("email") or None
+
+
+def os_login_client() -> Any:
+    """google-cloud-os-login's client over REST (HTTP to the emulator, as the TPU client)."""
+    from google.cloud import oslogin_v1
+
+    options = {"api_endpoint": endpoint()} if endpoint() else None
+    return oslogin_v1.OsLoginServiceClient(transport="rest", credentials=credentials(), client_options=options)
+
+
+def import_key(email: str, public_key: str, project: str) -> str:
+    """Add ``public_key`` to the account's OS Login profile; the profile's primary POSIX user name."""
+    from google.cloud.oslogin_v1 import common
+
+    answer = os_login_client().import_ssh_public_key(parent=f"users/{email}", project_id=project,
+                                                     ssh_public_key=common.SshPublicKey(key=public_key.strip()))
+    accounts = list(answer.login_profile.posix_accounts)
+    primary = [a for a in accounts if a.primary] or accounts
+    if not primary or not primary[0].username:
+        raise ProvisionError(f"OS Login gave {email} no POSIX account in project {project}: run "
+                             f"`gcloud compute os-login describe-profile --project {project}` to see it", "os_login")
+    return primary[0].username
