@@ -4,7 +4,9 @@ who may do what and whose hosts are real sshd hosts that accept only the users a
 from __future__ import annotations
 
 import json
+import os
 
+from tpunb import slices
 from tpunb.registry import Registry
 from tests.test_cloud import ENV, cloud, launch, tpu_emulator_options  # noqa: F401 - fixtures
 
@@ -62,3 +64,40 @@ def test_a_role_with_only_tpu_nodes_launches_lists_and_deletes(cloud, cell, ip, 
     assert by_name == [], [(e.method, e.path) for e in by_name]
     denied = [e for e in wire if e.status == 403]
     assert all(e.method == "GET" and e.path.endswith("/queuedResources") for e in denied)  # the survey's list only
+
+
+def test_a_node_outlives_a_wiped_notebook_machine(cloud, sshd, launch, tmp_path):
+    """What a Colab reset leaves: a node running, and a new kernel in a new process with an empty
+    $TPUNB_HOME (no registry, no key) and no gcloud zone. It sees the node in %tpu_status,
+    re-attaches it with %tpu_use (a new key through the node's metadata), runs a cell on every host
+    and deletes it with %tpu_down, leaving nothing in any zone."""
+    from jupyter_client.manager import start_new_kernel
+
+    from tests.test_kernel import execute
+
+    assert launch("--name kept").error is None
+    slices.detach_all()  # this kernel goes away; the node runs on
+    env = {k: v for k, v in os.environ.items() if k not in ("CLOUDSDK_COMPUTE_ZONE", "CLOUDSDK_COMPUTE_REGION")}
+    env.update(TPUNB_HOME=str(tmp_path / "wiped"), CLOUDSDK_CONFIG=str(tmp_path / "no-gcloud"))
+    manager, client = start_new_kernel(kernel_name="python3", env=env)
+
+    def run(code: str) -> str:
+        reply, outputs = execute(client, code)
+        text = "\n".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs)
+        assert reply["status"] == "ok", f"{code}: {reply.get('ename')}: {reply.get('evalue')}\n{text}"
+        return text
+
+    try:
+        run("%load_ext tpunb")
+        status = run("%tpu_status")
+        assert "kept" in status and "ORPHAN" in status, status
+        used = run("%tpu_use kept")
+        assert "found it in proj/us-central2-b" in used and "current slice: kept (v4-16, 2 hosts, gcp)" in used
+        cells = run("%%on_tpu\nimport getpass, os\nprint(getpass.getuser(), os.environ['TPUNB_HOST_INDEX'])")
+        assert "[0] tpunb 0" in cells and "[1] tpunb 1" in cells, cells
+        assert "deleted kept" in run("%tpu_down kept")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    state = cloud.state()
+    assert state["nodes"] == [] and state["queuedResources"] == []

@@ -251,7 +251,7 @@ def use(name: str) -> Slice:
         _current[:] = [name]
         return sl
     reg = registry()
-    record = reg.get_slice(name)
+    record = reg.get_slice(name) or provision.gcp.adopt(name, reg)  # a node this registry lost (Colab)
     if record is None:
         known = [r.name for r in reg.list_slices()]
         hint = f"known slices: {', '.join(known)}" if known else "launch one with %tpu_launch v4-16"

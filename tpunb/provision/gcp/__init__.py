@@ -24,7 +24,9 @@ from tpunb.provision.common import owner_alive
 from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import adopt as adoption
 from tpunb.provision.gcp import failover, logins
+from tpunb.provision.gcp.adopt import adopt, host_records  # noqa: F401 - adopt is this backend's re-attach
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -143,20 +145,6 @@ def create(request: LaunchRequest) -> Slice:
     return sl
 
 
-def host_records(info: api.NodeInfo, internal_ip: bool, reg: Registry) -> list[HostRecord]:
-    """The node's workers as the registry keeps them (address, port, internal IP, slice); a new VM
-    has a new host key, even where an old one had its address, so none recorded there is kept."""
-    from tpunb.transport.ssh import forget_host_key
-
-    hosts = []
-    for h in info.hosts:
-        address = h.address(internal_ip)
-        forget_host_key(address, h.port, reg)
-        hosts.append(HostRecord(h.index, address if h.port == 22 else f"{address}:{h.port}",
-                                {"internal_ip": h.internal_ip, **({"slice": h.slice} if info.slices > 1 else {})}))
-    return hosts
-
-
 def _colab_idle_default(opts: CloudOptions, slices: int) -> CloudOptions:
     """In Colab a runtime is recycled with the notebook machine's files: a node nobody runs cells on
     is deleted after COLAB_IDLE_DEFAULT unless --idle-delete (or $TPUNB_IDLE_DELETE) said otherwise."""
@@ -218,7 +206,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
     node = _node(record)
     try:
         node.check()
-        return ssh.attach(record, reg, env, node=node, **jax_coordinator(record))
+        return ssh.attach(record, reg, env, wait=adoption.connect_wait(record), node=node, **jax_coordinator(record))
     except BaseException:
         node.close()
         raise
@@ -277,18 +265,27 @@ def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions
 
 
 class Survey:
-    """One list call per project and zone in use (and the configured one, for orphans); nodes a
-    failed launch could not delete are re-checked here and forgotten once they are gone."""
+    """The configured project's nodes in every zone at once (adopt.everywhere: a node whose
+    registry was wiped, as Colab's is, is found wherever it runs), and one list call per other
+    project and zone in use; nodes a failed launch could not delete are re-checked here and
+    forgotten once they are gone."""
 
     def __init__(self, records: list[SliceRecord], reg: Registry | None = None) -> None:
         self.registry = reg or Registry()
         self.recorded = {(p, z, n): why for p, z, n, why in self.registry.orphans()}
         places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == NAME}
         places |= {(p, z) for p, z, _ in self.recorded}
-        project, zone = resolve_project_zone(None, None)
-        if project and zone:
-            places.add((project, zone))
+        project, _ = resolve_project_zone(None, None)
         self.nodes: Nodes = {}
+        if project:
+            try:
+                for info in adoption.everywhere(project):
+                    self.nodes.setdefault((project, info.zone), {})[info.name] = info
+                for place in [p for p in places if p[0] == project]:  # listed: none there is an answer too
+                    self.nodes.setdefault(place, {})
+                places = {p for p in places if p[0] != project}
+            except TpunbError as exc:
+                report.warn(f"[tpunb] cannot list the nodes of {project}: {exc}")
         for place in sorted(places):
             try:
                 self.nodes[place] = {info.name: info for info in api.list_nodes(*place)}
@@ -312,7 +309,8 @@ class Survey:
                 message = (f"{why}; still billed: delete it here, with %tpu_down {node_name} or "
                            f"{api.delete_command(project, zone, node_name, info.queued_resource is not None)}"
                            if why else
-                           f"not in this registry and still billed: delete it here or with %tpu_down {node_name}")
+                           f"not in this registry and still billed: %tpu_use {node_name} re-attaches it, "
+                           f"%tpu_down {node_name} deletes it")
                 found.append(self._orphan(project, zone, node_name, info, message))
         for (project, zone, node_name), why in self.recorded.items():
             if (project, zone) not in self.nodes:  # not listed now: say what is known, check again later
@@ -335,13 +333,14 @@ class Survey:
 
 
 def delete_orphan(name: str, reg: Registry | None = None) -> bool:
-    """A tpunb node the registry does not hold as a slice (in the configured project and zone, or
-    recorded as left by a failed launch): delete it."""
+    """A tpunb node the registry does not hold as a slice (in any zone of the configured project,
+    or recorded as left by a failed launch): delete it."""
     reg = reg or Registry()
     places = [(p, z) for p, z, n, _ in reg.orphans() if n == name]
-    project, zone = resolve_project_zone(None, None)
-    if project and zone:
-        places.append((project, zone))
+    project, _ = resolve_project_zone(None, None)
+    found = adoption.find(project, name) if project else None
+    if found is not None:
+        places.append((project, found.zone))
     for place in dict.fromkeys(places):
         info = api.get(*place, name)
         if info is not None and info.tpunb_owned and api.delete(*place, name, wait=True):

@@ -552,3 +552,4 @@ def list_nodes(
     infos += [q for q in map(_queued_info, queued) if (q.project, q.zone, q.name) not in have]
     wanted = dict(label_filter or {})
     return [i for i in infos if all(i.labels.get(k) == v for k, v in wanted.items())]
+
