@@ -105,10 +105,13 @@ def exit_status(channel: Channel) -> int | None:
     return channel.exit_status if getattr(channel, "tpunb_exited", False) else None
 
 
+#: AES-GCM first: one pass for cipher and MAC, ~10% faster bulk transfers than CTR + HMAC; only where
+#: this paramiko has it (3.4 lists no AES-GCM cipher: asked for one, it fails on a KeyError)
+_GCM = tuple(c for c in ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com") if c in paramiko.Transport._cipher_info)
+
+
 class _Transport(paramiko.Transport):
-    # AES-GCM first: one pass for cipher and MAC, ~10% faster bulk transfers than CTR + HMAC
-    _preferred_ciphers = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com") + tuple(
-        c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c)
+    _preferred_ciphers = _GCM + tuple(c for c in paramiko.Transport._preferred_ciphers if c not in _GCM)
     _channel_handler_table: ClassVar[dict] = {**paramiko.Transport._channel_handler_table, MSG_CHANNEL_REQUEST: _channel_request}
 
 
