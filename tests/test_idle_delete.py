@@ -376,3 +376,45 @@ def test_a_failed_delete_is_logged_without_the_token_and_retried(cloud, sshd):
         assert not any(token in path.read_text() for token in cloud.emulator.tokens), path
     assert watchdogs(host_dir) and cloud.nodes()
     cloud.clear_faults()
+
+
+SERVICE_ACCOUNT = "proj-compute@developer.gserviceaccount.com"  # the emulator's default VM account in proj
+
+
+def test_a_watchdog_that_may_not_delete_says_so_at_launch_and_in_status(cloud, sshd, cell, ip):
+    """The VMs' service account may only read TPUs: the watchdog learns it at arming (Cloud Resource
+    Manager's testIamPermissions, with the VM's own token) and writes it as a guest attribute; the
+    launch warns once with the command that grants the role, and %tpu_status shows that, not a countdown."""
+    cloud.accounts(permissions={SERVICE_ACCOUNT: ["roles/tpu.viewer"]})
+    launched = cell(launch_line(sshd, "--name nodel --idle-delete 1h"))
+    assert launched.error is None, launched.shown
+    warning = [line for line in launched.shown.splitlines() if "--idle-delete cannot delete nodel" in line]
+    assert len(warning) == 1, launched.shown
+    assert f"403 {SERVICE_ACCOUNT} lacks tpu.nodes.delete in project proj" in warning[0]
+    assert (f"gcloud projects add-iam-policy-binding proj --member=serviceAccount:{SERVICE_ACCOUNT} "
+            "--role=roles/tpu.admin") in warning[0]
+    shown = cell("%tpu_status")
+    frame = ip.user_ns["_"]
+    assert set(frame["idle_delete_failing"]) == {f"idle delete failing: 403 {SERVICE_ACCOUNT} lacks tpu.nodes.delete "
+                                                  "in project proj"}
+    assert frame["idle_delete_in"].isna().all()  # no countdown to a delete that cannot happen
+    from tpunb.status import readable
+
+    assert set(readable(frame)["idle_delete_in"]) == set(frame["idle_delete_failing"])  # shown in its place
+    assert cell("%tpu_down nodel").error is None
+
+
+def test_a_refused_delete_is_written_where_a_kernel_reads_it(cloud, sshd):
+    """The check passed at arming; the role is taken away before the limit: the watchdog's refused
+    delete becomes its last error, on worker 0's guest attribute."""
+    from tpunb.provision.gcp import lookups
+
+    api.create(api.NodeSpec(name="revoked", accelerator="v4-8", project="proj", zone=ZONE, idle_delete=2,
+                            connect_wait=0))
+    wait_for(lambda: lookups.idle_problem("proj", ZONE, "revoked") == "", 10, "the check at arming")
+    cloud.accounts(permissions={SERVICE_ACCOUNT: ["roles/tpu.viewer"]})
+    problem = wait_for(lambda: lookups.idle_problem("proj", ZONE, "revoked"), 2 + BOUND, "the refused delete")
+    assert problem.startswith("403 Permission 'tpu.nodes.delete' denied") and "(its delete failed)" in problem
+    assert "revoked" in node_names(cloud)
+    cloud.accounts(permissions={SERVICE_ACCOUNT: None})
+    api.delete("proj", ZONE, "revoked")

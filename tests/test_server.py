@@ -195,3 +195,37 @@ async def test_an_orphaned_multislice_is_one_row_priced_for_every_slice(call, tp
     assert (pair["accelerator"], pair["num_slices"], one["accelerator"], one["num_slices"]) == (
         "2 x v4-16", 2, "v4-16", 1)
     assert one["usd_per_hour"] > 0 and pair["usd_per_hour"] == pytest.approx(2 * one["usd_per_hour"])
+
+
+async def test_a_watchdog_that_cannot_delete_shows_why_instead_of_a_countdown(call, sshd, monkeypatch, isolated_home):
+    """A cloud slice whose VMs' service account may not delete TPUs: its watchdog says so on worker 0
+    (tests/test_idle_delete.py), and the sidebar's row carries that line in place of the timer."""
+    from tests.emulator_fixture import FAST
+    from tpunb.emulator import start_emulator
+    from tpunb.provision.gcp import api as gcp
+    from tpunb.registry import HostRecord, SliceRecord
+
+    url, emulator = start_emulator(**FAST, **sshd.emulator_options())
+    try:
+        monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", url)
+        monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
+        emulator.accounts(permissions={"proj-compute@developer.gserviceaccount.com": ["roles/tpu.viewer"]})
+        info = gcp.create(gcp.NodeSpec(name="stuck", accelerator="v4-8", project="proj", zone="us-central2-b",
+                                       idle_delete=3600, connect_wait=0))
+        reg = Registry()
+        reg.save_slice(SliceRecord("stuck", "v4-8", "gcp", "running", spec={"project": "proj", "zone": "us-central2-b",
+                                                                            "idle_delete": 3600},
+                                   hosts=[HostRecord(0, info.hosts[0].address())]))
+        reg.mark_idle("stuck", 3600, busy=False)
+
+        from tpunb.provision.gcp import lookups
+
+        wait_for(lambda: lookups.idle_problem("proj", "us-central2-b", "stuck"), 10, "the watchdog's check at boot")
+        status, body = await call("GET", "slices")
+        seen = body["slices"][0]
+        assert seen["idle_delete_failing"] == ("idle delete failing: 403 proj-compute@developer.gserviceaccount.com "
+                                               "lacks tpu.nodes.delete in project proj")
+        assert seen["idle_delete_in"] is None
+        gcp.delete("proj", "us-central2-b", "stuck")
+    finally:
+        emulator.stop()

@@ -39,6 +39,7 @@ class HostRow:
     memory_used_bytes: float | None = None
     hbm_used_bytes: float | None = None  # all chips of the host
     idle_delete_in: float | None = None  # seconds until the slice's idle watchdog deletes its node
+    idle_delete_failing: str | None = None  # "idle delete failing: 403 ...": the watchdog cannot delete it
 
 
 @dataclass
@@ -108,8 +109,8 @@ class ForwardRow:
 
 #: latest metrics: dropped from the DataFrame when no host has reported any
 METRIC_COLUMNS = ("cpu_percent", "rss_bytes", "memory_used_bytes", "hbm_used_bytes")
-COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_delete_in", "slice_index", "host", "address", "state",
-           "pid", "runner", "uptime_s", *METRIC_COLUMNS]
+COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_delete_in", "idle_delete_failing",
+           "slice_index", "host", "address", "state", "pid", "runner", "uptime_s", *METRIC_COLUMNS]
 
 
 #: columns %tpu_status shows in human units (the returned DataFrame keeps the numbers)
@@ -127,6 +128,10 @@ def readable(table: "pandas.DataFrame") -> "pandas.DataFrame":
     for column, fmt in formats.items():
         if column in shown.columns:
             shown[column] = [fmt(v) if v is not None and v == v else "" for v in shown[column]]
+    if "idle_delete_failing" in shown.columns:  # the watchdog cannot delete: that, not a countdown
+        failing = [text if isinstance(text, str) and text else None for text in shown.pop("idle_delete_failing")]
+        if "idle_delete_in" in shown.columns:
+            shown["idle_delete_in"] = [text or shown_in for text, shown_in in zip(failing, shown["idle_delete_in"])]
     return shown
 
 
@@ -172,7 +177,12 @@ def frame(rows: Iterable[HostRow], services: Iterable[ServiceRow] = (), forwards
     if table["cloud_state"].isna().all():  # no row is a cloud node
         table = table.drop(columns=list(CLOUD_COLUMNS))
     table["slice_index"] = table["slice_index"].astype("Int64")  # 0, 1 (not 0.0) beside single slices' blanks
-    empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "slice_index") if table[c].isna().all()]
+    failing = table["idle_delete_failing"].notna()
+    table.loc[failing, "idle_delete_in"] = None  # no countdown to a delete that cannot happen
+    empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "idle_delete_failing", "slice_index")
+             if table[c].isna().all()]
+    if failing.any() and "idle_delete_in" in empty:
+        empty.remove("idle_delete_in")  # readable() shows the failure in this column
     shown = _status_frame_class()(table.drop(columns=empty))
     for key, made, cls in (("services", list(services), ServiceRow), ("forwards", list(forwards), ForwardRow)):
         if made:

@@ -59,6 +59,10 @@ export interface ISlice {
   forwards?: IForward[];
   /** Names of the services that run: while one does, the slice is busy (and bills). */
   busy_services?: string[];
+  /** Seconds until its idle watchdog deletes the node (null: no idle autodelete, or kept busy). */
+  idle_delete_in?: number | null;
+  /** "idle delete failing: 403 ...": the watchdog cannot delete the node (shown instead of a countdown). */
+  idle_delete_failing?: string | null;
   orphan: boolean;
   message?: string;
 }

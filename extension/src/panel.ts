@@ -227,6 +227,11 @@ export class SlicesPanel extends Widget {
       cost.textContent = `${formatUsd(slice.usd_per_hour, '/h')} · ${formatUsd(slice.usd_so_far)} so far`;
     }
     card.append(title, meta, cost);
+    if (slice.idle_delete_failing) {
+      card.append(el('div', 'jp-tpunb-IdleFailing', slice.idle_delete_failing));
+    } else if (slice.idle_delete_in !== undefined && slice.idle_delete_in !== null) {
+      card.append(el('div', 'jp-tpunb-Idle', `idle delete in ${formatDuration(slice.idle_delete_in)}`));
+    }
     if (slice.orphan && slice.message) {
       card.append(el('div', 'jp-tpunb-OrphanNote', `Orphan: ${slice.message}`));
     }

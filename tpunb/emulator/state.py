@@ -260,6 +260,8 @@ class Emulator(RequestChecks):
                       "agent-worker-number": str([e.internal_ip for e in node.endpoints].index(address))}
         if path == "instance/service-accounts/default/token":
             return {"access_token": self._issue_token(node), "expires_in": 3599, "token_type": "Bearer"}
+        if path == "instance/service-accounts/default/email":
+            return self.service_account(node)
         if path == "instance/attributes/":
             return "\n".join(sorted(attributes))
         if path.startswith("instance/attributes/"):
@@ -288,8 +290,8 @@ class Emulator(RequestChecks):
         entries = []
         for worker in workers:
             attributes = sorted((node.guest_attributes.get(worker) or {}).items())
-            items = [{"namespace": path.split("/", 1)[0], "key": path.split("/", 1)[1], "value": value}
-                     for path, value in attributes if path.startswith(query)]
+            items = [{"namespace": path.split("/", 1)[0], "key": path.split("/", 1)[1], **({"value": value} if value else {})}
+                     for path, value in attributes if path.startswith(query)]  # proto3 JSON: no empty value
             entry: dict = {"queryPath": query} if query else {}
             if items:
                 entry["queryValue"] = {"items": items}

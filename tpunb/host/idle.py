@@ -26,6 +26,12 @@ deletes, the watchdog reads them (``nodes.getGuestAttributes``) and counts the l
 worker that died with its service stops writing, so its last time ages like any other activity.
 The access token comes from the metadata server (``$GCE_METADATA_HOST``, as google-auth reads
 it, else metadata.google.internal) on every delete attempt and is kept in memory only.
+
+When it cannot act, it says so where a kernel can read it: at arming it asks Cloud Resource
+Manager's ``testIamPermissions``, with the VM's own token, whether the VM's service account may
+delete the node, and it writes the answer as worker 0's guest attribute ``tpunb/idle-error``
+(empty: it can; else why not, e.g. "403: ... lacks tpu.nodes.delete"); a delete that fails writes
+its error there too. %tpu_status and the sidebar show it instead of a countdown.
 """
 from __future__ import annotations
 
@@ -42,6 +48,10 @@ STATE, ACTIVITY, LOCK, LOG, SCRIPT = "idle.json", "activity", "idle.lock", "idle
 SERVING = "serving"
 METADATA_ATTRIBUTE = "tpunb-idle"
 SERVING_ATTRIBUTE = "tpunb/serving"  # a worker's guest attribute: when its services last ran (service.py)
+ERROR_ATTRIBUTE = "tpunb/idle-error"  # worker 0's guest attribute: why the watchdog cannot delete ("": it can)
+ERROR = "idle.error"  # the same, in the host dir
+IAM_ENDPOINT = "https://cloudresourcemanager.googleapis.com"
+CHECK_TIMEOUT = 5.0  # the permission check at arming: an API out of reach must not hold up a connect
 POLL = 5.0  # the watchdog looks at least this often (activity only moves the deadline later)
 RETRY = (15.0, 300.0)  # after a failed delete: first wait, doubling up to the last
 
@@ -152,7 +162,7 @@ def arm(config: dict, source: str) -> bool:
     if watchdog_running() and read_state() is not None:
         touch()
         return False
-    state = {k: config[k] for k in ("seconds", "node", "endpoint", "queued", "grace") if k in config}
+    state = {k: config[k] for k in ("seconds", "node", "endpoint", "iam_endpoint", "queued", "grace") if k in config}
     _mark(False)
     state["armed_at"] = last_activity()[0]  # a later touch means a kernel attached (ends the grace)
     tmp = _path(f".{STATE}.{os.getpid()}")
@@ -168,6 +178,7 @@ def arm(config: dict, source: str) -> bool:
     os.replace(tmp, script)
     _detached(script, "spawn", wait=True)  # which starts the watchdog and exits: init adopts it
     log(f"armed: delete {state['node']} after {state['seconds']:g} s idle")
+    say_problem(permission_problem(state))
     return True
 
 
@@ -214,6 +225,70 @@ def _api(state: dict, method: str, path: str, body: dict | None = None) -> bytes
         return response.read()
 
 
+def say_problem(problem: str | None) -> None:
+    """Tell kernels why the watchdog cannot delete the node ("" or None: it can), once per change:
+    the host dir's ``idle.error`` and worker 0's guest attribute ``tpunb/idle-error``."""
+    text = problem or ""
+    try:
+        with open(_path(ERROR), encoding="utf-8") as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    try:
+        with open(_path(ERROR), "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(_path(ERROR), 0o666)
+    except OSError:
+        pass
+    if text:
+        log(f"cannot delete the node: {text}")
+    try:
+        host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+        request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/guest-attributes/{ERROR_ATTRIBUTE}",
+                                         data=text.encode(), method="PUT", headers={"Metadata-Flavor": "Google"})
+        urllib.request.urlopen(request, timeout=CHECK_TIMEOUT).close()
+    except Exception as exc:  # guest attributes off, or no metadata server: the log says it
+        log(f"cannot write guest attribute {ERROR_ATTRIBUTE} ({type(exc).__name__}: {exc})")
+
+
+def permission_problem(state: dict) -> str | None:
+    """Why the VM's service account cannot delete the node, or None: Cloud Resource Manager's
+    projects.testIamPermissions with the VM's own token (what its delete would send)."""
+    project = state["node"].split("/")[1]
+    needed = ["tpu.nodes.delete"] + (["tpu.queuedResources.delete"] if state.get("queued") else [])
+    endpoint = (state.get("iam_endpoint") or IAM_ENDPOINT).rstrip("/")
+    try:
+        token = json.loads(metadata("instance/service-accounts/default/token", CHECK_TIMEOUT))["access_token"]
+        request = urllib.request.Request(f"{endpoint}/v1/projects/{project}:testIamPermissions", method="POST",
+                                         data=json.dumps({"permissions": needed}).encode(),
+                                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=CHECK_TIMEOUT) as response:
+            held = set(json.loads(response.read() or b"{}").get("permissions") or [])
+    except urllib.error.HTTPError as e:
+        return f"{e.code} {_message(e)}"
+    except Exception as exc:  # no route to Google's APIs (an --internal-ip node without Private Google Access)
+        return f"cannot reach {endpoint.split('//')[-1]} ({type(exc).__name__}: {exc})"
+    missing = [p for p in needed if p not in held]
+    if not missing:
+        return None
+    try:
+        account = metadata("instance/service-accounts/default/email", CHECK_TIMEOUT).strip()
+    except Exception:
+        account = "the VM's service account"
+    return f"403 {account} lacks {', '.join(missing)} in project {project}"
+
+
+def _message(error: urllib.error.HTTPError) -> str:
+    """The API's own message from an HTTP error's JSON body, on one line."""
+    body = error.read(2000).decode(errors="replace")
+    try:
+        body = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return " ".join(str(body).split())[:300]
+
+
 def delete_node(state: dict) -> str:
     """Delete the node with the VM's own credentials: 'deleted', 'gone' (404) or raise."""
     node = state["node"]
@@ -227,7 +302,7 @@ def delete_node(state: dict) -> str:
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return "gone"
-        raise RuntimeError(f"HTTP {e.code} {e.read(300).decode(errors='replace')}") from None
+        raise RuntimeError(f"HTTP {e.code} {_message(e)}") from None
 
 
 def served_elsewhere(state: dict) -> tuple[float, int] | None:
@@ -304,6 +379,8 @@ def watch() -> int:
                 outcome = delete_node(state)
             except Exception as exc:  # the API or metadata server failed: say so, try again
                 log(f"delete failed ({type(exc).__name__}: {exc}); retrying in {retry:g} s")
+                say_problem(f"{str(exc).removeprefix('HTTP ')} (its delete failed)" if isinstance(exc, RuntimeError)
+                            else f"its delete failed ({type(exc).__name__}: {exc})")
                 time.sleep(retry)
                 retry = min(retry * 2, RETRY[1])
                 continue

@@ -67,13 +67,14 @@ def _slice_row(record: SliceRecord, now: float, nodes: Nodes, reg: Registry) -> 
         if usd_per_hour is not None and running_s is not None else None,
         "list_usd_per_hour": seen.list_usd_per_hour,
         "idle_delete_in": reg.idle_delete_in(record.name, owner_alive),
+        "idle_delete_failing": seen.cloud.get("idle_delete_failing"),
         "owner_pid": record.owner_pid,
         "hosts": _host_rows(record, seen, owner_alive, reg.latest_metrics(record.name)),
         "orphan": False,
     }
     serving = _serving(record, usd_per_hour)
-    if serving["idle_held"]:
-        row["idle_delete_in"] = None  # the watchdog keeps the node while its service runs
+    if serving["idle_held"] or row["idle_delete_failing"]:
+        row["idle_delete_in"] = None  # the watchdog keeps the node while its service runs, or cannot delete it
     return {**row, **serving}
 
 

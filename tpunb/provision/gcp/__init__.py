@@ -25,7 +25,7 @@ from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp import adopt as adoption
-from tpunb.provision.gcp import failover, logins
+from tpunb.provision.gcp import failover, logins, lookups
 from tpunb.provision.gcp.adopt import adopt, host_records  # noqa: F401 - adopt is this backend's re-attach
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
@@ -139,10 +139,24 @@ def create(request: LaunchRequest) -> Slice:
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
     if opts.idle_delete:
         cost += f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)"
+        _say_idle_problem(project, zone, name)
     tries = f" ({search.summary()})" if len(places) > 1 else ""
     progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} host"
                   f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
     return sl
+
+
+def _say_idle_problem(project: str, zone: str, name: str, wait: float = 5.0) -> None:
+    """Once the watchdog has checked it may delete the node (at arming: host 0's agent armed it as it
+    started), warn if it may not; a watchdog that has not said within ``wait`` seconds says nothing."""
+    deadline = time.monotonic() + wait
+    try:
+        while (problem := lookups.idle_problem(project, zone, name)) is None and time.monotonic() < deadline:
+            api._sleep(0.1)
+    except Exception:  # the slice is up: a question about its watchdog must not lose it
+        return
+    if problem:
+        report.warn(gcp_errors.idle_problem_message(name, project, problem))
 
 
 def _colab_idle_default(opts: CloudOptions, slices: int) -> CloudOptions:

@@ -249,6 +249,20 @@ def os_login_message(name: str, project: str, user: str, key_path: str) -> str:
             "user name")
 
 
+def idle_problem_message(name: str, project: str, problem: str) -> str:
+    """The one warning at launch when the slice's idle watchdog cannot delete its node."""
+    account = re.search(r"\S+@\S+\.gserviceaccount\.com", problem)
+    if problem.startswith("cannot reach"):
+        fix = ("give the node's subnetwork Private Google Access (`gcloud compute networks subnets update SUBNET "
+               "--region REGION --enable-private-ip-google-access`) or launch without --internal-ip")
+    else:
+        member = f"serviceAccount:{account.group(0)}" if account else "serviceAccount:THE_VMS_SERVICE_ACCOUNT"
+        fix = (f"let the VMs' service account delete TPU nodes: `gcloud projects add-iam-policy-binding {project} "
+               f"--member={member} --role=roles/tpu.admin`")
+    return (f"[tpunb] --idle-delete cannot delete {name}: its watchdog says {problem}; {fix}, or delete it yourself "
+            f"with %tpu_down {name}")
+
+
 def preempted_message(name: str, state: str, spot: bool) -> str:
     """A node lost while it was being created (spot capacity taken back, maintenance)."""
     verb = "preempted" if state == "PREEMPTED" else state.lower()

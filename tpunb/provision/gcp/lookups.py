@@ -44,3 +44,24 @@ def quota_failures(project: str, zone: str) -> list[tuple[str, str]]:
             if gcp_errors.classify(failure) == "quota":
                 found.append((qr.name.rsplit("/", 1)[-1], failure.message))
     return found
+
+
+def idle_problem(project: str, zone: str, name: str) -> str | None:
+    """Why the node's idle watchdog cannot delete it, as it wrote on worker 0 (guest attribute
+    ``tpunb/idle-error``): "" when it can, None when it has not said (not armed yet, or unreadable)."""
+    from tpunb.host.idle import ERROR_ATTRIBUTE
+
+    from google.cloud import tpu_v2
+
+    request = tpu_v2.GetGuestAttributesRequest(name=f"projects/{project}/locations/{zone}/nodes/{name}",
+                                               query_path=ERROR_ATTRIBUTE, worker_ids=["0"])
+    try:
+        answer = _call(project, zone, name, api.client().get_guest_attributes, request=request)
+    except ProvisionError:
+        return None
+    namespace, key = ERROR_ATTRIBUTE.split("/")
+    for entry in answer.guest_attributes:
+        for item in entry.query_value.items:
+            if (item.namespace, item.key) == (namespace, key):
+                return item.value
+    return None

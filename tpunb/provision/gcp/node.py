@@ -14,7 +14,7 @@ import time
 
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, TpunbError
-from tpunb.provision.gcp import api, errors as gcp_errors
+from tpunb.provision.gcp import api, errors as gcp_errors, lookups
 from tpunb.provision.gcp.config import format_duration
 from tpunb.registry import SliceRecord
 from tpunb.slice import Node
@@ -59,6 +59,7 @@ class CloudNode(Node):
         self._reported = False
         self._blind = False  # the watch said it cannot see the node; quiet until it can again
         self.watch_failures = 0  # watch rounds that could not read the node
+        self._problem: tuple[float, str | None] = (float("-inf"), None)  # when read, what the watchdog said
         self._stop = threading.Event()
         if watch:
             threading.Thread(target=self._watch, daemon=True, name=f"tpunb-watch-{name}").start()
@@ -141,13 +142,26 @@ class CloudNode(Node):
         config = api.idle_config(self.project, self.zone, self.name, self.idle_seconds, self.queued)
         return {"idle": {**config, "source": idle_script()}}
 
+    def idle_problem(self) -> str | None:
+        """Why the slice's idle watchdog cannot delete the node ("": it can; None: not said or no
+        idle autodelete), as it wrote on worker 0; read at most every FRESH_SECONDS."""
+        if not self.idle_seconds or self.info is None or self.slices > 1:
+            return None
+        read_at, said = self._problem
+        if time.monotonic() - read_at > FRESH_SECONDS:
+            said = lookups.idle_problem(self.project, self.zone, self.name)
+            self._problem = (time.monotonic(), said)
+        return said
+
     def status(self) -> dict:
         info = self.info
         uptime = info.uptime() if info is not None else None
+        problem = self.idle_problem()
         return {"cloud_state": (info.state or info.queued_state) if info else "GONE",
                 "health": info.health if info else None,
                 "uptime_s": round(uptime, 1) if uptime is not None else None,
-                "usd_per_hour": self.price_per_hour}
+                "usd_per_hour": self.price_per_hour,
+                "idle_delete_failing": f"idle delete failing: {problem}" if problem else None}
 
     def close(self) -> None:
         self._stop.set()
