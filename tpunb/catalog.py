@@ -51,6 +51,7 @@ class Generation:
     zones: tuple[str, ...]
     zone_sizes: dict[str, tuple[int, ...]]
     sources: dict[str, tuple[str, ...]]
+    planning_only: str = ""  # why it can be planned for but not launched (tpu7x: not through the Cloud TPU API)
 
     def name(self, size: int) -> str:
         return f"{self.prefix}-{size}"
@@ -82,6 +83,7 @@ class Accelerator:
     spot_price_per_chip_hour: float | None
     default_runtime: str
     zones: tuple[str, ...]
+    planning_only: str = ""  # why it can be planned for but not launched ("": it can be launched)
 
     @property
     def hbm_bytes(self) -> float:
@@ -146,6 +148,7 @@ def _generations() -> dict[str, Generation]:
             zones=tuple(g["zones"]),
             zone_sizes={z: tuple(s) for z, s in g.get("zone_sizes", {}).items()},
             sources={k: tuple(v) for k, v in g["sources"].items()},
+            planning_only=g.get("planning_only", ""),
         )
     return gens
 
@@ -252,6 +255,7 @@ def _build(g: Generation, topology: str, name: str, zones: tuple[str, ...]) -> A
         spot_price_per_chip_hour=g.price_spot,
         default_runtime=g.default_runtime,
         zones=zones,
+        planning_only=g.planning_only,
     )
 
 
@@ -331,9 +335,17 @@ def _unknown_message(norm: str) -> str:
     return f"unknown accelerator {norm!r}: names look like {gens}{hint}"
 
 
+def check_launchable(acc: Accelerator) -> None:
+    """A planning-only type (tpu7x) is a one-line UsageError before anything is asked of a cloud."""
+    if acc.planning_only:
+        raise UsageError(f"{acc.name} is for planning only ({acc.planning_only}): %tpu_plan and %tpu_catalog "
+                         "show it; launch a v6e or older type")
+
+
 def check_zone(acc: Accelerator | str, zone: str) -> None:
     """Raise ProvisionError (one line, with the zones that do offer it) if ``zone`` lacks ``acc``."""
     acc = lookup(acc) if isinstance(acc, str) else acc
+    check_launchable(acc)
     if zone in acc.zones:
         return
     g = _generations()[acc.generation]
@@ -405,7 +417,7 @@ def _row(acc: Accelerator) -> dict[str, Any]:
             acc.price_per_hour(spot=True) if acc.spot_price_per_chip_hour is not None else None
         ),
         "default_runtime": acc.default_runtime,
-        "zones": ", ".join(acc.zones),
+        "zones": f"planning only: {acc.planning_only}" if acc.planning_only else ", ".join(acc.zones),
     }
 
 

@@ -46,6 +46,7 @@ class Faults:
     os_login: bool = False  # new VMs ignore metadata ssh-keys, as under OS Login (enable-oslogin=TRUE)
     delete_denied: bool = False  # delete calls answer 403 (caller lacks tpu.*.delete): clean-up fails
     api_disabled: bool = False  # every call answers 403 SERVICE_DISABLED
+    offered: dict[str, list[str]] | None = None  # {zone: [type, ...]}: what those zones offer, not the catalog's
     slow_create: float = 0.0  # extra seconds a node stays CREATING
     preempt_after: float | None = None  # spot nodes are preempted this long after READY
 
@@ -94,6 +95,8 @@ def _coerce_fault(key: str, value: Any) -> Any:
         return bool(value)
     if key == "slow_create":
         return float(value or 0)
+    if key == "offered":
+        return {str(z): [str(t) for t in types] for z, types in value.items()} if value else None
     return None if value is None else float(value)
 
 
@@ -119,7 +122,7 @@ class RequestChecks:
                     )
                 ],
             )
-        if not (wildcard and zone == "-") and zone not in catalog.zones():
+        if not (wildcard and zone == "-") and zone not in catalog.zones() and zone not in (self.faults.offered or {}):
             raise ApiError(
                 403, "PERMISSION_DENIED", f"Location {zone} is not found or access is unauthorized."
             )
@@ -168,7 +171,9 @@ class RequestChecks:
                 "INVALID_ARGUMENT",
                 f'Cloud TPU received a bad request. Invalid accelerator type "{name}". {eid()}',
             ) from None
-        if zone not in acc.zones or acc.generation not in ACCELERATOR_CONFIG_TYPES:  # no TPU7x in this API
+        offered = (self.faults.offered or {}).get(zone)
+        if (acc.name not in offered if offered is not None else zone not in acc.zones) \
+                or acc.generation not in ACCELERATOR_CONFIG_TYPES:  # no TPU7x in this API
             raise ApiError(
                 400,
                 "INVALID_ARGUMENT",

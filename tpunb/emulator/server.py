@@ -107,7 +107,7 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
     def located(fn: Callable[..., Any], *args: str) -> Any:
         """A catalog call, after the same location (and API enabled) checks every call gets."""
         emu.call(emu._check_location, p, z)
-        return fn(p, z, *args)
+        return fn(p, z, *args, offered=emu.faults.offered)
 
     calls: dict[str, Callable[[], Any]] = {
         "list_nodes": lambda: emu.call(emu.list_nodes, p, z, size, token),

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 def option_row(o: SliceEstimate, p: Plan) -> dict[str, Any]:
     """One option as numbers (seconds, GiB, USD), for DataFrames that sort and plot."""
     row: dict[str, Any] = {
-        "slice": o.accelerator, "generation": o.generation, "chips": o.chips, "hosts": o.hosts,
+        "slice": o.accelerator, "generation": o.generation, "planning_only": _slice_name(o) != o.accelerator,
+        "chips": o.chips, "hosts": o.hosts,
         "fits": o.fits, "mesh": str(o.mesh), "gib_per_chip": o.memory_per_chip / GIB,
         "hbm_gib_per_chip": o.hbm_per_chip / GIB, "bound": o.bound, "step_s": o.step_seconds,
         "tokens_per_s": o.tokens_per_second, "usd_per_hour": o.usd_per_hour,
@@ -31,10 +32,22 @@ def option_row(o: SliceEstimate, p: Plan) -> dict[str, Any]:
     return row
 
 
+def _slice_name(o: SliceEstimate) -> str:
+    """The option's slice, marked when it can be planned for but not launched (tpu7x)."""
+    from tpunb import catalog
+    from tpunb.errors import UnknownAcceleratorError
+
+    try:
+        planning_only = catalog.lookup(o.accelerator).planning_only
+    except UnknownAcceleratorError:  # a hypothetical shape: named by its topology
+        planning_only = catalog.generation(o.generation).planning_only
+    return f"{o.accelerator} (planning only)" if planning_only else o.accelerator
+
+
 def _display_row(o: SliceEstimate, p: Plan) -> dict[str, str]:
     """One option as a person reads it."""
     row = {
-        "slice": o.accelerator, "chips": str(o.chips), "hosts": str(o.hosts), "mesh": str(o.mesh),
+        "slice": _slice_name(o), "chips": str(o.chips), "hosts": str(o.hosts), "mesh": str(o.mesh),
         "GiB/chip": f"{o.memory_per_chip / GIB:,.1f}/{o.hbm_per_chip / GIB:,.0f}" + ("" if o.fits else " (too big)"),
         "bound": o.bound,
     }

@@ -133,5 +133,6 @@ def delete_slice(name: str) -> dict[str, Any]:
 
 def catalog() -> dict[str, Any]:
     """Accelerator names and zones for the launch form's completion, and the default backend."""
-    return {"accelerators": _catalog.names(), "zones": _catalog.zones(), "backends": list(provision.LAUNCH_BACKENDS),
+    launchable = [n for n in _catalog.names() if not _catalog.lookup(n).planning_only]  # no tpu7x to launch
+    return {"accelerators": launchable, "zones": _catalog.zones(), "backends": list(provision.LAUNCH_BACKENDS),
             "default_backend": provision.default_backend()}

@@ -71,7 +71,7 @@ def create(request: LaunchRequest) -> Slice:
         raise UsageError("--idle-delete watches one node, not yet a multislice: launch it without --idle-delete "
                          f"and end it with %tpu_down {name}")
     project, zone = require_project_zone(opts.project, opts.zone)
-    places = _places(accel, zone, opts.alternatives)
+    places = _places(accel, project, zone, opts.alternatives)
     key_path, public_key = keys.default_key()
     opts = _colab_idle_default(opts, slices)
     access = logins.login(project, public_key, opts.user)  # before any node exists: a refusal costs nothing
@@ -172,11 +172,14 @@ def _colab_idle_default(opts: CloudOptions, slices: int) -> CloudOptions:
     return dataclasses.replace(opts, idle_delete=COLAB_IDLE_DEFAULT, idle_delete_given=True)
 
 
-def _places(accel: catalog.Accelerator, zone: str, alternatives: str | None) -> list[failover.Candidate]:
-    """Where to try: one zone (checked against the catalog), or every (type, zone) of a failover."""
+def _places(accel: catalog.Accelerator, project: str, zone: str, alternatives: str | None
+            ) -> list[failover.Candidate]:
+    """Where to try: one zone (checked against what the API lists there, else the catalog), or
+    every (type, zone) of a failover."""
     zone_list = failover.zones(accel, zone)
     if len(zone_list) == 1 and not alternatives and zone.strip().lower() != failover.ANY:
-        catalog.check_zone(accel, zone_list[0])
+        lookups.check_offered(project, zone_list[0], accel)
+        return [failover.Candidate(accel.name, zone_list[0])]
     return failover.candidates(accel, zone_list, alternatives, any_zone=zone.strip().lower() == failover.ANY)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tpunb import catalog
+from tpunb import catalog, report
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
@@ -74,7 +74,11 @@ def candidates(accelerator: catalog.Accelerator, zone_list: list[str], alternati
                any_zone: bool = False) -> list[Candidate]:
     """Every (type, zone) to try, ACCELERATOR's zones first, then each alternative's. A type is
     tried only in zones that offer it (``any_zone``: in every zone that does, nearest first)."""
+    catalog.check_launchable(accelerator)
     types = [accelerator] + [catalog.lookup(t) for t in _names(alternatives)]
+    for alt in [t for t in types[1:] if t.planning_only]:  # never tried: one note, and the search goes on
+        report.info(f"[tpunb] --alternatives: skipping {alt.name}, which is for planning only ({alt.planning_only})")
+        types.remove(alt)
     for alt in types[1:]:
         if alt.hosts != accelerator.hosts:
             raise UsageError(f"--alternatives {alt.name} has {alt.hosts} host{'s' if alt.hosts > 1 else ''}, "

@@ -1,8 +1,10 @@
 """Read-only questions to the Cloud TPU API that change nothing: does a zone offer a type, which
-runtime versions it has, which queued resources failed on quota. %tpu_doctor asks them; they go
-through the same client and error translation as ``api`` (the one seam for cloud calls)."""
+runtime versions it has, which queued resources failed on quota, what the idle watchdog said.
+%tpu_doctor and %tpu_launch ask them; they go through the same client and error translation as
+``api`` (the one seam for cloud calls). What a zone offers is asked once per session."""
 from __future__ import annotations
 
+from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
@@ -23,6 +25,48 @@ def offers(project: str, zone: str, accelerator: str) -> bool:
             return False
         raise
     return True
+
+
+#: (endpoint, project, zone) -> the accelerator types the API lists there: asked once per session
+_offered_in: dict[tuple[str, str, str], frozenset[str]] = {}
+#: failures that say the question could not be asked (not that the answer is no)
+UNASKABLE = frozenset({"permission", "unavailable", "other"})
+
+
+def accelerator_types(project: str, zone: str) -> frozenset[str] | None:
+    """The types ``zone`` lists (acceleratorTypes), cached for the session; None when they cannot
+    be read (no tpu.acceleratortypes.list, the API unreachable). A zone that does not exist raises."""
+    key = (api.endpoint() or "google", project, zone)
+    if key not in _offered_in:
+        parent = f"projects/{project}/locations/{zone}"
+        try:
+            pages = _call(project, zone, "accelerator types", api.client().list_accelerator_types, parent=parent)
+            _offered_in[key] = frozenset(t.type_ for t in pages)
+        except ProvisionError as e:
+            if e.reason in UNASKABLE:
+                return None
+            raise
+    return _offered_in[key]
+
+
+def check_offered(project: str, zone: str, accelerator: catalog.Accelerator) -> None:
+    """%tpu_launch's zone check: what the API lists for the zone decides; where it cannot be asked,
+    tpunb's catalog does. A one-line ProvisionError naming what the zone does offer."""
+    catalog.check_launchable(accelerator)
+    offered = accelerator_types(project, zone)
+    if offered is None:
+        catalog.check_zone(accelerator, zone)
+        return
+    if accelerator.name in offered:
+        return
+    same = sorted((t for t in offered if t.rsplit("-", 1)[0] == accelerator.name.rsplit("-", 1)[0]),
+                  key=lambda t: int(t.rsplit("-", 1)[1]) if t.rsplit("-", 1)[1].isdigit() else 0)
+    listed = f"it offers {', '.join(same)}" if same else (f"it offers {', '.join(sorted(offered)[:6])}"
+                                                          f"{', ...' if len(offered) > 6 else ''}" if offered else "it offers no TPU type")
+    elsewhere = [z for z in accelerator.zones if z != zone][:4]
+    hint = f"; zones with {accelerator.name} in tpunb's catalog: {', '.join(elsewhere)}" if elsewhere else ""
+    raise ProvisionError(f"{accelerator.name} is not offered in {zone} (the Cloud TPU API lists the zone's types: "
+                         f"{listed}){hint}", "invalid_accelerator")
 
 
 def runtime_versions(project: str, zone: str) -> list[str]:

@@ -1,0 +1,61 @@
+"""Zones and types from the API: what a zone offers is what the Cloud TPU API lists for it (asked
+once a session), the catalog only where the API cannot be asked; tpu7x is for planning only."""
+from __future__ import annotations
+
+import pytest
+
+from tpunb import catalog
+from tpunb.errors import ProvisionError, UsageError
+from tests.test_cloud import cloud, launch, tpu_emulator_options  # noqa: F401 - fixtures
+
+
+def type_lists(wire) -> list:
+    return [e for e in wire if e.method == "GET" and e.path.endswith("/acceleratorTypes")]
+
+
+def test_the_api_decides_what_a_zone_offers_and_is_asked_once(cloud, cell, launch):
+    cloud.faults(offered={"us-central2-b": ["v4-8"], "us-central2-z": ["v4-8"]})
+    wire = cloud.record()
+    refused = launch("--name wide --zone us-central2-b")  # v4-16: the catalog says yes, the API no
+    assert isinstance(refused.error, ProvisionError) and "\n" not in str(refused.error)
+    assert "v4-16 is not offered in us-central2-b (the Cloud TPU API lists the zone's types: it offers v4-8)" \
+        in str(refused.error)
+    assert not [e for e in wire if e.method == "POST"] and cloud.state()["nodes"] == []
+    assert launch("--name newzone --zone us-central2-z", accel="v4-8").error is None  # in no catalog, offered
+    assert cell("%tpu_down newzone").error is None
+    again = launch("--name wide2 --zone us-central2-b")
+    assert isinstance(again.error, ProvisionError)
+    assert [e.path.split("/")[5] for e in type_lists(wire)] == ["us-central2-b", "us-central2-z"]  # once per zone
+
+
+def test_where_the_api_cannot_be_asked_the_catalog_decides(cloud, launch):
+    cloud.accounts(permissions={"user@example.com": ["tpu.nodes.*"]})  # no tpu.acceleratortypes.list
+    refused = launch("--name far --zone europe-west4-a")
+    assert isinstance(refused.error, ProvisionError) and "zones with v4-16: us-central2-b" in str(refused.error)
+
+
+def test_tpu7x_is_for_planning_only_everywhere(cloud, cell, ip, launch):
+    table = catalog.table("tpu7x")
+    assert all(z.startswith("planning only: the Cloud TPU API (tpu_v2) cannot create TPU7x") for z in table["zones"])
+    assert "tpu7x-8 (planning only)" in cell("%tpu_plan llama3-8b --tpu tpu7x").shown
+    assert "tpu7x" not in catalog.zones() and not catalog.lookup("tpu7x-8").zones
+    refused = cell("%tpu_launch tpu7x-8")
+    assert isinstance(refused.error, UsageError) and "tpu7x-8 is for planning only" in str(refused.error)
+    from tpunb.server import model
+
+    assert not [n for n in model.catalog()["accelerators"] if n.startswith("tpu7x")]  # the sidebar's form
+
+
+def test_alternatives_and_races_skip_tpu7x_with_a_note(cloud, cell, launch):
+    """v5litepod-8 and tpu7x-8 are both one host: the race goes on without tpu7x, and says why."""
+    run = launch("--name raced --zone us-central1-a,us-west4-a --alternatives tpu7x-8 --race 2", accel="v5litepod-8")
+    assert run.error is None, run.shown
+    assert "--alternatives: skipping tpu7x-8, which is for planning only" in run.shown
+    assert cloud.state()["nodes"][0]["acceleratorType"] == "v5litepod-8"
+    assert cell("%tpu_down raced").error is None
+
+
+@pytest.mark.parametrize("zone", ["us-east1-c", "us-east5-b"])
+def test_the_catalog_no_longer_offers_v5e_where_google_does_not(zone):
+    with pytest.raises(ProvisionError, match="v5litepod-8 is not offered in zone"):
+        catalog.check_zone("v5litepod-8", zone)
