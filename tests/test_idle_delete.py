@@ -306,7 +306,8 @@ def test_activity_postpones_deletion_and_status_shows_the_timer(cloud, sshd, cel
     wait_for(lambda: "busy" not in node_names(cloud), 4 + BOUND, "the idle watchdog to delete the node")
     assert time.monotonic() - ended > 3.5  # not before its time
     after = cell("%%on_tpu\n1")
-    assert "no longer exists" in str(after.error) and "idle autodelete" in str(after.error)
+    gone = str(after.error)  # gone, or still being deleted when the cell came
+    assert ("no longer exists" in gone or "is DELETING" in gone) and "idle autodelete" in gone, gone
     assert cell("%tpu_down busy").error is None  # the node is gone already: down forgets the slice
 
 

@@ -199,6 +199,8 @@ def test_real_api_failures_become_one_line_errors(path):
     assert error.reason == fixture["expect"]["reason"], text
     for part in fixture["expect"]["contains"]:
         assert part in text
+    for part in fixture["expect"].get("lacks", []):
+        assert part not in text
     assert "\n" not in text and "EID" not in text and "https://tpu.googleapis.com" not in text and len(text) < 400
 
 

@@ -9,6 +9,7 @@ real API does, so the official client parses these bodies without knowing it is 
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -222,6 +223,13 @@ class QueuedResource:
     delete_op: Operation | None = None
     attempts: int = 0  # times it looked for capacity (emulator-only, shown in the admin state)
     create_time: str = field(default_factory=now_rfc3339)
+    created_at: float = field(default_factory=time.monotonic)  # for queueingPolicy.validUntilDuration
+
+    @property
+    def valid_for(self) -> float | None:
+        """queueingPolicy.validUntilDuration in seconds ("90s" in proto3 JSON), or None."""
+        text = str((self.request.get("queueingPolicy") or {}).get("validUntilDuration") or "")
+        return float(text.rstrip("s")) if text else None
 
     @property
     def name(self) -> str:

@@ -33,6 +33,8 @@ from tpunb.emulator.resources import (
 )
 
 RESOURCE_EXHAUSTED, ABORTED = 8, 10
+#: what a READY node can be made to become (the admin's preempt): its VMs stop answering
+LOST_STATES = ("PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN", "REPAIRING")
 
 
 class Emulator(RequestChecks):
@@ -189,7 +191,7 @@ class Emulator(RequestChecks):
             self._at(self.faults.preempt_after, self._preempt, node, "PREEMPTED")
 
     def _preempt(self, node: Node, state: str) -> None:
-        if self.nodes.get(node.name) is not node or node.state in ("DELETING", "PREEMPTED", "TERMINATED"):
+        if self.nodes.get(node.name) is not node or node.state in LOST_STATES:
             return
         if node.create_op and not node.create_op.done:
             node.create_op.finish(
@@ -266,7 +268,9 @@ class Emulator(RequestChecks):
             return "\n".join(sorted(attributes))
         if path.startswith("instance/attributes/"):
             return attributes.get(path[len("instance/attributes/"):])
+        network = str((node.request.get("networkConfig") or {}).get("network") or "default").rsplit("/", 1)[-1]
         return {"project/project-id": node.project, "instance/zone": f"projects/{node.project}/zones/{node.zone}",
+                "instance/network-interfaces/0/network": f"projects/{node.project}/networks/{network}",
                 "instance/hostname": f"t1v-n-{node.node_id}-w-{attributes['agent-worker-number']}"}.get(path)
 
     def put_guest_attribute(self, address: str, path: str, value: str) -> bool | None:
@@ -426,6 +430,11 @@ class Emulator(RequestChecks):
         if self.queued.get(qr.name) is not qr or qr.state != "WAITING_FOR_RESOURCES":
             return
         qr.attempts += 1
+        if qr.valid_for is not None and time.monotonic() - qr.created_at >= qr.valid_for:
+            qr.state, qr.state_initiator = "FAILED", "SERVICE"  # "the request will be failed" (cloud_tpu.proto)
+            qr.failed_error = {"code": 4, "message": "The queued resource was not provisioned within its "
+                               f"valid_until_duration ({qr.valid_for:g}s). {eid()}"}
+            return
         if self.faults.quota_in(qr.zone):
             qr.state, qr.state_initiator = "FAILED", "SERVICE"
             qr.failed_error = {
@@ -519,8 +528,8 @@ class Emulator(RequestChecks):
         if len(matches) > 1:
             raise ApiError(400, "INVALID_ARGUMENT", f"node id {ref!r} is ambiguous: use the full name")
         state = (state or "PREEMPTED").upper()
-        if state not in ("PREEMPTED", "TERMINATED"):
-            raise ApiError(400, "INVALID_ARGUMENT", "state must be PREEMPTED or TERMINATED")
+        if state not in LOST_STATES:
+            raise ApiError(400, "INVALID_ARGUMENT", f"state must be one of {', '.join(LOST_STATES)}")
         node = matches[0]
         self._at(float(after or 0), self._preempt, node, state)
         self._advance()

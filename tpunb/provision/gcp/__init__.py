@@ -25,7 +25,7 @@ from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp import adopt as adoption
-from tpunb.provision.gcp import failover, logins, lookups
+from tpunb.provision.gcp import failover, logins, lookups, rest
 from tpunb.provision.gcp.adopt import adopt, host_records  # noqa: F401 - adopt is this backend's re-attach
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
@@ -74,6 +74,8 @@ def create(request: LaunchRequest) -> Slice:
     places = _places(accel, project, zone, opts.alternatives)
     key_path, public_key = keys.default_key()
     opts = _colab_idle_default(opts, slices)
+    if opts.internal_ip:
+        _check_reaches_vpc(opts.network)
     access = logins.login(project, public_key, opts.user)  # before any node exists: a refusal costs nothing
     opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=access.user,
                                python=opts.python or "python3", queued=opts.queued or opts.race is not None)
@@ -99,6 +101,11 @@ def create(request: LaunchRequest) -> Slice:
     except KeyboardInterrupt:
         reg.delete_slice(name)
         message = f"launch of {name} interrupted: what it had created was deleted, nothing is left running"
+        states = [o.detail for o in search.outcomes if o.kind == "cancelled" and o.detail]
+        if opts.queued:  # a request that was waiting for capacity: say it is gone too
+            doing = f" ({states[-1]})" if states else ""
+            message = (f"launch of {name} interrupted after {format_duration(time.perf_counter() - started)}: its "
+                       f"queued resource request{doing} was deleted, nothing is left running or waiting")
         progress.failed(message)
         raise CellInterrupted(message) from None
     except BaseException as exc:
@@ -144,6 +151,22 @@ def create(request: LaunchRequest) -> Slice:
     progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} host"
                   f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
     return sl
+
+
+def _check_reaches_vpc(network: str | None) -> None:
+    """--internal-ip: the nodes get no external IP, so this machine must be in their VPC network to
+    reach them; say so before any node exists, not after SSH retries (network names only: a
+    Shared VPC host project's network of the same name passes)."""
+    wanted = (network or "default").rsplit("/", 1)[-1]
+    own = rest.own_network()
+    if own is None:
+        raise ProvisionError(f"--internal-ip: this machine is not a Google Cloud VM (no metadata server answered), so "
+                             f"it cannot reach the nodes' internal IPs: launch without --internal-ip, or run the "
+                             f"notebook on a VM in network {wanted}", "network")
+    if own.rsplit("/", 1)[-1] != wanted:
+        raise ProvisionError(f"--internal-ip: this machine is in network {own.rsplit('/', 1)[-1]}, the nodes would be in "
+                             f"{wanted}: pass --network {own.rsplit('/', 1)[-1]}, or launch without --internal-ip",
+                             "network")
 
 
 def _say_idle_problem(project: str, zone: str, name: str, wait: float = 5.0) -> None:

@@ -29,6 +29,7 @@ from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision import interrupts, warm
 from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp.config import format_duration
 from tpunb.provision.gcp.config import ENDPOINT_ENV, endpoint, require_project_zone, resolve_project_zone  # noqa: F401
 from tpunb.provision.gcp.spec import IDLE_ATTRIBUTE, LAUNCH_LABEL, idle_config, node_body  # noqa: F401
 from tpunb.provision.gcp.records import (  # noqa: F401 - the records are part of this seam's API
@@ -61,6 +62,7 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = 1200.0
+QUEUE_GRACE = 60.0  # after its valid_until_duration, how long a queued resource may take to be failed
 DELETE_TIMEOUT = 600.0
 #: what tpu.googleapis.com creates (tpu_v2's AcceleratorConfig.Type has these and no later one)
 TPU_API_GENERATIONS = frozenset({"v2", "v3", "v4", "v5e", "v5p", "v6e"})
@@ -179,17 +181,30 @@ def _queued_or_none(api: Any, name: str) -> Any:
 # -- create --------------------------------------------------------------------------------
 
 
+#: while a queued resource waits for capacity, say how long it has waited this often (seconds)
+WAIT_REPORT = 60.0
+
+
 class _Transitions:
-    """Calls ``on_state(state, elapsed)`` once per new state, in order."""
+    """Calls ``on_state(state, elapsed)`` once per new state, in order; while a queued resource stays
+    WAITING_FOR_RESOURCES, again every WAIT_REPORT seconds with the time it has waited."""
 
     def __init__(self, on_state: Callable[[str, float], Any] | None, started: float) -> None:
         self.on_state, self.started, self.last = on_state, started, None
+        self.since = self.reported = started
+        self.waited_in: str | None = None
 
     def see(self, state: str) -> None:
+        now = time.monotonic()
         if state != self.last:
-            self.last = state
+            if self.last not in (None, "FAILED"):
+                self.waited_in = self.last  # what it was doing before it failed (a queued timeout says it)
+            self.last, self.since, self.reported = state, now, now
             if self.on_state is not None:
-                self.on_state(state, time.monotonic() - self.started)
+                self.on_state(state, now - self.started)
+        elif state == "WAITING_FOR_RESOURCES" and now - self.reported >= WAIT_REPORT and self.on_state is not None:
+            self.reported = now
+            self.on_state(f"{state}, waited {format_duration(now - self.since)}", now - self.started)
 
 
 class _TimedOut(Exception):
@@ -240,9 +255,12 @@ class Attempt:
         self.spec, self.timeout = spec, timeout
         self.ctx = gcp_errors.Context(spec.name, spec.project, spec.zone, acc.name, spec.spot, spec.queued)
         started = time.monotonic()
-        self.deadline = None if timeout is None else started + timeout
-        self.watch = _Transitions(on_state, started)
         self.queued = spec.queued or spec.slices > 1  # a multislice exists only as a queued resource
+        # a queued resource is told its own limit (valid_until_duration): the API fails it then; this
+        # side gives up only QUEUE_GRACE later, in case that never comes
+        self.deadline = None if timeout is None else started + timeout + (QUEUE_GRACE if self.queued else 0.0)
+        self.started = started
+        self.watch = _Transitions(on_state, started)
         _, self.node_name, self.qr_name = _names(spec.project, spec.zone, spec.name)
         self.api = client()
         launch = secrets.token_hex(4)
@@ -269,6 +287,11 @@ class Attempt:
         queued = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[node_spec]))
         if spec.spot:
             queued.spot = tpu_v2.QueuedResource.Spot()
+        if self.timeout is not None:  # the request fails by itself once it has waited this long
+            from google.protobuf import duration_pb2
+
+            queued.queueing_policy = tpu_v2.QueuedResource.QueueingPolicy(
+                valid_until_duration=duration_pb2.Duration(seconds=max(1, int(self.timeout))))
         return self.api.create_queued_resource(parent=parent, queued_resource_id=spec.name, queued_resource=queued)
 
     @property
@@ -284,8 +307,13 @@ class Attempt:
         this attempt made and raises the one-line ProvisionError."""
         spec = self.spec
         try:
-            info = (_poll_queued if self.queued else _poll_node)(self.api, self.op, self.node_name, self.qr_name,
-                                                                 self.watch)
+            try:
+                info = (_poll_queued if self.queued else _poll_node)(self.api, self.op, self.node_name, self.qr_name,
+                                                                     self.watch)
+            except _OperationFailed:
+                if self.queued and self.timeout is not None and time.monotonic() - self.started >= self.timeout:
+                    raise _TimedOut() from None  # its valid_until_duration ran out: the API failed it
+                raise
             if info is None and self.deadline is not None and time.monotonic() >= self.deadline:
                 raise _TimedOut()
             return info
@@ -293,11 +321,14 @@ class Attempt:
             note = _cleanup(spec)
             what = "queued resource" if self.queued else "node"
             hint = "retry with a longer --timeout or another zone"
+            if self.watch.last == "FAILED" and self.watch.waited_in:  # the API failed it at its time limit
+                self.watch.last = self.watch.waited_in
             if self.watch.last == "WAITING_FOR_RESOURCES":
                 hint = "no capacity came free: try another zone" + ("" if spec.spot else " or --spot")
+            limit = "--timeout, its valid_until_duration" if self.queued else "--timeout"
             raise ProvisionError(
                 f"{what} {spec.name} was still {self.watch.last or 'not visible'} after {self.timeout:g} s "
-                f"(--timeout); {note}; {hint}",
+                f"({limit}); {note}; {hint}",
                 "timeout",
             ) from None
         except _OperationFailed as e:

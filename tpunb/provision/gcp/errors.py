@@ -122,6 +122,12 @@ def _json_error(response: object) -> dict:
     return error if isinstance(error, dict) else {}
 
 
+def node_state(message: str) -> str | None:
+    """The unusable node state an error names ("... state PREEMPTED ..."), if any."""
+    found = re.search(r"\bstate:? *(PREEMPTED|TERMINATED|STOPPED|STOPPING|DELETING|HIDDEN|REPAIRING)\b", message or "")
+    return found.group(1) if found else None
+
+
 def classify(f: Failure) -> str:
     """One of: invalid_zone, api_disabled, preempted, credentials, permission, quota, no_capacity,
     invalid_accelerator, already_exists, not_found, invalid, unavailable, other."""
@@ -132,6 +138,9 @@ def classify(f: Failure) -> str:
         return "api_disabled"
     if f.status == "ABORTED" and "preempted" in text:
         return "preempted"
+    state = node_state(f.message)
+    if state and f.status in ("INVALID_ARGUMENT", "FAILED_PRECONDITION"):  # a call on a node that is not READY
+        return "preempted" if state == "PREEMPTED" else "lost"
     if f.status == "UNAUTHENTICATED":
         return "credentials"
     if f.status == "PERMISSION_DENIED":
@@ -214,12 +223,31 @@ def quota_region(message: str) -> str | None:
     return found.group(1) if found else None
 
 
+def quota_metric(message: str) -> str | None:
+    """The quota an error names: "Quota 'CPUS' exceeded", "Quota limit 'TPUV6E...' has been exceeded"."""
+    found = re.search(r"\bQuota (?:limit )?'([A-Za-z0-9_\-]+)'", message or "")
+    return found.group(1) if found else None
+
+
+def quota_kind(metric: str | None) -> str:
+    """What a quota metric counts, as the user asks for more of it: TPU chips, external IPs, CPUs."""
+    name = (metric or "").upper()
+    if "ADDRESSES" in name or "EXTERNAL_IP" in name:
+        return "external IP addresses"
+    if name.startswith("CPUS") or name.endswith("_CPUS"):
+        return "CPUs"
+    return "TPU" if not name or "TPU" in name else name
+
+
 def _quota(f: Failure, ctx: Context) -> str:
-    options = [
-        f"request more TPU quota (https://console.cloud.google.com/iam-admin/quotas?project={ctx.project})"
-    ]
-    if not ctx.spot:
+    metric = quota_metric(f.message)
+    kind = quota_kind(metric)
+    page = f"https://console.cloud.google.com/iam-admin/quotas?project={ctx.project}"
+    options = [f"request more {kind} quota ({page})"]
+    if kind == "TPU" and not ctx.spot:
         options.append("try --spot (spot has its own quota)")
+    if kind == "external IP addresses":
+        options.append("--internal-ip from a VM in the nodes' network (each worker takes one)")
     region = quota_region(f.message)
     options.append(f"try a zone outside {region}" if region else "try another zone")
     what = f"quota exceeded for {ctx.accelerator} in {ctx.zone} (RESOURCE_EXHAUSTED: {f.message})"
@@ -237,7 +265,16 @@ def _no_capacity(f: Failure, ctx: Context) -> str:
 
 
 def _preempted(f: Failure, ctx: Context) -> str:
+    if node_state(f.message):  # the API refused a call on a node that was preempted since
+        return _lost(f, ctx)
     return preempted_message(ctx.name, "PREEMPTED", ctx.spot)
+
+
+def _lost(f: Failure, ctx: Context) -> str:
+    state = node_state(f.message) or "not READY"
+    why = " (spot capacity was reclaimed)" if state == "PREEMPTED" and ctx.spot else ""
+    return (f"{ctx.name} is {state}{why}, so the Cloud TPU API refused the call ({f.message}): relaunch it with "
+            f"%tpu_launch --recover {ctx.name}, or delete it with %tpu_down {ctx.name}")
 
 
 def os_login_message(name: str, project: str, user: str, key_path: str) -> str:
@@ -298,6 +335,7 @@ _MESSAGES = {
     "invalid_accelerator": _invalid_accelerator,
     "api_disabled": _api_disabled,
     "preempted": _preempted,
+    "lost": _lost,
     "credentials": _credentials,
     "permission": _permission,
     "quota": _quota,

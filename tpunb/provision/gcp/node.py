@@ -80,16 +80,30 @@ class CloudNode(Node):
     def lost_reason(self) -> str | None:
         """Why the node's hosts are gone for good (preempted, deleted...), or None if they are not."""
         info = self.info
+        idle = (f" (its idle autodelete deletes it after {format_duration(self.idle_seconds)} without a cell)"
+                if self.idle_seconds else "")
         if info is None:
-            idle = (f" (its idle autodelete deletes it after {format_duration(self.idle_seconds)} without a cell)"
-                    if self.idle_seconds else "")
             return f"its node {self.name} no longer exists in {self.project}/{self.zone}{idle}"
         if info.lost:
             state = info.state or info.queued_state
             why = " (spot capacity was reclaimed)" if self.spot and state == "PREEMPTED" else ""
+            why = idle if state == "DELETING" else why
             which = "a node of this multislice" if self.slices > 1 else "its node"
             return f"{which} is {state}{why}"
         return None
+
+    def advice(self) -> str:
+        """What to do about the node's state (after lost_reason)."""
+        state = self.info.state if self.info is not None else None
+        recover, down = f"%tpu_launch --recover {self.name}", f"%tpu_down {self.name}"
+        if state in ("STOPPED", "STOPPING"):
+            return (f"Start it again with `gcloud compute tpus tpu-vm start {self.name} --zone {self.zone} "
+                    f"--project {self.project}` and then %tpu_use {self.name}, or delete it with {down}")
+        if state == "REPAIRING":
+            return f"Google is repairing it: run the cell again in a few minutes, or relaunch it with {recover}"
+        if state == "DELETING":
+            return f"It is going away: {down} forgets it, {recover} launches it again"
+        return f"Relaunch it with {recover}, or delete it with {down}"
 
     def check(self, fresh: bool = False) -> None:
         if fresh or time.monotonic() - self.checked_at > FRESH_SECONDS:
@@ -100,8 +114,7 @@ class CloudNode(Node):
         reason = self.lost_reason()
         if reason:
             self._reported = True
-            raise ProvisionError(f"slice {self.name} cannot run cells: {reason}. Relaunch it with "
-                                 f"%tpu_launch --recover {self.name}, or delete it with %tpu_down {self.name}")
+            raise ProvisionError(f"slice {self.name} cannot run cells: {reason}. {self.advice()}", "lost")
 
     def explain_deaths(self) -> str | None:
         try:

@@ -12,6 +12,11 @@ from typing import Any
 from tpunb.provision.gcp.config import CloudOptions
 
 TPUNB_LABELS: Mapping[str, str] = {"created-by": "tpunb"}
+#: node states (tpu_v2 Node.State) whose hosts cannot run cells, and what each means for the user
+UNUSABLE_STATES: Mapping[str, str] = {
+    "PREEMPTED": "preempted", "TERMINATED": "terminated", "STOPPED": "stopped", "STOPPING": "being stopped",
+    "DELETING": "being deleted", "HIDDEN": "hidden", "REPAIRING": "being repaired by Google",
+}
 SSH_PORT_LABEL = "tpunb-ssh-port"  # set by the emulator when its sshd is not on port 22
 
 
@@ -79,12 +84,9 @@ class NodeInfo:
 
     @property
     def lost(self) -> bool:
-        """Preempted, terminated or otherwise gone for good: its hosts will not come back."""
-        return self.state in ("PREEMPTED", "TERMINATED") or self.queued_state in (
-            "SUSPENDED",
-            "SUSPENDING",
-            "FAILED",
-        )
+        """Its hosts cannot run cells now: preempted, terminated, stopped, being deleted, hidden or
+        under repair (UNUSABLE_STATES), or its queued resource suspended or failed."""
+        return self.state in UNUSABLE_STATES or self.queued_state in ("SUSPENDED", "SUSPENDING", "FAILED")
 
     @property
     def tpunb_owned(self) -> bool:

@@ -148,3 +148,20 @@ def import_key(email: str, public_key: str, project: str) -> str:
         raise ProvisionError(f"OS Login gave {email} no POSIX account in project {project}: run "
                              f"`gcloud compute os-login describe-profile --project {project}` to see it", "os_login")
     return primary[0].username
+
+
+def own_network(timeout: float = 1.0) -> str | None:
+    """The VPC network this machine is in, from its own metadata server (a Google Cloud VM:
+    ``projects/NUMBER/networks/NAME``), or None off Google Cloud (no metadata server answers).
+    ``$GCE_METADATA_HOST`` moves the server, as it does for google-auth; else its link-local IP."""
+    import os
+    import urllib.request
+
+    host = os.environ.get("GCE_METADATA_HOST") or "169.254.169.254"
+    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/network-interfaces/0/network",
+                                     headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.read().decode().strip() or None
+    except OSError:
+        return None
