@@ -76,7 +76,8 @@ def test_a_node_outlives_a_wiped_notebook_machine(cloud, sshd, launch, tmp_path)
     from tests.test_kernel import execute
 
     assert launch("--name kept").error is None
-    slices.detach_all()  # this kernel goes away; the node runs on
+    assert launch("--name spare", accel="v4-8").error is None
+    slices.detach_all()  # this kernel goes away; the nodes run on
     env = {k: v for k, v in os.environ.items() if k not in ("CLOUDSDK_COMPUTE_ZONE", "CLOUDSDK_COMPUTE_REGION")}
     env.update(TPUNB_HOME=str(tmp_path / "wiped"), CLOUDSDK_CONFIG=str(tmp_path / "no-gcloud"))
     manager, client = start_new_kernel(kernel_name="python3", env=env)
@@ -90,12 +91,13 @@ def test_a_node_outlives_a_wiped_notebook_machine(cloud, sshd, launch, tmp_path)
     try:
         run("%load_ext tpunb")
         status = run("%tpu_status")
-        assert "kept" in status and "ORPHAN" in status, status
+        assert "kept" in status and "spare" in status and "ORPHAN" in status, status
         used = run("%tpu_use kept")
         assert "found it in proj/us-central2-b" in used and "current slice: kept (v4-16, 2 hosts, gcp)" in used
         cells = run("%%on_tpu\nimport getpass, os\nprint(getpass.getuser(), os.environ['TPUNB_HOST_INDEX'])")
         assert "[0] tpunb 0" in cells and "[1] tpunb 1" in cells, cells
         assert "deleted kept" in run("%tpu_down kept")
+        assert "deleted spare" in run("%tpu_down spare")  # never attached here: found in its zone and deleted
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
