@@ -1,0 +1,120 @@
+"""The emulated VMs' side of the API: their metadata servers' answers, their access tokens and
+who they let log in (the guest agent's metadata users, or OS Login's), and the guest attributes
+they write. A base class of ``Emulator`` (state.py): its methods read the emulator's nodes, hosts,
+accounts and tokens, and run under its lock."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING
+
+from tpunb.emulator.accounts import Accounts, default_service_account
+from tpunb.emulator.hosts import HostPool, parse_user_keys
+from tpunb.emulator.resources import ApiError, Node
+
+if TYPE_CHECKING:
+    from tpunb.emulator.checks import Faults
+
+
+class VmSide:
+    """What the VMs of the emulator's nodes see and do."""
+
+    nodes: dict[str, Node]
+    hosts: HostPool
+    accounts: Accounts
+    faults: "Faults"
+    tokens: dict[str, tuple[str, float, str]]
+
+    @staticmethod
+    def service_account(node: Node) -> str:
+        """Who the node's VMs are: the account named at create, else the project's default."""
+        email = str((node.request.get("serviceAccount") or {}).get("email") or "")
+        return email if email and email != "default" else default_service_account(node.project)
+
+    # -- the VMs' side: metadata server and their access tokens ---------------------------
+
+    def metadata_answer(self, address: str, path: str) -> str | dict | None:
+        """What the metadata server at host ``address`` answers for ``path`` (None: 404)."""
+        node = self.nodes.get(self.hosts.owner_of(address) or "")
+        if node is None:
+            return None
+        attributes = {**node.metadata,
+                      "agent-worker-number": str([e.internal_ip for e in node.endpoints].index(address))}
+        if path == "instance/service-accounts/default/token":
+            return {"access_token": self._issue_token(node), "expires_in": 3599, "token_type": "Bearer"}
+        if path == "instance/service-accounts/default/email":
+            return self.service_account(node)
+        if path == "instance/attributes/":
+            return "\n".join(sorted(attributes))
+        if path.startswith("instance/attributes/"):
+            return attributes.get(path[len("instance/attributes/"):])
+        network = str((node.request.get("networkConfig") or {}).get("network") or "default").rsplit("/", 1)[-1]
+        return {"project/project-id": node.project, "instance/zone": f"projects/{node.project}/zones/{node.zone}",
+                "instance/network-interfaces/0/network": f"projects/{node.project}/networks/{network}",
+                "instance/hostname": f"t1v-n-{node.node_id}-w-{attributes['agent-worker-number']}"}.get(path)
+
+    def put_guest_attribute(self, address: str, path: str, value: str) -> bool | None:
+        """A VM writes ``NAMESPACE/KEY`` of its own guest attributes: None (no node), False (the
+        node's metadata does not enable them, as on GCE), True (stored)."""
+        node = self.nodes.get(self.hosts.owner_of(address) or "")
+        if node is None:
+            return None
+        if node.metadata.get("enable-guest-attributes", "").upper() != "TRUE":
+            return False
+        worker = [e.internal_ip for e in node.endpoints].index(address)
+        node.guest_attributes.setdefault(worker, {})[path] = value
+        return True
+
+    def _issue_token(self, node: Node) -> str:
+        now, principal = time.time(), self.service_account(node)
+        for token, (project, expiry, holder) in self.tokens.items():
+            if (project, holder) == (node.project, principal) and expiry - now > 300:
+                return token
+        token = "ya29.emulator-" + secrets.token_urlsafe(24)
+        self.tokens[token] = (node.project, now + 3600, principal)
+        return token
+
+    def caller(self, authorization: str | None, project: str) -> str:
+        """Who calls. No Authorization header: the project's user (how tpunb's kernel talks to the
+        emulator). A bearer token must be one a VM got from the metadata server, unexpired, for
+        this project: the call is its node's service account's."""
+        if authorization is None:
+            return self.accounts.user
+        scheme, _, token = authorization.partition(" ")
+        found = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if found is None or found[1] < time.time():
+            raise ApiError(401, "UNAUTHENTICATED", "Request had invalid authentication credentials. Expected OAuth 2 "
+                           "access token, login cookie or other valid authentication credential.")
+        if project and found[0] != project:
+            raise ApiError(403, "PERMISSION_DENIED", f"The caller does not have permission on project {project}")
+        return found[2]
+
+    # -- who logs in to the VMs: metadata keys, or OS Login ------------------------------------
+
+    def _logins(self, node: Node) -> dict[str, list[str]]:
+        """User -> keys a READY node's VMs accept: the OS Login profiles' under OS Login, else the
+        ``USER:KEY`` lines of the project's and the node's ``ssh-keys`` metadata (the guest agent's)."""
+        if self.accounts.os_login_on(node.project, node.metadata):
+            return self.accounts.login_keys(node.project)
+        logins: dict[str, list[str]] = {}
+        lines = f"{self.accounts.metadata(node.project).get('ssh-keys', '')}\n{node.metadata.get('ssh-keys', '')}"
+        for user, key in parse_user_keys(lines):
+            logins.setdefault(user, []).append(key)
+        return logins
+
+    def _sync_logins(self, node: Node | None = None) -> None:
+        """Give a READY node's hosts (every READY node's, without one) the logins they have now."""
+        for each in [node] if node is not None else list(self.nodes.values()):
+            if each.state == "READY":
+                self.hosts.set_logins(each.name, self._logins(each))
+
+    def import_ssh_key(self, principal: str, email: str, body: dict, project: str) -> dict:
+        answer = self.accounts.import_key(principal, email, body, project)
+        self._sync_logins()  # a VM under OS Login asks for the profile's keys at every login
+        return answer
+
+    def set_accounts(self, changes: dict) -> dict:
+        answer = self.accounts.update(changes)
+        self._sync_logins()  # roles and project metadata decide who logs in where
+        return answer
