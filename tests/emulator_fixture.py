@@ -40,8 +40,12 @@ def tpu_emulator(tpu_emulator_options: dict, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def on_sshd(sshd) -> dict:
-    """Fast start_emulator options whose nodes' hosts are ``sshd``'s real SSH hosts."""
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    """Fast start_emulator options whose nodes' hosts are ``sshd``'s real SSH hosts, each with its
+    metadata server (as every TPU VM has: JAX finds its peers there). Their disks and homes are
+    kept between nodes (the emulator boots and powers off state dirs of its own), so a test
+    session prepares each host's environment once; ``sshd.emulator_options()`` wipes them."""
+    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys),
+            "metadata_port": sshd.metadata_port}
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, zone: str, project: str = "proj") -> None:

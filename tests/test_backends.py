@@ -12,7 +12,7 @@ from tpunb.registry import Registry
 from tpunb.slice import Slice
 from tpunb.status import SliceStatus
 from tests.conftest import CPU_AS_TPU_HOST
-from tests.emulator_fixture import FAST
+from tests.emulator_fixture import FAST, on_sshd
 
 ZONE = "us-central2-b"
 MEMBERS = ("options", "default_name", "create", "attach", "delete", "name_reusable", "slice_status")
@@ -20,7 +20,7 @@ MEMBERS = ("options", "default_name", "create", "attach", "delete", "name_reusab
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    return on_sshd(sshd)
 
 
 @pytest.fixture(params=["local", "ssh", "gcp"])

@@ -11,7 +11,7 @@ from tpunb.errors import CellInterrupted, ProvisionError, UsageError
 from tpunb.display.hosts import Layout
 from tpunb.results import HostResult
 from tests.conftest import interrupt_kernel_when, wait_for
-from tests.emulator_fixture import FAST
+from tests.emulator_fixture import FAST, on_sshd
 
 TWO_BY_TWO = Layout(4, 2)  # 2 slices of 2 hosts: hosts 0-1 are slice 0, hosts 2-3 slice 1
 
@@ -166,7 +166,7 @@ CPU_HOSTS = "JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    return on_sshd(sshd)
 
 
 @pytest.fixture

@@ -151,9 +151,20 @@ class Slice:
             self._coordinator_port = self._pick_port()
             self.session.jax_started = False
             hosts = None
-        self.session.start(hosts)
+        from tpunb.host.prepare import STEPS
+        from tpunb.widgets.progress import SetupProgress
+
+        progress = SetupProgress(len(hosts) if hosts else self.num_hosts, STEPS, self.layout.names)
+        self.session.on_prepare = progress.update
+        try:
+            self.session.start(hosts)
+        finally:
+            progress.close()
+            self.session.on_prepare = None
+        self._record_envs()
         if hosts is None:
             self.warn_version_skew()
+            self.warn_python_mismatch()
         self._idle_mark(False)  # host 0's agent armed (or touched) the idle watchdog as it started
         self.metrics_feed.start()
 
@@ -376,8 +387,10 @@ class Slice:
         if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
             raise UsageError("push takes a dict of {name: value} with valid Python names")
         self.revive()
+        chosen = self.layout.parse(hosts)
+        diagnose.pythons.refuse_code(self, values, chosen)  # one line before anything is sent
         self._idle_mark(False, tell_host=True)
-        self.session.push(values, self.layout.parse(hosts))
+        self.session.push(values, chosen)
 
     def pull(self, name: str, hosts: str | list[int] | None = None) -> dict[int, Any]:
         """{host: value of ``name``} from every chosen host."""
@@ -452,6 +465,19 @@ class Slice:
         on this kernel's own Python says so, and has this kernel's)."""
         said = {host.index: host.info.get("versions") for host in self.session.hosts}
         return {i: diagnose.kernel_versions() if v == "kernel" else v for i, v in said.items()}
+
+    def _record_envs(self) -> None:
+        """Each host's environment (made or checked at its start) and versions, in the registry:
+        %tpu_status --versions and later kernels read them there."""
+        for host in self.session.hosts:
+            env = host.info.get("env")
+            if env and host.index < len(self.record.hosts):
+                self.record.hosts[host.index].info["env"] = {"path": env.get("env"), "python": env.get("python"),
+                                                             "versions": env.get("versions") or {}}
+
+    def warn_python_mismatch(self) -> str | None:
+        """Said once at connect: hosts on another Python than this kernel's (see diagnose.pythons)."""
+        return diagnose.pythons.warn_mismatch(self)
 
     def warn_version_skew(self) -> str | None:
         """Warn, in one line, which hosts run other versions than the rest; the line, or None."""

@@ -113,6 +113,8 @@ class Agent:
         sys.stdin = NoStdin()
         signal.signal(signal.SIGINT, self._on_sigint)
         if init.get("jax"):
+            if init["jax"].get("metadata") and "MEGASCALE_NUM_SLICES" in os.environ:
+                JaxStarter.megascale_from_metadata()  # a cloud multislice: the VM's own values win
             self.jax = JaxStarter(self, init["jax"])
             sys.meta_path.insert(0, self.jax)
         runner_error = ""

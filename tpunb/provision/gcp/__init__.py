@@ -18,7 +18,8 @@ import os
 import time
 
 from tpunb import catalog, diagnose, report
-from tpunb.errors import AuthenticationError, CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
+from tpunb.errors import (AuthenticationError, CellInterrupted, HostSetupError, NoSliceError, ProvisionError, TpunbError,
+                          UsageError)
 from tpunb.provision import ssh
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import owner_alive
@@ -72,11 +73,12 @@ def create(request: LaunchRequest) -> Slice:
     places = _places(accel, zone, opts.alternatives)
     key_path, public_key = keys.default_key()
     opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=opts.user or getpass.getuser(),
-                               python=opts.python or "python3", queued=opts.queued or opts.race is not None)
+                               queued=opts.queued or opts.race is not None)
+    prepared = host_setup(opts)
     spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=opts.user,
                         ssh_public_key=public_key, slices=slices)
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
-                         spec={**_fields(opts), "key": str(key_path), "env_keys": sorted(env),
+                         spec={**_fields(opts), **prepared, "key": str(key_path), "env_keys": sorted(env),
                                **({"slices": slices} if slices > 1 else {}),
                                **({TRIED: sorted({p.zone for p in places})} if len(places) > 1 else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
@@ -122,6 +124,11 @@ def create(request: LaunchRequest) -> Slice:
     except BaseException as exc:
         if sl is not None:
             sl.close()
+        if opts.keep and not isinstance(exc, KeyboardInterrupt):
+            record.state = "kept"
+            reg.save_slice(record)
+            progress.failed(f"{exc}; {name} was kept (--keep): it bills until %tpu_down {name}")
+            raise
         reg.delete_slice(name)
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
                                     or slices > 1) is not None
@@ -130,6 +137,10 @@ def create(request: LaunchRequest) -> Slice:
             refused = AuthenticationError(gcp_errors.os_login_message(name, project, opts.user, str(key_path)))
             progress.failed(f"could not connect to the hosts, so {name} was {fate}: {refused}")
             raise refused from None
+        if isinstance(exc, HostSetupError):
+            exc.args = (f"{exc}; so {name} was {fate} (--keep keeps it to look at)",)
+            progress.failed(str(exc))
+            raise
         progress.failed(f"could not connect to the hosts, so {name} was {fate}: {exc}")
         raise
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
@@ -139,6 +150,17 @@ def create(request: LaunchRequest) -> Slice:
     progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} host"
                   f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
     return sl
+
+
+def host_setup(opts: CloudOptions) -> dict:
+    """The record's interpreter and host environment: by default each VM gets an environment tpunb
+    makes (a fresh image has Python 3.10 and no JAX); --no-setup runs on the VM's Python as it is."""
+    if not opts.no_setup:
+        interpreter, setup = ssh.setup_spec(opts.python, opts.jax, opts.pip, opts.requirements)
+        return {"interpreter": interpreter, "setup": setup}
+    if opts.jax or opts.pip or opts.requirements:
+        raise UsageError("--jax, --pip and --requirements go into the environment tpunb makes: drop --no-setup")
+    return {"interpreter": opts.python or "python3", "setup": None}
 
 
 def _places(accel: catalog.Accelerator, zone: str, alternatives: str | None) -> list[failover.Candidate]:
@@ -169,7 +191,7 @@ def jax_coordinator(record: SliceRecord) -> dict:
     firewall rule GCP makes for TPU pods opens (a random port hangs on a custom network, see
     docs/cloud-facts.md); the emulator's workers share one machine, so a random port each there."""
     return {"coordinator_port": None if api.endpoint() else diagnose.COORDINATOR_PORT,
-            "network": record.spec.get("network")}
+            "network": record.spec.get("network"), "metadata": True}
 
 
 def _node(record: SliceRecord, info: api.NodeInfo | None = None, watch: bool = True) -> CloudNode:
