@@ -12,7 +12,7 @@ from tpunb import slices
 from tpunb.errors import AuthenticationError, CellInterrupted, ProvisionError, UnknownAcceleratorError
 from tpunb.registry import Registry
 from tests.conftest import interrupt_kernel_when, wait_for
-from tests.emulator_fixture import FAST, on_sshd
+from tests.emulator_fixture import assert_nothing_leaked, configure, on_sshd
 
 
 ZONE = "us-central2-b"  # offers v4
@@ -26,14 +26,10 @@ def tpu_emulator_options(sshd):
 @pytest.fixture
 def cloud(tpu_emulator, monkeypatch, isolated_home):
     """A configured project and zone, pointed at the emulator; after the test, nothing leaked."""
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
-    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", ZONE)
+    configure(monkeypatch, ZONE)
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
     yield tpu_emulator
-    slices.detach_all()
-    known = {r.name for r in Registry(isolated_home / "registry.db").list_slices()}
-    left = {n["name"].rsplit("/", 1)[-1] for n in tpu_emulator.state()["nodes"]}
-    assert left <= known, f"nodes the registry does not know: {left - known}"
+    assert_nothing_leaked(tpu_emulator, isolated_home)
 
 
 @pytest.fixture

@@ -27,11 +27,10 @@ from tpunb.host import idle
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.units import format_duration, parse_duration
-from tests.conftest import CPU_AS_TPU_HOST, wait_for
+from tests.conftest import wait_for
 from tests.emulator_fixture import FAST
 
 ZONE = "us-central2-b"
-ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
 REPO = Path(__file__).resolve().parent.parent
 #: after the idle limit, how long the watchdog may take to delete (delete call, emulator timings)
 BOUND = 10.0
@@ -130,7 +129,9 @@ def kill(proc: subprocess.Popen) -> float:
 
 
 def launch_line(sshd, extra: str, accel: str = "v4-16") -> str:
-    return f"%tpu_launch {accel} --python {sshd.python} --env {ENV} {extra}"
+    """These hosts' disks are wiped with each node (a fresh VM each time) and no cell here needs
+    JAX: the agent runs on the image's own Python (--no-setup), as it can on any host."""
+    return f"%tpu_launch {accel} --no-setup {extra}"
 
 
 # -- settings -------------------------------------------------------------------------------
@@ -267,7 +268,7 @@ def test_kernel_killed_mid_launch_still_gets_its_node_deleted(cloud, sshd):
     is also how long a booted node waits for its first kernel before the idle clock may end it."""
     cloud.faults(slow_create=1.0)  # the node is CREATING when its kernel dies
     launch = (f"import tpunb; tpunb.launch('v4-16', name='halfway', idle_delete='2s', connect_wait=4, "
-              f"python={sshd.python!r}, env={CPU_AS_TPU_HOST!r})")
+              "no_setup=True)")
     kernel = kernel_process(sshd, [launch])
     try:
         wait_for(lambda: "halfway" in node_names(cloud), 30, "the node to be created")

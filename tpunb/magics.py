@@ -230,7 +230,7 @@ class TpuMagics(Magics):
         report.info(str(rows))
 
     @magic_arguments()
-    @argument("--versions", action="store_true", help="Python, jax, jaxlib, libtpu and flax of every host")
+    @argument("--versions", action="store_true", help="Python, jax, jaxlib, libtpu, flax and the environment tpunb made, of every host")
     @line_magic
     def tpu_status(self, line: str):
         """Slices and their hosts as a DataFrame (--versions: each host's package versions)."""

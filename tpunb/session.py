@@ -131,9 +131,9 @@ class Session:
             try:
                 host.close()
                 host.on_prepare = self.on_prepare
-                host.launch()
-                host.handshake({**self.init_for_host(host.index), "heartbeat": beat,
-                                "relay_secret": self._relay_secret}, self.start_timeout)
+                init = {**self.init_for_host(host.index), "heartbeat": beat, "relay_secret": self._relay_secret}
+                host.launch(init)
+                host.handshake(init, self.start_timeout)
             except Exception as exc:  # collected and reported together below
                 errors.append(exc)
                 failed.set()

@@ -23,6 +23,8 @@ from tpunb.serve import seen
 from tpunb.session import Session
 from tpunb.status import HostRow
 from tpunb.transport.base import Transport
+from tpunb.host.prepare import STEPS as SETUP_STEPS
+from tpunb.widgets.progress import SetupProgress
 
 if TYPE_CHECKING:
     import numpy
@@ -151,10 +153,7 @@ class Slice:
             self._coordinator_port = self._pick_port()
             self.session.jax_started = False
             hosts = None
-        from tpunb.host.prepare import STEPS
-        from tpunb.widgets.progress import SetupProgress
-
-        progress = SetupProgress(len(hosts) if hosts else self.num_hosts, STEPS, self.layout.names)
+        progress = SetupProgress(len(hosts) if hosts else self.num_hosts, SETUP_STEPS, self.layout.names)
         self.session.on_prepare = progress.update
         try:
             self.session.start(hosts)
@@ -487,11 +486,14 @@ class Slice:
         return line
 
     def version_rows(self) -> list[diagnose.VersionRow]:
-        """One row per host for %tpu_status --versions."""
+        """One row per host for %tpu_status --versions (with the environment tpunb made there)."""
         versions = self.versions()
-        return diagnose.version_rows(self.name, [
+        rows = diagnose.version_rows(self.name, [
             (h.index, self.record.hosts[h.index].address if h.index < len(self.record.hosts) else h.transport.address,
              versions[h.index]) for h in self.session.hosts])
+        for row, host in zip(rows, self.session.hosts):
+            row.env = (host.info.get("env") or {}).get("env")
+        return rows
 
     def status_rows(self, current: bool = False) -> list[HostRow]:
         """One row per host, live: what %tpu_status, widgets and the server show."""

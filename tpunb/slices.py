@@ -220,7 +220,29 @@ def _launch_own_tpu(name: str | None, env: Any, backend: str | None, options: di
     reg = registry()
     name = _claim_name(name, colab.OWN_TPU, reg)
     request = LaunchRequest(name, accel, reg, values, provision.local.LocalOptions(own_tpu=True))
-    return _attach(provision.local.create(request), values)
+    sl = _attach(provision.local.create(request), values)
+    if accel is None:  # JAX on the chips says what they are (it starts there now, as a first cell would)
+        try:
+            named = _name_own_tpu(sl)
+        except BaseException:
+            down(sl.name)
+            raise
+        report.info(f"this machine's TPU is a {named.name} ({named.chips} chip{'s' if named.chips > 1 else ''}, "
+                    "from jax.devices() on it)")
+    return sl
+
+
+def _name_own_tpu(sl: Slice) -> catalog.Accelerator:
+    result = sl.run(colab.DEVICE_PROBE, output=None)
+    result.raise_for_status()
+    import ast
+
+    kind, devices = ast.literal_eval(result.reprs[0])
+    named = colab.accelerator_from_devices(kind, int(devices))
+    sl.record.accelerator, sl.accelerator = named.name, named
+    sl.run(f"import os\nos.environ['TPUNB_ACCELERATOR'] = {named.name!r}", output=None).raise_for_status()
+    sl.registry.save_slice(sl.record)
+    return named
 
 
 def _recover(name: str, env: Any) -> Slice:

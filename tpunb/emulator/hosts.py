@@ -140,7 +140,8 @@ class HostPool:
 
     def power_off(self, address: str) -> None:
         """End every process of ``address`` (those carrying its TPUNB_HOST_DIR) and empty that dir."""
-        host_dir = self.host_environment.get(address, {}).get("TPUNB_HOST_DIR")
+        env = self.host_environment.get(address, {})
+        host_dir = env.get("TPUNB_HOST_DIR")
         if not host_dir:
             return
         marker = f"TPUNB_HOST_DIR={host_dir}".encode()
@@ -155,6 +156,9 @@ class HostPool:
             except OSError:
                 continue
         shutil.rmtree(host_dir, ignore_errors=True)
+        home = env.get("HOME", "")
+        if home.startswith(host_dir.rstrip("/") + "/"):  # the next VM on this address has a fresh, empty home
+            os.makedirs(home, exist_ok=True)
 
     def close(self) -> None:
         """Power off every host still held and remove the boot scripts."""

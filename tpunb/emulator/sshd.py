@@ -99,6 +99,8 @@ class Sshd:
         self.log_file = self.dir / "sshd.log"
         self.config = self.dir / "sshd_config"
         self.config.write_text(self._config_text())
+        for address in self.addresses if self.image else ():
+            self.home(address).mkdir(parents=True, exist_ok=True)
         self._proc: subprocess.Popen | None = None
         atexit.register(self.stop)  # a test run that dies early must not leave sshd listening
         self.start()

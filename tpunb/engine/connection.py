@@ -51,8 +51,12 @@ class HostConnection:
         self._lock = threading.Lock()
         self._life = threading.Lock()  # launch, close and give_up of this host's agent, one at a time
 
-    def launch(self) -> None:
-        """Start the agent and ship it; the handshake is finished by ``handshake``."""
+    def launch(self, init: dict | None = None) -> None:
+        """Start the agent and ship it; the handshake is finished by ``handshake``. ``init`` (the
+        host's settings) travels with the bundle, so the agent never waits a round trip for it:
+        inside the launcher's spec when the host's environment is prepared first (the launcher
+        hands it to the agent with the bundle), else as the frame after the bundle."""
+        self._init_sent = init is not None
         with self._life:
             self._handshake = queue.Queue()  # a fresh one: the previous agent may have left "died" in it
             self.transport.connect()  # after a lost connection, the next cell reconnects by itself
@@ -66,8 +70,10 @@ class HostConnection:
                 self._stream = self.fanin.add(fd, lambda frames: self._on_frames(handshake, frames),
                                               lambda reason: self._on_end(process, handshake, reason))
         if prepare:
-            process.send(launcher_message(prepare))
+            process.send(launcher_message(prepare, self._init_frame(init) if init is not None else None))
         process.send(agent_bundle())
+        if init is not None and not prepare:
+            process.send(protocol.encode(self._init_frame(init)))
         if fd is None:
             threading.Thread(target=self._read_loop, args=(process, handshake), daemon=True,
                              name=f"tpunb-host-{self.index}").start()
@@ -83,13 +89,20 @@ class HostConnection:
             raise ProtocolError(f"host {self.index} runs agent protocol v{hello.get('protocol')}, "
                                 f"this tpunb speaks v{protocol.PROTOCOL_VERSION}: restart the slice")
         self.info = {**dict(hello), **({"env": self.info["env"]} if "env" in self.info else {})}
-        self.fast = MARSHAL_FRAMES and hello.get("magic") == protocol.MAGIC
-        self.send({"op": "init", **init, "marshal": self.fast})
+        self.fast = MARSHAL_FRAMES and hello.get("magic") == protocol.MAGIC  # as the agent decides from init
+        if not getattr(self, "_init_sent", False):
+            self.send(self._init_frame(init))
         ready = self._wait_handshake(timeout, "get ready")
         self.info.update(runner=ready.get("runner"), runner_error=ready.get("runner_error"), inbox=ready.get("inbox"))
         self.heard_at = time.monotonic()
         self.alive = True
         self.started_at = time.time()
+
+    @staticmethod
+    def _init_frame(init: dict) -> dict:
+        """The init frame: the agent speaks marshal from then on if it runs this same Python (its
+        bytecode magic equals ours), which the kernel learns from its hello."""
+        return {"op": "init", **init, "marshal": MARSHAL_FRAMES, "magic": protocol.MAGIC}
 
     def _prepared(self, message: dict) -> None:
         """A step of this host's environment: shown, recorded once ready, one line if it failed."""

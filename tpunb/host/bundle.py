@@ -32,7 +32,9 @@ def _read(n):
 """
 
 BOOTSTRAP = READ + r"""_bundle = json.loads(_read(int(_read(12))))
-if _FD:
+_init = None
+if _FD:  # the launcher's memfd: the bundle, then this host's init frame (never on disk)
+    _init = json.loads(_read(int(_read(12))))
     os.close(_FD)
 _package = types.ModuleType(_bundle["package"])
 _package.__path__ = []
@@ -44,7 +46,7 @@ for _name, _source in _bundle["modules"]:
     sys.modules[_module.__name__] = _module
     setattr(_package, _name, _module)
     exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
-sys.modules[_bundle["package"] + ".agent"].main()
+sys.modules[_bundle["package"] + ".agent"].main(_init)
 """
 
 #: a host tpunb prepares: the spec (with the modules ``prepare`` needs), then the agent's bundle
@@ -59,7 +61,7 @@ for _name, _source in _message["modules"]:
     sys.modules[_module.__name__] = _module
     setattr(_package, _name, _module)
     exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
-sys.modules["tpunb_host.prepare"].launch(_message["spec"], _read, _message["bootstrap"])
+sys.modules["tpunb_host.prepare"].launch(_message["spec"], _read, _message["bootstrap"], _message.get("init"))
 """
 
 #: the service control process (``service.py``): its source and one request arrive on stdin
@@ -80,11 +82,12 @@ def agent_bundle() -> bytes:
     return b"%012d" % len(body) + body
 
 
-def launcher_message(spec: dict) -> bytes:
-    """What ``LAUNCHER`` reads first: the spec, the modules it runs, and the agent's bootstrap."""
+def launcher_message(spec: dict, init: dict | None = None) -> bytes:
+    """What ``LAUNCHER`` reads first: the spec, the modules it runs, the agent's bootstrap, and the
+    host's init frame (handed to the agent with the bundle: no round trip waits for it)."""
     here = Path(__file__).parent
     modules = [(name, (here / f"{name}.py").read_text()) for name in ("protocol", "prepare")]
-    body = json.dumps({"spec": spec, "modules": modules, "bootstrap": BOOTSTRAP}).encode()
+    body = json.dumps({"spec": spec, "modules": modules, "bootstrap": BOOTSTRAP, "init": init}).encode()
     return b"%012d" % len(body) + body
 
 

@@ -30,6 +30,7 @@ import signal
 import site
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 
@@ -50,9 +51,10 @@ class SetupError(Exception):
     """One line that says why this host's environment could not be made."""
 
 
-def launch(spec: dict, read, bootstrap: str) -> None:
+def launch(spec: dict, read, bootstrap: str, init: dict | None = None) -> None:
     """Prepare as ``spec`` says, then replace this process by the environment's Python running the
-    agent (``bootstrap``, reading the bundle this reads from stdin now, through a memfd)."""
+    agent (``bootstrap``, reading the bundle this reads from stdin now, and ``init``, through a
+    memfd: stdin stays empty until the agent's hello, so its end means "stop")."""
     bundle = read(int(read(12)))
     out = os.dup(1)
     say = _Sayer(out)
@@ -69,7 +71,8 @@ def launch(spec: dict, read, bootstrap: str) -> None:
     say({"op": "prepare", "state": "ready", **info})
     os.close(out)
     fd = os.memfd_create("tpunb-agent-bundle", 0)  # no file left behind, whatever happens next
-    os.write(fd, b"%012d" % len(bundle) + bundle)
+    init_json = json.dumps(init).encode()
+    os.write(fd, b"%012d" % len(bundle) + bundle + b"%012d" % len(init_json) + init_json)
     os.lseek(fd, 0, os.SEEK_SET)
     python = info["python"]
     activate(os.path.dirname(os.path.dirname(python)))
@@ -246,8 +249,11 @@ def find_uv(step: _Steps) -> str:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
-    command([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             *(() if in_venv else ("--user",)), "uv"], step, "pip install uv")
+    user = () if in_venv else ("--user",)
+    if not in_venv and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")):
+        user += ("--break-system-packages",)  # PEP 668 images (Ubuntu 24.04): a user install harms nothing
+    command([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *user, "uv"], step,
+            "pip install uv")
     located = shutil.which("uv") if in_venv else user_bin
     if not located or not os.access(located, os.X_OK):
         raise SetupError(f"pip installed uv, but it is not at {user_bin}")

@@ -127,7 +127,9 @@ def create(request: LaunchRequest) -> Slice:
         if opts.keep and not isinstance(exc, KeyboardInterrupt):
             record.state = "kept"
             reg.save_slice(record)
-            progress.failed(f"{exc}; {name} was kept (--keep): it bills until %tpu_down {name}")
+            if isinstance(exc, TpunbError):
+                exc.args = (f"{exc}; {name} was kept (--keep): it bills until %tpu_down {name}",)
+            progress.failed(str(exc))
             raise
         reg.delete_slice(name)
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
