@@ -54,6 +54,18 @@ def parse_ssh_keys(metadata_value: str) -> list[str]:
     return keys
 
 
+def _wipe(directory: str) -> None:
+    """Empty a VM's disk at once (a rename) and delete what it held on a thread: a disk with an
+    environment tpunb made holds thousands of files, and the emulator's lock must not wait on them."""
+    trash = f"{directory}.wiped-{os.urandom(4).hex()}"
+    try:
+        os.rename(directory, trash)
+    except OSError:
+        return  # nothing there
+    threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True,
+                     name="tpu-emulator-wipe").start()
+
+
 class HostPool:
     """Hands out worker addresses per node and keeps the authorized keys file in step."""
 
@@ -155,7 +167,7 @@ class HostPool:
                 os.kill(int(entry), signal.SIGKILL)
             except OSError:
                 continue
-        shutil.rmtree(host_dir, ignore_errors=True)
+        _wipe(host_dir)
         home = env.get("HOME", "")
         if home.startswith(host_dir.rstrip("/") + "/"):  # the next VM on this address has a fresh, empty home
             os.makedirs(home, exist_ok=True)
