@@ -123,17 +123,6 @@ class Agent:
                 JaxStarter.megascale_from_metadata()  # a cloud multislice: the VM's own values win
             self.jax = JaxStarter(self, init["jax"])
             sys.meta_path.insert(0, self.jax)
-        runner_error = ""
-        if importing is not None:
-            importing.join()
-        if init.get("ipython", True):
-            try:
-                prefer_inline_matplotlib()
-                self.runner = make_ipython_runner(self)
-            except Exception as exc:  # no IPython here (or a broken one): plain exec still works
-                runner_error = f"{type(exc).__name__}: {exc}"
-        if self.runner is None:
-            self.runner = PlainRunner(self)
         install_log_shim()
         interval = float((init.get("metrics") or {}).get("interval", 1.0))
         if interval > 0:
@@ -143,9 +132,26 @@ class Agent:
             self._arm_idle(init["idle"])
         self.channel.place_blobs(self._place)  # pushed values are read straight into place
         self.inbox = make_inbox(self.channel, self._dispatch, self._session_gone)
-        self.send({"op": "ready", "runner": self.runner.kind, "runner_error": runner_error, "inbox": self.inbox.kind})
+        error = self._make_runner(bool(init.get("ipython", True)), importing)
+        self.send({"op": "ready", "runner": self.runner.kind, "runner_error": error, "inbox": self.inbox.kind})
         if float(init.get("heartbeat") or 0) > 0:
             self.channel.heartbeat(float(init["heartbeat"]))
+
+    def _make_runner(self, wants_ipython: bool, importing: threading.Thread | None) -> str:
+        """The cell runner: IPython's shell where the host has IPython (imported on a thread since
+        the agent started), else plain exec; why IPython could not be used, or ''."""
+        error = ""
+        if wants_ipython:
+            if importing is not None:
+                importing.join()
+            try:
+                prefer_inline_matplotlib()
+                self.runner = make_ipython_runner(self)
+            except Exception as exc:  # no IPython here (or a broken one): plain exec still works
+                error = f"{type(exc).__name__}: {exc}"
+        if self.runner is None:
+            self.runner = PlainRunner(self)
+        return error
 
     @staticmethod
     def _arm_idle(config: dict) -> None:
