@@ -14,6 +14,7 @@ each host's chips as devices. Each host has a metadata server (worker number, en
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ class Sandbox:
     sshd: Sshd
     emulator: EmulatorHandle
     _saved: dict = field(default_factory=dict, repr=False)
+    #: everything the sandbox made on this machine (the image, the hosts' disks)
+    directory: Path | None = field(default=None, repr=False)
 
     def preempt(self, node: str, after: float | None = None) -> None:
         """Do to a node what Google does to spot capacity it reclaims."""
@@ -41,8 +44,8 @@ class Sandbox:
     def stop(self) -> None:
         self.emulator.stop()
         self.sshd.close()
-        if self.sshd.image is not None:
-            self.sshd.image.close()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
         for key, value in self._saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -68,7 +71,8 @@ def start_sandbox(hosts: int = 4, project: str = "sandbox-project", zone: str = 
                                      **sshd.emulator_options())
     except BaseException:
         sshd.close()
+        shutil.rmtree(directory, ignore_errors=True)
         raise
     saved = {key: os.environ.get(key) for key in SETTINGS}
     os.environ.update({"TPUNB_TPU_API_ENDPOINT": url, "GOOGLE_CLOUD_PROJECT": project, "CLOUDSDK_COMPUTE_ZONE": zone})
-    return Sandbox(url, project, zone, sshd, handle, saved)
+    return Sandbox(url, project, zone, sshd, handle, saved, directory)
