@@ -238,3 +238,15 @@ def test_python_mismatch_is_said_at_connect_and_refuses_pushing_code(cell, bare,
     assert cell("radius = 2.5\n%tpu_push radius").error is None  # plain values still go
     assert "Out[0-1]: 2.5" in cell("%%on_tpu\nradius").shown
     cell("%tpu_down old")
+
+
+@pytest.mark.parametrize("accel", ["v2-8", "v3-32"])
+def test_slices_on_a_generation_without_multislice_is_refused_before_any_api_call(cloud, cell, accel):
+    exchanges = cloud.record()
+    before = len(exchanges)
+    run = cell(f"%tpu_launch {accel} --slices 2")
+    assert isinstance(run.error, UsageError), run.shown
+    assert f"--slices 2: {accel.split('-')[0]} has no multislice" in str(run.error) and "\n" not in str(run.error)
+    assert len(exchanges) == before  # not one call reached the Cloud TPU API
+    local = cell(f"%tpu_launch {accel} --slices 2 --backend local")
+    assert isinstance(local.error, UsageError) and "has no multislice" in str(local.error)
