@@ -10,6 +10,7 @@ ones, packages from PyPI through the shared cache). The later tests find them ma
 from __future__ import annotations
 
 import ast
+import json
 import os
 import platform
 import socket
@@ -97,6 +98,18 @@ def test_a_relaunch_onto_kept_disks_only_checks_and_status_shows_versions(cloud,
     record = Registry().get_slice("again")
     assert record.hosts[0].info["env"]["versions"]["cloudpickle"]  # recorded for other kernels
     cell("%tpu_down again")
+
+
+def test_requirements_and_pip_add_the_users_packages(cloud, cell, bare, tmp_path):
+    """--requirements FILE (read here) and --pip go into the same environment, recorded with it."""
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("six\n")
+    run = cell(f"%tpu_launch v5litepod-4 --name mine --requirements {requirements} --pip 'idna>=2'")
+    assert run.error is None, run.shown
+    assert cell("%%on_tpu\nimport six, idna, sys\nsix.__file__.startswith(sys.prefix)").shown.strip() == "True"  # one host
+    recorded = json.loads((env_dir(bare, 0) / "tpunb-env.json").read_text())
+    assert "idna>=2" in recorded["requirements"] and recorded["versions"]["six"]
+    cell("%tpu_down mine")
 
 
 def launch_fails(cell, cloud, line: str, isolated_home) -> str:

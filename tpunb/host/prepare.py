@@ -233,8 +233,12 @@ def explain(text: str, what: str, python: str | None = None) -> str:
                 "network and its pip/uv index settings")
     if "Could not find a version that satisfies" in text or "No matching distribution" in text:
         return f"no route to the package index ({what}: pip found no uv there): check the host's network and index settings"
-    meaningful = [line.strip().removeprefix("error:").removeprefix("cause:").strip() for line in text.splitlines()
-                  if line.strip() and not line.startswith(("hint", "WARNING", "Using Python"))]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    said = [line for line in lines if line.lower().startswith(("error:", "cause:", "caused by:"))]
+    if said:  # uv's own words: what failed, then its first cause
+        parts = [said[0].split(":", 1)[1].strip()] + [line.split(":", 1)[1].strip() for line in said[1:2]]
+        return f"{what} failed: {': '.join(p for p in parts if p)}"
+    meaningful = [line for line in lines if not line.startswith(("hint", "WARNING", "Using Python"))]
     return f"{what} failed: {meaningful[-1] if meaningful else 'no output'}"
 
 

@@ -39,8 +39,8 @@ def split_packages(text: str | list[str] | tuple[str, ...] | None) -> list[str]:
     """'einops optax==0.2' (or a list) -> ['einops', 'optax==0.2']."""
     if not text:
         return []
-    items = text if isinstance(text, (list, tuple)) else re.split(r"[\s,]+", str(text))
-    return [item.strip() for item in items if item and item.strip()]
+    items = text if isinstance(text, (list, tuple)) else re.split(r"[\s,]+", str(text).strip("'\""))
+    return [item.strip().strip("'\"") for item in items if item and item.strip().strip("'\"")]
 
 
 def host_spec(python: str | None = None, jax: str | None = None, pip=None, requirements: str | None = None,
