@@ -103,7 +103,8 @@ class Harness:
             line = (f"%tpu_connect {specs} --key {self.sshd['key']} --name {self.name} --accelerator {accel} "
                     f"--python {sys.executable} --env {env} {extra}")
         else:
-            line = f"%tpu_launch {accel} --name {self.name} --python {sys.executable} --env {env} {extra}"
+            # the bare image's own Python runs the agent (no fault case needs JAX): --no-setup
+            line = f"%tpu_launch {accel} --name {self.name} --no-setup {extra}"
         error, shown, _ = self.cell(line)
         if error is not None:
             raise RuntimeError(f"launch failed: {shown}")
@@ -520,7 +521,7 @@ def cloud_errors(h: Harness) -> Outcome:
     started = time.perf_counter()
     for faults in ({"quota": "operation"}, {"no_capacity": ["us-central2-b"]}, {"permission_denied": True}):
         h.start_emulator(**faults)
-        error, shown, _ = h.cell(f"%tpu_launch v4-16 --name {h.name} --python {sys.executable}")
+        error, shown, _ = h.cell(f"%tpu_launch v4-16 --name {h.name} --no-setup")
         if not one_line_error(error, shown) or h.nodes():
             raw.append(next(iter(faults)))
         h.emulator.stop()
@@ -537,7 +538,7 @@ def cloud_interrupt(h: Harness) -> Outcome:
             os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=press_once_the_node_exists, daemon=True).start()
-    error, shown, seconds = h.cell(f"%tpu_launch v4-16 --name {h.name} --python {sys.executable}")
+    error, shown, seconds = h.cell(f"%tpu_launch v4-16 --name {h.name} --no-setup")
     gone = wait_until(lambda: h.nodes() == 0, 10)
     return Outcome("", "", one_line_error(error, shown, "nothing is left running") and gone, seconds,
                    leaked=h.nodes(), note=f"{type(error).__name__}: {error}"[:120])
@@ -562,7 +563,7 @@ def launch_interrupted_anywhere(h: Harness) -> Outcome:
 
         timer = threading.Timer(delay, press)
         timer.start()
-        python = f" --python {sys.executable}" if h.where == "cloud" else ""
+        python = " --no-setup" if h.where == "cloud" else ""
         try:
             try:
                 error, shown, _ = h.cell(f"%tpu_launch v4-16 --name {name}{python}")
@@ -621,8 +622,7 @@ def node_gone_after_kill(h: Harness, kernel: subprocess.Popen, bound: float) -> 
 @case("kernel killed after a cloud launch (--idle-delete 3s)", where=("cloud",), fast=False)
 def cloud_kernel_killed(h: Harness) -> Outcome:
     h.start_emulator()
-    env = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
-    kernel = kernel_process([f"%tpu_launch v4-16 --name idle --idle-delete 3s --python {sys.executable} --env {env}"])
+    kernel = kernel_process(["%tpu_launch v4-16 --name idle --idle-delete 3s --no-setup"])
     line = kernel.stdout.readline()
     while line and not line.startswith("cell done"):
         line = kernel.stdout.readline()
@@ -636,7 +636,7 @@ def cloud_kernel_killed(h: Harness) -> Outcome:
 def cloud_kernel_killed_mid_launch(h: Harness) -> Outcome:
     h.start_emulator(slow_create=1.0)
     kernel = kernel_process([f"import tpunb; tpunb.launch('v4-16', name='halfway', idle_delete='2s', connect_wait=4, "
-                             f"python={sys.executable!r}, env={CPU_AS_TPU_HOST!r})"])
+                             "no_setup=True)"])
     wait_until(lambda: h.nodes() == 1, 30)
     gone, seconds = node_gone_after_kill(h, kernel, 40)
     return Outcome("", "", gone and seconds < 20, seconds, leaked=h.nodes(),

@@ -23,8 +23,20 @@ cells = [
     new_markdown_cell("With a project configured, `%tpu_launch` uses Cloud TPU (`--backend gcp`). A spot `v4-16` "
                       "is 8 chips on 2 hosts. The progress shows each state, the time it took and the price."),
     new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_launch v4-16 --spot --name spotty"),
+    new_markdown_cell("Google's TPU VM images come with Python 3.10 and no JAX (\"choose the image, then install "
+                      "the framework\"), and the sandbox's hosts are such images. So the launch prepared every host "
+                      "before its first cell, all at once under one progress bar: a "
+                      "[uv](https://docs.astral.sh/uv/) environment with this notebook's Python, jax at this "
+                      "notebook's version, flax and what tpunb's hosts need (`--pip`, `--requirements`, `--python`, "
+                      "`--jax` change that). A reconnect only checks it. `%tpu_status --versions` lists what each "
+                      "host runs:"),
+    new_code_cell("import platform\nfrom importlib.metadata import version\n\n"
+                  "versions = %tpu_status --versions\n"
+                  "print('every host on this notebook\\'s Python:', all(versions['python'] == platform.python_version()))\n"
+                  "print('every host on this notebook\\'s jax:', all(versions['jax'] == version('jax')))"),
     new_markdown_cell("The hosts are reached over SSH with tpunb's own key (injected through the node's "
-                      "`ssh-keys` metadata), and `jax.distributed` spans both:"),
+                      "`ssh-keys` metadata), and `jax.distributed` spans both, its process ids and coordinator "
+                      "read from each VM's metadata server as on any TPU VM:"),
     new_code_cell("%%on_tpu\nimport jax\nprint('devices:', jax.device_count(), '| this host:', jax.local_device_count())\n"
                   "jax.process_index()"),
     new_markdown_cell("`%tpu_status` shows the cloud's view: state, health, uptime and the hourly price."),

@@ -40,8 +40,12 @@ def tpu_emulator(tpu_emulator_options: dict, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def on_sshd(sshd) -> dict:
-    """Fast start_emulator options whose nodes' hosts are ``sshd``'s real SSH hosts."""
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    """Fast start_emulator options whose nodes' hosts are ``sshd``'s real SSH hosts, each with its
+    metadata server (as every TPU VM has: JAX finds its peers there). Their disks and homes are
+    kept between nodes (the emulator boots and powers off state dirs of its own), so a test
+    session prepares each host's environment once; ``sshd.emulator_options()`` wipes them."""
+    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys),
+            "metadata_port": sshd.metadata_port}
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, zone: str, project: str = "proj") -> None:
@@ -49,3 +53,14 @@ def configure(monkeypatch: pytest.MonkeyPatch, zone: str, project: str = "proj")
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project)
     monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", zone)
     monkeypatch.delenv("CLOUDSDK_COMPUTE_REGION", raising=False)
+
+
+def assert_nothing_leaked(emulator, home) -> None:
+    """After a test: every node the emulator holds is one the registry knows (nothing bills unseen)."""
+    from tpunb import slices
+    from tpunb.registry import Registry
+
+    slices.detach_all()
+    known = {r.name for r in Registry(home / "registry.db").list_slices()}
+    left = {n["name"].rsplit("/", 1)[-1] for n in emulator.state()["nodes"]}
+    assert left <= known, f"nodes the registry does not know: {left - known}"

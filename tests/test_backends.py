@@ -12,7 +12,7 @@ from tpunb.registry import Registry
 from tpunb.slice import Slice
 from tpunb.status import SliceStatus
 from tests.conftest import CPU_AS_TPU_HOST
-from tests.emulator_fixture import FAST
+from tests.emulator_fixture import on_sshd
 
 ZONE = "us-central2-b"
 MEMBERS = ("options", "default_name", "create", "attach", "delete", "name_reusable", "slice_status")
@@ -20,7 +20,7 @@ MEMBERS = ("options", "default_name", "create", "attach", "delete", "name_reusab
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    return on_sshd(sshd)
 
 
 @pytest.fixture(params=["local", "ssh", "gcp"])
@@ -33,7 +33,7 @@ def backend(request, sshd, ssh_key):
                            python=sshd.python)
         return ssh, opts, ("connected", ["connected", "connected"])
     request.getfixturevalue("tpu_emulator")
-    return gcp, gcp.options(project="proj", zone=ZONE, python=sshd.python), ("READY", ["connected", "connected"])
+    return gcp, gcp.options(project="proj", zone=ZONE), ("READY", ["connected", "connected"])
 
 
 def test_every_backend_satisfies_the_protocol_member_by_member(backend):

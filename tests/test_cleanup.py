@@ -178,11 +178,11 @@ def test_deleting_a_slice_while_another_thread_revives_it_leaves_no_agent(pause)
     held, deleting = threading.Event(), threading.Event()
     launch, close = host.launch, session.close
 
-    def launch_held():
+    def launch_held(init=None):
         if pause == "before_launch":
             held.set()
             assert deleting.wait(30), "the deletion never began"
-        launch()
+        launch(init)
         if pause == "after_launch":
             held.set()
             assert deleting.wait(30), "the deletion never began"

@@ -1,5 +1,9 @@
 """Cloud TPU slices end to end: the real google-cloud-tpu client speaks HTTP to our Cloud TPU API
-emulator, whose nodes' hosts are real sshd hosts; agents, multi-host JAX, faults, preemption."""
+emulator, whose nodes' hosts are real sshd hosts, each a fresh TPU VM image (a bare Python 3.10, a
+home of its own: tpunb.emulator.image); agents, host preparation, multi-host JAX, faults, preemption.
+
+The session's sshd keeps its hosts' homes between nodes (a kept disk), so only the first launch
+here makes the environments; tests/test_host_setup.py prepares fresh hosts."""
 from __future__ import annotations
 
 import pytest
@@ -7,36 +11,32 @@ import pytest
 from tpunb import slices
 from tpunb.errors import AuthenticationError, CellInterrupted, ProvisionError, UnknownAcceleratorError
 from tpunb.registry import Registry
-from tests.conftest import CPU_AS_TPU_HOST, interrupt_kernel_when, wait_for
-from tests.emulator_fixture import FAST
+from tests.conftest import interrupt_kernel_when, wait_for
+from tests.emulator_fixture import assert_nothing_leaked, configure, on_sshd
 
 
 ZONE = "us-central2-b"  # offers v4
-ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
 
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    return on_sshd(sshd)
 
 
 @pytest.fixture
 def cloud(tpu_emulator, monkeypatch, isolated_home):
     """A configured project and zone, pointed at the emulator; after the test, nothing leaked."""
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
-    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", ZONE)
+    configure(monkeypatch, ZONE)
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
     yield tpu_emulator
-    slices.detach_all()
-    known = {r.name for r in Registry(isolated_home / "registry.db").list_slices()}
-    left = {n["name"].rsplit("/", 1)[-1] for n in tpu_emulator.state()["nodes"]}
-    assert left <= known, f"nodes the registry does not know: {left - known}"
+    assert_nothing_leaked(tpu_emulator, isolated_home)
 
 
 @pytest.fixture
 def launch(cell, sshd):
-    """%tpu_launch a v4-16 whose (emulated) hosts run this machine's Python as 4-device JAX hosts."""
-    return lambda extra="", accel="v4-16": cell(f"%tpu_launch {accel} --python {sshd.python} --env {ENV} {extra}")
+    """%tpu_launch a v4-16 with no option: its (emulated) hosts are bare TPU VM images that tpunb
+    prepares, 4 CPU devices each."""
+    return lambda extra="", accel="v4-16": cell(f"%tpu_launch {accel} {extra}")
 
 
 def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
@@ -111,7 +111,7 @@ def test_os_login_ignoring_the_metadata_key_says_what_to_do(cloud, sshd, isolate
     cloud.faults(os_login=True)
     cloud.accounts(permissions={"user@example.com": ["roles/tpu.admin", "roles/compute.osLogin"]})
     with pytest.raises(AuthenticationError) as info:
-        slices.launch("v4-8", name="oslogin", backend="gcp", python=sshd.python, connect_wait=1)
+        slices.launch("v4-8", name="oslogin", backend="gcp", connect_wait=1)
     text = str(info.value)
     assert "OS Login is probably on in project proj" in text and "\n" not in text
     assert "gcloud compute os-login ssh-keys add --key-file" in text and "--user" in text

@@ -136,22 +136,51 @@ def test_core_widgets_render_without_colabs_custom_manager_in_a_real_kernel(isol
 # -- this machine's own TPU ----------------------------------------------------------------------
 
 
-def test_own_accelerator_from_the_variable_or_colabs_single_chip(colab, tmp_path):
+def test_own_accelerator_from_the_variable_or_left_to_jax_on_the_chips(colab, tmp_path):
     dev = tmp_path / "dev"
     (dev / "vfio").mkdir(parents=True)
     (dev / "vfio" / "vfio").touch()  # the VFIO control node is not a chip
     with pytest.raises(UsageError, match="no TPU on this machine: in Colab pick Runtime > Change runtime type > TPU"):
         tpunb.colab.own_accelerator({}, dev)
     (dev / "vfio" / "0").touch()
-    assert tpunb.colab.own_accelerator({}, dev).name == "v5litepod-1"  # a Colab TPU runtime: one v5e chip
+    assert tpunb.colab.own_accelerator({}, dev) is None  # JAX on the chips names it once the host runs
     assert tpunb.colab.own_accelerator({"TPU_ACCELERATOR_TYPE": "v4-8"}, dev).name == "v4-8"
     with pytest.raises(UsageError, match="one host of a v4-16 .2 hosts.: reach all of them with %tpu_connect"):
         tpunb.colab.own_accelerator({"TPU_ACCELERATOR_TYPE": "v4-16"}, dev)
-    for i in range(4):
-        (dev / f"accel{i}").touch()
-    colab_stand_in.uninstall()
-    with pytest.raises(UsageError, match="has 5 TPU chips: say which TPU it is with %env TPU_ACCELERATOR_TYPE="):
-        tpunb.colab.own_accelerator({}, dev)
+
+
+@pytest.mark.parametrize("kind, devices, name", [
+    ("TPU v5 lite", 1, "v5litepod-1"),  # Colab's TPU runtime
+    ("TPU v6 lite", 1, "v6e-1"), ("TPU v6 lite", 8, "v6e-8"),
+    ("TPU v2", 8, "v2-8"), ("TPU v3", 8, "v3-8"),  # Colab's older TPU runtimes: 4 chips x 2 cores
+    ("TPU v4", 4, "v4-8"), ("TPU v5", 4, "v5p-8"),
+])
+def test_the_type_from_the_device_kind_jax_reports(kind, devices, name):
+    assert tpunb.colab.accelerator_from_devices(kind, devices).name == name
+
+
+def test_a_device_kind_that_is_no_tpu_says_what_to_set():
+    with pytest.raises(UsageError, match="sees 8 'cpu' devices, not a TPU .* %env TPU_ACCELERATOR_TYPE=TYPE"):
+        tpunb.colab.accelerator_from_devices("cpu", 8)
+
+
+def test_launch_local_names_the_type_from_what_jax_sees_on_the_chips(colab, cell, monkeypatch, tmp_path):
+    """No TPU here: the host's jax is a stand-in package that answers as JAX on a v6e-4 VM does
+    (``device_kind`` 'TPU v6 lite', 4 devices); this machine 'has' 4 chips."""
+    fake = tmp_path / "stand-in" / "jax"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("class _Device:\n    device_kind = 'TPU v6 lite'\n    platform = 'tpu'\n"
+                                      "def devices():\n    return [_Device()] * 4\n"
+                                      "def device_count():\n    return 4\n")
+    (fake / "distributed.py").write_text("def initialize(**kwargs):\n    pass\n")
+    monkeypatch.setenv("PYTHONPATH", f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.delenv("TPU_ACCELERATOR_TYPE", raising=False)
+    monkeypatch.setattr(tpunb.colab, "count_chips", lambda dev=None: 4)
+    run = cell("%tpu_launch local")
+    assert run.error is None, run.shown
+    assert "this machine's TPU is a v6e-4 (4 chips, from jax.devices() on it)" in run.stdout
+    assert slices.current().kind == "v6e-4" and Registry().get_slice("local").accelerator == "v6e-4"
+    assert "'v6e-4'" in cell("%%on_tpu\nimport os\nos.environ['TPUNB_ACCELERATOR']").shown  # one host: no label
 
 
 def test_launch_local_puts_the_one_host_on_this_machines_own_chips(colab, cell, monkeypatch, tmp_path):

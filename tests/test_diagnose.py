@@ -97,8 +97,9 @@ def tpu_held(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1]); print('holding', flush=True); "
                                "sys.stdin.read()", str(device)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "holding\n"  # it has the file open
+    # JAX_PLATFORMS unset (the test hosts' image says cpu): JAX may pick the TPU, so the hosts look
     yield holder, {host_diagnose.DEVICES_ENV: str(tmp_path / "accel*"),
-                   host_diagnose.LOCKFILE_ENV: str(tmp_path / "libtpu_lockfile")}
+                   host_diagnose.LOCKFILE_ENV: str(tmp_path / "libtpu_lockfile"), "JAX_PLATFORMS": ""}
     holder.kill()
     holder.wait()
 
@@ -143,7 +144,7 @@ def test_jax_saying_the_tpu_is_in_use_gets_the_holder_named(cell, sshd, ssh_key,
 def test_a_stale_libtpu_lockfile_is_named_with_the_line_that_removes_it(cell, sshd, ssh_key, tmp_path):
     lock = tmp_path / "libtpu_lockfile"
     lock.write_text("")  # left by a run that was killed: no process has it open
-    env = f"{host_diagnose.DEVICES_ENV}={tmp_path}/accel* {host_diagnose.LOCKFILE_ENV}={lock}"
+    env = f"{host_diagnose.DEVICES_ENV}={tmp_path}/accel* {host_diagnose.LOCKFILE_ENV}={lock} JAX_PLATFORMS="
     assert cell(f"%tpu_connect {specs(sshd, sshd.addresses[:1])} --key {ssh_key} --python {sshd.python} "
                 f"--env {env}").error is None
     failed = cell("%%on_tpu\nimport jax")
@@ -267,7 +268,8 @@ def test_cloud_slices_use_the_port_gcp_opens_and_the_emulator_a_random_one(monke
 
     record = SliceRecord(name="n", accelerator="v4-16", backend="gcp", state="running", spec={"network": "my-vpc"})
     monkeypatch.delenv("TPUNB_TPU_API_ENDPOINT", raising=False)
-    assert gcp.jax_coordinator(record) == {"coordinator_port": 8476, "network": "my-vpc"}
+    # process ids and the coordinator from the VM's metadata, as jax.distributed.initialize() reads them there
+    assert gcp.jax_coordinator(record) == {"coordinator_port": 8476, "network": "my-vpc", "metadata": True}
     assert "--network my-vpc --allow tcp:8476" in diagnose.firewall_fix(8476, "my-vpc")
     monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", "http://127.0.0.1:1")
     assert gcp.jax_coordinator(record)["coordinator_port"] is None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from google.cloud import tpu_v2
 
-from tests.conftest import CPU_AS_TPU_HOST, wait_for
+from tests.conftest import wait_for
 from tests.emulator_fixture import configure, on_sshd
 from tpunb import doctor, slices
 from tpunb.doctor import hosts as host_checks
@@ -16,7 +16,6 @@ from tpunb.errors import NoSliceError, UsageError
 from tpunb.provision.gcp import api
 
 ZONE = "us-central2-b"  # offers v4
-ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
 
 
 @pytest.fixture
@@ -36,7 +35,7 @@ def rows(report) -> dict[str, tuple[str, str]]:
 
 
 def test_a_healthy_cloud_slice_is_ok_on_every_row(cloud, cell, sshd):
-    run = cell(f"%tpu_launch v4-8 --name well --python {sshd.python} --env {ENV}")
+    run = cell("%tpu_launch v4-8 --name well")
     assert run.error is None, run.shown
     shown = cell("%tpu_doctor").stdout
     assert shown.startswith("tpu_doctor: slice 'well' (v4-8, gcp); project proj, zone us-central2-b")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import CPU_AS_TPU_HOST, interrupt_kernel_when, wait_for
+from tests.conftest import interrupt_kernel_when, wait_for
 from tests.emulator_fixture import configure, on_sshd
 from tpunb import catalog, slices
 from tpunb.errors import CellInterrupted, ProvisionError, UsageError
@@ -16,7 +16,6 @@ from tpunb.registry import Registry
 
 # v5p-8 is one host, offered in three zones: a race of all three fits the sshd's four hosts
 Z1, Z2, Z3 = catalog.lookup("v5p-8").zones
-ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
 
 
 @pytest.fixture
@@ -35,7 +34,7 @@ def cloud(tpu_emulator, monkeypatch, isolated_home):
 
 @pytest.fixture
 def launch(cell, sshd):
-    return lambda extra: cell(f"%tpu_launch v5p-8 --name fo --python {sshd.python} --env {ENV} {extra}")
+    return lambda extra: cell(f"%tpu_launch v5p-8 --name fo {extra}")
 
 
 def places(state: dict, kind: str = "nodes") -> list[str]:
@@ -88,7 +87,7 @@ def test_interrupting_a_race_deletes_every_queued_resource(cloud, launch, isolat
 def test_every_zone_failing_gives_one_line_per_zone_then_what_to_try(cloud, sshd, isolated_home):
     cloud.faults(no_capacity=[Z1], quota="operation", quota_regions=[catalog.region_of(Z2)], permission_denied=[Z3])
     with pytest.raises(ProvisionError) as info:
-        slices.launch("v5p-8", name="nowhere", backend="gcp", zone=[Z1, Z2, Z3], python=sshd.python)
+        slices.launch("v5p-8", name="nowhere", backend="gcp", zone=[Z1, Z2, Z3])
     lines = str(info.value).splitlines()
     assert lines[0] == "nowhere was granted nowhere (3 tries):"
     assert lines[1:4] == [f"  {Z1} v5p-8: no capacity", f"  {Z2} v5p-8: quota exceeded",
@@ -175,7 +174,7 @@ def test_a_kernel_killed_mid_race_leaves_what_tpu_down_deletes_in_every_zone(clo
 
 
 def test_zone_any_with_one_zone_offering_the_type_launches_there(cloud, cell, sshd):
-    run = cell(f"%tpu_launch v4-8 --name only --zone any --python {sshd.python} --env {ENV}")
+    run = cell("%tpu_launch v4-8 --name only --zone any")
     assert run.error is None, run.shown
     assert "in proj/us-central2-b (backend gcp)" in run.stdout and places(cloud.state()) == ["us-central2-b"]
 

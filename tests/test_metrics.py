@@ -147,6 +147,29 @@ def test_tpu_runtime_metrics_from_libtpus_grpc_service(monkeypatch):
         server.stop(0)
 
 
+def test_libtpus_slice_wide_chip_ids_are_the_hosts_chips_0_to_3(monkeypatch):
+    """tpu-info's real output on a v6e host numbers its chips 8, 9, 12, 13 (tests/fixtures/tpu_info):
+    tpunb shows them as chips 0-3 in that order, the numbers JAX's local devices (and so the HBM
+    tpunb reads from JAX) have on that host."""
+    from tests.libtpu_metrics import runtime_rows, serve
+
+    rows = runtime_rows("v6e-host-streaming.txt")
+    assert [r[0] for r in rows] == [8, 9, 12, 13]
+    server, _, address = serve(rows)
+    monkeypatch.setenv("TPUNB_TPU_METRICS_ADDRESS", address)
+    try:
+        sl = slices.launch("v4-8")
+        wait_for(lambda: len(set(sl.metrics().query("metric == 'hbm_used_bytes'").chip)) == 4, 30, "every chip's HBM")
+        frame = sl.metrics()
+        hbm = frame[frame.metric == "hbm_used_bytes"].groupby("chip").value.last()
+        assert hbm.to_dict() == {i: row[1] for i, row in enumerate(rows)}  # 17.26 GiB on chip 0, ...
+        assert set(frame[frame.metric == "hbm_total_bytes"].value) == {round(31.25 * 2**30)}
+        run = sl.run("import jax\nx = jax.numpy.ones((1 << 20,))\n[d.id for d in jax.local_devices()]")
+        assert run.reprs[0] == "[0, 1, 2, 3]"  # the chip numbers JAX gives this host's devices
+    finally:
+        server.stop(0)
+
+
 def test_status_shows_latest_cpu_memory_and_the_registry_has_them(make_slice, ip):
     sl = make_slice(2)
     wait_for(lambda: all(latest(sl, "cpu_percent", h) is not None for h in (0, 1)), 20, "cpu samples")

@@ -11,7 +11,7 @@ from tpunb.errors import CellInterrupted, ProvisionError, UsageError
 from tpunb.display.hosts import Layout
 from tpunb.results import HostResult
 from tests.conftest import interrupt_kernel_when, wait_for
-from tests.emulator_fixture import FAST
+from tests.emulator_fixture import on_sshd
 
 TWO_BY_TWO = Layout(4, 2)  # 2 slices of 2 hosts: hosts 0-1 are slice 0, hosts 2-3 slice 1
 
@@ -161,12 +161,11 @@ def test_bad_slices_are_one_line(cell, line, says):
 
 # -- Cloud TPU, through the emulator: one queued resource for every slice -----------------------------
 ZONE = "us-central2-b"  # offers v4
-CPU_HOSTS = "JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=4"
 
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys)}
+    return on_sshd(sshd)
 
 
 @pytest.fixture
@@ -178,7 +177,7 @@ def cloud(tpu_emulator, monkeypatch):
 
 
 def _launch(cell, sshd, line: str):
-    return cell(f"%tpu_launch {line} --python {sshd.python} --env {CPU_HOSTS}")
+    return cell(f"%tpu_launch {line}")
 
 
 def test_a_cloud_multislice_is_one_queued_resource_and_one_slice_in_tpunb(patient_grouping, cloud, cell, ip, sshd):
@@ -197,7 +196,7 @@ def test_a_cloud_multislice_is_one_queued_resource_and_one_slice_in_tpunb(patien
     env = cell("%%on_tpu\nimport os\nprint(os.environ['MEGASCALE_COORDINATOR_ADDRESS'], "
                "os.environ['MEGASCALE_SLICE_ID'], os.environ['TPUNB_SLICE_INDEX'])\nimport jax\njax.process_index()")
     assert env.error is None, env.shown
-    assert env.stdout == f"[s0] {first}:8080 0 0\n[s1] {first}:8080 1 1\n"
+    assert env.stdout == f"[s0] {first} 0 0\n[s1] {first} 1 1\n"  # the VMs' own tpu-env values
     assert "Out[s1/1]: 3" in env.shown  # one JAX job over both slices, processes numbered slice by slice
 
     cell("%tpu_status")

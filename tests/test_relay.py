@@ -242,7 +242,7 @@ def test_a_relay_cut_off_mid_stream_fails_its_subtree_naming_it():
 def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
     """A v4-32 from the Cloud TPU emulator (4 sshd hosts), no override: a 4 MB value goes by relay."""
     monkeypatch.delenv("TPUNB_RELAY", raising=False)
-    sl = slices.launch("v4-32", name="relayed", backend="gcp", python=sshd.python)
+    sl = slices.launch("v4-32", name="relayed", backend="gcp")
     sent = _sent_bytes(sl, monkeypatch)
     value = np.arange(1 << 19)  # 4 MB to 4 hosts
     sl.push({"v": value})

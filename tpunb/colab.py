@@ -10,7 +10,9 @@ Everything else in tpunb runs unchanged in Colab's runtime (IPython 7.34, ipywid
   (custom) widget needs ``google.colab.output.enable_custom_widget_manager()``; tpunb's custom
   widgets call this helper once, core ones never do.
 - ``%tpu_launch local``: this machine's own TPU chips (a Colab TPU runtime is a v5e-1) as a
-  one-host slice. The host process gets the real chip: no CPU forcing, JAX chooses the TPU.
+  one-host slice. The host process gets the real chip: no CPU forcing, JAX chooses the TPU, and
+  the slice's type comes from what JAX there sees (``jax.devices()[0].device_kind`` and the
+  device count: a v5e-1, a v6e-1, a v2-8 runtime, ...), unless TPU_ACCELERATOR_TYPE says it.
   Only one process can hold a TPU, so if this kernel's JAX already took it, that is said in one
   line instead of failing deep inside libtpu.
 """
@@ -96,18 +98,35 @@ def count_chips(dev: Path = Path("/dev")) -> int:
     return len(accel) + len(vfio)
 
 
-def own_accelerator(environ: Mapping[str, str] = os.environ, dev: Path = Path("/dev")) -> catalog.Accelerator:
-    """What this machine's TPU is: TPU_ACCELERATOR_TYPE if set, else a Colab TPU runtime's v5e-1."""
+#: ``jax.devices()[0].device_kind`` -> (catalog generation, accelerator-name units per JAX device):
+#: v2, v3, v4 and v5p names count TensorCores (v2/v3 show each core as a device, v4 and v5p one
+#: device per 2-core chip); v5e and v6e count chips. Source: jax's own table of device kinds,
+#: jax/_src/pallas/mosaic/tpu_info.py (docs/cloud-facts.md)
+DEVICE_KINDS = {"TPU v2": ("v2", 1), "TPU v3": ("v3", 1), "TPU v4": ("v4", 2), "TPU v5": ("v5p", 2),
+                "TPU v5p": ("v5p", 2), "TPU v5 lite": ("v5litepod", 1), "TPU v5e": ("v5litepod", 1),
+                "TPU v6 lite": ("v6e", 1), "TPU v6e": ("v6e", 1)}
+#: run on the host that holds the chips: what JAX sees there
+DEVICE_PROBE = "import jax as _jax\n(_jax.devices()[0].device_kind, _jax.device_count())"
+
+
+def accelerator_from_devices(kind: str, devices: int) -> catalog.Accelerator:
+    """The accelerator type of a TPU VM whose JAX sees ``devices`` devices of ``kind``."""
+    if kind not in DEVICE_KINDS:
+        raise UsageError(f"JAX on this machine sees {devices} {kind!r} device{'s' if devices != 1 else ''}, not a TPU "
+                         f"tpunb knows: say which TPU it is with %env {ACCELERATOR_VARIABLE}=TYPE (e.g. v6e-4)")
+    generation, units = DEVICE_KINDS[kind]
+    return catalog.lookup(f"{generation}-{devices * units}")
+
+
+def own_accelerator(environ: Mapping[str, str] = os.environ, dev: Path = Path("/dev")) -> catalog.Accelerator | None:
+    """What this machine's TPU is: TPU_ACCELERATOR_TYPE if set; None when only JAX on its chips can
+    say (``accelerator_from_devices`` once the host runs). No chips at all: a one-line error."""
     name = environ.get(ACCELERATOR_VARIABLE, "").strip()
     if not name:
-        chips = count_chips(dev)
-        if chips == 0:
+        if count_chips(dev) == 0:
             raise UsageError("no TPU on this machine: in Colab pick Runtime > Change runtime type > TPU, "
                              "or simulate a slice with %tpu_launch v5litepod-8")
-        if not (in_colab() and chips == 1):
-            raise UsageError(f"this machine has {chips} TPU chip{'s' if chips > 1 else ''}: say which TPU it is "
-                             f"with %env {ACCELERATOR_VARIABLE}=v5litepod-{chips}, then %tpu_launch {OWN_TPU}")
-        name = "v5litepod-1"  # Colab's TPU runtime: one v5e chip
+        return None
     accel = catalog.lookup(name)
     if accel.hosts != 1:
         raise UsageError(f"this machine is one host of a {accel.name} ({accel.hosts} hosts): reach all of them "

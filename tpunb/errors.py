@@ -39,6 +39,40 @@ class ProvisionError(TpunbError):
         self.reason = reason
 
 
+class HostSetupError(ProvisionError):
+    """A host's environment could not be made: ``causes`` maps each cause (one line) to the hosts
+    it stopped, so the message names every host and why, once per cause."""
+
+    def __init__(self, host: int | dict, address: str = "", cause: str = "") -> None:
+        self.causes: dict[str, list[int]] = host if isinstance(host, dict) else {cause: [host]}
+        self.address = address
+        where = f" ({address})" if address and not isinstance(host, dict) else ""
+        parts = [f"host{'s' if len(hosts) > 1 else ''} {_hosts(hosts)}{where}: {why}" for why, hosts in self.causes.items()]
+        super().__init__("cannot prepare " + "; ".join(parts), reason="setup")
+
+    @classmethod
+    def merge(cls, errors: list["HostSetupError"]) -> "HostSetupError":
+        """Several hosts' failures as one error, hosts with the same cause named together."""
+        causes: dict[str, list[int]] = {}
+        for error in errors:
+            for why, hosts in error.causes.items():
+                causes.setdefault(why, []).extend(hosts)
+        if len(errors) == 1:
+            return errors[0]
+        return cls({why: sorted(hosts) for why, hosts in causes.items()})
+
+
+def _hosts(hosts: list[int]) -> str:
+    """0-3,5: host numbers as ranges."""
+    hosts, runs = sorted(hosts), []
+    for host in hosts:
+        if runs and host == runs[-1][1] + 1:
+            runs[-1][1] = host
+        else:
+            runs.append([host, host])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 class TransportError(TpunbError):
     """Bytes could not reach a host: connection, authentication, host key or a dead agent.
 

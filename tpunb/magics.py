@@ -102,7 +102,13 @@ class TpuMagics(Magics):
     @argument("--port", type=int, default=22)
     @argument("--name", default=None, help="slice name")
     @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
-    @argument("--python", default="python3", help="Python >= 3.10 on the hosts (or A,B,... one per host)")
+    @argument("--python", default="python3", help="Python >= 3.10 on the hosts (or A,B,... one per host); with "
+                                                  "--setup, X.Y for the environment it makes (default: this notebook's)")
+    @argument("--setup", action="store_true", help="make (or check) an environment on each host as a cloud slice "
+                                                   "gets: uv venv, this notebook's Python and jax, flax, ...")
+    @argument("--jax", default=None, help="with --setup: the jax version (default: this notebook's)")
+    @argument("--pip", default=None, metavar="\"PKG ...\"", help="with --setup: more packages")
+    @argument("--requirements", default=None, metavar="FILE", help="with --setup: a requirements file on this machine")
     @argument("--coordinator-port", type=int, default=None,
               help="JAX's coordinator port on host 0, fixed (default: random); 8476 passes GCP's TPU firewall rule")
     @argument("--accelerator", default=None, help="what the hosts are (e.g. v4-16), for status and JAX")
@@ -116,7 +122,8 @@ class TpuMagics(Magics):
             slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
                            python=args.python, accelerator=args.accelerator,
                            accept_new_host_key=args.accept_new_host_key, slices=args.slices,
-                           coordinator_port=args.coordinator_port)
+                           coordinator_port=args.coordinator_port, setup=args.setup, jax=args.jax,
+                           pip=args.pip and args.pip.strip("'\""), requirements=args.requirements)
         except KeyboardInterrupt:
             raise CellInterrupted("%tpu_connect interrupted before it started anything: nothing is left running") \
                 from None
@@ -223,7 +230,7 @@ class TpuMagics(Magics):
         report.info(str(rows))
 
     @magic_arguments()
-    @argument("--versions", action="store_true", help="Python, jax, jaxlib, libtpu and flax of every host")
+    @argument("--versions", action="store_true", help="Python, jax, jaxlib, libtpu, flax and the environment tpunb made, of every host")
     @line_magic
     def tpu_status(self, line: str):
         """Slices and their hosts as a DataFrame (--versions: each host's package versions)."""

@@ -32,7 +32,7 @@ from tpunb.engine.connection import HostConnection
 from tpunb.engine.ctrl_c import CtrlC, Inbox, Wake
 from tpunb.engine.frames import Broadcast
 from tpunb.engine.transfer import Transfer, pack, shares_memory
-from tpunb.errors import CellInterrupted, HostDiedError, RemoteError, TransportError
+from tpunb.errors import CellInterrupted, HostDiedError, HostSetupError, RemoteError, TransportError
 from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
 from tpunb.transport.base import Transport
@@ -46,6 +46,8 @@ HEARTBEAT_TIMEOUT = 5.0
 BEAT_INTERVAL = 1.0
 #: a further Ctrl-C ends an escalation step once it lasted this long
 PRESS_FLOOR = 1.0
+#: once one host's environment cannot be made, how long the others get to say whether theirs can
+SETUP_GRACE = 3.0
 
 
 def default_heartbeat_timeout() -> float:
@@ -99,6 +101,8 @@ class Session:
         self._cells = itertools.count(1)  # one number per cell, the same on every host
         self.colors: str | None = None  # the traceback colour scheme hosts use (the kernel's)
         self.on_metrics: Callable[[int, dict], None] | None = None  # (host, metrics frame)
+        #: told each step while hosts' environments are made (host, its ``prepare`` frame)
+        self.on_prepare: Callable[[int, dict], None] | None = None
         self._relay_secret = secrets.token_hex(32)  # proves hosts to each other (relay); sent at init, over SSH only
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -112,35 +116,47 @@ class Session:
                              name="tpunb-liveness").start()
 
     def _start(self, indices: Iterable[int] | None) -> None:
+        """Every chosen host at once: its agent started, shipped and told its settings (over SSH
+        each step waits on the host, so hosts overlap their round trips). When one host's
+        environment cannot be made, the others get SETUP_GRACE seconds to say whether theirs can,
+        then the start ends, naming every host that failed and why."""
         if self.closed:
             raise TransportError("this slice's host sessions were closed")
         chosen = [self.hosts[i] for i in (indices if indices is not None else range(len(self.hosts)))]
-        errors = []
-        try:
-            for host in chosen:
-                host.close()
-                host.launch()
-        except TransportError as exc:
-            errors.append(exc)
+        errors: list[Exception] = []
+        failed = threading.Event()
         beat = self.beat_interval()
-        threads = []
-        for host in chosen if not errors else ():
-            def shake(h=host):
-                try:
-                    h.handshake({**self.init_for_host(h.index), "heartbeat": beat, "relay_secret": self._relay_secret},
-                                self.start_timeout)
-                except Exception as exc:  # collected and reported together below
-                    errors.append(exc)
-            thread = threading.Thread(target=shake, daemon=True)
-            thread.start()
-            threads.append(thread)
+
+        def start(host: HostConnection) -> None:
+            try:
+                host.close()
+                host.on_prepare = self.on_prepare
+                init = {**self.init_for_host(host.index), "heartbeat": beat, "relay_secret": self._relay_secret}
+                host.launch(init)
+                host.handshake(init, self.start_timeout)
+            except Exception as exc:  # collected and reported together below
+                errors.append(exc)
+                failed.set()
+
+        threads = [threading.Thread(target=start, args=(host,), daemon=True, name=f"tpunb-start-{host.index}")
+                   for host in chosen]
         for thread in threads:
-            thread.join()
+            thread.start()
+        for thread in threads:
+            while thread.is_alive() and not failed.is_set():
+                thread.join(0.1)
+        if failed.is_set():
+            deadline = time.monotonic() + SETUP_GRACE
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
         if self.closed and not errors:  # closed (the slice deleted) while these started: end them too
             errors.append(TransportError("this slice's host sessions were closed while starting"))
         if errors:
             for host in chosen:
                 host.close()
+            setup = [e for e in list(errors) if isinstance(e, HostSetupError)]
+            if setup:
+                raise HostSetupError.merge(setup)
             raise errors[0] if len(errors) == 1 else TransportError("; ".join(str(e) for e in errors))
 
     def close(self) -> None:

@@ -23,6 +23,8 @@ from tpunb.serve import seen
 from tpunb.session import Session
 from tpunb.status import HostRow
 from tpunb.transport.base import Transport
+from tpunb.host.prepare import STEPS as SETUP_STEPS
+from tpunb.widgets.progress import SetupProgress
 
 if TYPE_CHECKING:
     import numpy
@@ -151,9 +153,17 @@ class Slice:
             self._coordinator_port = self._pick_port()
             self.session.jax_started = False
             hosts = None
-        self.session.start(hosts)
+        progress = SetupProgress(len(hosts) if hosts else self.num_hosts, SETUP_STEPS, self.layout.names)
+        self.session.on_prepare = progress.update
+        try:
+            self.session.start(hosts)
+        finally:
+            progress.close()
+            self.session.on_prepare = None
+        self._record_envs()
         if hosts is None:
             self.warn_version_skew()
+            self.warn_python_mismatch()
         self._idle_mark(False)  # host 0's agent armed (or touched) the idle watchdog as it started
         self.metrics_feed.start()
 
@@ -376,8 +386,10 @@ class Slice:
         if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
             raise UsageError("push takes a dict of {name: value} with valid Python names")
         self.revive()
+        chosen = self.layout.parse(hosts)
+        diagnose.pythons.refuse_code(self, values, chosen)  # one line before anything is sent
         self._idle_mark(False, tell_host=True)
-        self.session.push(values, self.layout.parse(hosts))
+        self.session.push(values, chosen)
 
     def pull(self, name: str, hosts: str | list[int] | None = None) -> dict[int, Any]:
         """{host: value of ``name``} from every chosen host."""
@@ -453,6 +465,19 @@ class Slice:
         said = {host.index: host.info.get("versions") for host in self.session.hosts}
         return {i: diagnose.kernel_versions() if v == "kernel" else v for i, v in said.items()}
 
+    def _record_envs(self) -> None:
+        """Each host's environment (made or checked at its start) and versions, in the registry:
+        %tpu_status --versions and later kernels read them there."""
+        for host in self.session.hosts:
+            env = host.info.get("env")
+            if env and host.index < len(self.record.hosts):
+                self.record.hosts[host.index].info["env"] = {"path": env.get("env"), "python": env.get("python"),
+                                                             "versions": env.get("versions") or {}}
+
+    def warn_python_mismatch(self) -> str | None:
+        """Said once at connect: hosts on another Python than this kernel's (see diagnose.pythons)."""
+        return diagnose.pythons.warn_mismatch(self)
+
     def warn_version_skew(self) -> str | None:
         """Warn, in one line, which hosts run other versions than the rest; the line, or None."""
         line = diagnose.skew_line(self.versions(), self.layout.names)
@@ -461,11 +486,14 @@ class Slice:
         return line
 
     def version_rows(self) -> list[diagnose.VersionRow]:
-        """One row per host for %tpu_status --versions."""
+        """One row per host for %tpu_status --versions (with the environment tpunb made there)."""
         versions = self.versions()
-        return diagnose.version_rows(self.name, [
+        rows = diagnose.version_rows(self.name, [
             (h.index, self.record.hosts[h.index].address if h.index < len(self.record.hosts) else h.transport.address,
              versions[h.index]) for h in self.session.hosts])
+        for row, host in zip(rows, self.session.hosts):
+            row.env = (host.info.get("env") or {}).get("env")
+        return rows
 
     def status_rows(self, current: bool = False) -> list[HostRow]:
         """One row per host, live: what %tpu_status, widgets and the server show."""

@@ -24,6 +24,8 @@ from tpunb.serve import seen
 from tpunb.status import ForwardRow, HostRow, ServiceRow
 
 BACKENDS = provision.LAUNCH_BACKENDS
+#: generations whose slices cannot be joined into a multislice (docs/cloud-facts.md)
+NO_MULTISLICE = ("v2", "v3")
 _attached: dict[str, Slice] = {}
 _current: list[str] = []  # the current slice's name, last one wins
 _env: dict[str, dict[str, str]] = {}  # --env values per slice: memory only, never the registry
@@ -82,7 +84,8 @@ def _unset_env_note(name: str, env_keys: list[str], values: dict[str, str], what
 def connect(hosts: list[str] | str, user: str | None = None, key: str | None = None, port: int = 22,
             name: str | None = None, env: Any = None, python: str | list[str] = "python3", accelerator: str | None = None,
             accept_new_host_key: bool = False, cwd: str | None = None, connect_timeout: float = 10.0,
-            slices: int | None = None, coordinator_port: int | None = None) -> Slice:
+            slices: int | None = None, coordinator_port: int | None = None, setup: bool = False,
+            jax: str | None = None, pip: Any = None, requirements: str | None = None) -> Slice:
     """Make a slice of hosts you bring (TPU VMs created elsewhere, any Linux machines) over SSH.
 
     Host index follows the order given. ``accept_new_host_key`` forgets the recorded keys of
@@ -90,6 +93,9 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
     hosts are N equal slices of a multislice, in order (each gets the MEGASCALE_* environment).
     ``python``: one interpreter for all hosts, or one per host (a list, or 'a,b,...').
     ``coordinator_port``: JAX's coordinator port on host 0, fixed (one your firewall opens).
+    ``setup``: make (or check) an environment on each host as a cloud slice gets, with ``python``
+    as X.Y (default this kernel's), ``jax``, ``pip`` and ``requirements``; off by default, since
+    the hosts and their Python are yours.
     """
     warm.ready("ipywidgets", "tpunb.widgets.launch", "tpunb.transport.ssh")  # where Ctrl-C cannot cut them
     from tpunb.transport.ssh import forget_host_key, parse_host
@@ -126,7 +132,8 @@ def connect(hosts: list[str] | str, user: str | None = None, key: str | None = N
     if coordinator_port is not None and not 0 < int(coordinator_port) < 65536:
         raise UsageError(f"--coordinator-port {coordinator_port}: give a TCP port, 1-65535 (8476 passes GCP's TPU firewall rule)")
     opts = provision.ssh.options(hosts=addresses, user=user, key=str(key) if key else None, python=python, cwd=cwd,
-                                 connect_timeout=connect_timeout, coordinator_port=coordinator_port)
+                                 connect_timeout=connect_timeout, coordinator_port=coordinator_port, setup=setup,
+                                 jax=jax, pip=pip, requirements=requirements)
     request = LaunchRequest(name, catalog.lookup(accelerator) if accelerator else None, reg, values, opts, count)
     with _interrupt_says_one_line(name, reg):
         return _attach(provision.ssh.create(request), values)
@@ -161,6 +168,9 @@ def _launch(accelerator: str | None, name: str | None, env: Any, backend: str | 
                              "(a simulated multislice: %tpu_launch v4-16 --slices 2 --backend local)")
         return _launch_own_tpu(name, env, backend, options)
     accel = catalog.lookup(accelerator)
+    if count > 1 and accel.generation in NO_MULTISLICE:
+        raise UsageError(f"--slices {count}: {accel.generation} has no multislice (Cloud TPU joins slices over the "
+                         f"data-centre network from v4 on): launch one {accel.name}, or a v4, v5e, v5p or v6e type")
     backend = backend or provision.default_backend(options.get("project"))
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)} "
@@ -210,7 +220,29 @@ def _launch_own_tpu(name: str | None, env: Any, backend: str | None, options: di
     reg = registry()
     name = _claim_name(name, colab.OWN_TPU, reg)
     request = LaunchRequest(name, accel, reg, values, provision.local.LocalOptions(own_tpu=True))
-    return _attach(provision.local.create(request), values)
+    sl = _attach(provision.local.create(request), values)
+    if accel is None:  # JAX on the chips says what they are (it starts there now, as a first cell would)
+        try:
+            named = _name_own_tpu(sl)
+        except BaseException:
+            down(sl.name)
+            raise
+        report.info(f"this machine's TPU is a {named.name} ({named.chips} chip{'s' if named.chips > 1 else ''}, "
+                    "from jax.devices() on it)")
+    return sl
+
+
+def _name_own_tpu(sl: Slice) -> catalog.Accelerator:
+    result = sl.run(colab.DEVICE_PROBE, output=None)
+    result.raise_for_status()
+    import ast
+
+    kind, devices = ast.literal_eval(result.reprs[0])
+    named = colab.accelerator_from_devices(kind, int(devices))
+    sl.record.accelerator, sl.accelerator = named.name, named
+    sl.run(f"import os\nos.environ['TPUNB_ACCELERATOR'] = {named.name!r}", output=None).raise_for_status()
+    sl.registry.save_slice(sl.record)
+    return named
 
 
 def _recover(name: str, env: Any) -> Slice:

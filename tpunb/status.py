@@ -197,7 +197,7 @@ def versions_frame(rows: Iterable) -> "pandas.DataFrame":
 
     from tpunb.diagnose import PACKAGES
 
-    table = pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=["slice", "host", "address", *PACKAGES])
+    table = pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=["slice", "host", "address", *PACKAGES, "env"])
     return table.fillna("")
 
 

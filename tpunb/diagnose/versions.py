@@ -29,6 +29,8 @@ class VersionRow:
     jaxlib: str | None = None
     libtpu: str | None = None
     flax: str | None = None
+    #: the environment tpunb made on the host (None: the host's own Python, as it is)
+    env: str | None = None
 
 
 @functools.cache

@@ -66,6 +66,18 @@ def parse_user_keys(metadata_value: str) -> list[tuple[str, str]]:
     return found
 
 
+def _wipe(directory: str) -> None:
+    """Empty a VM's disk at once (a rename) and delete what it held on a thread: a disk with an
+    environment tpunb made holds thousands of files, and the emulator's lock must not wait on them."""
+    trash = f"{directory}.wiped-{os.urandom(4).hex()}"
+    try:
+        os.rename(directory, trash)
+    except OSError:
+        return  # nothing there
+    threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True,
+                     name="tpu-emulator-wipe").start()
+
+
 class HostPool:
     """Hands out worker addresses per node and keeps the authorized keys file in step."""
 
@@ -156,7 +168,8 @@ class HostPool:
 
     def power_off(self, address: str) -> None:
         """End every process of ``address`` (those carrying its TPUNB_HOST_DIR) and empty that dir."""
-        host_dir = self.host_environment.get(address, {}).get("TPUNB_HOST_DIR")
+        env = self.host_environment.get(address, {})
+        host_dir = env.get("TPUNB_HOST_DIR")
         if not host_dir:
             return
         marker = f"TPUNB_HOST_DIR={host_dir}".encode()
@@ -170,7 +183,10 @@ class HostPool:
                 os.kill(int(entry), signal.SIGKILL)
             except OSError:
                 continue
-        shutil.rmtree(host_dir, ignore_errors=True)
+        _wipe(host_dir)
+        home = env.get("HOME", "")
+        if home.startswith(host_dir.rstrip("/") + "/"):  # the next VM on this address has a fresh, empty home
+            os.makedirs(home, exist_ok=True)
 
     def close(self) -> None:
         """Power off every host still held and remove the boot scripts."""

@@ -4,18 +4,22 @@
     sandbox = start_sandbox()      # then %tpu_launch v4-16 --spot works as on a real project
 
 It points tpunb at the emulator (TPUNB_TPU_API_ENDPOINT) with a made-up project and zone. The
-hosts are loopback addresses served by one sshd (Debian's openssh-server must be installed);
-their sessions find this Python as ``python3`` and run JAX on the CPU with each host's chips as
-devices, like the local simulated slice; each has a metadata server, so ``--idle-delete`` works
-as on a real VM. ``sandbox.stop()`` undoes all of it.
+hosts are loopback addresses served by one sshd (Debian's openssh-server must be installed), each
+a fresh Cloud TPU VM image (``tpunb.emulator.image``): a bare Python 3.10, a home of its own, no
+JAX, so ``%tpu_launch`` prepares every host as it must on a real VM; JAX then runs on the CPU with
+each host's chips as devices. Each host has a metadata server (worker number, endpoints,
+``tpu-env``), so JAX finds its peers and ``--idle-delete`` works as on a real VM.
+``sandbox.stop()`` undoes all of it.
 """
 from __future__ import annotations
 
 import os
-import sys
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpunb.emulator.image import Image
 from tpunb.emulator.server import EmulatorHandle, start_emulator
 from tpunb.emulator.sshd import Sshd
 
@@ -30,6 +34,8 @@ class Sandbox:
     sshd: Sshd
     emulator: EmulatorHandle
     _saved: dict = field(default_factory=dict, repr=False)
+    #: everything the sandbox made on this machine (the image, the hosts' disks)
+    directory: Path | None = field(default=None, repr=False)
 
     def preempt(self, node: str, after: float | None = None) -> None:
         """Do to a node what Google does to spot capacity it reclaims."""
@@ -38,6 +44,8 @@ class Sandbox:
     def stop(self) -> None:
         self.emulator.stop()
         self.sshd.close()
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
         for key, value in self._saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -50,20 +58,21 @@ class Sandbox:
 
 
 def start_sandbox(hosts: int = 4, project: str = "sandbox-project", zone: str = "us-central2-b",
-                  devices_per_host: int = 4, create_seconds: float = 1.0) -> Sandbox:
-    """Start an sshd with ``hosts`` loopback hosts and an emulator using them; point tpunb at it."""
-    bindir = Path(sys.executable).parent
-    sshd = Sshd(hosts, environment={
-        "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_host}",
-    })
+                  devices_per_host: int = 4, create_seconds: float = 1.0, pythons: list | None = None,
+                  cache: str | Path | None = None) -> Sandbox:
+    """Start an sshd with ``hosts`` loopback hosts (each a fresh TPU VM image) and an emulator using
+    them; point tpunb at it. ``pythons``: what stands in for uv's managed Pythons (X.Y from pyenv,
+    or a prefix; default this kernel's); ``cache``: the uv and pip cache the hosts share."""
+    directory = Path(tempfile.mkdtemp(prefix="tpunb-sandbox-"))
+    image = Image(directory / "image", pythons, Path(cache) if cache else None, devices_per_host)
+    sshd = Sshd(hosts, directory=directory / "sshd", image=image)
     try:
         url, handle = start_emulator(create_seconds=create_seconds, delete_seconds=0.2, queue_seconds=0.5,
                                      **sshd.emulator_options())
     except BaseException:
         sshd.close()
+        shutil.rmtree(directory, ignore_errors=True)
         raise
     saved = {key: os.environ.get(key) for key in SETTINGS}
     os.environ.update({"TPUNB_TPU_API_ENDPOINT": url, "GOOGLE_CLOUD_PROJECT": project, "CLOUDSDK_COMPUTE_ZONE": zone})
-    return Sandbox(url, project, zone, sshd, handle, saved)
+    return Sandbox(url, project, zone, sshd, handle, saved, directory)

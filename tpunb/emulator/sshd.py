@@ -16,7 +16,11 @@ own). Sessions run as the current user (root here). Root's ~/.bashrc on this mac
 ``pyenv init`` (~200 ms per command); the hosts tpunb targets run commands without that, since a
 stock user .bashrc returns early for non-interactive shells. ``SetEnv SHLVL=1`` gives the same
 effect here: bash only sources ~/.bashrc for sshd commands when it is a top-level shell
-(SHLVL < 2). Without a PATH from pyenv, commands must name the interpreter: use ``Sshd.python``.
+(SHLVL < 2).
+
+By default every host is a fresh Cloud TPU VM image (``tpunb.emulator.image``): a bare Python 3.10
+as ``python3``, a home of its own, JAX on the CPU. ``Sshd.python`` is this machine's own Python
+(absolute), for tests that bring hosts with an interpreter of their own (``--python``).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
+from tpunb.emulator.image import Image
 from tpunb.host import procs
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -84,7 +89,8 @@ def _free_port(addresses: list[str], avoid: int = 0) -> int:
 class Sshd:
     """One sshd serving ``hosts`` loopback addresses on one port, with its own keys and config."""
 
-    def __init__(self, hosts: int = 4, directory: Path | None = None, environment: dict[str, str] | None = None) -> None:
+    def __init__(self, hosts: int = 4, directory: Path | None = None, environment: dict[str, str] | None = None,
+                 image: Image | bool = True, pythons: list | None = None) -> None:
         if not os.path.exists(SSHD):
             raise RuntimeError("sshd not found: apt-get install -y openssh-server")
         self.dir = Path(directory or tempfile.mkdtemp(prefix="tpunb-sshd-"))
@@ -95,8 +101,10 @@ class Sshd:
         self.user = getpass.getuser()
         #: interpreter to run on the hosts (the same machine): absolute, as PATH lacks pyenv there
         self.python = sys.executable
-        #: set in every session (sshd SetEnv), e.g. a PATH that finds this Python as python3
-        self.environment = {"SHLVL": "1", **(environment or {})}
+        #: the TPU VM image every host models (None: this machine's own environment)
+        self.image = (image if isinstance(image, Image) else Image(self.dir / "image", pythons) if image else None)
+        #: set in every session (sshd SetEnv): the image's PATH, caches, JAX on the CPU, ...
+        self.environment = {"SHLVL": "1", **(self.image.environment() if self.image else {}), **(environment or {})}
         #: where each host's metadata server listens (at the host's own address): the emulator serves it
         self.metadata_port = _free_port(self.addresses, avoid=self.port)
         self.host_key_path = self.dir / "ssh_host_ed25519_key"
@@ -112,6 +120,8 @@ class Sshd:
         self.log_file = self.dir / "sshd.log"
         self.config = self.dir / "sshd_config"
         self.config.write_text(self._config_text())
+        for address in self.addresses if self.image else ():
+            self.home(address).mkdir(parents=True, exist_ok=True)
         self._proc: subprocess.Popen | None = None
         atexit.register(self.stop)  # a test run that dies early must not leave sshd listening
         self.start()
@@ -146,8 +156,15 @@ class Sshd:
     def host_environment(self, address: str) -> dict[str, str]:
         """What every process of host ``address`` sees: ``environment``, plus its own metadata server
         (``GCE_METADATA_HOST``) and its own directory for host state (``TPUNB_HOST_DIR``, its "disk")."""
-        return {**self.environment, "GCE_METADATA_HOST": f"{address}:{self.metadata_port}",
-                "TPUNB_HOST_DIR": str(self.dir / "hosts" / address)}
+        disk = self.dir / "hosts" / address
+        metadata = f"{address}:{self.metadata_port}"
+        home = {"HOME": str(self.home(address))} if self.image else {}
+        return {**self.environment, **home, "GCE_METADATA_HOST": metadata, "GCE_METADATA_IP": metadata,
+                "TPUNB_HOST_DIR": str(disk)}
+
+    def home(self, address: str) -> Path:
+        """Host ``address``'s home (on its disk: a deleted node's is gone with it)."""
+        return self.dir / "hosts" / address / "home" if self.image else Path.home()
 
     def emulator_options(self) -> dict:
         """start_emulator keyword arguments that make these the emulated nodes' hosts."""

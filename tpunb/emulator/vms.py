@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from tpunb.emulator.accounts import Accounts, default_service_account
 from tpunb.emulator.hosts import HostPool, parse_user_keys
-from tpunb.emulator.resources import ApiError, Node
+from tpunb.emulator.metadata import tpu_attributes
+from tpunb.emulator.resources import ApiError, Node, QueuedResource
 
 if TYPE_CHECKING:
     from tpunb.emulator.checks import Faults
@@ -21,6 +22,7 @@ class VmSide:
     """What the VMs of the emulator's nodes see and do."""
 
     nodes: dict[str, Node]
+    queued: dict[str, QueuedResource]
     hosts: HostPool
     accounts: Accounts
     faults: "Faults"
@@ -39,8 +41,8 @@ class VmSide:
         node = self.nodes.get(self.hosts.owner_of(address) or "")
         if node is None:
             return None
-        attributes = {**node.metadata,
-                      "agent-worker-number": str([e.internal_ip for e in node.endpoints].index(address))}
+        worker = [e.internal_ip for e in node.endpoints].index(address)
+        attributes = {**node.metadata, **tpu_attributes(node, worker, self._megascale(node))}
         if path == "instance/service-accounts/default/token":
             return {"access_token": self._issue_token(node), "expires_in": 3599, "token_type": "Bearer"}
         if path == "instance/service-accounts/default/email":
@@ -53,6 +55,17 @@ class VmSide:
         return {"project/project-id": node.project, "instance/zone": f"projects/{node.project}/zones/{node.zone}",
                 "instance/network-interfaces/0/network": f"projects/{node.project}/networks/{network}",
                 "instance/hostname": f"t1v-n-{node.node_id}-w-{attributes['agent-worker-number']}"}.get(path)
+
+    def _megascale(self, node: Node) -> dict | None:
+        """A multislice node's MEGASCALE_* (as its VMs' tpu-env carries them): the slices, this
+        node's slice id, and worker 0 of slice 0 as the coordinator."""
+        qr = self.queued.get(node.queued_resource or "")
+        if qr is None or qr.node_prefix is None or node.node_id not in qr.node_ids:
+            return None
+        first = self.nodes.get(qr.node_names[0])
+        coordinator = first.endpoints[0].internal_ip if first is not None and first.endpoints else ""
+        return {"MEGASCALE_COORDINATOR_ADDRESS": coordinator, "MEGASCALE_NUM_SLICES": str(qr.node_count),
+                "MEGASCALE_SLICE_ID": str(qr.node_ids.index(node.node_id))}
 
     def put_guest_attribute(self, address: str, path: str, value: str) -> bool | None:
         """A VM writes ``NAMESPACE/KEY`` of its own guest attributes: None (no node), False (the

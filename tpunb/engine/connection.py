@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Callable
 
-from tpunb.errors import ProtocolError, TransportError
+from tpunb.errors import HostSetupError, ProtocolError, TransportError
 from tpunb.host import protocol
-from tpunb.host.bundle import BOOTSTRAP, agent_bundle
+from tpunb.host.bundle import BOOTSTRAP, LAUNCHER, agent_bundle, launcher_message
 from tpunb.transport.base import AgentProcess, Transport
 from tpunb.transport.fanin import FanIn, Frames, Stream
 
@@ -45,41 +45,74 @@ class HostConnection:
         self.notice: str | None = None
         #: frames to and from this host are marshal, not JSON: its agent runs this same Python
         self.fast = False
+        #: told each step of this host's environment being made (host, its ``prepare`` frame)
+        self.on_prepare: Callable[[int, dict], None] | None = None
         self._handshake: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._life = threading.Lock()  # launch, close and give_up of this host's agent, one at a time
 
-    def launch(self) -> None:
-        """Start the agent and ship it; the handshake is finished by ``handshake``."""
+    def launch(self, init: dict | None = None) -> None:
+        """Start the agent and ship it; the handshake is finished by ``handshake``. ``init`` (the
+        host's settings) travels with the bundle, so the agent never waits a round trip for it:
+        inside the launcher's spec when the host's environment is prepared first (the launcher
+        hands it to the agent with the bundle), else as the frame after the bundle."""
+        self._init_sent = init is not None
         with self._life:
             self._handshake = queue.Queue()  # a fresh one: the previous agent may have left "died" in it
             self.transport.connect()  # after a lost connection, the next cell reconnects by itself
-            self.process = process = self.transport.spawn([self.transport.python, "-c", BOOTSTRAP])
+            prepare = getattr(self.transport, "prepare", None)  # a spec: make (or check) the environment first
+            program = LAUNCHER if prepare else BOOTSTRAP
+            self.process = process = self.transport.spawn([self.transport.python, "-c", program])
             self.notice = None
             handshake = self._handshake
             fd = process.frames_fd() if self.fanin is not None else None
             if fd is not None:
                 self._stream = self.fanin.add(fd, lambda frames: self._on_frames(handshake, frames),
                                               lambda reason: self._on_end(process, handshake, reason))
+        if prepare:
+            process.send(launcher_message(prepare, self._init_frame(init) if init is not None else None))
         process.send(agent_bundle())
+        if init is not None and not prepare:
+            process.send(protocol.encode(self._init_frame(init)))
         if fd is None:
             threading.Thread(target=self._read_loop, args=(process, handshake), daemon=True,
                              name=f"tpunb-host-{self.index}").start()
 
     def handshake(self, init: dict, timeout: float) -> None:
-        """Check the protocol version, send the host's settings, wait until it is ready."""
+        """Check the protocol version, send the host's settings, wait until it is ready. While
+        the host's environment is made, its steps count as signs of life (``timeout`` is silence)."""
         hello = self._wait_handshake(timeout, "start")
+        while hello.get("op") == "prepare":
+            self._prepared(hello)
+            hello = self._wait_handshake(timeout, "start")
         if hello.get("protocol") != protocol.PROTOCOL_VERSION:
             raise ProtocolError(f"host {self.index} runs agent protocol v{hello.get('protocol')}, "
                                 f"this tpunb speaks v{protocol.PROTOCOL_VERSION}: restart the slice")
-        self.info = dict(hello)
-        self.fast = MARSHAL_FRAMES and hello.get("magic") == protocol.MAGIC
-        self.send({"op": "init", **init, "marshal": self.fast})
+        self.info = {**dict(hello), **({"env": self.info["env"]} if "env" in self.info else {})}
+        self.fast = MARSHAL_FRAMES and hello.get("magic") == protocol.MAGIC  # as the agent decides from init
+        if not getattr(self, "_init_sent", False):
+            self.send(self._init_frame(init))
         ready = self._wait_handshake(timeout, "get ready")
         self.info.update(runner=ready.get("runner"), runner_error=ready.get("runner_error"), inbox=ready.get("inbox"))
         self.heard_at = time.monotonic()
         self.alive = True
         self.started_at = time.time()
+
+    @staticmethod
+    def _init_frame(init: dict) -> dict:
+        """The init frame: the agent speaks marshal from then on if it runs this same Python (its
+        bytecode magic equals ours), which the kernel learns from its hello."""
+        return {"op": "init", **init, "marshal": MARSHAL_FRAMES, "magic": protocol.MAGIC}
+
+    def _prepared(self, message: dict) -> None:
+        """A step of this host's environment: shown, recorded once ready, one line if it failed."""
+        if message.get("state") == "failed":
+            raise HostSetupError(self.index, self.transport.address, str(message.get("error") or "no reason given"))
+        if message.get("state") == "ready":
+            self.info = {"env": {k: message.get(k) for k in ("env", "python", "versions", "fresh", "seconds")}}
+            self.transport.prepared_python = message.get("python")
+        if self.on_prepare is not None:
+            self.on_prepare(self.index, message)
 
     def _wait_handshake(self, timeout: float, what: str) -> dict:
         try:
@@ -149,7 +182,7 @@ class HostConnection:
         op = message.get("op")
         if op == "beat":
             return
-        if op in ("hello", "ready"):
+        if op in ("hello", "ready", "prepare"):
             handshake.put(message)
         else:
             self.router(self.index, message, blob)

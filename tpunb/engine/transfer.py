@@ -46,6 +46,37 @@ def pack(values: dict) -> list[memoryview]:
         raise
 
 
+def code_by_value(values: dict) -> list[str]:
+    """The names whose pickle carries a function or class by value (defined in the notebook, a
+    lambda, a closure): cloudpickle loads those only on the same Python version."""
+    try:
+        import cloudpickle
+    except ImportError:
+        return []
+    import io
+    import types
+
+    class Finder(cloudpickle.Pickler):
+        found = False
+
+        def reducer_override(self, obj):
+            reduced = super().reducer_override(obj)
+            if reduced is not NotImplemented and isinstance(obj, (types.FunctionType, type)):
+                Finder.found = True
+            return reduced
+
+    names = []
+    for name, value in values.items():
+        Finder.found = False
+        try:
+            Finder(io.BytesIO(), protocol=5, buffer_callback=lambda buffer: None).dump(value)
+        except Exception:  # pack() names a value that cannot be sent at all
+            continue
+        if Finder.found:
+            names.append(name)
+    return names
+
+
 class _Segments(list):
     def __init__(self, segments: list, keep: list) -> None:
         super().__init__(segments)

@@ -85,18 +85,24 @@ class Agent:
                    "traceback": [cap_text(str(line)) for line in traceback_lines[-1000:]]})
 
     # -- lifecycle ------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, init: dict | None = None) -> None:
+        """Say hello, take the init frame (brought by the launcher, or already sent after the
+        bundle: no round trip), set up. IPython's import (the longest step) runs on a thread from
+        the first moment, beside the handshake."""
+        importing = _import_ipython_early()
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
                    "pgid": os.getpgid(0), "watchdog": self.watchdog_pid, "python": sys.version.split()[0],
                    "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize,
                    "versions": _versions()})
-        frame = self.channel.recv()
-        if frame is None:
-            os._exit(0)
-        init = frame[0]
+        if init is None:
+            frame = self.channel.recv()
+            if frame is None:
+                os._exit(0)
+            init = frame[0]
         if init.get("op") != "init":
             os._exit(2)
-        self.channel.fast = bool(init.get("marshal"))  # the kernel runs this same Python: marshal frames
+        # marshal frames when the kernel runs this same Python (it decides the same from our hello)
+        self.channel.fast = bool(init.get("marshal")) and init.get("magic", protocol.MAGIC) == protocol.MAGIC
         self.relay = Relay(init.get("relay_secret"))  # the slice's secret: in this frame only, over SSH
         os.environ.update({k: str(v) for k, v in (init.get("env") or {}).items()})
         if init.get("cwd"):
@@ -113,17 +119,10 @@ class Agent:
         sys.stdin = NoStdin()
         signal.signal(signal.SIGINT, self._on_sigint)
         if init.get("jax"):
+            if init["jax"].get("metadata") and "MEGASCALE_NUM_SLICES" in os.environ:
+                JaxStarter.megascale_from_metadata()  # a cloud multislice: the VM's own values win
             self.jax = JaxStarter(self, init["jax"])
             sys.meta_path.insert(0, self.jax)
-        runner_error = ""
-        if init.get("ipython", True):
-            try:
-                prefer_inline_matplotlib()
-                self.runner = make_ipython_runner(self)
-            except Exception as exc:  # no IPython here (or a broken one): plain exec still works
-                runner_error = f"{type(exc).__name__}: {exc}"
-        if self.runner is None:
-            self.runner = PlainRunner(self)
         install_log_shim()
         interval = float((init.get("metrics") or {}).get("interval", 1.0))
         if interval > 0:
@@ -133,9 +132,26 @@ class Agent:
             self._arm_idle(init["idle"])
         self.channel.place_blobs(self._place)  # pushed values are read straight into place
         self.inbox = make_inbox(self.channel, self._dispatch, self._session_gone)
-        self.send({"op": "ready", "runner": self.runner.kind, "runner_error": runner_error, "inbox": self.inbox.kind})
+        error = self._make_runner(bool(init.get("ipython", True)), importing)
+        self.send({"op": "ready", "runner": self.runner.kind, "runner_error": error, "inbox": self.inbox.kind})
         if float(init.get("heartbeat") or 0) > 0:
             self.channel.heartbeat(float(init["heartbeat"]))
+
+    def _make_runner(self, wants_ipython: bool, importing: threading.Thread | None) -> str:
+        """The cell runner: IPython's shell where the host has IPython (imported on a thread since
+        the agent started), else plain exec; why IPython could not be used, or ''."""
+        error = ""
+        if wants_ipython:
+            if importing is not None:
+                importing.join()
+            try:
+                prefer_inline_matplotlib()
+                self.runner = make_ipython_runner(self)
+            except Exception as exc:  # no IPython here (or a broken one): plain exec still works
+                error = f"{type(exc).__name__}: {exc}"
+        if self.runner is None:
+            self.runner = PlainRunner(self)
+        return error
 
     @staticmethod
     def _arm_idle(config: dict) -> None:
@@ -489,7 +505,29 @@ def _jsonable(value):
     return repr(value)
 
 
-def main() -> None:
+def _import_ipython_early() -> threading.Thread | None:
+    """IPython's modules, imported on a thread while the handshake waits on the network."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("IPython") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+
+    def load() -> None:
+        try:
+            import IPython.core.interactiveshell  # noqa: F401 - the import is the point
+        except Exception:  # the runner says why when it is made
+            pass
+
+    thread = threading.Thread(target=load, daemon=True, name="tpunb-import-ipython")
+    thread.start()
+    return thread
+
+
+def main(init: dict | None = None) -> None:
+    """``init``: this host's init frame when the launcher brought it (else it is read from stdin)."""
     try:
         os.setsid()  # our own session and group: escalation and the watchdog end us and our children together
     except OSError:
@@ -498,7 +536,7 @@ def main() -> None:
     in_fd, out_fd = os.dup(0), os.dup(1)
     channel = Channel(in_fd, out_fd)
     agent = Agent(channel, guard)
-    agent.start()
+    agent.start(init)
     agent.serve()
 
 

@@ -1,5 +1,8 @@
 """What is shipped to a host at connect: a tiny bootstrap on the command line, then the host
 modules over stdin, installed as the package ``tpunb_host`` (so a host needs only Python >= 3.10).
+A host whose environment tpunb prepares gets ``LAUNCHER`` instead: it reads the spec and the
+bundle, makes or checks the environment (``prepare.py``), then execs the environment's Python
+with ``BOOTSTRAP`` reading the same bundle from a memfd (its number is the program's argument).
 
 This module runs in the kernel; it is the one module of ``tpunb/host`` that is never shipped.
 """
@@ -11,15 +14,17 @@ from pathlib import Path
 
 PACKAGE = "tpunb_host"
 #: shipped in this order: each module's relative imports name only modules before it
-MODULES = ("protocol", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler", "idle", "shards", "transfer", "relay", "agent")
+MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler", "idle", "shards", "transfer", "relay", "agent")
 
-#: the start of every program given on a host's command line: read a length-prefixed message from stdin
+#: the start of every program given on a host's command line: read a length-prefixed message from
+#: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)
 READ = r"""
 import json, os, sys, types
+_FD = int(sys.argv[1]) if len(sys.argv) > 1 else 0
 def _read(n):
     data = b""
     while len(data) < n:
-        chunk = os.read(0, n - len(data))
+        chunk = os.read(_FD, n - len(data))
         if not chunk:
             raise SystemExit(3)
         data += chunk
@@ -27,6 +32,10 @@ def _read(n):
 """
 
 BOOTSTRAP = READ + r"""_bundle = json.loads(_read(int(_read(12))))
+_init = None
+if _FD:  # the launcher's memfd: the bundle, then this host's init frame (never on disk)
+    _init = json.loads(_read(int(_read(12))))
+    os.close(_FD)
 _package = types.ModuleType(_bundle["package"])
 _package.__path__ = []
 sys.modules[_bundle["package"]] = _package
@@ -37,7 +46,22 @@ for _name, _source in _bundle["modules"]:
     sys.modules[_module.__name__] = _module
     setattr(_package, _name, _module)
     exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
-sys.modules[_bundle["package"] + ".agent"].main()
+sys.modules[_bundle["package"] + ".agent"].main(_init)
+"""
+
+#: a host tpunb prepares: the spec (with the modules ``prepare`` needs), then the agent's bundle
+LAUNCHER = READ + r"""_message = json.loads(_read(int(_read(12))))
+_package = types.ModuleType("tpunb_host")
+_package.__path__ = []
+sys.modules["tpunb_host"] = _package
+for _name, _source in _message["modules"]:
+    _module = types.ModuleType("tpunb_host." + _name)
+    _module.__file__ = "<tpunb:" + _module.__name__ + ">"
+    _module.__package__ = "tpunb_host"
+    sys.modules[_module.__name__] = _module
+    setattr(_package, _name, _module)
+    exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
+sys.modules["tpunb_host.prepare"].launch(_message["spec"], _read, _message["bootstrap"], _message.get("init"))
 """
 
 #: the service control process (``service.py``): its source and one request arrive on stdin
@@ -55,6 +79,15 @@ def agent_bundle() -> bytes:
     here = Path(__file__).parent
     modules = [(name, (here / f"{name}.py").read_text()) for name in MODULES]
     body = json.dumps({"package": PACKAGE, "modules": modules}).encode()
+    return b"%012d" % len(body) + body
+
+
+def launcher_message(spec: dict, init: dict | None = None) -> bytes:
+    """What ``LAUNCHER`` reads first: the spec, the modules it runs, the agent's bootstrap, and the
+    host's init frame (handed to the agent with the bundle: no round trip waits for it)."""
+    here = Path(__file__).parent
+    modules = [(name, (here / f"{name}.py").read_text()) for name in ("protocol", "prepare")]
+    body = json.dumps({"spec": spec, "modules": modules, "bootstrap": BOOTSTRAP, "init": init}).encode()
     return b"%012d" % len(body) + body
 
 

@@ -16,6 +16,42 @@ from . import diagnose
 from .io import quiet_thread
 
 
+def tpu_env(timeout: float = 2.0) -> dict:
+    """The VM's ``tpu-env`` metadata (``KEY: 'value'`` lines), read as JAX's cloud_tpu_cluster
+    does, from $GCE_METADATA_IP (else metadata.google.internal); {} when there is none."""
+    import urllib.request
+
+    host = os.environ.get("GCE_METADATA_IP") or "metadata.google.internal"
+    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/attributes/tpu-env",
+                                     headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            text = answer.read().decode()
+    except (OSError, ValueError):
+        return {}
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            values[key.strip()] = value.strip().strip("'")
+    return values
+
+
+class _quiet_cluster_detection:
+    """JAX logs an error when cluster "gcetpu" is asked for off a TPU (the sandbox: no chips to
+    find), then reads the VM's metadata all the same; that line says nothing to a user."""
+
+    def __enter__(self):
+        import logging
+
+        self.logger = logging.getLogger("jax._src.clusters.cluster")
+        self.filter = lambda record: "not functional in this environment" not in record.getMessage()
+        self.logger.addFilter(self.filter)
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeFilter(self.filter)
+
+
 class JaxStartError(RuntimeError):
     """JAX cannot start on this host, for a reason said in one line (a blocked coordinator
     port, a TPU another process holds): raised in the cell instead of a hang of minutes."""
@@ -65,7 +101,8 @@ class JaxStarter(importlib.abc.MetaPathFinder):
         kwargs = {k: v for k, v in kwargs.items() if k in accepted}
         if self.config.get("initialize", True):
             try:
-                distributed.initialize(**kwargs)
+                with _quiet_cluster_detection():
+                    distributed.initialize(**kwargs)
             except Exception as exc:
                 self.state = f"failed: {exc}"
                 self.agent.send_event("jax_failed", error=f"{type(exc).__name__}: {exc}")
@@ -87,12 +124,12 @@ class JaxStarter(importlib.abc.MetaPathFinder):
         if self.started.is_set():
             return
         kwargs = self.config.get("kwargs") or {}
-        host = kwargs.get("process_id", 0)
+        host = kwargs.get("process_id", int(os.environ.get("TPUNB_HOST_INDEX") or 0))
         platforms = os.environ.get("JAX_PLATFORMS", "")
         why = None
         if not platforms or "tpu" in platforms.split(","):
             why = diagnose.tpu_busy(host)
-        address = kwargs.get("coordinator_address")
+        address = kwargs.get("coordinator_address") or self.config.get("coordinator")
         probe = self.config.get("probe") or {}
         checking = bool(address and self.config.get("initialize", True) and probe.get("seconds", 0) > 0)
         if not why and checking and host == 0:
@@ -106,6 +143,14 @@ class JaxStarter(importlib.abc.MetaPathFinder):
             self.state = f"failed: {why}"
             self.agent.send_event("jax_failed", error=why)
             raise JaxStartError(why)
+
+    @staticmethod
+    def megascale_from_metadata() -> dict:
+        """A Cloud TPU VM's own MEGASCALE_* values (its ``tpu-env`` metadata), which JAX and libtpu
+        read there too: set in this process's environment where the VM has them."""
+        found = {k: v for k, v in tpu_env().items() if k.startswith("MEGASCALE_")}
+        os.environ.update(found)
+        return found
 
     def start_in_background(self) -> None:
         """Another host started JAX: join it now, or its initialize() would wait for us."""

@@ -97,12 +97,18 @@ def memory(now: float) -> list:
             [now, "rss_bytes", rss, None, None]]
 
 
+def _started_jax():
+    """The jax module once the user's code has started a backend (never started here), else None."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    jax = sys.modules.get("jax")
+    return jax if jax is not None and bridge is not None and getattr(bridge, "_backends", None) else None
+
+
 def jax_devices(now: float) -> list:
     """Per chip, once the user's code has started JAX's backend: memory_stats() where the
     backend answers (TPU, GPU), else the bytes of live arrays on each device (CPU)."""
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    jax = sys.modules.get("jax")
-    if jax is None or bridge is None or not getattr(bridge, "_backends", None):
+    jax = _started_jax()
+    if jax is None:
         return []  # not imported, or no backend yet: starting one is the user's code's business
     samples, live = [], None
     for chip, device in enumerate(jax.local_devices()):  # chip: the device's index on this host
@@ -158,6 +164,22 @@ while True:
 """
 
 
+def local_chips(ids: list[int]) -> dict[int, int]:
+    """libtpu's chip ids on this host -> the host's chip numbers 0..n-1. libtpu numbers a host's
+    chips slice-wide (8, 9, 12, 13 on one v6e host: tests/fixtures/tpu_info), JAX by its local
+    devices: where JAX runs, its local devices' ids give the order; else the ids sorted."""
+    order = sorted(set(ids))
+    jax = _started_jax()
+    if jax is not None:
+        try:
+            devices = [d.id for d in jax.local_devices()]
+        except Exception:  # no backend after all: the sorted ids
+            devices = []
+        if set(order) <= set(devices):
+            order = [d for d in devices if d in set(order)]
+    return {chip: index for index, chip in enumerate(order)}
+
+
 class Libtpu:
     """TPU runtime metrics (HBM, TensorCore duty cycle per chip) through tpu-info's client of
     libtpu's gRPC metric service, read in a helper process beside the user's."""
@@ -190,7 +212,8 @@ class Libtpu:
         *lines, self.buffer = self.buffer.split(b"\n")
         if lines:
             self.latest = json.loads(lines[-1])
-        return [[now, metric, value, chip, None] for metric, chip, value in self.latest if value is not None]
+        local = local_chips([chip for _, chip, _ in self.latest])
+        return [[now, metric, value, local[chip], None] for metric, chip, value in self.latest if value is not None]
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -40,6 +41,9 @@ def frame(value: dict) -> bytes:
 
 def control(request: dict) -> None:
     """Answer one request from the kernel on stdout (a frame), then exit."""
+    if sys.prefix != sys.base_prefix:  # the environment tpunb made: services find its programs first
+        os.environ["VIRTUAL_ENV"] = sys.prefix
+        os.environ["PATH"] = os.path.join(sys.prefix, "bin") + os.pathsep + os.environ.get("PATH", "")
     try:
         reply = OPS[request["op"]](request)
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the kernel as one line

@@ -59,9 +59,15 @@ def options(**given) -> LocalOptions:
 def create(request: LaunchRequest) -> Slice:
     """Start one host process per TPU host of the accelerator; the slice is recorded once all are up.
     ``options.own_tpu``: one host process on this machine's real TPU chips, not simulated.
-    ``slices``: a multislice, every host of every slice in one jax.distributed job, slice by slice."""
+    ``slices``: a multislice, every host of every slice in one jax.distributed job, slice by slice.
+    An own TPU whose type only JAX there can say has no accelerator yet (tpunb.slices names it)."""
     name, accelerator, slices = request.name, request.accelerator, request.slices
     own_tpu = bool(request.options and request.options.own_tpu)
+    if accelerator is None:
+        record = SliceRecord(name=name, accelerator="", backend=NAME, state="running", owner_pid=os.getpid(),
+                             hosts=[HostRecord(0, "localhost", {"slice": 0})], spec={"own_tpu": True})
+        report.info(f"Launching {name!r} on this machine's own TPU (1 host; its type from JAX there) ...")
+        return start(attach(record, request.registry, request.env), request.registry, time.perf_counter())
     per_slice = accelerator.hosts
     hosts = [HostRecord(i, "localhost", {"devices": accelerator.devices_per_host, "slice": i // per_slice})
              for i in range(per_slice * slices)]
@@ -88,7 +94,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
     if owner_alive(record):
         raise UsageError(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}): "
                          f"its host processes belong to that kernel; use it there or %tpu_down {record.name}")
-    accelerator = catalog.lookup(record.accelerator)
+    accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
     num_hosts = len(record.hosts)
     if record.spec.get("own_tpu"):  # the machine's real chips (tpunb.colab): only one process may hold them
         colab.check_tpu_free()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from tpunb import diagnose, report
 from tpunb.catalog import Accelerator
 from tpunb.errors import HostKeyError, TransportError, UsageError
-from tpunb.provision import interrupts
+from tpunb.provision import hostenv, interrupts
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_running, start
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -38,14 +38,18 @@ class SshOptions:
     cwd: str | None = None
     connect_timeout: float = 10.0
     coordinator_port: int | None = None
+    setup: bool = False
+    jax: str | None = None
+    pip: str | None = None
+    requirements: str | None = None
 
 
 def options(**given) -> SshOptions:
     unknown = sorted(set(given) - {f.name for f in fields(SshOptions)})
     if unknown:
         raise UsageError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for hosts you "
-                         "bring: give hosts, user, key, python, cwd, connect_timeout "
-                         "or coordinator_port")
+                         "bring: give hosts, user, key, python, cwd, connect_timeout, coordinator_port, "
+                         "setup, jax, pip or requirements")
     if "hosts" in given:
         given["hosts"] = tuple(given["hosts"])
     return SshOptions(**given)
@@ -65,7 +69,8 @@ def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list
     while True:
         try:
             return connect_all([h.address for h in record.hosts], user=spec.get("user"), key_path=spec.get("key"),
-                               python=pythons(spec.get("python") or "python3", len(record.hosts)),
+                               python=pythons(spec.get("interpreter") or spec.get("python") or "python3",
+                                              len(record.hosts)),
                                connect_timeout=spec.get("connect_timeout", 10.0), registry=reg)
         except HostKeyError:
             raise
@@ -88,14 +93,33 @@ def pythons(python: str, count: int) -> str | list[str]:
     return given
 
 
+def setup_spec(python: str | None, jax: str | None, pip, requirements: str | None) -> tuple[str, dict]:
+    """(interpreter that starts on each host, the environment tpunb makes there) for --setup and
+    cloud slices: ``python`` is X.Y (uv's managed Python; default this kernel's) or an interpreter
+    on the hosts to base the environment on."""
+    if python and "," in python:
+        raise UsageError(f"--python {python}: one Python for every host's environment (--setup makes the same "
+                         "environment on each)")
+    version = not python or python == "python3" or python.replace(".", "").isdigit()
+    chosen = None if not python or python == "python3" else python
+    return ("python3" if version else python), hostenv.host_spec(chosen, jax, pip, requirements)
+
+
 def create(request: LaunchRequest) -> Slice:
     """Record the hosts of ``request.options`` as a new slice, connect to them, start their agents."""
     opts: SshOptions = request.options
     if not opts or not opts.hosts:
         raise UsageError("give at least one host, e.g. %tpu_connect 10.0.0.2,10.0.0.3")
+    setup = {}
+    if opts.setup:
+        interpreter, made = setup_spec(opts.python, opts.jax, opts.pip, opts.requirements)
+        setup = {"interpreter": interpreter, "setup": made}
+    elif opts.jax or opts.pip or opts.requirements:
+        raise UsageError("--jax, --pip and --requirements go into the environment --setup makes: add --setup "
+                         "(without it tpunb uses the hosts' Python as it is)")
     record = SliceRecord(name=request.name, accelerator=request.accelerator.name if request.accelerator else "",
                          backend=NAME, state="running", owner_pid=os.getpid(),
-                         spec={"user": opts.user, "key": opts.key, "python": opts.python, "cwd": opts.cwd,
+                         spec={**setup, "user": opts.user, "key": opts.key, "python": opts.python, "cwd": opts.cwd,
                                "connect_timeout": opts.connect_timeout, "env_keys": sorted(request.env),
                                **({"coordinator_port": opts.coordinator_port} if opts.coordinator_port else {}),
                                **({"slices": request.slices} if request.slices > 1 else {})},
@@ -107,21 +131,34 @@ def create(request: LaunchRequest) -> Slice:
 
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float = 0.0,
-           node: Node | None = None, coordinator_port: int | None = None, network: str | None = None) -> Slice:
+           node: Node | None = None, coordinator_port: int | None = None, network: str | None = None,
+           metadata: bool = False) -> Slice:
     """One SSH connection per host (agents not started yet), jax.distributed coordinated by host 0,
     on ``coordinator_port`` (the record's, else a random one per start). Every host checks it can
-    reach that port before JAX starts; ``network`` goes into the firewall rule named if not."""
+    reach that port before JAX starts; ``network`` goes into the firewall rule named if not.
+
+    ``metadata``: the hosts are Cloud TPU VMs, so JAX finds its process ids and coordinator in the
+    VM's metadata as ``jax.distributed.initialize()`` does there (cluster "gcetpu"), and only the
+    port is fixed, with JAX's own JAX_COORDINATOR_PORT; a multislice's MEGASCALE_* come from the
+    VM's ``tpu-env``. Hosts with a ``setup`` spec get their environment made or checked first."""
     spec = record.spec
     fixed = spec.get("coordinator_port") or coordinator_port
     transports = connect_hosts(record, reg, wait)
+    for transport in transports:
+        transport.prepare = spec.get("setup")
     coordinator = record.hosts[0].info.get("internal_ip") or transports[0].host
     num_hosts = len(record.hosts)
 
     def host_init(index: int, coordinator_port: int) -> dict:
         variables = {**host_env(record, index), **env}
-        jax = {"initialize": num_hosts > 1,
-               "kwargs": {"coordinator_address": f"{coordinator}:{coordinator_port}", "num_processes": num_hosts,
-                          "process_id": index, "initialization_timeout": 120},
+        address = f"{coordinator}:{coordinator_port}"
+        if metadata:
+            kwargs = {"cluster_detection_method": "gcetpu", "initialization_timeout": 120}
+            variables["JAX_COORDINATOR_PORT"] = str(coordinator_port)
+        else:
+            kwargs = {"coordinator_address": address, "num_processes": num_hosts, "process_id": index,
+                      "initialization_timeout": 120}
+        jax = {"initialize": num_hosts > 1, "kwargs": kwargs, "coordinator": address, "metadata": metadata,
                "probe": diagnose.probe_settings(coordinator_port, network)}
         return {"env": variables, "jax": jax, "cwd": spec.get("cwd"), **DROP_NOISE}
 

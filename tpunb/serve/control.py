@@ -33,7 +33,7 @@ def may_have_services(transport: Transport, slice_name: str, host: int) -> bool:
 def ask(transport: Transport, request: dict) -> dict:
     """Run one request on the host and return its reply; TransportError if the host is unreachable."""
     transport.connect()
-    process = transport.spawn([transport.python, "-c", SERVICE_CONTROL])
+    process = transport.spawn([transport.prepared_python or transport.python, "-c", SERVICE_CONTROL])
     try:
         process.send(frame({"source": service_source(), "request": {"root": root_for(transport), **request}}))
         head = process.recv_exact(12)

@@ -80,6 +80,10 @@ class Transport(ABC):
     address: str = ""
     #: the Python interpreter to run on the host
     python: str = "python3"
+    #: the environment to make (or check) on the host before its agent starts (tpunb/host/prepare.py)
+    prepare: dict | None = None
+    #: that environment's Python, once made: what other programs tpunb starts there run on
+    prepared_python: str | None = None
 
     def connect(self) -> None:
         """(Re)establish the connection if it is down; hosts reached without one need nothing."""

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import paramiko
 from paramiko.channel import Channel
-from paramiko.common import MSG_CHANNEL_REQUEST
+from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST
 
 from tpunb.errors import AuthenticationError, HostKeyError, TransportError, UsageError
 from tpunb.transport.keys import default_key, load_private_key
@@ -97,6 +97,17 @@ def _channel_request(chan: Channel, m: paramiko.Message) -> None:
     if key == "exit-status":
         chan.tpunb_exited = True
     Channel._handle_request(chan, m)
+
+
+def _exec_now(channel: Channel, command: str) -> None:
+    """paramiko's ``exec_command`` without asking for (and waiting on) sshd's reply."""
+    m = paramiko.Message()
+    m.add_byte(cMSG_CHANNEL_REQUEST)
+    m.add_int(channel.remote_chanid)
+    m.add_string("exec")
+    m.add_boolean(False)
+    m.add_string(command)
+    channel.transport._send_user_message(m)
 
 
 def exit_status(channel: Channel) -> int | None:
@@ -363,9 +374,13 @@ class SSHTransport(Transport):
             raise TransportError(f"not connected to {self.address}: reconnect")
         return transport
 
-    def open_command(self, command: str, timeout: float | None = None) -> Channel:
-        """An exec channel running ``command`` through the user's login shell (no pty)."""
-        return self._open(lambda channel: channel.exec_command(command), "a command", timeout)
+    def open_command(self, command: str, timeout: float | None = None, wait: bool = True) -> Channel:
+        """An exec channel running ``command`` through the user's login shell (no pty). ``wait``
+        False: do not wait for sshd to confirm the exec (a round trip): what is sent next reaches the
+        command, since sshd handles a channel's requests and data in order; a refused exec shows as
+        the channel closing."""
+        return self._open(lambda channel: channel.exec_command(command) if wait else _exec_now(channel, command),
+                          "a command", timeout)
 
     def open_subsystem(self, name: str) -> Channel:
         """A channel running an SSH subsystem such as "sftp" (sshd starts it like a command)."""
@@ -392,9 +407,10 @@ class SSHTransport(Transport):
             raise TransportError(f"cannot open a tunnel to {self.address} ({exc}): reconnect") from None
 
     def spawn(self, argv: list[str]) -> SSHAgentProcess:
-        """Start ``argv`` on the host; its pid is reported first so ``close`` can always end it."""
+        """Start ``argv`` on the host; its pid is reported first so ``close`` can always end it. The
+        program's input may follow at once (no wait for sshd's reply to the exec)."""
         command = f"printf '{PID_MARK}%s\\n' $$ >&2; exec {shlex.join(argv)}"
-        return SSHAgentProcess(self, self.open_command(command))
+        return SSHAgentProcess(self, self.open_command(command, wait=False))
 
     def kill_group(self, pgid: int, sig: int, timeout: float = KILL_TIMEOUT) -> None:
         """Send ``sig`` to process group ``pgid`` on the host (a stopped group is woken to take it);

@@ -17,7 +17,8 @@ import os
 import time
 
 from tpunb import catalog, diagnose, report
-from tpunb.errors import AuthenticationError, CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
+from tpunb.errors import (AuthenticationError, CellInterrupted, HostSetupError, NoSliceError, ProvisionError, TpunbError,
+                          UsageError)
 from tpunb.provision import ssh
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import owner_alive
@@ -78,12 +79,13 @@ def create(request: LaunchRequest) -> Slice:
         _check_reaches_vpc(opts.network)
     access = logins.login(project, public_key, opts.user)  # before any node exists: a refusal costs nothing
     opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=access.user,
-                               python=opts.python or "python3", queued=opts.queued or opts.race is not None)
+                               queued=opts.queued or opts.race is not None)
+    prepared = host_setup(opts)
     spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=access.user,
                         ssh_public_key=public_key, slices=slices, owner=access.account or logins.owner(),
-                        os_login=access.os_login)
+                        os_login=access.os_login, prepared=prepared)
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
-                         spec={**_fields(opts), "key": str(key_path), "env_keys": sorted(env),
+                         spec={**_fields(opts), **prepared, "key": str(key_path), "env_keys": sorted(env),
                                **({"os_login": True} if access.os_login else {}),
                                **({"slices": slices} if slices > 1 else {}),
                                **({TRIED: sorted({p.zone for p in places})} if len(places) > 1 else {})})
@@ -133,6 +135,13 @@ def create(request: LaunchRequest) -> Slice:
             sl.close()
         if node is not None:
             node.close()  # its watch, also when no Slice was made of it
+        if opts.keep and not isinstance(exc, KeyboardInterrupt):
+            record.state = "kept"
+            reg.save_slice(record)
+            if isinstance(exc, TpunbError):
+                exc.args = (f"{exc}; {name} was kept (--keep): it bills until %tpu_down {name}",)
+            progress.failed(str(exc))
+            raise
         reg.delete_slice(name)
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
                                     or slices > 1) is not None
@@ -141,6 +150,10 @@ def create(request: LaunchRequest) -> Slice:
             refused = AuthenticationError(gcp_errors.os_login_message(name, project, opts.user, str(key_path)))
             progress.failed(f"could not connect to the hosts, so {name} was {fate}: {refused}")
             raise refused from None
+        if isinstance(exc, HostSetupError):
+            exc.args = (f"{exc}; so {name} was {fate} (--keep keeps it to look at)",)
+            progress.failed(str(exc))
+            raise
         progress.failed(f"could not connect to the hosts, so {name} was {fate}: {exc}")
         raise
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
@@ -195,6 +208,17 @@ def _colab_idle_default(opts: CloudOptions, slices: int) -> CloudOptions:
     return dataclasses.replace(opts, idle_delete=COLAB_IDLE_DEFAULT, idle_delete_given=True)
 
 
+def host_setup(opts: CloudOptions) -> dict:
+    """The record's interpreter and host environment: by default each VM gets an environment tpunb
+    makes (a fresh image has Python 3.10 and no JAX); --no-setup runs on the VM's Python as it is."""
+    if not opts.no_setup:
+        interpreter, setup = ssh.setup_spec(opts.python, opts.jax, opts.pip, opts.requirements)
+        return {"interpreter": interpreter, "setup": setup}
+    if opts.jax or opts.pip or opts.requirements:
+        raise UsageError("--jax, --pip and --requirements go into the environment tpunb makes: drop --no-setup")
+    return {"interpreter": opts.python or "python3", "setup": None}
+
+
 def _places(accel: catalog.Accelerator, project: str, zone: str, alternatives: str | None
             ) -> list[failover.Candidate]:
     """Where to try: one zone (checked against what the API lists there, else the catalog), or
@@ -226,7 +250,7 @@ def jax_coordinator(record: SliceRecord) -> dict:
     firewall rule GCP makes for TPU pods opens (a random port hangs on a custom network, see
     docs/cloud-facts.md); the emulator's workers share one machine, so a random port each there."""
     return {"coordinator_port": None if api.endpoint() else diagnose.COORDINATOR_PORT,
-            "network": record.spec.get("network")}
+            "network": record.spec.get("network"), "metadata": True}
 
 
 def _node(record: SliceRecord, info: api.NodeInfo | None = None, watch: bool = True) -> CloudNode:

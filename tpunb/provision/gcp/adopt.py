@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError
+from tpunb.provision import ssh
 from tpunb.provision.gcp import api, logins
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import resolve_project_zone
@@ -118,7 +119,11 @@ def adopt(name: str, reg: Registry) -> SliceRecord | None:
     node_ids = [name] if info.slices == 1 else [f"{name}-{i}" for i in range(info.slices)]
     added = not access.os_login and add_ssh_key(project, info.zone, node_ids, access.user, public_key)
     internal = all(h.external_ip is None for h in info.hosts)
-    spec = {"project": project, "zone": info.zone, "user": access.user, "python": saved.get("python") or "python3",
+    if "interpreter" in saved:  # the environment its launch asked for: the hosts only check it
+        prepared = {"interpreter": saved["interpreter"], "setup": saved.get("setup")}
+    else:  # a node from before environments were recorded: the default one
+        prepared = dict(zip(("interpreter", "setup"), ssh.setup_spec(saved.get("python"), None, None, None)))
+    spec = {"project": project, "zone": info.zone, "user": access.user, "python": saved.get("python"), **prepared,
             "idle_delete": float(saved.get("idle_delete") or 0), "spot": info.spot, "internal_ip": internal,
             "queued": info.queued_resource is not None, "key": str(key_path), "env_keys": [],
             **({"slices": info.slices} if info.slices > 1 else {}), **({"os_login": True} if access.os_login else {}),

@@ -60,7 +60,18 @@ class CloudOptions:
     internal_ip: bool = _option("no external IPs: connect to the internal ones", default=False)
     timeout: float | None = _option("give up (and delete the node) if not READY after S seconds", default=None)
     user: str | None = _option("SSH user on the TPU VMs (default: yours)", default=None)
-    python: str | None = _option("Python >= 3.10 on the TPU VMs (default: python3)", default=None)
+    python: str | None = _option("the hosts' Python, X.Y, in the environment tpunb makes on each (default: this "
+                                 "notebook's); with --no-setup, the interpreter on the VMs (default: python3)",
+                                 default=None)
+    jax: str | None = _option("jax version in the hosts' environment (default: this notebook's, when the hosts' "
+                              "Python can have it; else the newest)", default=None)
+    pip: str | None = _option("\"PKG PKG==V ...\" more packages for the hosts' environment", default=None)
+    requirements: str | None = _option("a requirements file on this machine, installed into the hosts' environment",
+                                       default=None)
+    no_setup: bool = _option("make no environment: use the VMs' Python as it is (an image with your framework)",
+                             default=False)
+    keep: bool = _option("keep the node when its hosts cannot be prepared or reached, to look at it (it bills "
+                         "until it is deleted)", default=False)
     idle_delete: str | float | None = _option(
         "delete the node after this long without a cell or an attached kernel, e.g. 30m, 2h, 90s; a "
         "watchdog on the slice does it, even if this kernel dies (0 or off: never; default: "

@@ -36,6 +36,9 @@ class NodeSpec(CloudOptions):
     os_login: bool = False  # the VMs take the key from OS Login: no ssh-keys metadata
     #: a multislice: one queued resource asks for this many nodes, named ``{name}-0``, ``{name}-1``, ...
     slices: int = 1
+    #: what starts on each VM and the environment tpunb makes there (``host_setup``): kept in the
+    #: node's tpunb-slice metadata so a re-attach from another machine asks for the same environment
+    prepared: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ def tpunb_labels(spec: NodeSpec) -> dict[str, str]:
 
 def slice_metadata(spec: NodeSpec) -> str:
     return json.dumps({"name": spec.name, "user": spec.ssh_user, "os_login": spec.os_login, "python": spec.python,
-                       "idle_delete": spec.idle_delete or 0, "slices": spec.slices, "owner": spec.owner},
+                       "idle_delete": spec.idle_delete or 0, "slices": spec.slices, "owner": spec.owner,
+                       **(spec.prepared or {})},
                       sort_keys=True)
 
 
