@@ -8,7 +8,7 @@ import os
 
 from tpunb import slices
 from tpunb.registry import Registry
-from tests.test_cloud import ENV, cloud, launch, tpu_emulator_options  # noqa: F401 - fixtures
+from tests.test_cloud import cloud, launch, tpu_emulator_options  # noqa: F401 - fixtures
 
 USER = "user@example.com"
 

@@ -11,16 +11,15 @@ from tpunb import slices
 from tpunb.errors import CellInterrupted, ProvisionError
 from tpunb.provision.gcp import api, errors
 from tpunb.registry import Registry
-from tests.conftest import CPU_AS_TPU_HOST, interrupt_kernel_when, wait_for
-from tests.emulator_fixture import FAST
+from tests.conftest import interrupt_kernel_when, wait_for
+from tests.emulator_fixture import on_sshd
 
 ZONE = "us-central2-b"
-ENV = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
 
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, **sshd.emulator_options()}
+    return on_sshd(sshd)
 
 
 @pytest.fixture
@@ -35,7 +34,8 @@ def cloud(tpu_emulator, monkeypatch, isolated_home):
 
 @pytest.fixture
 def launch(cell, sshd):
-    return lambda extra="", accel="v4-8": cell(f"%tpu_launch {accel} --python {sshd.python} --env {ENV} {extra}")
+    """%tpu_launch with no option: the (emulated) hosts are bare TPU VM images that tpunb prepares."""
+    return lambda extra="", accel="v4-8": cell(f"%tpu_launch {accel} {extra}")
 
 
 def test_a_queued_request_is_given_its_wait_and_the_api_ends_it(cloud, launch, monkeypatch, isolated_home):
