@@ -15,6 +15,7 @@ import os
 import platform
 import socket
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -62,6 +63,7 @@ def test_first_cell_on_a_bare_v5litepod_16(cloud, cell, bare):
     host, 16 devices, and a lambda pushed from the notebook runs there."""
     for host in range(4):
         assert not env_dir(bare, host).exists()
+    marks_before = kernel_python_marks()
     started = time.time()
     run = cell("%tpu_launch v5litepod-16 --name first")
     assert run.error is None, run.shown
@@ -80,6 +82,16 @@ def test_first_cell_on_a_bare_v5litepod_16(cloud, cell, bare):
     assert pushed.error is None, pushed.shown
     assert "Out[0-3]: 42" in cell("%%on_tpu\ndouble(21)").shown
     cell("%tpu_down first")
+    # the stand-in for uv's managed Python links to this machine's own: uv's marks stayed in the stand-in
+    assert kernel_python_marks() == marks_before
+
+
+def kernel_python_marks() -> tuple:
+    """What uv writes into a Python it manages (EXTERNALLY-MANAGED, a rewritten _sysconfigdata_),
+    as this kernel's own installation has them: a test must never change them."""
+    stdlib = Path(sysconfig.get_path("stdlib"))
+    return tuple((p.name, p.stat().st_mtime_ns) for p in sorted(stdlib.glob("_sysconfigdata_*.py"))) + (
+        (stdlib / "EXTERNALLY-MANAGED").exists(),)
 
 
 def test_a_relaunch_onto_kept_disks_only_checks_and_status_shows_versions(cloud, cell, ip, bare):

@@ -94,9 +94,10 @@ class Image:
         folder = self.pythons / f"cpython-{version}-linux-{platform.machine()}-gnu"
         if not folder.exists():
             folder.mkdir(parents=True)
-            for part in ("bin", "lib", "include", "share"):
+            for part in ("bin", "include", "share"):
                 if (prefix / part).exists():
                     (folder / part).symlink_to(prefix / part)
+            _shadow(prefix / "lib", folder / "lib", depth=2)
         minor = self.pythons / f"cpython-{'.'.join(version.split('.')[:2])}-linux-{platform.machine()}-gnu"
         if not minor.exists():  # what `uv python install X.Y` leaves: hosts never race to make it
             minor.symlink_to(folder.name)
@@ -114,3 +115,18 @@ class Image:
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _shadow(source: Path, target: Path, depth: int) -> None:
+    """``target`` as a tree of real folders ``depth`` deep whose files are symlinks into ``source``.
+    uv marks a Python it installed by writing EXTERNALLY-MANAGED into lib/pythonX.Y and rewrites its
+    ``_sysconfigdata_*.py`` there: both must land in the stand-in, never in the real installation
+    it links to (this machine's own Python), so the latter is a copy."""
+    target.mkdir(parents=True, exist_ok=True)
+    for child in source.iterdir():
+        if depth > 1 and child.is_dir() and not child.is_symlink():
+            _shadow(child, target / child.name, depth - 1)
+        elif child.name.startswith("_sysconfigdata_") and child.is_file():
+            shutil.copy2(child, target / child.name)
+        else:
+            (target / child.name).symlink_to(child)
