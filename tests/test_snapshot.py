@@ -9,7 +9,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
 
 MAKE = ("%%on_tpu\nimport jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
         "mesh = jax.make_mesh((8,), ('x',))\n"

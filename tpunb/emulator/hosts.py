@@ -140,9 +140,16 @@ class HostPool:
 
     def power_off(self, address: str) -> None:
         """End every process of ``address`` (those carrying its TPUNB_HOST_DIR) and empty that dir."""
+        host_dir = self.signal_processes(address, signal.SIGKILL)
+        if host_dir:
+            shutil.rmtree(host_dir, ignore_errors=True)
+
+    def signal_processes(self, address: str, sig: int) -> str | None:
+        """Send ``sig`` to every process of ``address`` (SIGTERM: the guest's shutdown begins); its
+        TPUNB_HOST_DIR, or None for a host without one."""
         host_dir = self.host_environment.get(address, {}).get("TPUNB_HOST_DIR")
         if not host_dir:
-            return
+            return None
         marker = f"TPUNB_HOST_DIR={host_dir}".encode()
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
@@ -151,10 +158,10 @@ class HostPool:
                 with open(f"/proc/{entry}/environ", "rb") as f:
                     if marker not in f.read().split(b"\0"):
                         continue
-                os.kill(int(entry), signal.SIGKILL)
+                os.kill(int(entry), sig)
             except OSError:
                 continue
-        shutil.rmtree(host_dir, ignore_errors=True)
+        return host_dir
 
     def close(self) -> None:
         """Power off every host still held and remove the boot scripts."""

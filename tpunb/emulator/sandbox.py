@@ -18,8 +18,10 @@ from pathlib import Path
 
 from tpunb.emulator.server import EmulatorHandle, start_emulator
 from tpunb.emulator.sshd import Sshd
+from tpunb.emulator.storage import StorageEmulator
 
-SETTINGS = ("TPUNB_TPU_API_ENDPOINT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_COMPUTE_ZONE")
+SETTINGS = ("TPUNB_TPU_API_ENDPOINT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_COMPUTE_ZONE", "STORAGE_EMULATOR_HOST",
+            "TPUNB_BUCKET")
 
 
 @dataclass
@@ -30,14 +32,19 @@ class Sandbox:
     sshd: Sshd
     emulator: EmulatorHandle
     _saved: dict = field(default_factory=dict, repr=False)
+    #: Cloud Storage on this machine (``storage=True``), where cloud slices' snapshots go
+    storage: StorageEmulator | None = None
 
-    def preempt(self, node: str, after: float | None = None) -> None:
-        """Do to a node what Google does to spot capacity it reclaims."""
-        self.emulator.preempt(node, after=after)
+    def preempt(self, node: str, after: float | None = None, notice: float | None = None) -> None:
+        """Do to a node what Google does to spot capacity it reclaims (``notice``: with the notice
+        its VMs get first, that many seconds before they die; Compute Engine gives 30)."""
+        self.emulator.preempt(node, after=after, notice=notice)
 
     def stop(self) -> None:
         self.emulator.stop()
         self.sshd.close()
+        if self.storage is not None:
+            self.storage.stop()
         for key, value in self._saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -50,20 +57,35 @@ class Sandbox:
 
 
 def start_sandbox(hosts: int = 4, project: str = "sandbox-project", zone: str = "us-central2-b",
-                  devices_per_host: int = 4, create_seconds: float = 1.0) -> Sandbox:
-    """Start an sshd with ``hosts`` loopback hosts and an emulator using them; point tpunb at it."""
+                  devices_per_host: int = 4, create_seconds: float = 1.0, storage: bool = False,
+                  bucket: str = "sandbox-bucket") -> Sandbox:
+    """Start an sshd with ``hosts`` loopback hosts and an emulator using them; point tpunb at it.
+    ``storage``: also Cloud Storage on this machine (``tpunb.emulator.storage``) with ``bucket``,
+    which the hosts and this kernel reach, and snapshots of cloud slices use (TPUNB_BUCKET)."""
     bindir = Path(sys.executable).parent
-    sshd = Sshd(hosts, environment={
+    store = StorageEmulator((bucket,)) if storage else None
+    environment = {
         "PATH": f"{bindir}:/usr/local/bin:/usr/bin:/bin",
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_host}",
-    })
+        **({"STORAGE_EMULATOR_HOST": store.url} if store else {}),
+    }
+    try:
+        sshd = Sshd(hosts, environment=environment)
+    except BaseException:
+        if store:
+            store.stop()
+        raise
     try:
         url, handle = start_emulator(create_seconds=create_seconds, delete_seconds=0.2, queue_seconds=0.5,
                                      **sshd.emulator_options())
     except BaseException:
         sshd.close()
+        if store:
+            store.stop()
         raise
     saved = {key: os.environ.get(key) for key in SETTINGS}
     os.environ.update({"TPUNB_TPU_API_ENDPOINT": url, "GOOGLE_CLOUD_PROJECT": project, "CLOUDSDK_COMPUTE_ZONE": zone})
-    return Sandbox(url, project, zone, sshd, handle, saved)
+    if store:
+        os.environ.update({"STORAGE_EMULATOR_HOST": store.url, "TPUNB_BUCKET": bucket})
+    return Sandbox(url, project, zone, sshd, handle, saved, store)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,7 @@ class Emulator(RequestChecks):
         self._seq = itertools.count()
         self._stopped = False
         self.tokens: dict[str, tuple[str, float]] = {}  # VM access token -> (project, expiry)
+        self.noticed: dict[str, Node] = {}  # node name -> the node (that one, not a later one) given the notice
         self.closers: list[Callable[[], None]] = []  # run by close(): the metadata server
         self._clock = threading.Thread(target=self._run_clock, name="tpu-emulator-clock", daemon=True)
         self._clock.start()
@@ -256,6 +258,11 @@ class Emulator(RequestChecks):
             return None
         attributes = {**node.metadata,
                       "agent-worker-number": str([e.internal_ip for e in node.endpoints].index(address))}
+        noticed = self.noticed.get(node.name) is node
+        if path == "instance/preempted":  # Compute Engine's notice: TRUE from the notice on
+            return "TRUE" if noticed or node.state in ("PREEMPTED", "TERMINATED") else "FALSE"
+        if path == "instance/maintenance-event":
+            return "TERMINATE_ON_HOST_MAINTENANCE" if noticed else "NONE"
         if path == "instance/service-accounts/default/token":
             return {"access_token": self._issue_token(node), "expires_in": 3599, "token_type": "Bearer"}
         if path == "instance/attributes/":
@@ -453,8 +460,11 @@ class Emulator(RequestChecks):
 
     # -- admin ---------------------------------------------------------------------------
 
-    def preempt(self, ref: str, after: float = 0.0, state: str | None = None) -> dict:
-        """Preempt a node (by id or full name) now or ``after`` seconds from now."""
+    def preempt(self, ref: str, after: float = 0.0, state: str | None = None, notice: float | None = None) -> dict:
+        """Preempt a node (by id or full name) now or ``after`` seconds from now. ``notice``: first the
+        preemption notice, as Compute Engine gives it (the metadata server's ``instance/preempted``
+        turns TRUE, the guest's shutdown sends SIGTERM), then ``notice`` seconds later the node is
+        PREEMPTED and its VMs are off (every process killed); ``notice=0``: they die with no notice."""
         matches = [n for name, n in self.nodes.items() if name == ref or n.node_id == ref]
         if not matches:
             raise ApiError(404, "NOT_FOUND", f"no node {ref!r} in the emulator")
@@ -464,9 +474,30 @@ class Emulator(RequestChecks):
         if state not in ("PREEMPTED", "TERMINATED"):
             raise ApiError(400, "INVALID_ARGUMENT", "state must be PREEMPTED or TERMINATED")
         node = matches[0]
-        self._at(float(after or 0), self._preempt, node, state)
+        if notice is not None:  # 0: no notice at all, the VMs just die
+            if notice > 0:
+                self._at(float(after or 0), self._notice, node)
+            self._at(float(after or 0) + float(notice), self._preempt_off, node, state)
+        else:
+            self._at(float(after or 0), self._preempt, node, state)
         self._advance()
-        return {"node": node.name, "state": state, "after": float(after or 0)}
+        return {"node": node.name, "state": state, "after": float(after or 0),
+                **({"notice": float(notice)} if notice is not None else {})}
+
+    def _notice(self, node: Node) -> None:
+        """The preemption notice reaches the node's VMs: metadata says so, the shutdown sends SIGTERM."""
+        if self.nodes.get(node.name) is not node or node.state != "READY":
+            return
+        self.noticed[node.name] = node
+        for endpoint in node.endpoints:
+            self.hosts.signal_processes(endpoint.internal_ip, signal.SIGTERM)
+
+    def _preempt_off(self, node: Node, state: str) -> None:
+        """The window is over: the node is preempted and its VMs are powered off."""
+        self._preempt(node, state)
+        if self.nodes.get(node.name) is node:
+            for endpoint in node.endpoints:
+                self.hosts.signal_processes(endpoint.internal_ip, signal.SIGKILL)
 
     def set_faults(self, changes: dict) -> dict:
         self.faults.update(changes)
@@ -489,6 +520,7 @@ class Emulator(RequestChecks):
         self.queued.clear()
         self.operations.clear()
         self.tokens.clear()
+        self.noticed.clear()
         self._events.clear()
         self.timings = Timings(**self._initial[0])
         self.faults = Faults(**self._initial[1])

@@ -241,7 +241,7 @@ def begin(namespace: dict, args: dict) -> dict:
 def _looks_like_snapshot(store: Store) -> bool:
     """An unfinished snapshot (interrupted, or out of time): only our own names at the top."""
     names = store.top()
-    return all(n == "arrays" or n.startswith("host-") or n.startswith(MANIFEST) for n in names)
+    return all(n == "arrays" or n.startswith(("host-", "notice-", MANIFEST)) for n in names)
 
 
 def prepare(namespace: dict, args: dict) -> dict:
@@ -348,6 +348,20 @@ class _Progress:
         self.stop.set()
         if self.thread is not None:
             self.thread.join()
+
+
+def compose_manifest(template: dict, names: list[str], records: dict, reason: str) -> dict:
+    """The manifest from every host's record: per name its kind, bytes over all hosts and whether
+    every host held the same value; the arrays as host 0 described them."""
+    first = records[min(records)]
+    described = {}
+    for name in names:
+        mine = [records[h]["names"][name] for h in sorted(records)]
+        described[name] = {"kind": "array" if mine[0]["arrays"] else mine[0]["kind"], "type": mine[0]["type"],
+                           "arrays": mine[0]["arrays"], "bytes": sum(m["bytes"] for m in mine),
+                           "same_on_all_hosts": len({m["digest"] for m in mine}) == 1}
+    return {**template, "format": FORMAT, "time": time.time(), "hosts": len(records), "devices": first.get("devices"),
+            "reason": reason, "names": described, "arrays": first["arrays"]}
 
 
 def commit(namespace: dict, args: dict) -> dict:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from tpunb import report
 from tpunb.errors import SnapshotError, TpunbError, UsageError
+from tpunb.host.snapshot import compose_manifest
 from tpunb.snapshot import remote, store
 from tpunb.snapshot.plan import plan_restore
 from tpunb.snapshot.store import Snapshot, snapshots
@@ -110,17 +111,12 @@ def _prepare(sl: "Slice", uri: str, names: list[str]) -> dict[int, dict]:
 
 
 def _manifest(sl: "Slice", names: list[str], records: dict[int, dict], reason: str) -> dict:
-    first = records[min(records)]
-    described = {}
-    for name in names:
-        mine = [records[h]["names"][name] for h in sorted(records)]
-        described[name] = {"kind": "array" if first["names"][name]["arrays"] and mine[0]["kind"] == "tree" else mine[0]["kind"],
-                           "type": mine[0]["type"], "arrays": mine[0]["arrays"],
-                           "bytes": sum(m["bytes"] for m in mine),
-                           "same_on_all_hosts": len({m["digest"] for m in mine}) == 1}
-    return {"format": 1, "time": time.time(), "slice": sl.name, "accelerator": sl.kind, "backend": sl.backend,
-            "hosts": sl.num_hosts, "devices": first.get("devices"), "reason": reason or "snapshot",
-            "names": described, "arrays": first["arrays"]}
+    return compose_manifest(template(sl), names, records, reason or "snapshot")
+
+
+def template(sl: "Slice") -> dict:
+    """What a manifest says of the slice it was taken from."""
+    return {"slice": sl.name, "accelerator": sl.kind, "backend": sl.backend}
 
 
 class _bar:

@@ -7,6 +7,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tpunb import report, slices
 from tpunb.errors import UsageError
 from tpunb.magics import _one_line_interrupt, _parse, _usage
+from tpunb.snapshot.preempt import names_list
 
 
 @magics_class
@@ -45,7 +46,8 @@ class SnapshotMagics(Magics):
             from tpunb.snapshot import preempt
 
             with _one_line_interrupt():
-                preempt.arm(slices.current(args.slice_name), _names(args.on_preempt), to=args.to, bucket=args.bucket)
+                preempt.arm(slices.current(args.slice_name), names_list(args.on_preempt, "--on-preempt"), to=args.to,
+                            bucket=args.bucket)
             return None
         if not args.names:
             raise UsageError(f"give the host variables to save, e.g. %tpu_snapshot params step. Usage: "
@@ -74,9 +76,3 @@ def split_where(words: list[str]) -> tuple[str | None, list[str]]:
         return words[0], words[1:]
     return None, list(words)
 
-
-def _names(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names or not all(n.isidentifier() for n in names):
-        raise UsageError(f"--on-preempt takes host variable names separated by commas, e.g. params,step, not {text!r}")
-    return names

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpunb.errors import UsageError
+from tpunb.errors import TpunbError, UsageError
 from tpunb.host import gcs
 from tpunb.host.snapshot import MANIFEST
 from tpunb.registry import tpunb_home
@@ -132,27 +132,33 @@ def visible(uri: str) -> bool:
     return uri.startswith("gs://") or Path(uri).exists()
 
 
-def _index_path() -> Path:
-    return home() / "index.json"
+def read_table(name: str) -> dict[str, dict]:
+    """A small JSON table of ours under $TPUNB_HOME/snapshots ({} when there is none yet)."""
+    try:
+        return json.loads((home() / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_entry(name: str, key: str, value: dict) -> None:
+    """Set one entry of such a table (written whole, then renamed: never half a file)."""
+    table = read_table(name)
+    table[key] = value
+    path = home() / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(f".tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(table))
+    temporary.replace(path)
 
 
 def _index() -> dict[str, dict]:
-    try:
-        return json.loads(_index_path().read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_table("index.json")
 
 
 def remember(uri: str, manifest: dict) -> None:
     """Note a snapshot made from this machine (its manifest, for --list when the kernel cannot
     read the place itself: a folder on SSH hosts)."""
-    index = _index()
-    index[uri] = manifest
-    path = _index_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_suffix(f".tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(index))
-    temporary.replace(path)
+    write_entry("index.json", uri, manifest)
 
 
 def _scan_local(root: Path) -> dict[str, Snapshot]:
@@ -213,6 +219,35 @@ def latest(slice_name: str | None = None) -> Snapshot | None:
     """The newest complete snapshot (of ``slice_name``, when given)."""
     complete = [s for s in snapshots(slice_name) if s.complete]
     return complete[-1] if complete else None
+
+
+def cloud_rows() -> Any:
+    """%tpu_status's snapshots on Cloud Storage (they cost money while they exist): one row each
+    with its size, or None when no bucket is named and none was written with --to gs://."""
+    import pandas as pd
+
+    if not bucket() and not any(uri.startswith("gs://") for uri in _index()):
+        return None
+    rows = [s for s in snapshots() if s.uri.startswith("gs://")]
+    return pd.DataFrame([{"uri": s.uri, "size_bytes": s.size, "names": ", ".join(s.names), "from": s.shape if s.complete else "",
+                          "state": "complete" if s.complete else "incomplete",
+                          "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.time)) if s.time else ""}
+                         for s in rows], columns=["uri", "size_bytes", "names", "from", "state", "time"])
+
+
+def add_to_status(frame: Any) -> Any:
+    """%tpu_status's frame with the snapshots on Cloud Storage below it (``.attrs["snapshots"]``);
+    a bucket that cannot be read is one warning, never a failed status."""
+    from tpunb import report
+
+    try:
+        rows = cloud_rows()
+    except (TpunbError, gcs.GcsError, OSError, ValueError) as exc:
+        report.warn(f"[tpunb] snapshots on Cloud Storage not listed: {exc}")
+        return frame
+    if rows is not None and len(rows):
+        frame.attrs["snapshots"] = rows
+    return frame
 
 
 def table(rows: list[Snapshot]) -> Any:
