@@ -9,6 +9,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from tpunb.errors import CellInterrupted
+from tests.conftest import interrupt_kernel_when
+
 
 MAKE = ("%%on_tpu\nimport jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
         "mesh = jax.make_mesh((8,), ('x',))\n"
@@ -118,3 +121,26 @@ def test_bad_inputs_are_one_line_and_leave_nothing_half_done(cell, tmp_path):
     assert nowhere.startswith(f"no snapshot at {tmp_path / 'nowhere'}"), nowhere
     assert cell(f"%tpu_restore {good} n").error is None
     assert "Out[0-1]: 3" in cell("%%on_tpu\nn").shown
+
+
+SLOW = ("%%on_tpu\nimport time, numpy as np\nclass Slow:\n    def __reduce__(self):\n        time.sleep(120)\n"
+        "        return (Slow, ())\nslow = Slow()\nn = 1\n"
+        "big = np.random.default_rng(0).random(24 * 2**20 // 8)")
+
+
+def test_ctrl_c_leaves_no_snapshot_that_looks_complete_and_big_ones_show_a_bar(cell, tmp_path):
+    assert cell("%tpu_launch v4-16").error is None
+    assert cell(SLOW).error is None
+    target = tmp_path / "cut"
+    interrupt_kernel_when(lambda: (target / "host-0" / "n.pkl").exists() and (target / "host-1" / "n.pkl").exists())
+    cut = cell(f"%tpu_snapshot n slow --to {target}")
+    assert isinstance(cut.error, CellInterrupted), cut.shown
+    assert "interrupted during prepare" in str(cut.error), str(cut.error)
+    assert not (target / "manifest.json").exists()
+    assert not target.exists(), "the interrupted snapshot's files were left"
+    refused = one_line(cell(f"%tpu_restore {target}"))
+    assert refused.startswith(f"no snapshot at {target}"), refused
+    assert "Out[0-1]: 1" in cell("%%on_tpu\nn").shown  # the hosts stopped cleanly and kept their state
+    shown = cell(f"%tpu_snapshot big n --to {tmp_path / 'big'}")
+    assert shown.error is None, shown.shown
+    assert "snapshot big, n" in shown.stderr and "48.0M" in shown.stderr, shown.stderr  # tqdm's bar, 2 x 24 MiB

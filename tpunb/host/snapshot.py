@@ -245,25 +245,35 @@ def _looks_like_snapshot(store: Store) -> bool:
 
 
 def prepare(namespace: dict, args: dict) -> dict:
-    """Every host: check the names, pickle what is not a global array (failing before anything is
-    written if any name is missing or cannot be pickled here), and describe the arrays."""
+    """Every host: check the names, pickle and write what is not a global array (a name missing or
+    that cannot be pickled here stops it; the kernel then removes what was written), and describe
+    the arrays."""
     host, names = int(args["host"]), list(args["names"])
     missing = [n for n in names if n not in namespace]
     if missing:
         return {"ok": False, "missing": missing}
     pickler = _pickler()
+    store = Store(args["uri"])
     record: dict = {"host": host, "names": {}, "arrays": {}}
-    pickled, arrays = {}, {}
-    for name in names:
+    arrays, written = {}, 0
+    for name in names:  # each written as soon as it is pickled: a huge value is never held twice
         kept, found = split_value(name, namespace[name])
         try:
             data = pickler.dumps(kept, protocol=5)
         except Exception as exc:  # noqa: BLE001 - whatever the value's __reduce__ raises
             return {"ok": False, "unpicklable": name, "error": _one_line(exc)}
-        pickled[name] = data
+        try:
+            store.write(f"host-{host}/{name}.pkl", data)
+        except Exception as exc:  # noqa: BLE001
+            raise _space_error(exc, f"{name} on host {host} ({len(data):,} bytes)") or SnapshotError(
+                f"cannot write {name} on host {host}: {_one_line(exc)}") from None
+        written += len(data)
+        if args.get("progress"):
+            say(PROGRESS, {"bytes": written, "what": "values"})
         arrays.update(found)
         record["names"][name] = {"kind": kept[0], "bytes": len(data), "digest": hashlib.sha256(data).hexdigest(),
                                  "arrays": sorted(found), "type": type(namespace[name]).__name__}
+        del data
     jax = _jax()
     for key, array in arrays.items():
         record["arrays"][key] = {"shape": list(array.shape), "dtype": str(array.dtype), "nbytes": int(array.nbytes),
@@ -271,13 +281,6 @@ def prepare(namespace: dict, args: dict) -> dict:
     if jax is not None and arrays:
         record["devices"] = jax.device_count()
         record["processes"] = jax.process_count()
-    store = Store(args["uri"])
-    for name, data in pickled.items():
-        try:
-            store.write(f"host-{host}/{name}.pkl", data)
-        except Exception as exc:  # noqa: BLE001
-            raise _space_error(exc, f"{name} on host {host} ({len(data):,} bytes)") or SnapshotError(
-                f"cannot write {name} on host {host}: {_one_line(exc)}") from None
     _pending[args["uri"]] = {"arrays": arrays, "record": record}
     return {"ok": True, "record": record}
 
@@ -295,7 +298,7 @@ def write(namespace: dict, args: dict) -> dict:
         by_name: dict[str, dict] = {}
         for key, array in pending["arrays"].items():
             by_name.setdefault(key.rsplit("__", 1)[0], {})[key] = array
-        with _Progress(store, "arrays", int(args.get("progress_every") or 0)):
+        with _Progress(store, "arrays", float(args.get("progress_every") or 0)):
             for name in sorted(args["orbax"]):  # the same order on every host: the saves are collective
                 try:
                     _save_arrays(store.path(f"arrays/{name}"), by_name.get(name, {}))
@@ -340,7 +343,7 @@ class _Progress:
     def _run(self) -> None:
         while not self.stop.wait(self.every):
             try:
-                say(PROGRESS, {"bytes": self.store.size(self.prefix)})
+                say(PROGRESS, {"bytes": self.store.size(self.prefix), "what": "arrays"})
             except Exception:  # noqa: BLE001 - a progress bar never fails the snapshot
                 pass
 

@@ -60,20 +60,23 @@ def snapshot(sl: "Slice", names, to: str | None = None, bucket: str | None = Non
     uri = store.new_uri(sl.backend, sl.name, to, reason)
     began = time.perf_counter()
     remote.call(sl, "begin", {"uri": uri}, hosts=[0])
+    progress = _Bytes(f"snapshot {', '.join(names)}")
     try:
-        records = _prepare(sl, uri, names)
+        records = _prepare(sl, uri, names, progress)
         manifest = _manifest(sl, names, records, reason)
-        total = sum(a["nbytes"] for a in manifest["arrays"].values())
-        with _bar(f"snapshot {', '.join(names)}", total) as progress:
-            remote.call(sl, "write", {"uri": uri, "orbax": sorted(n for n in names if manifest["names"][n]["arrays"])},
-                        per_host={0: {"progress_every": remote.PROGRESS_EVERY}} if progress else None, progress=progress)
-            manifest["seconds"] = time.perf_counter() - began
-            committed = remote.call(sl, "commit", {"uri": uri, "manifest": manifest}, hosts=[0])
-            if progress:
-                progress(total)
+        values = sum(n["bytes"] for n in manifest["names"].values())
+        progress.total = values + sum(a["nbytes"] for a in manifest["arrays"].values())
+        progress.show()
+        remote.call(sl, "write", {"uri": uri, "orbax": sorted(n for n in names if manifest["names"][n]["arrays"])},
+                    per_host={0: {"progress_every": remote.PROGRESS_EVERY}}, progress=progress)
+        manifest["seconds"] = time.perf_counter() - began
+        committed = remote.call(sl, "commit", {"uri": uri, "manifest": manifest}, hosts=[0])
+        progress.show(progress.total)
     except BaseException:
+        progress.close()
         _discard(sl, uri)
         raise
+    progress.close()
     manifest["size"] = committed[0]["size"]
     store.remember(uri, manifest)
     made = Snapshot.from_manifest(uri, manifest)
@@ -82,9 +85,10 @@ def snapshot(sl: "Slice", names, to: str | None = None, bucket: str | None = Non
     return made
 
 
-def _prepare(sl: "Slice", uri: str, names: list[str]) -> dict[int, dict]:
+def _prepare(sl: "Slice", uri: str, names: list[str], progress: _Bytes) -> dict[int, dict]:
     """Every host checks and pickles its values; a name missing or unpicklable anywhere is one line."""
-    replies = remote.call(sl, "prepare", {"uri": uri, "names": names}, refusals=True)
+    replies = remote.call(sl, "prepare", {"uri": uri, "names": names, "progress": True}, refusals=True,
+                          progress=progress)
     missing: dict[str, list[int]] = {}
     for host, reply in sorted(replies.items()):
         for name in reply.get("missing", []):
@@ -119,26 +123,45 @@ def template(sl: "Slice") -> dict:
     return {"slice": sl.name, "accelerator": sl.kind, "backend": sl.backend}
 
 
-class _bar:
-    """A tqdm bar for big snapshots and restores (``update(bytes)``), none for small ones."""
+class _Bytes:
+    """Progress of a snapshot or restore as the hosts report it: each host's values as it writes
+    them, and the arrays (host 0 measures the shared place). A tqdm bar once it passes 16 MB."""
 
-    def __init__(self, what: str, total: int) -> None:
-        self.what, self.total = what, total
-        self._context = None
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.values: dict[int, int] = {}
+        self.arrays = 0
+        self.total: int | None = None
+        self._bar = None
+        self._update = None
 
-    def __enter__(self):
-        if self.total < PROGRESS_BYTES:
-            return None
-        from tpunb.widgets.progress import byte_progress
+    def __call__(self, host: int, report_: dict) -> None:
+        if report_.get("what") == "arrays":
+            self.arrays = int(report_["bytes"])
+        else:
+            self.values[host] = int(report_["bytes"])
+        self.show()
 
-        self._context = byte_progress(self.what)
-        update = self._context.__enter__()
-        return lambda done: update(min(done, self.total), self.total)
+    @property
+    def done(self) -> int:
+        return sum(self.values.values()) + self.arrays
 
-    def __exit__(self, *exc):
-        if self._context is not None:
-            return self._context.__exit__(*exc)
-        return False
+    def show(self, done: int | None = None) -> None:
+        done = self.done if done is None else done
+        if self._bar is None and max(done, self.total or 0) < PROGRESS_BYTES:
+            return
+        if self._bar is None:
+            from tpunb.widgets.progress import byte_progress
+
+            self._bar = byte_progress(self.what)
+            self._update = self._bar.__enter__()
+        total = max(self.total or 0, done) if self.total is not None else None
+        self._update(min(done, total) if total else done, total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
 
 
 def _discard(sl: "Slice", uri: str) -> None:
@@ -174,14 +197,17 @@ def restore(sl: "Slice", uri: str | None = None, names=None) -> Restored:
     devices = replies[0].get("devices")
     limits = [r["hbm_bytes"] for r in replies.values() if r.get("hbm_bytes")]
     plan = plan_restore(manifest, names, sl.num_hosts, devices, sl.accelerator, min(limits) if limits else None)
-    total = sum(manifest["arrays"][k]["nbytes"] for keys in plan.arrays.values() for k in keys)
+    progress = _Bytes(f"restore {', '.join(plan.names)}")
+    progress.total = sum(manifest["arrays"][k]["nbytes"] for keys in plan.arrays.values() for k in keys)
     args = {"uri": uri, "names": plan.names}
     remote.call(sl, "fetch", args, per_host={h: {"sources": plan.sources[h]} for h in plan.sources})
-    with _bar(f"restore {', '.join(plan.names)}", total) as progress:
+    progress.show(0)
+    try:
         loaded = remote.call(sl, "load", {**args, "arrays": plan.arrays, "meshes": plan.meshes,
                                           "array_mesh": plan.array_mesh})
-        if progress:
-            progress(total)
+        progress.show(progress.total)
+    finally:
+        progress.close()
     shardings = loaded[0].get("shardings", {})
     made = Restored(uri, tuple(plan.names), source, shardings)
     report.info(_said(sl, made))

@@ -23,7 +23,7 @@ PROGRESS_EVERY = 0.25
 class _Replies(OutputSink):
     """Reads each host's marker lines; everything else goes to the hosts' logs."""
 
-    def __init__(self, logs, progress: Callable[[int], None] | None) -> None:
+    def __init__(self, logs, progress: Callable[[int, dict], None] | None) -> None:
         self.logs, self.progress = logs, progress
         self.replies: dict[int, dict] = {}
         self._partial: dict[int, str] = {}
@@ -40,14 +40,14 @@ class _Replies(OutputSink):
             if line.startswith(REPLY):
                 self.replies[host] = json.loads(line[len(REPLY):])
             elif line.startswith(PROGRESS) and self.progress is not None:
-                self.progress(int(json.loads(line[len(PROGRESS):])["bytes"]))
+                self.progress(host, json.loads(line[len(PROGRESS):]))
 
     def finish(self) -> None:
         self.logs.flush()
 
 
 def call(sl: "Slice", op: str, args: dict, hosts: list[int] | None = None, per_host: dict | None = None,
-         progress: Callable[[int], None] | None = None, timeout: float | None = None,
+         progress: Callable[[int, dict], None] | None = None, timeout: float | None = None,
          refusals: bool = False) -> dict[int, dict]:
     """Run step ``op`` on ``hosts`` (default all) with ``args`` plus ``host`` (and ``per_host[host]``);
     {host: reply}. A host that fails (died, interrupted, or an error in the step) raises, in one
