@@ -530,7 +530,11 @@ def say(marker: str, payload: dict) -> None:
 def entry(namespace: dict, op: str, args_json: str) -> None:
     """Run one step and print its answer as a marker line; errors are answers too (one line)."""
     try:
-        reply = OPS[op](namespace, json.loads(args_json))
+        args = json.loads(args_json)
+        if args.get("only", args["host"]) != args["host"]:  # another host's step: nothing to do here
+            reply = {"ok": True}
+        else:
+            reply = OPS[op](namespace, args)
     except SnapshotError as exc:
         reply = {"ok": False, "error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the kernel shows it in one line, naming the host
