@@ -1,14 +1,14 @@
 """%tpu_snapshot and %tpu_restore against orbax's own CheckpointManager, and the time from a
 preemption notice to a complete snapshot (issue 31).
 
-Run: python bench/bench_snapshot.py [--mb 256] [--runs 3] [--notice-mb 1024] [--skip-notice]
+Run: python bench/bench_snapshot.py [--mb 256] [--runs 5] [--notice-mb 1024] [--skip-notice]
 
 1. Throughput, side by side in one run, on a local simulated v4-32 (4 host processes, 16 JAX CPU
    devices): one global jax.Array of ``--mb`` MiB (float32, sharded P('x') over the 16 devices)
    saved to and restored from a local folder by ``tpunb.snapshot`` (what the magics call), and by
    orbax's ``CheckpointManager`` run as a cell on the same hosts (``save`` + ``wait_until_finished``,
    then ``restore`` with the same target sharding). Both are timed from the kernel, cell to cell;
-   alternated, median of ``--runs``; the ratio is orbax's time / tpunb's (>= 1: tpunb is as fast).
+   after one warm-up of each, alternated, median of ``--runs``; the ratio is orbax's time / tpunb's (>= 1: tpunb is as fast).
 2. Notice to complete snapshot: a spot v4-32 on the Cloud TPU API emulator (4 real sshd hosts on
    this machine, each with its metadata server), armed with --snapshot-on-preempt for a
    ``--notice-mb`` MiB global array, to a local folder; the node is preempted with a 120 s notice,
@@ -79,7 +79,9 @@ def throughput(mb: int, runs: int) -> dict:
         work = Path(tempfile.mkdtemp(prefix="tpunb-bench-snap-"))
         results: dict[str, list[float]] = {"tpunb save": [], "orbax save": [], "tpunb restore": [], "orbax restore": []}
         snapshot.snapshot(sl, ["w"], to=str(work / "warm"))  # imports (orbax on every host) and first compiles
+        snapshot.restore(sl, str(work / "warm"), ["w"])
         sl.run(ORBAX_SAVE.format(path=str(work / "warm-orbax"), step=0), output=None).raise_for_status()
+        sl.run(ORBAX_RESTORE.format(path=str(work / "warm-orbax"), step=0), output=None).raise_for_status()
         for run in range(runs):
             target = work / f"tpunb-{run}"
             results["tpunb save"].append(timed(lambda: snapshot.snapshot(sl, ["w"], to=str(target))))
@@ -136,7 +138,7 @@ def notice_to_snapshot(mb: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=256)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--notice-mb", type=int, default=1024)
     parser.add_argument("--skip-notice", action="store_true")
     args = parser.parse_args()

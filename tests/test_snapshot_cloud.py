@@ -96,6 +96,12 @@ def test_armed_names_are_saved_at_the_notice_and_recover_restores_them(cloud, ce
     back = cell("%%on_tpu\nimport numpy as np\n"
                 "(n, all(bool((np.asarray(s.data) == step).all()) for s in x.addressable_shards), step > 0)")
     assert back.error is None and "Out[0-1]: (5, True, True)" in back.shown, back.shown
+    made = cell("%tpu_snapshot n step")  # no --to: the bucket named by TPUNB_BUCKET
+    assert made.error is None and "gs://snaps/tpunb-snapshots/spotty/2" in made.stdout, made.shown
+    assert cell("%%on_tpu\nn = 0").error is None
+    again = cell("%tpu_restore n")  # no place: the newest snapshot of this slice
+    assert again.error is None and "restored n onto v4-16 (2 hosts)" in again.stdout, again.shown
+    assert "Out[0-1]: 5" in cell("%%on_tpu\nn").shown
     listed = cell("%tpu_status")
     assert listed.error is None and "snapshots on Cloud Storage" in listed.shown, listed.shown
     assert "gs://snaps/tpunb-snapshots/spotty/preempt-" in listed.shown and "KiB" in listed.shown, listed.shown
@@ -108,7 +114,7 @@ def test_armed_names_are_saved_at_the_notice_and_recover_restores_them(cloud, ce
     late = recover_after(cloud, cell, sshd, storage, notice=3.0)
     assert "the snapshot taken at the preemption notice did not finish within the window, so the last complete one" \
         in late.stdout, late.stdout
-    assert "restored x, step, n onto v4-16" in late.stdout, late.stdout
+    assert "restored n, step onto v4-16" in late.stdout, late.stdout  # the snapshot made with %tpu_snapshot
 
     # no notice at all: the last complete snapshot comes back, and the line says why
     again = recover_after(cloud, cell, sshd, storage, notice=0)

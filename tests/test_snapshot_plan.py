@@ -67,3 +67,21 @@ def test_per_host_values_on_another_host_count():
         plan_restore(manifest((8,), ["x"], same=False), None, hosts=1, devices=4)
     with pytest.raises(SnapshotError, match=r"^nope is not in this snapshot \(it holds step, w\)$"):
         plan_restore(manifest((8,), ["x"]), ["nope"], hosts=2, devices=8)
+
+
+def test_cloud_slices_need_a_bucket_named_once(monkeypatch):
+    from tpunb.errors import UsageError
+    from tpunb.snapshot import store
+
+    monkeypatch.delenv("TPUNB_BUCKET", raising=False)
+    with pytest.raises(UsageError, match="^a cloud slice snapshots to Cloud Storage: give --to gs://BUCKET/PATH, or "
+                                         "name a bucket once with --bucket BUCKET"):
+        store.new_uri("gcp", "pod", None)
+    assert store.new_uri("local", "pod", None).startswith(str(store.home() / "pod") + "/")
+    monkeypatch.setenv("TPUNB_BUCKET", "from-env")
+    assert store.new_uri("gcp", "pod", None).startswith("gs://from-env/tpunb-snapshots/pod/")
+    store.bucket("gs://named-once/")
+    assert store.new_uri("gcp", "pod", None).startswith("gs://named-once/tpunb-snapshots/pod/")
+    assert store.new_uri("gcp", "pod", "gs://b/some/where/") == "gs://b/some/where"
+    with pytest.raises(UsageError, match="give gs://BUCKET/PATH"):
+        store.new_uri("gcp", "pod", "gs://b")

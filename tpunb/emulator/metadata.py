@@ -117,6 +117,13 @@ class _Server(ThreadingHTTPServer):
         self.emulator = emulator
         self.stopping = threading.Event()  # ends hanging GETs when the server stops
 
+    def handle_error(self, request, client_address) -> None:
+        """A VM that died while its hanging GET waited (a preempted host) is no error of ours."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
 
 class MetadataServer:
     """One listener per host address, all answering from the same emulator."""

@@ -84,6 +84,11 @@ def arm(namespace: dict, args: dict) -> dict:
             pass
     else:
         watching.append("SIGTERM (JAX)")
+    if "jax" in sys.modules:  # orbax's first import takes seconds of the window: take them now
+        try:
+            import orbax.checkpoint  # noqa: F401
+        except ImportError:
+            return {"ok": True, "watching": watching, "missing": "orbax-checkpoint"}
     return {"ok": True, "watching": watching}
 
 
@@ -221,18 +226,21 @@ def save(armed: Armed, where: str) -> None:
             return
         armed.state = "saving"
     began = time.time()
+    names = [n for n in armed.names if n in armed.namespace]  # armed before some were made: those there
     try:
-        args = {"uri": armed.uri, "names": armed.names, "host": armed.host}
+        if not names:
+            raise snapshot.SnapshotError(f"none of {', '.join(armed.names)} is defined on this host")
+        args = {"uri": armed.uri, "names": names, "host": armed.host}
         prepared = snapshot.prepare(armed.namespace, args)
         if not prepared.get("ok"):
             raise snapshot.SnapshotError(prepared.get("error") or f"not defined here: {prepared.get('missing')}")
         record = prepared["record"]
-        orbax = sorted(n for n in armed.names if record["names"][n]["arrays"])
+        orbax = sorted(n for n in names if record["names"][n]["arrays"])
         snapshot.write(armed.namespace, {**args, "orbax": orbax})
         if armed.host == 0:
-            _commit(armed)
+            _commit(armed, names)
         armed.state = "saved"
-        _say(f"[tpunb] preemption notice ({armed.source}): snapshot of {', '.join(armed.names)} taken at {where} in "
+        _say(f"[tpunb] preemption notice ({armed.source}): snapshot of {', '.join(names)} taken at {where} in "
              f"{time.time() - began:.1f} s ({time.time() - (armed.notice_at or began):.1f} s after the notice): {armed.uri}")
     except BaseException as exc:  # noqa: B036 - whatever stops it, say it; the snapshot stays incomplete
         armed.state = "failed"
@@ -243,7 +251,7 @@ def save(armed: Armed, where: str) -> None:
         armed.done.set()
 
 
-def _commit(armed: Armed) -> None:
+def _commit(armed: Armed, names: list[str]) -> None:
     """Host 0: wait (until the window closes) for every host's record, then write the manifest."""
     store = snapshot.Store(armed.uri)
     records: dict[int, dict] = {}
@@ -258,7 +266,7 @@ def _commit(armed: Armed) -> None:
                 raise snapshot.SnapshotError(f"hosts {sorted(set(range(armed.hosts)) - set(records))} did not finish "
                                              "within the window")
             armed.stop.wait(0.05)  # another host's file: nothing to be woken by but time
-    manifest = snapshot.compose_manifest(armed.template, armed.names, records, "preemption")
+    manifest = snapshot.compose_manifest(armed.template, names, records, "preemption")
     snapshot.commit(armed.namespace, {"uri": armed.uri, "manifest": manifest})
 
 

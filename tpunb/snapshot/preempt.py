@@ -34,6 +34,10 @@ def arm(sl: "Slice", names: list[str], to: str | None = None, bucket: str | None
     replies = remote.call(sl, "arm", {"names": names, "uri": uri, "hosts": sl.num_hosts, "manifest": template(sl),
                                       "window": window})
     watching = sorted({w for r in replies.values() for w in r.get("watching", [])})
+    lacking = sorted(h for h, r in replies.items() if r.get("missing"))
+    if lacking:
+        report.warn(f"[tpunb] orbax-checkpoint is not installed on host{'s' if len(lacking) > 1 else ''} "
+                    f"{sl.layout.names(lacking)}: its jax.Arrays cannot be saved there (pip install orbax-checkpoint)")
     store.write_entry("armed.json", sl.name, {"names": names, "uri": uri, "to": to, "time": time.time()})
     report.info(f"[tpunb] armed: on a preemption notice every host of {sl.name!r} snapshots {', '.join(names)} to {uri} "
                 f"(watching {', '.join(watching) or 'nothing: no metadata server here'})")
