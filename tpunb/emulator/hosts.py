@@ -54,6 +54,25 @@ def parse_ssh_keys(metadata_value: str) -> list[str]:
     return keys
 
 
+def _sshd_session(pid: int) -> int | None:
+    """The nearest sshd above ``pid``: the session process of its connection (the listener is
+    further up, above the connection's monitor)."""
+    for _ in range(8):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{parent}/comm") as f:
+                name = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            return None
+        if parent <= 1:
+            return None
+        if name == "sshd":
+            return parent
+        pid = parent
+    return None
+
+
 class HostPool:
     """Hands out worker addresses per node and keeps the authorized keys file in step."""
 
@@ -144,21 +163,28 @@ class HostPool:
         if host_dir:
             shutil.rmtree(host_dir, ignore_errors=True)
 
-    def signal_processes(self, address: str, sig: int) -> str | None:
-        """Send ``sig`` to every process of ``address`` (SIGTERM: the guest's shutdown begins); its
-        TPUNB_HOST_DIR, or None for a host without one."""
+    def signal_processes(self, address: str, sig: int, sessions: bool = False) -> str | None:
+        """Send ``sig`` to every process of ``address``; its TPUNB_HOST_DIR, or None for a host
+        without one. ``sessions``: also to the sshd session process above each (the guest's
+        shutdown stops sshd, so its connections drop), never to the sshd that serves every host."""
         host_dir = self.host_environment.get(address, {}).get("TPUNB_HOST_DIR")
         if not host_dir:
             return None
         marker = f"TPUNB_HOST_DIR={host_dir}".encode()
+        found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
                 continue
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-                os.kill(int(entry), sig)
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+        targets = set(found) | ({session for pid in found if (session := _sshd_session(pid))} if sessions else set())
+        for pid in targets:
+            try:
+                os.kill(pid, sig)
             except OSError:
                 continue
         return host_dir

@@ -463,7 +463,7 @@ class Emulator(RequestChecks):
     def preempt(self, ref: str, after: float = 0.0, state: str | None = None, notice: float | None = None) -> dict:
         """Preempt a node (by id or full name) now or ``after`` seconds from now. ``notice``: first the
         preemption notice, as Compute Engine gives it (the metadata server's ``instance/preempted``
-        turns TRUE, the guest's shutdown sends SIGTERM), then ``notice`` seconds later the node is
+        turns TRUE, the guest's shutdown sends SIGTERM and stops sshd), then ``notice`` seconds later the node is
         PREEMPTED and its VMs are off (every process killed); ``notice=0``: they die with no notice."""
         matches = [n for name, n in self.nodes.items() if name == ref or n.node_id == ref]
         if not matches:
@@ -485,12 +485,13 @@ class Emulator(RequestChecks):
                 **({"notice": float(notice)} if notice is not None else {})}
 
     def _notice(self, node: Node) -> None:
-        """The preemption notice reaches the node's VMs: metadata says so, the shutdown sends SIGTERM."""
+        """The preemption notice reaches the node's VMs: metadata says so, and the guest's shutdown
+        begins: SIGTERM to every process, sshd stopped (so the hosts' connections drop)."""
         if self.nodes.get(node.name) is not node or node.state != "READY":
             return
         self.noticed[node.name] = node
         for endpoint in node.endpoints:
-            self.hosts.signal_processes(endpoint.internal_ip, signal.SIGTERM)
+            self.hosts.signal_processes(endpoint.internal_ip, signal.SIGTERM, sessions=True)
 
     def _preempt_off(self, node: Node, state: str) -> None:
         """The window is over: the node is preempted and its VMs are powered off."""

@@ -130,16 +130,23 @@ def _watch(armed: Armed, key: str) -> None:
             return
 
 
-def _on_sigterm(signum, frame) -> None:
-    """SIGTERM while JAX does not hold it: a notice if the metadata server says the VM goes (the
-    guest's shutdown); otherwise it ends this host as it always did (an escalating interrupt)."""
+def _confirm(source: str) -> None:
+    """A sign that may be the shutdown (SIGTERM, a lost connection): a notice if the metadata
+    server says the VM goes, before the watcher's own GET has answered."""
     armed = _armed
     if armed is not None and armed.notice_at is None and _metadata_host():
         try:
             if any(_get(key, None, wait=False)[0] == value for key, value in KEYS.items()):
-                notice("SIGTERM")
+                notice(source)
         except OSError:
             pass
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM while JAX does not hold it: a notice if the metadata server says the VM goes (the
+    guest's shutdown); otherwise it ends this host as it always did (an escalating interrupt)."""
+    armed = _armed
+    _confirm("SIGTERM")
     if armed is None or armed.notice_at is None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -278,6 +285,7 @@ def wait_saved(timeout: float) -> None:
     """Before this host session ends (its connection went with the guest's shutdown): let a
     preemption snapshot under way finish, within the window."""
     armed = _armed
+    _confirm("connection lost")
     if armed is not None and armed.notice_at is not None and not armed.done.is_set():
         armed.done.wait(max(0.0, min(timeout, armed.deadline - time.time())))
 
