@@ -1,7 +1,7 @@
 """%tpu_snapshot and %tpu_restore against orbax's own CheckpointManager, and the time from a
 preemption notice to a complete snapshot (issue 31).
 
-Run: python bench/bench_snapshot.py [--mb 256] [--runs 5] [--notice-mb 1024] [--skip-notice]
+Run: python bench/bench_snapshot.py [--mb 256] [--runs 5] [--notice-mb 1024] [--skip-notice] [--skip-throughput]
 
 1. Throughput, side by side in one run, on a local simulated v4-32 (4 host processes, 16 JAX CPU
    devices): one global jax.Array of ``--mb`` MiB (float32, sharded P('x') over the 16 devices)
@@ -13,7 +13,8 @@ Run: python bench/bench_snapshot.py [--mb 256] [--runs 5] [--notice-mb 1024] [--
    this machine, each with its metadata server), armed with --snapshot-on-preempt for a
    ``--notice-mb`` MiB global array, to a local folder; the node is preempted with a 120 s notice,
    once with the hosts idle and once in a training loop that calls tpunb.log every step. The time
-   from the notice (the emulator flips the metadata and sends SIGTERM) to manifest.json on disk.
+   from the notice (the emulator flips the metadata, sends SIGTERM and stops the hosts' sshd
+   sessions, so the hosts go on without the kernel) to manifest.json on disk.
 """
 from __future__ import annotations
 
@@ -141,10 +142,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--notice-mb", type=int, default=1024)
     parser.add_argument("--skip-notice", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("TPUNB_HOME", tempfile.mkdtemp(prefix="tpunb-bench-home-"))
-    report = {"throughput": throughput(args.mb, args.runs)}
-    print(json.dumps(report["throughput"], indent=1), flush=True)
+    report = {}
+    if not args.skip_throughput:
+        report["throughput"] = throughput(args.mb, args.runs)
+        print(json.dumps(report["throughput"], indent=1), flush=True)
     if not args.skip_notice:
         report["notice"] = notice_to_snapshot(args.notice_mb)
         print(json.dumps(report["notice"], indent=1), flush=True)
