@@ -17,7 +17,7 @@ MAKE = ("%%on_tpu\nimport jax, numpy as np\nfrom jax.sharding import NamedShardi
         "mesh = jax.make_mesh((8,), ('x',))\n"
         "full = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)\n"
         "x = jax.make_array_from_callback(full.shape, NamedSharding(mesh, P('x')), lambda i: full[i])\n"
-        "n = 7\nmine = jax.process_index() * 10\n"
+        "n = 7\nmine = jax.process_index() * 10\nit = iter(range(10))\nnext(it)\n"
         "len(x.addressable_shards)")
 
 
@@ -34,15 +34,15 @@ def test_snapshot_on_a_v4_16_restores_onto_a_v4_8_resharded(cell, tmp_path):
     made = cell(MAKE)
     assert made.error is None and "Out[0-1]: 4" in made.shown, made.shown
     target = tmp_path / "snap"
-    saved = cell(f"%tpu_snapshot x n mine --to {target}")
+    saved = cell(f"%tpu_snapshot x n mine it --to {target}")
     assert saved.error is None, saved.shown
-    assert "snapshot of x, n, mine" in saved.shown and "from v4-16 (2 hosts, 8 devices)" in saved.shown, saved.shown
+    assert "snapshot of x, n, mine, it" in saved.shown and "from v4-16 (2 hosts, 8 devices)" in saved.shown, saved.shown
     manifest = json.loads((target / "manifest.json").read_text())
-    assert manifest["hosts"] == 2 and manifest["devices"] == 8 and sorted(manifest["names"]) == ["mine", "n", "x"]
+    assert manifest["hosts"] == 2 and manifest["devices"] == 8 and sorted(manifest["names"]) == ["it", "mine", "n", "x"]
     assert manifest["arrays"]["x__0"]["sharding"]["spec"] == ["x"]
     assert manifest["names"]["n"]["same_on_all_hosts"] and not manifest["names"]["mine"]["same_on_all_hosts"]
     listed = cell("%tpu_snapshot --list")
-    assert listed.error is None and "x, n, mine" not in listed.shown and "mine, n, x" in listed.shown, listed.shown
+    assert listed.error is None and "it, mine, n, x" in listed.shown, listed.shown
     assert "v4-16 (2 hosts, 8 devices)" in listed.shown and "complete" in listed.shown, listed.shown
     assert cell("%tpu_down").error is None
     assert cell("%tpu_launch v4-8").error is None
@@ -51,14 +51,14 @@ def test_snapshot_on_a_v4_16_restores_onto_a_v4_8_resharded(cell, tmp_path):
     assert refused == ("mine differed between the 2 hosts it was saved from, and this slice has 1 host: restore it "
                        "onto 2 hosts, or restore the other names alone"), refused
     assert "NameError" in cell("%%on_tpu\nn").shown
-    back = cell(f"%tpu_restore {target} x n")
+    back = cell(f"%tpu_restore {target} x n it")
     assert back.error is None, back.shown
-    assert "restored x, n onto v4-8 (1 host) from a snapshot of v4-16 (2 hosts, 8 devices)" in back.shown, back.shown
+    assert "restored x, n, it onto v4-8 (1 host) from a snapshot of v4-16 (2 hosts, 8 devices)" in back.shown, back.shown
     assert "x as P('x',) over 4 devices" in back.shown, back.shown
     check = cell("%%on_tpu\nimport numpy as np\n"
                  "(n, bool((np.asarray(x) == np.arange(1024, dtype=np.float32).reshape(64, 16)).all()), "
-                 "len(x.sharding.device_set), str(x.sharding.spec), x.dtype.name)")
-    assert check.error is None and "(7, True, 4, \"P('x',)\", 'float32')" in check.shown, check.shown
+                 "len(x.sharding.device_set), str(x.sharding.spec), x.dtype.name, next(it))")
+    assert check.error is None and "(7, True, 4, \"P('x',)\", 'float32', 1)" in check.shown, check.shown
 
 
 BAD = ("%%on_tpu\nimport jax, threading, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"

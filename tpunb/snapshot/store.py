@@ -101,12 +101,20 @@ def new_uri(backend: str, slice_name: str, to: str | None, reason: str = "") -> 
 
 
 # -- reading snapshots ----------------------------------------------------------------------------
+_credentials: list = []  # google-auth's, found once per kernel
+
+
 def _token() -> str:
+    """An access token for Cloud Storage from google-auth's default credentials, refreshed when stale."""
     import google.auth
     import google.auth.transport.requests
 
-    credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.read_write"])
-    credentials.refresh(google.auth.transport.requests.Request())
+    if not _credentials:
+        found, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.read_write"])
+        _credentials.append(found)
+    credentials = _credentials[0]
+    if not credentials.valid:
+        credentials.refresh(google.auth.transport.requests.Request())
     return credentials.token
 
 
