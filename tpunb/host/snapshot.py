@@ -397,7 +397,8 @@ def read(namespace: dict, args: dict) -> dict:
         return {"ok": False, "incomplete": unfinished}
     manifest = json.loads(data)
     reply = {"ok": True, "manifest": manifest if int(args["host"]) == 0 else None}
-    if manifest.get("arrays"):
+    chosen = [n for n in (args.get("names") or manifest.get("names", {})) if n in manifest.get("names", {})]
+    if any(manifest["names"][n].get("arrays") for n in chosen):  # only then does this slice need JAX
         import jax  # starts jax.distributed on every host (the agent's import hook)
 
         reply.update(devices=jax.device_count(), local_devices=jax.local_device_count(),

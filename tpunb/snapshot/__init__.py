@@ -183,7 +183,7 @@ def restore(sl: "Slice", uri: str | None = None, names=None) -> Restored:
         names = _check_names(names)
     source = _find(sl, uri)
     uri = source.uri
-    replies = remote.call(sl, "read", {"uri": uri}, refusals=True)
+    replies = remote.call(sl, "read", {"uri": uri, "names": names or []}, refusals=True)
     if not all(r.get("ok") for r in replies.values()):
         errors = [f"host {sl.layout.name(h)}: {r['error']}" for h, r in sorted(replies.items()) if r.get("error")]
         if errors:
