@@ -27,6 +27,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpunb.host import procs
+
 MARKER = "tpunb-emulator:"
 KEY_TYPES = ("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-")
 
@@ -58,14 +60,13 @@ def _sshd_session(pid: int) -> int | None:
     """The nearest sshd above ``pid``: the session process of its connection (the listener is
     further up, above the connection's monitor)."""
     for _ in range(8):
+        parent = procs.parent(pid)
+        if parent is None or parent <= 1:
+            return None
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
             with open(f"/proc/{parent}/comm") as f:
                 name = f.read().strip()
-        except (OSError, ValueError, IndexError):
-            return None
-        if parent <= 1:
+        except OSError:
             return None
         if name == "sshd":
             return parent
