@@ -92,18 +92,23 @@ def arm(namespace: dict, args: dict) -> dict:
     return {"ok": True, "watching": watching}
 
 
+_probed: list = []  # whether metadata.google.internal answered, asked once
+
+
 def _metadata_host() -> str | None:
     """The metadata server, where one answers (a Cloud TPU VM; the emulator's hosts)."""
     host = os.environ.get("GCE_METADATA_HOST")
     if host:
         return host
-    try:
-        request = urllib.request.Request("http://metadata.google.internal/computeMetadata/v1/instance/id",
-                                         headers={"Metadata-Flavor": "Google"})
-        with urllib.request.urlopen(request, timeout=1):
-            return "metadata.google.internal"
-    except OSError:
-        return None
+    if not _probed:
+        try:
+            request = urllib.request.Request("http://metadata.google.internal/computeMetadata/v1/instance/id",
+                                             headers={"Metadata-Flavor": "Google"})
+            with urllib.request.urlopen(request, timeout=1):
+                _probed.append("metadata.google.internal")
+        except OSError:
+            _probed.append(None)
+    return _probed[0]
 
 
 def _get(key: str, etag: str | None, wait: bool) -> tuple[str, str | None]:
