@@ -76,6 +76,8 @@ def arm(namespace: dict, args: dict) -> dict:
         for key in KEYS:
             threading.Thread(target=_watch, args=(armed, key), daemon=True, name=f"tpunb-preempt-{key}").start()
         watching.append("metadata")
+    if not watching:  # no metadata server: no notice can come, and SIGTERM stays what it was
+        return {"ok": True, "watching": []}
     if not _jax_processes():
         try:
             signal.signal(signal.SIGTERM, _on_sigterm)  # JAX's own notifier takes SIGTERM once it starts

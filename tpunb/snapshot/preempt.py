@@ -40,7 +40,8 @@ def arm(sl: "Slice", names: list[str], to: str | None = None, bucket: str | None
                     f"{sl.layout.names(lacking)}: its jax.Arrays cannot be saved there (pip install orbax-checkpoint)")
     store.write_entry("armed.json", sl.name, {"names": names, "uri": uri, "to": to, "time": time.time()})
     report.info(f"[tpunb] armed: on a preemption notice every host of {sl.name!r} snapshots {', '.join(names)} to {uri} "
-                f"(watching {', '.join(watching) or 'nothing: no metadata server here'})")
+                + (f"(watching {', '.join(watching)})" if watching else
+                   "(but these hosts have no metadata server: only Compute Engine and Cloud TPU VMs get a notice)"))
     return uri
 
 
