@@ -32,9 +32,11 @@ def log(step: int | None = None, **scalars: float) -> None:
 def load_ipython_extension(ipython) -> None:
     from tpunb.magics import TpuMagics
     from tpunb.plan.magics import PlanMagics
+    from tpunb.snapshot.magics import SnapshotMagics
 
     ipython.register_magics(TpuMagics)
     ipython.register_magics(PlanMagics)
+    ipython.register_magics(SnapshotMagics)
     warm.start()  # what a launch imports, on a side thread where Ctrl-C cannot cut it
 
 

@@ -136,6 +136,11 @@ class RemoteError(TpunbError):
         return lines + self.notes
 
 
+class SnapshotError(TpunbError):
+    """A snapshot or restore cannot be made as asked (a name missing, a value that does not
+    pickle, a spec that does not fit the new slice, no space left); nothing half-done is left."""
+
+
 class CellInterrupted(TpunbError):
     """A cell was interrupted (kernel interrupt or --timeout) on every host; ``results`` has what ran."""
 

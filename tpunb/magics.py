@@ -12,6 +12,7 @@ from tpunb import report, slices
 from tpunb.display import MODES, render_values
 from tpunb.errors import CellInterrupted, UsageError
 from tpunb.provision.gcp.config import CloudOptions
+from tpunb.snapshot import preempt, store as snapshot_store
 
 
 def _parse(magic, line: str):
@@ -61,7 +62,9 @@ class TpuMagics(Magics):
               help="a multislice: N slices of ACCELERATOR joined in one JAX job (Cloud TPU: one queued resource)")
     @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
     @cloud_arguments
-    @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had")
+    @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had (and restore its last snapshot)")
+    @argument("--snapshot-on-preempt", metavar="NAME[,NAME]", default=None,
+              help="every host snapshots these variables when its VM gets the preemption notice (see %%tpu_snapshot)")
     @line_magic
     def tpu_launch(self, line: str):
         """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z|Z1,Z2|any] [--race N] ..."""
@@ -71,11 +74,14 @@ class TpuMagics(Magics):
             if bool(args.recover) == bool(args.accelerator):
                 raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
                                  f"Usage: {_usage(self.tpu_launch)}")
-            slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env, recover=args.recover,
-                          slices=args.slices, **cloud)
+            armed = preempt.names_list(args.snapshot_on_preempt)
+            sl = slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env,
+                               recover=args.recover, slices=args.slices, **cloud)
         except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)
             raise CellInterrupted("%tpu_launch interrupted before it started anything: nothing is left running") \
                 from None
+        with _one_line_interrupt():
+            preempt.after_launch(sl, args.recover, armed)
 
     @magic_arguments()
     @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3 (Python slice); in a multislice also "
@@ -235,7 +241,7 @@ class TpuMagics(Magics):
     def tpu_status(self, line: str):
         """Slices and their hosts as a DataFrame (--versions: each host's package versions)."""
         args = _parse(self.tpu_status, line)
-        return slices.versions() if args.versions else slices.status()
+        return slices.versions() if args.versions else snapshot_store.add_to_status(slices.status())
 
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send")

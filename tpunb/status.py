@@ -114,7 +114,7 @@ COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_d
 
 
 #: columns %tpu_status shows in human units (the returned DataFrame keeps the numbers)
-BYTE_COLUMNS = ("rss_bytes", "memory_used_bytes", "hbm_used_bytes")
+BYTE_COLUMNS = ("rss_bytes", "memory_used_bytes", "hbm_used_bytes", "size_bytes")
 SECOND_COLUMNS = ("uptime_s", "idle_delete_in")
 
 
@@ -155,9 +155,10 @@ def _status_frame_class():
                                  *(f"{title}\n{table.to_string(index=False)}" for title, table in self._extra())])
 
         def _extra(self) -> list:
-            """The services and forwards tables (``.attrs``), when there are any."""
-            return [(title, readable(self.attrs[key])) for key, title in (("services", "services"), ("forwards", "forwards"))
-                    if key in self.attrs and len(self.attrs[key])]
+            """The services, forwards and snapshots tables (``.attrs``), when there are any."""
+            return [(title, readable(self.attrs[key])) for key, title in (
+                ("services", "services"), ("forwards", "forwards"), ("snapshots", "snapshots on Cloud Storage"))
+                if key in self.attrs and len(self.attrs[key])]
 
     return StatusFrame
 

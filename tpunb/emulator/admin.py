@@ -65,9 +65,13 @@ class AdminClient:
     def timings(self, **changes: float) -> dict:
         return self.admin("POST", "/_emulator/timings", changes)
 
-    def preempt(self, node: str, after: float | None = None, state: str | None = None) -> dict:
-        """Preempt ``node`` (its id or full name) now, or ``after`` seconds from now."""
+    def preempt(self, node: str, after: float | None = None, state: str | None = None,
+                notice: float | None = None) -> dict:
+        """Preempt ``node`` (its id or full name) now, or ``after`` seconds from now; ``notice``: its
+        VMs get the preemption notice first (metadata, SIGTERM) and die that many seconds later."""
         body: dict[str, Any] = {}
+        if notice is not None:
+            body["notice"] = notice
         if after is not None:
             body["after"] = after
         if state is not None:

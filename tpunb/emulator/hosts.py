@@ -34,6 +34,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpunb.host import procs
+
 MARKER = "tpunb-emulator:"
 KEY_TYPES = ("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-")
 
@@ -76,6 +78,24 @@ def _wipe(directory: str) -> None:
         return  # nothing there
     threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True,
                      name="tpu-emulator-wipe").start()
+
+
+def _sshd_session(pid: int) -> int | None:
+    """The nearest sshd above ``pid``: the session process of its connection (the listener is
+    further up, above the connection's monitor)."""
+    for _ in range(8):
+        parent = procs.parent(pid)
+        if parent is None or parent <= 1:
+            return None
+        try:
+            with open(f"/proc/{parent}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            return None
+        if name == "sshd":
+            return parent
+        pid = parent
+    return None
 
 
 class HostPool:
@@ -168,25 +188,38 @@ class HostPool:
 
     def power_off(self, address: str) -> None:
         """End every process of ``address`` (those carrying its TPUNB_HOST_DIR) and empty that dir."""
-        env = self.host_environment.get(address, {})
-        host_dir = env.get("TPUNB_HOST_DIR")
+        host_dir = self.signal_processes(address, signal.SIGKILL)
+        if host_dir:
+            _wipe(host_dir)
+            home = self.host_environment.get(address, {}).get("HOME", "")
+            if home.startswith(host_dir.rstrip("/") + "/"):  # the next VM on this address has a fresh, empty home
+                os.makedirs(home, exist_ok=True)
+
+    def signal_processes(self, address: str, sig: int, sessions: bool = False) -> str | None:
+        """Send ``sig`` to every process of ``address``; its TPUNB_HOST_DIR, or None for a host
+        without one. ``sessions``: also to the sshd session process above each (the guest's
+        shutdown stops sshd, so its connections drop), never to the sshd that serves every host."""
+        host_dir = self.host_environment.get(address, {}).get("TPUNB_HOST_DIR")
         if not host_dir:
-            return
+            return None
         marker = f"TPUNB_HOST_DIR={host_dir}".encode()
+        found = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit() or int(entry) == os.getpid():
                 continue
             try:
                 with open(f"/proc/{entry}/environ", "rb") as f:
-                    if marker not in f.read().split(b"\0"):
-                        continue
-                os.kill(int(entry), signal.SIGKILL)
+                    if marker in f.read().split(b"\0"):
+                        found.append(int(entry))
             except OSError:
                 continue
-        _wipe(host_dir)
-        home = env.get("HOME", "")
-        if home.startswith(host_dir.rstrip("/") + "/"):  # the next VM on this address has a fresh, empty home
-            os.makedirs(home, exist_ok=True)
+        targets = set(found) | ({session for pid in found if (session := _sshd_session(pid))} if sessions else set())
+        for pid in targets:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                continue
+        return host_dir
 
     def close(self) -> None:
         """Power off every host still held and remove the boot scripts."""

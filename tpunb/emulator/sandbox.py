@@ -22,8 +22,10 @@ from pathlib import Path
 from tpunb.emulator.image import Image
 from tpunb.emulator.server import EmulatorHandle, start_emulator
 from tpunb.emulator.sshd import Sshd
+from tpunb.emulator.storage import StorageEmulator
 
-SETTINGS = ("TPUNB_TPU_API_ENDPOINT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_COMPUTE_ZONE")
+SETTINGS = ("TPUNB_TPU_API_ENDPOINT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_COMPUTE_ZONE", "STORAGE_EMULATOR_HOST",
+            "TPUNB_BUCKET")
 
 
 @dataclass
@@ -36,14 +38,19 @@ class Sandbox:
     _saved: dict = field(default_factory=dict, repr=False)
     #: everything the sandbox made on this machine (the image, the hosts' disks)
     directory: Path | None = field(default=None, repr=False)
+    #: Cloud Storage on this machine (``storage=True``), where cloud slices' snapshots go
+    storage: StorageEmulator | None = None
 
-    def preempt(self, node: str, after: float | None = None) -> None:
-        """Do to a node what Google does to spot capacity it reclaims."""
-        self.emulator.preempt(node, after=after)
+    def preempt(self, node: str, after: float | None = None, notice: float | None = None) -> None:
+        """Do to a node what Google does to spot capacity it reclaims (``notice``: with the notice
+        its VMs get first, that many seconds before they die; Compute Engine gives 30)."""
+        self.emulator.preempt(node, after=after, notice=notice)
 
     def stop(self) -> None:
         self.emulator.stop()
         self.sshd.close()
+        if self.storage is not None:
+            self.storage.stop()
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)
         for key, value in self._saved.items():
@@ -59,20 +66,34 @@ class Sandbox:
 
 def start_sandbox(hosts: int = 4, project: str = "sandbox-project", zone: str = "us-central2-b",
                   devices_per_host: int = 4, create_seconds: float = 1.0, pythons: list | None = None,
-                  cache: str | Path | None = None) -> Sandbox:
+                  cache: str | Path | None = None, storage: bool = False, bucket: str = "sandbox-bucket") -> Sandbox:
     """Start an sshd with ``hosts`` loopback hosts (each a fresh TPU VM image) and an emulator using
     them; point tpunb at it. ``pythons``: what stands in for uv's managed Pythons (X.Y from pyenv,
-    or a prefix; default this kernel's); ``cache``: the uv and pip cache the hosts share."""
+    or a prefix; default this kernel's); ``cache``: the uv and pip cache the hosts share.
+    ``storage``: also Cloud Storage on this machine (``tpunb.emulator.storage``) with ``bucket``,
+    which the hosts and this kernel reach, and snapshots of cloud slices use (TPUNB_BUCKET)."""
     directory = Path(tempfile.mkdtemp(prefix="tpunb-sandbox-"))
-    image = Image(directory / "image", pythons, Path(cache) if cache else None, devices_per_host)
-    sshd = Sshd(hosts, directory=directory / "sshd", image=image)
+    store = StorageEmulator((bucket,)) if storage else None
+    try:
+        image = Image(directory / "image", pythons, Path(cache) if cache else None, devices_per_host)
+        sshd = Sshd(hosts, directory=directory / "sshd", image=image,
+                    environment={"STORAGE_EMULATOR_HOST": store.url} if store else None)
+    except BaseException:
+        if store:
+            store.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
     try:
         url, handle = start_emulator(create_seconds=create_seconds, delete_seconds=0.2, queue_seconds=0.5,
                                      **sshd.emulator_options())
     except BaseException:
         sshd.close()
+        if store:
+            store.stop()
         shutil.rmtree(directory, ignore_errors=True)
         raise
     saved = {key: os.environ.get(key) for key in SETTINGS}
     os.environ.update({"TPUNB_TPU_API_ENDPOINT": url, "GOOGLE_CLOUD_PROJECT": project, "CLOUDSDK_COMPUTE_ZONE": zone})
-    return Sandbox(url, project, zone, sshd, handle, saved, directory)
+    if store:
+        os.environ.update({"STORAGE_EMULATOR_HOST": store.url, "TPUNB_BUCKET": bucket})
+    return Sandbox(url, project, zone, sshd, handle, saved, directory, store)

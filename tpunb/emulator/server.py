@@ -21,7 +21,8 @@ Admin (JSON in and out):
   GET|POST|DELETE /_emulator/faults    read | merge (e.g. {"quota": "operation"}) | clear
   POST /_emulator/timings              e.g. {"create_seconds": 2}
   GET|POST /_emulator/accounts         read | change the user, permissions per principal, project metadata
-  POST /_emulator/nodes/{id}:preempt   {"after": seconds, "state": "PREEMPTED"|"TERMINATED"} (both optional)
+  POST /_emulator/nodes/{id}:preempt   {"after": seconds, "state": "PREEMPTED"|"TERMINATED", "notice": seconds}
+                                       (all optional; with notice: metadata and SIGTERM first, the node dies after)
 Calls without an Authorization header come from the project's user (tpunb's kernel); a bearer
 token must be one the metadata server gave a node's VM (metadata.py), for that node's project,
 and acts as that node's service account. Each call needs its IAM permission (accounts.py).
@@ -142,7 +143,8 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
         "admin_clear_faults": lambda: emu.call(emu.clear_faults),
         "admin_set_timings": lambda: emu.call(emu.set_timings, body),
         "admin_preempt": lambda: emu.call(
-            emu.preempt, m["ref"], float(body.get("after") or 0), body.get("state")
+            emu.preempt, m["ref"], float(body.get("after") or 0), body.get("state"),
+            float(body["notice"]) if body.get("notice") is not None else None
         ),
     }
     return calls[action]()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +61,7 @@ class Emulator(RequestChecks, VmSide):
         self._seq = itertools.count()
         self._stopped = False
         self.tokens: dict[str, tuple[str, float, str]] = {}  # VM access token -> (project, expiry, principal)
+        self.noticed: dict[str, Node] = {}  # node name -> the node (that one, not a later one) given the notice
         self.closers: list[Callable[[], None]] = []  # run by close(): the metadata server
         self._clock = threading.Thread(target=self._run_clock, name="tpu-emulator-clock", daemon=True)
         self._clock.start()
@@ -429,8 +431,11 @@ class Emulator(RequestChecks, VmSide):
 
     # -- admin ---------------------------------------------------------------------------
 
-    def preempt(self, ref: str, after: float = 0.0, state: str | None = None) -> dict:
-        """Preempt a node (by id or full name) now or ``after`` seconds from now."""
+    def preempt(self, ref: str, after: float = 0.0, state: str | None = None, notice: float | None = None) -> dict:
+        """Preempt a node (by id or full name) now or ``after`` seconds from now. ``notice``: first the
+        preemption notice, as Compute Engine gives it (the metadata server's ``instance/preempted``
+        turns TRUE, the guest's shutdown sends SIGTERM and stops sshd), then ``notice`` seconds later the node is
+        PREEMPTED and its VMs are off (every process killed); ``notice=0``: they die with no notice."""
         matches = [n for name, n in self.nodes.items() if name == ref or n.node_id == ref]
         if not matches:
             raise ApiError(404, "NOT_FOUND", f"no node {ref!r} in the emulator")
@@ -440,9 +445,31 @@ class Emulator(RequestChecks, VmSide):
         if state not in LOST_STATES:
             raise ApiError(400, "INVALID_ARGUMENT", f"state must be one of {', '.join(LOST_STATES)}")
         node = matches[0]
-        self._at(float(after or 0), self._preempt, node, state)
+        if notice is not None:  # 0: no notice at all, the VMs just die
+            if notice > 0:
+                self._at(float(after or 0), self._notice, node)
+            self._at(float(after or 0) + float(notice), self._preempt_off, node, state)
+        else:
+            self._at(float(after or 0), self._preempt, node, state)
         self._advance()
-        return {"node": node.name, "state": state, "after": float(after or 0)}
+        return {"node": node.name, "state": state, "after": float(after or 0),
+                **({"notice": float(notice)} if notice is not None else {})}
+
+    def _notice(self, node: Node) -> None:
+        """The preemption notice reaches the node's VMs: metadata says so, and the guest's shutdown
+        begins: SIGTERM to every process, sshd stopped (so the hosts' connections drop)."""
+        if self.nodes.get(node.name) is not node or node.state != "READY":
+            return
+        self.noticed[node.name] = node
+        for endpoint in node.endpoints:
+            self.hosts.signal_processes(endpoint.internal_ip, signal.SIGTERM, sessions=True)
+
+    def _preempt_off(self, node: Node, state: str) -> None:
+        """The window is over: the node is preempted and its VMs are powered off."""
+        self._preempt(node, state)
+        if self.nodes.get(node.name) is node:
+            for endpoint in node.endpoints:
+                self.hosts.signal_processes(endpoint.internal_ip, signal.SIGKILL)
 
     def set_faults(self, changes: dict) -> dict:
         self.faults.update(changes)
@@ -472,6 +499,7 @@ class Emulator(RequestChecks, VmSide):
         self.queued.clear()
         self.operations.clear()
         self.tokens.clear()
+        self.noticed.clear()
         self._events.clear()
         self.timings = Timings(**self._initial[0])
         self.faults = Faults(**self._initial[1])

@@ -23,6 +23,7 @@ class VmSide:
 
     nodes: dict[str, Node]
     queued: dict[str, QueuedResource]
+    noticed: dict[str, Node]
     hosts: HostPool
     accounts: Accounts
     faults: "Faults"
@@ -43,6 +44,11 @@ class VmSide:
             return None
         worker = [e.internal_ip for e in node.endpoints].index(address)
         attributes = {**node.metadata, **tpu_attributes(node, worker, self._megascale(node))}
+        noticed = self.noticed.get(node.name) is node
+        if path == "instance/preempted":  # Compute Engine's notice: TRUE from the notice on
+            return "TRUE" if noticed or node.state in ("PREEMPTED", "TERMINATED") else "FALSE"
+        if path == "instance/maintenance-event":
+            return "TERMINATE_ON_HOST_MAINTENANCE" if noticed else "NONE"
         if path == "instance/service-accounts/default/token":
             return {"access_token": self._issue_token(node), "expires_in": 3599, "token_type": "Bearer"}
         if path == "instance/service-accounts/default/email":

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import diagnose, idle, protocol, shards, transfer, watchdog
+from . import diagnose, idle, preempt, protocol, shards, transfer, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
@@ -171,6 +171,7 @@ class Agent:
             idle.touch()  # a request may have run until now: the idle time starts here
         except OSError:
             pass
+        preempt.wait_saved(preempt.WINDOW)  # the guest's shutdown took the connection: finish the snapshot first
         self.end()
 
     def _dispatch(self, message: dict, blob: bytes) -> bool:
@@ -259,7 +260,8 @@ class Agent:
                 self.send({"op": "done", "id": message.get("id"), "status": "error",
                            "error": f"unknown request {message.get('op')!r}"})
                 continue
-            handler(message, blob)
+            with preempt.MAIN:  # a preemption snapshot taken while idle holds the next request
+                handler(message, blob)
             if self.exit_requested:  # the kernel sees the host end; its next cell starts a fresh one
                 self.end()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 PACKAGE = "tpunb_host"
 #: shipped in this order: each module's relative imports name only modules before it
-MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler", "idle", "shards", "transfer", "relay", "agent")
+MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler", "idle", "gcs", "snapshot", "preempt", "shards", "transfer", "relay", "agent")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from
 #: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)

@@ -30,6 +30,8 @@ FAILURES_BEFORE_DROP = 3
 
 _pending: collections.deque = collections.deque(maxlen=MAX_PENDING_USER)
 _logged = [0]  # user samples ever logged, to count what the bounded queue dropped
+#: called with each logged step: a step boundary (``preempt`` saves there when the VM is reclaimed)
+STEP_HOOKS: list = []
 
 
 def log(step: int | None = None, **scalars: float) -> None:
@@ -40,6 +42,8 @@ def log(step: int | None = None, **scalars: float) -> None:
     for name, value in scalars.items():
         _pending.append((now, name, value, step))
     _logged[0] += len(scalars)
+    for hook in STEP_HOOKS:
+        hook(step)
 
 
 def install_log_shim() -> None:

@@ -1,0 +1,122 @@
+"""Snapshots of cloud slices, against the Cloud TPU API emulator (real sshd hosts with a metadata
+server each) and Cloud Storage on this machine (gcp-storage-emulator, a real HTTP server of the
+JSON API: tpunb's client, gcsfs and tensorstore all talk to it). A spot slice gets the modelled
+preemption notice; its armed names are saved before it dies, and --recover restores them."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tpunb import slices
+from tpunb.emulator.storage import StorageEmulator
+from tpunb.host import gcs
+from tests.conftest import CPU_AS_TPU_HOST, wait_for
+from tests.emulator_fixture import FAST
+
+ZONE = "us-central2-b"
+BUCKET = "snaps"
+
+
+@pytest.fixture
+def storage(monkeypatch):
+    with StorageEmulator((BUCKET,)) as server:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.url)
+        monkeypatch.setenv("TPUNB_BUCKET", BUCKET)
+        yield server
+
+
+@pytest.fixture
+def tpu_emulator_options(sshd):
+    return {**FAST, **sshd.emulator_options()}
+
+
+@pytest.fixture
+def cloud(tpu_emulator, storage, monkeypatch):
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
+    monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", ZONE)
+    monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
+    yield tpu_emulator
+    slices.detach_all()
+
+
+def launch_line(sshd, storage, extra: str = "") -> str:
+    env = " ".join(f"{k}={v}" for k, v in {**CPU_AS_TPU_HOST, "STORAGE_EMULATOR_HOST": storage.url}.items())
+    return f"%tpu_launch v4-16 --name spotty --spot --python {sshd.python} --env {env} {extra}"
+
+
+MAKE = ("%%on_tpu\nimport jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
+        "mesh = jax.make_mesh((8,), ('x',))\n"
+        "x = jax.device_put(np.zeros((64, 16), np.float32), NamedSharding(mesh, P('x')))\n"
+        "step = 0\nn = 5")
+#: a training loop that logs every step: where a pending notice is acted on
+TRAIN = ("%%on_tpu\nimport time, tpunb\nadd = jax.jit(lambda a: a + 1)\n"
+         "for _ in range(400):\n    x = add(x)\n    step += 1\n    tpunb.log(step, loss=1.0 / step)\n"
+         "    time.sleep(0.05)\n")
+
+
+def preempt_during(cloud, cell, code: str, notice: float | None, after: float = 1.5):
+    """Run ``code`` while the node is preempted ``after`` s into it (with ``notice`` s of notice)."""
+    timer = threading.Timer(after, cloud.preempt, args=("spotty",), kwargs={"notice": notice})
+    timer.start()
+    try:
+        return cell(code)
+    finally:
+        timer.cancel()
+
+
+def recover_after(cloud, cell, sshd, storage, notice: float | None = None):
+    """Preempt the node now (``notice``: with that many seconds of notice; 0: none), wait until the
+    cloud says PREEMPTED, then %tpu_launch --recover it."""
+    if notice is not None:
+        cloud.preempt("spotty", notice=notice)
+    wait_for(lambda: slices.current().node.info is not None and slices.current().node.info.state == "PREEMPTED", 30,
+             "the node preempted")
+    recovered = cell(launch_line(sshd, storage).replace("v4-16 --name spotty --spot", "--recover spotty"))
+    assert recovered.error is None, recovered.shown
+    return recovered
+
+
+def test_armed_names_are_saved_at_the_notice_and_recover_restores_them(cloud, cell, sshd, storage):
+    armed = cell(launch_line(sshd, storage, "--snapshot-on-preempt x,step,n"))
+    assert armed.error is None, armed.shown
+    assert "armed: on a preemption notice every host of 'spotty' snapshots x, step, n" in armed.stdout, armed.stdout
+    assert "metadata" in armed.stdout
+    assert cell(MAKE).error is None
+    trained = preempt_during(cloud, cell, TRAIN, notice=8.0)
+    assert trained.error is not None  # the guest's shutdown took the connections: the cell failed
+    # the hosts went on without their kernel, agreed on a step, saved, and only then ended
+    wait_for(lambda: any(name.endswith("/manifest.json") and "/preempt-" in name
+                         for name, _ in gcs.Bucket(BUCKET).list("tpunb-snapshots/spotty/")), 30, "the notice's snapshot")
+    recovered = recover_after(cloud, cell, sshd, storage)
+    assert "restoring the snapshot its hosts took at the preemption notice" in recovered.stdout, recovered.stdout
+    assert "restored x, step, n onto v4-16 (2 hosts)" in recovered.stdout, recovered.stdout
+    assert "armed: on a preemption notice" in recovered.stdout  # armed again, to a new place
+    back = cell("%%on_tpu\nimport numpy as np\n"
+                "(n, all(bool((np.asarray(s.data) == step).all()) for s in x.addressable_shards), step > 0)")
+    assert back.error is None and "Out[0-1]: (5, True, True)" in back.shown, back.shown
+    made = cell("%tpu_snapshot n step")  # no --to: the bucket named by TPUNB_BUCKET
+    assert made.error is None and "gs://snaps/tpunb-snapshots/spotty/2" in made.stdout, made.shown
+    assert cell("%%on_tpu\nn = 0").error is None
+    again = cell("%tpu_restore n")  # no place: the newest snapshot of this slice
+    assert again.error is None and "restored n onto v4-16 (2 hosts)" in again.stdout, again.shown
+    assert "Out[0-1]: 5" in cell("%%on_tpu\nn").shown
+    listed = cell("%tpu_status")
+    assert listed.error is None and "snapshots on Cloud Storage" in listed.shown, listed.shown
+    assert "gs://snaps/tpunb-snapshots/spotty/preempt-" in listed.shown and "KiB" in listed.shown, listed.shown
+
+    # a snapshot that cannot finish in the window: the last complete one comes back, and the line says why
+    slow = cell("%%on_tpu\nimport time\nclass Slow:\n    def __reduce__(self):\n        time.sleep(60)\n"
+                "        return (Slow, ())\nslow = Slow()")
+    assert slow.error is None, slow.shown
+    assert cell("%tpu_snapshot --on-preempt n,slow").error is None
+    late = recover_after(cloud, cell, sshd, storage, notice=3.0)
+    assert "the snapshot taken at the preemption notice did not finish within the window, so the last complete one" \
+        in late.stdout, late.stdout
+    assert "restored n, step onto v4-16" in late.stdout, late.stdout  # the snapshot made with %tpu_snapshot
+
+    # no notice at all: the last complete snapshot comes back, and the line says why
+    again = recover_after(cloud, cell, sshd, storage, notice=0)
+    assert "no snapshot was taken at the preemption (no notice reached the hosts), so the last complete one" \
+        in again.stdout, again.stdout
+    cell("%tpu_down spotty")
