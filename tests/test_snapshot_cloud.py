@@ -11,7 +11,7 @@ import pytest
 from tpunb import slices
 from tpunb.emulator.storage import StorageEmulator
 from tpunb.host import gcs
-from tests.conftest import CPU_AS_TPU_HOST, wait_for
+from tests.conftest import wait_for
 from tests.emulator_fixture import FAST
 
 ZONE = "us-central2-b"
@@ -28,7 +28,7 @@ def storage(monkeypatch):
 
 @pytest.fixture
 def tpu_emulator_options(sshd):
-    return {**FAST, **sshd.emulator_options()}
+    return {**FAST, **sshd.emulator_options()}  # power-off ends the hosts' processes: the notice's SIGTERM reaches them
 
 
 @pytest.fixture
@@ -41,8 +41,8 @@ def cloud(tpu_emulator, storage, monkeypatch):
 
 
 def launch_line(sshd, storage, extra: str = "") -> str:
-    env = " ".join(f"{k}={v}" for k, v in {**CPU_AS_TPU_HOST, "STORAGE_EMULATOR_HOST": storage.url}.items())
-    return f"%tpu_launch v4-16 --name spotty --spot --python {sshd.python} --env {env} {extra}"
+    """A spot v4-16 on the bare image (tpunb prepares its hosts), its hosts told where Cloud Storage is."""
+    return f"%tpu_launch v4-16 --name spotty --spot --env STORAGE_EMULATOR_HOST={storage.url} {extra}"
 
 
 MAKE = ("%%on_tpu\nimport jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
@@ -84,7 +84,7 @@ def test_armed_names_are_saved_at_the_notice_and_recover_restores_them(cloud, ce
     assert "metadata" in armed.stdout
     assert cell(MAKE).error is None
     trained = preempt_during(cloud, cell, TRAIN, notice=8.0)
-    assert trained.error is not None  # the guest's shutdown took the connections: the cell failed
+    assert trained.error is not None, trained.shown  # the guest's shutdown took the connections: the cell failed
     # the hosts went on without their kernel, agreed on a step, saved, and only then ended
     wait_for(lambda: any(name.endswith("/manifest.json") and "/preempt-" in name
                          for name, _ in gcs.Bucket(BUCKET).list("tpunb-snapshots/spotty/")), 30, "the notice's snapshot")

@@ -249,7 +249,8 @@ def _short(version) -> str:
 def find_uv(step: _Steps) -> str:
     """uv on PATH or in the user's site, else pip-installed there (on a real VM, from PyPI)."""
     user_bin = os.path.join(site.getuserbase(), "bin", "uv")
-    for candidate in (shutil.which("uv"), user_bin):
+    beside = os.path.join(sysconfig.get_path("scripts"), "uv")  # uv pip-installed into this Python itself
+    for candidate in (shutil.which("uv"), user_bin, beside):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
@@ -259,6 +260,8 @@ def find_uv(step: _Steps) -> str:
     command([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *user, "uv"], step,
             "pip install uv")
     located = shutil.which("uv") if in_venv else user_bin
+    if (not located or not os.access(located, os.X_OK)) and os.access(beside, os.X_OK):
+        located = beside  # pip found uv already installed in this Python (not in the user's site)
     if not located or not os.access(located, os.X_OK):
         raise SetupError(f"pip installed uv, but it is not at {user_bin}")
     return located

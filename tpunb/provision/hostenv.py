@@ -18,9 +18,10 @@ from tpunb.errors import UsageError
 #: "jax" is jax[tpu] on a TPU VM (libtpu, requests) and plain jax plus requests elsewhere, at the
 #: kernel's version when the host's Python can have it. cloudpickle loads what the notebook pushes;
 #: ipython runs cells as the notebook does (!cmd, %timeit); tpu-info reads libtpu's metrics;
-#: orbax-checkpoint saves snapshots; py-spy reads native stacks of a stuck host.
+#: orbax-checkpoint saves snapshots, and gcsfs lets it write them to gs:// (orbax's metadata goes
+#: through etils.epath, which needs it); py-spy reads native stacks of a stuck host.
 HOST_PACKAGES: list[str] = ["jax", "flax", "cloudpickle", "numpy", "ipython", "tpu-info", "orbax-checkpoint",
-                            "py-spy"]
+                            "gcsfs", "py-spy"]
 _VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 
 
