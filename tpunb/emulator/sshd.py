@@ -29,7 +29,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from tpunb.host import procs
+from tpunb.transport import procs
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 

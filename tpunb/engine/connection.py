@@ -14,7 +14,7 @@ from typing import Callable
 
 from tpunb.errors import ProtocolError, TransportError
 from tpunb.host import protocol
-from tpunb.host.bundle import BOOTSTRAP, agent_bundle
+from tpunb.engine.bundle import BOOTSTRAP, agent_bundle
 from tpunb.transport.base import AgentProcess, Transport
 from tpunb.transport.fanin import FanIn, Frames, Stream
 

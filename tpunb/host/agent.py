@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import diagnose, idle, protocol, shards, transfer, watchdog
+from . import diagnose, protocol, shards, transfer, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
@@ -29,6 +29,7 @@ from .metrics import Sampler, install_log_shim
 from .profiler import OPS as PROFILE_OPS, Profiler
 from .relay import OPS as RELAY_OPS, Relay, RelayError
 from .runners import PlainRunner, cap_bundle, cap_text, flush_figures, make_ipython_runner, prefer_inline_matplotlib
+from .standalone import idle
 
 
 class Agent:

@@ -18,7 +18,7 @@ import os
 import time
 
 from tpunb import catalog, diagnose, report
-from tpunb.errors import AuthenticationError, CellInterrupted, NoSliceError, ProvisionError, TpunbError, UsageError
+from tpunb.errors import AuthenticationError, CellInterrupted, ProvisionError, TpunbError, UsageError
 from tpunb.provision import ssh
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import owner_alive
@@ -33,6 +33,7 @@ from tpunb.slice import Node, Slice
 from tpunb.status import OrphanStatus, SliceStatus
 
 NAME = "gcp"
+CAPABILITIES = frozenset({"survey", "orphans", "recover", "cloud"})
 #: a slice whose launch has not finished (or was cut off): one wording everywhere
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
 #: a failover's record, while it launches: every zone it may have made something in
@@ -231,19 +232,20 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
                        running_s=running_s, cloud=cloud)
 
 
-def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions, list[str], int]:
+def recover(record: SliceRecord, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions, list[str], int]:
     """Delete a lost (preempted, terminated) slice's node and forget it; what to launch again:
     its accelerator, its options, the names of its --env values (never stored) and its slices."""
-    record = reg.get_slice(name)
-    if record is None:
-        raise NoSliceError(f"no slice named {name!r} to recover: see %tpu_status")
-    if record.backend != "gcp":
-        raise UsageError(f"{name!r} is a {record.backend} slice: %tpu_use {name} restarts it")
+    name = record.name
     report.info(f"Recovering {name!r}: deleting its lost node, then launching {record.kind} again")
     api.delete(record.spec["project"], record.spec["zone"], name, wait=True)
     reg.delete_slice(name)
     return (catalog.lookup(record.accelerator), recorded_options(record), record.spec.get("env_keys", []),
             record.num_slices)
+
+
+def cloud_place(record: SliceRecord) -> tuple[str | None, str | None]:
+    """The project and zone the slice's node is in."""
+    return record.spec.get("project"), record.spec.get("zone")
 
 
 class Survey:
@@ -296,12 +298,15 @@ class Survey:
         if info is None:
             return OrphanStatus(name=name, accelerator="", num_slices=1, project=project, zone=zone, state="UNKNOWN",
                                 spot=False, usd_per_hour=None, uptime_s=None, message=message,
-                                cloud={"cloud_state": "UNKNOWN"})
+                                cloud={"cloud_state": "UNKNOWN"}, backend=NAME)
         node = CloudNode(name, info.accelerator, project, zone, info.spot, info, watch=False, slices=info.slices)
         cloud = node.status()
         return OrphanStatus(name=name, accelerator=info.kind, num_slices=info.slices, project=project, zone=zone,
                             state=cloud["cloud_state"], spot=info.spot, usd_per_hour=cloud["usd_per_hour"],
-                            uptime_s=cloud["uptime_s"], message=message, cloud=cloud)
+                            uptime_s=cloud["uptime_s"], message=message, cloud=cloud, backend=NAME)
+
+
+survey = Survey  # the capability's member: survey(records, reg)
 
 
 def delete_orphan(name: str, reg: Registry | None = None) -> bool:

@@ -61,7 +61,7 @@ __all__ = [
 
 ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
 LAUNCH_LABEL = "tpunb-launch"  # a per-create token: proves a node is ours after an interrupted call
-IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/idle.py)
+IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/standalone/idle.py)
 PUBLIC_ENDPOINT = "https://tpu.googleapis.com"
 DEFAULT_TIMEOUT = 1200.0
 DELETE_TIMEOUT = 600.0
@@ -122,14 +122,14 @@ def default_credentials() -> Any:
     return credentials
 
 
-def _poll_delays() -> Iterator[float]:
+def poll_delays() -> Iterator[float]:
     """Seconds between polls: short against the emulator, backing off against the real API."""
     if endpoint():
         return itertools.repeat(0.02)
     return (min(10.0, 1.0 * 1.5**i) for i in itertools.count())
 
 
-def _sleep(seconds: float) -> None:
+def pause(seconds: float) -> None:
     """The deliberate wait between polls (a seam the provisioning benchmark measures); a Ctrl-C
     that Python dropped while the last poll ran is raised here."""
     interrupts.check()
@@ -206,7 +206,7 @@ def idle_config(project: str, zone: str, name: str, seconds: float, queued: bool
 def idle_metadata(spec: NodeSpec) -> dict[str, str]:
     """Node metadata that arms the watchdog at boot on worker 0, before any kernel attaches, and
     lets every worker tell it that a service runs there (guest attributes)."""
-    from tpunb.host.bundle import idle_script
+    from tpunb.engine.bundle import idle_script
 
     config = idle_config(spec.project, spec.zone, spec.name, spec.idle_delete, spec.queued)
     config["grace"] = spec.connect_wait  # at boot, the launching kernel has this long to attach
@@ -267,10 +267,10 @@ def create(
     ProvisionErrors whose ``.reason`` names the kind (quota, no_capacity, permission, ...).
     """
     attempt = Attempt(spec, on_state, timeout)
-    delays = _poll_delays()
+    delays = poll_delays()
     try:
         while (info := attempt.poll()) is None:
-            _sleep(min(next(delays), attempt.time_left()))
+            pause(min(next(delays), attempt.time_left()))
         return info
     except ProvisionError:
         raise  # poll() has cleaned up and said so
@@ -418,7 +418,7 @@ def _wait_or_time_out(delays: Iterator[float], deadline: float | None) -> None:
         if left <= 0:
             raise _TimedOut()
         delay = min(delay, left)
-    _sleep(delay)
+    pause(delay)
 
 
 def _nodes_of(api: Any, qr: Any) -> list[Any]:
@@ -545,7 +545,7 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
 
 
 def _wait_gone(api: Any, node_names: list[str], qr_name: str, deadline: float) -> None:
-    delays = _poll_delays()
+    delays = poll_delays()
     while _get_or_none(api.get_queued_resource, qr_name) is not None or any(
         _get_or_none(api.get_node, name) is not None for name in node_names
     ):
