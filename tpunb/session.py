@@ -28,7 +28,7 @@ from tpunb.engine.connection import HostConnection
 from tpunb.engine.relay import Relay
 from tpunb.engine.request import OnStuck, OnTick, Request, Requests
 from tpunb.engine.routes import Frame, Memfd, Parts
-from tpunb.engine.transfer import Incoming, pack, shares_memory
+from tpunb.engine.transfer import Incoming, pack, pack_small, shares_memory
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError, TransportError
 from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
@@ -366,14 +366,18 @@ class Session:
         return replies
 
     def push(self, values: dict[str, Any], indices: list[int]) -> None:
-        segments = pack(values)
-        sizes = [len(s) for s in segments]
-        if self.relay.wanted(sum(sizes), indices) and self.relay.push(segments, indices):  # sent once, passed on
-            return
-        if sum(sizes) <= INLINE:  # one frame, encoded once for every host
-            replies = self.call(indices, {"op": "push", "sizes": sizes, "inline": True}, join(segments))
+        small = pack_small(values)
+        if small is not None:  # one plain pickle in one frame, encoded once for every host
+            replies = self.call(indices, {"op": "push", "sizes": [len(small)], "inline": True}, small)
         else:
-            replies = self.call(indices, {"op": "push"}, segments=segments)
+            segments = pack(values)
+            sizes = [len(s) for s in segments]
+            if self.relay.wanted(sum(sizes), indices) and self.relay.push(segments, indices):  # sent once, passed on
+                return
+            if sum(sizes) <= INLINE:  # one frame, encoded once for every host
+                replies = self.call(indices, {"op": "push", "sizes": sizes, "inline": True}, join(segments))
+            else:
+                replies = self.call(indices, {"op": "push"}, segments=segments)
         failed = {i: r["error"] for i, (r, _) in replies.items() if r.get("status") != "ok"}
         if failed:
             raise TransportError("push failed on " + "; ".join(f"host {i}: {e}" for i, e in failed.items()))

@@ -57,13 +57,13 @@ OnStuck = Callable[["Request", list], "float | None"]
 
 class Route:
     """How a request's message reaches hosts (``tpunb.engine.routes``). ``send`` may report a
-    host it cannot reach as died (``Request.lost``); ``stop`` tells hosts to stop and returns those
-    that will never answer (their request was never sent)."""
+    host it cannot reach as died (``Request.lost``); ``stop`` tells hosts to stop (``reason``: why
+    the request stopped) and returns those that will never answer (their request was never sent)."""
 
     def send(self, request: Request, hosts: list[HostConnection]) -> None:
         raise NotImplementedError
 
-    def stop(self, request: Request, hosts: list[HostConnection]) -> set[int]:
+    def stop(self, request: Request, hosts: list[HostConnection], reason: str) -> set[int]:
         return set()
 
     def close(self) -> None:
@@ -382,7 +382,7 @@ class Request:
         hosts = [self._connections[i] for i in self.stopped_hosts]
         never: set[int] = set()
         for route in self._routes:
-            never |= route.stop(self, hosts) & self.pending  # their request was never sent: no answer comes
+            never |= route.stop(self, hosts, reason) & self.pending  # their request was never sent: no answer comes
         for index in never:
             self._finish(index)
         until = self.presses + 1

@@ -6,8 +6,8 @@
 - ``Memfd``: a value written once into a memfd that hosts on this machine map copy-on-write;
 - ``Stripes``: stripe j of a value as parts to the root of relay tree j (``tpunb.engine.relay``).
 
-Each route also knows how to stop what it started (an interrupt frame, or ``relay_cancel``;
-senders stop after their current part) and which hosts will then never answer.
+Each route also knows how to stop what it started (an interrupt frame, or ``relay_cancel``; on
+Ctrl-C senders stop after their current part) and which hosts will then never answer.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Frame(Route):
             if _send_frame(request, host, frames.for_host(host)):
                 self.sent.add(host.index)
 
-    def stop(self, request: Request, hosts: list[HostConnection]) -> set[int]:
+    def stop(self, request: Request, hosts: list[HostConnection], reason: str) -> set[int]:
         tell(request, [h for h in hosts if h.index in self.sent], self.stop_message)
         return set()
 
@@ -108,10 +108,16 @@ class Parts(Route):
                 if self._state.get(host.index) == "sending":  # a send failed: reported as its death
                     self._state[host.index] = "dropped"
 
-    def stop(self, request: Request, hosts: list[HostConnection]) -> set[int]:
+    def stop(self, request: Request, hosts: list[HostConnection], reason: str) -> set[int]:
+        """On Ctrl-C senders stop after their current part (their hosts drop what came, and never
+        answer); otherwise (another host failed, a deadline) senders go on, so every host answers
+        (a relay's, that it was cancelled: it is told now, before its request comes) or dies."""
+        mine = [h for h in hosts if h.index in self._state]
+        if reason != "interrupted":
+            tell(request, mine, self.stop_message)
+            return set()
         with self._lock:
             self._stopped.set()
-            mine = [h for h in hosts if h.index in self._state]
             answering = [h for h in mine if self._state[h.index] == "sent"]
         tell(request, answering, self.stop_message)
         return {h.index for h in mine} - {h.index for h in answering}
@@ -160,7 +166,7 @@ class Memfd(Route):
             if _send_frame(request, host, frames.for_host(host)):
                 self.sent.add(host.index)
 
-    def stop(self, request: Request, hosts: list[HostConnection]) -> set[int]:
+    def stop(self, request: Request, hosts: list[HostConnection], reason: str) -> set[int]:
         tell(request, [h for h in hosts if h.index in self.sent], INTERRUPT)
         return {h.index for h in hosts} & self.unsent
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import pickle
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
@@ -43,6 +44,38 @@ def pack(values: dict) -> list[memoryview]:
                 raise UsageError(f"cannot send {name} to the hosts: {type(exc).__name__}: {exc} "
                                  "(send what it is made from, and rebuild it there)") from None
         raise
+
+
+#: what a small value may be made of to be pickled by plain (C) pickle, in band
+_SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
+def pack_small(values: dict) -> bytes | None:
+    """A small value of plain parts (numbers, strings, bytes, writable numpy arrays of numbers,
+    and lists, tuples and dicts of them) as one in-band protocol 5 pickle: C pickle alone, not
+    cloudpickle's reducers nor ``pack``'s segments (a small push costs the kernel about 15 us less).
+    None for anything else, or over ``INLINE`` bytes: ``pack`` sends it."""
+    numpy = sys.modules.get("numpy")
+    if not all(_plain(v, numpy, 0) for v in values.values()):
+        return None
+    try:
+        data = pickle.dumps(values, protocol=5)
+    except Exception:  # pack says which value cannot be sent
+        return None
+    return data if len(data) <= transfer.INLINE else None
+
+
+def _plain(value, numpy, depth: int) -> bool:
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if numpy is not None and kind is numpy.ndarray:  # read-only ones need pack: hosts get them writable
+        return value.flags.writeable and not value.dtype.hasobject and value.nbytes <= transfer.INLINE
+    if depth < 2 and kind in (list, tuple) and len(value) <= 64:
+        return all(_plain(v, numpy, depth + 1) for v in value)
+    if depth < 2 and kind is dict and len(value) <= 64:
+        return all(type(k) is str and _plain(v, numpy, depth + 1) for k, v in value.items())
+    return False
 
 
 class _Segments(list):

@@ -331,7 +331,9 @@ class Agent:
 
     def _arrived(self, message: dict, blob: bytes):
         """The pushed value: in the request's blob, from the kernel's memfd, or from part frames."""
-        if message.get("inline"):
+        if message.get("inline") and len(message["sizes"]) == 1:  # one pickle, its arrays in band
+            return pickle.loads(blob)
+        if message.get("inline"):  # arrays out of band: laid out in a buffer of our own (writable)
             return transfer.loads(transfer.views(bytearray(blob), message["sizes"]))
         if "shm" in message:
             return transfer.loads(transfer.map_memfd(*message["shm"], message["sizes"]))
