@@ -265,10 +265,11 @@ class Session:
         message = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code, "count": count or next(self._cells),
                                                                     "colors": self.colors}
         results = {i: HostResult(i) for i in indices}
+        sink = sink or OutputSink()
 
         def body(request: Request) -> dict[int, HostResult]:
             request.send(Frame(message))  # encoded once per kind of host, whatever their number
-            request.collect(lambda i, reply, blob: self._apply(i, reply, results[i], request.sink))
+            request.collect(self._applier(results, request.sink))
             for i in request.killed:
                 results[i].status = "killed"
                 results[i].detail = "did not stop when interrupted and was killed"
@@ -293,39 +294,45 @@ class Session:
         """
         return self.cell(code, indices, timeout, sink, shell, count).run()
 
-    def _apply(self, index: int, message: dict, result: HostResult, sink: OutputSink) -> bool:
-        """One frame of a cell into its host's result and the sink; True once the host is done."""
-        op = message.get("op")
-        if op == "stream":
-            name = "stderr" if message["name"] == "stderr" else "stdout"
-            tail = result.tails.get(name)
-            if tail is None:
-                tail = result.tails[name] = Tail()
-            tail.add(message["text"])
-            sink.stream(index, message["name"], message["text"])
-        elif op == "display":
-            result.displays.append(message["data"])
-            if len(result.displays) > KEEP_DISPLAYS:
-                del result.displays[0]
-            sink.display(index, message["data"], message.get("metadata") or {})
-        elif op == "result":
-            result.value = message["data"]
-        elif op == "error":
-            result.error = {k: message[k] for k in ("ename", "evalue", "traceback")}
-        elif op == "event":
-            sink.event(index, message)
-        elif op == "done":
-            if result.status == "running":
-                result.status = message.get("status") or "ok"
-            result.seconds = message.get("seconds")
-            result.exit_code = message.get("exit_code")
-            if message.get("exiting"):  # exit() in the cell: the next cell starts a fresh session
-                self.hosts[index].alive = False
-                self.hosts[index].died_reason = "exit() in a cell"
-            return True
-        elif op == "died":
-            result.status, result.detail = "died", message.get("reason", "")
-        return False
+    def _applier(self, results: dict[int, HostResult], sink: OutputSink) -> Callable[[int, dict, Any], bool]:
+        """A cell's reply handler: each frame into its host's result and the sink; True once the
+        host is done."""
+        hosts = self.hosts
+
+        def apply(index: int, message: dict, blob: Any) -> bool:
+            op, result = message.get("op"), results[index]
+            if op == "done":
+                if result.status == "running":
+                    result.status = message.get("status") or "ok"
+                result.seconds = message.get("seconds")
+                result.exit_code = message.get("exit_code")
+                if message.get("exiting"):  # exit() in the cell: the next cell starts a fresh session
+                    hosts[index].alive = False
+                    hosts[index].died_reason = "exit() in a cell"
+                return True
+            if op == "stream":
+                name = "stderr" if message["name"] == "stderr" else "stdout"
+                tail = result.tails.get(name)
+                if tail is None:
+                    tail = result.tails[name] = Tail()
+                tail.add(message["text"])
+                sink.stream(index, message["name"], message["text"])
+            elif op == "display":
+                result.displays.append(message["data"])
+                if len(result.displays) > KEEP_DISPLAYS:
+                    del result.displays[0]
+                sink.display(index, message["data"], message.get("metadata") or {})
+            elif op == "result":
+                result.value = message["data"]
+            elif op == "error":
+                result.error = {k: message[k] for k in ("ename", "evalue", "traceback")}
+            elif op == "event":
+                sink.event(index, message)
+            elif op == "died":
+                result.status, result.detail = "died", message.get("reason", "")
+            return False
+
+        return apply
 
     # -- data ---------------------------------------------------------------------------------
     def call(self, indices: list[int], message: dict, blob: bytes = b"", timeout: float = 60.0,
@@ -342,14 +349,15 @@ class Session:
 
             def answer(index: int, reply: dict, data: Any) -> bool:
                 op = reply.get("op")
-                if op == "part":
-                    incoming.take_part(index, reply, data)
-                elif op == "done" and reply.get("unshared"):  # it cannot map our memfds: parts, now and later
-                    self.hosts[index].info["unshared"] = True
-                    request.send(Parts(message, segments), [index])
-                elif op == "done":
+                if op == "done":
+                    if reply.get("unshared"):  # it cannot map our memfds: parts, now and later
+                        self.hosts[index].info["unshared"] = True
+                        request.send(Parts(message, segments), [index])
+                        return False
                     replies[index] = (reply, incoming.value(self.hosts[index], reply, data) if "sizes" in reply else data)
                     return True
+                if op == "part":
+                    incoming.take_part(index, reply, data)
                 return False
 
             if segments is None:

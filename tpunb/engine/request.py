@@ -133,7 +133,8 @@ class Request:
         self.hosts = list(hosts)
         #: seconds from the first wait until it stops (None: no deadline)
         self.timeout = timeout
-        self.sink = sink or OutputSink()
+        #: where a cell's output goes as it arrives (None: nowhere, as for short requests)
+        self.sink = sink
         #: seconds the other hosts get to answer once it stopped (cells: the interrupt grace)
         self.grace = grace
         #: hosts that did not stop within the grace get SIGTERM, then SIGKILL (cells); else they are left
@@ -162,7 +163,7 @@ class Request:
         self._routes: list[Route] = []
         self._meter: Meter | None = None
         self._interrupts = 0
-        self._interrupt_lock = threading.Lock()
+        self._interrupt_count = itertools.count(1)  # next() is atomic: no lock a signal handler could meet
         self._on_reply: OnReply | None = None
         self._open = False
         self._thread: threading.Thread | None = None
@@ -242,9 +243,8 @@ class Request:
     def interrupt(self) -> None:
         """Stop the request as Ctrl-C does, from any thread (also a signal handler); each further
         call ends the current wait (interrupt, SIGTERM, SIGKILL, give up)."""
-        with self._interrupt_lock:
-            self._interrupts += 1
-        self.inbox.ring()
+        self._interrupts = next(self._interrupt_count)
+        self.inbox.ring()  # SimpleQueue.put: safe in a signal handler
 
     def holds(self, hosts: Iterable[int]) -> bool:
         """It still runs on one of ``hosts``."""
@@ -265,13 +265,12 @@ class Request:
         self.pending.update(chosen)
         if route not in self._routes:
             self._routes.append(route)
-        reachable = []
-        for i in chosen:
-            host = self._connections[i]
-            if host.alive:
-                reachable.append(host)
-            else:  # it died after the caller looked; its "died" may have gone to no request
-                self.lost(i, host.died_reason or "its agent ended")
+        connections = self._connections
+        reachable = [connections[i] for i in chosen if connections[i].alive]
+        if len(reachable) < len(chosen):
+            for i in chosen:  # died after the caller looked; its "died" may have gone to no request
+                if not connections[i].alive:
+                    self.lost(i, connections[i].died_reason or "its agent ended")
         if reachable:
             route.send(self, reachable)
 
@@ -315,20 +314,21 @@ class Request:
         else a grace (only presses and the deadline end it). A press that only ends a grace
         (``until`` > 1) does so after PRESS_FLOOR seconds of it, so hosts that stop when asked
         are not killed by a burst of presses."""
-        ticked = began = time.monotonic()
+        clock, get, ctrl_c, pending, on_reply = time.monotonic, self.inbox.get, self.ctrl_c, self.pending, self._on_reply
+        finished, sink = self.finished, self.sink
+        ticked = began = now = clock()
         moved = self._meter.done if self._meter is not None else 0
-        while self.pending:
-            if self.presses >= until and (until == 1 or time.monotonic() - began >= PRESS_FLOOR):
+        while pending:
+            if self._interrupts + ctrl_c.presses >= until and (until == 1 or clock() - began >= PRESS_FLOOR):
                 return "interrupted"
             if running and (self.died or self.failed):
                 return "died" if self.died else "failed"
-            now = time.monotonic()
             wait = TICK if deadline is None else max(0.0, min(TICK, deadline - now))
             try:
-                index, message, blob = self.inbox.get(wait, self.ctrl_c)
+                index, message, blob = get(wait, ctrl_c)
             except (queue.Empty, Wake):
                 index = None
-            now = time.monotonic()
+            now = clock()
             if index is None or now - ticked >= TICK:
                 ticked = now
                 self._tick()
@@ -338,34 +338,40 @@ class Request:
                     moved, deadline = flowing, max(deadline, now + 1.0)
                 else:
                     return "timeout"
-            if index is not None and index in self.pending:
-                self._take(index, message, blob)
+            if index is None or index not in pending:
+                continue
+            if message.get("op") == "died":
+                self._died(index, message, blob)
+            elif on_reply is not None and on_reply(index, message, blob):  # _finish, inline: once per host
+                pending.discard(index)
+                finished[index] = now
+                if sink is not None:
+                    sink.host_done(index)
         if running and (self.died or self.failed):  # the last host's answer was a failure
             return "died" if self.died else "failed"
         return None
 
-    def _take(self, index: int, message: dict, blob: Any) -> None:
-        if message.get("op") == "died":
-            reason = message.get("reason") or "its agent ended"
-            self.died[index] = reason
-            host = self._connections[index]
-            host.notice = None  # this request reports it
-            if host.alive:  # a send to it failed: seen dead now, so the next request restarts it
-                host.give_up(reason)
-            if self._on_reply is not None:
-                self._on_reply(index, message, blob)
-            self._finish(index)
-        elif self._on_reply is not None and self._on_reply(index, message, blob):
-            self._finish(index)
+    def _died(self, index: int, message: dict, blob: Any) -> None:
+        reason = message.get("reason") or "its agent ended"
+        self.died[index] = reason
+        host = self._connections[index]
+        host.notice = None  # this request reports it
+        if host.alive:  # a send to it failed: seen dead now, so the next request restarts it
+            host.give_up(reason)
+        if self._on_reply is not None:
+            self._on_reply(index, message, blob)
+        self._finish(index)
 
     def _finish(self, index: int) -> None:
         if index in self.pending:
             self.pending.discard(index)
             self.finished[index] = time.monotonic()
-            self.sink.host_done(index)
+            if self.sink is not None:
+                self.sink.host_done(index)
 
     def _tick(self) -> None:
-        self.sink.tick()
+        if self.sink is not None:
+            self.sink.tick()
         if self.on_tick is not None:
             try:
                 self.on_tick(self)

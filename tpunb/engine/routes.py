@@ -49,9 +49,15 @@ class Frame(Route):
 
     def send(self, request: Request, hosts: list[HostConnection]) -> None:
         frames = Broadcast({**self.message, "id": request.rid}, self.blob)
+        lost = []
         for host in hosts:
-            if _send_frame(request, host, frames.for_host(host)):
-                self.sent.add(host.index)
+            try:
+                host.send_frame(frames.for_host(host))
+            except TransportError as exc:
+                request.lost(host.index, str(exc))
+                lost.append(host.index)
+        self.sent.update(h.index for h in hosts)
+        self.sent.difference_update(lost)
 
     def stop(self, request: Request, hosts: list[HostConnection], reason: str) -> set[int]:
         tell(request, [h for h in hosts if h.index in self.sent], self.stop_message)
