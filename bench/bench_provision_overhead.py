@@ -2,7 +2,7 @@
 
 Runs ``python -m tpunb.emulator`` in a subprocess and launches slices against it with
 tpunb.provision.gcp.create (create + wait for READY/ACTIVE). Every HTTP request is timed
-(google.auth's AuthorizedSession.request) and so is every deliberate poll wait (gcp._sleep);
+(google.auth's AuthorizedSession.request) and so is every deliberate poll wait (gcp.pause);
 tpunb's overhead is the wall time minus both: request building, response parsing, state
 tracking, error checks. Target: under 200 ms per launch.
 
@@ -39,7 +39,7 @@ class Meter:
 
         from tpunb.provision.gcp import api as gcp
 
-        request, sleep = AuthorizedSession.request, gcp._sleep
+        request, sleep = AuthorizedSession.request, gcp.pause
 
         def timed_request(session, *args, **kwargs):
             started = time.perf_counter()
@@ -55,7 +55,7 @@ class Meter:
             self.waits += time.perf_counter() - started
 
         AuthorizedSession.request = timed_request
-        gcp._sleep = timed_sleep
+        gcp.pause = timed_sleep
 
 
 def launch(meter: Meter, name: str, queued: bool) -> dict:

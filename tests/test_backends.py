@@ -80,3 +80,18 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
         assert gcp.api.get("proj", ZONE, name) is None
         gone = module.slice_status(record, gcp.Survey([record], reg).nodes)
         assert gone.state == "GONE" and gone.cloud["cloud_state"] == "GONE"
+
+
+def test_optional_capabilities_are_declared_and_present_together():
+    """A backend has the members of exactly the capabilities it declares (SkyPilot's supports()),
+    so callers ask ``provision.supports`` instead of naming a backend."""
+    from tpunb.provision.base import OPTIONAL
+
+    for module in (local, ssh, gcp):
+        assert module.CAPABILITIES <= set(OPTIONAL), module.CAPABILITIES
+        for capability, members in OPTIONAL.items():
+            has = all(callable(getattr(module, m, None)) for m in members)
+            assert has == provision.supports(module, capability), (module.NAME, capability)
+    assert provision.supporting("survey") == [gcp] and provision.supporting("hosts_here") == [local]
+    with pytest.raises(ValueError, match="no backend capability"):
+        provision.supports(local, "teleport")

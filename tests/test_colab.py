@@ -227,5 +227,5 @@ def test_a_kernel_whose_jax_holds_the_tpu_is_told_in_one_line(colab, cell, monke
         assert isinstance(run.error, tpunb.colab.TpuHeldError), line
         assert str(run.error) == expected
         assert f"TpuHeldError: {expected}" in run.shown  # one line, no libtpu or tpunb traceback
-    assert slices._attached == {}  # no host process was started
+    assert slices.MANAGER.attached == {}  # no host process was started
     assert [r.name for r in Registry().list_slices()] == ["local"]

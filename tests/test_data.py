@@ -65,6 +65,14 @@ def test_pushed_values_arrive_equal_writable_and_private_to_each_host(make_slice
     sl.push({"tiny": np.arange(4), "f": lambda: 2})  # small: in the request frame itself
     assert cell("%%on_tpu\ntiny[0] = f() + 7").error is None  # writable there too
     assert {h: v.tolist() for h, v in sl.pull("tiny").items()} == {0: [9, 1, 2, 3], 1: [9, 1, 2, 3]}
+    frozen = np.arange(3)
+    frozen.flags.writeable = False
+    sl.push({"plain": {"a": np.arange(4, dtype=np.int8), "t": (1.5, "s", None)}})  # plain parts: C pickle alone
+    sl.push({"frozen": frozen})  # read-only: pickled as arrays the hosts may write to
+    assert cell("%%on_tpu\nplain['a'][0] = 9\nfrozen[0] = 9").error is None  # both writable there
+    for value in sl.pull("plain").values():
+        assert value["a"].tolist() == [9, 1, 2, 3] and value["a"].dtype == np.int8 and value["t"] == (1.5, "s", None)
+    assert {h: v.tolist() for h, v in sl.pull("frozen").items()} == {0: [9, 1, 2], 1: [9, 1, 2]}
 
 
 def test_local_push_and_pull_of_large_arrays_by_memfd_or_pipes(local_way, cell):
@@ -170,7 +178,7 @@ def test_ctrl_c_ends_a_1_gb_pull_in_parts_and_the_next_one_works(make_slice, mon
     sl = make_slice(2)
     assert cell("%%on_tpu\nimport numpy as np\nhuge = np.ones(1 << 30, np.uint8)\nsmall = 5").error is None
     moved = threading.Event()
-    monkeypatch.setattr(transfer.Transfer, "take_part", _noting(transfer.Transfer.take_part, moved))
+    monkeypatch.setattr(transfer.Incoming, "take_part", _noting(transfer.Incoming.take_part, moved))
     pressed: list[float] = []
     threading.Thread(target=lambda: (moved.wait(60), pressed.append(time.perf_counter()),
                                      os.kill(os.getpid(), signal.SIGINT)), daemon=True).start()

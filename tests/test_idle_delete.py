@@ -23,7 +23,7 @@ import pytest
 
 from tpunb import slices
 from tpunb.errors import UsageError
-from tpunb.host import idle
+from tpunb.host.standalone import idle
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.units import format_duration, parse_duration

@@ -1,6 +1,8 @@
-"""The house keeps its shape: no import circle inside tpunb, few modules at the top level, results
-and their rendering never pulled into the engine, and the modules shipped to hosts import nothing
-but the standard library and each other."""
+"""The house keeps its shape: no import circle inside tpunb (every import counted: module level,
+inside functions and under TYPE_CHECKING), few modules at the top level, results and their
+rendering never pulled into the engine, and the host folder as the boundary of what is shipped:
+its modules import nothing but the standard library and each other, never leave it, and are
+exactly what the bundle ships, in an order that works."""
 from __future__ import annotations
 
 import ast
@@ -8,7 +10,9 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tpunb"
-MAX_TOP_LEVEL_MODULES = 13  # besides __init__.py; units.py (issue 23: one duration and byte formatter) made 13
+MAX_TOP_LEVEL_MODULES = 12  # besides __init__.py
+HOST = PACKAGE / "host"
+STANDALONE = HOST / "standalone"
 
 
 def module_name(path: Path) -> str:
@@ -22,39 +26,35 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+def _resolved(name: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from`` import names (a relative one resolved from ``name``)."""
+    if not node.level:
+        return node.module or ""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    anchor = package.split(".")
+    anchor = anchor[: len(anchor) - (node.level - 1)]
+    return ".".join(anchor + ([node.module] if node.module else []))
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """tpunb modules this one imports, at module level or inside functions (not TYPE_CHECKING)."""
-    tree = ast.parse(path.read_text())
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    """tpunb modules this one imports: every import, at module level, inside functions and under
+    TYPE_CHECKING alike (a type-only import is still an edge a reader follows)."""
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join(anchor + ([node.module] if node.module else []))
+            base = _resolved(name, path, node)
             for alias in node.names:
                 target = f"{base}.{alias.name}"
                 found.add(target if target in known else base)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return {m for m in found if m in known and m != name}
+    edges = set()
+    for module in found:
+        while module and module not in known:  # tpunb.x.y.Name -> tpunb.x.y
+            module = module.rpartition(".")[0]
+        if module and module != name:
+            edges.add(module)
+    return edges
 
 
 def graph() -> dict[str, set[str]]:
@@ -104,11 +104,17 @@ def test_at_most_twelve_modules_at_the_top_level():
     assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}"
 
 
+def test_the_graph_counts_type_checking_and_function_level_imports(tmp_path):
+    known = {"tpunb.a": Path("a.py"), "tpunb.b": Path("b.py"), "tpunb.c": Path("c.py"), "tpunb": Path("__init__.py")}
+    probe = tmp_path / "a.py"
+    probe.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tpunb.b import Thing\n"
+                     "def f():\n    import tpunb.c\n")
+    assert imports("tpunb.a", probe, known) == {"tpunb.b", "tpunb.c"}
+
+
 def test_host_modules_import_only_the_standard_library_and_each_other():
     allowed = set(sys.stdlib_module_names) | {"__future__"}
-    for path in (PACKAGE / "host").glob("*.py"):
-        if path.name == "bundle.py":  # runs in the kernel, never shipped
-            continue
+    for path in HOST.rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in tree.body:  # module level: functions may use IPython/jax when the host has them
             if isinstance(node, ast.Import):
@@ -119,6 +125,59 @@ def test_host_modules_import_only_the_standard_library_and_each_other():
                 continue
             for imported in names:
                 assert imported.split(".")[0] in allowed, f"{path.name} imports {imported} at module level"
+        for node in ast.walk(tree):  # nothing of tpunb anywhere: hosts do not have it
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "tpunb" for a in node.names), f"{path.name}:{node.lineno}"
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                assert (node.module or "").split(".")[0] != "tpunb", f"{path.name}:{node.lineno} imports tpunb"
+
+
+def _relative_imports(path: Path) -> list[ast.ImportFrom]:
+    return [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom) and n.level]
+
+
+def test_relative_imports_stay_inside_their_package_and_standalone_programs_have_none():
+    """Shipped modules live on hosts as ``tpunb_host``: a relative import that climbs out of the
+    host folder names what hosts do not have. A standalone program runs as one file: it has no
+    package at all."""
+    leaving, standalone = [], []
+    for name, path in sorted(modules().items()):
+        for node in _relative_imports(path):
+            where = f"{path.relative_to(PACKAGE)}:{node.lineno}"
+            if path.parent == STANDALONE and path.name != "__init__.py":
+                standalone.append(where)
+            top = "tpunb.host" if _within(name, ("tpunb.host",)) else name.rpartition(".")[0]
+            if not _within(_resolved(name, path, node), (top,)):
+                leaving.append(where)
+    assert not leaving, f"relative imports that leave their package: {leaving}"
+    assert not standalone, f"relative imports in standalone programs: {standalone}"
+
+
+def _shipped_imports(module: str) -> set[str]:
+    """The modules of tpunb/host (dotted below it, e.g. standalone.idle) that ``module`` imports relatively."""
+    path = HOST / f"{module.replace('.', '/')}.py"
+    found = set()
+    for node in _relative_imports(path):
+        base = _resolved("tpunb.host." + module, path, node)[len("tpunb.host."):]
+        for alias in node.names:
+            target = f"{base}.{alias.name}".lstrip(".")
+            found.add(target if (HOST / f"{target.replace('.', '/')}.py").exists() else base)
+    return found
+
+
+def test_the_bundle_ships_the_host_folder_in_an_order_that_imports():
+    """Every module of tpunb/host is shipped, and of tpunb/host/standalone exactly those a shipped
+    module imports; each after the modules it imports (the bootstrap runs them in order)."""
+    from tpunb.engine.bundle import MODULES
+
+    folder = {p.stem for p in HOST.glob("*.py") if p.name != "__init__.py"}
+    shipped = set(MODULES)
+    assert folder <= shipped, f"host modules not shipped: {sorted(folder - shipped)}"
+    wanted = folder | {m for module in folder for m in _shipped_imports(module)}
+    assert shipped == wanted, f"shipped but neither in the host folder nor imported by it: {sorted(shipped - wanted)}"
+    for at, module in enumerate(MODULES):
+        missing = _shipped_imports(module) - set(MODULES[:at])
+        assert not missing, f"{module} is shipped before {sorted(missing)}, which it imports"
 
 
 def test_magics_speak_only_through_the_reporter():
@@ -130,15 +189,11 @@ def test_magics_speak_only_through_the_reporter():
 
 
 def test_process_state_is_read_in_one_place():
-    """/proc/PID/stat has one reader outside the shipped host modules: tpunb/host/procs.py (one
-    zombie rule). The shipped host modules keep their own: they may import nothing of tpunb."""
-    from tpunb.host.bundle import MODULES
-
-    shipped = {f"{name}.py" for name in MODULES} | {"service.py"}  # service.py: the service control program
+    """/proc/PID/stat has one reader outside the host folder: tpunb/transport/procs.py (one
+    zombie rule). The host modules keep their own: they may import nothing of tpunb."""
     readers = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
-               if "/stat" in p.read_text() and "/proc" in p.read_text()
-               and not (p.parent.name == "host" and p.name in shipped)]
-    assert readers == ["host/procs.py"], readers
+               if "/stat" in p.read_text() and "/proc" in p.read_text() and HOST not in p.parents]
+    assert readers == ["transport/procs.py"], readers
 
 
 #: the only places a test may pause for a fixed time, and why each is not standing in for a condition

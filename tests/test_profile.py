@@ -188,11 +188,3 @@ def test_view_caps_what_it_draws_and_tables_keep_every_event():
     assert profile.top(1)["slowest_host"].iloc[0] == 1 and profile.top(1)["calls"].iloc[0] == 30_000
     assert profile.straggler == 1 and abs(profile.steps.attrs["slower_by"] - 0.2) < 1e-9
     assert len(profile.events) == 100_000
-
-
-@pytest.fixture(autouse=True)
-def _no_profile_left(isolated_home):
-    yield
-    from tpunb import profile
-
-    profile._recordings.clear()

@@ -99,8 +99,8 @@ def test_accelerator_types_and_runtime_versions_match_tpu_v2(tpu_emulator, wire)
 
 @pytest.mark.parametrize("queued", [False, True])
 def test_the_idle_watchdogs_own_delete_matches_tpu_v2(tpu_emulator, wire, monkeypatch, queued):
-    """The VM-side watchdog (host/idle.py) builds its DELETE by hand, with the VM's token: same check."""
-    from tpunb.host import idle
+    """The VM-side watchdog (host/standalone/idle.py) builds its DELETE by hand, with the VM's token: same check."""
+    from tpunb.host.standalone import idle
 
     gcp.create(spec("idle", queued=queued))
     emu = tpu_emulator.emulator

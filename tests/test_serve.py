@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import wait_for
 from tpunb import slices
 from tpunb.errors import ServiceError, UsageError
-from tpunb.host.service import alive
+from tpunb.host.standalone.service import alive
 
 PYTHON = shlex.quote(sys.executable)
 
@@ -162,7 +162,7 @@ def test_a_start_that_fails_on_one_host_leaves_nothing_new_running(make_slice):
 
 
 def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
-    from tpunb.host.bundle import SERVICE_CONTROL
+    from tpunb.engine.bundle import SERVICE_CONTROL
     from tpunb.transport.local import LocalTransport
 
     sl = slices.launch("v4-32", name=unique("plain"))

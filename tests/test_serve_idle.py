@@ -11,7 +11,7 @@ from tests.conftest import wait_for
 from tests.test_idle_delete import (BOUND, cell_done, cloud, host0_dir, kernel_process, kill,  # noqa: F401
                                     launch_line, node_names, tpu_emulator_options)
 from tpunb import slices
-from tpunb.host import idle
+from tpunb.host.standalone import idle
 
 
 def test_a_running_service_keeps_an_idle_node_and_its_end_lets_the_watchdog_delete_it(cloud, sshd, cell, ip):

@@ -13,7 +13,7 @@ from jupyter_client.manager import start_new_kernel
 from tests.conftest import wait_for
 from tests.test_kernel import execute
 from tests.test_serve import free_port, http_server
-from tpunb.host.service import alive
+from tpunb.host.standalone.service import alive
 
 
 def run_ok(client, code: str) -> str:

@@ -62,7 +62,7 @@ def test_follow_prints_new_lines_and_ends_cleanly_on_interrupt(make_slice, cell,
     script = "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.05; done"
     assert cell(f"%tpu_serve ticker -- {script}").error is None
     followed = threading.Event()
-    real = tpunb.serve.follow
+    real = tpunb.serve.Serving.follow
 
     def watched(*args, **kwargs):  # the real follow; says when it has printed twice
         for count, chunk in enumerate(real(*args, **kwargs)):
@@ -70,7 +70,7 @@ def test_follow_prints_new_lines_and_ends_cleanly_on_interrupt(make_slice, cell,
             if count == 1:
                 followed.set()
 
-    monkeypatch.setattr(tpunb.serve, "follow", watched)
+    monkeypatch.setattr(tpunb.serve.Serving, "follow", watched)
     interrupt_kernel_when(followed.is_set)
     run = cell("%tpu_logs ticker --follow --tail 2")
     assert run.error is None, run.shown

@@ -6,8 +6,8 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.test_serve import free_port, get, http_server, unique
-from tpunb import serve, slices
-from tpunb.host.service import alive
+from tpunb import slices
+from tpunb.host.standalone.service import alive
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,7 @@ def test_status_lists_each_service_per_host_and_each_forward(make_slice):
     sl.serve("crashy", "exit 5", hosts=[0], restart="on-failure", max_restarts=1)
     wait_for(lambda: {s.name: s.state for s in sl.services() if s.name in ("once", "crashy")}
              == {"once": "exited", "crashy": "failed"}, timeout=30, what="once to exit and crashy to give up")
-    serve.serve(sl, "slow", "exit 6", hosts=[1], restart="on-failure", max_restarts=3, backoff=300)  # waits 30 s
+    sl.serving.serve("slow", "exit 6", hosts=[1], restart="on-failure", max_restarts=3, backoff=300)  # waits 30 s
     wait_for(lambda: [s.state for s in sl.services() if s.name == "slow"] == ["restarting"], what="slow to restart")
     assert _services(sl.name) == {
         ("web", 0): "ready", ("plain", 1): "running", ("once", 1): "exited with code 3",

@@ -117,6 +117,36 @@ async def test_hosts_carry_the_latest_metrics_their_kernel_published(call):
         assert metrics["rss_bytes"] > 10 * 2**20 and metrics["memory_total_bytes"] > metrics["rss_bytes"]
 
 
+async def test_status_and_the_sidebar_show_the_same_numbers(call):
+    """One status model per slice: %tpu_status's DataFrame (this kernel, live), the server's JSON
+    (what the sidebar fetches, from what the kernel published) and the sidebar's bars agree on
+    every host's numbers, HBM summed over its chips included."""
+    sl = slices.launch("v4-16")
+    sl.run("import jax.numpy as jnp\nx = jnp.ones((1024, 256))", output=None).raise_for_status()
+    store = sl.metrics_store
+    wait_for(lambda: all(store.latest_value(h, "hbm_used_bytes") and store.latest_value(h, "cpu_percent") is not None
+                         for h in (0, 1)), 30, "HBM and CPU samples from both hosts")
+    sl.set_metrics_interval(0)
+    columns = ("cpu_percent", "rss_bytes", "memory_used_bytes", "hbm_used_bytes")
+    for _ in range(50):  # until no sample arrives between the publish and both reads
+        version = store.version
+        Registry().save_latest_metrics(sl.name, store.latest_rows())  # the feed's publish, now
+        table = slices.status()
+        [card] = (await call("GET", "slices"))[1]["slices"]
+        if store.version == version:
+            break
+    chips = {h: len({c for (host, m, c), _ in store.latest_items() if host == h and m == "hbm_used_bytes"}) for h in (0, 1)}
+    assert chips == {0: 4, 1: 4}  # per chip: the sums below add four values
+    for host in card["hosts"]:
+        row = table[table["host"] == host["index"]].iloc[0]
+        metrics = host["metrics"]
+        assert {c: row[c] for c in columns} == {c: metrics[c] for c in columns}, (host["index"], metrics)
+        assert row["state"] == host["state"] == "running"
+        assert metrics["cpu"] == pytest.approx(min(1.0, metrics["process_cpu_percent"] / 100))  # a local host's own process
+        assert metrics["memory"] == pytest.approx(metrics["rss_bytes"] / metrics["memory_total_bytes"])
+    assert card["usd_per_hour"] == 0.0 and card["idle_delete_in"] is None and "idle_delete_in" not in table.columns
+
+
 async def test_delete_ends_the_slice_and_its_host_processes(call):
     sl = slices.launch("v4-16")
     pids = _host_pids(sl)

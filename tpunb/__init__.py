@@ -11,9 +11,8 @@ from tpunb.doctor import doctor
 from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
-from tpunb.profile import last_profile
 from tpunb.slice import Slice
-from tpunb.slices import connect, current, down, last_result, launch, status, use
+from tpunb.slices import connect, current, down, last_profile, last_result, launch, status, use
 
 __version__ = "0.1.0"
 __all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_profile", "log", "plan",

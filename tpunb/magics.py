@@ -301,8 +301,6 @@ class TpuMagics(Magics):
         %tpu_profile start and %tpu_profile stop; shows a timeline per host and the top ops."""
         from IPython.display import display
 
-        from tpunb import profile
-
         args = _parse(self.tpu_profile, line)
         sl = slices.current(args.slice_name)
         if cell is not None:
@@ -321,7 +319,7 @@ class TpuMagics(Magics):
         elif args.action == "stop":
             display(sl.profile_stop())
         else:
-            report.info(profile.describe(sl))
+            report.info(sl.profiler.describe())
 
     # -- serving (tpunb.serve) -------------------------------------------------------------------
     @magic_arguments()
@@ -372,8 +370,6 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_logs(self, line: str):
         """A service's output on its hosts: %tpu_logs NAME [--host N] [--tail K] [--follow]."""
-        from tpunb import serve
-
         args = _parse(self.tpu_logs, line)
         sl = slices.current(args.slice_name)
         if args.tail is not None and args.tail < 0:
@@ -384,7 +380,7 @@ class TpuMagics(Magics):
             report.info(_labelled(texts, sl.layout.name, len(texts) > 1).rstrip("\n"))
             return
         try:
-            for host, text in serve.follow(sl, args.name, args.host, 10 if args.tail is None else args.tail):
+            for host, text in sl.serving.follow(args.name, args.host, 10 if args.tail is None else args.tail):
                 report.info(_labelled({host: text}, sl.layout.name, args.host is None and sl.num_hosts > 1).rstrip("\n"))
         except KeyboardInterrupt:
             report.info(f"[tpunb] stopped following {args.name!r}")

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpunb.host import procs
+from tpunb.transport import procs
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS slices (

@@ -17,11 +17,12 @@ from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, OutputSink, k
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
 from tpunb.display.hosts import Layout
 from tpunb.metrics import MetricsFeed, MetricsStore
+from tpunb.profile import Profile, Profiler, ProfileError
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
 from tpunb.serve import seen
+from tpunb.serve.services import ServiceState, Serving
 from tpunb.session import Session
-from tpunb.status import HostRow
 from tpunb.transport.base import Transport
 from tpunb.host.prepare import STEPS as SETUP_STEPS
 from tpunb.widgets.progress import SetupProgress
@@ -80,6 +81,10 @@ class Slice:
         self.session = Session(transports, self._init_for_host)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
         self.layout = Layout(len(transports), record.num_slices)
+        #: its services (tpunb.serve) and its profiler recordings (tpunb.profile), each made from
+        #: what it needs of the slice: name, transports or session, host names, hosts' environment
+        self.serving = Serving(record.name, transports, self.layout, self._init_for_host)
+        self.profiler = Profiler(record.name, self.session)
         #: seconds between two samples on every host (0: sampling off); see set_metrics_interval
         self.metrics_interval = 1.0
         self.metrics_store = MetricsStore(len(transports))
@@ -371,7 +376,7 @@ class Slice:
             raise UsageError(f"{local_dir}: no such directory here; %tpu_sync copies a directory of this machine "
                              "(default: the notebook's)")
         transports = self.session.transports
-        if not all(hasattr(t, "sftp") for t in transports):
+        if not all(t.has_sftp for t in transports):
             return None
         from tpunb.transport.sync import sync_tree
 
@@ -427,36 +432,43 @@ class Slice:
         for host in self.session.hosts:
             if host.alive:
                 host.send({"op": "metrics_interval", "seconds": self.metrics_interval})
+
     # -- profiles (tpunb.profile) --------------------------------------------------------------
     def profile(self, code: str, hosts: str | list[int] | None = None, name: str | None = None,
-                python_tracer: bool = False, timeout: float | None = None, output: str | None = "grouped"):
+                python_tracer: bool = False, timeout: float | None = None, output: str | None = "grouped") -> Profile:
         """Run ``code`` as ``run`` does with jax.profiler recording on each host: a Profile (the
-        cell's RunResult is its ``.result``). The profiler stops whatever the cell does."""
-        from tpunb import profile
-
-        return profile.profile_cell(self, code, self.layout.parse(hosts), hosts, name, python_tracer,
-                                    timeout, output)
+        cell's RunResult is its ``.result``). The profiler stops whatever the cell does (raise, be
+        interrupted) on every host."""
+        self.revive()
+        self.profiler.start(self.layout.parse(hosts), python_tracer=python_tracer, limit=None, name=name)
+        try:
+            result = self.run(code, hosts=hosts, timeout=timeout, output=output)
+        except BaseException:  # interrupted: stop everywhere all the same, and let the interrupt speak
+            try:
+                self.profiler.stop(self.last_result)
+            except Exception as exc:
+                report.warn(f"[tpunb] the profile of the interrupted cell was not collected: {exc}")
+            raise
+        try:
+            return self.profiler.stop(result)
+        except ProfileError:
+            result.raise_for_status()  # hosts died: the cell's own error says more
+            raise
 
     def profile_start(self, hosts: str | list[int] | None = None, python_tracer: bool = False,
                       limit: float | None = 600.0, name: str | None = None) -> None:
         """Begin recording on the hosts; cells run as usual until ``profile_stop``, or ``limit`` seconds."""
-        from tpunb import profile
-
         self.revive()
-        profile.start(self, self.layout.parse(hosts), python_tracer, limit, name)
+        self.profiler.start(self.layout.parse(hosts), python_tracer, limit, name)
 
-    def profile_stop(self):
+    def profile_stop(self) -> Profile:
         """Stop the recording ``profile_start`` began: the Profile of everything in between."""
-        from tpunb import profile
-
-        return profile.stop(self)
+        return self.profiler.stop()
 
     def capture(self, seconds: float, hosts: str | list[int] | None = None, python_tracer: bool = False,
-                name: str | None = None):
+                name: str | None = None) -> Profile:
         """Record ``seconds`` on the hosts, callable from another thread while a cell runs: a Profile."""
-        from tpunb import profile
-
-        return profile.capture(self, seconds, self.layout.parse(hosts), python_tracer, name)
+        return self.profiler.capture(seconds, self.layout.parse(hosts), python_tracer, name)
 
     # -- status -------------------------------------------------------------------------------
     def versions(self) -> dict[int, dict | None]:
@@ -495,56 +507,28 @@ class Slice:
             row.env = (host.info.get("env") or {}).get("env")
         return rows
 
-    def status_rows(self, current: bool = False) -> list[HostRow]:
-        """One row per host, live: what %tpu_status, widgets and the server show."""
-        rows = []
-        node = self.node.status()
-        idle = self.idle_delete_in()
-        for host in self.session.hosts:
-            record = self.record.hosts[host.index] if host.index < len(self.record.hosts) else None
-            uptime = round(time.time() - host.started_at, 1) if host.alive and host.started_at else None
-            latest = self.metrics_store.latest_value
-            rows.append(HostRow(
-                slice=self.name, current=current, accelerator=self.kind, backend=self.backend, host=host.index,
-                slice_index=self.layout.slice_of(host.index) if self.layout.multislice else None,
-                address=record.address if record else host.transport.address,
-                state="running" if host.alive else "gone", pid=host.info.get("pid"), runner=host.info.get("runner"),
-                cpu_percent=latest(host.index, "cpu_percent"), rss_bytes=latest(host.index, "rss_bytes"),
-                memory_used_bytes=latest(host.index, "memory_used_bytes"),
-                hbm_used_bytes=latest(host.index, "hbm_used_bytes"), idle_delete_in=idle,
-                **{"uptime_s": uptime, **node}))
-        return rows
-
     # -- services (tpunb.serve) ------------------------------------------------------------------
     def serve(self, name: str, command: str, hosts: str | list[int] | None = None, restart: str = "no",
               env: dict[str, str] | None = None, wait_port: int | None = None, wait_http: str | None = None,
-              timeout: float = 120.0, max_restarts: int = 5) -> list:
+              timeout: float = 120.0, max_restarts: int = 5) -> list[ServiceState]:
         """Run shell ``command`` as service ``name`` on the hosts (default: all), detached from cells
         and this kernel; ``restart="on-failure"`` restarts it (``max_restarts`` times, backing off).
         ``wait_port``/``wait_http`` ('PORT/PATH') return once it answers on every host. One
         ServiceState per host; ``env`` values reach the command only, never a file or output."""
-        from tpunb import serve
-
         self.revive()
-        return serve.serve(self, name, command, hosts, restart, env, wait_port, wait_http, timeout, max_restarts)
+        return self.serving.serve(name, command, hosts, restart, env, wait_port, wait_http, timeout, max_restarts)
 
-    def services(self) -> list:
+    def services(self) -> list[ServiceState]:
         """Every service on every host, read from the hosts (a new kernel sees an old one's)."""
-        from tpunb import serve
-
-        return serve.services(self)
+        return self.serving.services()
 
     def logs(self, name: str, host: int | str | None = None, tail: int | None = None) -> dict[int, str] | str:
         """Service ``name``'s output on each host ({host: text}), or on ``host`` alone; ``tail``: last lines."""
-        from tpunb import serve
-
-        return serve.logs(self, name, host, tail)
+        return self.serving.logs(name, host, tail)
 
     def stop_service(self, name: str) -> list[int]:
         """Stop service ``name`` (its whole process group) on every host that runs it."""
-        from tpunb import serve
-
-        return serve.stop(self, name)
+        return self.serving.stop(name)
 
     def forward(self, port: int, host: int | str = 0, local_port: int | None = None) -> str:
         """The URL (``http://127.0.0.1:L/``) on this machine that reaches ``port`` on ``host``: over
@@ -562,9 +546,7 @@ class Slice:
         return url
 
     def _end_services(self) -> None:
-        from tpunb import serve
-
-        serve.stop_all(self)
+        self.serving.stop_all()
 
 
 class _LogOnly(OutputSink):

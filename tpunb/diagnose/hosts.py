@@ -3,13 +3,21 @@ thread of its agent, so this works while a cell runs too."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tpunb.diagnose.reach import PROBE_SECONDS
 from tpunb.errors import TransportError
 
 if TYPE_CHECKING:
-    from tpunb.slice import Slice
+    from tpunb.display.hosts import Layout
+    from tpunb.session import Session
+
+
+class Hosts(Protocol):
+    """What the checks need of a slice (a ``tpunb.Slice`` has both): its session and host names."""
+
+    session: Session
+    layout: Layout
 
 
 @dataclass
@@ -24,7 +32,7 @@ class HostCheck:
     error: str | None = None
 
 
-def check_hosts(sl: "Slice", hosts: list[int] | None = None, probe_seconds: float = PROBE_SECONDS) -> list[HostCheck]:
+def check_hosts(sl: Hosts, hosts: list[int] | None = None, probe_seconds: float = PROBE_SECONDS) -> list[HostCheck]:
     """Ask every live host (or these) for its checks; a host that cannot answer says why."""
     chosen = [h.index for h in sl.session.hosts if h.alive and (hosts is None or h.index in hosts)]
     try:
@@ -42,7 +50,7 @@ def check_hosts(sl: "Slice", hosts: list[int] | None = None, probe_seconds: floa
     return checks
 
 
-def problems(sl: "Slice", probe_seconds: float = PROBE_SECONDS) -> list[str]:
+def problems(sl: Hosts, probe_seconds: float = PROBE_SECONDS) -> list[str]:
     """Every problem the checks find on the slice, one line each (empty: all is well)."""
     from tpunb.diagnose.versions import skew_line
 

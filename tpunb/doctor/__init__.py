@@ -52,7 +52,7 @@ def doctor(name: str | None = None, accelerator: str | None = None, zone: str | 
            project: str | None = None) -> Report:
     """Check the slice ``name`` (default: the current one, if any), or, with no slice, what a
     launch of ``accelerator`` in ``project``/``zone`` needs. Returns the rows; print() shows them."""
-    from tpunb import slices
+    from tpunb import provision, slices
     from tpunb.errors import NoSliceError
     from tpunb.provision.gcp.config import resolve_project_zone
 
@@ -62,13 +62,13 @@ def doctor(name: str | None = None, accelerator: str | None = None, zone: str | 
     except NoSliceError:
         if name:
             raise
-    if sl is not None and sl.backend == "gcp":
-        spec = sl.record.spec
-        project, zone = project or spec.get("project"), zone or spec.get("zone")
+    place = provision.cloud_place(sl.record) if sl is not None else None
+    if place is not None:
+        project, zone = project or place[0], zone or place[1]
     else:
         project, zone = resolve_project_zone(project, zone)
     accelerator = accelerator or (sl.record.accelerator if sl is not None else None)
-    report = run(Context(project, zone, accelerator, sl))
+    report = run(Context(project, zone, accelerator, sl, in_cloud=place is not None))
     where = f"slice {sl.name!r} ({sl.kind}, {sl.backend})" if sl is not None else "no slice attached"
     report.title = f"tpu_doctor: {where}; project {project or '?'}, zone {zone or '?'}"
     return report

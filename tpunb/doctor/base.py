@@ -29,11 +29,13 @@ class Context:
     accelerator: str | None
     slice: "Slice | None" = None
     memo: dict[str, Any] = field(default_factory=dict)
+    #: the slice lives in a cloud (its backend has a cloud place): the cloud checks apply to it
+    in_cloud: bool = False
 
     @property
     def cloud(self) -> bool:
-        """Cloud checks apply: no slice (a launch is coming) or a Cloud TPU slice."""
-        return self.slice is None or self.slice.backend == "gcp"
+        """Cloud checks apply: no slice (a launch is coming) or a slice in the cloud."""
+        return self.slice is None or self.in_cloud
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpunb.host import procs
+from tpunb.transport import procs
 
 MARKER = "tpunb-emulator:"
 KEY_TYPES = ("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-")

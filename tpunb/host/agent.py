@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import diagnose, idle, preempt, protocol, shards, transfer, watchdog
+from . import diagnose, preempt, protocol, shards, transfer, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
@@ -29,6 +29,7 @@ from .metrics import Sampler, install_log_shim
 from .profiler import OPS as PROFILE_OPS, Profiler
 from .relay import OPS as RELAY_OPS, Relay, RelayError
 from .runners import PlainRunner, cap_bundle, cap_text, flush_figures, make_ipython_runner, prefer_inline_matplotlib
+from .standalone import idle
 
 
 class Agent:
@@ -348,7 +349,9 @@ class Agent:
 
     def _arrived(self, message: dict, blob: bytes):
         """The pushed value: in the request's blob, from the kernel's memfd, or from part frames."""
-        if message.get("inline"):
+        if message.get("inline") and len(message["sizes"]) == 1:  # one pickle, its arrays in band
+            return pickle.loads(blob)
+        if message.get("inline"):  # arrays out of band: laid out in a buffer of our own (writable)
             return transfer.loads(transfer.views(bytearray(blob), message["sizes"]))
         if "shm" in message:
             return transfer.loads(transfer.map_memfd(*message["shm"], message["sizes"]))

@@ -5,10 +5,10 @@ count parameters and FLOPs from the config, put memory per component next to HBM
 compare compute time with HBM and ICI time (a roofline) for each candidate mesh, and take
 the slowest as the step time. Chip numbers and prices come from :mod:`tpunb.catalog`.
 
-This module picks a slice per generation and holds the :class:`Plan`; the parts live beside
-it: ``units`` (reading and printing quantities), ``models`` (model shapes), ``workloads`` (jobs
-and their memory), ``roofline`` (one slice, the book's formulas), ``render`` (tables and text)
-and ``magics`` (%tpu_plan). The names users need are exported here.
+This module picks a slice per generation; the parts live beside it: ``units`` (reading and
+printing quantities), ``models`` (model shapes), ``workloads`` (jobs and their memory),
+``roofline`` (one slice, the book's formulas), ``result`` (the :class:`Plan` and how people read
+it: tables and text) and ``magics`` (%tpu_plan). The names users need are exported here.
 
 Estimates, not measurements: they ignore compiler overheads beyond the target MFU, assume
 flash attention (no S x S score matrix in memory) and one slice (no DCN/multislice).
@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 import os
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping, Union
 
 from tpunb import catalog
 from tpunb.catalog import Accelerator
@@ -29,9 +27,9 @@ from tpunb.errors import UnknownAcceleratorError, UsageError
 from tpunb.plan.models import (
     LORA_TARGETS, MODELS_PATH, ModelSpec, lora_params, preset, presets, resolve_model,
 )
-from tpunb.plan.render import option_row, render_html, render_text
+from tpunb.plan.result import Plan
 from tpunb.plan.roofline import (
-    Mesh, SliceEstimate, custom_slice, evaluate, fsdp_min_tokens_per_chip, fsdp_tp_split,
+    Mesh, SliceEstimate, evaluate, fsdp_min_tokens_per_chip, fsdp_tp_split,
     hbm_intensity, ici_intensity, max_tensor_parallel, mixed_min_tokens_per_chip,
 )
 from tpunb.plan.units import DTYPE_BYTES, GIB, dtype_bytes, parse_count
@@ -41,9 +39,6 @@ from tpunb.plan.workloads import (
     train_memory,
 )
 
-if TYPE_CHECKING:
-    import pandas
-
 __all__ = [
     "plan", "Plan", "SliceEstimate", "Mesh", "Memory", "Training", "Serving", "Workload", "ModelSpec",
     "preset", "presets", "resolve_model", "lora_params", "dtype_bytes", "parse_count", "parse_duration",
@@ -51,77 +46,6 @@ __all__ = [
     "mixed_min_tokens_per_chip", "fsdp_tp_split", "GIB", "DTYPE_BYTES", "OPTIMIZER_STATES",
     "REMAT_POLICIES", "LORA_TARGETS", "MODELS_PATH",
 ]
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything :func:`plan` worked out; ``options`` holds one slice per generation."""
-
-    model: ModelSpec
-    workload: Workload
-    memory: Memory
-    trainable_params: float
-    dense_flops_per_token: float
-    attention_flops_per_token: float
-    flops_per_step: float
-    options: tuple[SliceEstimate, ...]
-    notes: tuple[str, ...] = ()
-    spot: bool = False
-    hbm_reserve: float = 0.1
-    deadline_seconds: float | None = None
-
-    @property
-    def params(self) -> float:
-        return self.model.params
-
-    @property
-    def flops_per_token(self) -> float:
-        return self.dense_flops_per_token + self.attention_flops_per_token
-
-    @property
-    def total_flops(self) -> float | None:
-        w = self.workload
-        return self.flops_per_token * w.tokens if isinstance(w, Training) and w.tokens else None
-
-    def best(self, by: str = "cost") -> SliceEstimate:
-        """The cheapest (``by="cost"``) or fastest (``by="time"``) option that fits."""
-        require(by in ("cost", "time"), f"best(by=...) takes 'cost' or 'time', not {by!r}")
-        fitting = [o for o in self.options if o.fits]
-        if not fitting:
-            raise UsageError("no slice considered holds this workload: shrink the batch, use remat, LoRA or more chips")
-        if by == "time":
-            return min(fitting, key=lambda o: o.step_seconds)
-        priced = [o for o in fitting if _option_cost(o, self) is not None]
-        return min(priced or fitting, key=lambda o: _option_cost(o, self) or math.inf)
-
-    def on(self, tpu: str | Accelerator, chips: int | None = None, topology: str | None = None) -> SliceEstimate:
-        """This workload on one given slice (``"v5p-128"``) or any chip count of a generation."""
-        acc = custom_slice(tpu, chips, topology)
-        return evaluate(self.model, self.workload, acc, self.memory, self.hbm_reserve)
-
-    def table(self) -> "pandas.DataFrame":
-        """The options as a DataFrame, one row per slice."""
-        import pandas
-
-        rows = [option_row(o, self) for o in self.options]
-        return pandas.DataFrame(rows).set_index("slice") if rows else pandas.DataFrame()
-
-    def memory_table(self) -> "pandas.DataFrame":
-        """Memory by component, in GiB."""
-        import pandas
-
-        rows = {k: v / GIB for k, v in dataclasses.asdict(self.memory).items()}
-        rows["total"] = self.memory.total / GIB
-        return pandas.DataFrame({"GiB": rows})
-
-    def __str__(self) -> str:
-        return render_text(self)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
-
-    def _repr_html_(self) -> str:
-        return render_html(self)
 
 
 def plan(
@@ -260,9 +184,3 @@ def _notes(model: ModelSpec, w: Workload, memory: Memory) -> list[str]:
             notes.append("quantized weights: servers that load bf16 then quantize (vLLM on TPU, per dstack) need bf16 room at load")
         notes.append("decode time is a roofline (weights + KV read once per step); real servers get maybe half (scaling book part 8)")
     return notes
-
-
-def _option_cost(o: SliceEstimate, p: Plan) -> float | None:
-    """What ranks options by money: USD per million tokens (trained or generated)."""
-    per_hour = o.spot_usd_per_hour if p.spot else o.usd_per_hour
-    return None if per_hour is None else per_hour / 3600 / o.tokens_per_second * 1e6

@@ -3,8 +3,9 @@
 Each host records into its own folder and summarises its own trace
 (``tpunb.host.profiler``); ``stop`` brings the summaries and the files back into
 ``$TPUNB_HOME/profiles/<slice>/<timestamp>/host-<N>/plugins/profile/<run>/``, the layout xprof and
-TensorBoard read, and returns a ``Profile``. The slice is passed in (``Slice.profile``,
-``Slice.capture`` and the magics call these), so this package never imports ``tpunb.slice``.
+TensorBoard read, and returns a ``Profile``. A slice holds one ``Profiler``, made from its name
+and its session alone (the recording it runs is its state), so this package never imports
+``tpunb.slice``.
 """
 from __future__ import annotations
 
@@ -14,23 +15,21 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
-from tpunb import report
 from tpunb.display import format_hosts
 from tpunb.errors import TpunbError
 from tpunb.profile import summary as tables
 from tpunb.registry import tpunb_home
+
+if TYPE_CHECKING:
+    from tpunb.session import Session
 
 #: a recording started with %tpu_profile start and never stopped ends by itself after this long
 DEFAULT_LIMIT_S = 600.0
 #: how long starting may take (the first start imports jax and joins jax.distributed)
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 600.0
-
-_last: list["Profile"] = []
-_recordings: dict[str, dict] = {}  # slice name -> the recording %tpu_profile start began
-_lock = threading.Lock()
 
 
 class ProfileError(TpunbError):
@@ -39,11 +38,6 @@ class ProfileError(TpunbError):
 
 def profiles_dir(slice_name: str) -> Path:
     return tpunb_home() / "profiles" / slice_name
-
-
-def last_profile() -> "Profile | None":
-    """The last profile collected in this kernel (any slice)."""
-    return _last[0] if _last else None
 
 
 class Profile:
@@ -150,78 +144,130 @@ def past_profiles(slice_name: str) -> list[Path]:
 
 
 # -- recording ----------------------------------------------------------------------------------
-def recording(slice_name: str) -> dict | None:
-    return _recordings.get(slice_name)
+class Profiler:
+    """A slice's recordings: begun on some hosts (``start``), collected from them (``stop``),
+    or both around a wait (``capture``, from any thread); one at a time. Made from the slice's
+    name and session; ``on_collected`` hears of every profile it collects."""
 
+    def __init__(self, slice_name: str, session: Session,
+                 on_collected: Callable[["Profile"], None] | None = None) -> None:
+        self.slice_name, self.session, self.on_collected = slice_name, session, on_collected
+        #: the recording %tpu_profile start began (hosts, started, limit, name, python_tracer), or None
+        self.recording: dict | None = None
+        #: the last profile collected on this slice
+        self.last: Profile | None = None
+        self._lock = threading.Lock()
 
-def start(sl, indices: list[int], python_tracer: bool = False, limit: float | None = DEFAULT_LIMIT_S,
-          name: str | None = None) -> None:
-    """Begin recording on these hosts; a host without JAX fails with one line naming it."""
-    with _lock:
-        if sl.name in _recordings:
-            raise ProfileError(f"a recording already runs on {sl.name!r} (since %tpu_profile start): "
-                               "%tpu_profile stop first")
-        _recordings[sl.name] = {"hosts": indices, "started": time.time(), "limit": limit, "name": name,
-                                "python_tracer": python_tracer}
-    try:
-        request = {"op": "profile_start", "python_tracer": python_tracer, "limit": limit}
-        replies = sl.session.call(indices, request, timeout=START_TIMEOUT_S)
-        busy = [i for i, (r, _) in replies.items() if r.get("busy")]
-        if busy:  # left over from a stop that never finished (a second Ctrl-C): discard it, start again
-            sl.session.call(busy, {"op": "profile_stop", "cap": 1}, timeout=STOP_TIMEOUT_S)
-            replies.update(sl.session.call(busy, request, timeout=START_TIMEOUT_S))
-        failed = {i: r for i, (r, _) in replies.items() if r.get("status") != "ok"}
-        if failed:
-            started = [i for i in indices if i not in failed]
-            if started:
-                sl.session.call(started, {"op": "profile_stop", "cap": 1}, timeout=STOP_TIMEOUT_S)
-            no_jax = {i: r for i, r in failed.items() if r.get("no_jax")}
-            if no_jax:
-                host, reply = sorted(no_jax.items())[0]
-                raise ProfileError(f"host{'s' if len(no_jax) > 1 else ''} {format_hosts(no_jax)} cannot profile: "
-                                   f"{reply['error']}; %tpu_profile records with jax.profiler, so install jax there")
-            raise ProfileError("profiling did not start: " + "; ".join(f"host {i}: {r.get('error')}"
-                                                                       for i, r in sorted(failed.items())))
-    except BaseException:
-        _recordings.pop(sl.name, None)
-        raise
+    def start(self, indices: list[int], python_tracer: bool = False, limit: float | None = DEFAULT_LIMIT_S,
+              name: str | None = None) -> None:
+        """Begin recording on these hosts; a host without JAX fails with one line naming it."""
+        with self._lock:
+            if self.recording is not None:
+                raise ProfileError(f"a recording already runs on {self.slice_name!r} (since %tpu_profile start): "
+                                   "%tpu_profile stop first")
+            self.recording = {"hosts": indices, "started": time.time(), "limit": limit, "name": name,
+                              "python_tracer": python_tracer}
+        call = self.session.call
+        try:
+            request = {"op": "profile_start", "python_tracer": python_tracer, "limit": limit}
+            replies = call(indices, request, timeout=START_TIMEOUT_S)
+            busy = [i for i, (r, _) in replies.items() if r.get("busy")]
+            if busy:  # left over from a stop that never finished (a second Ctrl-C): discard it, start again
+                call(busy, {"op": "profile_stop", "cap": 1}, timeout=STOP_TIMEOUT_S)
+                replies.update(call(busy, request, timeout=START_TIMEOUT_S))
+            failed = {i: r for i, (r, _) in replies.items() if r.get("status") != "ok"}
+            if failed:
+                started = [i for i in indices if i not in failed]
+                if started:
+                    call(started, {"op": "profile_stop", "cap": 1}, timeout=STOP_TIMEOUT_S)
+                no_jax = {i: r for i, r in failed.items() if r.get("no_jax")}
+                if no_jax:
+                    host, reply = sorted(no_jax.items())[0]
+                    raise ProfileError(f"host{'s' if len(no_jax) > 1 else ''} {format_hosts(no_jax)} cannot profile: "
+                                       f"{reply['error']}; %tpu_profile records with jax.profiler, so install jax there")
+                raise ProfileError("profiling did not start: " + "; ".join(f"host {i}: {r.get('error')}"
+                                                                           for i, r in sorted(failed.items())))
+        except BaseException:
+            self.recording = None
+            raise
 
+    def stop(self, result=None, notes: list[str] | None = None, cap: int | None = None) -> Profile:
+        """Stop the recording on every host it runs on, bring the files and summaries here, remember it."""
+        with self._lock:
+            rec, self.recording = self.recording, None
+        if rec is None:
+            raise ProfileError(f"no recording runs on {self.slice_name!r}: %tpu_profile start, or %%tpu_profile a cell")
+        stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.localtime(rec["started"]))
+        folder = profiles_dir(self.slice_name) / stamp
+        n = 1
+        while folder.exists():
+            n += 1
+            folder = profiles_dir(self.slice_name) / f"{stamp}-{n}"
+        message: dict[str, Any] = {"op": "profile_stop"}
+        if cap:
+            message["cap"] = cap
+        alive = [i for i in rec["hosts"] if self.session.hosts[i].alive]
+        replies = self.session.call(alive, message, timeout=STOP_TIMEOUT_S) if alive else {}
+        summaries, errors = {}, [f"host {i} died: its trace is lost" for i in rec["hosts"] if i not in alive]
+        for host, (reply, blob) in sorted(replies.items()):
+            if reply.get("status") != "ok":
+                errors.append(f"host {host}: {reply.get('error')}")
+                continue
+            target = folder / f"host-{host}"
+            unpack(blob, target, rec.get("name"))
+            (target / "summary.json").write_text(json.dumps(reply["summary"]))
+            summaries[host] = reply["summary"]
+        meta = {"slice": self.slice_name, "name": rec.get("name") or "", "hosts": rec["hosts"], "started": rec["started"],
+                "notes": (notes or []) + errors}
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "profile.json").write_text(json.dumps(meta))
+        profile = self.last = Profile(folder, summaries, meta, result)
+        if self.on_collected is not None:
+            self.on_collected(profile)
+        if not summaries:
+            raise ProfileError("no host sent a trace: " + "; ".join(errors))
+        return profile
 
-def stop(sl, result=None, notes: list[str] | None = None, cap: int | None = None) -> Profile:
-    """Stop the recording on every host it runs on, bring the files and summaries here, remember it."""
-    with _lock:
-        rec = _recordings.pop(sl.name, None)
-    if rec is None:
-        raise ProfileError(f"no recording runs on {sl.name!r}: %tpu_profile start, or %%tpu_profile a cell")
-    stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.localtime(rec["started"]))
-    folder = profiles_dir(sl.name) / stamp
-    n = 1
-    while folder.exists():
-        n += 1
-        folder = profiles_dir(sl.name) / f"{stamp}-{n}"
-    message: dict[str, Any] = {"op": "profile_stop"}
-    if cap:
-        message["cap"] = cap
-    alive = [i for i in rec["hosts"] if sl.session.hosts[i].alive]
-    replies = sl.session.call(alive, message, timeout=STOP_TIMEOUT_S) if alive else {}
-    summaries, errors = {}, [f"host {i} died: its trace is lost" for i in rec["hosts"] if i not in alive]
-    for host, (reply, blob) in sorted(replies.items()):
-        if reply.get("status") != "ok":
-            errors.append(f"host {host}: {reply.get('error')}")
-            continue
-        target = folder / f"host-{host}"
-        unpack(blob, target, rec.get("name"))
-        (target / "summary.json").write_text(json.dumps(reply["summary"]))
-        summaries[host] = reply["summary"]
-    meta = {"slice": sl.name, "name": rec.get("name") or "", "hosts": rec["hosts"], "started": rec["started"],
-            "notes": (notes or []) + errors}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "profile.json").write_text(json.dumps(meta))
-    profile = Profile(folder, summaries, meta, result)
-    _last[:] = [profile]
-    if not summaries:
-        raise ProfileError("no host sent a trace: " + "; ".join(errors))
-    return profile
+    def capture(self, seconds: float, indices: list[int], python_tracer: bool = False,
+                name: str | None = None) -> Profile:
+        """Record ``seconds`` on these hosts, from any thread, while a cell runs or not."""
+        if not seconds or seconds <= 0:
+            raise ProfileError(f"capture takes a positive number of seconds, not {seconds}")
+        self.start(indices, python_tracer=python_tracer, limit=None, name=name)
+        try:
+            threading.Event().wait(seconds)  # the capture's length, what the user asked for
+        finally:
+            profile = self.stop(notes=[f"captured {seconds:g} s"])
+        return profile
+
+    def describe(self) -> str:
+        """What %tpu_profile alone prints: is a recording running, and the slice's past profiles."""
+        lines = []
+        rec, name = self.recording, self.slice_name
+        if rec:
+            ran = time.time() - rec["started"]
+            hosts = f"host{'s' if len(rec['hosts']) > 1 else ''} {format_hosts(rec['hosts'])}"
+            if rec.get("limit") and ran > rec["limit"]:
+                lines.append(f"a recording on {name!r}, {hosts}, ended by itself after {rec['limit']:g} s (its limit): "
+                             "%tpu_profile stop collects it")
+            else:
+                limit = f", ends by itself after {rec['limit']:g} s" if rec.get("limit") else ""
+                lines.append(f"recording on {name!r}, {hosts}, for {ran:.0f} s{limit}: %tpu_profile stop collects it")
+        else:
+            lines.append(f"no recording runs on {name!r}: %tpu_profile start, or %%tpu_profile a cell")
+        past = past_profiles(name)
+        if past:
+            lines.append(f"past profiles ({profiles_dir(name)}):")
+            for folder in past[-20:]:
+                meta = {}
+                if (folder / "profile.json").exists():
+                    meta = json.loads((folder / "profile.json").read_text())
+                label = f" {meta['name']}" if meta.get("name") else ""
+                hosts = format_hosts(meta.get("hosts", [])) if meta.get("hosts") else "?"
+                lines.append(f"  {folder.name}{label} (hosts {hosts})")
+            if len(past) > 20:
+                lines.append(f"  ... and {len(past) - 20} older")
+        return "\n".join(lines)
 
 
 def unpack(blob: bytes, target: Path, run_name: str | None) -> None:
@@ -238,66 +284,3 @@ def unpack(blob: bytes, target: Path, run_name: str | None) -> None:
         runs = [p for p in (target / "plugins" / "profile").iterdir() if p.is_dir()]
         if len(runs) == 1 and runs[0].name != run_name:
             runs[0].rename(runs[0].parent / run_name)
-
-
-def profile_cell(sl, code: str, indices: list[int], hosts=None, name: str | None = None,
-                 python_tracer: bool = False, timeout: float | None = None, output: str | None = "grouped") -> Profile:
-    """Run ``code`` as Slice.run does with the profiler recording; whatever the cell does (raise,
-    be interrupted), the profiler stops on every host. The cell's RunResult is ``profile.result``."""
-    sl.revive()
-    start(sl, indices, python_tracer=python_tracer, limit=None, name=name)
-    try:
-        result = sl.run(code, hosts=hosts, timeout=timeout, output=output)
-    except BaseException:  # interrupted: stop everywhere all the same, and let the interrupt speak
-        try:
-            stop(sl, sl.last_result)
-        except Exception as exc:
-            report.warn(f"[tpunb] the profile of the interrupted cell was not collected: {exc}")
-        raise
-    try:
-        return stop(sl, result)
-    except ProfileError:
-        result.raise_for_status()  # hosts died: the cell's own error says more
-        raise
-
-
-def capture(sl, seconds: float, indices: list[int], python_tracer: bool = False, name: str | None = None) -> Profile:
-    """Record ``seconds`` on these hosts, from any thread, while a cell runs or not."""
-    if not seconds or seconds <= 0:
-        raise ProfileError(f"capture takes a positive number of seconds, not {seconds}")
-    start(sl, indices, python_tracer=python_tracer, limit=None, name=name)
-    try:
-        threading.Event().wait(seconds)  # the capture's length, what the user asked for
-    finally:
-        profile = stop(sl, notes=[f"captured {seconds:g} s"])
-    return profile
-
-
-def describe(sl) -> str:
-    """What %tpu_profile alone prints: is a recording running, and the slice's past profiles."""
-    lines = []
-    rec = recording(sl.name)
-    if rec:
-        ran = time.time() - rec["started"]
-        hosts = f"host{'s' if len(rec['hosts']) > 1 else ''} {format_hosts(rec['hosts'])}"
-        if rec.get("limit") and ran > rec["limit"]:
-            lines.append(f"a recording on {sl.name!r}, {hosts}, ended by itself after {rec['limit']:g} s (its limit): "
-                         "%tpu_profile stop collects it")
-        else:
-            limit = f", ends by itself after {rec['limit']:g} s" if rec.get("limit") else ""
-            lines.append(f"recording on {sl.name!r}, {hosts}, for {ran:.0f} s{limit}: %tpu_profile stop collects it")
-    else:
-        lines.append(f"no recording runs on {sl.name!r}: %tpu_profile start, or %%tpu_profile a cell")
-    past = past_profiles(sl.name)
-    if past:
-        lines.append(f"past profiles ({profiles_dir(sl.name)}):")
-        for folder in past[-20:]:
-            meta = {}
-            if (folder / "profile.json").exists():
-                meta = json.loads((folder / "profile.json").read_text())
-            label = f" {meta['name']}" if meta.get("name") else ""
-            hosts = format_hosts(meta.get("hosts", [])) if meta.get("hosts") else "?"
-            lines.append(f"  {folder.name}{label} (hosts {hosts})")
-        if len(past) > 20:
-            lines.append(f"  ... and {len(past) - 20} older")
-    return "\n".join(lines)

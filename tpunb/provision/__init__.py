@@ -1,20 +1,27 @@
 """Backends that make hosts, one module each, satisfying one contract (``base.Backend``), so
 callers pick a module by the slice's backend name and never branch on it. ``base.LaunchRequest``
 is the one record every ``create`` takes; each backend's ``slice_status`` says its slices' state,
-hosts and price for %tpu_status, the widgets and the sidebar alike.
+hosts and price for %tpu_status, the widgets and the sidebar alike. What only some backends do
+(survey a cloud, find orphans, recover a lost slice, ...) callers ask through ``supports`` and
+the helpers below, never by a backend's name.
 
 ``local`` simulates a slice with host processes on this machine, ``ssh`` reaches hosts you
 bring, ``gcp`` creates Cloud TPU nodes (and lists their zones for status and orphans).
 """
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tpunb.errors import UsageError
 from tpunb.provision import gcp, local, ssh
-from tpunb.provision.base import Backend, LaunchRequest
+from tpunb.provision.base import OPTIONAL, Backend, LaunchRequest, Nodes
 
-__all__ = ["Backend", "LaunchRequest", "LAUNCH_BACKENDS", "backend", "default_backend", "gcp", "local", "ssh"]
+if TYPE_CHECKING:
+    from tpunb.registry import Registry, SliceRecord
+    from tpunb.transport.base import Transport
+
+__all__ = ["Backend", "LaunchRequest", "LAUNCH_BACKENDS", "Survey", "backend", "cloud_place", "default_backend",
+           "local_transports", "supporting", "supports", "adopt"]
 
 #: ways %tpu_launch makes hosts; %tpu_connect brings its own (backend "ssh")
 LAUNCH_BACKENDS = ("local", "gcp")
@@ -27,6 +34,59 @@ def backend(name: str) -> Backend:
         return cast(Backend, _MODULES[name])
     except KeyError:
         raise UsageError(f"unknown backend {name!r}: use one of {', '.join(LAUNCH_BACKENDS)}") from None
+
+
+def supports(made: Backend, capability: str) -> bool:
+    """The backend has this optional capability (``base.OPTIONAL``)."""
+    if capability not in OPTIONAL:
+        raise ValueError(f"no backend capability {capability!r}: one of {', '.join(OPTIONAL)}")
+    return capability in made.CAPABILITIES
+
+
+def supporting(capability: str) -> list[Backend]:
+    """Every backend with this capability."""
+    return [cast(Backend, m) for m in _MODULES.values() if supports(cast(Backend, m), capability)]
+
+
+class Survey:
+    """What every surveying backend saw, in one look each (no call unless it has slices or a
+    place configured): nodes by place for ``slice_status``, attached nodes refreshed, orphans."""
+
+    def __init__(self, records: list[SliceRecord], reg: Registry) -> None:
+        self.parts = [made.survey(records, reg) for made in supporting("survey")]
+        self.nodes: Nodes = {}
+        for part in self.parts:
+            self.nodes.update(part.nodes)
+
+    def refresh(self, record: SliceRecord, node: Any) -> None:
+        for part in self.parts:
+            part.refresh(record, node)
+
+    def orphans(self, known: set[str]) -> list:
+        return [orphan for part in self.parts for orphan in part.orphans(known)]
+
+
+def adopt(name: str, reg: Registry) -> SliceRecord | None:
+    """Slice ``name`` when no record here holds it but a backend finds it as its own (a cloud node a
+    wiped Colab runtime left running): its record rebuilt and saved. None when none has it."""
+    for made in supporting("adopt"):
+        record = made.adopt(name, reg)
+        if record is not None:
+            return record
+    return None
+
+
+def cloud_place(record: SliceRecord) -> tuple[str | None, str | None] | None:
+    """Where a slice lives in a cloud (project, zone), or None when its backend is no cloud."""
+    made = backend(record.backend)
+    return made.cloud_place(record) if supports(made, "cloud") else None
+
+
+def local_transports(record: SliceRecord) -> list[Transport] | None:
+    """Transports to a recorded slice's hosts when they are on this machine (any process may ask
+    them), else None."""
+    made = backend(record.backend)
+    return made.local_transports(record) if supports(made, "hosts_here") else None
 
 
 def default_backend(project: str | None = None) -> str:

@@ -1,8 +1,10 @@
 """The backend contract: what local, ssh and gcp each offer, and the one launch request record.
 
 Callers pick a backend module by a slice's backend name (``provision.backend(name)``) and call
-these members only, so nothing outside a backend branches on its name. tests/test_backends.py
-calls every member on each backend.
+these members only, so nothing outside a backend branches on its name. What only some backends
+can do is an optional capability (``OPTIONAL``), which a backend declares in ``CAPABILITIES`` and
+callers ask for with ``provision.supports`` (as SkyPilot's provisioners answer ``supports()``).
+tests/test_backends.py calls every member on each backend, and checks each declared capability.
 """
 from __future__ import annotations
 
@@ -11,13 +13,42 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from tpunb.catalog import Accelerator
-    from tpunb.provision.gcp.api import NodeInfo  # noqa: F401 - named in the Nodes alias
     from tpunb.registry import Registry, SliceRecord
     from tpunb.slice import Slice
     from tpunb.status import SliceStatus
 
-#: what a cloud survey found: {(project, zone): {node name: NodeInfo}}; places not listed are absent
-Nodes = dict[tuple[str, str], dict[str, "NodeInfo"]]
+#: what a cloud survey found: {(project, zone): {node name: the backend's record of the node}};
+#: places not listed are absent
+Nodes = dict[tuple[str, str], dict[str, Any]]
+
+#: optional capabilities: name -> the members a backend that declares it has
+OPTIONAL = {
+    # survey(records, reg) -> Survey: its slices' nodes seen in one look, and nodes no record holds
+    "survey": ("survey",),
+    # delete_orphan(name, reg) -> bool: delete a node of its own that no record holds
+    "orphans": ("delete_orphan",),
+    # adopt(name, reg) -> SliceRecord | None: a slice of its own that no record here holds (a wiped
+    # notebook machine), found in the cloud and its record rebuilt and saved
+    "adopt": ("adopt",),
+    # recover(record, reg) -> (accelerator, options, env keys, slices): a lost slice deleted, to launch again
+    "recover": ("recover",),
+    # cloud_place(record) -> (project, zone): where a slice of it lives in the cloud (%tpu_doctor's checks)
+    "cloud": ("cloud_place",),
+    # local_transports(record) -> transports reaching its hosts on this machine, from any process
+    "hosts_here": ("local_transports",),
+}
+
+
+class Survey(Protocol):
+    """What a surveying backend saw in one look (one list call per place)."""
+
+    nodes: Nodes
+
+    def refresh(self, record: "SliceRecord", node: Any) -> None:
+        """Give an attached slice's node what the survey saw of it."""
+
+    def orphans(self, known: set[str]) -> list:
+        """Its nodes that no record in ``known`` holds (``status.OrphanStatus``), still billed."""
 
 
 @dataclass
@@ -37,6 +68,8 @@ class Backend(Protocol):
     """A way to make hosts. Modules satisfy it (provision.local, provision.ssh, provision.gcp)."""
 
     NAME: str
+    #: the optional capabilities it has (keys of OPTIONAL)
+    CAPABILITIES: frozenset[str]
 
     def options(self, **given: Any) -> Any:
         """The backend's options record from keyword options; a one-line UsageError for unknown ones."""

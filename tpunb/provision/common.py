@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb import report
-from tpunb.host import procs
+from tpunb.transport import procs
 from tpunb.registry import Registry, SliceRecord, process_start
 
 if TYPE_CHECKING:

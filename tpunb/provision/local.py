@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tpunb import catalog, colab, report
 from tpunb.catalog import Accelerator
 from tpunb.errors import OwnedElsewhere, TpunbError, UsageError
-from tpunb.host import procs
+from tpunb.transport import procs
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, owner_running, start
 from tpunb.registry import HostRecord, Registry, SliceRecord
@@ -24,8 +24,10 @@ from tpunb.serve.cleanup import stop_recorded
 from tpunb.units import parse_duration
 from tpunb.slice import Slice
 from tpunb.status import SliceStatus
+from tpunb.transport.local import LocalTransport
 
 NAME = "local"
+CAPABILITIES = frozenset({"hosts_here"})
 #: a local slice's one wording for "its kernel ended": %tpu_status, widgets and the sidebar
 STOPPED = "stopped: its kernel ended (%tpu_use restarts it)"
 HOST_EXIT_SECONDS = 10.0  # how long a forced delete waits for a host process to end after SIGTERM, then SIGKILL
@@ -37,7 +39,6 @@ class LocalOptions:
     option) runs one host on this machine's real TPU chips (a Colab TPU runtime)."""
 
     own_tpu: bool = False
-from tpunb.transport.local import LocalTransport
 
 
 def default_name(accelerator: Accelerator) -> str:
@@ -107,8 +108,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
         return {"env": variables, "cwd": os.getcwd(), "jax": jax_settings(num_hosts, index, coordinator_port),
                 **DROP_NOISE}
 
-    transports = [LocalTransport(f"local:{h.index}") for h in record.hosts]
-    return Slice(record, transports, host_init, reg, coordinator_port=free_port)
+    return Slice(record, local_transports(record), host_init, reg, coordinator_port=free_port)
 
 
 def delete(record: SliceRecord, force: bool = False) -> None:
@@ -120,7 +120,7 @@ def delete(record: SliceRecord, force: bool = False) -> None:
             raise UsageError(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}): "
                              "take it down there")
         end_hosts(record)
-    stop_recorded(record, lambda: [LocalTransport(f"local:{h.index}") for h in record.hosts])
+    stop_recorded(record, lambda: local_transports(record))
 
 
 def end_hosts(record: SliceRecord) -> None:
@@ -147,6 +147,10 @@ def end_hosts(record: SliceRecord) -> None:
     raise TpunbError(f"host processes {mine} of {record.name!r} did not end; kill them, then %tpu_down {record.name}")
 
 
+def local_transports(record: SliceRecord) -> list[LocalTransport]:
+    """Its hosts are on this machine: a transport to each, for any process that asks them something
+    (their services) without the kernel that owns them."""
+    return [LocalTransport(f"local:{h.index}") for h in record.hosts]
 
 
 def name_reusable(record: SliceRecord) -> bool:

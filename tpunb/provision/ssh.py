@@ -22,6 +22,7 @@ from tpunb.slice import Node, Slice
 from tpunb.status import SliceStatus
 
 NAME = "ssh"
+CAPABILITIES: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

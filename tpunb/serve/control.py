@@ -1,4 +1,4 @@
-"""One request to the service control process on each host (``tpunb/host/service.py``).
+"""One request to the service control process on each host (``tpunb/host/standalone/service.py``).
 
 Services are not cells: they are reached with a short-lived process of their own on each host,
 never through the agent, so they work the same whether the agent lives, died or belongs to a
@@ -11,23 +11,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tpunb.errors import TransportError
-from tpunb.host.bundle import SERVICE_CONTROL, service_source
-from tpunb.host.service import frame
+from tpunb.engine.bundle import SERVICE_CONTROL, service_source
+from tpunb.host.standalone.service import frame
 from tpunb.registry import tpunb_home
 from tpunb.transport.base import Transport
-from tpunb.transport.local import LocalTransport
 
 
 def root_for(transport: Transport) -> str:
     """Where a host keeps its services' state and logs: under $TPUNB_HOME on this machine (local
     hosts share it), under the login's ~/.tpunb on a remote host."""
-    return str(tpunb_home() / "services") if isinstance(transport, LocalTransport) else "~/.tpunb/services"
+    return str(tpunb_home() / "services") if transport.same_machine else "~/.tpunb/services"
 
 
 def may_have_services(transport: Transport, slice_name: str, host: int) -> bool:
     """False when a host on this machine has no service folder: nothing to ask it (deleting a
     64-host local slice starts no process); a remote host may always have some."""
-    return not isinstance(transport, LocalTransport) or Path(root_for(transport), slice_name, f"host-{host}").exists()
+    return not transport.same_machine or Path(root_for(transport), slice_name, f"host-{host}").exists()
 
 
 def ask(transport: Transport, request: dict) -> dict:

@@ -26,7 +26,7 @@ OPEN_TIMEOUT = 10.0
 
 def opener(transport: Transport, port: int) -> Callable[[], object]:
     """How to reach ``port`` on the host behind ``transport``: a socket-like object per call."""
-    if hasattr(transport, "open_tunnel"):
+    if transport.can_forward:
         def tunnel():
             transport.connect()  # a dropped connection is made again; a dead host fails here, at once
             return transport.open_tunnel(port, timeout=OPEN_TIMEOUT)
@@ -212,7 +212,7 @@ def forward(transports: list[Transport], host: int, port: int, local_port: int |
     if local_port is not None and (not isinstance(local_port, int) or not 0 < local_port < 65536):
         raise UsageError(f"--local-port is a number from 1 to 65535, not {local_port!r}")
     transport = transports[host]
-    if not hasattr(transport, "open_tunnel") and local_port in (None, port):
+    if not transport.can_forward and local_port in (None, port):
         return f"http://127.0.0.1:{port}/"
-    master = (lambda: openssh.master_for(transport)) if hasattr(transport, "open_tunnel") else None
+    master = (lambda: openssh.master_for(transport)) if transport.can_forward else None
     return Forward(opener(transport, port), host, port, local_port, master)

@@ -14,20 +14,40 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from tpunb.host.procs import alive
 from tpunb.registry import tpunb_home
 from tpunb.status import ForwardRow, ServiceRow
-
-if TYPE_CHECKING:
-    from tpunb.serve.services import ServiceState
+from tpunb.transport.procs import alive
 
 #: states in which a service keeps its slice busy (and billing): the idle timer does not run
 BUSY = ("starting", "running", "restarting")
 
 
-def describe(service: "ServiceState") -> str:
+@dataclasses.dataclass
+class ServiceState:
+    """One service on one host, as its state file says: what ``Slice.services()`` lists."""
+
+    name: str
+    host: int
+    state: str  # starting, running, restarting, exited, failed (gave up restarting), stopped, lost
+    pid: int | None
+    exit_code: int | None
+    restarts: int
+    restart: str
+    command: str
+    log: str
+    message: str = ""
+    started_at: float | None = None
+    env_keys: list[str] = dataclasses.field(default_factory=list)
+    ready: bool = False  # running and answered a --wait-port/--wait-http since it (re)started
+
+    @classmethod
+    def from_host(cls, raw: dict) -> ServiceState:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+def describe(service: ServiceState) -> str:
     """One wording per state: starting, ready, running, restarting (restart N), exited with code N,
     gave up after N restarts (...), stopped, lost."""
     if service.state == "running":
@@ -43,7 +63,7 @@ def describe(service: "ServiceState") -> str:
     return service.state
 
 
-def service_rows(slice_name: str, states: list["ServiceState"], usd_per_hour: float | None) -> list[ServiceRow]:
+def service_rows(slice_name: str, states: list[ServiceState], usd_per_hour: float | None) -> list[ServiceRow]:
     """The status rows of a slice's services; a running one carries the slice's $/h: it keeps it billing."""
     return [ServiceRow(slice=slice_name, service=s.name, host=s.host, state=describe(s), restarts=s.restarts,
                        exit_code=s.exit_code, pid=s.pid, command=s.command, busy=s.state in BUSY,
@@ -111,12 +131,12 @@ def _listed_path(slice_name: str) -> Path:
     return tpunb_home() / "services-listed" / f"{slice_name}.json"
 
 
-def record_services(slice_name: str, states: list["ServiceState"]) -> None:
+def record_services(slice_name: str, states: list[ServiceState]) -> None:
     """What a kernel just listed of a slice's services, for readers that cannot ask its hosts."""
     _write_listed(slice_name, [dataclasses.asdict(s) for s in states])
 
 
-def note_started(slice_name: str, states: list["ServiceState"]) -> None:
+def note_started(slice_name: str, states: list[ServiceState]) -> None:
     """Services just started join the slice's listing (beside the others it holds), so the slice
     is known to have services without asking its hosts."""
     started = {(s.name, s.host) for s in states}

@@ -1,53 +1,32 @@
 """Services of a slice as the kernel sees them: start (and wait until ready), list, logs, stop.
 
-Every call reads the hosts afresh (their state files), so a kernel that attached a slice with
-``%tpu_use`` sees the services an earlier kernel started.
+A slice holds one ``Serving``, made from what it needs and nothing more: the slice's name, its
+transports (services are reached with a control process of their own, never through the agent),
+how hosts are named, and each host's environment. Every call reads the hosts afresh (their state
+files), so a kernel that attached a slice with ``%tpu_use`` sees the services an earlier kernel
+started.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from tpunb import report
 from tpunb.errors import ServiceError, UsageError
 from tpunb.serve import seen
 from tpunb.serve.control import ask_hosts, may_have_services
-from tpunb.transport.local import LocalTransport
+from tpunb.serve.seen import ServiceState
 
 if TYPE_CHECKING:
+    from tpunb.display.hosts import Layout
     from tpunb.registry import SliceRecord
-    from tpunb.slice import Slice
+    from tpunb.transport.base import Transport
 
 RESTART = ("no", "on-failure")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 #: log lines shown under a readiness failure
 TAIL = 20
-
-
-@dataclasses.dataclass
-class ServiceState:
-    """One service on one host, as its state file says: what ``Slice.services()`` lists."""
-
-    name: str
-    host: int
-    state: str  # starting, running, restarting, exited, failed (gave up restarting), stopped, lost
-    pid: int | None
-    exit_code: int | None
-    restarts: int
-    restart: str
-    command: str
-    log: str
-    message: str = ""
-    started_at: float | None = None
-    env_keys: list[str] = dataclasses.field(default_factory=list)
-    ready: bool = False  # running and answered a --wait-port/--wait-http since it (re)started
-
-    @classmethod
-    def from_host(cls, raw: dict) -> "ServiceState":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in names})
 
 
 def _check_name(name: str) -> None:
@@ -65,164 +44,161 @@ def _parse_wait(wait_port: int | None, wait_http: str | None) -> tuple[int | Non
     return int(match.group(1) or wait_port), match.group(2) or "/"
 
 
-def serve(sl: "Slice", name: str, command: str, hosts=None, restart: str = "no", env: dict | None = None,
-          wait_port: int | None = None, wait_http: str | None = None, timeout: float = 120.0,
-          max_restarts: int = 5, backoff: float = 1.0) -> list[ServiceState]:
-    """Start ``command`` as service ``name`` on the hosts; with a wait, return once it answers on each."""
-    _check_name(name)
-    if not isinstance(command, str) or not command.strip():
-        raise UsageError("give the service a shell command, e.g. %tpu_serve web -- python3 -m http.server 8000")
-    if restart not in RESTART:
-        raise UsageError(f"restart is one of {', '.join(RESTART)}, not {restart!r}")
-    if not timeout > 0:
-        raise UsageError(f"timeout is a positive number of seconds, not {timeout}")
-    port, path = _parse_wait(wait_port, wait_http)
-    values = {str(k): str(v) for k, v in (env or {}).items()}
-    indices = sl.layout.parse(hosts)
-    inits = {h: sl._init_for_host(h) for h in indices}
-    started = time.perf_counter()
-    replies = _on_hosts(sl, indices, lambda h: {
-        "op": "start", "name": name, "command": command, "restart": restart, "max_restarts": int(max_restarts),
-        "backoff": float(backoff), "env": {**inits[h].get("env", {}), **values}, "env_keys": sorted(values),
-        "cwd": inits[h].get("cwd")})
-    started_on = [h for h, r in replies.items() if "error" not in r]
-    if len(started_on) < len(indices) and started_on:  # all or nothing: end what this call started
-        _on_hosts(sl, started_on, lambda h: {"op": "stop", "name": name})
-    _raise_failures(sl, name, replies, "did not start")
-    where = f"host{'s' if len(indices) > 1 else ''} {sl.layout.names(indices)}"
-    if port is None:
-        report.info(f"[tpunb] started {name!r} on {where}")
-    else:
-        _wait_ready(sl, name, indices, port, path, timeout, where)
-        report.info(f"[tpunb] {name!r} ready on {where} in {time.perf_counter() - started:.1f} s")
-    states = [ServiceState.from_host(r["state"]) for r in replies.values()]
-    seen.note_started(sl.name, states)  # %tpu_status now asks this slice's hosts for their services
-    return states
+class Serving:
+    """A slice's services: ``name``, its ``transports``, its host ``layout`` (names, --hosts
+    parsing) and ``environment(host)``, what each host is told at start (its env and cwd)."""
+
+    def __init__(self, name: str, transports: list[Transport], layout: Layout,
+                 environment: Callable[[int], dict]) -> None:
+        self.name, self.transports, self.layout, self.environment = name, transports, layout, environment
+
+    def serve(self, name: str, command: str, hosts=None, restart: str = "no", env: dict | None = None,
+              wait_port: int | None = None, wait_http: str | None = None, timeout: float = 120.0,
+              max_restarts: int = 5, backoff: float = 1.0) -> list[ServiceState]:
+        """Start ``command`` as service ``name`` on the hosts; with a wait, return once it answers on each."""
+        _check_name(name)
+        if not isinstance(command, str) or not command.strip():
+            raise UsageError("give the service a shell command, e.g. %tpu_serve web -- python3 -m http.server 8000")
+        if restart not in RESTART:
+            raise UsageError(f"restart is one of {', '.join(RESTART)}, not {restart!r}")
+        if not timeout > 0:
+            raise UsageError(f"timeout is a positive number of seconds, not {timeout}")
+        port, path = _parse_wait(wait_port, wait_http)
+        values = {str(k): str(v) for k, v in (env or {}).items()}
+        indices = self.layout.parse(hosts)
+        inits = {h: self.environment(h) for h in indices}
+        started = time.perf_counter()
+        replies = self._on_hosts(indices, lambda h: {
+            "op": "start", "name": name, "command": command, "restart": restart, "max_restarts": int(max_restarts),
+            "backoff": float(backoff), "env": {**inits[h].get("env", {}), **values}, "env_keys": sorted(values),
+            "cwd": inits[h].get("cwd")})
+        started_on = [h for h, r in replies.items() if "error" not in r]
+        if len(started_on) < len(indices) and started_on:  # all or nothing: end what this call started
+            self._on_hosts(started_on, lambda h: {"op": "stop", "name": name})
+        self._raise_failures(name, replies, "did not start")
+        where = f"host{'s' if len(indices) > 1 else ''} {self.layout.names(indices)}"
+        if port is None:
+            report.info(f"[tpunb] started {name!r} on {where}")
+        else:
+            self._wait_ready(name, indices, port, path, timeout, where)
+            report.info(f"[tpunb] {name!r} ready on {where} in {time.perf_counter() - started:.1f} s")
+        states = [ServiceState.from_host(r["state"]) for r in replies.values()]
+        seen.note_started(self.name, states)  # %tpu_status now asks this slice's hosts for their services
+        return states
+
+    def _wait_ready(self, name: str, indices: list[int], port: int, path: str | None, timeout: float,
+                    where: str) -> None:
+        """Until the service answers on every host; else one ServiceError naming each host and why,
+        with the first one's last log lines."""
+        what = f"HTTP GET {path} on port {port}" if path else f"port {port}"
+        report.info(f"[tpunb] waiting for {name!r} to answer {what} on {where} (up to {timeout:g} s)")
+        waits = self._on_hosts(indices, lambda h: {"op": "wait", "name": name, "port": port, "path": path,
+                                                   "timeout": float(timeout), "tail": TAIL})
+        bad = {h: r for h, r in waits.items() if not r.get("ready")}
+        if not bad:
+            return
+        first = min(bad)
+        why = "; ".join(f"host {self.layout.name(h)}: {r.get('why') or r.get('error')}" for h, r in sorted(bad.items()))
+        running = any(r.get("state", {}).get("state") in ("running", "restarting") for r in bad.values())
+        still = f"it keeps running (stop it with %tpu_serve --stop {name})" if running else "it has ended"
+        raise ServiceError(f"service {name!r} is not ready ({why}); {still}; its last log lines on host "
+                           f"{self.layout.name(first)}:", first, bad[first].get("tail", ""))
+
+    def _on_hosts(self, indices: list[int], make) -> dict[int, dict]:
+        """A request per host (``make(host)``), all at once."""
+        return ask_hosts(self.transports, {h: {**make(h), "slice": self.name} for h in indices})
+
+    def _raise_failures(self, name: str, replies: dict[int, dict], what: str) -> None:
+        failed = {h: r["error"] for h, r in replies.items() if "error" in r}
+        if failed:
+            said = "; ".join(f"host {self.layout.name(h)}: {e}" for h, e in sorted(failed.items()))
+            raise ServiceError(f"service {name!r} {what} ({said})", min(failed))
+
+    def services(self) -> list[ServiceState]:
+        """Every service of the slice on every host (hosts that cannot be reached are left out)."""
+        replies = self._on_hosts(list(range(len(self.transports))), lambda h: {"op": "list"})
+        gone = sorted(h for h, r in replies.items() if r.get("unreachable"))
+        if gone:
+            report.warn(f"[tpunb] host{'s' if len(gone) > 1 else ''} {self.layout.names(gone)} could not be reached: "
+                        f"{'their' if len(gone) > 1 else 'its'} services are not listed")
+        found = sorted((ServiceState.from_host(s) for r in replies.values() for s in r.get("services", [])),
+                       key=lambda s: (s.name, s.host))
+        seen.record_services(self.name, found)  # for the sidebar and other kernels, which cannot ask remote hosts
+        return found
+
+    def logs(self, name: str, host=None, tail: int | None = None) -> dict[int, str] | str:
+        """The service's log on each host ({host: text}), or on ``host`` alone (its text)."""
+        _check_name(name)
+        if tail is not None and (not isinstance(tail, int) or tail < 0):
+            raise UsageError(f"tail is a number of lines >= 0, not {tail!r}")
+        indices = self._hosts_with(name, host)
+        replies = self._on_hosts(indices, lambda h: {"op": "logs", "name": name, "tail": tail})
+        self._raise_failures(name, replies, "has no log")
+        texts = {h: r["text"] for h, r in replies.items()}
+        return texts[indices[0]] if host is not None else texts
+
+    def follow(self, name: str, host=None, tail: int | None = 10, poll: float = 0.5) -> Iterator[tuple[int, str]]:
+        """(host, text) as the service's logs grow, starting with their last ``tail`` lines; runs until
+        the caller stops iterating (a KeyboardInterrupt in a notebook)."""
+        indices = self._hosts_with(name, host)
+        offsets: dict[int, int] = {}
+        first = self._on_hosts(indices, lambda h: {"op": "logs", "name": name, "tail": tail or 0})
+        for h, r in sorted(first.items()):
+            offsets[h] = r.get("offset", 0)
+            if r.get("text"):
+                yield h, r["text"]
+        pending = {h: "" for h in indices}  # a line the service is still writing: shown once it is whole
+        while True:
+            for h in indices:
+                r = self._on_hosts([h], lambda _: {"op": "logs", "name": name, "offset": offsets[h]})[h]
+                offsets[h] = r.get("offset", offsets[h])
+                whole, cut, pending[h] = (pending[h] + r.get("text", "")).rpartition("\n")
+                if cut:
+                    yield h, whole + cut
+            time.sleep(poll)  # the log is a file on another machine: nothing tells us it grew
+
+    def _hosts_with(self, name: str, host) -> list[int]:
+        if host is not None:
+            chosen = self.layout.parse(host)
+            if len(chosen) != 1:
+                raise UsageError(f"host {host!r} picks {len(chosen)} hosts: give one (e.g. 0)")
+            return chosen
+        found = sorted({s.host for s in self.services() if s.name == name})
+        if not found:
+            raise UsageError(f"no service named {name!r} on {self.name!r}: {self._known()}")
+        return found
+
+    def _known(self) -> str:
+        names = sorted({s.name for s in self.services()})
+        return f"its services are {', '.join(names)}" if names else "start one with %tpu_serve NAME -- COMMAND"
+
+    def stop(self, name: str) -> list[int]:
+        """Stop service ``name`` on every host that has it (its command's whole process group); the
+        hosts it was stopped on."""
+        _check_name(name)
+        indices = self._hosts_with(name, None)
+        replies = self._on_hosts(indices, lambda h: {"op": "stop", "name": name})
+        self._raise_failures(name, replies, "could not be stopped")
+        report.info(f"[tpunb] stopped {name!r} on host{'s' if len(indices) > 1 else ''} {self.layout.names(indices)}")
+        return indices
+
+    def stop_all(self) -> None:
+        """End every service of the slice and forget them (the slice is being deleted); hosts that
+        cannot be reached are skipped: their machine goes with the slice."""
+        hosts = [h for h in range(len(self.transports)) if may_have_services(self.transports[h], self.name, h)]
+        self._on_hosts(hosts, lambda h: {"op": "stop", "all": True})
+        seen.forget_services(self.name)
+        seen.forget_forwards(self.name, everyone=True)
 
 
-def _wait_ready(sl: "Slice", name: str, indices: list[int], port: int, path: str | None, timeout: float,
-                where: str) -> None:
-    """Until the service answers on every host; else one ServiceError naming each host and why,
-    with the first one's last log lines."""
-    what = f"HTTP GET {path} on port {port}" if path else f"port {port}"
-    report.info(f"[tpunb] waiting for {name!r} to answer {what} on {where} (up to {timeout:g} s)")
-    waits = _on_hosts(sl, indices, lambda h: {"op": "wait", "name": name, "port": port, "path": path,
-                                              "timeout": float(timeout), "tail": TAIL})
-    bad = {h: r for h, r in waits.items() if not r.get("ready")}
-    if not bad:
-        return
-    first = min(bad)
-    why = "; ".join(f"host {sl.layout.name(h)}: {r.get('why') or r.get('error')}" for h, r in sorted(bad.items()))
-    running = any(r.get("state", {}).get("state") in ("running", "restarting") for r in bad.values())
-    still = f"it keeps running (stop it with %tpu_serve --stop {name})" if running else "it has ended"
-    raise ServiceError(f"service {name!r} is not ready ({why}); {still}; its last log lines on host "
-                       f"{sl.layout.name(first)}:", first, bad[first].get("tail", ""))
-
-
-def _on_hosts(sl: "Slice", indices: list[int], make) -> dict[int, dict]:
-    """A request per host (``make(host)``), all at once."""
-    return ask_hosts(sl.session.transports, {h: {**make(h), "slice": sl.name} for h in indices})
-
-
-def _raise_failures(sl: "Slice", name: str, replies: dict[int, dict], what: str) -> None:
-    failed = {h: r["error"] for h, r in replies.items() if "error" in r}
-    if failed:
-        said = "; ".join(f"host {sl.layout.name(h)}: {e}" for h, e in sorted(failed.items()))
-        raise ServiceError(f"service {name!r} {what} ({said})", min(failed))
-
-
-def services(sl: "Slice") -> list[ServiceState]:
-    """Every service of the slice on every host (hosts that cannot be reached are left out)."""
-    replies = _on_hosts(sl, list(range(sl.num_hosts)), lambda h: {"op": "list"})
-    gone = sorted(h for h, r in replies.items() if r.get("unreachable"))
-    if gone:
-        report.warn(f"[tpunb] host{'s' if len(gone) > 1 else ''} {sl.layout.names(gone)} could not be reached: "
-                    f"{'their' if len(gone) > 1 else 'its'} services are not listed")
-    found = sorted((ServiceState.from_host(s) for r in replies.values() for s in r.get("services", [])),
-                   key=lambda s: (s.name, s.host))
-    seen.record_services(sl.name, found)  # for the sidebar and other kernels, which cannot ask remote hosts
-    return found
-
-
-def recorded_services(record: "SliceRecord") -> list[ServiceState]:
-    """The services of a slice this process does not hold: a local slice's hosts are asked
-    (they are on this machine, and only those with a service folder); a remote slice's are what
-    a kernel last listed (``services``)."""
-    if record.backend != "local":
+def recorded_services(record: SliceRecord, here: list[Transport] | None) -> list[ServiceState]:
+    """The services of a slice this process does not hold. ``here``: transports to its hosts when
+    they are on this machine (its backend says so: a local slice), which are asked directly (only
+    those with a service folder); else what a kernel last listed of them (``Serving.services``)."""
+    if here is None:
         return [ServiceState.from_host(s) for s in seen.listed_services(record.name)]
-    transports = [LocalTransport(f"local:{h.index}") for h in record.hosts]
-    asked = {h: {"op": "list", "slice": record.name} for h in range(len(transports))
-             if may_have_services(transports[h], record.name, h)}
-    replies = ask_hosts(transports, asked) if asked else {}
+    asked = {h: {"op": "list", "slice": record.name} for h in range(len(here))
+             if may_have_services(here[h], record.name, h)}
+    replies = ask_hosts(here, asked) if asked else {}
     return sorted((ServiceState.from_host(s) for r in replies.values() for s in r.get("services", [])),
                   key=lambda s: (s.name, s.host))
-
-
-def logs(sl: "Slice", name: str, host=None, tail: int | None = None) -> dict[int, str] | str:
-    """The service's log on each host ({host: text}), or on ``host`` alone (its text)."""
-    _check_name(name)
-    if tail is not None and (not isinstance(tail, int) or tail < 0):
-        raise UsageError(f"tail is a number of lines >= 0, not {tail!r}")
-    indices = _hosts_with(sl, name, host)
-    replies = _on_hosts(sl, indices, lambda h: {"op": "logs", "name": name, "tail": tail})
-    _raise_failures(sl, name, replies, "has no log")
-    texts = {h: r["text"] for h, r in replies.items()}
-    return texts[indices[0]] if host is not None else texts
-
-
-def follow(sl: "Slice", name: str, host=None, tail: int | None = 10, poll: float = 0.5) -> Iterator[tuple[int, str]]:
-    """(host, text) as the service's logs grow, starting with their last ``tail`` lines; runs until
-    the caller stops iterating (a KeyboardInterrupt in a notebook)."""
-    indices = _hosts_with(sl, name, host)
-    offsets: dict[int, int] = {}
-    first = _on_hosts(sl, indices, lambda h: {"op": "logs", "name": name, "tail": tail or 0})
-    for h, r in sorted(first.items()):
-        offsets[h] = r.get("offset", 0)
-        if r.get("text"):
-            yield h, r["text"]
-    pending = {h: "" for h in indices}  # a line the service is still writing: shown once it is whole
-    while True:
-        for h in indices:
-            r = _on_hosts(sl, [h], lambda _: {"op": "logs", "name": name, "offset": offsets[h]})[h]
-            offsets[h] = r.get("offset", offsets[h])
-            whole, cut, pending[h] = (pending[h] + r.get("text", "")).rpartition("\n")
-            if cut:
-                yield h, whole + cut
-        time.sleep(poll)  # the log is a file on another machine: nothing tells us it grew
-
-
-def _hosts_with(sl: "Slice", name: str, host) -> list[int]:
-    if host is not None:
-        chosen = sl.layout.parse(host)
-        if len(chosen) != 1:
-            raise UsageError(f"host {host!r} picks {len(chosen)} hosts: give one (e.g. 0)")
-        return chosen
-    found = sorted({s.host for s in services(sl) if s.name == name})
-    if not found:
-        raise UsageError(f"no service named {name!r} on {sl.name!r}: {_known(sl)}")
-    return found
-
-
-def _known(sl: "Slice") -> str:
-    names = sorted({s.name for s in services(sl)})
-    return f"its services are {', '.join(names)}" if names else "start one with %tpu_serve NAME -- COMMAND"
-
-
-def stop(sl: "Slice", name: str) -> list[int]:
-    """Stop service ``name`` on every host that has it (its command's whole process group); the
-    hosts it was stopped on."""
-    _check_name(name)
-    indices = _hosts_with(sl, name, None)
-    replies = _on_hosts(sl, indices, lambda h: {"op": "stop", "name": name})
-    _raise_failures(sl, name, replies, "could not be stopped")
-    report.info(f"[tpunb] stopped {name!r} on host{'s' if len(indices) > 1 else ''} {sl.layout.names(indices)}")
-    return indices
-
-
-def stop_all(sl: "Slice") -> None:
-    """End every service of the slice and forget them (the slice is being deleted); hosts that
-    cannot be reached are skipped: their machine goes with the slice."""
-    hosts = [h for h in range(sl.num_hosts) if may_have_services(sl.session.transports[h], sl.name, h)]
-    _on_hosts(sl, hosts, lambda h: {"op": "stop", "all": True})
-    seen.forget_services(sl.name)
-    seen.forget_forwards(sl.name, everyone=True)

@@ -78,7 +78,8 @@ logging.getLogger("paramiko.transport").addFilter(_drop_unrequested_channel_nois
 
 
 def _channel_request(chan: Channel, m: paramiko.Message) -> None:
-    """paramiko's channel-request handler, plus the ``exit-signal`` request it ignores.
+    """paramiko's channel-request handler (the one its handler table names), plus the
+    ``exit-signal`` request it ignores.
 
     sshd reports a command killed by a signal with exit-signal, not exit-status; recording it
     lets ``exit_status()`` answer -SIGNUM like subprocess does, instead of never answering.
@@ -96,7 +97,11 @@ def _channel_request(chan: Channel, m: paramiko.Message) -> None:
     m.packet.seek(start)
     if key == "exit-status":
         chan.tpunb_exited = True
-    Channel._handle_request(chan, m)
+    _PARAMIKO_CHANNEL_REQUEST(chan, m)
+
+
+#: what paramiko does with a channel request, which ``_channel_request`` extends
+_PARAMIKO_CHANNEL_REQUEST = paramiko.Transport._channel_handler_table[MSG_CHANNEL_REQUEST]
 
 
 def _exec_now(channel: Channel, command: str) -> None:
@@ -221,6 +226,10 @@ class SSHAgentProcess(AgentProcess):
 
 class SSHTransport(Transport):
     """One authenticated SSH connection to one host, checked against the registry's host key."""
+
+    has_sftp = True
+    can_forward = True
+    reaches_peers = True
 
     def __init__(
         self,

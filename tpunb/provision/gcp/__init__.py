@@ -17,8 +17,7 @@ import os
 import time
 
 from tpunb import catalog, diagnose, report
-from tpunb.errors import (AuthenticationError, CellInterrupted, HostSetupError, NoSliceError, ProvisionError, TpunbError,
-                          UsageError)
+from tpunb.errors import AuthenticationError, CellInterrupted, HostSetupError, ProvisionError, TpunbError, UsageError
 from tpunb.provision import ssh
 from tpunb.provision.base import LaunchRequest, Nodes
 from tpunb.provision.common import owner_alive
@@ -30,11 +29,12 @@ from tpunb.provision.gcp import failover, logins, lookups, rest
 from tpunb.provision.gcp.adopt import adopt, host_records  # noqa: F401 - adopt is this backend's re-attach
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
-from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.registry import Registry, SliceRecord
 from tpunb.slice import Node, Slice
 from tpunb.status import OrphanStatus, SliceStatus
 
 NAME = "gcp"
+CAPABILITIES = frozenset({"survey", "orphans", "adopt", "recover", "cloud"})
 #: a slice whose launch has not finished (or was cut off): one wording everywhere
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
 #: a failover's record, while it launches: every zone it may have made something in
@@ -188,7 +188,7 @@ def _say_idle_problem(project: str, zone: str, name: str, wait: float = 5.0) -> 
     deadline = time.monotonic() + wait
     try:
         while (problem := lookups.idle_problem(project, zone, name)) is None and time.monotonic() < deadline:
-            api._sleep(0.1)
+            api.pause(0.1)
     except Exception:  # the slice is up: a question about its watchdog must not lose it
         return
     if problem:
@@ -312,20 +312,21 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
                        running_s=running_s, cloud=cloud)
 
 
-def recover(name: str, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions, list[str], int]:
+def recover(record: SliceRecord, reg: Registry) -> tuple[catalog.Accelerator, CloudOptions, list[str], int]:
     """Delete a lost (preempted, terminated) slice's node and forget it; what to launch again:
     its accelerator, its options, the names of its --env values (never stored) and its slices."""
-    record = reg.get_slice(name)
-    if record is None:
-        raise NoSliceError(f"no slice named {name!r} to recover: see %tpu_status")
-    if record.backend != "gcp":
-        raise UsageError(f"{name!r} is a {record.backend} slice: %tpu_use {name} restarts it")
+    name = record.name
     report.info(f"Recovering {name!r}: deleting its lost node, then launching {record.kind} again")
     api.delete(record.spec["project"], record.spec["zone"], name, wait=True,
                queued=bool(record.spec.get("queued")) or record.num_slices > 1)
     reg.delete_slice(name)
     return (catalog.lookup(record.accelerator), recorded_options(record), record.spec.get("env_keys", []),
             record.num_slices)
+
+
+def cloud_place(record: SliceRecord) -> tuple[str | None, str | None]:
+    """The project and zone the slice's node is in."""
+    return record.spec.get("project"), record.spec.get("zone")
 
 
 class Survey:
@@ -388,12 +389,15 @@ class Survey:
         if info is None:
             return OrphanStatus(name=name, accelerator="", num_slices=1, project=project, zone=zone, state="UNKNOWN",
                                 spot=False, usd_per_hour=None, uptime_s=None, message=message,
-                                cloud={"cloud_state": "UNKNOWN"})
+                                cloud={"cloud_state": "UNKNOWN"}, backend=NAME)
         node = CloudNode(name, info.accelerator, project, zone, info.spot, info, watch=False, slices=info.slices)
         cloud = node.status()
         return OrphanStatus(name=name, accelerator=info.kind, num_slices=info.slices, project=project, zone=zone,
                             state=cloud["cloud_state"], spot=info.spot, usd_per_hour=cloud["usd_per_hour"],
-                            uptime_s=cloud["uptime_s"], message=message, cloud=cloud)
+                            uptime_s=cloud["uptime_s"], message=message, cloud=cloud, backend=NAME)
+
+
+survey = Survey  # the capability's member: survey(records, reg)
 
 
 def delete_orphan(name: str, reg: Registry | None = None) -> bool:

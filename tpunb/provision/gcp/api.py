@@ -17,8 +17,6 @@ their conversion from API messages live in ``records``.
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import secrets
 import threading
 import time
@@ -113,14 +111,14 @@ def default_credentials() -> Any:
     return credentials
 
 
-def _poll_delays() -> Iterator[float]:
+def poll_delays() -> Iterator[float]:
     """Seconds between polls: short against the emulator, backing off against the real API."""
     if endpoint():
         return itertools.repeat(0.02)
     return (min(10.0, 1.0 * 1.5**i) for i in itertools.count())
 
 
-def _sleep(seconds: float) -> None:
+def pause(seconds: float) -> None:
     """The deliberate wait between polls (a seam the provisioning benchmark measures); a Ctrl-C
     that Python dropped while the last poll ran is raised here."""
     interrupts.check()
@@ -230,10 +228,10 @@ def create(
     ProvisionErrors whose ``.reason`` names the kind (quota, no_capacity, permission, ...).
     """
     attempt = Attempt(spec, on_state, timeout)
-    delays = _poll_delays()
+    delays = poll_delays()
     try:
         while (info := attempt.poll()) is None:
-            _sleep(min(next(delays), attempt.time_left()))
+            pause(min(next(delays), attempt.time_left()))
         return info
     except ProvisionError:
         raise  # poll() has cleaned up and said so
@@ -407,7 +405,7 @@ def _wait_or_time_out(delays: Iterator[float], deadline: float | None) -> None:
         if left <= 0:
             raise _TimedOut()
         delay = min(delay, left)
-    _sleep(delay)
+    pause(delay)
 
 
 def _nodes_of(api: Any, qr: Any) -> list[Any]:
@@ -544,7 +542,7 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
 
 
 def _wait_gone(api: Any, node_names: list[str], qr_name: str | None, deadline: float) -> None:
-    delays = _poll_delays()
+    delays = poll_delays()
     while (qr_name is not None and _queued_or_none(api, qr_name) is not None) or any(
         _get_or_none(api.get_node, name) is not None for name in node_names
     ):

@@ -121,7 +121,7 @@ class Search:
         """The first node granted and the spec that made it; a ProvisionError with one line per
         place when none is. Whatever is still in flight when this returns or raises is deleted."""
         waiting, running = list(self.places), {}
-        delays = api._poll_delays()
+        delays = api.poll_delays()
         try:
             while waiting or running:
                 self._start(waiting, running)
@@ -142,7 +142,7 @@ class Search:
                             raise
                         return info, attempt.spec
                 if running:
-                    api._sleep(min([next(delays)] + [a.time_left() for a in running.values()]))
+                    api.pause(min([next(delays)] + [a.time_left() for a in running.values()]))
         except BaseException as e:
             self._cancel(running, "its launch was interrupted" if isinstance(e, KeyboardInterrupt)
                          else "its launch failed")

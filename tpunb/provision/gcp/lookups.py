@@ -93,7 +93,7 @@ def quota_failures(project: str, zone: str) -> list[tuple[str, str]]:
 def idle_problem(project: str, zone: str, name: str) -> str | None:
     """Why the node's idle watchdog cannot delete it, as it wrote on worker 0 (guest attribute
     ``tpunb/idle-error``): "" when it can, None when it has not said (not armed yet, or unreadable)."""
-    from tpunb.host.idle import ERROR_ATTRIBUTE
+    from tpunb.host.standalone.idle import ERROR_ATTRIBUTE
 
     from google.cloud import tpu_v2
 

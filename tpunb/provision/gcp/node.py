@@ -150,7 +150,7 @@ class CloudNode(Node):
         node whose boot did not arm it gets it now."""
         if index != 0 or not self.idle_seconds:
             return {}
-        from tpunb.host.bundle import idle_script
+        from tpunb.engine.bundle import idle_script
 
         config = api.idle_config(self.project, self.zone, self.name, self.idle_seconds, self.queued)
         return {"idle": {**config, "source": idle_script()}}

@@ -5,7 +5,7 @@ Labels (what a survey filters on, and what survives a wiped notebook machine): `
 seconds, or ``off``). Metadata ``tpunb-slice`` (JSON) keeps what a re-attach needs to rebuild the
 slice's record from the node alone: its name, login user (and whether through OS Login), Python,
 idle limit and slice count. ``ssh-keys`` carries tpunb's key outside OS Login; with idle autodelete,
-``tpunb-idle`` and the startup-script arm the watchdog on worker 0 (tpunb/host/idle.py).
+``tpunb-idle`` and the startup-script arm the watchdog on worker 0 (tpunb/host/standalone/idle.py).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 LAUNCH_LABEL = "tpunb-launch"  # a per-create token: proves a node is ours after an interrupted call
 NAME_LABEL, OWNER_LABEL, IDLE_LABEL = "tpunb-name", "tpunb-owner", "tpunb-idle"
 SLICE_METADATA = "tpunb-slice"  # node metadata: what %tpu_use needs to rebuild the slice's record
-IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/idle.py)
+IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/standalone/idle.py)
 PUBLIC_ENDPOINT = "https://tpu.googleapis.com"
 IAM_ENDPOINT = "https://cloudresourcemanager.googleapis.com"
 
@@ -88,7 +88,7 @@ def idle_config(project: str, zone: str, name: str, seconds: float, queued: bool
 def idle_metadata(spec: NodeSpec) -> dict[str, str]:
     """Node metadata that arms the watchdog at boot on worker 0, before any kernel attaches, and
     lets every worker tell it that a service runs there (guest attributes)."""
-    from tpunb.host.bundle import idle_script
+    from tpunb.engine.bundle import idle_script
 
     config = idle_config(spec.project, spec.zone, spec.name, spec.idle_delete, spec.queued)
     config["grace"] = spec.connect_wait  # at boot, the launching kernel has this long to attach

@@ -1,8 +1,8 @@
-"""Status rows: one per host of every slice (and per orphaned cloud node), as dataclasses.
+"""Status records as dataclasses: rows per host of every slice (and per orphaned cloud node),
+services and forwards, a backend's word on a recorded slice; and the DataFrame %tpu_status shows.
 
-``%tpu_status``, the widgets and the Jupyter server extension all read these rows; whoever
-shows them turns them into a DataFrame (``frame``) or JSON (``dataclasses.asdict``). Nothing
-here fetches anything: the slices, the registry and the backends fill the rows in.
+Nothing here fetches anything: ``status.view`` builds the one status model per slice from the
+slices, the registry and the backends, and renders it as these rows or as the sidebar's JSON.
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ class OrphanStatus:
     uptime_s: float | None
     message: str  # why it is an orphan and how to delete it, one line
     cloud: dict = field(default_factory=dict)  # HostRow's cloud columns
-    backend: str = "gcp"  # the backend that finds orphans
+    backend: str = ""  # the backend whose survey found it
 
     def host_row(self) -> HostRow:
         return HostRow(slice=self.name, accelerator=self.accelerator, backend=self.backend, host=None,
@@ -200,12 +200,3 @@ def versions_frame(rows: Iterable) -> "pandas.DataFrame":
 
     table = pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=["slice", "host", "address", *PACKAGES, "env"])
     return table.fillna("")
-
-
-def with_latest_metrics(row: HostRow, latest: list[tuple[int, str, int | None, float, float]]) -> HostRow:
-    """Fill a row's metric columns from the registry's latest values (a slice another kernel runs)."""
-    values: dict[str, float] = {}
-    for host, metric, _chip, value, _time in latest:
-        if host == row.host and metric in METRIC_COLUMNS:
-            values[metric] = values.get(metric, 0.0) + value
-    return dataclasses.replace(row, **values)

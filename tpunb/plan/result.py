@@ -1,18 +1,102 @@
-"""A :class:`~tpunb.plan.Plan` as people read it: text, HTML and rows for DataFrames.
+"""What :func:`tpunb.plan.plan` worked out, a :class:`Plan`, and how people read it: text, HTML
+and rows for DataFrames.
 
 Kept apart from the estimator so changing how a plan looks never touches what it computes.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tpunb.plan.roofline import SliceEstimate
+from tpunb.catalog import Accelerator
+from tpunb.errors import UsageError
+from tpunb.plan.models import ModelSpec
+from tpunb.plan.roofline import SliceEstimate, custom_slice, evaluate
 from tpunb.plan.units import GIB, human_count, human_time, money
-from tpunb.plan.workloads import Training
+from tpunb.plan.workloads import Memory, Training, Workload, require
 
 if TYPE_CHECKING:
-    from tpunb.plan import Plan
+    import pandas
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything :func:`plan` worked out; ``options`` holds one slice per generation."""
+
+    model: ModelSpec
+    workload: Workload
+    memory: Memory
+    trainable_params: float
+    dense_flops_per_token: float
+    attention_flops_per_token: float
+    flops_per_step: float
+    options: tuple[SliceEstimate, ...]
+    notes: tuple[str, ...] = ()
+    spot: bool = False
+    hbm_reserve: float = 0.1
+    deadline_seconds: float | None = None
+
+    @property
+    def params(self) -> float:
+        return self.model.params
+
+    @property
+    def flops_per_token(self) -> float:
+        return self.dense_flops_per_token + self.attention_flops_per_token
+
+    @property
+    def total_flops(self) -> float | None:
+        w = self.workload
+        return self.flops_per_token * w.tokens if isinstance(w, Training) and w.tokens else None
+
+    def best(self, by: str = "cost") -> SliceEstimate:
+        """The cheapest (``by="cost"``) or fastest (``by="time"``) option that fits."""
+        require(by in ("cost", "time"), f"best(by=...) takes 'cost' or 'time', not {by!r}")
+        fitting = [o for o in self.options if o.fits]
+        if not fitting:
+            raise UsageError("no slice considered holds this workload: shrink the batch, use remat, LoRA or more chips")
+        if by == "time":
+            return min(fitting, key=lambda o: o.step_seconds)
+        priced = [o for o in fitting if _option_cost(o, self) is not None]
+        return min(priced or fitting, key=lambda o: _option_cost(o, self) or math.inf)
+
+    def on(self, tpu: str | Accelerator, chips: int | None = None, topology: str | None = None) -> SliceEstimate:
+        """This workload on one given slice (``"v5p-128"``) or any chip count of a generation."""
+        acc = custom_slice(tpu, chips, topology)
+        return evaluate(self.model, self.workload, acc, self.memory, self.hbm_reserve)
+
+    def table(self) -> "pandas.DataFrame":
+        """The options as a DataFrame, one row per slice."""
+        import pandas
+
+        rows = [option_row(o, self) for o in self.options]
+        return pandas.DataFrame(rows).set_index("slice") if rows else pandas.DataFrame()
+
+    def memory_table(self) -> "pandas.DataFrame":
+        """Memory by component, in GiB."""
+        import pandas
+
+        rows = {k: v / GIB for k, v in dataclasses.asdict(self.memory).items()}
+        rows["total"] = self.memory.total / GIB
+        return pandas.DataFrame({"GiB": rows})
+
+    def __str__(self) -> str:
+        return render_text(self)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return render_html(self)
+
+
+def _option_cost(o: SliceEstimate, p: Plan) -> float | None:
+    """What ranks options by money: USD per million tokens (trained or generated)."""
+    per_hour = o.spot_usd_per_hour if p.spot else o.usd_per_hour
+    return None if per_hour is None else per_hour / 3600 / o.tokens_per_second * 1e6
+
 
 
 def option_row(o: SliceEstimate, p: Plan) -> dict[str, Any]:

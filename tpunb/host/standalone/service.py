@@ -29,7 +29,7 @@ from collections.abc import Callable
 STOP_GRACE = 3.0
 #: states in which a supervisor is still at work
 ACTIVE = ("starting", "running", "restarting")
-#: this worker's guest attribute that says when its services last ran (read by tpunb/host/idle.py)
+#: this worker's guest attribute that says when its services last ran (read by tpunb/host/standalone/idle.py)
 SERVING_ATTRIBUTE = "tpunb/serving"
 
 
@@ -339,7 +339,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
 
 
 def _serving_mark() -> str | None:
-    """On a host whose node deletes itself when idle (``tpunb/host/idle.py`` armed in its host dir),
+    """On a host whose node deletes itself when idle (``tpunb/host/standalone/idle.py`` armed in its host dir),
     a file named after this supervisor's pid in the host dir's ``serving`` folder: the watchdog
     counts a running service as use. The path, or None when nothing is armed here."""
     host_dir = os.environ.get("TPUNB_HOST_DIR") or "/var/tmp/tpunb-host"
@@ -393,7 +393,7 @@ def _on_gce() -> bool:
 def _publish_serving() -> Callable[[], None] | None:
     """On a worker of a node that deletes itself when idle, other than worker 0 (whose watchdog
     sees ``_serving_mark``): write the time as this worker's guest attribute every quarter of the
-    idle limit, so worker 0's watchdog counts this service as use (tpunb/host/idle.py). Returns what
+    idle limit, so worker 0's watchdog counts this service as use (tpunb/host/standalone/idle.py). Returns what
     to call at the service's end (one last write: the idle time starts then), or None."""
     if not _on_gce():
         return None

@@ -1,10 +1,9 @@
-"""What is shipped to a host at connect: a tiny bootstrap on the command line, then the host
-modules over stdin, installed as the package ``tpunb_host`` (so a host needs only Python >= 3.10).
+"""What is shipped to a host at connect: a tiny bootstrap on the command line, then the modules
+of ``tpunb/host`` over stdin, installed as the package ``tpunb_host`` (so a host needs only
+Python >= 3.10); and the standalone programs of ``tpunb/host/standalone`` as their own scripts.
 A host whose environment tpunb prepares gets ``LAUNCHER`` instead: it reads the spec and the
 bundle, makes or checks the environment (``prepare.py``), then execs the environment's Python
 with ``BOOTSTRAP`` reading the same bundle from a memfd (its number is the program's argument).
-
-This module runs in the kernel; it is the one module of ``tpunb/host`` that is never shipped.
 """
 from __future__ import annotations
 
@@ -13,8 +12,12 @@ import json
 from pathlib import Path
 
 PACKAGE = "tpunb_host"
+#: where the shipped modules are: every module of tpunb/host, and the standalone programs the
+#: agent imports (tests/test_layout.py proves this list matches the folder)
+HOST = Path(__file__).resolve().parent.parent / "host"
 #: shipped in this order: each module's relative imports name only modules before it
-MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler", "idle", "gcs", "snapshot", "preempt", "shards", "transfer", "relay", "agent")
+MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler",
+           "standalone.idle", "gcs", "snapshot", "preempt", "shards", "transfer", "relay", "agent")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from
 #: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)
@@ -42,10 +45,13 @@ sys.modules[_bundle["package"]] = _package
 for _name, _source in _bundle["modules"]:
     _module = types.ModuleType(_bundle["package"] + "." + _name)
     _module.__file__ = "<tpunb:" + _module.__name__ + ">"
-    _module.__package__ = _bundle["package"]
+    _module.__package__ = _module.__name__.rpartition(".")[0]
     sys.modules[_module.__name__] = _module
-    setattr(_package, _name, _module)
-    exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
+    setattr(sys.modules[_module.__package__], _name.rpartition(".")[2], _module)
+    if _source is None:
+        _module.__path__ = []
+    else:
+        exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
 sys.modules[_bundle["package"] + ".agent"].main(_init)
 """
 
@@ -76,8 +82,13 @@ _module.control(_message["request"])
 @functools.lru_cache(maxsize=1)
 def agent_bundle() -> bytes:
     """The host modules, length-prefixed, as the bootstrap reads them from stdin."""
-    here = Path(__file__).parent
-    modules = [(name, (here / f"{name}.py").read_text()) for name in MODULES]
+    modules, packages = [], set()
+    for name in MODULES:
+        package = name.rpartition(".")[0]
+        if package and package not in packages:  # a subpackage: made (empty) before its modules
+            packages.add(package)
+            modules.append((package, None))
+        modules.append((name, (HOST / f"{name.replace('.', '/')}.py").read_text()))
     body = json.dumps({"package": PACKAGE, "modules": modules}).encode()
     return b"%012d" % len(body) + body
 
@@ -85,8 +96,7 @@ def agent_bundle() -> bytes:
 def launcher_message(spec: dict, init: dict | None = None) -> bytes:
     """What ``LAUNCHER`` reads first: the spec, the modules it runs, the agent's bootstrap, and the
     host's init frame (handed to the agent with the bundle: no round trip waits for it)."""
-    here = Path(__file__).parent
-    modules = [(name, (here / f"{name}.py").read_text()) for name in ("protocol", "prepare")]
+    modules = [(name, (HOST / f"{name}.py").read_text()) for name in ("protocol", "prepare")]
     body = json.dumps({"spec": spec, "modules": modules, "bootstrap": BOOTSTRAP, "init": init}).encode()
     return b"%012d" % len(body) + body
 
@@ -95,10 +105,10 @@ def launcher_message(spec: dict, init: dict | None = None) -> bytes:
 def idle_script() -> str:
     """The idle watchdog (``idle.py``) as a standalone Python script: a node's startup-script, and
     what host 0's agent runs as the watchdog process."""
-    return "#!/usr/bin/env python3\n" + (Path(__file__).parent / "idle.py").read_text()
+    return "#!/usr/bin/env python3\n" + (HOST / "standalone" / "idle.py").read_text()
 
 
 @functools.lru_cache(maxsize=1)
 def service_source() -> str:
     """``service.py``, sent with each request to the service control process."""
-    return (Path(__file__).parent / "service.py").read_text()
+    return (HOST / "standalone" / "service.py").read_text()

@@ -1,7 +1,7 @@
 """The state of a process on this machine, read in one place with one rule: a zombie (ended,
 not yet reaped) is not alive. Linux reads /proc/PID/stat; elsewhere signals and psutil stand in.
-Standard library only, so it lives with the host modules, but it runs in the kernel, the Jupyter
-server and the emulator and is not shipped (the shipped modules keep their own reads).
+It runs in the kernel (local hosts, kernels owning slices), the Jupyter server and the emulator,
+and is never shipped: the shipped host modules keep their own reads.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ runs as root, the agent as the SSH user, so both must reach it; no secrets are w
                  request (busy), or empty. World-writable so the SSH user can touch root's file.
   idle.lock      held (flock) by the running watchdog: at most one per host
   idle.log       what the watchdog did (never the token)
-  serving/PID    a service's supervisor (tpunb/host/service.py) runs on this host: while one
+  serving/PID    a service's supervisor (tpunb/host/standalone/service.py) runs on this host: while one
                  lives, the node is in use
 Services on the other workers: a supervisor there (service.py) writes the time as its worker's
 guest attribute ``tpunb/serving`` every quarter of the idle limit while it runs, and once at its

@@ -1,0 +1,221 @@
+"""One status view model per slice, built one way for everyone who shows status.
+
+``%tpu_status`` renders it as a DataFrame (``StatusView.frame``), the Jupyter server as JSON
+(``StatusView.to_json``), and the JupyterLab sidebar reads that JSON: the same numbers by
+construction. A slice's view holds its hosts (state, process, latest metrics with chips combined
+one way: bytes summed, percentages averaged), its cost, services, forwards and idle timer; the
+whole view also holds the cloud nodes no record knows (orphans).
+
+A slice this process holds (``attached``) is seen live (its hosts' agents, its metrics ring, its
+node); any other one as its owning kernel last recorded it in the registry.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tpunb import provision
+from tpunb.display.hosts import Layout
+from tpunb.provision.common import owner_running
+from tpunb.serve import recorded_services, seen
+from tpunb.status import ForwardRow, HostRow, OrphanStatus, ServiceRow, SliceStatus, frame
+
+if TYPE_CHECKING:
+    import pandas
+
+    from tpunb.registry import Registry, SliceRecord
+    from tpunb.slice import Slice
+
+
+def combine(latest: list[tuple]) -> dict[int, dict[str, float]]:
+    """{host: {metric: value}} from (host, metric, chip, value, time) rows: a metric reported per
+    chip is summed over the chips (bytes add up), or averaged if it is a percentage."""
+    values: dict[tuple[int, str], list[float]] = {}
+    for host, metric, _chip, value, _time in latest:
+        if value is not None:
+            values.setdefault((host, metric), []).append(value)
+    out: dict[int, dict[str, float]] = {}
+    for (host, metric), each in values.items():
+        out.setdefault(host, {})[metric] = sum(each) / len(each) if metric.endswith("_percent") else sum(each)
+    return out
+
+
+@dataclass
+class HostView:
+    """One host: where it is, how it is, and its latest metrics."""
+
+    index: int
+    label: str  # as the notebook names it: '3', or 's1/0' in a multislice
+    slice_index: int | None  # which slice of a multislice (None: a single slice)
+    address: str | None
+    state: str  # running, gone, connected, not connected, ...
+    pid: int | None = None
+    runner: str | None = None
+    uptime_s: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def bars(self, seen: SliceStatus) -> dict[str, float]:
+        """The sidebar's bars as fractions: the backend says which metrics are a host's CPU and memory."""
+        bars, values = {}, self.metrics
+        if values.get(seen.cpu_metric) is not None:
+            bars["cpu"] = min(1.0, values[seen.cpu_metric] / 100)
+        if values.get(seen.memory_metric) is not None and values.get("memory_total_bytes"):
+            bars["memory"] = values[seen.memory_metric] / values["memory_total_bytes"]
+        if values.get("hbm_used_bytes") is not None and values.get("hbm_total_bytes"):
+            bars["hbm"] = values["hbm_used_bytes"] / values["hbm_total_bytes"]
+        return bars
+
+
+@dataclass
+class SliceView:
+    """One slice as every status view shows it."""
+
+    record: SliceRecord
+    seen: SliceStatus  # its backend's wording of its state, and its price
+    hosts: list[HostView]
+    current: bool = False
+    #: held by this process, its hosts seen live (else as its owning kernel last recorded it)
+    live: bool = False
+    cloud: dict = field(default_factory=dict)  # cloud_state, health, usd_per_hour, uptime_s (cloud slices)
+    idle_delete_in: float | None = None  # seconds until its idle watchdog deletes it (None: never)
+    services: list[ServiceRow] = field(default_factory=list)
+    forwards: list[ForwardRow] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def usd_per_hour(self) -> float | None:
+        return self.cloud.get("usd_per_hour", self.seen.usd_per_hour)
+
+    @property
+    def usd_so_far(self) -> float | None:
+        price, running = self.usd_per_hour, self.seen.running_s
+        return round(price * running / 3600, 4) if price is not None and running is not None else None
+
+    @property
+    def busy_services(self) -> list[str]:
+        """Services that run: while one does, the idle watchdog keeps the slice (and it bills)."""
+        return sorted({s.service for s in self.services if s.busy})
+
+    def host_rows(self) -> list[HostRow]:
+        """%tpu_status's rows: one per host (one for a slice whose hosts are not recorded); a host
+        seen live says its own state, one of a slice held elsewhere its slice's."""
+        record = self.record
+        common = dict(slice=record.name, current=self.current, accelerator=record.kind, backend=record.backend,
+                      idle_delete_in=self.idle_delete_in, **{**self.cloud, "usd_per_hour": self.usd_per_hour}
+                      if self.cloud else {})
+        if not self.hosts:
+            return [HostRow(host=None, address=None, state=self.seen.state, **common)]
+        return [HostRow(host=h.index, slice_index=h.slice_index, address=h.address,
+                        state=h.state if self.live else self.seen.state, pid=h.pid,
+                        runner=h.runner, **{"uptime_s": h.uptime_s, **common},
+                        **{m: h.metrics.get(m) for m in ("cpu_percent", "rss_bytes", "memory_used_bytes",
+                                                         "hbm_used_bytes")})
+                for h in self.hosts]
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        """The sidebar's card: the slice, its hosts with their bars and raw metrics, services, forwards."""
+        record, seen_ = self.record, self.seen
+        return {
+            "name": record.name, "backend": record.backend, "accelerator": record.kind,
+            "num_slices": record.num_slices, "state": seen_.state, "created": record.created,
+            "age_s": round(now - record.created, 1), "spot": bool(record.spec.get("spot")),
+            "usd_per_hour": self.usd_per_hour, "usd_so_far": self.usd_so_far,
+            "list_usd_per_hour": seen_.list_usd_per_hour, "idle_delete_in": self.idle_delete_in,
+            "idle_delete_failing": self.cloud.get("idle_delete_failing"),
+            "owner_pid": record.owner_pid, "current": self.current, "orphan": False,
+            "hosts": [{"index": h.index, "slice_index": h.slice_index or 0, "label": h.label, "address": h.address,
+                       "state": h.state, "metrics": {**h.bars(seen_), **h.metrics}} for h in self.hosts],
+            "services": [dataclasses.asdict(s) for s in self.services],
+            "forwards": [dataclasses.asdict(f) for f in self.forwards],
+            "busy_services": self.busy_services, "idle_held": bool(self.busy_services),
+        }
+
+
+def orphan_json(orphan: OrphanStatus) -> dict[str, Any]:
+    """An orphaned cloud node as the sidebar shows it."""
+    price, uptime = orphan.usd_per_hour, orphan.uptime_s
+    return {
+        "name": orphan.name, "backend": orphan.backend, "accelerator": orphan.accelerator,
+        "num_slices": orphan.num_slices, "state": orphan.state, "project": orphan.project, "zone": orphan.zone,
+        "age_s": round(uptime, 1) if uptime is not None else None, "spot": orphan.spot, "usd_per_hour": price,
+        "usd_so_far": round(price * uptime / 3600, 4) if price is not None and uptime is not None else None,
+        "hosts": [], "orphan": True, "message": orphan.message,
+    }
+
+
+@dataclass
+class StatusView:
+    """Every slice the registry knows, and the cloud nodes it does not (orphans)."""
+
+    slices: list[SliceView]
+    orphans: list[OrphanStatus]
+    time: float
+
+    @classmethod
+    def build(cls, reg: Registry, attached: Mapping[str, Slice] | None = None, current: str | None = None,
+              ask_services: bool = True) -> StatusView:
+        """The view from the registry, live for the slices in ``attached`` (this kernel's).
+        ``ask_services``: an attached slice known to have services is asked for them (a process on
+        every host); otherwise services are what its hosts' files or a kernel last listed."""
+        attached = attached or {}
+        records = reg.list_slices()
+        survey = provision.Survey(records, reg)  # no cloud call unless a cloud slice or a project is configured
+        views = []
+        for record in records:
+            sl = attached.get(record.name)
+            if sl is not None:
+                survey.refresh(record, sl.node)  # one list call refreshes every attached node
+            views.append(_slice_view(record, reg, survey.nodes, sl, record.name == current, ask_services))
+        return cls(views, survey.orphans({r.name for r in records}), time.time())
+
+    def host_rows(self) -> list[HostRow]:
+        return [row for v in self.slices for row in v.host_rows()] + [o.host_row() for o in self.orphans]
+
+    def frame(self) -> pandas.DataFrame:
+        """%tpu_status: one row per host; services and forwards in ``.attrs`` (shown below it)."""
+        return frame(self.host_rows(), [s for v in self.slices for s in v.services],
+                     [f for v in self.slices for f in v.forwards])
+
+    def to_json(self) -> dict[str, Any]:
+        """The server's answer to GET /tpunb/api/slices, which the sidebar reads."""
+        return {"slices": [v.to_json(self.time) for v in self.slices],
+                "orphans": [orphan_json(o) for o in self.orphans], "time": self.time}
+
+
+def _slice_view(record: SliceRecord, reg: Registry, nodes: Any, sl: Slice | None, current: bool,
+                ask_services: bool) -> SliceView:
+    seen_ = provision.backend(record.backend).slice_status(record, nodes)
+    layout = Layout(len(record.hosts), record.num_slices)
+    if sl is not None:  # held here: live
+        metrics = combine(sl.metrics_store.latest_rows())
+        now = time.time()
+        hosts = [HostView(h.index, layout.name(h.index), layout.slice_of(h.index) if layout.multislice else None,
+                          record.hosts[h.index].address if h.index < len(record.hosts) else h.transport.address,
+                          "running" if h.alive else "gone", h.info.get("pid"), h.info.get("runner"),
+                          round(now - h.started_at, 1) if h.alive and h.started_at else None, metrics.get(h.index, {}))
+                 for h in sl.session.hosts]
+        cloud, idle = sl.node.status(), sl.idle_delete_in()
+    else:  # as its owning kernel last recorded it
+        owner = owner_running(record)
+        metrics = combine(reg.latest_metrics(record.name)) if owner else {}
+        hosts = [HostView(h.index, layout.name(h.index), layout.slice_of(h.index) if layout.multislice else None,
+                          h.address, state, metrics=metrics.get(h.index, {}))
+                 for h, state in zip(record.hosts, seen_.host_states)]
+        cloud, idle = dict(seen_.cloud), reg.idle_delete_in(record.name, owner)
+    view = SliceView(record, seen_, hosts, current, sl is not None, cloud, idle)
+    if ask_services and sl is not None and seen.listed_services(record.name):
+        # ask the hosts of an attached slice only once it is known to have services: listing them
+        # starts a process on every host, which a slice without any must not pay on every status
+        states = sl.services()
+    else:
+        states = recorded_services(record, provision.local_transports(record))
+    view.services = seen.service_rows(record.name, states, view.usd_per_hour)
+    view.forwards = seen.forward_rows(record.name)
+    if view.busy_services or cloud.get("idle_delete_failing"):
+        view.idle_delete_in = None  # the watchdog keeps the node while a service runs, or cannot delete it
+    return view
