@@ -392,7 +392,7 @@ class Slice:
             raise UsageError("push takes a dict of {name: value} with valid Python names")
         self.revive()
         chosen = self.layout.parse(hosts)
-        diagnose.pythons.refuse_code(self, values, chosen)  # one line before anything is sent
+        diagnose.pythons.refuse_code(self.session.hosts, self.layout.names, values, chosen)  # one line before anything is sent
         self._idle_mark(False, tell_host=True)
         self.session.push(values, chosen)
 
@@ -488,7 +488,7 @@ class Slice:
 
     def warn_python_mismatch(self) -> str | None:
         """Said once at connect: hosts on another Python than this kernel's (see diagnose.pythons)."""
-        return diagnose.pythons.warn_mismatch(self)
+        return diagnose.pythons.warn_mismatch(self.session.hosts, self.layout.names)
 
     def warn_version_skew(self) -> str | None:
         """Warn, in one line, which hosts run other versions than the rest; the line, or None."""

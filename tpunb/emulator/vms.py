@@ -11,11 +11,28 @@ from typing import TYPE_CHECKING
 
 from tpunb.emulator.accounts import Accounts, default_service_account
 from tpunb.emulator.hosts import HostPool, parse_user_keys
-from tpunb.emulator.metadata import tpu_attributes
 from tpunb.emulator.resources import ApiError, Node, QueuedResource
 
 if TYPE_CHECKING:
     from tpunb.emulator.checks import Faults
+
+
+def tpu_attributes(node: Node, worker: int, megascale: dict | None = None) -> dict[str, str]:
+    """The instance attributes Cloud TPU sets on each worker VM, as JAX's cloud_tpu_cluster and
+    torch_xla read them (docs/cloud-facts.md: a v6e-1 VM's and a v4-256 VM's, as recorded by users):
+    ``tpu-env`` is ``KEY: 'value'`` lines; ``worker-network-endpoints`` is ``name:id:ip`` per worker,
+    in worker order. ``megascale``: a multislice's MEGASCALE_* for this node (its slice id, ...)."""
+    ips = [e.internal_ip for e in node.endpoints]
+    hosts = max(1, len(ips))
+    env = {"ACCELERATOR_TYPE": node.accelerator, "CONSUMER_PROJECT_ID": node.project, "NODE_ID": node.node_id,
+           "PREEMPTIBLE": "true" if (node.spot or node.preemptible) else "false", "RUNTIME_VERSION": node.runtime,
+           "SERVICE_NAME": "tpu.googleapis.com", "TOPOLOGY": node.topology, "TPU_ACCELERATOR_TYPE": node.accelerator,
+           "TPU_RUNTIME_METRICS_PORTS": "8431,8432,8433,8434", "TYPE": node.generation.upper(),
+           "WORKER_ID": str(worker), "ZONE": node.zone, **(megascale or {})}
+    return {"accelerator-type": node.accelerator, "agent-worker-number": str(worker),
+            "worker-network-endpoints": ",".join(f"t1v-n-{node.numeric_id % 10**8:08x}-w-{i}:{node.numeric_id}-{i}:{ip}"
+                                                 for i, ip in enumerate(ips[:hosts])),
+            "tpu-env": "".join(f"{key}: '{value}'\n" for key, value in sorted(env.items()))}
 
 
 class VmSide:

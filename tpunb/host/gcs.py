@@ -36,7 +36,7 @@ def split(uri: str) -> tuple[str, str]:
 
 def metadata_token() -> str:
     """This VM's access token, from its metadata server (as google-auth finds it)."""
-    from .idle import metadata
+    from .standalone.idle import metadata
 
     return json.loads(metadata("instance/service-accounts/default/token"))["access_token"]
 
