@@ -30,11 +30,13 @@ def log(step: int | None = None, **scalars: float) -> None:
 
 
 def load_ipython_extension(ipython) -> None:
+    from tpunb.hangs.magics import HangMagics
     from tpunb.magics import TpuMagics
     from tpunb.plan.magics import PlanMagics
 
     ipython.register_magics(TpuMagics)
     ipython.register_magics(PlanMagics)
+    ipython.register_magics(HangMagics)
     warm.start()  # what a launch imports, on a side thread where Ctrl-C cannot cut it
 
 

@@ -99,6 +99,9 @@ class Session:
         self._cells = itertools.count(1)  # one number per cell, the same on every host
         self.colors: str | None = None  # the traceback colour scheme hosts use (the kernel's)
         self.on_metrics: Callable[[int, dict], None] | None = None  # (host, metrics frame)
+        #: (hosts, sink, results) of a cell whose hosts did not stop when interrupted, before they
+        #: are killed: the slice shows where they are (tpunb.hangs)
+        self.before_escalation: Callable[[list[int], OutputSink, dict[int, HostResult]], None] | None = None
         self._relay_secret = secrets.token_hex(32)  # proves hosts to each other (relay); sent at init, over SSH only
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -243,7 +246,11 @@ class Session:
         elif op != "part":  # a piece of a value nobody waits for any more (Ctrl-C) is dropped
             self.backlog.put((index, message, blob))
 
-    def _start_jax_everywhere(self, origin: int) -> None:
+    def start_jax_everywhere(self) -> None:
+        """Every host joins jax.distributed now, in the background (fresh sessions of a slice that ran JAX)."""
+        self._start_jax_everywhere(None)
+
+    def _start_jax_everywhere(self, origin: int | None) -> None:
         """One host imported jax: the others must join jax.distributed now, or it waits forever."""
         self.jax_started = True
         for host in self.hosts:
@@ -388,6 +395,8 @@ class Session:
         marked = set(pending)
         presses = 1 if why == "interrupted" else 0  # the press that stopped the cell
         if not self._wait(request, self.interrupt_grace, presses + 1):
+            if self.before_escalation is not None and request.pending and request.results:
+                self.before_escalation(sorted(request.pending), request.sink, request.results)
             self._escalate(request, presses + 2)
         for i in marked:
             if results[i].status == "interrupted" and why == "timeout":

@@ -82,6 +82,7 @@ class Slice:
         self.metrics_interval = 1.0
         self.metrics_store = MetricsStore(len(transports))
         self.session.on_metrics = self.metrics_store.add
+        self.session.before_escalation = self._show_stuck
         self.metrics_feed = MetricsFeed(self.metrics_store, registry, record.name, on_gone=self._deleted_elsewhere)
         self._gone = False  # deleted outside this kernel (the JupyterLab sidebar, another kernel)
         self.cell_logs = HostLogs(tpunb_home() / "logs" / record.name)
@@ -234,13 +235,20 @@ class Slice:
             why = (f"host{'s' if many else ''} {self.layout.names(dead)} had died and {'were' if many else 'was'} restarted: "
                    f"{'their' if many else 'its'} state was lost")
             self.connect(dead)
-        for host in self.session.hosts:  # new processes: the registry's pids follow (the sidebar ends hosts by them)
-            if host.index < len(self.record.hosts):
-                self.record.hosts[host.index].info["pid"] = host.info.get("pid")
         if self.registry.get_slice(self.name) is not None:
+            self.publish_hosts()
             self.registry.save_slice(self.record)
         report.warn(f"[tpunb] {why}")
         return restart
+
+    def publish_hosts(self) -> None:
+        """The record follows new host processes: the sidebar ends local hosts by their pids, and
+        other processes (``python -m tpunb stacks``) read their stacks through them."""
+        for host in self.session.hosts:
+            if host.index < len(self.record.hosts):
+                info = self.record.hosts[host.index].info
+                info.update(pid=host.info.get("pid"), stacks=host.info.get("stacks"),
+                            needs_restart=bool(info.get("needs_restart")) and not host.alive)
 
     def close(self) -> None:
         """End the host sessions (and the cloud watch); the slice itself stays, for %tpu_use."""
@@ -446,6 +454,38 @@ class Slice:
 
         return profile.capture(self, seconds, self.layout.parse(hosts), python_tracer, name)
 
+    # -- hangs (tpunb.hangs) -------------------------------------------------------------------
+    def stacks(self, hosts: str | list[int] | None = None, native: bool = False):
+        """Every host's Python stacks, all threads, grouped by identical stacks (a ``Stacks``); read
+        from a signal handler, so it works while a host is blocked in C and while a cell runs.
+        ``native``: also C/C++ frames, through py-spy on the hosts."""
+        from tpunb import hangs
+
+        return hangs.slice_stacks(self, hosts, native)
+
+    def restart(self, hosts: str | list[int] | None = None):
+        """Fresh Python sessions on the hosts (default all) of this same slice, the way back from a
+        wedged runtime: agents that do not exit are killed; the node, connections and services stay;
+        JAX starts again over the whole slice if it ran. A ``tpunb.hangs.restart.Restart``."""
+        from tpunb.hangs.restart import restart
+
+        with self._revive_lock:
+            self._check_not_deleted()
+            return restart(self, hosts)
+
+    def mark_needs_restart(self, hosts: list[int]) -> None:
+        """These hosts could not be restarted (unreachable): status says so, here and elsewhere."""
+        for record in self.record.hosts:
+            record.info["needs_restart"] = record.index in hosts
+        self.publish_hosts()
+        if self.registry.get_slice(self.name) is not None:
+            self.registry.save_slice(self.record)
+
+    def _show_stuck(self, hosts: list[int], sink: OutputSink, results: dict) -> None:
+        from tpunb import hangs
+
+        hangs.show_stuck(self, hosts, sink, results)
+
     # -- status -------------------------------------------------------------------------------
     def versions(self) -> dict[int, dict | None]:
         """Each host's Python, jax, jaxlib, libtpu and flax versions, from its agent's hello (a host
@@ -480,7 +520,8 @@ class Slice:
                 slice=self.name, current=current, accelerator=self.kind, backend=self.backend, host=host.index,
                 slice_index=self.layout.slice_of(host.index) if self.layout.multislice else None,
                 address=record.address if record else host.transport.address,
-                state="running" if host.alive else "gone", pid=host.info.get("pid"), runner=host.info.get("runner"),
+                state="needs restart" if record and record.info.get("needs_restart") and not host.alive
+                else "running" if host.alive else "gone", pid=host.info.get("pid"), runner=host.info.get("runner"),
                 cpu_percent=latest(host.index, "cpu_percent"), rss_bytes=latest(host.index, "rss_bytes"),
                 memory_used_bytes=latest(host.index, "memory_used_bytes"),
                 hbm_used_bytes=latest(host.index, "hbm_used_bytes"), idle_delete_in=idle,

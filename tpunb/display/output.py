@@ -338,6 +338,10 @@ class CellOutput(OutputSink):
             hosts = self.names(self.hidden_displays)
             out.write(f"[tpunb] rich output from hosts {hosts} not shown; use --output all to see every host's\n")
 
+    def note(self, text: str) -> None:
+        self._flush_lines()  # after what the hosts printed before it
+        self._emit("stdout", [text if text.endswith("\n") else text + "\n"])
+
     def display(self, host: int, data: dict, metadata: dict) -> None:
         if self.mode != "all" and host != self.first:
             self.hidden_displays.add(host)

@@ -208,13 +208,14 @@ class HostConnection:
         process.abandon(self.info.get("pgid"))
         return True
 
-    def close(self) -> None:
+    def close(self, grace: float | None = None) -> bool:
+        """End the agent: end of input, and a kill if it has not exited within ``grace`` seconds
+        (its transport's default); True if it had to be killed."""
         with self._life:
             process, self.process = self.process, None
             self.alive = False
             self._stop_reading()
-        if process is not None:
-            process.close()
+        return process.close(grace) if process is not None else False
 
 
 def describe_exit(process: AgentProcess, wait: float = 0.5) -> str:

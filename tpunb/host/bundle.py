@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE = "tpunb_host"
 #: shipped in this order: each module's relative imports name only modules before it
-MODULES = ("protocol", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler", "idle", "shards", "transfer", "relay", "agent")
+MODULES = ("protocol", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler", "idle", "shards", "transfer", "relay", "stacks", "agent")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from stdin
 READ = r"""
@@ -48,6 +48,16 @@ exec(compile(_message["source"], "<tpunb:service>", "exec"), _module.__dict__)
 _module.control(_message["request"])
 """
 
+#: reads an agent's stacks on its host (``stacks.read``) without the agent's help: its source and
+#: one request arrive on stdin, the reply is length-prefixed JSON on stdout
+STACKS_READER = READ + r"""_message = json.loads(_read(int(_read(12))))
+_module = types.ModuleType("tpunb_host_stacks")
+exec(compile(_message["source"], "<tpunb:stacks>", "exec"), _module.__dict__)
+_reply = json.dumps(_module.read(_message["request"])).encode()
+sys.stdout.buffer.write(b"%012d" % len(_reply) + _reply)
+sys.stdout.flush()
+"""
+
 
 @functools.lru_cache(maxsize=1)
 def agent_bundle() -> bytes:
@@ -63,6 +73,12 @@ def idle_script() -> str:
     """The idle watchdog (``idle.py``) as a standalone Python script: a node's startup-script, and
     what host 0's agent runs as the watchdog process."""
     return "#!/usr/bin/env python3\n" + (Path(__file__).parent / "idle.py").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def stacks_source() -> str:
+    """``stacks.py``, sent with each request to the stacks reader."""
+    return (Path(__file__).parent / "stacks.py").read_text()
 
 
 @functools.lru_cache(maxsize=1)

@@ -118,6 +118,7 @@ def create(request: LaunchRequest) -> Slice:
         record.state = "running"
         sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=_node(record, info), **jax_coordinator(record))
         sl.connect()
+        sl.publish_hosts()  # pids and stack dumps, for readers in other processes
         reg.save_slice(record)
     except BaseException as exc:
         if sl is not None:
