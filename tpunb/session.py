@@ -163,6 +163,24 @@ class Session:
             thread.join()
         self.fanin.close()
 
+    def end_agents(self, indices: list[int], grace: float, reason: str) -> list[int]:
+        """End these hosts' agents at once (end of input; killed if not gone within ``grace``), and
+        tell requests still waiting on them why; the hosts that had to be killed."""
+        killed: list[int] = []
+
+        def end(host: HostConnection) -> None:
+            if host.close(grace):
+                killed.append(host.index)
+            self._route(host.index, {"op": "died", "id": None, "reason": reason}, b"")
+
+        threads = [threading.Thread(target=end, args=(self.hosts[i],), daemon=True, name=f"tpunb-end-{i}")
+                   for i in indices]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sorted(killed)
+
     # -- liveness -----------------------------------------------------------------------------
     def beat_interval(self) -> float:
         """How often agents beat for this timeout: every second, or four times per timeout."""

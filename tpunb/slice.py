@@ -6,14 +6,16 @@ processes (a Cloud TPU node: its state, its cost, its deletion).
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpunb import catalog, diagnose, report
-from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, OutputSink, kernel_cell_number, kernel_colors
+from tpunb import catalog, diagnose, hangs, report
+from tpunb.display import (LINE_CHARS, CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
+                           kernel_colors)
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
 from tpunb.display.hosts import Layout
 from tpunb.metrics import MetricsFeed, MetricsStore
@@ -82,7 +84,7 @@ class Slice:
         self.metrics_interval = 1.0
         self.metrics_store = MetricsStore(len(transports))
         self.session.on_metrics = self.metrics_store.add
-        self.session.before_escalation = self._show_stuck
+        self.session.before_escalation = functools.partial(hangs.show_stuck, self)  # where stuck hosts are
         self.metrics_feed = MetricsFeed(self.metrics_store, registry, record.name, on_gone=self._deleted_elsewhere)
         self._gone = False  # deleted outside this kernel (the JupyterLab sidebar, another kernel)
         self.cell_logs = HostLogs(tpunb_home() / "logs" / record.name)
@@ -192,13 +194,20 @@ class Slice:
         raise NoSliceError(f"slice {self.name!r} was deleted outside this notebook (the JupyterLab sidebar or "
                            f"another kernel's %tpu_down): launch a new one with %tpu_launch {self.launch_line}")
 
-    def revive(self) -> list[int]:
+    def revive(self, chosen: list[int] | None = None) -> list[int]:
         """Restart hosts whose agent died; returns the restarted hosts.
 
         Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
         started, every host restarts together. A host that stopped answering while no cell ran
-        fails this call once, naming it; the next call restarts it.
+        fails this call once, naming it; the next call restarts it. A host a restart could not
+        reach is left to %tpu_restart, and a request for it (``chosen``) fails saying so.
         """
+        waiting = [i for i in self.needs_restart if chosen is None or i in chosen]
+        if waiting:
+            many = len(waiting) > 1
+            raise HostDiedError(f"host{'s' if many else ''} {self.layout.names(waiting)} could not be reached by "
+                                f"%tpu_restart and still need{'' if many else 's'} a restart: %tpu_restart once "
+                                f"{'they answer' if many else 'it answers'}, or choose other hosts with --hosts")
         with self._revive_lock:
             try:
                 return self._revive()
@@ -218,7 +227,7 @@ class Slice:
             raise HostDiedError(f"{said}, and {'was' if len(notices) == 1 else 'were'} ended while no cell ran: "
                                 f"run the cell again to restart {'it' if len(notices) == 1 else 'them'} "
                                 "with a fresh state")
-        dead = self.session.dead_hosts()
+        dead = [i for i in self.session.dead_hosts() if i not in self.needs_restart]
         if not dead:
             return []
         if self.registry.get_slice(self.name) is None:  # its hosts were ended with it, from outside
@@ -235,9 +244,7 @@ class Slice:
             why = (f"host{'s' if many else ''} {self.layout.names(dead)} had died and {'were' if many else 'was'} restarted: "
                    f"{'their' if many else 'its'} state was lost")
             self.connect(dead)
-        if self.registry.get_slice(self.name) is not None:
-            self.publish_hosts()
-            self.registry.save_slice(self.record)
+        self.save_hosts()
         report.warn(f"[tpunb] {why}")
         return restart
 
@@ -249,6 +256,12 @@ class Slice:
                 info = self.record.hosts[host.index].info
                 info.update(pid=host.info.get("pid"), stacks=host.info.get("stacks"),
                             needs_restart=bool(info.get("needs_restart")) and not host.alive)
+
+    def save_hosts(self) -> None:
+        """``publish_hosts``, then the registry, if it still knows the slice."""
+        self.publish_hosts()
+        if self.registry.get_slice(self.name) is not None:
+            self.registry.save_slice(self.record)
 
     def close(self) -> None:
         """End the host sessions (and the cloud watch); the slice itself stays, for %tpu_use."""
@@ -293,12 +306,12 @@ class Slice:
         """What cells and shell commands share: revive hosts, stream output, turn an interrupt into one error."""
         if timeout is not None and not (0 < timeout < math.inf):
             raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
-        self.revive()
+        self.revive(indices)
         self._show_backlog()
         self._say_jax_failures()
         if sink is None:
             sink = (CellOutput(indices, self.num_hosts, output, self.cell_logs, names=self.layout.names) if output
-                    else _LogOnly(self.cell_logs))
+                    else LogOnly(self.cell_logs))
         self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
         self._idle_mark(True, tell_host=True)
@@ -383,15 +396,17 @@ class Slice:
         """Set these names to these values in every chosen host's namespace."""
         if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
             raise UsageError("push takes a dict of {name: value} with valid Python names")
-        self.revive()
+        indices = self.layout.parse(hosts)
+        self.revive(indices)
         self._idle_mark(False, tell_host=True)
-        self.session.push(values, self.layout.parse(hosts))
+        self.session.push(values, indices)
 
     def pull(self, name: str, hosts: str | list[int] | None = None) -> dict[int, Any]:
         """{host: value of ``name``} from every chosen host."""
-        self.revive()
+        indices = self.layout.parse(hosts)
+        self.revive(indices)
         self._idle_mark(False, tell_host=True)
-        replies = self.session.pull([name], self.layout.parse(hosts))
+        replies = self.session.pull([name], indices)
         return {host: values[name] for host, values in replies.items()}
 
     def gather(self, name: str, hosts: str | list[int] | None = None) -> "numpy.ndarray":
@@ -401,9 +416,10 @@ class Slice:
             raise UsageError(f"gather takes a variable name, e.g. sl.gather('x'), not {name!r}")
         from tpunb.engine.gather import assemble
 
-        self.revive()
+        indices = self.layout.parse(hosts)
+        self.revive(indices)
         self._idle_mark(False, tell_host=True)
-        return assemble(name, self.session.gather(name, self.layout.parse(hosts)))
+        return assemble(name, self.session.gather(name, indices))
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self, since: Any = None) -> "pandas.DataFrame":
@@ -455,12 +471,10 @@ class Slice:
         return profile.capture(self, seconds, self.layout.parse(hosts), python_tracer, name)
 
     # -- hangs (tpunb.hangs) -------------------------------------------------------------------
-    def stacks(self, hosts: str | list[int] | None = None, native: bool = False):
-        """Every host's Python stacks, all threads, grouped by identical stacks (a ``Stacks``); read
-        from a signal handler, so it works while a host is blocked in C and while a cell runs.
-        ``native``: also C/C++ frames, through py-spy on the hosts."""
-        from tpunb import hangs
-
+    def stacks(self, hosts: str | list[int] | None = None, native: bool = False) -> hangs.Stacks:
+        """Every host's Python stacks, all threads, grouped by identical stacks; read from a signal
+        handler, so it works while a host is blocked in C and while a cell runs. ``native``: C/C++
+        frames too, through py-spy on the hosts."""
         return hangs.slice_stacks(self, hosts, native)
 
     def restart(self, hosts: str | list[int] | None = None):
@@ -473,18 +487,10 @@ class Slice:
             self._check_not_deleted()
             return restart(self, hosts)
 
-    def mark_needs_restart(self, hosts: list[int]) -> None:
-        """These hosts could not be restarted (unreachable): status says so, here and elsewhere."""
-        for record in self.record.hosts:
-            record.info["needs_restart"] = record.index in hosts
-        self.publish_hosts()
-        if self.registry.get_slice(self.name) is not None:
-            self.registry.save_slice(self.record)
-
-    def _show_stuck(self, hosts: list[int], sink: OutputSink, results: dict) -> None:
-        from tpunb import hangs
-
-        hangs.show_stuck(self, hosts, sink, results)
+    @property
+    def needs_restart(self) -> list[int]:
+        """Hosts a restart could not reach: only %tpu_restart starts them again."""
+        return [h.index for h in self.record.hosts if h.info.get("needs_restart")]
 
     # -- status -------------------------------------------------------------------------------
     def versions(self) -> dict[int, dict | None]:
@@ -578,16 +584,3 @@ class Slice:
         from tpunb import serve
 
         serve.stop_all(self)
-
-
-class _LogOnly(OutputSink):
-    def __init__(self, logs: HostLogs) -> None:
-        self.logs = logs
-
-    def stream(self, host: int, name: str, text: str) -> None:
-        self.logs.write(host, text)
-
-    def finish(self) -> None:
-        self.logs.flush()
-
-

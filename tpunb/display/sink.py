@@ -13,3 +13,16 @@ class OutputSink:
     def finish(self) -> None: ...
     def note(self, text: str) -> None:
         """A line of tpunb's own about the cell (where stuck hosts are), in the cell's output."""
+
+
+class LogOnly(OutputSink):
+    """A cell whose output is only logged (``output=None``)."""
+
+    def __init__(self, logs) -> None:
+        self.logs = logs
+
+    def stream(self, host: int, name: str, text: str) -> None:
+        self.logs.write(host, text)
+
+    def finish(self) -> None:
+        self.logs.flush()

@@ -19,8 +19,14 @@ if TYPE_CHECKING:
 __all__ = ["HostStacks", "Stacks", "show_stuck", "slice_stacks"]
 
 
-def slice_stacks(sl: "Slice", hosts: str | list[int] | None = None, native: bool = False) -> Stacks:
-    """Every chosen host's stacks, all threads, read while whatever runs there keeps running."""
+#: how long the stacks of hosts that would not stop may take, before they are killed anyway
+STUCK_BOUND = 1.0
+
+
+def slice_stacks(sl: "Slice", hosts: str | list[int] | None = None, native: bool = False,
+                 bound: float | None = None) -> Stacks:
+    """Every chosen host's stacks, all threads, read while whatever runs there keeps running;
+    ``bound``: seconds after which hosts that have not answered are said to be silent."""
     indices = sl.layout.parse(hosts)
     targets = []
     for i in indices:
@@ -28,7 +34,7 @@ def slice_stacks(sl: "Slice", hosts: str | list[int] | None = None, native: bool
         reason = "" if host.alive else f"its agent is not running ({host.died_reason or 'not started'})"
         targets.append(Target(i, sl.session.transports[i], host.info.get("pid"), host.info.get("stacks"), reason))
     mains = {i: (sl.session.hosts[i].info.get("stacks") or {}).get("main") for i in indices}
-    return collect(sl.name, targets, mains, native, sl.layout.names)
+    return collect(sl.name, targets, mains, native, sl.layout.names, bound)
 
 
 def show_stuck(sl: "Slice", hosts: list[int], sink, results: dict) -> None:
@@ -37,7 +43,7 @@ def show_stuck(sl: "Slice", hosts: list[int], sink, results: dict) -> None:
     names = sl.layout.names(hosts)
     many = len(hosts) > 1
     try:
-        stacks = slice_stacks(sl, hosts)
+        stacks = slice_stacks(sl, hosts, bound=STUCK_BOUND)  # a frozen connection must not hold the escalation
     except Exception as exc:  # never in the way of ending them
         sink.note(f"[tpunb] where host{'s' if many else ''} {names} {'are' if many else 'is'} could not be read: "
                   f"{type(exc).__name__}: {exc}")
@@ -50,8 +56,8 @@ def show_stuck(sl: "Slice", hosts: list[int], sink, results: dict) -> None:
               f"(read in {stacks.seconds * 1000:.0f} ms):\n" + stacks.text(header=False))
 
 
-def collect(name: str, targets: list[Target], mains: dict, native: bool, names) -> Stacks:
+def collect(name: str, targets: list[Target], mains: dict, native: bool, names, bound: float | None = None) -> Stacks:
     started = time.perf_counter()
-    replies = read_hosts(targets, native)
+    replies = read_hosts(targets, native, bound)
     hosts = {i: from_reply(i, reply, mains.get(i)) for i, reply in replies.items()}
     return Stacks(name, hosts, time.perf_counter() - started, names)

@@ -35,8 +35,9 @@ class Target:
     state: str = "gone"
 
 
-def read_hosts(targets: list[Target], native: bool = False) -> dict[int, dict]:
-    """{host: the reader's reply} (``text``, ``native``) or ``{"error", "state"}``, every host at once."""
+def read_hosts(targets: list[Target], native: bool = False, bound: float | None = None) -> dict[int, dict]:
+    """{host: the reader's reply} (``text``, ``native``) or ``{"error", "state"}``, every host at once;
+    hosts that have not answered after ``bound`` seconds (default: generous) are said to be silent."""
     replies: dict[int, dict] = {}
     threads = []
     for target in targets:
@@ -48,12 +49,13 @@ def read_hosts(targets: list[Target], native: bool = False) -> dict[int, dict]:
                                   name=f"tpunb-stacks-{target.host}")
         thread.start()
         threads.append((target, thread))
-    bound = host_stacks.ANSWER + 3.0 + (host_stacks.PYSPY_TIMEOUT if native else 0.0) + REMOTE_SLACK
+    if bound is None:
+        bound = host_stacks.ANSWER + 3.0 + (host_stacks.PYSPY_TIMEOUT if native else 0.0) + REMOTE_SLACK
     deadline = time.monotonic() + bound
     for target, thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
-            replies.setdefault(target.host, {"error": f"did not answer within {bound:.0f} s (its connection may be "
+            replies.setdefault(target.host, {"error": f"did not answer within {bound:g} s (its connection may be "
                                                       "frozen)", "state": "unreachable"})
     return replies
 

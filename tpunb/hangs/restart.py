@@ -66,7 +66,7 @@ def restart(sl: "Slice", hosts: str | list[int] | None = None) -> Restart:
     if widened:
         indices = list(range(sl.num_hosts))
     started = time.perf_counter()
-    killed = _end(session, indices)
+    killed = session.end_agents(indices, EXIT_GRACE, "it was restarted (%tpu_restart)")
     unreachable = _unreachable(session, indices)
     fresh = [i for i in indices if i not in unreachable]
     session.take_notices()  # what happened to the old agents is no news now
@@ -74,24 +74,12 @@ def restart(sl: "Slice", hosts: str | list[int] | None = None) -> Restart:
         sl.connect(None if len(fresh) == sl.num_hosts else fresh)
     if jax and len(fresh) == sl.num_hosts:
         session.start_jax_everywhere()
-    sl.mark_needs_restart(sorted(unreachable))
-    return Restart(fresh, sorted(killed), unreachable, time.perf_counter() - started, jax and bool(fresh), widened)
-
-
-def _end(session, indices: list[int]) -> list[int]:
-    """Every chosen agent told to end at once; those that did not within EXIT_GRACE are killed."""
-    killed: list[int] = []
-
-    def end(i: int) -> None:
-        if session.hosts[i].close(EXIT_GRACE):
-            killed.append(i)
-
-    threads = [threading.Thread(target=end, args=(i,), daemon=True, name=f"tpunb-restart-{i}") for i in indices]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return killed
+    elif fresh:
+        session.jax_started = False  # JAX ran on agents that are gone; none of the fresh ones runs it
+    for host in sl.record.hosts:
+        host.info["needs_restart"] = host.index in unreachable
+    sl.save_hosts()
+    return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened)
 
 
 def _unreachable(session, indices: list[int]) -> dict[int, str]:

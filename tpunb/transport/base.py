@@ -69,7 +69,8 @@ class AgentProcess(ABC):
     @abstractmethod
     def close(self, grace: float | None = None) -> bool:
         """Close the streams and make sure the agent ends: it gets ``grace`` seconds (default 2)
-        to exit on end of input, then its group is killed. True if it had to be killed; idempotent."""
+        to exit on end of input, then its group is killed. True if it had to be killed (here, or by
+        its watchdog: SIGKILL); idempotent."""
 
     @abstractmethod
     def abandon(self, pgid: int | None) -> None:

@@ -102,7 +102,7 @@ class LocalAgentProcess(AgentProcess):
             self._proc.wait()
             killed = True
         self._stdout.close()
-        return killed
+        return killed or self._proc.returncode == -signal.SIGKILL  # (its watchdog may have killed it)
 
 
 class LocalTransport(Transport):

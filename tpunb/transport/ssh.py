@@ -189,7 +189,8 @@ class SSHAgentProcess(AgentProcess):
                              name=f"tpunb-ssh-kill-{self._transport.address}").start()
 
     def close(self, grace: float | None = None) -> bool:
-        """EOF to the agent; if it has not ended within ``grace`` (CLOSE_GRACE), kill its process group."""
+        """EOF to the agent; if it has not ended within ``grace`` (CLOSE_GRACE), kill its process group.
+        True if it was killed (here, or by its watchdog)."""
         if self._closed:
             return False
         self._closed = True
@@ -205,7 +206,7 @@ class SSHAgentProcess(AgentProcess):
                 self._transport.kill_group(self.pid, signal.SIGKILL)
                 killed = True
         channel.close()
-        return killed
+        return killed or exit_status(channel) == -signal.SIGKILL  # (its watchdog may have killed it)
 
 
 class SSHTransport(Transport):
