@@ -130,7 +130,7 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
             sl.session.execute("pass", list(range(hosts)))
             cells.append(time.perf_counter() - started)
         print(f"| trivial cell, p50 of 20 | {statistics.median(cells):.3f} | |")
-        trip = relay._round_trip.get(sl.session, 1.0)
+        trip = sl.session.relay.round_trip or 1.0
         print(f"\nThe hosts answered relay_listen in {trip * 1e3:.0f} ms: the shipped rule cuts {mb:g} MB "
               f"into {relay.stripes(int(mb * 1e6), hosts, trip)} stripes.")
         slices.down("delayed")

@@ -202,14 +202,13 @@ def test_frames_that_come_while_a_cell_runs_are_read_beside_it(monkeypatch, inbo
             assert result.status == "timeout" and result.error["ename"] == "KeyboardInterrupt", result
         assert session.execute("6 * 7", [0])[0].value == {"text/plain": "42"}
 
-        request = session._request()
-        host.send_frame(Broadcast({"op": "exec", "id": request.rid, "code": long_cell, "count": 9}).for_host(host)
-                        + Broadcast({"op": "interrupt", "id": request.rid}).for_host(host))
-        message = {}
-        while message.get("op") != "done":
-            _, message, _ = request.inbox.get(10)
+        with session.request([0]) as request:
+            host.send_frame(Broadcast({"op": "exec", "id": request.rid, "code": long_cell, "count": 9}).for_host(host)
+                            + Broadcast({"op": "interrupt", "id": request.rid}).for_host(host))
+            message = {}
+            while message.get("op") != "done":
+                _, message, _ = request.inbox.get(10)
         assert message["status"] == "interrupted"
-        session._forget(request.rid)
 
         process = host.process._proc
         host.send({"op": "exec", "id": -1, "code": long_cell, "count": 10})

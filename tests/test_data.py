@@ -170,7 +170,7 @@ def test_ctrl_c_ends_a_1_gb_pull_in_parts_and_the_next_one_works(make_slice, mon
     sl = make_slice(2)
     assert cell("%%on_tpu\nimport numpy as np\nhuge = np.ones(1 << 30, np.uint8)\nsmall = 5").error is None
     moved = threading.Event()
-    monkeypatch.setattr(transfer.Transfer, "take_part", _noting(transfer.Transfer.take_part, moved))
+    monkeypatch.setattr(transfer.Incoming, "take_part", _noting(transfer.Incoming.take_part, moved))
     pressed: list[float] = []
     threading.Thread(target=lambda: (moved.wait(60), pressed.append(time.perf_counter()),
                                      os.kill(os.getpid(), signal.SIGINT)), daemon=True).start()

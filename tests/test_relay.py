@@ -94,8 +94,8 @@ def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatc
     """The hosts' first relay_listen times the link; under FAST_LINK one root, over it stripes
     (loopback's time is not asserted: a loaded machine may take it past 25 ms)."""
     monkeypatch.setattr(relay, "FAST_LINK", 0.025)
-    relay.listeners(ssh_slice.session, [0, 1, 2, 3])
-    assert relay._round_trip[ssh_slice.session] > 0  # timed once, at the first relay_listen
+    ssh_slice.session.relay.listen([0, 1, 2, 3])
+    assert ssh_slice.session.relay.round_trip > 0  # timed once, at the first relay_listen
     assert relay.stripes(64 << 20, 4, relay.FAST_LINK / 2) == 1  # a fast link: one root (loopback, unloaded)
     assert relay.stripes(64 << 20, 16, 0.1) == 16 and relay.stripes(64 << 20, 4, 0.1) == 4
     assert relay.stripes(3 << 20, 16, 0.1) == 3 and relay.stripes(1 << 19, 16, 0.1) == 1  # 1 MB or more each
@@ -104,16 +104,16 @@ def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatc
 def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypatch):
     monkeypatch.delenv("TPUNB_RELAY")
     hosts, size = list(range(4)), relay.MIN_TOTAL // 4
-    assert size >= relay.MIN_BYTES and relay.wanted(ssh_slice.session, size, hosts)
-    assert not relay.wanted(ssh_slice.session, size - 1, hosts)  # less to send in all: direct
-    assert not relay.wanted(ssh_slice.session, relay.MIN_BYTES - 1, hosts[:1] * 64)  # small, however many
-    assert not relay.wanted(ssh_slice.session, 1 << 30, hosts[:1])  # one host: nothing to pass on
+    assert size >= relay.MIN_BYTES and ssh_slice.session.relay.wanted(size, hosts)
+    assert not ssh_slice.session.relay.wanted(size - 1, hosts)  # less to send in all: direct
+    assert not ssh_slice.session.relay.wanted(relay.MIN_BYTES - 1, hosts[:1] * 64)  # small, however many
+    assert not ssh_slice.session.relay.wanted(1 << 30, hosts[:1])  # one host: nothing to pass on
     local = slices.launch("v4-32", name="local")
-    assert not relay.wanted(local.session, 1 << 30, hosts)  # hosts on this machine: nothing to save
+    assert not local.session.relay.wanted(1 << 30, hosts)  # hosts on this machine: nothing to save
 
 
 def test_a_peer_without_the_slice_secret_is_refused_and_the_host_keeps_working(ssh_slice):
-    address, port = relay.listeners(ssh_slice.session, [2])[2]
+    address, port = ssh_slice.session.relay.listen([2])[2]
     assert address == ssh_slice.session.hosts[2].transport.host  # its slice-internal address, not 0.0.0.0
     for proof in (b"\x00" * 32, None):  # a wrong proof, and one made with another secret
         with socket.create_connection((address, port), timeout=10) as sock:
@@ -126,13 +126,13 @@ def test_a_peer_without_the_slice_secret_is_refused_and_the_host_keeps_working(s
                 assert sock.recv(64) == b""  # closed without proving itself to us
             assert len(nonce) == NONCE
     with socket.create_connection((address, port), timeout=10) as sock:  # the right secret: both sides proven
-        connect_auth(sock, bytes.fromhex(ssh_slice.session._relay_secret))
+        connect_auth(sock, bytes.fromhex(ssh_slice.session.relay.secret))
     ssh_slice.push({"after": np.arange(1 << 20)})
     assert ssh_slice.run("int(after.sum())").reprs == {i: str(sum(range(1 << 20))) for i in range(4)}
 
 
 def test_the_secret_never_shows(ssh_slice, sshd):
-    secret = ssh_slice.session._relay_secret
+    secret = ssh_slice.session.relay.secret
     shown = ssh_slice.run("import os\nsorted(os.environ.items())").reprs
     assert all(secret not in text for text in shown.values())
     assert secret not in repr(ssh_slice) and secret not in repr(vars(ssh_slice))
@@ -254,15 +254,15 @@ def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
 def test_hosts_that_cannot_reach_each_other_get_the_value_directly(ssh_slice):
     """Host 2's listener is somewhere host 0 cannot reach: the push still lands everywhere, sent
     directly, and the session stops trying the relay."""
-    relay.listeners(ssh_slice.session, [0, 1, 2, 3])
+    ssh_slice.session.relay.listen([0, 1, 2, 3])
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         nowhere = closed.getsockname()[1]  # bound, never listening: connections are refused
         host = ssh_slice.session.hosts[2]
-        relay._listeners[host] = (host.info["pid"], ["127.0.0.1", nowhere])
+        ssh_slice.session.relay.listeners[2] = (host.info["pid"], ["127.0.0.1", nowhere])
         ssh_slice.push({"v": np.arange(1 << 18)})
     assert ssh_slice.run("int(v.sum())").reprs == {i: str(sum(range(1 << 18))) for i in range(4)}
-    assert not relay.wanted(ssh_slice.session, 1 << 30, [0, 1, 2, 3])
+    assert not ssh_slice.session.relay.wanted(1 << 30, [0, 1, 2, 3])
 
 
 def _received(address: str, port: int) -> int:
@@ -277,7 +277,7 @@ def test_a_relay_host_inside_the_chain_killed_mid_stream_is_named(ssh_slice, mon
     one line names host 1, the hosts below it say so rather than wait, and the next push works."""
     monkeypatch.setattr(relay, "FANOUT", 1)
     monkeypatch.setattr(relay, "STRIPES", 1)  # one root, one chain
-    address, port = relay.listeners(ssh_slice.session, [1])[1]
+    address, port = ssh_slice.session.relay.listen([1])[1]
     name = ssh_slice.session.hosts[1].transport.address
     message = _push_killing(ssh_slice, 1, lambda: _received(address, port) > 16 << 20, 256 << 20,
                             "host 1 to be receiving from host 0")

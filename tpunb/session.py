@@ -1,12 +1,12 @@
-"""Fan-out of one request to N agents, merge of their replies, interrupts, timeouts, deaths.
+"""Persistent agents on every host of a slice, and the requests that fan out to them.
 
-A Session owns one HostConnection per host. The agents' frames become events on the queue of
-the request they belong to: local hosts' frames are all read by one thread (a selector over their
-pipes, ``tpunb.transport.fanin``), hosts over SSH each have a reader thread of their own.
-``execute`` runs one cell on some hosts, forwards output to a sink as it arrives, and returns
-per-host results; when the kernel is interrupted, a deadline passes or a host dies, it interrupts
-the rest and, if they do not stop, escalates (SIGTERM, then SIGKILL) so a cell can never hang the
-notebook.
+A Session owns one HostConnection per host and routes each agent's frames to the request they
+belong to (``tpunb.engine.request``, whose one wait loop owns deadlines, deaths, Ctrl-C,
+escalation and the grace the other hosts get); local hosts' frames are all read by one thread (a
+selector over their pipes, ``tpunb.transport.fanin``), hosts over SSH each have a reader thread of
+their own. Its clients of that request: ``cell``/``execute`` (a cell: output to a sink as it
+arrives, per-host results), ``call`` (a short request, maybe with a value), ``push`` (direct, or
+by relay: ``tpunb.engine.relay``), ``pull`` and ``gather``.
 
 Liveness: agents send a frame at least every second (a ``beat`` when they have nothing else to
 say), so a host silent for ``heartbeat_timeout`` seconds is frozen (a stopped process, a stopped
@@ -18,20 +18,17 @@ from __future__ import annotations
 import itertools
 import os
 import queue
-import secrets
-import signal
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from tpunb.display.sink import OutputSink
-from tpunb.engine import relay
 from tpunb.engine.connection import HostConnection
-from tpunb.engine.ctrl_c import CtrlC, Inbox, Wake
-from tpunb.engine.frames import Broadcast
-from tpunb.engine.transfer import Transfer, pack, shares_memory
+from tpunb.engine.relay import Relay
+from tpunb.engine.request import OnStuck, OnTick, Request, Requests
+from tpunb.engine.routes import Frame, Memfd, Parts
+from tpunb.engine.transfer import Incoming, pack, shares_memory
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError, TransportError
 from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
@@ -44,8 +41,9 @@ WATCH_PERIOD = 0.25
 HEARTBEAT_TIMEOUT = 5.0
 #: agents beat this often (or more often, for short timeouts)
 BEAT_INTERVAL = 1.0
-#: a further Ctrl-C ends an escalation step once it lasted this long
-PRESS_FLOOR = 1.0
+#: requests the agent runs on its main thread: a second one on the same host waits for it
+#: (the others, profiler and diagnose requests, relay_listen, are answered on side threads)
+MAIN_THREAD_OPS = frozenset({"exec", "shell", "push", "relay_push", "pull", "gather"})
 
 
 def default_heartbeat_timeout() -> float:
@@ -54,18 +52,6 @@ def default_heartbeat_timeout() -> float:
     except ValueError:
         return HEARTBEAT_TIMEOUT
     return seconds if seconds > 0 else 0.0
-
-
-@dataclass(eq=False, slots=True)
-class Request:
-    """One request in flight: where its frames arrive, and what the session makes of them."""
-
-    rid: int
-    inbox: Inbox
-    ctrl_c: CtrlC | None = None
-    sink: OutputSink = field(default_factory=OutputSink)
-    results: dict[int, HostResult] = field(default_factory=dict)  # a cell's, per host
-    pending: set[int] = field(default_factory=set)  # hosts it still waits on
 
 
 class Session:
@@ -89,9 +75,8 @@ class Session:
         #: one thread reads every host whose frames arrive on a file descriptor
         self.fanin = FanIn()
         self.hosts = [HostConnection(i, t, self._route, self.fanin) for i, t in enumerate(transports)]
-        self._ids = itertools.count(1)
-        self._waiters: dict[int, Inbox] = {}  # request id -> where its frames go
-        self._waiters_lock = threading.Lock()
+        #: the requests in flight, by id: where their frames go
+        self.requests = Requests()
         self.backlog: queue.Queue = queue.Queue()  # frames outside any request (stray output)
         self.jax_started = False
         #: (host, error) of hosts that failed to join JAX when another host started it, not yet said
@@ -99,10 +84,11 @@ class Session:
         self._cells = itertools.count(1)  # one number per cell, the same on every host
         self.colors: str | None = None  # the traceback colour scheme hosts use (the kernel's)
         self.on_metrics: Callable[[int, dict], None] | None = None  # (host, metrics frame)
-        #: (hosts, sink, results) of a cell whose hosts did not stop when interrupted, before they
-        #: are killed: the slice shows where they are (tpunb.hangs)
-        self.before_escalation: Callable[[list[int], OutputSink, dict[int, HostResult]], None] | None = None
-        self._relay_secret = secrets.token_hex(32)  # proves hosts to each other (relay); sent at init, over SSH only
+        #: pushes by relay: the hosts' listeners, the link's round trip, the secret hosts prove
+        self.relay = Relay(self.hosts, self.request, self.call)
+        #: what every cell request does by default (``cell``): see tpunb.engine.request.OnStuck / OnTick
+        self.on_stuck: OnStuck | None = None
+        self.on_tick: OnTick | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, indices: Iterable[int] | None = None) -> None:
@@ -130,7 +116,7 @@ class Session:
         for host in chosen if not errors else ():
             def shake(h=host):
                 try:
-                    h.handshake({**self.init_for_host(h.index), "heartbeat": beat, "relay_secret": self._relay_secret},
+                    h.handshake({**self.init_for_host(h.index), "heartbeat": beat, "relay_secret": self.relay.secret},
                                 self.start_timeout)
                 except Exception as exc:  # collected and reported together below
                     errors.append(exc)
@@ -253,16 +239,9 @@ class Session:
             elif kind == "jax_failed" and message.get("background"):  # no cell of that host shows it
                 self.jax_failures.put((index, message.get("error") or "no reason given"))
         if op == "died":
-            with self._waiters_lock:
-                waiters = list(self._waiters.values())
-            for waiter in waiters:
-                waiter.put((index, message, blob))
-            return
-        waiter = self._waiters.get(message.get("id"))
-        if waiter is not None:
-            waiter.put((index, message, blob))
-        elif op != "part":  # a piece of a value nobody waits for any more (Ctrl-C) is dropped
-            self.backlog.put((index, message, blob))
+            self.requests.tell_all((index, message, blob))
+        elif not self.requests.deliver(message.get("id"), (index, message, blob)) and op != "part":
+            self.backlog.put((index, message, blob))  # a piece of a value nobody waits for any more (Ctrl-C) is dropped
 
     def start_jax_everywhere(self) -> None:
         """Every host joins jax.distributed now, in the background (fresh sessions of a slice that ran JAX)."""
@@ -278,93 +257,66 @@ class Session:
                 except TransportError:
                     pass  # its connection is gone: its death reaches the session, which says it
 
-    def _request(self, ctrl_c: CtrlC | None = None, sink: OutputSink | None = None,
-                 results: dict[int, HostResult] | None = None) -> Request:
-        """A new request whose frames are routed to its inbox until ``_forget``."""
-        request = Request(next(self._ids), Inbox(), ctrl_c, sink or OutputSink(), results if results is not None else {})
-        with self._waiters_lock:
-            self._waiters[request.rid] = request.inbox
-        return request
+    # -- requests -----------------------------------------------------------------------------
+    def request(self, hosts: Iterable[int], *, kind: str = "request", timeout: float | None = None,
+                sink: OutputSink | None = None, grace: float = 0.0, escalate: bool = False,
+                exclusive: bool | None = None, on_tick: OnTick | None = None, on_stuck: OnStuck | None = None,
+                body: Callable[[Request], Any] | None = None) -> Request:
+        """A request to these hosts (``tpunb.engine.request``): send it along routes and collect
+        the replies inside ``with``, or give it a ``body`` to ``run()`` or ``start()``.
+        ``exclusive`` (default: by ``kind``) says it takes the hosts' main thread."""
+        return Request(self.hosts, self.requests, hosts, kind=kind, timeout=timeout, sink=sink, grace=grace,
+                       escalate=escalate, term_grace=self.term_grace,
+                       exclusive=kind in MAIN_THREAD_OPS if exclusive is None else exclusive,
+                       on_tick=on_tick, on_stuck=on_stuck, body=body)
 
-    def _forget(self, rid: int) -> None:
-        with self._waiters_lock:
-            self._waiters.pop(rid, None)
+    def holding(self, hosts: Iterable[int]) -> list[Request]:
+        """Requests in flight that take the main thread of any of these hosts (a running cell):
+        a second cell there would wait behind them."""
+        hosts = set(hosts)
+        return [r for r in self.requests.running() if r.exclusive and r.holds(hosts)]
 
     # -- cells --------------------------------------------------------------------------------
-    def execute(self, code: str, indices: list[int], timeout: float | None = None,
-                sink: OutputSink | None = None, shell: bool = False, count: int | None = None) -> dict[int, HostResult]:
-        """Run ``code`` on these hosts at once; per-host results, whatever happened.
-
-        Raises CellInterrupted (carrying the results) only when the kernel itself is
-        interrupted; timeouts and dead hosts are reported in the results. ``count`` names the
-        cell on every host alike (the notebook's cell number; by default the session's own).
-        """
-        results = {i: HostResult(i) for i in indices}
+    def cell(self, code: str, indices: list[int], timeout: float | None = None, sink: OutputSink | None = None,
+             shell: bool = False, count: int | None = None, on_tick: OnTick | None = None,
+             on_stuck: OnStuck | None = None) -> Request:
+        """A cell's request, not started: ``run()`` it here (``execute``) or ``start()`` it on a
+        thread. Its result is ``{host: HostResult}``, whatever happened; it raises CellInterrupted
+        (carrying the results) only when interrupted (Ctrl-C, ``interrupt()``). ``count`` names the
+        cell on every host alike (the notebook's cell number; by default the session's own)."""
         message = {"op": "shell", "command": code} if shell else {"op": "exec", "code": code, "count": count or next(self._cells),
                                                                     "colors": self.colors}
-        stopped = ""
-        with CtrlC() as ctrl_c:
-            request = self._request(ctrl_c, sink, results)
-            rid, pending = request.rid, request.pending
-            try:
-                frames = Broadcast({**message, "id": rid})  # encoded once per kind of host, whatever their number
-                for i in indices:
-                    host = self.hosts[i]
-                    if not host.alive:  # it died after the revive looked, its "died" routed before this
-                        pending.add(i)  # request waited: this cell reports it and stops the others
-                        request.inbox.put((i, {"op": "died", "id": rid, "reason": host.died_reason or "its agent ended"}, b""))
-                        continue
-                    try:
-                        host.send_frame(frames.for_host(host))
-                        pending.add(i)
-                    except TransportError as exc:
-                        results[i].status, results[i].detail = "died", str(exc)
-                deadline = time.monotonic() + timeout if timeout else None
-                try:
-                    self._collect(request, deadline)
-                except _Deadline:
-                    stopped = "timeout"
-                except _HostDied:
-                    stopped = "died"
-                except (_Interrupt, KeyboardInterrupt):
-                    stopped = "interrupted"
-                if stopped:
-                    self._stop(request, stopped)
-            finally:
-                self._forget(rid)
-        if stopped == "interrupted":
-            raise CellInterrupted("the cell was interrupted on every host", results)
-        return results
+        results = {i: HostResult(i) for i in indices}
 
-    def _collect(self, request: Request, deadline: float | None, until: int = 1, stop_on_death: bool = True) -> None:
-        """Apply frames until no host is pending; raises _Deadline, _HostDied or _Interrupt (once
-        Ctrl-C was pressed ``until`` times in this cell) to stop early; a press that only ends a
-        wait (``until`` > 1) does so after PRESS_FLOOR seconds of it, so hosts that stop when asked
-        are not killed by a burst of presses. The sink ticks every 0.1 s, however busy the hosts."""
-        inbox, ctrl_c, pending, results, sink = request.inbox, request.ctrl_c, request.pending, request.results, request.sink
-        ticked = began = time.monotonic()
-        while pending:
-            if ctrl_c is not None and ctrl_c.presses >= until and (until == 1 or time.monotonic() - began >= PRESS_FLOOR):
-                raise _Interrupt()
-            now = time.monotonic()
-            wait = 0.1 if deadline is None else max(0.0, min(0.1, deadline - now))
-            try:
-                index, message, blob = inbox.get(wait, ctrl_c)
-            except (queue.Empty, Wake):
-                index = None
-            now = time.monotonic()
-            if index is None or now - ticked >= 0.1:
-                ticked = now
-                sink.tick()
-            if deadline is not None and now >= deadline:
-                raise _Deadline()
-            if index is None or index not in results:
-                continue
-            self._apply(index, message, results[index], sink, pending)
-            if message.get("op") == "died" and stop_on_death and pending:
-                raise _HostDied()
+        def body(request: Request) -> dict[int, HostResult]:
+            request.send(Frame(message))  # encoded once per kind of host, whatever their number
+            request.collect(lambda i, reply, blob: self._apply(i, reply, results[i], request.sink))
+            for i in request.killed:
+                results[i].status = "killed"
+                results[i].detail = "did not stop when interrupted and was killed"
+            if request.stopped == "timeout":
+                for i in request.stopped_hosts:
+                    if results[i].status == "interrupted":
+                        results[i].status = "timeout"
+            if request.stopped == "interrupted":
+                raise CellInterrupted("the cell was interrupted on every host", results)
+            return results
 
-    def _apply(self, index: int, message: dict, result: HostResult, sink: OutputSink, pending: set) -> None:
+        return self.request(indices, kind=message["op"], timeout=timeout, sink=sink, grace=self.interrupt_grace,
+                            escalate=True, on_tick=on_tick or self.on_tick, on_stuck=on_stuck or self.on_stuck,
+                            body=body)
+
+    def execute(self, code: str, indices: list[int], timeout: float | None = None,
+                sink: OutputSink | None = None, shell: bool = False, count: int | None = None) -> dict[int, HostResult]:
+        """Run ``code`` on these hosts at once, here; per-host results, whatever happened (``cell``).
+
+        Raises CellInterrupted (carrying the results) only when the kernel itself is
+        interrupted; timeouts and dead hosts are reported in the results.
+        """
+        return self.cell(code, indices, timeout, sink, shell, count).run()
+
+    def _apply(self, index: int, message: dict, result: HostResult, sink: OutputSink) -> bool:
+        """One frame of a cell into its host's result and the sink; True once the host is done."""
         op = message.get("op")
         if op == "stream":
             name = "stderr" if message["name"] == "stderr" else "stdout"
@@ -392,126 +344,53 @@ class Session:
             if message.get("exiting"):  # exit() in the cell: the next cell starts a fresh session
                 self.hosts[index].alive = False
                 self.hosts[index].died_reason = "exit() in a cell"
-            pending.discard(index)
-            sink.host_done(index)
-        elif op == "died" and index in pending:
+            return True
+        elif op == "died":
             result.status, result.detail = "died", message.get("reason", "")
-            self.hosts[index].notice = None  # this cell reports it
-            pending.discard(index)
-            sink.host_done(index)
-
-    def _stop(self, request: Request, why: str) -> None:
-        """Interrupt the hosts still running, then escalate on those that do not stop. Each further
-        Ctrl-C ends the current wait: interrupt, SIGTERM, SIGKILL, give up."""
-        pending, results = request.pending, request.results
-        frames = Broadcast({"op": "interrupt", "id": request.rid})
-        for i in list(pending):
-            try:
-                self.hosts[i].send_frame(frames.for_host(self.hosts[i]))
-            except TransportError:
-                pass
-        marked = set(pending)
-        presses = 1 if why == "interrupted" else 0  # the press that stopped the cell
-        if not self._wait(request, self.interrupt_grace, presses + 1):
-            if self.before_escalation is not None and request.pending and request.results:
-                self.before_escalation(sorted(request.pending), request.sink, request.results)
-            self._escalate(request, presses + 2)
-        for i in marked:
-            if results[i].status == "interrupted" and why == "timeout":
-                results[i].status = "timeout"
-
-    def _wait(self, request: Request, seconds: float, until: int) -> bool:
-        """Collect for up to ``seconds``; False if hosts are still pending (or Ctrl-C was pressed
-        ``until`` times)."""
-        try:
-            self._collect(request, time.monotonic() + seconds, until, stop_on_death=False)
-        except (_Deadline, _Interrupt, KeyboardInterrupt):
-            return False
-        return not request.pending
-
-    def _escalate(self, request: Request, until: int) -> None:
-        """SIGTERM, then SIGKILL, sent to every stuck host at once (a kill over a frozen connection
-        takes seconds); hosts still pending after that are given up without waiting on them."""
-        pending, results = request.pending, request.results
-        stuck = sorted(pending)
-        for step, sig in enumerate((signal.SIGTERM, signal.SIGKILL)):
-            for i in sorted(pending):
-                threading.Thread(target=self.hosts[i].signal, args=(sig,), daemon=True,
-                                 name=f"tpunb-signal-{i}").start()
-            if self._wait(request, self.term_grace, until + step):
-                break
-        for i in stuck:
-            results[i].status = "killed"
-            results[i].detail = "did not stop when interrupted and was killed"
-        for i in sorted(pending):  # unreachable even by SIGKILL (frozen, or its connection): give it up
-            self.hosts[i].give_up("did not stop when interrupted and was killed")
-            pending.discard(i)
-            request.sink.host_done(i)
+        return False
 
     # -- data ---------------------------------------------------------------------------------
     def call(self, indices: list[int], message: dict, blob: bytes = b"", timeout: float = 60.0,
              segments: list[memoryview] | None = None) -> dict[int, tuple[dict, Any]]:
         """A short request to several hosts; raises TransportError naming hosts that failed.
-        ``segments``: a value sent with it (tpunb.engine.transfer). Replies that carry a value
-        come back as (reply, value)."""
-        with CtrlC() as ctrl_c:
-            request = self._request(ctrl_c)
-            moving = Transfer(request.rid, request.inbox, ctrl_c, message["op"])
-            try:
-                return self._call(request, indices, message, blob, timeout, moving, segments)
-            finally:
-                moving.close()
-                self._forget(request.rid)
-
-    def _call(self, request: Request, indices: list[int], message: dict, blob: bytes, timeout: float,
-              moving: Transfer, segments: list[memoryview] | None) -> dict[int, tuple[dict, Any]]:
-        inbox, ctrl_c, pending = request.inbox, request.ctrl_c, request.pending
-        replies: dict[int, tuple[dict, Any]] = {}
+        ``segments``: a value sent with it (tpunb.engine.transfer): by memfd to hosts on this
+        machine, as parts to the others. Replies that carry a value come back as (reply, value)."""
         for i in indices:  # a host that died before this request waited: its "died" went to no one
             if not self.hosts[i].alive:
                 raise HostDiedError(f"host {i} died ({self.hosts[i].died_reason or 'its agent ended'})")
-        hosts = [self.hosts[i] for i in indices]
-        pending.update(indices)
-        if segments is not None:  # a pushed value is pickled once, sent without copies
-            if not moving.send(hosts, message, segments):
-                raise CellInterrupted(f"interrupted while sending {message['op']}")
-        else:
-            frames = Broadcast({**message, "id": request.rid}, blob)
-            for host in hosts:
-                host.send_frame(frames.for_host(host))
-        deadline = time.monotonic() + timeout
-        while pending:
-            if ctrl_c.presses:
-                moving.stop([self.hosts[i] for i in pending])
-                raise CellInterrupted(f"interrupted while hosts {sorted(pending)} were answering {message['op']}")
-            try:
-                index, reply, data = inbox.get(max(0.0, min(0.1, deadline - time.monotonic())), ctrl_c)
-            except Wake:
-                continue
-            except queue.Empty:
-                if time.monotonic() < deadline or moving.meter.done > moving.seen:
-                    moving.seen = moving.meter.done  # bytes still flow: the wait goes on
-                    deadline = max(deadline, time.monotonic() + 1.0)
-                    continue
-                raise TransportError(f"hosts {sorted(pending)} did not answer {message['op']} "
-                                     f"within {timeout:.0f} s") from None
-            if reply.get("op") == "died" and index in pending:
-                self.hosts[index].notice = None
-                raise HostDiedError(f"host {index} died ({reply.get('reason')})")
-            if reply.get("op") == "part" and index in pending:
-                moving.take_part(index, reply, data)
-            elif reply.get("op") == "done" and reply.get("unshared") and index in pending:
-                self.hosts[index].info["unshared"] = True  # it cannot map our memfds: parts, now and later
-                moving.stream(self.hosts[index])
-            elif reply.get("op") == "done" and index in pending:
-                replies[index] = (reply, moving.value(self.hosts[index], reply, data) if "sizes" in reply else data)
-                pending.discard(index)
+        replies: dict[int, tuple[dict, Any]] = {}
+        with self.request(indices, kind=message["op"], timeout=timeout) as request:
+            incoming = Incoming(lambda: request.meter)
+
+            def answer(index: int, reply: dict, data: Any) -> bool:
+                op = reply.get("op")
+                if op == "part":
+                    incoming.take_part(index, reply, data)
+                elif op == "done" and reply.get("unshared"):  # it cannot map our memfds: parts, now and later
+                    self.hosts[index].info["unshared"] = True
+                    request.send(Parts(message, segments), [index])
+                elif op == "done":
+                    replies[index] = (reply, incoming.value(self.hosts[index], reply, data) if "sizes" in reply else data)
+                    return True
+                return False
+
+            if segments is None:
+                request.send(Frame(message, blob))
+            else:  # a pushed value is pickled once, sent without copies
+                shared = [i for i in indices if shares_memory(self.hosts[i])]
+                streamed = [i for i in indices if i not in shared]
+                if streamed:
+                    request.send(Parts(message, segments), streamed)
+                if shared:
+                    request.send(Memfd(message, segments), shared)
+            request.collect(answer)
+        request.raise_for_stop()
         return replies
 
     def push(self, values: dict[str, Any], indices: list[int]) -> None:
         segments = pack(values)
         sizes = [len(s) for s in segments]
-        if relay.wanted(self, sum(sizes), indices) and relay.push(self, segments, indices):  # sent once, passed on
+        if self.relay.wanted(sum(sizes), indices) and self.relay.push(segments, indices):  # sent once, passed on
             return
         if sum(sizes) <= INLINE:  # one frame, encoded once for every host
             replies = self.call(indices, {"op": "push", "sizes": sizes, "inline": True}, join(segments))
@@ -558,17 +437,4 @@ def _watch(session_ref: "weakref.ref[Session]", stop: threading.Event) -> None:
             session.check_liveness(now)
         last = now
         del session
-
-
-class _Deadline(Exception):
-    pass
-
-
-class _HostDied(Exception):
-    pass
-
-
-class _Interrupt(Exception):
-    pass
-
 

@@ -6,7 +6,6 @@ processes (a Cloud TPU node: its state, its cost, its deletion).
 """
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import threading
@@ -84,7 +83,6 @@ class Slice:
         self.metrics_interval = 1.0
         self.metrics_store = MetricsStore(len(transports))
         self.session.on_metrics = self.metrics_store.add
-        self.session.before_escalation = functools.partial(hangs.show_stuck, self)  # where stuck hosts are
         self.metrics_feed = MetricsFeed(self.metrics_store, registry, record.name, on_gone=self._deleted_elsewhere)
         self._gone = False  # deleted outside this kernel (the JupyterLab sidebar, another kernel)
         self.cell_logs = HostLogs(tpunb_home() / "logs" / record.name)
@@ -315,12 +313,15 @@ class Slice:
         self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
         self._idle_mark(True, tell_host=True)
+        where: dict[int, str] = {}  # hosts that would not stop: where they were (tpunb.hangs)
+        request = self.session.cell(code, indices, timeout, sink, shell=shell, count=kernel_cell_number(),
+                                    on_stuck=lambda r, stuck: hangs.show_stuck(self, stuck, r.sink, where))
         try:
-            results = self.session.execute(code, indices, timeout, sink, shell=shell, count=kernel_cell_number())
+            results = hangs.with_where(request.run(), where)
         except CellInterrupted as exc:
             sink.finish()
             self._say_jax_failures()
-            result = self.last_result = RunResult(exc.results, names=self.layout.names)
+            result = self.last_result = RunResult(hangs.with_where(exc.results, where), names=self.layout.names)
             stopped = result.hosts_with("interrupted")
             message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {self.layout.names(stopped)}; "
                        f"{'their' if len(stopped) != 1 else 'its'} state is kept"

@@ -1,5 +1,6 @@
-"""The kernel's side of the hosts' agents, by job: the connection to one host (``connection``),
-frames encoded for many (``frames``), Ctrl-C and a request's inbox (``ctrl_c``), one array from
-the shards of a global jax.Array its hosts sent (``gather``), values moved to and from hosts
-(``transfer``). ``tpunb.session`` fans requests
-out over them."""
+"""The kernel's side of the hosts' agents, by job: one request to N hosts and the one wait loop
+(``request``), the routes a request takes to its hosts (``routes``: a frame, a value's parts, a
+memfd, relay stripes), the connection to one host (``connection``), frames encoded for many
+(``frames``), Ctrl-C and a request's inbox (``ctrl_c``), values moved to and from hosts
+(``transfer``), pushes relayed among the hosts (``relay``), one array from the shards of a global
+jax.Array its hosts sent (``gather``). ``tpunb.session`` owns the hosts and makes the requests."""

@@ -31,6 +31,10 @@ class Inbox:
         if ring:
             self._bell.put(None)
 
+    def ring(self) -> None:
+        """End a wait without a frame (``Request.interrupt`` from another thread)."""
+        self._bell.put(None)
+
     def get(self, timeout: float, ctrl_c: CtrlC | None = None) -> Frame:
         """The next frame, waiting up to ``timeout``; queue.Empty if none came."""
         if not self._items:

@@ -15,7 +15,7 @@ import functools
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb.errors import TransportError, UsageError
 from tpunb.host import protocol, transfer
@@ -23,7 +23,6 @@ from tpunb.host.transfer import Assembly
 
 if TYPE_CHECKING:
     from tpunb.engine.connection import HostConnection
-    from tpunb.engine.ctrl_c import CtrlC, Inbox
 
 #: values this large or larger show a progress bar
 BAR_BYTES = 16 << 20
@@ -95,7 +94,7 @@ def _writable_args(array, keep: list, numpy) -> tuple:
 
 def shares_memory(host: HostConnection) -> bool:
     """The host's agent runs on this machine (a local slice): it can map this process's memfds."""
-    return (bool(getattr(host.process, "same_machine", False)) and transfer.can_share() and bool(host.info.get("pid"))
+    return (host.transport.same_machine and transfer.can_share() and bool(host.info.get("pid"))
             and not host.info.get("unshared"))
 
 
@@ -138,102 +137,23 @@ class Meter:
             self._update = None
 
 
-class Transfer:
-    """The data side of one request: what it sends, what it receives, and how it stops."""
+class Incoming:
+    """Values hosts send back (a pull, a gather): in their reply's blob, a memfd they lend, or
+    part frames assembled here as they arrive."""
 
-    def __init__(self, rid: int, inbox: Inbox, ctrl_c: CtrlC, description: str) -> None:
-        self.rid, self.inbox, self.ctrl_c = rid, inbox, ctrl_c
-        self.meter = Meter(description)
-        self.stopped = threading.Event()
-        self.seen = 0  # bytes moved when the request last looked (it waits on while they flow)
-        self._memfd: int | None = None
-        self._streaming: set[int] = set()  # hosts a thread still sends parts to
-        self._request: dict = {}
-        self._segments: list[memoryview] = []
+    def __init__(self, meter: Callable[[], Meter]) -> None:
+        self._meter = meter  # the request's, made when a value first arrives in parts or a memfd
         self._arriving: dict[int, Assembly] = {}
 
-    # -- out ------------------------------------------------------------------------------------
-    def send(self, hosts: list[HostConnection], message: dict, segments: list[memoryview]) -> bool:
-        """Send ``message`` with the value to every host (memfd or parts); False if Ctrl-C stopped it."""
-        sizes = [len(s) for s in segments]
-        size = sum(sizes)
-        self._request, self._segments = {**message, "id": self.rid, "sizes": sizes}, segments
-        shared = [h for h in hosts if shares_memory(h)]
-        streamed = [h for h in hosts if h not in shared]
-        self.meter.expect(size * len(streamed) + (size if shared else 0), size)
-        for host in streamed:
-            self.stream(host)
-        if shared:
-            self._memfd = transfer.write_memfd(segments, lambda: self.ctrl_c.presses > 0, self.meter.add)
-            if self._memfd is None:
-                return False
-            with_fd = {**self._request, "shm": [memfd_owner(), self._memfd]}
-            for host in shared:
-                self._send(host, with_fd)
-        return True
-
-    def send_stripes(self, stripes: list[tuple[HostConnection, dict, int, int]], segments: list[memoryview]) -> None:
-        """Send each (host, message, lo, hi) the layout's bytes [lo, hi) of the value as parts, then
-        its message, every host on a thread of its own (a relay's roots: each byte sent once)."""
-        sizes = [len(s) for s in segments]
-        self._segments = segments
-        self.meter.expect(sum(hi - lo for _, _, lo, hi in stripes), sum(sizes))
-        for host, message, lo, hi in stripes:
-            self._start(host, {**message, "id": self.rid, "sizes": sizes}, segments, (lo, hi))
-
-    def stream(self, host: HostConnection) -> None:
-        """Send the value to this host in parts, on a thread of its own (also for a host that could
-        not map the memfd: it says so, and is sent parts from then on)."""
-        if host.info.get("unshared"):
-            self.meter.expect(sum(self._request["sizes"]), 0)
-        self._start(host, self._request, self._segments)
-
-    def _start(self, host: HostConnection, request: dict, segments: list[memoryview], span=None) -> None:
-        """This host's sending thread: its parts (of bytes [lo, hi) given a ``span``), then ``request``."""
-        self._streaming.add(host.index)
-        threading.Thread(target=self._stream, args=(host, request, segments, span), daemon=True,
-                         name=f"tpunb-push-{host.index}").start()
-
-    def _stream(self, host: HostConnection, request: dict, segments: list[memoryview], span=None) -> None:
-        try:
-            self._stream_parts(host, request, segments, span)
-        finally:
-            self._streaming.discard(host.index)
-
-    def _stream_parts(self, host: HostConnection, request: dict, segments: list[memoryview], span=None) -> None:
-        """One host's parts (of bytes [lo, hi) given a ``span``), then the request; on stop, an
-        interrupt that makes it drop the parts."""
-        sizes, first = request["sizes"], True
-        for at, piece in (transfer.clipped(segments, *span) if span else transfer.pieces(segments)):
-            if self.stopped.is_set():
-                self._send(host, {"op": "interrupt", "id": self.rid})
-                return
-            head = {"op": "part", "id": self.rid, "at": at, **({"sizes": sizes} if first else {})}
-            first = False
-            if not self._send(host, head, piece):
-                return
-            self.meter.add(len(piece))
-        self._send(host, request)
-
-    def _send(self, host: HostConnection, message: dict, blob=b"") -> bool:
-        """Send one frame; a host that cannot take it counts as died for this request."""
-        try:
-            host.send_part(protocol.encode_head(message, len(blob), host.fast), blob)
-            return True
-        except TransportError as exc:
-            self.inbox.put((host.index, {"op": "died", "id": self.rid, "reason": str(exc)}, b""))
-            return False
-
-    # -- in -------------------------------------------------------------------------------------
     def take_part(self, index: int, message: dict, blob: bytes) -> None:
         """A piece of a host's reply."""
         if "sizes" in message:
             self._arriving[index] = Assembly(message["sizes"])
             total = sum(message["sizes"])
-            self.meter.expect(total, total)
+            self._meter().expect(total, total)
         assembly = self._arriving.get(index)
         if assembly is not None:
-            self.meter.add(assembly.add(message["at"], blob))
+            self._meter().add(assembly.add(message["at"], blob))
 
     def value(self, host: HostConnection, reply: dict, blob: bytes) -> Any:
         """The value a host's ``done`` reply carries (in its blob, its memfd or its parts)."""
@@ -252,30 +172,11 @@ class Transfer:
                 except Exception:  # a host gone since: its memfd went with it
                     pass
             total = sum(reply["sizes"])
-            self.meter.expect(total, total)
-            self.meter.add(total)
+            meter = self._meter()
+            meter.expect(total, total)
+            meter.add(total)
             return transfer.loads(segments)
         assembly = self._arriving.pop(host.index, None)
         if assembly is None or not assembly.complete:
             raise TransportError(f"host {host.index}'s value did not arrive whole: pull it again")
         return transfer.loads(assembly.segments())
-
-    # -- end ------------------------------------------------------------------------------------
-    def stop(self, hosts: list[HostConnection]) -> None:
-        """Ctrl-C: senders stop after their current piece (and tell their hosts); hosts sending
-        to us are told to stop."""
-        self.stopped.set()
-        for host in hosts:
-            if host.index not in self._streaming and host.alive:
-                with contextlib.suppress(Exception):
-                    host.send({"op": "interrupt", "id": self.rid})
-
-    def close(self) -> None:
-        """Free what the request held: the memfd, the bar, the sending threads (each stops after
-        its current piece and tells its host to drop what it has)."""
-        self.stopped.set()
-        if self._memfd is not None:
-            os.close(self._memfd)
-            self._memfd = None
-        self._arriving.clear()
-        self.meter.close()

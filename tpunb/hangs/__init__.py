@@ -16,11 +16,19 @@ from tpunb.hangs.stacks import HostStacks, Stacks, from_reply
 if TYPE_CHECKING:
     from tpunb.slice import Slice
 
-__all__ = ["HostStacks", "Stacks", "show_stuck", "slice_stacks"]
+__all__ = ["HostStacks", "Stacks", "show_stuck", "slice_stacks", "with_where"]
 
 
 #: how long the stacks of hosts that would not stop may take, before they are killed anyway
 STUCK_BOUND = 1.0
+
+
+def with_where(results: dict, where: dict[int, str]) -> dict:
+    """A cell's per-host results, each stuck host's ``where`` filled (its error line names it)."""
+    for host, place in where.items():
+        if host in results:
+            results[host].where = place
+    return results
 
 
 def slice_stacks(sl: "Slice", hosts: str | list[int] | None = None, native: bool = False,
@@ -37,9 +45,9 @@ def slice_stacks(sl: "Slice", hosts: str | list[int] | None = None, native: bool
     return collect(sl.name, targets, mains, native, sl.layout.names, bound)
 
 
-def show_stuck(sl: "Slice", hosts: list[int], sink, results: dict) -> None:
-    """Hosts that did not stop when interrupted, before they are killed: where each one is, in the
-    cell's output and in its result (``HostResult.where``, which the cell's error line names)."""
+def show_stuck(sl: "Slice", hosts: list[int], sink, where: dict[int, str]) -> None:
+    """A cell's ``on_stuck``: hosts that did not stop when interrupted, before they are killed:
+    where each one is, in the cell's output and in ``where`` (for ``with_where``)."""
     names = sl.layout.names(hosts)
     many = len(hosts) > 1
     try:
@@ -49,8 +57,8 @@ def show_stuck(sl: "Slice", hosts: list[int], sink, results: dict) -> None:
                   f"{type(exc).__name__}: {exc}")
         return
     for host in hosts:
-        if host in results and host in stacks:
-            results[host].where = stacks[host].short
+        if host in stacks:
+            where[host] = stacks[host].short
     sink.note(f"[tpunb] host{'s' if many else ''} {names} did not stop within {sl.session.interrupt_grace:g} s of the "
               f"interrupt; where {'they are' if many else 'it is'} before {'they are' if many else 'it is'} killed "
               f"(read in {stacks.seconds * 1000:.0f} ms):\n" + stacks.text(header=False))

@@ -16,7 +16,6 @@ from tpunb.errors import TransportError
 from tpunb.host import stacks as host_stacks
 from tpunb.host.bundle import STACKS_READER, stacks_source
 from tpunb.transport.base import Transport, ask_program
-from tpunb.transport.local import LocalTransport
 
 #: seconds a remote reader may take beyond the dump itself (its SSH channel, a login shell, Python)
 REMOTE_SLACK = 15.0
@@ -73,7 +72,7 @@ def _read_into(target: Target, native: bool, replies: dict[int, dict]) -> None:
 
 
 def _read(transport: Transport, request: dict) -> dict:
-    if isinstance(transport, LocalTransport):  # this machine: signal and read it from here
+    if transport.same_machine:  # this machine: signal and read it from here
         return host_stacks.read(request)
     return ask_program(transport, [transport.python, "-S", "-c", STACKS_READER],
                        {"source": stacks_source(), "request": request}, "the stacks reader")

@@ -32,9 +32,6 @@ def read_exact(recv: Callable[[int], bytes], n: int) -> bytes:
 class AgentProcess(ABC):
     """One running agent on one host, seen as two byte streams and a process group."""
 
-    #: the agent runs on this machine and may map this process's memfds
-    same_machine = False
-
     @abstractmethod
     def send(self, data: bytes) -> None:
         """Write all of ``data`` (bytes or a view) to the agent's stdin; raise TransportError if it is gone."""
@@ -79,8 +76,18 @@ class AgentProcess(ABC):
 
 
 class Transport(ABC):
-    """A way to start agents on one host."""
+    """A way to start agents on one host, and what else it can do (its capabilities, declared by
+    each kind of transport so that callers never test its type)."""
 
+    #: its agents run on this machine: they map this process's memfds and share its files and ports
+    same_machine = False
+    #: ``sftp()`` gives an SFTP client to the host (%tpu_sync copies files with it)
+    has_sftp = False
+    #: ``open_tunnel(port)`` reaches a TCP port on the host over the transport (%tpu_forward)
+    can_forward = False
+    #: hosts on it reach each other over a network of their own, apart from the kernel's link to
+    #: them, so a large push crosses that link once and is relayed among them (tpunb.engine.relay)
+    reaches_peers = False
     #: what the user would call this host ("127.0.0.2", "local pid 1234", ...)
     address: str = ""
     #: the Python interpreter to run on the host

@@ -48,9 +48,6 @@ class LocalAgentProcess(AgentProcess):
             for line in iter(self._proc.stderr.readline, b""):
                 self._stderr_lines.append(line.decode(errors="replace").rstrip("\n"))
 
-    #: on this machine: it can map this process's memfds (tpunb.engine.transfer)
-    same_machine = True
-
     def send(self, data) -> None:
         data = memoryview(data).cast("B")
         try:
@@ -107,6 +104,8 @@ class LocalAgentProcess(AgentProcess):
 
 class LocalTransport(Transport):
     """Starts agents as child processes of this kernel."""
+
+    same_machine = True
 
     def __init__(self, label: str = "local", python: str | None = None) -> None:
         self.address = label

@@ -212,6 +212,10 @@ class SSHAgentProcess(AgentProcess):
 class SSHTransport(Transport):
     """One authenticated SSH connection to one host, checked against the registry's host key."""
 
+    has_sftp = True
+    can_forward = True
+    reaches_peers = True
+
     def __init__(
         self,
         host: str,
