@@ -16,6 +16,7 @@ from tpunb import catalog, diagnose, hangs, report
 from tpunb.display import (LINE_CHARS, CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
                            kernel_colors)
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
+from tpunb.hangs.laggards import Laggards
 from tpunb.display.hosts import Layout
 from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.registry import Registry, SliceRecord, tpunb_home
@@ -315,7 +316,8 @@ class Slice:
         self._idle_mark(True, tell_host=True)
         where: dict[int, str] = {}  # hosts that would not stop: where they were (tpunb.hangs)
         request = self.session.cell(code, indices, timeout, sink, shell=shell, count=kernel_cell_number(),
-                                    on_stuck=lambda r, stuck: hangs.show_stuck(self, stuck, r.sink, where))
+                                    on_stuck=lambda r, stuck: hangs.show_stuck(self, stuck, r.sink, where),
+                                    on_tick=Laggards(self) if len(indices) > 1 else None)
         try:
             results = hangs.with_where(request.run(), where)
         except CellInterrupted as exc:

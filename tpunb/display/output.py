@@ -338,6 +338,10 @@ class CellOutput(OutputSink):
             hosts = self.names(self.hidden_displays)
             out.write(f"[tpunb] rich output from hosts {hosts} not shown; use --output all to see every host's\n")
 
+    def laggards(self, where: dict[int, str]) -> None:
+        if self.progress is not None:
+            self.progress.laggards(where)
+
     def note(self, text: str) -> None:
         self._flush_lines()  # after what the hosts printed before it
         self._emit("stdout", [text if text.endswith("\n") else text + "\n"])

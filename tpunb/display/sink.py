@@ -11,6 +11,9 @@ class OutputSink:
     def tick(self) -> None: ...
     def host_done(self, host: int) -> None: ...
     def finish(self) -> None: ...
+    def laggards(self, where: dict[int, str]) -> None:
+        """Where the hosts still running far behind the others are (host -> one line)."""
+
     def note(self, text: str) -> None:
         """A line of tpunb's own about the cell (where stuck hosts are), in the cell's output."""
 
