@@ -59,7 +59,7 @@ def test_a_straggler_is_shown_as_plain_text_in_a_terminal_shell(make_slice, cell
     assert "[tpunb]" not in fast.shown
 
 
-def test_a_straggler_line_updates_in_place_in_a_notebook(kernel):  # noqa: F811 - the fixture
+def test_straggler_and_laggard_lines_update_in_place_in_a_notebook(kernel):  # noqa: F811 - the fixture
     manager, client = kernel
     reply, _ = execute(client, "%load_ext tpunb\n%tpu_launch v4-16")
     assert reply["status"] == "ok"
@@ -74,6 +74,18 @@ def test_a_straggler_line_updates_in_place_in_a_notebook(kernel):  # noqa: F811 
     updates = [o for o in shown[1:] if o.get("transient", {}).get("display_id") == display_id]
     assert updates, "the line is updated in place, not printed again"
     assert updates[-1]["data"]["text/plain"].startswith("[tpunb] hosts 0-1 done (")
+    assert not any(", at " in o["data"]["text/plain"] for o in shown), "3 s is no laggard (10 s at least)"
+
+    execute(client, "import tpunb.hangs.laggards as l\nl.AT_LEAST = 1.0")  # a laggard after 1 s, not 10
+    reply, outputs = execute(client, "%%on_tpu\nimport os, time\ndef slow_step():\n    time.sleep(4)\n"
+                                     "if os.environ['TPUNB_HOST_INDEX'] == '1':\n    slow_step()\n'done'")
+    assert reply["status"] == "ok"
+    lines = [o for o in outputs if o.get("data", {}).get("text/plain", "").startswith("[tpunb] host")]
+    display_id = lines[0]["transient"]["display_id"]
+    assert all(o.get("transient", {}).get("display_id") == display_id for o in lines), "one line, in place"
+    where = [o["data"]["text/plain"] for o in lines if ", at " in o["data"]["text/plain"]]
+    assert where and re.search(r"· host 1 running \d\.\d s, at In\[\d+\]:3 slow_step$", where[0]), where
+    assert lines[-1]["data"]["text/plain"].startswith("[tpunb] hosts 0-1 done (")
     reply, outputs = execute(client, "%%on_tpu\n'quick'")
     assert not any("[tpunb]" in o.get("data", {}).get("text/plain", "") for o in outputs)
     execute(client, "%tpu_down")
@@ -129,19 +141,3 @@ def test_a_laggard_is_shown_where_it_is_once_in_a_terminal(make_slice, cell, mon
     assert len(said) == 1, run.stdout
     assert re.fullmatch(r"\[tpunb\] host 0 done \(\d\.\d s\) · host 1 running \d\.\d s, at In\[\d+\]:3 slow_step",
                         said[0]), said
-
-
-def test_a_laggard_line_is_updated_in_place_in_a_notebook(kernel):  # noqa: F811 - the fixture
-    manager, client = kernel
-    reply, _ = execute(client, "%load_ext tpunb\n%tpu_launch v4-16\nimport tpunb.hangs.laggards as l\nl.AT_LEAST = 1.0")
-    assert reply["status"] == "ok"
-    reply, outputs = execute(client, "%%on_tpu\nimport os, time\ndef slow_step():\n    time.sleep(4)\n"
-                                     "if os.environ['TPUNB_HOST_INDEX'] == '1':\n    slow_step()\n'done'")
-    assert reply["status"] == "ok"
-    lines = [o for o in outputs if o.get("data", {}).get("text/plain", "").startswith("[tpunb] host")]
-    display_id = lines[0]["transient"]["display_id"]
-    assert all(o.get("transient", {}).get("display_id") == display_id for o in lines), "one line, in place"
-    where = [o["data"]["text/plain"] for o in lines if ", at " in o["data"]["text/plain"]]
-    assert where and re.search(r"· host 1 running \d\.\d s, at In\[\d+\]:3 slow_step$", where[0]), where
-    assert lines[-1]["data"]["text/plain"].startswith("[tpunb] hosts 0-1 done (")
-    execute(client, "%tpu_down")
