@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from tpunb.doctor import doctor
+from tpunb.hangs.background import last_run
 from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
@@ -16,8 +17,8 @@ from tpunb.slice import Slice
 from tpunb.slices import connect, current, down, last_result, launch, status, use
 
 __version__ = "0.1.0"
-__all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_profile", "log", "plan",
-           "doctor", "Slice", "TpunbError"]
+__all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_run", "last_profile", "log",
+           "plan", "doctor", "Slice", "TpunbError"]
 
 
 def log(step: int | None = None, **scalars: float) -> None:

@@ -7,17 +7,18 @@ processes (a Cloud TPU node: its state, its cost, its deletion).
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb import catalog, diagnose, hangs, report
-from tpunb.display import (LINE_CHARS, CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
+from tpunb.display import (CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
                            kernel_colors)
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
+from tpunb.hangs import background as background_cells
 from tpunb.hangs.laggards import Laggards
 from tpunb.display.hosts import Layout
+from tpunb.display.output import show_between_cells
 from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
     import numpy
     import pandas
 
-#: lines printed between cells (background threads) shown before the next cell; the log has all
-BACKLOG_LINES = 200
 
 
 class Node:
@@ -199,8 +198,11 @@ class Slice:
         Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
         started, every host restarts together. A host that stopped answering while no cell ran
         fails this call once, naming it; the next call restarts it. A host a restart could not
-        reach is left to %tpu_restart, and a request for it (``chosen``) fails saying so.
+        reach is left to %tpu_restart, and a request for it (``chosen``) fails saying so, as does one
+        for hosts a background cell holds.
         """
+        if chosen is not None:
+            background_cells.refuse_if_busy(self, chosen)
         waiting = [i for i in self.needs_restart if chosen is None or i in chosen]
         if waiting:
             many = len(waiting) > 1
@@ -284,11 +286,14 @@ class Slice:
 
     # -- cells --------------------------------------------------------------------------------
     def run(self, code: str, hosts: str | list[int] | None = None, timeout: float | None = None,
-            output: str | None = "grouped", sink: OutputSink | None = None) -> RunResult:
+            output: str | None = "grouped", sink: OutputSink | None = None, background: bool = False,
+            queue: bool = False):
         """Run ``code`` on the hosts at once; live output as ``output`` says; per-host results.
 
         Errors on hosts are in the result (``result.raise_for_status()`` raises them); only a
-        kernel interrupt raises here, after every host was interrupted.
+        kernel interrupt raises here, after every host was interrupted. ``background``: return at
+        once with a ``tpunb.hangs.background.Run`` while the output still streams; ``queue``: wait
+        for a background cell that holds these hosts instead of refusing.
         """
         if output is not None and output not in MODES:
             raise UsageError(f"output must be one of {', '.join(MODES)}, not {output!r}")
@@ -298,15 +303,20 @@ class Slice:
                     else f"{self.layout.names(indices)} of {self.num_hosts}")
             report.warn(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {some}: JAX collectives "
                         "(jit over the whole slice, psum, ...) would hang waiting for the other hosts")
+        if background:
+            return background_cells.start(self, code, indices, timeout, output, queue)
+        if queue:
+            background_cells.wait_for_hosts(self, indices)
         return self._execute(code, indices, timeout, output, sink, shell=False)
 
     def _execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
-                 sink: OutputSink | None, shell: bool) -> RunResult:
-        """What cells and shell commands share: revive hosts, stream output, turn an interrupt into one error."""
+                 sink: OutputSink | None, shell: bool, started: Callable | None = None) -> RunResult:
+        """What cells and shell commands share: revive hosts, stream output, turn an interrupt into
+        one error. ``started(request)``: told the cell's request before it runs (background cells)."""
         if timeout is not None and not (0 < timeout < math.inf):
             raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
         self.revive(indices)
-        self._show_backlog()
+        show_between_cells(self.session.backlog, self.cell_logs, self.layout.name)
         self._say_jax_failures()
         if sink is None:
             sink = (CellOutput(indices, self.num_hosts, output, self.cell_logs, names=self.layout.names) if output
@@ -318,6 +328,8 @@ class Slice:
         request = self.session.cell(code, indices, timeout, sink, shell=shell, count=kernel_cell_number(),
                                     on_stuck=lambda r, stuck: hangs.show_stuck(self, stuck, r.sink, where),
                                     on_tick=Laggards(self) if len(indices) > 1 else None)
+        if started is not None:
+            started(request)
         try:
             results = hangs.with_where(request.run(), where)
         except CellInterrupted as exc:
@@ -340,22 +352,6 @@ class Slice:
             if note:
                 self.last_result.extra_notes.append(note)
         return self.last_result
-
-    def _show_backlog(self) -> None:
-        """Output hosts wrote between cells (background threads): shown, labelled, before the next cell."""
-        shown, hidden = 0, 0
-        while not self.session.backlog.empty():
-            host, message, _ = self.session.backlog.get_nowait()
-            if message.get("op") == "stream":
-                self.cell_logs.write(host, message["text"])
-                stream = sys.stderr if message.get("name") == "stderr" else sys.stdout
-                lines = message["text"].splitlines()
-                room = max(0, BACKLOG_LINES - shown)
-                label = self.layout.name(host)
-                stream.write("".join(f"[{label}, between cells] {line[:LINE_CHARS]}\n" for line in lines[:room]))
-                shown, hidden = shown + min(room, len(lines)), hidden + max(0, len(lines) - room)
-        if hidden:
-            sys.stdout.write(f"[tpunb] {hidden:,} more lines printed between cells are in {self.cell_logs.directory}/host-N.log\n")
 
     def _say_jax_failures(self) -> None:
         """Hosts that failed to join JAX when another host started it (no cell of theirs shows it)."""

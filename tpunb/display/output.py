@@ -361,3 +361,24 @@ class CellOutput(OutputSink):
         if self.mode == "all" and self.labelled:
             self.show({"text/plain": f"[{self.names([host])}]"}, {})
         self.show(data, metadata)
+
+
+#: lines printed between cells (background threads) shown before the next cell; the log has all
+BACKLOG_LINES = 200
+
+
+def show_between_cells(backlog, logs: HostLogs, name: Callable[[int], str]) -> None:
+    """Output hosts wrote between cells (their background threads; a queue of (host, frame, blob)):
+    shown, labelled, before the next cell; the logs get all of it."""
+    shown, hidden = 0, 0
+    while not backlog.empty():
+        host, message, _ = backlog.get_nowait()
+        if message.get("op") == "stream":
+            logs.write(host, message["text"])
+            stream = sys.stderr if message.get("name") == "stderr" else sys.stdout
+            lines = message["text"].splitlines()
+            room = max(0, BACKLOG_LINES - shown)
+            stream.write("".join(f"[{name(host)}, between cells] {line[:LINE_CHARS]}\n" for line in lines[:room]))
+            shown, hidden = shown + min(room, len(lines)), hidden + max(0, len(lines) - room)
+    if hidden:
+        sys.stdout.write(f"[tpunb] {hidden:,} more lines printed between cells are in {logs.directory}/host-N.log\n")
