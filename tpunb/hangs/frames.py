@@ -46,6 +46,8 @@ def short_file(path: str, kind: str = "user") -> str:
     cell = _CELL.match(path)
     if cell:
         return f"In[{cell.group(1) or cell.group(2)}]"
+    if path.startswith("<frozen ") and path.endswith(">"):  # a frozen standard module: <frozen genericpath>
+        return path[len("<frozen "):-1] + ".py"
     for marker in ("/site-packages/", "/dist-packages/"):
         if marker in path:
             return path.rsplit(marker, 1)[1]
