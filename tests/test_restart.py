@@ -154,3 +154,19 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_a_prepared_restart_hands_the_hosts_to_standby_agents(make_slice, cell):
+    """Standby agents (started ahead, past their imports) take the hosts' places: the restart starts
+    no process of its own, and prepares the next restart's standbys after it."""
+    sl = make_slice(2)
+    cell("%%on_tpu\nkept = 1")
+    sl.standbys.prepare(wait=True)
+    standbys = wait_for(lambda: (lambda pids: pids if all(pids) else None)(
+        [sl.standbys.ready()[i].process.pid for i in range(2)]), 30, "the standbys' pids")
+    run = cell("%tpu_restart")
+    assert RESTARTED.search(run.stdout), run.shown
+    assert [h.info["pid"] for h in sl.session.hosts] == standbys
+    assert "Out[0-1]: False" in cell("%%on_tpu\n'kept' in globals()").shown
+    wait_for(lambda: len(sl.standbys.ready()) == 2, 60, "the next restart's standbys")
+    assert not set(standbys) & {s.process.pid for s in sl.standbys.ready().values()}

@@ -49,6 +49,7 @@ def run_in_background(sl, code: str) -> dict:
 
 def test_stacks_of_hosts_blocked_in_c_with_and_without_the_gil(make_slice, flags, cell):
     sl = make_slice(2)
+    sl.heartbeat_timeout = 0  # host 1 holds its GIL: it cannot beat, and would count as frozen after 5 s
     assert "[0-1] main thread: not in a cell" in cell("%tpu_stacks").stdout
     os.mkfifo(flags / "fifo")
     box = run_in_background(sl, f"FLAGS = {str(flags)!r}\n" + STUCK)

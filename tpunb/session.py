@@ -91,24 +91,31 @@ class Session:
         self.on_tick: OnTick | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def start(self, indices: Iterable[int] | None = None) -> None:
-        """Start agents on these hosts (default all) in parallel; one start at a time."""
+    def start(self, indices: Iterable[int] | None = None, ready: dict[int, HostConnection] | None = None) -> None:
+        """Start agents on these hosts (default all) in parallel; one start at a time. ``ready``:
+        agents already started for some of them (launched, not yet told their settings), which
+        take those hosts' places (a restart's standbys)."""
         with self._start_lock:
-            self._start(indices)
+            self._start(indices, ready or {})
         if not self._watching:
             self._watching = True
             threading.Thread(target=_watch, args=(weakref.ref(self), self._watch_stop), daemon=True,
                              name="tpunb-liveness").start()
 
-    def _start(self, indices: Iterable[int] | None) -> None:
+    def _start(self, indices: Iterable[int] | None, ready: dict[int, HostConnection]) -> None:
         if self.closed:
             raise TransportError("this slice's host sessions were closed")
+        for i, standby in ready.items():
+            self.hosts[i].close()
+            standby.router = self._route  # from now on its frames and its death are the session's
+            self.hosts[i] = standby
         chosen = [self.hosts[i] for i in (indices if indices is not None else range(len(self.hosts)))]
         errors = []
         try:
             for host in chosen:
-                host.close()
-                host.launch()
+                if host.index not in ready:
+                    host.close()
+                    host.launch()
         except TransportError as exc:
             errors.append(exc)
         beat = self.beat_interval()

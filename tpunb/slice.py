@@ -17,6 +17,7 @@ from tpunb.display import (CellOutput, HostLogs, LogOnly, MODES, OutputSink, ker
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
 from tpunb.hangs import background as background_cells
 from tpunb.hangs.laggards import Laggards
+from tpunb.hangs.standby import Standbys
 from tpunb.display.hosts import Layout
 from tpunb.display.output import show_between_cells
 from tpunb.metrics import MetricsFeed, MetricsStore
@@ -77,6 +78,7 @@ class Slice:
         self._pick_port = coordinator_port
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host)
+        self.standbys = Standbys(self.session)  # agents started ahead of a restart (tpunb.hangs.standby)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
         self.layout = Layout(len(transports), record.num_slices)
         #: seconds between two samples on every host (0: sampling off); see set_metrics_interval
@@ -146,13 +148,14 @@ class Slice:
         return {"metrics": {"interval": self.metrics_interval}, **self._host_init(index, self._coordinator_port),
                 **self.node.host_init(index)}
 
-    def connect(self, hosts: list[int] | None = None) -> None:
-        """Start the agents (all hosts, or these); a fresh JAX coordinator port for a full start."""
+    def connect(self, hosts: list[int] | None = None, ready: dict | None = None) -> None:
+        """Start the agents (all hosts, or these; ``ready``: standbys that take some hosts' places);
+        a fresh JAX coordinator port for a full start."""
         if hosts is None or len(hosts) == self.num_hosts:
             self._coordinator_port = self._pick_port()
             self.session.jax_started = False
             hosts = None
-        self.session.start(hosts)
+        self.session.start(hosts, ready)
         if hosts is None:
             self.warn_version_skew()
         self._idle_mark(False)  # host 0's agent armed (or touched) the idle watchdog as it started
@@ -271,6 +274,7 @@ class Slice:
             made.close()
         self.forwards.clear()
         seen.forget_forwards(self.name)
+        self.standbys.close()
         self.session.close()
         self.cell_logs.close()
         self.node.close()

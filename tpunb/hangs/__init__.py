@@ -42,7 +42,9 @@ def slice_stacks(sl: "Slice", hosts: str | list[int] | None = None, native: bool
         reason = "" if host.alive else f"its agent is not running ({host.died_reason or 'not started'})"
         targets.append(Target(i, sl.session.transports[i], host.info.get("pid"), host.info.get("stacks"), reason))
     mains = {i: (sl.session.hosts[i].info.get("stacks") or {}).get("main") for i in indices}
-    return collect(sl.name, targets, mains, native, sl.layout.names, bound)
+    found = collect(sl.name, targets, mains, native, sl.layout.names, bound)
+    sl.standbys.prepare()  # someone looks for a hang: a restart may follow
+    return found
 
 
 def show_stuck(sl: "Slice", hosts: list[int], sink, where: dict[int, str]) -> None:

@@ -47,6 +47,8 @@ class Laggards:
         hosts = lagging(request, now)
         if not hosts or self._reading or (self._read_at is not None and now - self._read_at < REFRESH):
             return
+        if self._read_at is None:
+            self.slice.standbys.prepare()  # hosts lag far behind: a restart may follow
         self._reading, self._read_at = True, now
         threading.Thread(target=self._read, args=(hosts,), daemon=True, name="tpunb-laggards").start()
 

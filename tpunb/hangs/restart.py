@@ -6,7 +6,8 @@ agent is told to end at once; one that has not exited after ``EXIT_GRACE`` secon
 C, or its SIGTERM caught by libtpu) is killed. New agents start together, and when JAX had
 been started JAX starts again on every host in the background, over the whole slice, with a
 fresh coordinator port. A host that cannot be reached is named and left marked as needing a
-restart; the others are restarted.
+restart; the others are restarted. Where standby agents were prepared (``tpunb.hangs.standby``)
+they take the old agents' places at once; the next restart's are prepared right after.
 """
 from __future__ import annotations
 
@@ -71,7 +72,13 @@ def restart(sl: "Slice", hosts: str | list[int] | None = None) -> Restart:
     fresh = [i for i in indices if i not in unreachable]
     session.take_notices()  # what happened to the old agents is no news now
     if fresh:
-        sl.connect(None if len(fresh) == sl.num_hosts else fresh)
+        chosen, ready = None if len(fresh) == sl.num_hosts else fresh, sl.standbys.take(fresh)
+        try:
+            sl.connect(chosen, ready=ready)
+        except TransportError:
+            if not ready:
+                raise
+            sl.connect(chosen)  # a standby ended meanwhile (its connection dropped): every host cold
     if jax and len(fresh) == sl.num_hosts:
         session.start_jax_everywhere()
     elif fresh:
@@ -79,6 +86,7 @@ def restart(sl: "Slice", hosts: str | list[int] | None = None) -> Restart:
     for host in sl.record.hosts:
         host.info["needs_restart"] = host.index in unreachable
     sl.save_hosts()
+    sl.standbys.prepare()  # the next restart's
     return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened)
 
 

@@ -28,7 +28,8 @@ from .jax_start import JaxStarter
 from .metrics import Sampler, install_log_shim
 from .profiler import OPS as PROFILE_OPS, Profiler
 from .relay import OPS as RELAY_OPS, Relay, RelayError
-from .runners import PlainRunner, cap_bundle, cap_text, flush_figures, make_ipython_runner, prefer_inline_matplotlib
+from .runners import (PlainRunner, cap_bundle, cap_text, flush_figures, make_ipython_runner, preload_ipython,
+                      prefer_inline_matplotlib)
 
 
 class Agent:
@@ -87,6 +88,7 @@ class Agent:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
+        preload_ipython()  # before the hello: a standby agent (a restart's) waits for its settings ready to run
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
                    "pgid": os.getpgid(0), "watchdog": self.watchdog_pid, "python": sys.version.split()[0],
                    "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize,

@@ -156,6 +156,14 @@ class PlainRunner:
 _NEEDS_IPYTHON = re.compile(r"[%!?]|\A\s*?^[ \t]+\S|^[ \t]*([,;/]|>>>|\.\.\.|In \[)", re.MULTILINE)
 
 
+def preload_ipython() -> None:
+    """Import IPython's shell (most of an agent's start) before the kernel's settings come."""
+    try:
+        import IPython.core.interactiveshell  # noqa: F401
+    except Exception:  # no IPython here, or a broken one: make_ipython_runner says so later
+        pass
+
+
 def make_ipython_runner(agent):
     """An InteractiveShell whose display hooks and tracebacks become frames (like ipykernel)."""
     from IPython.core.displayhook import DisplayHook
