@@ -66,6 +66,11 @@ class HostConnection:
             threading.Thread(target=self._read_loop, args=(process, handshake), daemon=True,
                              name=f"tpunb-host-{self.index}").start()
 
+    @property
+    def greeted(self) -> bool:
+        """Its agent said hello (or ended): a handshake would not wait for it to start."""
+        return not self._handshake.empty()
+
     def handshake(self, init: dict, timeout: float) -> None:
         """Check the protocol version, send the host's settings, wait until it is ready."""
         hello = self._wait_handshake(timeout, "start")

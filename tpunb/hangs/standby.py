@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from tpunb.engine.connection import HostConnection
 from tpunb.errors import TransportError
@@ -83,6 +84,16 @@ class Standbys:
         """host -> its standby, as it stands (for status and tests)."""
         with self._lock:
             return dict(self._ready)
+
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Wait until every standby being prepared has started (said hello); False at ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            preparing = self._preparing
+            if (preparing is None or not preparing.is_alive()) and all(s.greeted for s in self.ready().values()):
+                return True
+            time.sleep(0.02)  # polling the standbys' state
+        return False
 
     def take(self, indices: list[int]) -> dict[int, HostConnection]:
         """The live standbys of these hosts, handed over (they are no longer kept here)."""
