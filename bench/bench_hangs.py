@@ -26,18 +26,18 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+
+from bench.bench_cells import time_cells  # noqa: E402
+
 
 def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
 def timed(run, count: int) -> list[float]:
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        run()
-        samples.append(time.perf_counter() - started)
-    return samples
+    return time_cells(run, count, warmup=0)
 
 
 def main() -> None:
