@@ -42,7 +42,7 @@ def timed(run, count: int) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=20, help="%tpu_stacks reads per slice")
+    parser.add_argument("--runs", type=int, default=20, help="%%tpu_stacks reads per slice")
     parser.add_argument("--restarts", type=int, default=5, help="restarts (and down + launch) per kind")
     parser.add_argument("--jax-runs", type=int, default=3, help="restarts (and down + launch) until JAX answers")
     args = parser.parse_args()
