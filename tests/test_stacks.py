@@ -192,3 +192,17 @@ def _settled(stacks: Stacks) -> Stacks | None:
     """The stacks once host 0 is in its read and host 1 in its regex (they may still be on their way)."""
     where = stacks.where()
     return stacks if where[0].endswith("waiting") and where[1].endswith("match") else None
+
+
+def test_bad_input_is_one_line(cell):
+    from tpunb import slices
+    from tpunb.errors import TpunbError
+
+    assert "no slice yet: launch one" in str(cell("%tpu_stacks").error)
+    slices.launch("v4-8", name="one")
+    for line, said in (("%tpu_stacks --hosts 5", "host 5"), ("%tpu_stacks --bogus", "Usage: %tpu_stacks"),
+                       ("%tpu_restart --hosts x", "--hosts"), ("%tpu_restart now", "Usage: %tpu_restart"),
+                       ("%tpu_stacks --slice nope", "no slice named 'nope'")):
+        run = cell(line)
+        assert isinstance(run.error, TpunbError) and said in str(run.error), (line, run.shown)
+        assert "Traceback" not in run.shown and len(str(run.error).splitlines()) == 1
