@@ -108,15 +108,18 @@ def test_a_host_that_does_not_exit_is_killed(make_slice, cell, flags):
     thread: it cannot even read that it should end, so the restart kills it."""
     sl = make_slice(2)
     spinning = sl.session.hosts[1].info["pid"]
-    running = threading.Thread(target=sl.run, daemon=True, kwargs=dict(
-        code=f"import re\nopen({str(flags / 'in')!r}, 'w').close()\nre.match(r'(a+)+$', 'a' * 64 + 'b')",
-        hosts=[1], output=None))
+    box: dict = {}
+    running = threading.Thread(target=lambda: box.setdefault("result", sl.run(
+        f"import re\nopen({str(flags / 'in')!r}, 'w').close()\nre.match(r'(a+)+$', 'a' * 64 + 'b')",
+        hosts=[1], output=None)), daemon=True)
     running.start()
     wait_for(lambda: (flags / "in").exists(), 60, "host 1 in its regex")
     run = cell("%tpu_restart")
     assert "host 1 did not exit and was killed" in run.stdout, run.shown
     running.join(30)
     assert not running.is_alive() and not _running(spinning)
+    assert box["result"].notes() == ["host 1 was restarted (%tpu_restart) while the cell ran: the cell's work there "
+                                      "is lost"]
     assert "Out[0-1]: 2" in cell("%%on_tpu\n1 + 1").shown
 
 

@@ -19,6 +19,8 @@ from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
 TAIL_CHARS = 1 << 20
 #: how many of a cell's displays a result keeps (the newest)
 KEEP_DISPLAYS = 100
+#: the detail of a host whose agent %tpu_restart replaced while a cell ran on it
+RESTARTED = "it was restarted (%tpu_restart)"
 
 
 class Tail:
@@ -138,6 +140,12 @@ class RunResult(Mapping):
         """One line per host that did not simply succeed or raise."""
         lines = []
         died = self.hosts_with("died")
+        restarted = [h for h in died if self._results[h].detail.startswith(RESTARTED)]
+        if restarted:
+            many = len(restarted) > 1
+            lines.append(f"host{'s' if many else ''} {self.names(restarted)} {'were' if many else 'was'} restarted "
+                         "(%tpu_restart) while the cell ran: the cell's work there is lost")
+            died = [h for h in died if h not in restarted]
         for host in [h for h in died if self._results[h].detail.startswith("stopped answering")]:
             lines.append(f"host {self.names([host])} {self._results[host].detail} and was ended; the next cell restarts it "
                          "with a fresh state")

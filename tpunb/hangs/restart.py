@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tpunb.errors import TransportError
+from tpunb.results import RESTARTED
 
 if TYPE_CHECKING:
     from tpunb.slice import Slice
@@ -67,7 +68,7 @@ def restart(sl: "Slice", hosts: str | list[int] | None = None) -> Restart:
     if widened:
         indices = list(range(sl.num_hosts))
     started = time.perf_counter()
-    killed = session.end_agents(indices, EXIT_GRACE, "it was restarted (%tpu_restart)")
+    killed = session.end_agents(indices, EXIT_GRACE, RESTARTED)
     unreachable = _unreachable(session, indices)
     fresh = [i for i in indices if i not in unreachable]
     session.take_notices()  # what happened to the old agents is no news now
