@@ -12,6 +12,7 @@ it when no other cell runs, as it would a foreground cell.
 """
 from __future__ import annotations
 
+import queue as queues
 import signal
 import sys
 import threading
@@ -49,7 +50,7 @@ class Run:
         self._error: BaseException | None = None
         self._ended = threading.Event()
         self._interrupts = 0
-        self._thread: threading.Thread | None = None
+        self._worker: int | None = None  # the thread it runs on (its ident), once it runs
 
     # -- the handle ---------------------------------------------------------------------------
     def done(self) -> bool:
@@ -105,6 +106,7 @@ class Run:
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self, parent: Any, queue: bool, timeout: float | None, output: str | None) -> None:
+        self._worker = threading.get_ident()
         tokens = _route_output_here(parent)
         try:
             if queue:
@@ -154,16 +156,14 @@ def start(sl: "Slice", code: str, indices: list[int], timeout: float | None, out
         _runs.append(run)
     _last[:] = [run]
     _stop_button_interrupts_background_cells()
-    run._thread = threading.Thread(target=run._run, args=(_cell_parent(), queue, timeout, output), daemon=True,
-                                   name=f"tpunb-bg-{run.label}")
-    run._thread.start()
+    _workers.submit(run._run, _cell_parent(), queue, timeout, output)
     return run
 
 
 def busy(sl: "Slice", indices: list[int]) -> list[Run]:
     """Background cells (other than the caller's own) that hold any of these hosts."""
-    me = threading.current_thread()
-    return [r for r in running() if r.slice is sl and r._thread is not me and r.holds(indices)]
+    me = threading.get_ident()
+    return [r for r in running() if r.slice is sl and r._worker != me and r.holds(indices)]
 
 
 def refuse_if_busy(sl: "Slice", indices: list[int]) -> None:
@@ -184,6 +184,35 @@ def wait_for_hosts(sl: "Slice", indices: list[int], me: Run | None = None) -> No
         if not ahead:
             return
         ahead[0].wait(0.5)  # a press of Ctrl-C (foreground) ends this wait with KeyboardInterrupt
+
+
+class _Workers:
+    """Daemon threads that run background cells, kept between cells so that starting one does not
+    wait for a new thread to start; one more is made when all are busy. (Not an executor: its
+    threads would hold the kernel's exit until a hung cell ends.)"""
+
+    def __init__(self) -> None:
+        self._jobs: queues.SimpleQueue = queues.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, job, *args) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            self._idle -= 0 if spawn else 1
+        self._jobs.put((job, args))
+        if spawn:
+            threading.Thread(target=self._serve, daemon=True, name="tpunb-bg").start()
+
+    def _serve(self) -> None:
+        while True:
+            job, args = self._jobs.get()
+            job(*args)
+            with self._lock:
+                self._idle += 1
+
+
+_workers = _Workers()
 
 
 # -- output to the cell that started it --------------------------------------------------------
