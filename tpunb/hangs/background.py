@@ -1,7 +1,7 @@
 """``%%on_tpu --bg``: a cell that runs on its hosts while the notebook goes on.
 
-The cell's request runs on a thread of its own; its output streams, labelled as in the
-foreground, into the output area of the cell that started it: the thread takes that cell's
+The cell's request runs on a thread of its own (threads are kept between background cells); its
+output streams, labelled as in the foreground, into the output area of the cell that started it: the thread takes that cell's
 parent header (ipykernel's thread-local parent), so prints, displays and the straggler line
 land there while other cells run. What it returns is a ``Run`` handle (``tpunb.last_run()``).
 
@@ -50,6 +50,7 @@ class Run:
         self._error: BaseException | None = None
         self._ended = threading.Event()
         self._interrupts = 0
+        self._interrupt_lock = threading.RLock()  # re-entered by the stop button's signal handler
         self._worker: int | None = None  # the thread it runs on (its ident), once it runs
 
     # -- the handle ---------------------------------------------------------------------------
@@ -74,8 +75,9 @@ class Run:
     def interrupt(self) -> None:
         """Interrupt it on every host, as the stop button does a foreground cell; each further call
         moves on at once (SIGTERM, SIGKILL, give up)."""
-        self._interrupts += 1
-        request = self.request
+        with self._interrupt_lock:
+            self._interrupts += 1
+            request = self.request
         if request is not None:
             request.interrupt()
 
@@ -129,8 +131,10 @@ class Run:
 
     def _sent(self, request: "Request") -> None:
         """The cell's request exists: from now on interrupt() reaches it (also presses made before)."""
-        self.request = request
-        for _ in range(self._interrupts):
+        with self._interrupt_lock:
+            self.request = request
+            earlier = self._interrupts
+        for _ in range(earlier):
             request.interrupt()
 
 
