@@ -206,3 +206,22 @@ def test_bad_input_is_one_line(cell):
         run = cell(line)
         assert isinstance(run.error, TpunbError) and said in str(run.error), (line, run.shown)
         assert "Traceback" not in run.shown and len(str(run.error).splitlines()) == 1
+
+
+def test_stacks_of_a_slice_another_kernel_holds(cell):
+    """%tpu_stacks --slice NAME in a second notebook: read through the registry, never attached here."""
+    code = ("import sys, tpunb; sl = tpunb.launch('v4-16', name='theirs'); "
+            "sl.run('import time\\ndef training():\\n    time.sleep(600)\\ntraining()', background=True); "
+            "print('READY', flush=True); sys.stdin.read()")
+    other = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_for(lambda: other.stdout.readline().startswith("READY"), 120, "the other kernel's slice")
+        shown = wait_for(lambda: (lambda out: out if "training" in out else None)(
+            cell("%tpu_stacks --slice theirs").stdout), 60, "its hosts inside training()")
+        assert re.search(r"^\[0-1\] main thread: In\[\d+\]:4 <module> -> In\[\d+\]:3 training$", shown, re.M), shown
+        from tpunb import slices
+        assert slices.attached("theirs") is None
+    finally:
+        other.kill()
+        other.wait()

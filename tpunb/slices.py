@@ -276,6 +276,11 @@ def current(name: str | None = None) -> Slice:
                        "or attach one with %tpu_use NAME")
 
 
+def attached(name: str) -> Slice | None:
+    """The slice of that name if this kernel holds it (never attaches one)."""
+    return _attached.get(name)
+
+
 # -- ending slices --------------------------------------------------------------------------------
 def down(name: str | None = None, all: bool = False) -> list[str]:
     """Delete slices; already-deleted names are fine (idempotent). Returns the names deleted.

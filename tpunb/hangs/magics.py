@@ -19,15 +19,21 @@ class HangMagics(Magics):
     @magic_arguments()
     @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3; in a multislice also s1, s1/0")
     @argument("--native", action="store_true", help="also C/C++ frames, through py-spy on the hosts")
-    @argument("--slice", dest="slice_name", default=None)
+    @argument("--slice", dest="slice_name", default=None,
+              help="this slice (one another kernel holds too: read through the registry)")
     @line_magic
     def tpu_stacks(self, line: str):
         """Every host's Python stacks, all threads, grouped by identical stacks: works while a cell
-        runs and while a host is blocked in C (an XLA collective, a barrier)."""
+        runs and while a host is blocked in C (an XLA collective, a barrier). ``--slice NAME`` of
+        a slice another kernel holds reads its hosts from here, through the registry."""
         args = _parse(self.tpu_stacks, line)
-        sl = slices.current(args.slice_name)
         with _one_line_interrupt():
-            stacks = sl.stacks(hosts=args.hosts, native=args.native)
+            if args.slice_name and slices.attached(args.slice_name) is None:
+                from tpunb.hangs.cli import stacks_text
+
+                report.info(stacks_text(args.slice_name, args.hosts, args.native))
+                return
+            stacks = slices.current(args.slice_name).stacks(hosts=args.hosts, native=args.native)
         report.info(stacks.text())
 
     @magic_arguments()
