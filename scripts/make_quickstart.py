@@ -51,6 +51,33 @@ cells = [
                       "traceback, labelled. The same error from several hosts is shown once."),
     new_code_cell("%%on_tpu\ndef step(batch):\n    return batch / (jax.process_index() - 1)\n\nstep(1.0)",
                   metadata={"tags": ["raises-exception"]}),
+    new_markdown_cell(
+        "## When a run hangs\n\n"
+        "A collective that only some hosts reach waits forever for the others, and from the notebook it just looks "
+        "busy. Here host 1 alone takes a checkpoint, whose barrier waits for every host. `--bg` runs the cell in the "
+        "background: it returns at once with a handle (`tpunb.last_run()`, also `_`), its output still streams into "
+        "its own cell, and the notebook stays free to look."),
+    new_code_cell("%%on_tpu --bg\nfrom jax.experimental import multihost_utils\n\ndef save_checkpoint():\n"
+                  "    multihost_utils.sync_global_devices('checkpoint')   # waits for every host\n\n"
+                  "if jax.process_index() == 1:                            # the bug: only host 1 gets here\n"
+                  "    save_checkpoint()"),
+    new_markdown_cell("Is it done? Give it 20 seconds:"),
+    new_code_cell("run = tpunb.last_run()\nrun.wait(timeout=20)"),
+    new_markdown_cell(
+        "`%tpu_stacks` shows where every host is: each host dumps every thread's stack from a signal handler, so it "
+        "works while the host is blocked in C (inside XLA's collective, where Ctrl-C cannot reach it). Identical "
+        "stacks are grouped with their hosts, your frames come first and tpunb's own are hidden. (`python -m tpunb "
+        "stacks v4-16` in a terminal, and the *stacks* button on a host in the JupyterLab sidebar, show the same "
+        "while the notebook itself is busy.)"),
+    new_code_cell("%tpu_stacks"),
+    new_markdown_cell(
+        "Host 1 will never leave that barrier, and JAX cannot be initialized twice in one process. `%tpu_restart` "
+        "starts fresh Python sessions on every host of the same slice: hosts that do not exit are killed, JAX starts "
+        "again over the whole slice, the hosts' variables are gone, and the slice, its environment and its services "
+        "stay. (A cell run with `--timeout` shows the stuck host's stack the same way before it kills it, and its "
+        "error line suggests `%tpu_restart`.)"),
+    new_code_cell("%tpu_restart"),
+    new_code_cell("%%on_tpu\nimport jax\nprint('x' in globals(), jax.device_count())"),
     new_markdown_cell("`%tpu_status` lists slices and hosts; `%tpu_down` ends the slice (running it twice is fine)."),
     new_code_cell("# NBVAL_IGNORE_OUTPUT\n%tpu_status"),
     new_code_cell("%tpu_down"),

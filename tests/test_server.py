@@ -31,9 +31,9 @@ def jp_server_config():
 def call(jp_fetch):
     """call(method, path) -> (status, JSON body), for errors too."""
 
-    async def call(method: str, *path: str) -> tuple[int, dict]:
+    async def call(method: str, *path: str, **params: str) -> tuple[int, dict]:
         try:
-            response = await jp_fetch("tpunb", "api", *path, method=method)
+            response = await jp_fetch("tpunb", "api", *path, method=method, params=params)
         except tornado.httpclient.HTTPClientError as exc:
             response = exc.response
         return response.code, json.loads(response.body)
@@ -259,3 +259,22 @@ async def test_a_watchdog_that_cannot_delete_shows_why_instead_of_a_countdown(ca
         gcp.delete("proj", "us-central2-b", "stuck")
     finally:
         emulator.stop()
+
+
+async def test_stacks_of_a_slice_another_kernel_owns(call, other_kernel):
+    proc, name = other_kernel("v4-16")
+    status, body = await call("GET", "slices", name, "stacks")
+    assert status == 200, body
+    assert body["hosts"] == {"0": {"where": "not in a cell (waiting for the next one)", "error": "", "state": "ok"},
+                             "1": {"where": "not in a cell (waiting for the next one)", "error": "", "state": "ok"}}
+    assert body["text"].splitlines()[1:] == ["[0-1] main thread: not in a cell (waiting for the next one)"]
+    status, body = await call("GET", "slices", name, "stacks", hosts="1")
+    assert status == 200 and list(body["hosts"]) == ["1"]
+    status, body = await call("GET", "slices", name, "stacks", hosts="7")
+    assert status == 400 and "host" in body["message"]
+    status, body = await call("GET", "slices", "nope", "stacks")
+    assert status == 404 and "no slice named 'nope'" in body["message"]
+    proc.kill()
+    proc.wait()
+    status, body = await call("GET", "slices", name, "stacks")  # its kernel is gone, and its hosts with it
+    assert status == 404 and "no kernel runs" in body["message"]

@@ -276,20 +276,32 @@ def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_p
         slices.current()
 
 
-def test_metric_bars_move_while_a_cell_runs(lab_home, page, flags):
+def test_metric_bars_move_and_stacks_show_while_a_cell_runs(lab_home, page, flags, tmp_path):
+    """Host 1 spins in a function: its CPU bar fills, and its row's stacks button shows where it is,
+    read by the server while this kernel's cell still runs."""
     sl = slices.launch("v4-16", name="busy")
     _open_sidebar(page, lab_home)
     cpu = f'{SIDEBAR} [data-slice="busy"] .jp-tpunb-Host:nth-child(2) .jp-tpunb-Bar[data-metric="cpu"]'
     page.locator(cpu).wait_for()
     page.wait_for_function(f"() => /CPU: [0-9.]+%/.test(document.querySelector('{cpu}').title)", timeout=30000)
     outcome = {}
-    spin = (f"import os, time\nif os.environ['TPUNB_HOST_INDEX'] == '1':\n"
-            f"    while not os.path.exists('{flags}/stop'):\n        pass\n")
+    spin = (f"import os, time\ndef spinning():\n    while not os.path.exists('{flags}/stop'):\n        pass\n"
+            "if os.environ['TPUNB_HOST_INDEX'] == '1':\n    spinning()\n")
     runner = threading.Thread(target=lambda: outcome.setdefault("result", sl.run(spin, output=None)))
     runner.start()
     try:  # host 1 spins: its CPU bar fills while the cell is still running
         page.wait_for_function(f"() => parseFloat(document.querySelector('{cpu}').title.split(': ')[1]) > 50",
                                timeout=30000)
+        assert "result" not in outcome
+        page.locator(f'{SIDEBAR} [data-slice="busy"] .jp-tpunb-Host[data-host="1"] .jp-tpunb-StacksButton').click()
+        dialog = page.locator(".jp-Dialog")
+        dialog.locator(".jp-tpunb-Stacks").wait_for()
+        assert "busy host 1: where it is" in dialog.inner_text()
+        shown = dialog.locator(".jp-tpunb-Stacks").inner_text()
+        assert re.search(r"^\[1\] main thread: In\[\d+\]:6 <module> -> In\[\d+\]:3 spinning( -> exists)?$", shown, re.M), shown
+        _screenshot(page, tmp_path, "sidebar-stacks.png")
+        dialog.locator("button.jp-mod-accept").click()
+        dialog.wait_for(state="detached")
         assert "result" not in outcome
     finally:
         (flags / "stop").touch()

@@ -59,7 +59,7 @@ def test_a_straggler_is_shown_as_plain_text_in_a_terminal_shell(make_slice, cell
     assert "[tpunb]" not in fast.shown
 
 
-def test_a_straggler_line_updates_in_place_in_a_notebook(kernel):  # noqa: F811 - the fixture
+def test_straggler_and_laggard_lines_update_in_place_in_a_notebook(kernel):  # noqa: F811 - the fixture
     manager, client = kernel
     reply, _ = execute(client, "%load_ext tpunb\n%tpu_launch v4-16")
     assert reply["status"] == "ok"
@@ -74,6 +74,70 @@ def test_a_straggler_line_updates_in_place_in_a_notebook(kernel):  # noqa: F811 
     updates = [o for o in shown[1:] if o.get("transient", {}).get("display_id") == display_id]
     assert updates, "the line is updated in place, not printed again"
     assert updates[-1]["data"]["text/plain"].startswith("[tpunb] hosts 0-1 done (")
+    assert not any(", at " in o["data"]["text/plain"] for o in shown), "3 s is no laggard (10 s at least)"
+
+    execute(client, "import tpunb.hangs.laggards as l\nl.AT_LEAST = 1.0")  # a laggard after 1 s, not 10
+    reply, outputs = execute(client, "%%on_tpu\nimport os, time\ndef slow_step():\n    time.sleep(4)\n"
+                                     "if os.environ['TPUNB_HOST_INDEX'] == '1':\n    slow_step()\n'done'")
+    assert reply["status"] == "ok"
+    lines = [o for o in outputs if o.get("data", {}).get("text/plain", "").startswith("[tpunb] host")]
+    display_id = lines[0]["transient"]["display_id"]
+    assert all(o.get("transient", {}).get("display_id") == display_id for o in lines), "one line, in place"
+    where = [o["data"]["text/plain"] for o in lines if ", at " in o["data"]["text/plain"]]
+    assert where and re.search(r"· host 1 running \d\.\d s, at In\[\d+\]:3 slow_step$", where[0]), where
+    assert lines[-1]["data"]["text/plain"].startswith("[tpunb] hosts 0-1 done (")
     reply, outputs = execute(client, "%%on_tpu\n'quick'")
     assert not any("[tpunb]" in o.get("data", {}).get("text/plain", "") for o in outputs)
     execute(client, "%tpu_down")
+
+
+def test_the_line_says_where_laggards_are():
+    clock, shown = Clock(), []
+    progress = HostsProgress([0, 1, 2, 3], clock=clock, publish=lambda text, final: shown.append(text))
+    clock.now += 0.5
+    progress.host_done(0)
+    progress.host_done(1)
+    clock.now += 11.0
+    progress.tick()
+    progress.laggards({2: "train.py:42 step -> psum", 3: "data.py:88 next_batch"})
+    clock.now += 0.1
+    progress.tick()
+    assert shown[-1] == ("hosts 0-1 done (0.5 s) · hosts 2-3 running 11.6 s (2 at train.py:42 step -> psum; "
+                         "3 at data.py:88 next_batch)")
+    progress.laggards({2: "train.py:42 step -> psum", 3: "train.py:42 step -> psum"})
+    clock.now += 0.1
+    progress.tick()
+    assert shown[-1].endswith("running 11.7 s (2-3 at train.py:42 step -> psum)")
+    progress.host_done(2)
+    clock.now += 0.1
+    progress.tick()
+    assert shown[-1].endswith("· host 3 running 11.8 s, at train.py:42 step -> psum")
+
+
+def test_laggards_are_the_hosts_far_behind_the_finished_ones():
+    from types import SimpleNamespace
+
+    from tpunb.hangs.laggards import lagging
+
+    def request(finished: dict, pending: set):
+        return SimpleNamespace(started=100.0, finished=finished, pending=pending)
+
+    assert lagging(request({0: 101.0}, {1}), 109.9) == []  # 10 s at least
+    assert lagging(request({0: 101.0}, {1}), 110.0) == [1]
+    assert lagging(request({0: 105.0, 2: 104.0}, {1, 3}), 114.0) == []  # 3x the slowest finished host's 5 s
+    assert lagging(request({0: 105.0}, {1, 3}), 115.0) == [1, 3]
+    assert lagging(request({}, {0, 1}), 200.0) == [] and lagging(request({0: 101.0}, set()), 200.0) == []
+
+
+def test_a_laggard_is_shown_where_it_is_once_in_a_terminal(make_slice, cell, monkeypatch):
+    from tpunb.hangs import laggards
+
+    monkeypatch.setattr(laggards, "AT_LEAST", 1.0)
+    make_slice(2)
+    run = cell("%%on_tpu\nimport os, time\ndef slow_step():\n    time.sleep(4)\n"
+               "if os.environ['TPUNB_HOST_INDEX'] == '1':\n    slow_step()\n'done'")
+    assert run.error is None, run.shown
+    said = [line for line in run.stdout.splitlines() if ", at " in line]
+    assert len(said) == 1, run.stdout
+    assert re.fullmatch(r"\[tpunb\] host 0 done \(\d\.\d s\) · host 1 running \d\.\d s, at In\[\d+\]:3 slow_step",
+                        said[0]), said

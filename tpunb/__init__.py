@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 from tpunb.doctor import doctor
+from tpunb.hangs.background import last_run
 from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
@@ -15,8 +16,8 @@ from tpunb.slice import Slice
 from tpunb.slices import connect, current, down, last_profile, last_result, launch, status, use
 
 __version__ = "0.1.0"
-__all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_profile", "log", "plan",
-           "doctor", "Slice", "TpunbError"]
+__all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_run", "last_profile", "log",
+           "plan", "doctor", "Slice", "TpunbError"]
 
 
 def log(step: int | None = None, **scalars: float) -> None:
@@ -29,6 +30,7 @@ def log(step: int | None = None, **scalars: float) -> None:
 
 
 def load_ipython_extension(ipython) -> None:
+    from tpunb.hangs.magics import HangMagics
     from tpunb.magics import TpuMagics
     from tpunb.plan.magics import PlanMagics
     from tpunb.snapshot.magics import SnapshotMagics
@@ -36,6 +38,7 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(TpuMagics)
     ipython.register_magics(PlanMagics)
     ipython.register_magics(SnapshotMagics)
+    ipython.register_magics(HangMagics)
     warm.start()  # what a launch imports, on a side thread where Ctrl-C cannot cut it
 
 

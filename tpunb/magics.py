@@ -89,6 +89,9 @@ class TpuMagics(Magics):
     @argument("--timeout", type=float, default=None, help="interrupt the cell on every host after S seconds")
     @argument("--output", choices=MODES, default="grouped", help="grouped: identical lines once; all; first")
     @argument("--slice", dest="slice_name", default=None, help="run on this slice instead of the current one")
+    @argument("--bg", action="store_true",
+              help="in the background: returns at once with a handle (tpunb.last_run()); output still streams here")
+    @argument("--queue", action="store_true", help="wait for a background cell on these hosts instead of refusing")
     @cell_magic
     def on_tpu(self, line: str, cell: str):
         """Run the cell on every host of the slice at once."""
@@ -96,8 +99,11 @@ class TpuMagics(Magics):
         sl = slices.current(args.slice_name)
         if not cell.strip():
             return
+        if args.bg:
+            return sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output, background=True,
+                          queue=args.queue)
         with _one_line_interrupt():
-            result = sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output)
+            result = sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output, queue=args.queue)
             render_values(result, args.output, sl.num_hosts, names=sl.layout.names)
         result.raise_for_status()
 

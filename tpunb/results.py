@@ -19,6 +19,8 @@ from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
 TAIL_CHARS = 1 << 20
 #: how many of a cell's displays a result keeps (the newest)
 KEEP_DISPLAYS = 100
+#: the detail of a host whose agent %tpu_restart replaced while a cell ran on it
+RESTARTED = "it was restarted (%tpu_restart)"
 
 
 class Tail:
@@ -67,6 +69,7 @@ class HostResult:
     seconds: float | None = None
     detail: str = ""  # why a host died or was killed
     exit_code: int | None = None  # shell commands (%tpu_run)
+    where: str = ""  # where it was when it would not stop (its main thread's stack, in one line)
     #: made at a stream's first text: most hosts of most cells print nothing (256 results a cell)
     tails: dict[str, Tail] = field(default_factory=dict, repr=False)
 
@@ -137,6 +140,12 @@ class RunResult(Mapping):
         """One line per host that did not simply succeed or raise."""
         lines = []
         died = self.hosts_with("died")
+        restarted = [h for h in died if self._results[h].detail.startswith(RESTARTED)]
+        if restarted:
+            many = len(restarted) > 1
+            lines.append(f"host{'s' if many else ''} {self.names(restarted)} {'were' if many else 'was'} restarted "
+                         "(%tpu_restart) while the cell ran: the cell's work there is lost")
+            died = [h for h in died if h not in restarted]
         for host in [h for h in died if self._results[h].detail.startswith("stopped answering")]:
             lines.append(f"host {self.names([host])} {self._results[host].detail} and was ended; the next cell restarts it "
                          "with a fresh state")
@@ -149,9 +158,12 @@ class RunResult(Mapping):
         if killed:
             many = len(killed) > 1
             cause = f"the cell passed its {self.timeout:g} s timeout; " if self.timeout and not died else ""
+            where = "".join(f"; host {self.names([h])} was at {self._results[h].where}" for h in killed
+                            if self._results[h].where)
             lines.append(f"{cause}host{'s' if many else ''} {self.names(killed)} did not stop when interrupted "
-                         f"and {'were' if many else 'was'} killed (SIGTERM, then SIGKILL); the next cell restarts "
-                         f"{'them' if many else 'it'} with a fresh state")
+                         f"and {'were' if many else 'was'} killed (SIGTERM, then SIGKILL{where}); the next cell "
+                         f"restarts {'them' if many else 'it'} with a fresh state, or %tpu_restart restarts every "
+                         "host now")
         stopped = self.hosts_with("interrupted", "timeout")
         if stopped and (died or killed or self.hosts_with("timeout")):
             many = len(stopped) > 1

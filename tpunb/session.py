@@ -95,22 +95,29 @@ class Session:
         self.on_tick: OnTick | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def start(self, indices: Iterable[int] | None = None) -> None:
-        """Start agents on these hosts (default all) in parallel; one start at a time."""
+    def start(self, indices: Iterable[int] | None = None, ready: dict[int, HostConnection] | None = None) -> None:
+        """Start agents on these hosts (default all) in parallel; one start at a time. ``ready``:
+        agents already started for some of them (launched, not yet told their settings), which
+        take those hosts' places (a restart's standbys)."""
         with self._start_lock:
-            self._start(indices)
+            self._start(indices, ready or {})
         if not self._watching:
             self._watching = True
             threading.Thread(target=_watch, args=(weakref.ref(self), self._watch_stop), daemon=True,
                              name="tpunb-liveness").start()
 
-    def _start(self, indices: Iterable[int] | None) -> None:
+    def _start(self, indices: Iterable[int] | None, ready: dict[int, HostConnection]) -> None:
         """Every chosen host at once: its agent started, shipped and told its settings (over SSH
-        each step waits on the host, so hosts overlap their round trips). When one host's
+        each step waits on the host, so hosts overlap their round trips); a host in ``ready`` takes
+        its standby agent, already started, which only needs its settings. When one host's
         environment cannot be made, the others get SETUP_GRACE seconds to say whether theirs can,
         then the start ends, naming every host that failed and why."""
         if self.closed:
             raise TransportError("this slice's host sessions were closed")
+        for i, standby in ready.items():
+            self.hosts[i].close()
+            standby.router = self._route  # from now on its frames and its death are the session's
+            self.hosts[i] = standby
         chosen = [self.hosts[i] for i in (indices if indices is not None else range(len(self.hosts)))]
         errors: list[Exception] = []
         failed = threading.Event()
@@ -118,10 +125,11 @@ class Session:
 
         def start(host: HostConnection) -> None:
             try:
-                host.close()
-                host.on_prepare = self.on_prepare
                 init = {**self.init_for_host(host.index), "heartbeat": beat, "relay_secret": self.relay.secret}
-                host.launch(init)
+                if host.index not in ready:
+                    host.close()
+                    host.on_prepare = self.on_prepare
+                    host.launch(init)
                 host.handshake(init, self.start_timeout)
             except Exception as exc:  # collected and reported together below
                 errors.append(exc)
@@ -164,6 +172,24 @@ class Session:
         for thread in threads:
             thread.join()
         self.fanin.close()
+
+    def end_agents(self, indices: list[int], grace: float, reason: str) -> list[int]:
+        """End these hosts' agents at once (end of input; killed if not gone within ``grace``), and
+        tell requests still waiting on them why; the hosts that had to be killed."""
+        killed: list[int] = []
+
+        def end(host: HostConnection) -> None:
+            if host.close(grace):
+                killed.append(host.index)
+            self._route(host.index, {"op": "died", "id": None, "reason": reason}, b"")
+
+        threads = [threading.Thread(target=end, args=(self.hosts[i],), daemon=True, name=f"tpunb-end-{i}")
+                   for i in indices]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return sorted(killed)
 
     # -- liveness -----------------------------------------------------------------------------
     def beat_interval(self) -> float:
@@ -241,7 +267,11 @@ class Session:
         elif not self.requests.deliver(message.get("id"), (index, message, blob)) and op != "part":
             self.backlog.put((index, message, blob))  # a piece of a value nobody waits for any more (Ctrl-C) is dropped
 
-    def _start_jax_everywhere(self, origin: int) -> None:
+    def start_jax_everywhere(self) -> None:
+        """Every host joins jax.distributed now, in the background (fresh sessions of a slice that ran JAX)."""
+        self._start_jax_everywhere(None)
+
+    def _start_jax_everywhere(self, origin: int | None) -> None:
         """One host imported jax: the others must join jax.distributed now, or it waits forever."""
         self.jax_started = True
         for host in self.hosts:

@@ -7,15 +7,19 @@ processes (a Cloud TPU node: its state, its cost, its deletion).
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpunb import catalog, diagnose, report
-from tpunb.display import LINE_CHARS, CellOutput, HostLogs, MODES, OutputSink, kernel_cell_number, kernel_colors
+from tpunb import catalog, diagnose, hangs, report
+from tpunb.display import (CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
+                           kernel_colors)
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
+from tpunb.hangs import background as background_cells
+from tpunb.hangs.laggards import Laggards
+from tpunb.hangs.standby import Standbys
 from tpunb.display.hosts import Layout
+from tpunb.display.output import show_between_cells
 from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.profile import Profile, Profiler, ProfileError
 from tpunb.registry import Registry, SliceRecord, tpunb_home
@@ -31,8 +35,6 @@ if TYPE_CHECKING:
     import numpy
     import pandas
 
-#: lines printed between cells (background threads) shown before the next cell; the log has all
-BACKLOG_LINES = 200
 
 
 class Node:
@@ -79,6 +81,7 @@ class Slice:
         self._pick_port = coordinator_port
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host)
+        self.standbys = Standbys(self.session)  # agents started ahead of a restart (tpunb.hangs.standby)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
         self.layout = Layout(len(transports), record.num_slices)
         #: its services (tpunb.serve) and its profiler recordings (tpunb.profile), each made from
@@ -152,8 +155,9 @@ class Slice:
         return {"metrics": {"interval": self.metrics_interval}, **self._host_init(index, self._coordinator_port),
                 **self.node.host_init(index)}
 
-    def connect(self, hosts: list[int] | None = None) -> None:
-        """Start the agents (all hosts, or these); a fresh JAX coordinator port for a full start."""
+    def connect(self, hosts: list[int] | None = None, ready: dict | None = None) -> None:
+        """Start the agents (all hosts, or these; ``ready``: standbys that take some hosts' places);
+        a fresh JAX coordinator port for a full start."""
         if hosts is None or len(hosts) == self.num_hosts:
             self._coordinator_port = self._pick_port()
             self.session.jax_started = False
@@ -161,7 +165,7 @@ class Slice:
         progress = SetupProgress(len(hosts) if hosts else self.num_hosts, SETUP_STEPS, self.layout.names)
         self.session.on_prepare = progress.update
         try:
-            self.session.start(hosts)
+            self.session.start(hosts, ready)
         finally:
             progress.close()
             self.session.on_prepare = None
@@ -206,13 +210,23 @@ class Slice:
         raise NoSliceError(f"slice {self.name!r} was deleted outside this notebook (the JupyterLab sidebar or "
                            f"another kernel's %tpu_down): launch a new one with %tpu_launch {self.launch_line}")
 
-    def revive(self) -> list[int]:
+    def revive(self, chosen: list[int] | None = None) -> list[int]:
         """Restart hosts whose agent died; returns the restarted hosts.
 
         Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
         started, every host restarts together. A host that stopped answering while no cell ran
-        fails this call once, naming it; the next call restarts it.
+        fails this call once, naming it; the next call restarts it. A host a restart could not
+        reach is left to %tpu_restart, and a request for it (``chosen``) fails saying so, as does one
+        for hosts a background cell holds.
         """
+        if chosen is not None:
+            background_cells.refuse_if_busy(self, chosen)
+        waiting = [i for i in self.needs_restart if chosen is None or i in chosen]
+        if waiting:
+            many = len(waiting) > 1
+            raise HostDiedError(f"host{'s' if many else ''} {self.layout.names(waiting)} could not be reached by "
+                                f"%tpu_restart and still need{'' if many else 's'} a restart: %tpu_restart once "
+                                f"{'they answer' if many else 'it answers'}, or choose other hosts with --hosts")
         with self._revive_lock:
             try:
                 return self._revive()
@@ -232,7 +246,7 @@ class Slice:
             raise HostDiedError(f"{said}, and {'was' if len(notices) == 1 else 'were'} ended while no cell ran: "
                                 f"run the cell again to restart {'it' if len(notices) == 1 else 'them'} "
                                 "with a fresh state")
-        dead = self.session.dead_hosts()
+        dead = [i for i in self.session.dead_hosts() if i not in self.needs_restart]
         if not dead:
             return []
         if self.registry.get_slice(self.name) is None:  # its hosts were ended with it, from outside
@@ -249,13 +263,24 @@ class Slice:
             why = (f"host{'s' if many else ''} {self.layout.names(dead)} had died and {'were' if many else 'was'} restarted: "
                    f"{'their' if many else 'its'} state was lost")
             self.connect(dead)
-        for host in self.session.hosts:  # new processes: the registry's pids follow (the sidebar ends hosts by them)
-            if host.index < len(self.record.hosts):
-                self.record.hosts[host.index].info["pid"] = host.info.get("pid")
-        if self.registry.get_slice(self.name) is not None:
-            self.registry.save_slice(self.record)
+        self.save_hosts()
         report.warn(f"[tpunb] {why}")
         return restart
+
+    def publish_hosts(self) -> None:
+        """The record follows new host processes: the sidebar ends local hosts by their pids, and
+        other processes (``python -m tpunb stacks``) read their stacks through them."""
+        for host in self.session.hosts:
+            if host.index < len(self.record.hosts):
+                info = self.record.hosts[host.index].info
+                info.update(pid=host.info.get("pid"), stacks=host.info.get("stacks"),
+                            needs_restart=bool(info.get("needs_restart")) and not host.alive)
+
+    def save_hosts(self) -> None:
+        """``publish_hosts``, then the registry, if it still knows the slice."""
+        self.publish_hosts()
+        if self.registry.get_slice(self.name) is not None:
+            self.registry.save_slice(self.record)
 
     def close(self) -> None:
         """End the host sessions (and the cloud watch); the slice itself stays, for %tpu_use."""
@@ -264,6 +289,7 @@ class Slice:
             made.close()
         self.forwards.clear()
         seen.forget_forwards(self.name)
+        self.standbys.close()
         self.session.close()
         self.cell_logs.close()
         self.node.close()
@@ -279,11 +305,14 @@ class Slice:
 
     # -- cells --------------------------------------------------------------------------------
     def run(self, code: str, hosts: str | list[int] | None = None, timeout: float | None = None,
-            output: str | None = "grouped", sink: OutputSink | None = None) -> RunResult:
+            output: str | None = "grouped", sink: OutputSink | None = None, background: bool = False,
+            queue: bool = False):
         """Run ``code`` on the hosts at once; live output as ``output`` says; per-host results.
 
         Errors on hosts are in the result (``result.raise_for_status()`` raises them); only a
-        kernel interrupt raises here, after every host was interrupted.
+        kernel interrupt raises here, after every host was interrupted. ``background``: return at
+        once with a ``tpunb.hangs.background.Run`` while the output still streams; ``queue``: wait
+        for a background cell that holds these hosts instead of refusing.
         """
         if output is not None and output not in MODES:
             raise UsageError(f"output must be one of {', '.join(MODES)}, not {output!r}")
@@ -293,28 +322,39 @@ class Slice:
                     else f"{self.layout.names(indices)} of {self.num_hosts}")
             report.warn(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {some}: JAX collectives "
                         "(jit over the whole slice, psum, ...) would hang waiting for the other hosts")
+        if background:
+            return background_cells.start(self, code, indices, timeout, output, queue)
+        if queue:
+            background_cells.wait_for_hosts(self, indices)
         return self._execute(code, indices, timeout, output, sink, shell=False)
 
     def _execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
-                 sink: OutputSink | None, shell: bool) -> RunResult:
-        """What cells and shell commands share: revive hosts, stream output, turn an interrupt into one error."""
+                 sink: OutputSink | None, shell: bool, started: Callable | None = None) -> RunResult:
+        """What cells and shell commands share: revive hosts, stream output, turn an interrupt into
+        one error. ``started(request)``: told the cell's request before it runs (background cells)."""
         if timeout is not None and not (0 < timeout < math.inf):
             raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
-        self.revive()
-        self._show_backlog()
+        self.revive(indices)
+        show_between_cells(self.session.backlog, self.cell_logs, self.layout.name)
         self._say_jax_failures()
         if sink is None:
             sink = (CellOutput(indices, self.num_hosts, output, self.cell_logs, names=self.layout.names) if output
-                    else _LogOnly(self.cell_logs))
+                    else LogOnly(self.cell_logs))
         self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
         self._idle_mark(True, tell_host=True)
+        where: dict[int, str] = {}  # hosts that would not stop: where they were (tpunb.hangs)
+        request = self.session.cell(code, indices, timeout, sink, shell=shell, count=kernel_cell_number(),
+                                    on_stuck=lambda r, stuck: hangs.show_stuck(self, stuck, r.sink, where),
+                                    on_tick=Laggards(self) if len(indices) > 1 else None)
+        if started is not None:
+            started(request)
         try:
-            results = self.session.execute(code, indices, timeout, sink, shell=shell, count=kernel_cell_number())
+            results = hangs.with_where(request.run(), where)
         except CellInterrupted as exc:
             sink.finish()
             self._say_jax_failures()
-            result = self.last_result = RunResult(exc.results, names=self.layout.names)
+            result = self.last_result = RunResult(hangs.with_where(exc.results, where), names=self.layout.names)
             stopped = result.hosts_with("interrupted")
             message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {self.layout.names(stopped)}; "
                        f"{'their' if len(stopped) != 1 else 'its'} state is kept"
@@ -331,22 +371,6 @@ class Slice:
             if note:
                 self.last_result.extra_notes.append(note)
         return self.last_result
-
-    def _show_backlog(self) -> None:
-        """Output hosts wrote between cells (background threads): shown, labelled, before the next cell."""
-        shown, hidden = 0, 0
-        while not self.session.backlog.empty():
-            host, message, _ = self.session.backlog.get_nowait()
-            if message.get("op") == "stream":
-                self.cell_logs.write(host, message["text"])
-                stream = sys.stderr if message.get("name") == "stderr" else sys.stdout
-                lines = message["text"].splitlines()
-                room = max(0, BACKLOG_LINES - shown)
-                label = self.layout.name(host)
-                stream.write("".join(f"[{label}, between cells] {line[:LINE_CHARS]}\n" for line in lines[:room]))
-                shown, hidden = shown + min(room, len(lines)), hidden + max(0, len(lines) - room)
-        if hidden:
-            sys.stdout.write(f"[tpunb] {hidden:,} more lines printed between cells are in {self.cell_logs.directory}/host-N.log\n")
 
     def _say_jax_failures(self) -> None:
         """Hosts that failed to join JAX when another host started it (no cell of theirs shows it)."""
@@ -390,17 +414,18 @@ class Slice:
         """Set these names to these values in every chosen host's namespace."""
         if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
             raise UsageError("push takes a dict of {name: value} with valid Python names")
-        self.revive()
-        chosen = self.layout.parse(hosts)
-        diagnose.pythons.refuse_code(self.session.hosts, self.layout.names, values, chosen)  # one line before anything is sent
+        indices = self.layout.parse(hosts)
+        self.revive(indices)
+        diagnose.pythons.refuse_code(self.session.hosts, self.layout.names, values, indices)  # one line before anything is sent
         self._idle_mark(False, tell_host=True)
-        self.session.push(values, chosen)
+        self.session.push(values, indices)
 
     def pull(self, name: str, hosts: str | list[int] | None = None) -> dict[int, Any]:
         """{host: value of ``name``} from every chosen host."""
-        self.revive()
+        indices = self.layout.parse(hosts)
+        self.revive(indices)
         self._idle_mark(False, tell_host=True)
-        replies = self.session.pull([name], self.layout.parse(hosts))
+        replies = self.session.pull([name], indices)
         return {host: values[name] for host, values in replies.items()}
 
     def gather(self, name: str, hosts: str | list[int] | None = None) -> "numpy.ndarray":
@@ -410,9 +435,10 @@ class Slice:
             raise UsageError(f"gather takes a variable name, e.g. sl.gather('x'), not {name!r}")
         from tpunb.engine.gather import assemble
 
-        self.revive()
+        indices = self.layout.parse(hosts)
+        self.revive(indices)
         self._idle_mark(False, tell_host=True)
-        return assemble(name, self.session.gather(name, self.layout.parse(hosts)))
+        return assemble(name, self.session.gather(name, indices))
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self, since: Any = None) -> "pandas.DataFrame":
@@ -469,6 +495,28 @@ class Slice:
                 name: str | None = None) -> Profile:
         """Record ``seconds`` on the hosts, callable from another thread while a cell runs: a Profile."""
         return self.profiler.capture(seconds, self.layout.parse(hosts), python_tracer, name)
+
+    # -- hangs (tpunb.hangs) -------------------------------------------------------------------
+    def stacks(self, hosts: str | list[int] | None = None, native: bool = False) -> hangs.Stacks:
+        """Every host's Python stacks, all threads, grouped by identical stacks; read from a signal
+        handler, so it works while a host is blocked in C and while a cell runs. ``native``: C/C++
+        frames too, through py-spy on the hosts."""
+        return hangs.slice_stacks(self, hosts, native)
+
+    def restart(self, hosts: str | list[int] | None = None):
+        """Fresh Python sessions on the hosts (default all) of this same slice, the way back from a
+        wedged runtime: agents that do not exit are killed; the node, connections and services stay;
+        JAX starts again over the whole slice if it ran. A ``tpunb.hangs.restart.Restart``."""
+        from tpunb.hangs.restart import restart
+
+        with self._revive_lock:
+            self._check_not_deleted()
+            return restart(self, hosts)
+
+    @property
+    def needs_restart(self) -> list[int]:
+        """Hosts a restart could not reach: only %tpu_restart starts them again."""
+        return [h.index for h in self.record.hosts if h.info.get("needs_restart")]
 
     # -- status -------------------------------------------------------------------------------
     def versions(self) -> dict[int, dict | None]:
@@ -547,16 +595,3 @@ class Slice:
 
     def _end_services(self) -> None:
         self.serving.stop_all()
-
-
-class _LogOnly(OutputSink):
-    def __init__(self, logs: HostLogs) -> None:
-        self.logs = logs
-
-    def stream(self, host: int, name: str, text: str) -> None:
-        self.logs.write(host, text)
-
-    def finish(self) -> None:
-        self.logs.flush()
-
-

@@ -202,7 +202,6 @@ class SliceManager:
         with interrupts.latched():  # a Ctrl-C that Python drops (in a gc callback) still stops the launch
             return self._launch(accelerator, name, env, backend, slices, recover, options)
 
-
     def _launch(self, accelerator: str | None, name: str | None, env: Any, backend: str | None, slices: Any,
                 recover: str | None, options: dict) -> Slice:
         count = _slice_count(slices)
@@ -420,6 +419,11 @@ host_rows = MANAGER.host_rows
 status = MANAGER.status
 versions = MANAGER.versions
 last_result = MANAGER.last_result
+
+
+def attached(name: str) -> Slice | None:
+    """The slice of that name if this kernel holds it (never attaches one)."""
+    return MANAGER.attached.get(name)
 
 
 def last_profile() -> Profile | None:

@@ -72,6 +72,16 @@ export interface ISlices {
   orphans: ISlice[];
 }
 
+/** GET /tpunb/api/slices/NAME/stacks?hosts=H: where the hosts are (tpunb.server.model.stacks). */
+export interface IStacks {
+  name: string;
+  /** Every thread's stack, grouped by identical stacks with host ranges, as %tpu_stacks prints it. */
+  text: string;
+  seconds: number;
+  /** Per host: where its main thread is in one line, or why its stacks could not be read. */
+  hosts: { [host: string]: { where: string; error: string; state: string } };
+}
+
 export interface ICatalog {
   accelerators: string[];
   zones: string[];

@@ -5,7 +5,7 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { ICatalog, IForward, IHost, ISlice, ISlices, requestAPI } from './api';
+import { ICatalog, IForward, IHost, ISlice, ISlices, IStacks, requestAPI } from './api';
 import { tpuIcon } from './icon';
 import { fillDatalist, launchCommand, launchInNotebook, parseAccelerator, parseSlices } from './launch';
 
@@ -237,7 +237,7 @@ export class SlicesPanel extends Widget {
     }
     if (slice.hosts.length) {
       card.append(
-        slice.num_slices > 1 ? this.sliceGroups(slice) : this.hostList(slice.hosts, host => `host ${host.index}`)
+        slice.num_slices > 1 ? this.sliceGroups(slice) : this.hostList(slice, slice.hosts, host => `host ${host.index}`)
       );
     }
     if (slice.services?.length || slice.forwards?.length) {
@@ -253,21 +253,25 @@ export class SlicesPanel extends Widget {
       const group = el('div', 'jp-tpunb-SliceGroup');
       group.dataset.sliceIndex = String(index);
       const hosts = slice.hosts.filter(host => host.slice_index === index);
-      group.append(el('div', 'jp-tpunb-SliceHeading', `slice ${index}`), this.hostList(hosts, host => host.label));
+      group.append(el('div', 'jp-tpunb-SliceHeading', `slice ${index}`), this.hostList(slice, hosts, host => host.label));
       groups.append(group);
     }
     return groups;
   }
 
-  private hostList(hosts: IHost[], name: (host: IHost) => string): HTMLElement {
+  private hostList(slice: ISlice, hosts: IHost[], name: (host: IHost) => string): HTMLElement {
     const list = el('ul', 'jp-tpunb-Hosts');
-    list.append(...hosts.map(host => this.hostRow(host, name(host))));
+    list.append(...hosts.map(host => this.hostRow(slice, host, name(host))));
     return list;
   }
 
-  private hostRow(host: IHost, name: string): HTMLElement {
+  private hostRow(slice: ISlice, host: IHost, name: string): HTMLElement {
     const row = el('li', `jp-tpunb-Host jp-tpunb-host-${host.state.replace(/\W+/g, '-')}`);
-    row.append(el('span', 'jp-tpunb-HostName', name), el('span', 'jp-tpunb-HostState', host.state));
+    row.dataset.host = String(host.index);
+    const stacks = el('button', 'jp-tpunb-StacksButton jp-Button jp-mod-minimal', 'stacks');
+    stacks.title = `Where ${name} is: every thread's Python stack (also while a cell runs, or hangs)`;
+    stacks.onclick = () => void this.showStacks(slice, host, name);
+    row.append(el('span', 'jp-tpunb-HostName', name), el('span', 'jp-tpunb-HostState', host.state), stacks);
     const bars = el('div', 'jp-tpunb-Bars');
     for (const [key, label] of METRICS) {
       const shown = describeMetric(key, label, host.metrics ?? {});
@@ -288,6 +292,20 @@ export class SlicesPanel extends Widget {
     }
     row.append(bars);
     return row;
+  }
+
+  /** A host's stacks, read by the server from outside its (maybe busy) kernel, in a dialog. */
+  private async showStacks(slice: ISlice, host: IHost, name: string): Promise<void> {
+    let reply: IStacks;
+    try {
+      reply = await requestAPI<IStacks>(`slices/${encodeURIComponent(slice.name)}/stacks?hosts=${host.index}`);
+    } catch (error) {
+      await showErrorMessage(`Cannot read the stacks of ${slice.name} ${name}`, (error as Error).message);
+      return;
+    }
+    const body = new Widget();
+    body.node.append(el('pre', 'jp-tpunb-Stacks', reply.text));
+    await showDialog({ title: `${slice.name} ${name}: where it is`, body, buttons: [Dialog.okButton({ label: 'Close' })] });
   }
 
   private async confirmDelete(slice: ISlice): Promise<void> {

@@ -6,9 +6,9 @@ from tpunb.display.kernel import kernel_cell_number, kernel_colors
 from tpunb.display.lines import LineMerger, LineSplitter, LiveLines
 from tpunb.display.output import ANSI, DEFAULT_CAP_BYTES, DEFAULT_CAP_LINES, LINE_CHARS, MODES, CellOutput, HostLogs
 from tpunb.display.progress import HostsProgress
-from tpunb.display.sink import OutputSink
+from tpunb.display.sink import LogOnly, OutputSink
 from tpunb.display.values import render_values
 
-__all__ = ["ANSI", "DEFAULT_CAP_BYTES", "DEFAULT_CAP_LINES", "LINE_CHARS", "MODES", "CellOutput", "HostLogs",
+__all__ = ["ANSI", "DEFAULT_CAP_BYTES", "DEFAULT_CAP_LINES", "LINE_CHARS", "MODES", "CellOutput", "HostLogs", "LogOnly",
            "HostNames", "HostsProgress", "Layout", "LineMerger", "LineSplitter", "LiveLines", "OutputSink", "format_hosts",
            "kernel_cell_number", "kernel_colors", "render_values"]

@@ -338,6 +338,14 @@ class CellOutput(OutputSink):
             hosts = self.names(self.hidden_displays)
             out.write(f"[tpunb] rich output from hosts {hosts} not shown; use --output all to see every host's\n")
 
+    def laggards(self, where: dict[int, str]) -> None:
+        if self.progress is not None:
+            self.progress.laggards(where)
+
+    def note(self, text: str) -> None:
+        self._flush_lines()  # after what the hosts printed before it
+        self._emit("stdout", [text if text.endswith("\n") else text + "\n"])
+
     def display(self, host: int, data: dict, metadata: dict) -> None:
         if self.mode != "all" and host != self.first:
             self.hidden_displays.add(host)
@@ -353,3 +361,24 @@ class CellOutput(OutputSink):
         if self.mode == "all" and self.labelled:
             self.show({"text/plain": f"[{self.names([host])}]"}, {})
         self.show(data, metadata)
+
+
+#: lines printed between cells (background threads) shown before the next cell; the log has all
+BACKLOG_LINES = 200
+
+
+def show_between_cells(backlog, logs: HostLogs, name: Callable[[int], str]) -> None:
+    """Output hosts wrote between cells (their background threads; a queue of (host, frame, blob)):
+    shown, labelled, before the next cell; the logs get all of it."""
+    shown, hidden = 0, 0
+    while not backlog.empty():
+        host, message, _ = backlog.get_nowait()
+        if message.get("op") == "stream":
+            logs.write(host, message["text"])
+            stream = sys.stderr if message.get("name") == "stderr" else sys.stdout
+            lines = message["text"].splitlines()
+            room = max(0, BACKLOG_LINES - shown)
+            stream.write("".join(f"[{name(host)}, between cells] {line[:LINE_CHARS]}\n" for line in lines[:room]))
+            shown, hidden = shown + min(room, len(lines)), hidden + max(0, len(lines) - room)
+    if hidden:
+        sys.stdout.write(f"[tpunb] {hidden:,} more lines printed between cells are in {logs.directory}/host-N.log\n")

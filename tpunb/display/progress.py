@@ -1,4 +1,5 @@
-"""One status line while a cell's stragglers run on after the other hosts are done."""
+"""One status line while a cell's stragglers run on after the other hosts are done, and where
+each one is once they lag far behind (``laggards``)."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +16,9 @@ class HostsProgress:
     It appears only after the first host has been done for ``after`` seconds, so fast cells cost
     nothing. In a notebook it updates in place (a display handle); elsewhere (terminal IPython,
     plain Python) it is a plain line, printed when a host finishes and every ``every`` seconds.
-    ``publish(text, final)`` replaces both (tests).
+    ``publish(text, final)`` replaces both (tests). Once the cell's request knows where laggards
+    are (``laggards``), the line says it: ``· host 3 running 31.0 s, at train.py:42 step -> psum``
+    (several: ``(3,5 at X; 4 at Y)``); a plain line says each place once.
     """
 
     def __init__(self, hosts: list[int], after: float = 1.0, every: float = 10.0, out: TextIO | None = None,
@@ -32,17 +35,27 @@ class HostsProgress:
         self._shown_at: float | None = None
         self._shown_done = 0
         self._handle = None
+        self.where: dict[int, str] = {}  # laggard -> where it is (its stack, in one line)
+        self._said_where: dict[int, str] = {}
 
     def host_done(self, host: int) -> None:
         self.done.setdefault(host, self.clock() - self.started)
 
-    def text(self, now: float) -> str:
+    def laggards(self, where: dict[int, str]) -> None:
+        """Where the hosts still running are (host -> one line), shown from the next redraw on."""
+        self.where = dict(where)
+        self._shown_at = None if self._shown_at is None else self._shown_at - self.every  # at the next tick
+
+    def text(self, now: float, where: bool = True) -> str:
         done, running = sorted(self.done), [h for h in self.hosts if h not in self.done]
         low, high = min(self.done.values()), max(self.done.values())
         took = f"{low:.1f} s" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f} s"
         line = f"host{'s' if len(done) > 1 else ''} {self.names(done)} done ({took})"
         if running:
             line += f" · host{'s' if len(running) > 1 else ''} {self.names(running)} running {now - self.started:.1f} s"
+            places = {h: self.where[h] for h in running if h in self.where} if where else {}
+            if places:
+                line += _places(places, self.names, len(running) > 1)
         return line
 
     def tick(self) -> None:
@@ -52,8 +65,12 @@ class HostsProgress:
         if now - self.started - min(self.done.values()) < self.after:
             return
         if self._shown_at is None or self._due(now):
-            self._show(self.text(now), final=False)
+            plain = self.publish is None and not self._in_notebook()
+            fresh = plain and self.where != self._said_where  # a plain line says each place once
+            self._show(self.text(now, where=not plain or fresh), final=False)
             self._shown_at, self._shown_done = now, len(self.done)
+            if plain:
+                self._said_where = dict(self.where)
 
     def _due(self, now: float) -> bool:
         if self.publish is None and self._in_notebook():
@@ -88,3 +105,13 @@ class HostsProgress:
         except ImportError:
             return False
         return getattr(get_ipython(), "kernel", None) is not None
+
+
+def _places(places: dict[int, str], names: HostNames, several: bool) -> str:
+    """Where laggards are: ``, at X`` for one; `` (3,5 at X; 4 at Y)`` for several."""
+    if not several:
+        return ", at " + next(iter(places.values()))
+    by_place: dict[str, list[int]] = {}
+    for host, place in sorted(places.items()):
+        by_place.setdefault(place, []).append(host)
+    return " (" + "; ".join(f"{names(hosts)} at {place}" for place, hosts in by_place.items()) + ")"

@@ -17,7 +17,7 @@ PACKAGE = "tpunb_host"
 HOST = Path(__file__).resolve().parent.parent / "host"
 #: shipped in this order: each module's relative imports name only modules before it
 MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "jax_start", "metrics", "profiler",
-           "standalone.idle", "gcs", "snapshot", "preempt", "shards", "transfer", "relay", "agent")
+           "standalone.idle", "gcs", "snapshot", "preempt", "shards", "transfer", "relay", "stacks", "agent")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from
 #: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)
@@ -78,6 +78,16 @@ exec(compile(_message["source"], "<tpunb:service>", "exec"), _module.__dict__)
 _module.control(_message["request"])
 """
 
+#: reads an agent's stacks on its host (``stacks.read``) without the agent's help: its source and
+#: one request arrive on stdin, the reply is length-prefixed JSON on stdout
+STACKS_READER = READ + r"""_message = json.loads(_read(int(_read(12))))
+_module = types.ModuleType("tpunb_host_stacks")
+exec(compile(_message["source"], "<tpunb:stacks>", "exec"), _module.__dict__)
+_reply = json.dumps(_module.read(_message["request"])).encode()
+sys.stdout.buffer.write(b"%012d" % len(_reply) + _reply)
+sys.stdout.flush()
+"""
+
 
 @functools.lru_cache(maxsize=1)
 def agent_bundle() -> bytes:
@@ -106,6 +116,12 @@ def idle_script() -> str:
     """The idle watchdog (``idle.py``) as a standalone Python script: a node's startup-script, and
     what host 0's agent runs as the watchdog process."""
     return "#!/usr/bin/env python3\n" + (HOST / "standalone" / "idle.py").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def stacks_source() -> str:
+    """``stacks.py``, sent with each request to the stacks reader."""
+    return (HOST / "stacks.py").read_text()
 
 
 @functools.lru_cache(maxsize=1)

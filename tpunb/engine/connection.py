@@ -78,6 +78,11 @@ class HostConnection:
             threading.Thread(target=self._read_loop, args=(process, handshake), daemon=True,
                              name=f"tpunb-host-{self.index}").start()
 
+    @property
+    def greeted(self) -> bool:
+        """Its agent said hello (or ended): a handshake would not wait for it to start."""
+        return not self._handshake.empty()
+
     def handshake(self, init: dict, timeout: float) -> None:
         """Check the protocol version, send the host's settings, wait until it is ready. While
         the host's environment is made, its steps count as signs of life (``timeout`` is silence)."""
@@ -241,13 +246,14 @@ class HostConnection:
         process.abandon(self.info.get("pgid"))
         return True
 
-    def close(self) -> None:
+    def close(self, grace: float | None = None) -> bool:
+        """End the agent: end of input, and a kill if it has not exited within ``grace`` seconds
+        (its transport's default); True if it had to be killed."""
         with self._life:
             process, self.process = self.process, None
             self.alive = False
             self._stop_reading()
-        if process is not None:
-            process.close()
+        return process.close(grace) if process is not None else False
 
 
 def describe_exit(process: AgentProcess, wait: float = 0.5) -> str:

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import diagnose, preempt, protocol, shards, transfer, watchdog
+from . import diagnose, preempt, protocol, shards, stacks, transfer, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter
@@ -33,9 +33,10 @@ from .standalone import idle
 
 
 class Agent:
-    def __init__(self, channel: Channel, watchdog_pid: int | None = None) -> None:
+    def __init__(self, channel: Channel, watchdog_pid: int | None = None, stacks_at: dict | None = None) -> None:
         self.channel = channel
         self.watchdog_pid = watchdog_pid
+        self.stacks_at = stacks_at  # where this process dumps every thread's stack on a signal (stacks.py)
         self.inbox = None
         self.current = None
         self.interrupt_for = None  # a request interrupted before it started
@@ -94,7 +95,7 @@ class Agent:
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
                    "pgid": os.getpgid(0), "watchdog": self.watchdog_pid, "python": sys.version.split()[0],
                    "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize,
-                   "versions": _versions()})
+                   "versions": _versions(), "stacks": self.stacks_at, "executable": sys.executable})
         if init is None:
             frame = self.channel.recv()
             if frame is None:
@@ -538,9 +539,10 @@ def main(init: dict | None = None) -> None:
     except OSError:
         pass  # already a session leader (sshd and the local transport make us one)
     guard = watchdog.start()  # before any thread exists
+    stacks_at = stacks.install()  # after the fork: the watchdog has no dump of its own
     in_fd, out_fd = os.dup(0), os.dup(1)
     channel = Channel(in_fd, out_fd)
-    agent = Agent(channel, guard)
+    agent = Agent(channel, guard, stacks_at)
     agent.start(init)
     agent.serve()
 

@@ -53,8 +53,7 @@ def start(sl: "Slice", reg: Registry, started: float, ready: str | None = None) 
         sl.close()
         raise
     sl.record.owner_pid, sl.record.state = os.getpid(), "running"
-    for host in sl.session.hosts:  # the Jupyter server's sidebar ends a local slice's hosts by these pids
-        sl.record.hosts[host.index].info["pid"] = host.info.get("pid")
+    sl.publish_hosts()  # the Jupyter server's sidebar ends a local slice's hosts by their pids
     reg.save_slice(sl.record)
     if ready != "":
         report.info(ready or f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: "

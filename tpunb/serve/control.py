@@ -6,15 +6,13 @@ kernel that is gone.
 """
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tpunb.errors import TransportError
 from tpunb.engine.bundle import SERVICE_CONTROL, service_source
-from tpunb.host.standalone.service import frame
 from tpunb.registry import tpunb_home
-from tpunb.transport.base import Transport
+from tpunb.transport.base import Transport, ask_program
 
 
 def root_for(transport: Transport) -> str:
@@ -31,18 +29,9 @@ def may_have_services(transport: Transport, slice_name: str, host: int) -> bool:
 
 def ask(transport: Transport, request: dict) -> dict:
     """Run one request on the host and return its reply; TransportError if the host is unreachable."""
-    transport.connect()
-    process = transport.spawn([transport.prepared_python or transport.python, "-c", SERVICE_CONTROL])
-    try:
-        process.send(frame({"source": service_source(), "request": {"root": root_for(transport), **request}}))
-        head = process.recv_exact(12)
-        body = process.recv_exact(int(head)) if len(head) == 12 and head.isdigit() else b""
-        if not body:
-            why = process.stderr_tail().strip().splitlines()[-1:] or ["no reply"]
-            raise TransportError(f"the service control process on {transport.address} failed: {why[0]}")
-        return json.loads(body)
-    finally:
-        process.close()
+    return ask_program(transport, [transport.prepared_python or transport.python, "-c", SERVICE_CONTROL],
+                       {"source": service_source(), "request": {"root": root_for(transport), **request}},
+                       "the service control process")
 
 
 def ask_hosts(transports: list[Transport], requests: dict[int, dict]) -> dict[int, dict]:

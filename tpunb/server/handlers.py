@@ -60,6 +60,14 @@ class SliceHandler(_Handler):
         self.finish(json.dumps(await self.call(model.delete_slice, name)))
 
 
+class StacksHandler(_Handler):
+    @tornado.web.authenticated
+    async def get(self, name: str) -> None:
+        hosts = self.get_argument("hosts", None)
+        native = self.get_argument("native", "") in ("1", "true")
+        self.finish(json.dumps(await self.call(model.stacks, name, hosts, native)))
+
+
 class CatalogHandler(_Handler):
     @tornado.web.authenticated
     async def get(self) -> None:
@@ -71,5 +79,6 @@ def setup_handlers(web_app: Any) -> None:
     web_app.add_handlers(".*$", [
         (url_path_join(base, "slices"), SlicesHandler),
         (url_path_join(base, "slices", r"([a-z][-a-z0-9]*)"), SliceHandler),
+        (url_path_join(base, "slices", r"([a-z][-a-z0-9]*)", "stacks"), StacksHandler),
         (url_path_join(base, "catalog"), CatalogHandler),
     ])

@@ -2,11 +2,12 @@
 
 The Jupyter server is not the kernel that owns a slice: it cannot reach the kernel's Slice
 objects, only what kernels record in the registry (slices, hosts and their process ids) and
-what the Cloud TPU API says. Three functions, plain JSON-ready dicts out:
+what the Cloud TPU API says. Four functions, plain JSON-ready dicts out:
 
 - ``list_slices()``: every slice (with hosts, state, cost) and orphaned cloud nodes, from the
   one status model %tpu_status renders too
 - ``delete_slice(name)``: end a slice, whoever launched it
+- ``stacks(name, hosts)``: where its hosts are (every thread's stack), read from here
 - ``catalog()``: what the launch form offers
 """
 from __future__ import annotations
@@ -44,6 +45,22 @@ def delete_slice(name: str) -> dict[str, Any]:
     if not deleted:
         raise NoSliceError(f"no slice named {name!r}: it may already be deleted (refresh the list)")
     return {"deleted": deleted, "messages": [m.text for m in messages]}
+
+
+# -- stacks ------------------------------------------------------------------------------------
+
+def stacks(name: str, hosts: str | None = None, native: bool = False) -> dict[str, Any]:
+    """Every chosen host's stacks, grouped as %tpu_stacks prints them, and per host where its main
+    thread is; read from this server through the registry while the owning kernel may be busy."""
+    from tpunb.hangs.outside import recorded_stacks
+
+    reg = Registry()
+    record = reg.get_slice(name)
+    if record is None:
+        raise NoSliceError(f"no slice named {name!r}: it may have been deleted (refresh the list)")
+    found = recorded_stacks(record, reg, hosts or None, native)
+    return {"name": name, "text": found.text(), "seconds": round(found.seconds, 3),
+            "hosts": {str(h): {"where": s.where, "error": s.error, "state": s.state} for h, s in found.items()}}
 
 
 # -- launch form -------------------------------------------------------------------------------

@@ -196,7 +196,8 @@ def _slice_view(record: SliceRecord, reg: Registry, nodes: Any, sl: Slice | None
         now = time.time()
         hosts = [HostView(h.index, layout.name(h.index), layout.slice_of(h.index) if layout.multislice else None,
                           record.hosts[h.index].address if h.index < len(record.hosts) else h.transport.address,
-                          "running" if h.alive else "gone", h.info.get("pid"), h.info.get("runner"),
+                          _live_state(h.alive, record.hosts[h.index].info if h.index < len(record.hosts) else {}),
+                          h.info.get("pid"), h.info.get("runner"),
                           round(now - h.started_at, 1) if h.alive and h.started_at else None, metrics.get(h.index, {}))
                  for h in sl.session.hosts]
         cloud, idle = sl.node.status(), sl.idle_delete_in()
@@ -219,3 +220,8 @@ def _slice_view(record: SliceRecord, reg: Registry, nodes: Any, sl: Slice | None
     if view.busy_services or cloud.get("idle_delete_failing"):
         view.idle_delete_in = None  # the watchdog keeps the node while a service runs, or cannot delete it
     return view
+
+
+def _live_state(alive: bool, recorded: dict) -> str:
+    """A held host's state: running, gone, or needing the %tpu_restart that could not reach it."""
+    return "running" if alive else "needs restart" if recorded.get("needs_restart") else "gone"

@@ -85,18 +85,21 @@ class LocalAgentProcess(AgentProcess):
         self.signal_group(pgid or self.pid, signal.SIGKILL)
         threading.Thread(target=self.close, daemon=True, name=f"tpunb-reap-{self.pid}").start()
 
-    def close(self) -> None:
+    def close(self, grace: float | None = None) -> bool:
         for stream in (self._proc.stdin,):
             try:
                 stream.close()
             except OSError:
                 pass
+        killed = False
         try:
-            self._proc.wait(timeout=2)
+            self._proc.wait(timeout=2.0 if grace is None else grace)
         except subprocess.TimeoutExpired:
             self.signal_group(self.pid, signal.SIGKILL)
             self._proc.wait()
+            killed = True
         self._stdout.close()
+        return killed or self._proc.returncode == -signal.SIGKILL  # (its watchdog may have killed it)
 
 
 class LocalTransport(Transport):

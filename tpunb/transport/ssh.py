@@ -207,21 +207,25 @@ class SSHAgentProcess(AgentProcess):
             threading.Thread(target=self._transport.kill_from_new_connection, args=(pgid,), daemon=True,
                              name=f"tpunb-ssh-kill-{self._transport.address}").start()
 
-    def close(self) -> None:
-        """EOF to the agent; if it has not ended within CLOSE_GRACE, kill its process group."""
+    def close(self, grace: float | None = None) -> bool:
+        """EOF to the agent; if it has not ended within ``grace`` (CLOSE_GRACE), kill its process group.
+        True if it was killed (here, or by its watchdog)."""
         if self._closed:
-            return
+            return False
         self._closed = True
         channel = self._channel
         try:
             channel.shutdown_write()
         except (OSError, EOFError, paramiko.SSHException):
             pass
-        if not channel.status_event.wait(CLOSE_GRACE) and self._transport.connected:
+        killed = False
+        if not channel.status_event.wait(CLOSE_GRACE if grace is None else grace) and self._transport.connected:
             self._pid_known.wait(CLOSE_GRACE)
             if self.pid is not None:
                 self._transport.kill_group(self.pid, signal.SIGKILL)
+                killed = True
         channel.close()
+        return killed or exit_status(channel) == -signal.SIGKILL  # (its watchdog may have killed it)
 
 
 class SSHTransport(Transport):

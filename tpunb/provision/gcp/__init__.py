@@ -129,6 +129,7 @@ def create(request: LaunchRequest) -> Slice:
         node = _node(record, info)
         sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=node, **jax_coordinator(record))
         sl.connect()
+        sl.publish_hosts()  # pids and stack dumps, for readers in other processes
         reg.save_slice(record)
     except BaseException as exc:
         if sl is not None:

@@ -1,0 +1,113 @@
+"""%%on_tpu --bg: the cell returns at once with a handle, its output streams into its own cell while
+other cells run, other magics keep working, a second cell on its hosts is refused naming it (or
+waits with --queue), and the kernel's stop button interrupts it. Through a real Jupyter kernel,
+and the handle itself on local and sshd hosts."""
+from __future__ import annotations
+
+import queue
+import re
+import time
+
+import pytest
+
+from tpunb.errors import UsageError
+from tests.conftest import wait_for
+from tests.test_kernel import kernel  # noqa: F401 - the real-kernel fixture
+
+
+class Outputs:
+    """Every output a kernel sends, by the cell (execute request) it belongs to, and each cell's reply."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self.by_cell: dict[str, list[dict]] = {}
+        self.idle: set[str] = set()
+
+    def run(self, code: str, timeout: float = 120) -> str:
+        """Execute ``code`` and wait until the kernel is idle again; the cell's message id."""
+        cell = self.client.execute(code)
+        self.until(lambda: cell in self.idle, timeout)
+        return cell
+
+    def until(self, done, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out; outputs so far: {self.by_cell}")
+            try:
+                msg = self.client.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                continue
+            parent = msg["parent_header"].get("msg_id")
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                self.idle.add(parent)
+            elif msg["msg_type"] in ("stream", "error", "display_data", "update_display_data", "execute_result"):
+                self.by_cell.setdefault(parent, []).append(msg["content"])
+
+    def text(self, cell: str) -> str:
+        """What the cell shows, as text: streams, displays' and results' text, errors."""
+        parts = []
+        for content in self.by_cell.get(cell, []):
+            parts.append(content.get("text") or content.get("data", {}).get("text/plain", "")
+                         or f"{content.get('ename', '')}: {content.get('evalue', '')}")
+        return "\n".join(parts)
+
+
+def test_a_background_cell_in_a_notebook(kernel):  # noqa: F811 - the fixture
+    manager, client = kernel
+    out = Outputs(client)
+    out.run("%load_ext tpunb\n%tpu_launch v4-16")
+    started = time.monotonic()
+    bg = out.run("%%on_tpu --bg --output first\nimport os, time\ndef training_step(i):\n    time.sleep(1)\n"
+                 "for i in range(5):\n    print('host', os.environ['TPUNB_HOST_INDEX'], 'step', i, flush=True)\n"
+                 "    training_step(i)\n'done'")
+    assert time.monotonic() - started < 10  # it returned at once (the cell itself takes 5 s)
+    assert re.search(r"^<tpunb Run In\[2\] on hosts 0-1: running", out.text(bg), re.M), out.text(bg)
+
+    other = out.run("import tpunb\nprint('still running:', not tpunb.last_run().done())\n"
+                    "for _ in range(100):  # host 1 may be printing, not yet in its step\n"
+                    "    if 'training_step' in tpunb.current().stacks(hosts=[1])[1].where:\n        break\n"
+                    "%tpu_stacks --hosts 1\nprint(list(tpunb.status()['state']))\n%tpu_metrics")
+    shown = out.text(other)
+    assert "still running: True" in shown and "['running', 'running']" in shown, shown
+    assert re.search(r"\[1\] main thread: In\[2\]:6 <module> -> In\[2\]:3 training_step$", shown, re.M), shown
+    assert any("application/vnd.jupyter.widget-view+json" in c.get("data", {}) for c in out.by_cell[other])
+
+    refused = out.run("%%on_tpu\n'second'")
+    assert re.search(r"UsageError: hosts 0-1 are busy with cell In\[2\] \('import os, time'\), running in the "
+                     r"background for \d+ s: .* add --queue", out.text(refused)), out.text(refused)
+    queued = out.run("%%on_tpu --queue\n'after it'")
+    assert "Out[0-1]: 'after it'" in out.text(queued)
+
+    lines = out.text(bg)  # all of it arrived in the background cell's own output area, before the queued one ran
+    assert [f"host 0 step {i}" in lines for i in range(5)] == [True] * 5, lines
+    assert "host 1" not in lines and "Out[0]: 'done'" in lines  # --output first, as in the foreground
+
+    waiting = out.run("%%on_tpu --bg\nimport time\ndef resting():\n    time.sleep(60)\nresting()")
+    out.run("import tpunb\ntpunb.last_run().stacks()")  # it is in resting(): the hosts have the cell
+    pressed = time.monotonic()
+    manager.interrupt_kernel()  # the stop button, while no cell runs
+    out.until(lambda: "CellInterrupted" in out.text(waiting), 30)
+    assert time.monotonic() - pressed < 3.0  # before escalation (interrupt_grace) would kill them
+    assert "interrupted on hosts 0-1; their state is kept" in out.text(waiting)
+    after = out.run("r = tpunb.last_run()\nprint(r.done(), sorted(set(h.status for h in r.result().values())))")
+    assert "True ['interrupted']" in out.text(after)
+    out.run("%tpu_down")
+
+
+def test_the_handle(make_slice, cell):
+    sl = make_slice(2)
+    run = sl.run("import time\ndef resting():\n    time.sleep(60)\nresting()", background=True, output=None)
+    assert not run.done() and not run.wait(0.1)
+    with pytest.raises(TimeoutError, match="still runs on hosts 0-1"):
+        run.result(timeout=0)
+    stacks = wait_for(lambda: (lambda s: s if all(w.endswith("resting") for w in s.where().values()) else None)(
+        run.stacks()), 60, "both hosts in resting()")
+    assert re.fullmatch(r"In\[\d+\]:4 <module> -> In\[\d+\]:3 resting", stacks.where()[0])
+    with pytest.raises(UsageError, match="busy with cell"):
+        sl.push({"x": 1})
+    assert "busy with cell" in str(cell("%%on_tpu --hosts 1\n1").error)
+    run.interrupt()
+    assert run.wait(30) and run.done()
+    assert {h: r.status for h, r in run.result().items()} == {0: "interrupted", 1: "interrupted"}
+    assert "Out[0-1]: 2" in cell("%%on_tpu\n1 + 1").shown  # the hosts are free again, their state kept

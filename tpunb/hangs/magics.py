@@ -1,0 +1,50 @@
+"""``%tpu_stacks`` and ``%tpu_restart``: where every host is, and fresh sessions on the same slice.
+
+The magics parse arguments and make one call (``Slice.stacks``, ``Slice.restart``); the rest is
+in :mod:`tpunb.hangs`.
+"""
+from __future__ import annotations
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from tpunb import report, slices
+from tpunb.magics import _one_line_interrupt, _parse
+
+
+@magics_class
+class HangMagics(Magics):
+    """Magics for a run that hangs: look at every host, then restart them."""
+
+    @magic_arguments()
+    @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3; in a multislice also s1, s1/0")
+    @argument("--native", action="store_true", help="also C/C++ frames, through py-spy on the hosts")
+    @argument("--slice", dest="slice_name", default=None,
+              help="this slice (one another kernel holds too: read through the registry)")
+    @line_magic
+    def tpu_stacks(self, line: str):
+        """Every host's Python stacks, all threads, grouped by identical stacks: works while a cell
+        runs and while a host is blocked in C (an XLA collective, a barrier). ``--slice NAME`` of
+        a slice another kernel holds reads its hosts from here, through the registry."""
+        args = _parse(self.tpu_stacks, line)
+        with _one_line_interrupt():
+            if args.slice_name and slices.attached(args.slice_name) is None:
+                from tpunb.hangs.cli import stacks_text
+
+                report.info(stacks_text(args.slice_name, args.hosts, args.native))
+                return
+            stacks = slices.current(args.slice_name).stacks(hosts=args.hosts, native=args.native)
+        report.info(stacks.text())
+
+    @magic_arguments()
+    @argument("--hosts", default=None, help="all (default); a subset only while no host runs JAX")
+    @argument("--slice", dest="slice_name", default=None)
+    @line_magic
+    def tpu_restart(self, line: str):
+        """Fresh Python sessions on every host of the same slice (the node, its environment and
+        services stay; JAX starts again over the whole slice): the way back from a wedged runtime."""
+        args = _parse(self.tpu_restart, line)
+        sl = slices.current(args.slice_name)
+        with _one_line_interrupt():
+            done = sl.restart(hosts=args.hosts)
+        report.info(done.line(sl.name, sl.layout.names))

@@ -1,0 +1,109 @@
+"""``%tpu_restart``: fresh Python sessions on the hosts of the same slice, the way back from a
+wedged JAX runtime (JAX refuses a second ``jax.distributed.initialize()`` in a process).
+
+Only the agents end: the node, its host environment, the connections and services stay. Every
+agent is told to end at once; one that has not exited after ``EXIT_GRACE`` seconds (blocked in
+C, or its SIGTERM caught by libtpu) is killed. New agents start together, and when JAX had
+been started JAX starts again on every host in the background, over the whole slice, with a
+fresh coordinator port. A host that cannot be reached is named and left marked as needing a
+restart; the others are restarted. Where standby agents were prepared (``tpunb.hangs.standby``)
+they take the old agents' places at once; the next restart's are prepared right after.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tpunb.errors import TransportError
+from tpunb.results import RESTARTED
+
+if TYPE_CHECKING:
+    from tpunb.slice import Slice
+
+#: seconds an agent gets to exit by itself before it is killed
+EXIT_GRACE = 1.0
+
+
+@dataclass
+class Restart:
+    """What a restart did: which hosts have fresh sessions, which had to be killed, which could
+    not be reached (and still need a restart), how long it took, whether JAX starts again."""
+
+    restarted: list[int]
+    killed: list[int] = field(default_factory=list)
+    unreachable: dict[int, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    jax: bool = False
+    widened: bool = False  # some hosts were asked for, but JAX needs every host restarted
+
+    def line(self, name: str, names) -> str:
+        many = len(self.restarted) > 1
+        parts = [f"[tpunb] restarted host{'s' if many else ''} {names(self.restarted)} of {name!r} in "
+                 f"{self.seconds:.1f} s: fresh Python session{'s' if many else ''}, "
+                 f"{'their' if many else 'its'} variables are gone"]
+        if self.widened:
+            parts.append("every host, since JAX's distributed runtime cannot take a restarted peer back")
+        if self.jax:
+            parts.append("JAX is starting again over the whole slice")
+        if self.killed:
+            parts.append(f"host{'s' if len(self.killed) > 1 else ''} {names(self.killed)} did not exit and "
+                         f"{'were' if len(self.killed) > 1 else 'was'} killed")
+        if self.unreachable:
+            hosts = sorted(self.unreachable)
+            why = self.unreachable[hosts[0]]
+            parts.append(f"host{'s' if len(hosts) > 1 else ''} {names(hosts)} could not be reached ({why}) and "
+                         f"still need{'' if len(hosts) > 1 else 's'} a restart: %tpu_restart again once "
+                         f"{'they answer' if len(hosts) > 1 else 'it answers'}")
+        return "; ".join(parts)
+
+
+def restart(sl: "Slice", hosts: str | list[int] | None = None) -> Restart:
+    """End the chosen hosts' agents (all by default) and start fresh ones; see the module docstring."""
+    session = sl.session
+    indices = sl.layout.parse(hosts)
+    jax = session.jax_started
+    widened = jax and len(indices) < sl.num_hosts
+    if widened:
+        indices = list(range(sl.num_hosts))
+    started = time.perf_counter()
+    killed = session.end_agents(indices, EXIT_GRACE, RESTARTED)
+    unreachable = _unreachable(session, indices)
+    fresh = [i for i in indices if i not in unreachable]
+    session.take_notices()  # what happened to the old agents is no news now
+    if fresh:
+        chosen, ready = None if len(fresh) == sl.num_hosts else fresh, sl.standbys.take(fresh)
+        try:
+            sl.connect(chosen, ready=ready)
+        except TransportError:
+            if not ready:
+                raise
+            sl.connect(chosen)  # a standby ended meanwhile (its connection dropped): every host cold
+    if jax and len(fresh) == sl.num_hosts:
+        session.start_jax_everywhere()
+    elif fresh:
+        session.jax_started = False  # JAX ran on agents that are gone; none of the fresh ones runs it
+    for host in sl.record.hosts:
+        host.info["needs_restart"] = host.index in unreachable
+    sl.save_hosts()
+    sl.standbys.prepare()  # the next restart's
+    return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened)
+
+
+def _unreachable(session, indices: list[int]) -> dict[int, str]:
+    """{host: why} of chosen hosts whose connection cannot be made again (SSH hosts gone)."""
+    failed: dict[int, str] = {}
+
+    def reach(i: int) -> None:
+        try:
+            session.transports[i].connect()
+        except TransportError as exc:
+            failed[i] = str(exc)
+
+    threads = [threading.Thread(target=reach, args=(i,), daemon=True) for i in indices]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return failed
