@@ -14,7 +14,7 @@ from tpunb.hangs.read import Target, read_hosts
 from tpunb.hangs.stacks import HostStacks, Stacks, from_reply
 
 if TYPE_CHECKING:
-    from tpunb.slice import Slice
+    from tpunb.hangs.held import HeldSlice
 
 __all__ = ["HostStacks", "Stacks", "show_stuck", "slice_stacks", "with_where"]
 
@@ -31,7 +31,7 @@ def with_where(results: dict, where: dict[int, str]) -> dict:
     return results
 
 
-def slice_stacks(sl: "Slice", hosts: str | list[int] | None = None, native: bool = False,
+def slice_stacks(sl: "HeldSlice", hosts: str | list[int] | None = None, native: bool = False,
                  bound: float | None = None) -> Stacks:
     """Every chosen host's stacks, all threads, read while whatever runs there keeps running;
     ``bound``: seconds after which hosts that have not answered are said to be silent."""
@@ -47,7 +47,7 @@ def slice_stacks(sl: "Slice", hosts: str | list[int] | None = None, native: bool
     return found
 
 
-def show_stuck(sl: "Slice", hosts: list[int], sink, where: dict[int, str]) -> None:
+def show_stuck(sl: "HeldSlice", hosts: list[int], sink, where: dict[int, str]) -> None:
     """A cell's ``on_stuck``: hosts that did not stop when interrupted, before they are killed:
     where each one is, in the cell's output and in ``where`` (for ``with_where``)."""
     names = sl.layout.names(hosts)

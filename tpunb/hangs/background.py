@@ -26,7 +26,7 @@ from tpunb.errors import CellInterrupted, TpunbError, UsageError
 if TYPE_CHECKING:
     from tpunb.engine.request import Request
     from tpunb.results import RunResult
-    from tpunb.slice import Slice
+    from tpunb.hangs.held import HeldSlice
 
 _runs: list["Run"] = []  # background cells of this kernel still running
 _runs_lock = threading.Lock()
@@ -38,7 +38,7 @@ class Run:
     """A cell running in the background: ``done()``, ``wait(timeout)``, ``result()``,
     ``interrupt()``, ``stacks()``."""
 
-    def __init__(self, sl: "Slice", code: str, hosts: list[int], label: str) -> None:
+    def __init__(self, sl: "HeldSlice", code: str, hosts: list[int], label: str) -> None:
         self.slice = sl
         self.code = code
         self.hosts = hosts
@@ -148,7 +148,7 @@ def running() -> list[Run]:
         return list(_runs)
 
 
-def start(sl: "Slice", code: str, indices: list[int], timeout: float | None, output: str | None,
+def start(sl: "HeldSlice", code: str, indices: list[int], timeout: float | None, output: str | None,
           queue: bool) -> Run:
     """Start ``code`` on these hosts in the background; the Run at once."""
     if not queue:
@@ -164,13 +164,13 @@ def start(sl: "Slice", code: str, indices: list[int], timeout: float | None, out
     return run
 
 
-def busy(sl: "Slice", indices: list[int]) -> list[Run]:
+def busy(sl: "HeldSlice", indices: list[int]) -> list[Run]:
     """Background cells (other than the caller's own) that hold any of these hosts."""
     me = threading.get_ident()
     return [r for r in running() if r.slice is sl and r._worker != me and r.holds(indices)]
 
 
-def refuse_if_busy(sl: "Slice", indices: list[int]) -> None:
+def refuse_if_busy(sl: "HeldSlice", indices: list[int]) -> None:
     """One line naming the background cell that holds these hosts, and what to do."""
     held = busy(sl, indices)
     if held:
@@ -181,7 +181,7 @@ def refuse_if_busy(sl: "Slice", indices: list[int]) -> None:
                          "after it")
 
 
-def wait_for_hosts(sl: "Slice", indices: list[int], me: Run | None = None) -> None:
+def wait_for_hosts(sl: "HeldSlice", indices: list[int], me: Run | None = None) -> None:
     """Wait until no background cell started before this one holds these hosts (``--queue``)."""
     while True:
         ahead = [r for r in busy(sl, indices) if me is None or r.started < me.started]
@@ -263,7 +263,7 @@ def _unroute(tokens: list) -> None:
             pass
 
 
-def _show_end(sl: "Slice", result: "RunResult", output: str | None) -> None:
+def _show_end(sl: "HeldSlice", result: "RunResult", output: str | None) -> None:
     """What a foreground cell shows at its end: values, then the errors and notes in one go."""
     from tpunb.display import render_values
 

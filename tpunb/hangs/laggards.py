@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tpunb.engine.request import Request
-    from tpunb.slice import Slice
+    from tpunb.hangs.held import HeldSlice
 
 #: a laggard is a host still running this long after the cell started...
 AT_LEAST = 10.0
@@ -33,7 +33,7 @@ def lagging(request: "Request", now: float) -> list[int]:
 class Laggards:
     """One cell's ``on_tick``: reads the laggards' stacks and hands ``{host: where}`` to its sink."""
 
-    def __init__(self, sl: "Slice") -> None:
+    def __init__(self, sl: "HeldSlice") -> None:
         self.slice = sl
         self._read_at: float | None = None
         self._reading = False

@@ -20,7 +20,7 @@ from tpunb.errors import TransportError
 from tpunb.results import RESTARTED
 
 if TYPE_CHECKING:
-    from tpunb.slice import Slice
+    from tpunb.hangs.held import HeldSlice
 
 #: seconds an agent gets to exit by itself before it is killed
 EXIT_GRACE = 1.0
@@ -59,7 +59,7 @@ class Restart:
         return "; ".join(parts)
 
 
-def restart(sl: "Slice", hosts: str | list[int] | None = None) -> Restart:
+def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
     """End the chosen hosts' agents (all by default) and start fresh ones; see the module docstring."""
     session = sl.session
     indices = sl.layout.parse(hosts)

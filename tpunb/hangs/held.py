@@ -1,0 +1,37 @@
+"""What tpunb.hangs asks of a slice this kernel holds: a ``Slice`` satisfies it, and hangs never
+imports Slice (Slice imports hangs for its stacks, background cells and restarts)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tpunb.display.hosts import Layout
+    from tpunb.hangs.standby import Standbys
+    from tpunb.registry import SliceRecord
+    from tpunb.session import Session
+
+
+class HeldSlice(Protocol):
+    """The members of ``tpunb.slice.Slice`` that stacks, background cells and restarts use."""
+
+    session: "Session"
+    layout: "Layout"
+    record: "SliceRecord"
+    standbys: "Standbys"
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def num_hosts(self) -> int: ...
+
+    def connect(self, hosts: list[int] | None = None, ready: dict | None = None) -> None: ...
+
+    def revive(self, chosen: list[int] | None = None) -> list[int]: ...
+
+    def save_hosts(self) -> None: ...
+
+    def run(self, code: str, hosts: str | list[int] | None = None, timeout: float | None = None,
+            output: str | None = "grouped", sink: Any = None, background: bool = False, queue: bool = False) -> Any: ...
+
+    def restart(self, hosts: str | list[int] | None = None) -> Any: ...
