@@ -43,8 +43,9 @@ def test_a_host_stuck_in_a_collective_is_found_then_restarted(make_slice, cell):
         def stuck() -> str | None:
             out = subprocess.run([sys.executable, "-m", "tpunb", "stacks", sl.name], capture_output=True, text=True,
                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60).stdout
-            return out if "wait_for_everyone" in out else None
-        seen["text"] = wait_for(stuck, 60, "host 1 inside the collective, seen from another process")
+            settled = "wait_for_everyone" in out and re.search(r"^\[0\] main thread: not in a cell", out, re.M)
+            return out if settled else None
+        seen["text"] = wait_for(stuck, 60, "host 1 inside the collective and host 0 done, seen from another process")
 
     terminal = threading.Thread(target=from_a_terminal, daemon=True)
     terminal.start()
