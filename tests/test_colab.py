@@ -17,7 +17,7 @@ import pytest
 
 import tpunb.colab
 from tests import colab_stand_in
-from tpunb import provision, slices
+from tpunb import provision, report, slices
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision.gcp import api as gcp
 from tpunb.registry import Registry
@@ -30,10 +30,9 @@ def colab(monkeypatch):
     """The stand-in google.colab, installed for one test; yields the list of recorded calls."""
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "")
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")  # restored to absent even if authenticate() sets it
-    tpunb.colab._custom_widget_manager.clear()
+    monkeypatch.setattr(report, "_once", set())  # a new kernel: nothing said or done once yet
     yield colab_stand_in.install()
     colab_stand_in.uninstall()
-    tpunb.colab._custom_widget_manager.clear()
 
 
 def test_colab_is_detected_only_where_google_colab_exists(colab):

@@ -10,7 +10,7 @@ from tests.conftest import wait_for
 from tests.test_idle_delete import cell_done, kernel_process, kill
 from tests.test_serve import free_port, http_server, no_service_left  # noqa: F401 - autouse fixture
 from tests.test_serve_forward import ssh_children
-from tpunb import slices
+from tpunb import report, slices
 from tpunb.serve import openssh
 
 
@@ -69,7 +69,7 @@ def test_an_ssh_that_cannot_connect_is_said_once_and_forwards_still_work(sshd, s
     fake.write_text("#!/bin/sh\necho 'ssh: Could not resolve hostname: made up' >&2\nexit 255\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
-    monkeypatch.setattr(openssh, "_said", [])
+    monkeypatch.setattr(report, "_once", set())  # a new kernel: nothing said once yet
     sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
                         name=f"fwd-{uuid.uuid4().hex[:6]}")
     port = free_port()

@@ -8,12 +8,11 @@ from __future__ import annotations
 import sys
 
 from tpunb.doctor import doctor
-from tpunb.hangs.background import last_run
 from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
 from tpunb.slice import Slice
-from tpunb.slices import connect, current, down, last_profile, last_result, launch, status, use
+from tpunb.slices import connect, current, down, last_profile, last_result, last_run, launch, status, use
 
 __version__ = "0.1.0"
 __all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_run", "last_profile", "log",

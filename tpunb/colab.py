@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from tpunb import catalog
+from tpunb import catalog, report
 from tpunb.errors import UsageError
 
 #: the word ``%tpu_launch`` takes for "this machine's own TPU", instead of an accelerator name
@@ -69,9 +69,6 @@ def authenticate(project: str | None = None) -> None:
 SIGN_IN = "run `import tpunb.colab; tpunb.colab.authenticate('PROJECT')` (Colab's Google sign-in)"
 
 
-_custom_widget_manager: list[bool] = []  # once per kernel: Colab keeps it on until the runtime restarts
-
-
 def enable_custom_widgets() -> bool:
     """Before displaying a custom (non-core) widget: in Colab, turn on its custom widget manager.
 
@@ -80,11 +77,10 @@ def enable_custom_widgets() -> bool:
     """
     if not in_colab():
         return False
-    if not _custom_widget_manager:
+    if report.once("colab custom widget manager"):  # Colab keeps it on until the runtime restarts
         from google.colab import output
 
         output.enable_custom_widget_manager()
-        _custom_widget_manager.append(True)
     return True
 
 

@@ -22,6 +22,17 @@ class Message:
 
 
 _collector: contextvars.ContextVar[list[Message] | None] = contextvars.ContextVar("tpunb_report", default=None)
+#: what this kernel said (or did) once already: see ``once``
+_once: set[str] = set()
+
+
+def once(key: str) -> bool:
+    """True the first time this kernel asks for ``key``, then False: for what is said (or done)
+    once per kernel, e.g. why a faster path cannot be used."""
+    if key in _once:
+        return False
+    _once.add(key)
+    return True
 
 
 def _emit(level: str, text: str) -> None:

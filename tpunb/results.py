@@ -53,9 +53,6 @@ class Tail:
         return self._chunks[0] if self._chunks else ""
 
 
-_NO_TEXT = Tail()  # what a stream that printed nothing reads as (never added to)
-
-
 @dataclass
 class HostResult:
     """What one host did with one cell. ``stdout``/``stderr`` are the last TAIL_CHARS characters
@@ -79,19 +76,19 @@ class HostResult:
 
     @property
     def stdout(self) -> str:
-        return str(self.tails.get("stdout", _NO_TEXT))
+        return str(self.tails["stdout"]) if "stdout" in self.tails else ""
 
     @property
     def stderr(self) -> str:
-        return str(self.tails.get("stderr", _NO_TEXT))
+        return str(self.tails["stderr"]) if "stderr" in self.tails else ""
 
     @property
     def stdout_truncated(self) -> bool:
-        return self.tails.get("stdout", _NO_TEXT).truncated
+        return "stdout" in self.tails and self.tails["stdout"].truncated
 
     @property
     def stderr_truncated(self) -> bool:
-        return self.tails.get("stderr", _NO_TEXT).truncated
+        return "stderr" in self.tails and self.tails["stderr"].truncated
 
 
 class RunResult(Mapping):

@@ -15,7 +15,7 @@ from tpunb import catalog, diagnose, hangs, report
 from tpunb.display import (CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
                            kernel_colors)
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
-from tpunb.hangs import background as background_cells
+from tpunb.hangs.background import BackgroundCells
 from tpunb.hangs.laggards import Laggards
 from tpunb.hangs.standby import Standbys
 from tpunb.display.hosts import Layout
@@ -82,6 +82,7 @@ class Slice:
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host)
         self.standbys = Standbys(self.session)  # agents started ahead of a restart (tpunb.hangs.standby)
+        self.background = BackgroundCells()  # its %%on_tpu --bg cells (tpunb.hangs.background)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
         self.layout = Layout(len(transports), record.num_slices)
         #: its services (tpunb.serve) and its profiler recordings (tpunb.profile), each made from
@@ -220,7 +221,7 @@ class Slice:
         for hosts a background cell holds.
         """
         if chosen is not None:
-            background_cells.refuse_if_busy(self, chosen)
+            self.background.refuse_if_busy(self, chosen)
         waiting = [i for i in self.needs_restart if chosen is None or i in chosen]
         if waiting:
             many = len(waiting) > 1
@@ -323,12 +324,12 @@ class Slice:
             report.warn(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {some}: JAX collectives "
                         "(jit over the whole slice, psum, ...) would hang waiting for the other hosts")
         if background:
-            return background_cells.start(self, code, indices, timeout, output, queue)
+            return self.background.start(self, code, indices, timeout, output, queue)
         if queue:
-            background_cells.wait_for_hosts(self, indices)
-        return self._execute(code, indices, timeout, output, sink, shell=False)
+            self.background.wait_for_hosts(indices)
+        return self.execute(code, indices, timeout, output, sink, shell=False)
 
-    def _execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
+    def execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
                  sink: OutputSink | None, shell: bool, started: Callable | None = None) -> RunResult:
         """What cells and shell commands share: revive hosts, stream output, turn an interrupt into
         one error. ``started(request)``: told the cell's request before it runs (background cells)."""
@@ -386,7 +387,7 @@ class Slice:
         """Run a shell command on the hosts at once (with their environment); exit code per host."""
         if not command.strip():
             raise UsageError("give a shell command, e.g. %tpu_run nproc")
-        return self._execute(command, self.layout.parse(hosts), timeout, output, None, shell=True)
+        return self.execute(command, self.layout.parse(hosts), timeout, output, None, shell=True)
 
     def sync(self, local_dir: str = ".", remote_dir: str | None = None, exclude: tuple[str, ...] = (),
              progress: Callable[[int, int], None] | None = None):

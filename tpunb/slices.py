@@ -27,6 +27,7 @@ from tpunb.status.view import StatusView
 if TYPE_CHECKING:
     import pandas
 
+    from tpunb.hangs.background import Run
     from tpunb.profile import Profile
 
 BACKENDS = provision.LAUNCH_BACKENDS
@@ -109,6 +110,8 @@ class SliceManager:
         self.env: dict[str, dict[str, str]] = {}
         #: the last profile collected in this kernel, on any slice
         self.last_profile: Profile | None = None
+        #: the handle of the last %%on_tpu --bg cell started in this kernel, on any slice
+        self.last_run: Run | None = None
 
     # -- names ------------------------------------------------------------------------------------
     def _taken(self, name: str, reg: Registry) -> bool:
@@ -284,7 +287,11 @@ class SliceManager:
         self.current_name = sl.name
         sl.on_delete.append(lambda deleted: self.detach(deleted.name))
         sl.profiler.on_collected = self._profiled
+        sl.background.on_start = self._ran
         return sl
+
+    def _ran(self, run: Run) -> None:
+        self.last_run = run
 
     def _profiled(self, profile: Profile) -> None:
         self.last_profile = profile
@@ -424,6 +431,11 @@ last_result = MANAGER.last_result
 def attached(name: str) -> Slice | None:
     """The slice of that name if this kernel holds it (never attaches one)."""
     return MANAGER.attached.get(name)
+
+
+def last_run() -> Run | None:
+    """The handle of the last cell run with ``%%on_tpu --bg`` (``sl.run(..., background=True)``)."""
+    return MANAGER.last_run
 
 
 def last_profile() -> Profile | None:

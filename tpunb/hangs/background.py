@@ -17,7 +17,8 @@ import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb import report
 from tpunb.display import kernel_cell_number
@@ -27,11 +28,6 @@ if TYPE_CHECKING:
     from tpunb.engine.request import Request
     from tpunb.results import RunResult
     from tpunb.hangs.held import HeldSlice
-
-_runs: list["Run"] = []  # background cells of this kernel still running
-_runs_lock = threading.Lock()
-_last: list["Run"] = []
-_said_no_routing: list[bool] = []
 
 
 class Run:
@@ -112,20 +108,18 @@ class Run:
         tokens = _route_output_here(parent)
         try:
             if queue:
-                wait_for_hosts(self.slice, self.hosts, self)
+                self.slice.background.wait_for_hosts(self.hosts, self)
             if self._interrupts:  # interrupted while it waited in the queue: it never ran
                 raise CellInterrupted(f"cell {self.label} was interrupted before it started")
-            self._result = self.slice._execute(self.code, self.hosts, timeout, output, None, shell=False,
-                                               started=self._sent)
+            self._result = self.slice.execute(self.code, self.hosts, timeout, output, None, shell=False,
+                                              started=self._sent)
             _show_end(self.slice, self._result, output)
         except BaseException as exc:  # kept for result(); said in the cell's own output area
             self._error = exc
             self._result = getattr(exc, "results", None)
             _say(exc)
         finally:
-            with _runs_lock:
-                if self in _runs:
-                    _runs.remove(self)
+            self.slice.background.ended(self)
             self._ended.set()
             _unroute(tokens)
 
@@ -138,56 +132,72 @@ class Run:
             request.interrupt()
 
 
-def last_run() -> Run | None:
-    """The handle of the last cell run with ``%%on_tpu --bg`` (``sl.run(..., background=True)``)."""
-    return _last[0] if _last else None
+class BackgroundCells:
+    """One slice's background cells: which run (and hold which hosts), the threads they run on.
+    ``on_start`` is told of each new one (the kernel's ``tpunb.last_run()``)."""
 
+    def __init__(self) -> None:
+        self._runs: list[Run] = []
+        self._lock = threading.Lock()
+        self._started = 0
+        self._workers: _Workers | None = None
+        self.on_start: Callable[[Run], None] | None = None
 
-def running() -> list[Run]:
-    with _runs_lock:
-        return list(_runs)
+    def running(self) -> list[Run]:
+        with self._lock:
+            return list(self._runs)
 
+    def start(self, sl: "HeldSlice", code: str, indices: list[int], timeout: float | None, output: str | None,
+              queue: bool) -> Run:
+        """Start ``code`` on these hosts of ``sl`` in the background; the Run at once."""
+        if not queue:
+            self.refuse_if_busy(sl, indices)
+            sl.revive(indices)  # its errors (hosts that need a restart, dead hosts) are said here, at once
+        count = kernel_cell_number()
+        with self._lock:
+            self._started += 1
+            run = Run(sl, code, indices, f"In[{count}]" if count is not None else f"run {self._started}")
+            self._runs.append(run)
+            if self._workers is None:
+                self._workers = _Workers()
+            workers = self._workers
+        if self.on_start is not None:
+            self.on_start(run)
+        _stop_button_interrupts(self)
+        workers.submit(run._run, _cell_parent(), queue, timeout, output)
+        return run
 
-def start(sl: "HeldSlice", code: str, indices: list[int], timeout: float | None, output: str | None,
-          queue: bool) -> Run:
-    """Start ``code`` on these hosts in the background; the Run at once."""
-    if not queue:
-        refuse_if_busy(sl, indices)
-        sl.revive(indices)  # its errors (hosts that need a restart, dead hosts) are said here, at once
-    count = kernel_cell_number()
-    run = Run(sl, code, indices, f"In[{count}]" if count is not None else f"run {len(_last) + 1}")
-    with _runs_lock:
-        _runs.append(run)
-    _last[:] = [run]
-    _stop_button_interrupts_background_cells()
-    _workers.submit(run._run, _cell_parent(), queue, timeout, output)
-    return run
+    def ended(self, run: Run) -> None:
+        with self._lock:
+            if run in self._runs:
+                self._runs.remove(run)
 
+    def busy(self, indices: list[int]) -> list[Run]:
+        """Background cells (other than the caller's own) that hold any of these hosts."""
+        me = threading.get_ident()
+        return [r for r in self.running() if r._worker != me and r.holds(indices)]
 
-def busy(sl: "HeldSlice", indices: list[int]) -> list[Run]:
-    """Background cells (other than the caller's own) that hold any of these hosts."""
-    me = threading.get_ident()
-    return [r for r in running() if r.slice is sl and r._worker != me and r.holds(indices)]
+    def refuse_if_busy(self, sl: "HeldSlice", indices: list[int]) -> None:
+        """One line naming the background cell that holds these hosts, and what to do."""
+        held = self.busy(indices)
+        if held:
+            run = held[0]
+            raise UsageError(f"host{'s' if len(run.hosts) > 1 else ''} {sl.layout.names(run.hosts)} "
+                             f"{'are' if len(run.hosts) > 1 else 'is'} busy with {run.describe()}: wait for it "
+                             "(tpunb.last_run().wait()), interrupt it (.interrupt()), or add --queue to run this "
+                             "cell after it")
 
+    def wait_for_hosts(self, indices: list[int], me: Run | None = None) -> None:
+        """Wait until no background cell started before this one holds these hosts (``--queue``)."""
+        while True:
+            ahead = [r for r in self.busy(indices) if me is None or r.started < me.started]
+            if not ahead:
+                return
+            ahead[0].wait(0.5)  # a press of Ctrl-C (foreground) ends this wait with KeyboardInterrupt
 
-def refuse_if_busy(sl: "HeldSlice", indices: list[int]) -> None:
-    """One line naming the background cell that holds these hosts, and what to do."""
-    held = busy(sl, indices)
-    if held:
-        run = held[0]
-        raise UsageError(f"host{'s' if len(run.hosts) > 1 else ''} {sl.layout.names(run.hosts)} "
-                         f"{'are' if len(run.hosts) > 1 else 'is'} busy with {run.describe()}: wait for it "
-                         "(tpunb.last_run().wait()), interrupt it (.interrupt()), or add --queue to run this cell "
-                         "after it")
-
-
-def wait_for_hosts(sl: "HeldSlice", indices: list[int], me: Run | None = None) -> None:
-    """Wait until no background cell started before this one holds these hosts (``--queue``)."""
-    while True:
-        ahead = [r for r in busy(sl, indices) if me is None or r.started < me.started]
-        if not ahead:
-            return
-        ahead[0].wait(0.5)  # a press of Ctrl-C (foreground) ends this wait with KeyboardInterrupt
+    def interrupt_all(self) -> None:
+        for run in self.running():
+            run.interrupt()
 
 
 class _Workers:
@@ -215,8 +225,6 @@ class _Workers:
             with self._lock:
                 self._idle += 1
 
-
-_workers = _Workers()
 
 
 # -- output to the cell that started it --------------------------------------------------------
@@ -248,8 +256,7 @@ def _route_output_here(parent: Any) -> list:
         setter = getattr(obj, "set_thread_parent", None)
         if setter is not None:
             tokens.append((obj.reset_thread_parent, setter(parent)))
-    if not tokens and not _said_no_routing:
-        _said_no_routing.append(True)
+    if not tokens and report.once("background output routing"):
         report.warn("[tpunb] this kernel cannot send a background cell's output to its own cell (ipykernel < 7): "
                     "it shows in whichever cell runs when it arrives; .result() of the cell's handle has all of it")
     return tokens
@@ -284,28 +291,34 @@ def _say(exc: BaseException) -> None:
 
 
 # -- the stop button -------------------------------------------------------------------------
-_handler_installed: list[bool] = []
-
-
-def _stop_button_interrupts_background_cells() -> None:
+def _stop_button_interrupts(cells: BackgroundCells) -> None:
     """In a Jupyter kernel, SIGINT while no cell runs is ignored; from the first background cell on,
     it interrupts the background cells instead (while a cell runs, ipykernel's own handler is in
     place and interrupts that cell). Outside a kernel (a terminal, where Ctrl-C belongs to the
-    prompt) nothing changes: use the handle's interrupt()."""
-    if _handler_installed:
-        return
+    prompt) nothing changes: use the handle's interrupt(). The handler the kernel restores holds
+    every slice's background cells (``handler.cells``)."""
     try:
         from IPython import get_ipython
     except ImportError:
         return
     kernel = getattr(get_ipython(), "kernel", None)
+    saved = getattr(kernel, "saved_sigint_handler", None)
+    held = getattr(saved, "cells", None)
+    if held is not None:  # ours, installed by another slice's first background cell
+        held.add(cells)
+        return
     # ipykernel puts its own handler in place while it runs a cell and restores the one it saved
     # (SIG_IGN) after: ours is what it restores from now on
-    if getattr(kernel, "saved_sigint_handler", None) is signal.SIG_IGN:
-        kernel.saved_sigint_handler = _interrupt_background_cells
-        _handler_installed.append(True)
+    if saved is signal.SIG_IGN:
+        kernel.saved_sigint_handler = _Interrupter(cells)
 
 
-def _interrupt_background_cells(signum, frame) -> None:
-    for run in running():
-        run.interrupt()
+class _Interrupter:
+    """The stop button's handler between cells: interrupts every held slice's background cells."""
+
+    def __init__(self, cells: BackgroundCells) -> None:
+        self.cells: weakref.WeakSet[BackgroundCells] = weakref.WeakSet([cells])
+
+    def __call__(self, signum, frame) -> None:
+        for cells in list(self.cells):
+            cells.interrupt_all()

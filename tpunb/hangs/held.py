@@ -18,6 +18,7 @@ class HeldSlice(Protocol):
     layout: "Layout"
     record: "SliceRecord"
     standbys: "Standbys"
+    background: Any  # its tpunb.hangs.background.BackgroundCells (which names this protocol)
 
     @property
     def name(self) -> str: ...
@@ -33,5 +34,8 @@ class HeldSlice(Protocol):
 
     def run(self, code: str, hosts: str | list[int] | None = None, timeout: float | None = None,
             output: str | None = "grouped", sink: Any = None, background: bool = False, queue: bool = False) -> Any: ...
+
+    def execute(self, code: str, indices: list[int], timeout: float | None, output: str | None, sink: Any,
+                shell: bool, started: Any = None) -> Any: ...
 
     def restart(self, hosts: str | list[int] | None = None) -> Any: ...

@@ -258,7 +258,7 @@ def save(armed: Armed, where: str) -> None:
              f"{time.time() - began:.1f} s ({time.time() - (armed.notice_at or began):.1f} s after the notice): {armed.uri}")
     except BaseException as exc:  # noqa: B036 - whatever stops it, say it; the snapshot stays incomplete
         armed.state = "failed"
-        _say(f"[tpunb] preemption notice ({armed.source}): the snapshot failed here: {snapshot._one_line(exc)}")
+        _say(f"[tpunb] preemption notice ({armed.source}): the snapshot failed here: {snapshot.one_line(exc)}")
         if not isinstance(exc, Exception):
             raise
     finally:

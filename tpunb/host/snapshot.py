@@ -207,7 +207,7 @@ def _pickler():
         return pickle
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
@@ -261,12 +261,12 @@ def prepare(namespace: dict, args: dict) -> dict:
         try:
             data = pickler.dumps(kept, protocol=5)
         except Exception as exc:  # noqa: BLE001 - whatever the value's __reduce__ raises
-            return {"ok": False, "unpicklable": name, "error": _one_line(exc)}
+            return {"ok": False, "unpicklable": name, "error": one_line(exc)}
         try:
             store.write(f"host-{host}/{name}.pkl", data)
         except Exception as exc:  # noqa: BLE001
             raise _space_error(exc, f"{name} on host {host} ({len(data):,} bytes)") or SnapshotError(
-                f"cannot write {name} on host {host}: {_one_line(exc)}") from None
+                f"cannot write {name} on host {host}: {one_line(exc)}") from None
         written += len(data)
         if args.get("progress"):
             say(PROGRESS, {"bytes": written, "what": "values"})
@@ -304,12 +304,12 @@ def write(namespace: dict, args: dict) -> dict:
                     _save_arrays(store.path(f"arrays/{name}"), by_name.get(name, {}))
                 except Exception as exc:  # noqa: BLE001
                     raise _space_error(exc, f"the arrays of {name}") or SnapshotError(
-                        f"cannot write the arrays of {name}: {_one_line(exc)}") from None
+                        f"cannot write the arrays of {name}: {one_line(exc)}") from None
     record = {**pending["record"], "seconds": time.perf_counter() - began}
     try:
         store.write(f"host-{host}.json", json.dumps(record).encode())
     except Exception as exc:  # noqa: BLE001
-        raise _space_error(exc, f"host {host}'s record") or SnapshotError(_one_line(exc)) from None
+        raise _space_error(exc, f"host {host}'s record") or SnapshotError(one_line(exc)) from None
     return {"ok": True, "seconds": record["seconds"]}
 
 
@@ -431,7 +431,7 @@ def fetch(namespace: dict, args: dict) -> dict:
         try:
             values[name] = pickler.loads(data)
         except Exception as exc:  # noqa: BLE001 - a class or module this host lacks, most often
-            raise SnapshotError(f"{name} cannot be unpickled on host {args['host']}: {_one_line(exc)}") from None
+            raise SnapshotError(f"{name} cannot be unpickled on host {args['host']}: {one_line(exc)}") from None
     _staged[args["uri"]] = values
     return {"ok": True}
 
@@ -539,5 +539,5 @@ def entry(namespace: dict, op: str, args_json: str) -> None:
     except SnapshotError as exc:
         reply = {"ok": False, "error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - the kernel shows it in one line, naming the host
-        reply = {"ok": False, "error": _one_line(exc)}
+        reply = {"ok": False, "error": one_line(exc)}
     say(REPLY, reply)

@@ -31,9 +31,11 @@ LAUNCH_MODULES = (
     "_strptime",  # datetime.strptime, on the first API timestamp
 )
 
+THREAD = "tpunb-warm-imports"
 _lock = threading.Lock()
-_thread: threading.Thread | None = None
-_done = {name: threading.Event() for name in LAUNCH_MODULES}
+_started = threading.Event()  # set once per process, by the first start()
+#: one event per launch module, set once it is imported (or failed to be)
+IMPORTED = {name: threading.Event() for name in LAUNCH_MODULES}
 
 
 def _import_all() -> None:
@@ -43,23 +45,22 @@ def _import_all() -> None:
         except Exception:  # a missing extra is said by the launch that needs it
             pass
         finally:
-            _done[name].set()
+            IMPORTED[name].set()
 
 
-def start() -> threading.Thread:
-    """Begin importing (once per process); the thread doing it."""
-    global _thread
+def start() -> None:
+    """Begin importing (once per process, on a thread of its own)."""
     with _lock:
-        if _thread is None:
-            _thread = threading.Thread(target=_import_all, name="tpunb-warm-imports", daemon=True)
-            _thread.start()
-        return _thread
+        if not _started.is_set():
+            _started.set()
+            threading.Thread(target=_import_all, name=THREAD, daemon=True).start()
 
 
 def ready(*names: str) -> None:
     """Wait until these launch modules (all, if none named) are imported, starting the imports if
     nobody did."""
-    if start() is threading.current_thread():
+    start()
+    if threading.current_thread().name == THREAD:  # an import of the list itself asks: it is on its way
         return
     for name in names or LAUNCH_MODULES:
-        _done[name].wait()
+        IMPORTED[name].wait()

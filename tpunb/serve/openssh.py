@@ -40,7 +40,6 @@ HELLO, STDIO_FWD, VERSION = 0x00000001, 0x10000008, 4
 OPENED, FAILURE, DENIED = 0x80000006, 0x80000003, 0x80000002
 #: who may start masters: PR_SET_PDEATHSIG fires when the *thread* that forked ends, so one that never does
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpunb-openssh")
-_said: list[str] = []  # why OpenSSH is not used, said once per kernel
 
 
 def wanted() -> bool:
@@ -137,8 +136,7 @@ def master_for(transport: SSHTransport) -> Master | None:
     try:
         return Master(transport)
     except TransportError as exc:
-        if not _said:
-            _said.append(str(exc))
+        if report.once("openssh forwards"):
             report.warn(f"[tpunb] OpenSSH cannot carry forwards to {transport.address} ({exc}): "
                         "they use tpunb's own SSH channels, which are slower with many connections")
         return None

@@ -14,6 +14,7 @@ from typing import Any
 from tpunb.errors import TpunbError, UsageError
 from tpunb.host import gcs
 from tpunb.host.snapshot import MANIFEST
+from tpunb.provision.gcp.config import cached
 from tpunb.registry import tpunb_home
 
 #: the folder under a bucket that holds snapshots made without --to
@@ -101,18 +102,13 @@ def new_uri(backend: str, slice_name: str, to: str | None, reason: str = "") -> 
 
 
 # -- reading snapshots ----------------------------------------------------------------------------
-_credentials: list = []  # google-auth's, found once per kernel
-
-
 def _token() -> str:
     """An access token for Cloud Storage from google-auth's default credentials, refreshed when stale."""
     import google.auth
     import google.auth.transport.requests
 
-    if not _credentials:
-        found, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.read_write"])
-        _credentials.append(found)
-    credentials = _credentials[0]
+    credentials = cached("storage credentials", lambda: google.auth.default(
+        scopes=["https://www.googleapis.com/auth/devstorage.read_write"])[0])
     if not credentials.valid:
         credentials.refresh(google.auth.transport.requests.Request())
     return credentials.token

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import secrets
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision import interrupts, warm
 from tpunb.provision.gcp import errors as gcp_errors
-from tpunb.provision.gcp.config import format_duration
+from tpunb.provision.gcp.config import cached, format_duration
 from tpunb.provision.gcp.config import ENDPOINT_ENV, endpoint, require_project_zone, resolve_project_zone  # noqa: F401
 from tpunb.provision.gcp.spec import IDLE_ATTRIBUTE, LAUNCH_LABEL, idle_config, node_body  # noqa: F401
 from tpunb.provision.gcp.records import (  # noqa: F401 - the records are part of this seam's API
@@ -70,10 +69,6 @@ LOST_QUEUED_STATES = frozenset({"FAILED", "SUSPENDING", "SUSPENDED", "DELETING"}
 
 # -- client --------------------------------------------------------------------------------
 
-_clients: dict[str, Any] = {}
-_clients_lock = threading.Lock()
-
-
 def _tpu() -> Any:
     warm.ready()  # imported on a side thread: a Ctrl-C now cannot leave it half-imported
     from google.cloud import tpu_v2
@@ -84,19 +79,17 @@ def _tpu() -> Any:
 def client() -> tpu_v2.TpuClient:
     """A TpuClient for the current endpoint (cached per endpoint)."""
     url = endpoint()
-    key = url or "google"
-    with _clients_lock:
-        if key not in _clients:
-            tpu_v2 = _tpu()
-            if url:
-                from google.auth.credentials import AnonymousCredentials
 
-                _clients[key] = tpu_v2.TpuClient(
-                    transport="rest", credentials=AnonymousCredentials(), client_options={"api_endpoint": url}
-                )
-            else:
-                _clients[key] = tpu_v2.TpuClient(transport="rest", credentials=default_credentials())
-        return _clients[key]
+    def make() -> tpu_v2.TpuClient:
+        tpu_v2 = _tpu()
+        if url:
+            from google.auth.credentials import AnonymousCredentials
+
+            return tpu_v2.TpuClient(transport="rest", credentials=AnonymousCredentials(),
+                                    client_options={"api_endpoint": url})
+        return tpu_v2.TpuClient(transport="rest", credentials=default_credentials())
+
+    return cached(("tpu client", url or "google"), make)
 
 
 def default_credentials() -> Any:

@@ -8,6 +8,7 @@ from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp.config import cached
 from tpunb.provision.gcp.records import enum_name
 
 
@@ -27,8 +28,6 @@ def offers(project: str, zone: str, accelerator: str) -> bool:
     return True
 
 
-#: (endpoint, project, zone) -> the accelerator types the API lists there: asked once per session
-_offered_in: dict[tuple[str, str, str], frozenset[str]] = {}
 #: failures that say the question could not be asked (not that the answer is no)
 UNASKABLE = frozenset({"permission", "unavailable", "other"})
 
@@ -36,17 +35,17 @@ UNASKABLE = frozenset({"permission", "unavailable", "other"})
 def accelerator_types(project: str, zone: str) -> frozenset[str] | None:
     """The types ``zone`` lists (acceleratorTypes), cached for the session; None when they cannot
     be read (no tpu.acceleratortypes.list, the API unreachable). A zone that does not exist raises."""
-    key = (api.endpoint() or "google", project, zone)
-    if key not in _offered_in:
+    def ask() -> frozenset[str]:
         parent = f"projects/{project}/locations/{zone}"
-        try:
-            pages = _call(project, zone, "accelerator types", api.client().list_accelerator_types, parent=parent)
-            _offered_in[key] = frozenset(t.type_ for t in pages)
-        except ProvisionError as e:
-            if e.reason in UNASKABLE:
-                return None
-            raise
-    return _offered_in[key]
+        pages = _call(project, zone, "accelerator types", api.client().list_accelerator_types, parent=parent)
+        return frozenset(t.type_ for t in pages)
+
+    try:  # asked once per session for each (endpoint, project, zone)
+        return cached(("accelerator types", api.endpoint() or "google", project, zone), ask)
+    except ProvisionError as e:
+        if e.reason in UNASKABLE:
+            return None
+        raise
 
 
 def check_offered(project: str, zone: str, accelerator: catalog.Accelerator) -> None:

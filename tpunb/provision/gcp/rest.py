@@ -11,20 +11,17 @@ emulator's URL instead of Google's hosts, with the same paths; calls there carry
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp import api
-from tpunb.provision.gcp.config import endpoint
+from tpunb.provision.gcp.config import cached, endpoint
 from tpunb.provision.gcp import errors as gcp_errors
 
 HOSTS = {"compute": "https://compute.googleapis.com", "crm": "https://cloudresourcemanager.googleapis.com",
          "oauth2": "https://oauth2.googleapis.com", "oslogin": "https://oslogin.googleapis.com"}
 TIMEOUT = 30.0
 
-_sessions: dict[str, Any] = {}
-_lock = threading.Lock()
 
 
 def url(service: str, path: str) -> str:
@@ -43,13 +40,12 @@ def credentials() -> Any:
 
 def session() -> Any:
     """An AuthorizedSession (requests) with those credentials, one per endpoint."""
-    key = endpoint() or "google"
-    with _lock:
-        if key not in _sessions:
-            from google.auth.transport.requests import AuthorizedSession
+    def make() -> Any:
+        from google.auth.transport.requests import AuthorizedSession
 
-            _sessions[key] = AuthorizedSession(credentials())
-        return _sessions[key]
+        return AuthorizedSession(credentials())
+
+    return cached(("rest session", endpoint() or "google"), make)
 
 
 class ApiFailure(ProvisionError):
