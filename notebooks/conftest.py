@@ -17,3 +17,14 @@ def pytest_runtest_setup(item):
 def pytest_runtest_teardown(item, nextitem):
     if nextitem is None or nextitem.path.suffix != ".ipynb":
         os.environ.pop("TPUNB_GROUP_WAIT", None)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker keeps its own $TPUNB_HOME: a notebook's %tpu_status lists the
+    slices of its own registry, never those another worker's notebook launched at the same time."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and os.environ.get("TPUNB_HOME"):
+        home = os.path.join(os.environ["TPUNB_HOME"], worker)
+        os.makedirs(home, exist_ok=True)
+        os.environ["TPUNB_HOME"] = home
+        os.environ["CLOUDSDK_CONFIG"] = os.path.join(home, "gcloud")

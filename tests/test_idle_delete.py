@@ -420,3 +420,43 @@ def test_a_refused_delete_is_written_where_a_kernel_reads_it(cloud, sshd):
     assert "revoked" in node_names(cloud)
     cloud.accounts(permissions={SERVICE_ACCOUNT: None})
     api.delete("proj", ZONE, "revoked")
+
+
+class _SlowWallClock:
+    """``time`` for the watchdog: its wall clock runs a hair slower than its sleeps (as under an
+    NTP slew), and the tenth sleep ends the loop."""
+
+    def __init__(self, start: float) -> None:
+        self.now, self.sleeps = start, 0
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps += 1
+        if self.sleeps > 10:
+            raise InterruptedError("enough looks")
+        self.now += seconds * (1 - 1e-6)
+
+
+_SlowWallClock.strftime, _SlowWallClock.gmtime = staticmethod(time.strftime), staticmethod(time.gmtime)
+
+
+@pytest.mark.parametrize("use", ["service", "request"])
+def test_use_past_the_idle_limit_is_said_even_when_each_look_lands_just_short_of_it(tmp_path, monkeypatch, use):
+    """Every look refreshes the time of the last use and sleeps until the idle limit would come:
+    "kept" must be measured from when the use began, or a clock a hair slow never says it."""
+    monkeypatch.setenv("TPUNB_HOST_DIR", str(tmp_path))
+    clock = _SlowWallClock(1000.0)
+    monkeypatch.setattr(idle, "time", clock)
+    (tmp_path / idle.STATE).write_text(json.dumps({"seconds": 3, "armed_at": 999.0, "node": "n"}))
+    if use == "service":
+        monkeypatch.setattr(idle, "supervisors", lambda: [os.getpid()])
+    else:
+        monkeypatch.setattr(idle, "last_activity", lambda: (999.0, os.getpid()))  # this process runs a request
+    with pytest.raises(InterruptedError):
+        idle.watch()
+    said = (tmp_path / idle.LOG).read_text()
+    expected = "kept: a service runs" if use == "service" else "kept: a request has run 3 s or more"
+    assert said.count(expected) == 1, said  # said once, and the node was never deleted
+    assert "deleted" not in said

@@ -32,6 +32,10 @@ from .runners import PlainRunner, cap_bundle, cap_text, flush_figures, make_ipyt
 from .standalone import idle
 
 
+#: an interrupt's SIGINT is sent again after this long while its handler has not run, this many times
+RESEND_AFTER, RESEND_TRIES = 0.05, 40
+
+
 class Agent:
     def __init__(self, channel: Channel, watchdog_pid: int | None = None, stacks_at: dict | None = None) -> None:
         self.channel = channel
@@ -41,6 +45,7 @@ class Agent:
         self.current = None
         self.interrupt_for = None  # a request interrupted before it started
         self._interrupt_lock = threading.Lock()
+        self._sigint_taken = threading.Event()  # our SIGINT handler ran since the last interrupt was sent
         self.in_user_code = False
         self.main_ident = threading.get_ident()
         self.runner = None
@@ -164,6 +169,7 @@ class Agent:
             print(f"tpunb: idle autodelete could not be armed here: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def _on_sigint(self, signum, frame) -> None:
+        self._sigint_taken.set()
         if self.in_user_code:
             raise KeyboardInterrupt
 
@@ -244,12 +250,25 @@ class Agent:
 
     def _interrupt(self) -> None:
         """What Ctrl-C in a terminal does: SIGINT to the running code and to its child processes."""
+        self._sigint_taken.clear()
         signal.pthread_kill(self.main_ident, signal.SIGINT)
+        if threading.get_ident() != self.main_ident:  # sent from the main thread, its handler has run
+            quiet_thread(self._resend_sigint, "tpunb-interrupt", self.current)
         for pid in watchdog.members(pgid=os.getpgid(0)):
             try:
                 os.kill(pid, signal.SIGINT)
             except OSError:
                 pass
+
+    def _resend_sigint(self, rid) -> None:
+        """Python runs a signal's handler at its next bytecode, or when a blocking call fails with
+        EINTR. A SIGINT that lands just before the main thread enters one (``time.sleep``, a read)
+        interrupts nothing, and its handler waits for the call to return. Sent again while the
+        request runs and the handler has not, it interrupts the call."""
+        for _ in range(RESEND_TRIES):
+            if self._sigint_taken.wait(RESEND_AFTER) or self.current != rid:
+                return
+            signal.pthread_kill(self.main_ident, signal.SIGINT)
 
     def serve(self) -> None:
         while True:

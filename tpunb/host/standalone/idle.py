@@ -344,6 +344,9 @@ def watch() -> int:
     except OSError:
         return 0  # another watchdog runs
     busy_seen, retry, kept, kept_serving, kept_elsewhere = 0.0, RETRY[0], None, [], None
+    # when the use now going on began: "kept" is said once the node would have gone without it
+    # (measured from busy_seen, refreshed on every look, the idle time would land on ~0 and be missed)
+    use_began = busy_seen
     while True:
         state = read_state()
         seconds = float((state or {}).get("seconds") or 0)
@@ -353,18 +356,23 @@ def watch() -> int:
         now = time.time()
         mark = last_activity()
         busy = mark[1]
+        in_use = False
         if busy is not None and _alive(busy):
-            if mark != kept and seconds_left(state, now, busy_seen) <= 0:  # once per request: why it stays
+            if mark != kept and seconds_left(state, now, use_began) <= 0:  # once per request: why it stays
                 log(f"kept: a request has run {seconds:g} s or more (agent pid {busy}); the idle time starts at its end")
                 kept = mark
-            busy_seen = now  # a request runs: that is activity for as long as it lasts
+            in_use = True  # a request runs: that is activity for as long as it lasts
         serving = supervisors()
         if serving:
-            if serving != kept_serving and seconds_left(state, now, busy_seen) <= 0:
+            if serving != kept_serving and seconds_left(state, now, use_began) <= 0:
                 log(f"kept: a service runs (supervisor pids {', '.join(map(str, serving))}); "
                     "the idle time starts when the last one ends")
                 kept_serving = serving
-            busy_seen = now  # a running service is use, as a running request is
+            in_use = True  # a running service is use, as a running request is
+        if in_use:
+            busy_seen = now
+        else:
+            use_began = busy_seen
         left = seconds_left(state, now, busy_seen)
         if left <= 0:
             elsewhere = _served_elsewhere(state, now)
