@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -132,6 +133,7 @@ def section_ssh(args: argparse.Namespace) -> None:
                          f"%tpu_sync of a {args.mb} MB file: {sync:.1f} MB/s per host", f"{push / sync:.2f}x"))
     finally:
         sshd.close()
+        shutil.rmtree(work, ignore_errors=True)  # a copy of the file per run and host: gigabytes
     table(f"SSH hosts on loopback (real sshd, median of {args.repeat}; MB/s per host = {args.mb} MB / seconds)", rows)
 
 
@@ -152,6 +154,7 @@ def section_relay(args: argparse.Namespace) -> None:
             relay_section(sshd, key, 16, args.mb, 0.05, args.repeat, mbit)
     finally:
         sshd.close()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 SECTIONS = {"local": section_local, "ssh": section_ssh, "relay": section_relay}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -74,10 +75,10 @@ def throughput(mb: int, runs: int) -> dict:
     from tpunb import snapshot
 
     sl = tpunb.launch("v4-32", name="bench-snap")
+    work = Path(tempfile.mkdtemp(prefix="tpunb-bench-snap-"))
     try:
         rows = mb * 2**20 // (4 * 1024)
         sl.run(MAKE.format(rows=rows), output=None).raise_for_status()
-        work = Path(tempfile.mkdtemp(prefix="tpunb-bench-snap-"))
         results: dict[str, list[float]] = {"tpunb save": [], "orbax save": [], "tpunb restore": [], "orbax restore": []}
         snapshot.snapshot(sl, ["w"], to=str(work / "warm"))  # imports (orbax on every host) and first compiles
         snapshot.restore(sl, str(work / "warm"), ["w"])
@@ -99,6 +100,7 @@ def throughput(mb: int, runs: int) -> dict:
                 "tpunb restore MB/s": mb / medians["tpunb restore"], "orbax restore MB/s": mb / medians["orbax restore"]}
     finally:
         sl.delete()
+        shutil.rmtree(work, ignore_errors=True)  # every run's snapshot and orbax checkpoint: gigabytes
 
 
 def notice_to_snapshot(mb: int) -> dict:
