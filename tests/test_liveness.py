@@ -218,3 +218,15 @@ def test_a_host_that_died_just_before_the_cell_was_sent_is_reported_not_waited_o
     assert results[0].status == "interrupted", vars(results[0])  # stopped, its state kept
     assert time.perf_counter() - started < 15
     assert sl.run("'again'").reprs == {0: "'again'", 1: "'again'"}  # the next cell restarts host 1
+
+
+def test_a_host_loading_jax_may_hold_the_gil_past_the_heartbeat_timeout(make_slice):
+    """jaxlib's load and the backend's start hold the GIL for seconds on a busy host, so no heartbeat
+    leaves: a host that said it loads JAX is not judged frozen for that (here: the GIL held 4 s,
+    with a 1.5 s timeout, right after the import)."""
+    sl = make_slice(2)
+    sl.heartbeat_timeout = 1.5
+    run = sl.run("import jax\nimport sys, time\nsys.setswitchinterval(30)  # no other thread runs until it is set back\n"
+                 "end = time.monotonic() + 4\nwhile time.monotonic() < end:\n    pass\nsys.setswitchinterval(0.005)\n"
+                 "jax.process_count()", output=None)
+    assert run.reprs == {0: "2", 1: "2"}, run

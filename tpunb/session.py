@@ -39,6 +39,9 @@ from tpunb.transport.fanin import FanIn
 WATCH_PERIOD = 0.25
 #: seconds of silence after which a host counts as frozen, unless $TPUNB_HEARTBEAT_TIMEOUT says (0: never)
 HEARTBEAT_TIMEOUT = 5.0
+#: how long a host that said it loads JAX may be silent: jaxlib's load and the backend's start hold
+#: the GIL (seconds on a busy 2-core machine, a cold disk, or a large libtpu), so heartbeats stop
+JAX_LOAD_SILENCE = 60.0
 #: agents beat this often (or more often, for short timeouts)
 BEAT_INTERVAL = 1.0
 #: once one host's environment cannot be made, how long the others get to say whether theirs can
@@ -216,7 +219,7 @@ class Session:
         ended = []
         for host in self.hosts:
             silence = now - host.heard_at
-            if host.alive and silence > timeout and not host.has_unread():
+            if host.alive and silence > timeout and now >= host.quiet_until and not host.has_unread():
                 reason = f"stopped answering (no heartbeat for {silence:.0f} s)"
                 if host.give_up(reason, notice=True):  # a cell that sees it happen takes the notice
                     ended.append(host.index)
@@ -258,9 +261,13 @@ class Session:
             return
         if op == "event":
             kind = message.get("kind")
-            if kind == "jax_starting":
+            if kind == "jax_loading":  # its heartbeats may stop while jaxlib loads and the backend starts
+                self.hosts[index].quiet_until = time.monotonic() + JAX_LOAD_SILENCE
+            elif kind == "jax_starting":
                 self._start_jax_everywhere(index)
-            elif kind == "jax_failed" and message.get("background"):  # no cell of that host shows it
+            elif kind == "jax_failed":
+                self.hosts[index].quiet_until = 0.0
+            if kind == "jax_failed" and message.get("background"):  # no cell of that host shows it
                 self.jax_failures.put((index, message.get("error") or "no reason given"))
         if op == "died":
             self.requests.tell_all((index, message, blob))

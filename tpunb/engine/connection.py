@@ -41,6 +41,8 @@ class HostConnection:
         self.started_at: float | None = None
         #: when the last bytes of this host arrived (time.monotonic)
         self.heard_at = time.monotonic()
+        #: until then (time.monotonic) this host's silence is not judged: it is loading JAX, GIL held
+        self.quiet_until = 0.0
         #: why this host was ended while no cell ran (it stopped answering): the next cell says so
         self.notice: str | None = None
         #: frames to and from this host are marshal, not JSON: its agent runs this same Python

@@ -143,6 +143,9 @@ class JaxStarter(importlib.abc.MetaPathFinder):
             self.state = f"failed: {why}"
             self.agent.send_event("jax_failed", error=why)
             raise JaxStartError(why)
+        # jaxlib's load (a large shared library, its static set-up) and the backend's start hold the
+        # GIL for seconds on a busy host: no heartbeat can leave meanwhile, so the kernel is told first
+        self.agent.send_event("jax_loading")
 
     @staticmethod
     def megascale_from_metadata() -> dict:
