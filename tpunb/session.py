@@ -267,8 +267,8 @@ class Session:
                 self._start_jax_everywhere(index)
             elif kind == "jax_failed":
                 self.hosts[index].quiet_until = 0.0
-            if kind == "jax_failed" and message.get("background"):  # no cell of that host shows it
-                self.jax_failures.put((index, message.get("error") or "no reason given"))
+                if message.get("background"):  # no cell of that host shows it
+                    self.jax_failures.put((index, message.get("error") or "no reason given"))
         if op == "died":
             self.requests.tell_all((index, message, blob))
         elif not self.requests.deliver(message.get("id"), (index, message, blob)) and op != "part":
