@@ -191,6 +191,37 @@ def test_the_grace_after_boot_ends_when_a_kernel_attaches(tmp_path, monkeypatch)
     assert idle.seconds_left(state, armed + 50, busy_seen=armed + 45) == pytest.approx(5)  # a request ran
 
 
+
+def _end_watchdogs(host_dir) -> None:
+    """Kill the watchdogs running from ``host_dir`` (their script's path is in their command line)."""
+    script = os.fsencode(host_dir / idle.SCRIPT)
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and script in (entry / "cmdline").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def test_the_boot_arming_just_after_a_kernel_armed_gives_no_grace(tmp_path, monkeypatch):
+    """A VM's sshd answers before its startup scripts have run: an agent arms (a kernel is here,
+    no grace), then the boot's script arms with its grace for a kernel still to come. The watchdog
+    holds its lock once the agent's arm returns, so the boot's only touches; else its state would
+    hold the node idle for the grace (a CI run saw a service never said to keep the node)."""
+    monkeypatch.setenv("TPUNB_HOST_DIR", str(tmp_path))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # the permission check fails at once
+    config = {"seconds": 600, "node": "projects/p/locations/z/nodes/n", "endpoint": "http://127.0.0.1:9"}
+    source = Path(idle.__file__).read_text()
+    try:
+        assert idle.arm(config, source)
+        assert idle.watchdog_running()
+        assert not idle.arm({**config, "grace": 3600}, source)
+        state = idle.read_state()
+        assert "grace" not in state
+        assert idle.seconds_left(state, time.time(), 0) <= 600
+    finally:
+        _end_watchdogs(tmp_path)
+
 # -- the emulator's metadata server and tokens -----------------------------------------------
 
 def test_metadata_server_and_vm_tokens(cloud, sshd):

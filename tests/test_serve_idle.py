@@ -18,8 +18,11 @@ def test_a_running_service_keeps_an_idle_node_and_its_end_lets_the_watchdog_dele
     assert cell(launch_line(sshd, "--name served --idle-delete 3s")).error is None
     assert cell("%tpu_serve web --hosts 0 -- exec sleep 300").error is None
     log = host0_dir(cloud, sshd, "served") / idle.LOG
-    wait_for(lambda: log.exists() and "kept: a service runs" in log.read_text(), 3 + BOUND,
-             "the watchdog to keep the node for the service past the idle limit")
+    try:
+        wait_for(lambda: log.exists() and "kept: a service runs" in log.read_text(), 3 + BOUND,
+                 "the watchdog to keep the node for the service past the idle limit")
+    except AssertionError as e:  # what the watchdog did instead
+        raise AssertionError(f"{e}; idle.log: {log.read_text() if log.exists() else '(none)'}") from None
     assert "served" in node_names(cloud)  # idle for more than 3 s of cells, in use by its service
     cell("%tpu_status")
     services = ip.user_ns["_"].attrs["services"]

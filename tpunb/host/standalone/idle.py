@@ -16,6 +16,7 @@ runs as root, the agent as the SSH user, so both must reach it; no secrets are w
   activity       its mtime is the last activity; its content the pid of an agent running a
                  request (busy), or empty. World-writable so the SSH user can touch root's file.
   idle.lock      held (flock) by the running watchdog: at most one per host
+  idle.arm.lock  held while one arms (the boot's script and an agent may arm at once)
   idle.log       what the watchdog did (never the token)
   serving/PID    a service's supervisor (tpunb/host/standalone/service.py) runs on this host: while one
                  lives, the node is in use
@@ -45,6 +46,7 @@ import urllib.error
 import urllib.request
 
 STATE, ACTIVITY, LOCK, LOG, SCRIPT = "idle.json", "activity", "idle.lock", "idle.log", "idle_watchdog.py"
+ARM_LOCK = "idle.arm.lock"  # held while one arms: the boot and an agent may arm at the same moment
 SERVING = "serving"
 METADATA_ATTRIBUTE = "tpunb-idle"
 SERVING_ATTRIBUTE = "tpunb/serving"  # a worker's guest attribute: when its services last ran (service.py)
@@ -158,7 +160,21 @@ def watchdog_running() -> bool:
 
 def arm(config: dict, source: str) -> bool:
     """Arm (or re-arm) this host: write the configuration, mark activity now, make sure one
-    watchdog runs. Returns True if a watchdog was started."""
+    watchdog runs. Returns True if a watchdog was started.
+
+    The boot's startup script and an attaching kernel's agent may arm at the same moment (a VM's
+    sshd answers before its startup scripts have run): one at a time, and a watchdog already
+    holds its lock when ``arm`` returns, so the later one only touches. Else the boot's state,
+    with its grace for a kernel still to come, could replace the agent's and hold the node."""
+    guard = os.open(_path(ARM_LOCK), os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        return _arm(config, source)
+    finally:
+        os.close(guard)
+
+
+def _arm(config: dict, source: str) -> bool:
     if watchdog_running() and read_state() is not None:
         touch()
         return False
@@ -176,20 +192,22 @@ def arm(config: dict, source: str) -> bool:
         f.write(source)
     os.chmod(tmp, 0o755)
     os.replace(tmp, script)
-    _detached(script, "spawn", wait=True)  # which starts the watchdog and exits: init adopts it
+    _detached(script, "spawn", wait=True)  # takes the lock, starts the watchdog holding it, exits
     log(f"armed: delete {state['node']} after {state['seconds']:g} s idle")
     say_problem(permission_problem(state))
     return True
 
 
-def _detached(script: str, mode: str, wait: bool = False) -> None:
+def _detached(script: str, mode: str, wait: bool = False, lock: int | None = None) -> None:
     """Run ``script mode`` in its own session, with only the environment it needs (no --env
     secrets). Through a ``spawn`` step the watchdog is no descendant of the agent or of the boot's
-    script runner, so whatever ends those (their process group, their children) leaves it."""
+    script runner, so whatever ends those (their process group, their children) leaves it.
+    ``lock``: the watchdog's lock, taken by ``spawn`` and held on by the watchdog it starts."""
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
-        proc = subprocess.Popen([sys.executable, script, mode], stdin=devnull, stdout=devnull, stderr=devnull,
-                                start_new_session=True, close_fds=True, cwd="/",
+        proc = subprocess.Popen([sys.executable, script, mode] + ([] if lock is None else [str(lock)]),
+                                stdin=devnull, stdout=devnull, stderr=devnull, start_new_session=True,
+                                close_fds=True, pass_fds=() if lock is None else (lock,), cwd="/",
                                 env={k: v for k, v in os.environ.items() if k in _KEEP_ENV})
     finally:
         os.close(devnull)
@@ -336,12 +354,21 @@ def seconds_left(state: dict, now: float, busy_seen: float) -> float:
     return left
 
 
-def watch() -> int:
-    """The watchdog's loop; returns once the node was deleted or the host was disarmed."""
+def take_lock() -> int | None:
+    """The watchdog's lock (an open fd that holds it), or None when a watchdog holds it."""
     lock = os.open(_path(LOCK), os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        os.close(lock)
+        return None
+    return lock
+
+
+def watch(lock: int | None = None) -> int:
+    """The watchdog's loop; returns once the node was deleted or the host was disarmed.
+    ``lock``: the lock, taken by the ``spawn`` step (else taken here)."""
+    if lock is None and take_lock() is None:
         return 0  # another watchdog runs
     busy_seen, retry, kept, kept_serving, kept_elsewhere = 0.0, RETRY[0], None, [], None
     # when the use now going on began: "kept" is said once the node would have gone without it
@@ -427,9 +454,13 @@ def boot() -> int:
 def main(argv: list[str]) -> int:
     mode = argv[1] if len(argv) > 1 else "boot"
     if mode == "spawn":
-        _detached(os.path.abspath(__file__), "watch")
+        lock = take_lock()
+        if lock is not None:  # else a watchdog runs already
+            _detached(os.path.abspath(__file__), "watch", lock=lock)
         return 0
-    return watch() if mode == "watch" else boot()
+    if mode == "watch":
+        return watch(int(argv[2]) if len(argv) > 2 else None)
+    return boot()
 
 
 if __name__ == "__main__":
