@@ -222,6 +222,37 @@ def test_the_boot_arming_just_after_a_kernel_armed_gives_no_grace(tmp_path, monk
     finally:
         _end_watchdogs(tmp_path)
 
+
+FORKS_ON = """
+import os, time
+while True:  # always a new process: each one forks the next and ends, as a watchdog's spawn step does
+    time.sleep(0.02)
+    if os.fork():
+        os._exit(0)
+"""
+
+
+def test_power_off_leaves_no_process_of_the_vm_even_one_forked_while_it_looked(tmp_path):
+    """A node's deletion powers its VMs off: every process carrying the host's dir is killed, again
+    until none is left. One pass missed a watchdog spawned meanwhile, which then held the next
+    node's host dir on the same address (a CI run: a served node's watchdog was a Colab test's)."""
+    from tpunb.emulator.hosts import HostPool, processes_of
+
+    host_dir = tmp_path / "host"
+    host_dir.mkdir()
+    pool = HostPool(["10.9.0.1"], host_environment={"10.9.0.1": {"TPUNB_HOST_DIR": str(host_dir)}})
+    try:
+        for _ in range(10):
+            subprocess.Popen([sys.executable, "-c", FORKS_ON], env={**os.environ, "TPUNB_HOST_DIR": str(host_dir)},
+                             start_new_session=True).wait()  # its first fork carries on
+            assert wait_for(lambda: processes_of(str(host_dir)) or None, 10, "the forking process")
+            pool.power_off("10.9.0.1")
+            assert processes_of(str(host_dir)) == []
+    finally:
+        for pid in processes_of(str(host_dir)):
+            os.kill(pid, signal.SIGKILL)
+
+
 # -- the emulator's metadata server and tokens -----------------------------------------------
 
 def test_metadata_server_and_vm_tokens(cloud, sshd):

@@ -80,6 +80,23 @@ def _wipe(directory: str) -> None:
                      name="tpu-emulator-wipe").start()
 
 
+def processes_of(host_dir: str) -> list[int]:
+    """The live processes of the VM whose TPUNB_HOST_DIR is ``host_dir`` (by their environment; a
+    zombie's reads empty), this one excepted."""
+    marker = f"TPUNB_HOST_DIR={host_dir}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if marker in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 def _sshd_session(pid: int) -> int | None:
     """The nearest sshd above ``pid``: the session process of its connection (the listener is
     further up, above the connection's monitor)."""
@@ -187,8 +204,14 @@ class HostPool:
         threading.Thread(target=proc.wait, daemon=True, name=f"tpu-emulator-boot-{address}").start()
 
     def power_off(self, address: str) -> None:
-        """End every process of ``address`` (those carrying its TPUNB_HOST_DIR) and empty that dir."""
-        host_dir = self.signal_processes(address, signal.SIGKILL)
+        """End every process of ``address`` (those carrying its TPUNB_HOST_DIR) and empty that dir.
+        Killed again until none is left: a process forked between a look and the kills (a watchdog
+        being spawned) would outlive its VM, and hold the next node's host dir."""
+        host_dir = None
+        for _ in range(100):
+            host_dir, found = self._signal(address, signal.SIGKILL)
+            if not found:
+                break
         if host_dir:
             _wipe(host_dir)
             home = self.host_environment.get(address, {}).get("HOME", "")
@@ -199,27 +222,21 @@ class HostPool:
         """Send ``sig`` to every process of ``address``; its TPUNB_HOST_DIR, or None for a host
         without one. ``sessions``: also to the sshd session process above each (the guest's
         shutdown stops sshd, so its connections drop), never to the sshd that serves every host."""
+        return self._signal(address, sig, sessions)[0]
+
+    def _signal(self, address: str, sig: int, sessions: bool = False) -> tuple[str | None, int]:
+        """``signal_processes``, and how many processes it found (whether or not they lived to get it)."""
         host_dir = self.host_environment.get(address, {}).get("TPUNB_HOST_DIR")
         if not host_dir:
-            return None
-        marker = f"TPUNB_HOST_DIR={host_dir}".encode()
-        found = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if marker in f.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                continue
+            return None, 0
+        found = processes_of(host_dir)
         targets = set(found) | ({session for pid in found if (session := _sshd_session(pid))} if sessions else set())
         for pid in targets:
             try:
                 os.kill(pid, sig)
             except OSError:
                 continue
-        return host_dir
+        return host_dir, len(found)
 
     def close(self) -> None:
         """Power off every host still held and remove the boot scripts."""

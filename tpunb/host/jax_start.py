@@ -117,6 +117,9 @@ class JaxStarter(importlib.abc.MetaPathFinder):
         distributed.initialize = initialize
         self.state = "ready"
         self.agent.send_event("jax_ready")
+        from . import preempt
+
+        preempt.jax_ready()  # an armed host's snapshot code, loaded before any notice
 
     def check(self) -> None:
         """Before jax loads: the TPU is free, and the coordinator's port answers. A failure leaves

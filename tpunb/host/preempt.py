@@ -94,6 +94,21 @@ def arm(namespace: dict, args: dict) -> dict:
     return {"ok": True, "watching": watching}
 
 
+def jax_ready() -> None:
+    """JAX started on this host: while armed, import orbax now, on a side thread, not in the window
+    (its first import takes seconds of CPU; a busy host's 8 s notice lost the snapshot to it)."""
+    if _armed is None:
+        return
+
+    def warm() -> None:
+        try:
+            import orbax.checkpoint  # noqa: F401
+        except Exception:  # missing: the save says so when it comes
+            pass
+
+    threading.Thread(target=warm, daemon=True, name="tpunb-preempt-orbax").start()
+
+
 _probed: list = []  # whether metadata.google.internal answered, asked once
 
 

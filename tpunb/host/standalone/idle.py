@@ -175,9 +175,12 @@ def arm(config: dict, source: str) -> bool:
 
 
 def _arm(config: dict, source: str) -> bool:
-    if watchdog_running() and read_state() is not None:
+    running, armed = watchdog_running(), read_state()
+    if running and armed is not None and armed.get("node") == config.get("node"):
         touch()
         return False
+    # not running, or running for another node (a disk that outlived its node): its state is replaced,
+    # and a running watchdog reads it at its next look
     state = {k: config[k] for k in ("seconds", "node", "endpoint", "iam_endpoint", "queued", "grace") if k in config}
     _mark(False)
     state["armed_at"] = last_activity()[0]  # a later touch means a kernel attached (ends the grace)
@@ -192,10 +195,13 @@ def _arm(config: dict, source: str) -> bool:
         f.write(source)
     os.chmod(tmp, 0o755)
     os.replace(tmp, script)
-    _detached(script, "spawn", wait=True)  # takes the lock, starts the watchdog holding it, exits
+    for _ in range(2):  # a second time if a watchdog that held the lock exited meanwhile (disarmed)
+        _detached(script, "spawn", wait=True)  # takes the lock, starts the watchdog holding it, exits
+        if watchdog_running():
+            break
     log(f"armed: delete {state['node']} after {state['seconds']:g} s idle")
     say_problem(permission_problem(state))
-    return True
+    return not running
 
 
 def _detached(script: str, mode: str, wait: bool = False, lock: int | None = None) -> None:
