@@ -133,7 +133,8 @@ def test_a_reused_owner_pid_does_not_lock_a_local_slice(cell):
         stranger.wait()
 
 
-def test_two_threads_reviving_a_dead_host_start_one_agent():
+def test_two_threads_reviving_a_dead_host_start_one_agent(monkeypatch):
+    monkeypatch.setenv("TPUNB_STANDBY", "likely")  # every agent counted below is a host's: no standby ahead
     sl = slices.launch("v4-16", name="revived")
     victim = sl.session.hosts[1].info["pid"]
     os.kill(victim, signal.SIGKILL)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import wait_for
 from tpunb.display import OutputSink
+from tpunb.engine.request import Requests
 from tpunb.engine.routes import Frame
 from tpunb.errors import CellInterrupted
 from tpunb.session import Session
@@ -93,3 +96,18 @@ def test_a_request_sent_along_a_route_collects_what_its_handler_keeps(session):
 def _state(pid: int) -> str:
     raw = open(f"/proc/{pid}/stat", "rb").read()
     return raw[raw.rindex(b")") + 2:].decode()[0]
+
+
+def test_quiet_means_no_request_open_for_the_whole_time():
+    """Standbys are prepared ahead once a slice is quiet: an open request (a background cell)
+    keeps it from being quiet however long it runs; its end starts the quiet time afresh."""
+    requests = Requests()
+    running = SimpleNamespace(rid=requests.next_id())
+    requests.add(running)
+    asked = []
+    assert not requests.wait_quiet(0.0, lambda: len(asked) > 2 or asked.append(1))  # gave up while it ran
+    requests.remove(running)
+    assert not requests.wait_quiet(3600.0, lambda: len(asked) > 4 or asked.append(1))  # quiet for a moment only
+    assert requests.wait_quiet(0.0, lambda: False)
+    asked.clear()  # quiet counted from a later moment (a restart that just ended): not yet
+    assert not requests.wait_quiet(0.0, lambda: len(asked) > 2 or asked.append(1), since=time.monotonic() + 3600)

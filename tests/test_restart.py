@@ -12,8 +12,11 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from tpunb import slices
 from tpunb.emulator.sshd import Sshd
+from tpunb.hangs import standby
 from tests.conftest import CPU_AS_TPU_HOST, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,3 +177,33 @@ def test_a_prepared_restart_hands_the_hosts_to_standby_agents(make_slice, cell):
     assert "Out[0-1]: False" in cell("%%on_tpu\n'kept' in globals()").shown
     wait_for(lambda: len(sl.standbys.ready()) == 2, 60, "the next restart's standbys")
     assert not set(standbys) & {s.process.pid for s in sl.standbys.ready().values()}
+
+
+def test_a_quiet_slice_prepares_standbys_so_its_first_restart_starts_no_process(make_slice, cell):
+    """By default a slice prepares its standby agents once no request has run for QUIET seconds,
+    with nothing asking: its very first restart hands the hosts to them (no agent start)."""
+    assert standby.policy() == "eager"
+    sl = make_slice(2)
+    cell("%%on_tpu\nkept = 1")
+    def started() -> list[int] | None:  # each standby's pid (over SSH it is reported a moment after the spawn)
+        ready = sl.standbys.ready()
+        pids = [ready[i].process.pid for i in range(2) if i in ready and ready[i].greeted]
+        return pids if len(pids) == 2 and all(pids) else None
+
+    standbys = wait_for(started, 60, "the quiet slice's standbys")
+    assert all(_running(pid) for pid in standbys)
+    assert not set(standbys) & {h.info["pid"] for h in sl.session.hosts}
+    run = cell("%tpu_restart")
+    assert RESTARTED.search(run.stdout), run.shown
+    assert [h.info["pid"] for h in sl.session.hosts] == standbys
+    assert "Out[0-1]: False" in cell("%%on_tpu\n'kept' in globals()").shown
+
+
+@pytest.mark.parametrize("value, policy", [(None, "eager"), ("1", "eager"), ("eager", "eager"), ("likely", "likely"),
+                                           ("LIKELY ", "likely"), ("0", "off"), ("off", "off"), ("false", "off")])
+def test_the_standby_policy_is_read_from_the_environment(monkeypatch, value, policy):
+    if value is None:
+        monkeypatch.delenv("TPUNB_STANDBY", raising=False)
+    else:
+        monkeypatch.setenv("TPUNB_STANDBY", value)
+    assert standby.policy() == policy

@@ -176,6 +176,7 @@ class Slice:
             self.warn_python_mismatch()
         self._idle_mark(False)  # host 0's agent armed (or touched) the idle watchdog as it started
         self.metrics_feed.start()
+        self.standbys.prepare_ahead()  # a restart's agents, once the slice is quiet (tpunb.hangs.standby)
 
     def _idle_mark(self, busy: bool, tell_host: bool = False) -> None:
         """A request starts or ends: activity for the idle watchdog on host 0 (cloud slices with

@@ -23,6 +23,21 @@ _CHUNK = 1 << 20  # a large frame is read in pieces, each counting as a sign of 
 MARSHAL_FRAMES = True
 
 
+class Handshake(queue.Queue):
+    """One agent start's handshake frames (prepare steps, hello, ready, or died), and whether its
+    hello (or its death) came: an agent says hello once IPython is imported, so a standby that
+    greeted needs only its settings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.greeted = threading.Event()
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        if item.get("op") in ("hello", "died"):
+            self.greeted.set()
+
+
 class HostConnection:
     """One host's agent: started once per host session, then reused for every cell."""
 
@@ -49,7 +64,7 @@ class HostConnection:
         self.fast = False
         #: told each step of this host's environment being made (host, its ``prepare`` frame)
         self.on_prepare: Callable[[int, dict], None] | None = None
-        self._handshake: queue.Queue = queue.Queue()
+        self._handshake = Handshake()
         self._lock = threading.Lock()
         self._life = threading.Lock()  # launch, close and give_up of this host's agent, one at a time
 
@@ -60,7 +75,7 @@ class HostConnection:
         hands it to the agent with the bundle), else as the frame after the bundle."""
         self._init_sent = init is not None
         with self._life:
-            self._handshake = queue.Queue()  # a fresh one: the previous agent may have left "died" in it
+            self._handshake = Handshake()  # a fresh one: the previous agent may have left "died" in it
             self.transport.connect()  # after a lost connection, the next cell reconnects by itself
             prepare = getattr(self.transport, "prepare", None)  # a spec: make (or check) the environment first
             program = LAUNCHER if prepare else BOOTSTRAP
@@ -83,7 +98,7 @@ class HostConnection:
     @property
     def greeted(self) -> bool:
         """Its agent said hello (or ended): a handshake would not wait for it to start."""
-        return not self._handshake.empty()
+        return self._handshake.greeted.is_set()
 
     def handshake(self, init: dict, timeout: float) -> None:
         """Check the protocol version, send the host's settings, wait until it is ready. While
@@ -172,7 +187,7 @@ class HostConnection:
             n -= len(piece)
         return b"".join(pieces)
 
-    def _read_loop(self, process: AgentProcess, handshake: queue.Queue) -> None:
+    def _read_loop(self, process: AgentProcess, handshake: Handshake) -> None:
         """A thread of this host's own, for streams a selector cannot wait on (paramiko channels)."""
         reason = ""
         try:
@@ -185,7 +200,7 @@ class HostConnection:
             reason = f"broken stream: {exc}"
         self._ended(process, handshake, reason)
 
-    def _deliver(self, handshake: queue.Queue, message: dict, blob: bytes) -> None:
+    def _deliver(self, handshake: Handshake, message: dict, blob: bytes) -> None:
         op = message.get("op")
         if op == "beat":
             return
@@ -194,19 +209,19 @@ class HostConnection:
         else:
             self.router(self.index, message, blob)
 
-    def _on_frames(self, handshake: queue.Queue, frames: Frames) -> None:
+    def _on_frames(self, handshake: Handshake, frames: Frames) -> None:
         """From the session's FanIn thread: bytes arrived (a sign of life), maybe completing frames."""
         self.heard_at = time.monotonic()
         for message, blob in frames:
             self._deliver(handshake, message, blob)
 
-    def _on_end(self, process: AgentProcess, handshake: queue.Queue, reason: str) -> None:
+    def _on_end(self, process: AgentProcess, handshake: Handshake, reason: str) -> None:
         """From the FanIn thread: telling why a host died may wait for its exit status, which
         must not hold up every other host's frames."""
         threading.Thread(target=self._ended, args=(process, handshake, reason), daemon=True,
                          name=f"tpunb-host-{self.index}-end").start()
 
-    def _ended(self, process: AgentProcess, handshake: queue.Queue, reason: str) -> None:
+    def _ended(self, process: AgentProcess, handshake: Handshake, reason: str) -> None:
         handshake.put({"op": "died"})
         if process is not self.process:
             return  # an old agent that was replaced or closed on purpose

@@ -77,6 +77,8 @@ class Requests:
         self._ids = itertools.count(1)
         self._open: dict[int, Request] = {}
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._since = time.monotonic()  # when a request was last added or removed
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -84,10 +86,25 @@ class Requests:
     def add(self, request: Request) -> None:
         with self._lock:
             self._open[request.rid] = request
+            self._since = time.monotonic()
+            self._changed.notify_all()
 
     def remove(self, request: Request) -> None:
         with self._lock:
             self._open.pop(request.rid, None)
+            self._since = time.monotonic()
+            self._changed.notify_all()
+
+    def wait_quiet(self, seconds: float, given_up: Callable[[], bool], since: float = 0.0) -> bool:
+        """Until no request has run for ``seconds``, counted from ``since`` at the earliest (a
+        monotonic time) (True), or ``given_up()`` (False; asked at least every half second)."""
+        with self._changed:
+            while not given_up():
+                left = max(self._since, since) + seconds - time.monotonic()
+                if not self._open and left <= 0:
+                    return True
+                self._changed.wait(min(0.5, left) if not self._open and left > 0 else 0.5)
+        return False
 
     def deliver(self, rid: Any, item: tuple[int, dict, Any]) -> bool:
         """Hand a frame to its request; False if none waits for it (any more)."""

@@ -7,7 +7,7 @@ C, or its SIGTERM caught by libtpu) is killed. New agents start together, and wh
 been started JAX starts again on every host in the background, over the whole slice, with a
 fresh coordinator port. A host that cannot be reached is named and left marked as needing a
 restart; the others are restarted. Where standby agents were prepared (``tpunb.hangs.standby``)
-they take the old agents' places at once; the next restart's are prepared right after.
+they take the old agents' places at once; the next restart's are prepared once the slice is quiet.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
     for host in sl.record.hosts:
         host.info["needs_restart"] = host.index in unreachable
     sl.save_hosts()
-    sl.standbys.prepare()  # the next restart's
+    sl.standbys.prepare_ahead(likely=True)  # the next restart's, once JAX's start and the next cell are done
     return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened)
 
 

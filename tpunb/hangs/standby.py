@@ -5,10 +5,16 @@ usual way (its own process, stream, watchdog and stack dump) that has done that 
 settings; a restart ends the old agents and hands the standbys their settings instead of
 starting new ones. Hosts without a live standby start cold, as before.
 
-Standbys are prepared when a restart looks likely: after a restart (for the next one), when a
-cell's hosts would not stop when interrupted, when laggards show, when %tpu_stacks is asked. On a
-local slice every standby is one more process on this machine, so only slices of at most
-LOCAL_HOSTS hosts get them; remote hosts each carry their own. ``TPUNB_STANDBY=0`` turns them off.
+On a local or SSH slice a restart with no standby costs what ``%tpu_down`` plus ``%tpu_launch``
+cost (both are an agent start), so by default (``TPUNB_STANDBY=eager``) every slice prepares
+them once it is quiet: QUIET seconds after its start with no request running (a user reads the
+first cell's output; a notebook's first cells are not slowed). Each is one more process per host,
+with IPython imported and neither JAX nor the chips. Remote hosts each carry their own; on a local
+slice they are processes on this machine, so only slices of at most EAGER_LOCAL_HOSTS hosts get
+them ahead. ``TPUNB_STANDBY=likely`` prepares them only when a restart looks likely: after a
+restart (for the next one), when a cell's hosts would not stop when interrupted, when laggards
+show, when %tpu_stacks is asked (local slices of at most LOCAL_HOSTS hosts). ``TPUNB_STANDBY=0``
+turns them off.
 """
 from __future__ import annotations
 
@@ -21,10 +27,23 @@ from tpunb.errors import TransportError
 
 #: the most hosts of a local slice (processes on this machine) that get standby agents
 LOCAL_HOSTS = 16
+#: the most hosts of a local slice that get them ahead, when no restart looks likely yet
+EAGER_LOCAL_HOSTS = 8
+#: seconds a slice is quiet (no request running) before its standbys are prepared ahead
+QUIET = 2.0
+POLICIES = ("eager", "likely", "off")
+
+
+def policy() -> str:
+    """``TPUNB_STANDBY``: eager (the default; also 1, on, yes, true), likely, or off (0, no, false)."""
+    value = os.environ.get("TPUNB_STANDBY", "eager").strip().lower()
+    if value in ("0", "off", "no", "false"):
+        return "off"
+    return "likely" if value == "likely" else "eager"
 
 
 def enabled() -> bool:
-    return os.environ.get("TPUNB_STANDBY", "1").strip().lower() not in ("0", "off", "no", "false")
+    return policy() != "off"
 
 
 class Standbys:
@@ -35,7 +54,28 @@ class Standbys:
         self._ready: dict[int, HostConnection] = {}
         self._lock = threading.Lock()
         self._preparing: threading.Thread | None = None
+        self._waiting: threading.Thread | None = None
         self._closed = False
+
+    def prepare_ahead(self, likely: bool = False) -> None:
+        """Prepare every host's standby once the slice has been quiet for QUIET seconds (on a side
+        thread; nothing to wait for here): under the eager policy, or when a restart is ``likely``
+        (after one: its JAX start and the next cell go first)."""
+        local = all(t.same_machine for t in self.session.transports)
+        chosen = policy()
+        if chosen == "off" or self._closed or (chosen == "likely" and not likely) or (
+                local and len(self.session.hosts) > (LOCAL_HOSTS if likely else EAGER_LOCAL_HOSTS)):
+            return
+        with self._lock:
+            if self._waiting is not None and self._waiting.is_alive():
+                return
+            self._waiting = thread = threading.Thread(target=self._prepare_when_quiet, args=(time.monotonic(),),
+                                                      daemon=True, name="tpunb-standby-ahead")
+            thread.start()
+
+    def _prepare_when_quiet(self, since: float) -> None:
+        if self.session.requests.wait_quiet(QUIET, lambda: self._closed or self.session.closed, since):
+            self.prepare()
 
     def prepare(self, indices: list[int] | None = None, wait: bool = False) -> None:
         """Start a standby for each of these hosts (default all) that has none, on a side thread

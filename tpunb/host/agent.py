@@ -95,8 +95,11 @@ class Agent:
     def start(self, init: dict | None = None) -> None:
         """Say hello, take the init frame (brought by the launcher, or already sent after the
         bundle: no round trip), set up. IPython's import (the longest step) runs on a thread from
-        the first moment, beside the handshake."""
+        the first moment; without settings yet (a standby, or init sent after the bundle) the hello
+        waits for it, so a kernel that sees the hello knows the rest of the start is short."""
         importing = _import_ipython_early()
+        if importing is not None and init is None:  # hello once imported: a standby that said it is ready
+            importing.join()  # a first start loses nothing: its "ready" waits for the import anyway
         self.send({"op": "hello", "protocol": protocol.PROTOCOL_VERSION, "pid": os.getpid(),
                    "pgid": os.getpgid(0), "watchdog": self.watchdog_pid, "python": sys.version.split()[0],
                    "hostname": socket.gethostname(), "magic": protocol.MAGIC, "optimize": sys.flags.optimize,
