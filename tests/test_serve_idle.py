@@ -3,15 +3,21 @@ service's supervisor lives on host 0 or says through its guest attribute that it
 End to end on the Cloud TPU API emulator, whose hosts are real sshd hosts (as test_idle_delete.py)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from tests.conftest import wait_for
 from tests.test_idle_delete import (BOUND, cell_done, cloud, host0_dir, kernel_process, kill,  # noqa: F401
                                     launch_line, node_names, tpu_emulator_options)
 from tpunb import slices
 from tpunb.host.standalone import idle
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_a_running_service_keeps_an_idle_node_and_its_end_lets_the_watchdog_delete_it(cloud, sshd, cell, ip):
@@ -85,3 +91,27 @@ def test_a_host_that_died_with_its_service_does_not_keep_the_node(cloud, sshd, f
     wait_for(lambda: "lost" not in node_names(cloud), 3 + BOUND, "the idle watchdog to delete the node")
     assert time.monotonic() - gone > 1.5  # from the service's last sign of life (it beat every 0.75 s)
     (flags / "stop").touch()
+
+
+def test_starting_a_service_is_use_for_the_idle_watchdog(tmp_path):
+    """The idle clock starts again when a service starts (as when a request runs), not only while
+    its supervisor lives: a launch's end and a slow service start must not add up to the limit.
+    The host's control process runs as the kernel runs it: a Python of its own."""
+    host_dir = tmp_path / "host"
+    host_dir.mkdir()
+    (host_dir / idle.STATE).write_text("{}")
+    activity = host_dir / idle.ACTIVITY
+    activity.write_text("")
+    os.utime(activity, (1000.0, 1000.0))  # the last use, long ago
+    request = {"op": "start", "name": "web", "command": "exec sleep 60", "root": str(tmp_path / "services"),
+               "slice": "s", "host": 0}
+    code = f"from tpunb.host.standalone import service\nservice.control({request!r})"
+    env = {**os.environ, "TPUNB_HOST_DIR": str(host_dir), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+    state = json.loads(done.stdout[12:])["state"]
+    try:
+        assert state["state"] == "running"
+        assert activity.stat().st_mtime > 1000.0  # touched by the start, while the service still runs
+    finally:
+        for pid in (state["pid"], state["supervisor"]):
+            os.kill(pid, signal.SIGKILL)

@@ -127,6 +127,7 @@ def op_start(request: dict) -> dict:
     state = _current(directory)
     if state and state.get("state") in ACTIVE:
         return {"error": f"service {request['name']!r} already runs (pid {state.get('pid')}): stop it first"}
+    _touch_activity()  # starting a service is use, as a request is: the idle clock starts again
     os.makedirs(directory, exist_ok=True)
     read_end, write_end = os.pipe()
     child = os.fork()
@@ -364,9 +365,19 @@ def _end_serving(mark: str) -> None:
     starts at the end of the last use, not at the watchdog's last look)."""
     try:
         os.unlink(mark)
-        os.utime(os.path.join(os.path.dirname(os.path.dirname(mark)), "activity"), None)
     except OSError:
         pass
+    _touch_activity()
+
+
+def _touch_activity() -> None:
+    """Activity now, for the idle watchdog (``tpunb/host/standalone/idle.py``), where one is armed."""
+    host_dir = os.environ.get("TPUNB_HOST_DIR") or "/var/tmp/tpunb-host"
+    if os.path.exists(os.path.join(host_dir, "idle.json")):
+        try:
+            os.utime(os.path.join(host_dir, "activity"), None)
+        except OSError:
+            pass
 
 
 def _metadata(path: str, value: str | None = None) -> str:
