@@ -194,6 +194,11 @@ class Slice:
             except TransportError:
                 pass  # a dead host 0: the next request restarts it, which is activity too
 
+    def mark_used(self) -> None:
+        """The user just made or took this slice (a launch, a connect, %tpu_use): the idle time starts
+        now, after whatever the launch did once its hosts were up (its checks may take seconds)."""
+        self._idle_mark(False, tell_host=True)
+
     def idle_delete_in(self) -> float | None:
         """Seconds until the watchdog deletes the node if nothing runs (None: no idle autodelete)."""
         return self.registry.idle_delete_in(self.name, owner_alive=True) if self.node.idle_seconds else None

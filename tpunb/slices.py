@@ -282,6 +282,7 @@ class SliceManager:
         return recovered
 
     def _attach(self, sl: Slice, values: dict[str, str]) -> Slice:
+        sl.mark_used()
         self.attached[sl.name] = sl
         self.env[sl.name] = values
         self.current_name = sl.name
