@@ -174,7 +174,7 @@ class Slice:
         if hosts is None:
             self.warn_version_skew()
             self.warn_python_mismatch()
-        self._idle_mark(False, tell_host=True)  # the slice is ready: the idle time starts now
+        self._idle_mark(False)  # host 0's agent armed (or touched) the watchdog as it started; mark_used ends a launch
         self.metrics_feed.start()
         self.standbys.prepare_ahead()  # a restart's agents, once the slice is quiet (tpunb.hangs.standby)
 

@@ -31,7 +31,6 @@ LOCAL_HOSTS = 16
 EAGER_LOCAL_HOSTS = 8
 #: seconds a slice is quiet (no request running) before its standbys are prepared ahead
 QUIET = 2.0
-POLICIES = ("eager", "likely", "off")
 
 
 def policy() -> str:
