@@ -223,6 +223,53 @@ def test_the_boot_arming_just_after_a_kernel_armed_gives_no_grace(tmp_path, monk
         _end_watchdogs(tmp_path)
 
 
+def test_an_attaching_kernel_is_busy_until_it_says_its_launch_is_done(tmp_path, monkeypatch):
+    """Host 0's agent arms as its kernel attaches: busy (its pid, as a running request), so the
+    launch's steps after the hosts are up (its checks wait up to 5 s) cannot outlast a short idle
+    limit. A boot arming after it leaves it busy; the kernel's ``idle`` message ends it."""
+    monkeypatch.setenv("TPUNB_HOST_DIR", str(tmp_path))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
+    config = {"seconds": 600, "node": "projects/p/locations/z/nodes/n", "endpoint": "http://127.0.0.1:9"}
+    source = Path(idle.__file__).read_text()
+    try:
+        assert idle.arm(config, source, attaching=True)
+        assert idle.last_activity()[1] == os.getpid()
+        assert not idle.arm({**config, "grace": 3600}, source)  # the boot's late arm
+        assert idle.last_activity()[1] == os.getpid()
+        assert idle.touch(False)  # mark_used: the launch is done
+        assert idle.last_activity()[1] is None
+        assert not idle.arm(config, source, attaching=True)  # a %tpu_use later: busy again until it is done
+        assert idle.last_activity()[1] == os.getpid()
+    finally:
+        _end_watchdogs(tmp_path)
+
+
+def test_a_launch_holds_its_node_past_the_idle_limit_until_its_checks_end(cloud, sshd, cell, monkeypatch):
+    """A launch waits for the watchdog's permission answer once its hosts are up: that wait (or a
+    loaded machine) may pass the idle limit, and the node must still be there when the launch
+    returns (CI lost a 3 s idle node there). The idle time starts once the launch is done."""
+    from tpunb.provision import gcp
+
+    seen, said = [], gcp._say_idle_problem
+
+    def say_idle_problem(project, zone, name, *args):  # held until the watchdog has looked past the limit
+        log = host0_dir(cloud, sshd, name) / idle.LOG
+        try:
+            wait_for(lambda: log.exists() and "kept: a request has run" in log.read_text(), 2 + BOUND,
+                     "the watchdog to keep the node for its attaching kernel")
+        except AssertionError as e:
+            seen.append(f"{e}; idle.log: {log.read_text() if log.exists() else '(none)'}")
+        said(project, zone, name, *args)
+
+    monkeypatch.setattr(gcp, "_say_idle_problem", say_idle_problem)
+    assert cell(launch_line(sshd, "--name held --idle-delete 2s")).error is None
+    assert seen == [] and "held" in node_names(cloud)
+    done = time.monotonic()
+    wait_for(lambda: "held" not in node_names(cloud), 2 + BOUND, "the idle watchdog to delete the node")
+    assert time.monotonic() - done > 1.5  # the idle time counted from the launch's end
+    slices.down("held")
+
+
 FORKS_ON = """
 import os, time
 while True:  # always a new process: each one forks the next and ends, as a watchdog's spawn step does

@@ -156,9 +156,11 @@ class Slice:
         return {"metrics": {"interval": self.metrics_interval}, **self._host_init(index, self._coordinator_port),
                 **self.node.host_init(index)}
 
-    def connect(self, hosts: list[int] | None = None, ready: dict | None = None) -> None:
+    def connect(self, hosts: list[int] | None = None, ready: dict | None = None, attaching: bool = False) -> None:
         """Start the agents (all hosts, or these; ``ready``: standbys that take some hosts' places);
-        a fresh JAX coordinator port for a full start."""
+        a fresh JAX coordinator port for a full start. ``attaching``: a launch or connect, which
+        ends with ``mark_used`` once its own checks are done; until then host 0's agent, which armed
+        the idle watchdog as busy, holds the node (else its end here is the idle time's start)."""
         if hosts is None or len(hosts) == self.num_hosts:
             self._coordinator_port = self._pick_port()
             self.session.jax_started = False
@@ -174,7 +176,7 @@ class Slice:
         if hosts is None:
             self.warn_version_skew()
             self.warn_python_mismatch()
-        self._idle_mark(False)  # host 0's agent armed (or touched) the watchdog as it started; mark_used ends a launch
+        self._idle_mark(False, tell_host=not attaching)
         self.metrics_feed.start()
         self.standbys.prepare_ahead()  # a restart's agents, once the slice is quiet (tpunb.hangs.standby)
 
@@ -196,7 +198,8 @@ class Slice:
 
     def mark_used(self) -> None:
         """The user just made or took this slice (a launch, a connect, %tpu_use): the idle time starts
-        now, after whatever the launch did once its hosts were up (its checks may take seconds)."""
+        now, after whatever the launch did once its hosts were up (its checks may take seconds), and
+        host 0's agent, busy since it armed the watchdog, is not any more."""
         self._idle_mark(False, tell_host=True)
 
     def idle_delete_in(self) -> float | None:
@@ -571,7 +574,12 @@ class Slice:
         ``wait_port``/``wait_http`` ('PORT/PATH') return once it answers on every host. One
         ServiceState per host; ``env`` values reach the command only, never a file or output."""
         self.revive()
-        return self.serving.serve(name, command, hosts, restart, env, wait_port, wait_http, timeout, max_restarts)
+        self._idle_mark(True, tell_host=True)  # starting it is use (an SSH start may outlast a short idle limit)
+        try:
+            return self.serving.serve(name, command, hosts, restart, env, wait_port, wait_http, timeout,
+                                      max_restarts)
+        finally:
+            self._idle_mark(False, tell_host=True)  # from here the supervisor holds the node while it runs
 
     def services(self) -> list[ServiceState]:
         """Every service on every host, read from the hosts (a new kernel sees an old one's)."""

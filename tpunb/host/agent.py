@@ -165,9 +165,10 @@ class Agent:
 
     @staticmethod
     def _arm_idle(config: dict) -> None:
-        """Host 0 of a slice with idle autodelete: a kernel attached, so arm (or touch) the watchdog."""
+        """Host 0 of a slice with idle autodelete: a kernel attaches, so arm (or touch) the watchdog,
+        busy until the kernel's launch or connect is done (it sends ``idle``)."""
         try:
-            idle.arm(config, config.get("source") or "")
+            idle.arm(config, config.get("source") or "", attaching=True)
         except Exception as exc:  # never fail the start over it; the boot path may still have armed it
             print(f"tpunb: idle autodelete could not be armed here: {type(exc).__name__}: {exc}", file=sys.stderr)
 

@@ -48,7 +48,7 @@ def start(sl: "Slice", reg: Registry, started: float, ready: str | None = None) 
     """Start every host; only a slice whose hosts all came up is recorded (owned by this kernel).
     ``ready`` replaces the message said when it is up ("" says nothing)."""
     try:
-        sl.connect()
+        sl.connect(attaching=True)  # slices.SliceManager._attach ends it with mark_used
     except BaseException:
         sl.close()
         raise

@@ -158,9 +158,13 @@ def watchdog_running() -> bool:
     return False
 
 
-def arm(config: dict, source: str) -> bool:
+def arm(config: dict, source: str, attaching: bool = False) -> bool:
     """Arm (or re-arm) this host: write the configuration, mark activity now, make sure one
     watchdog runs. Returns True if a watchdog was started.
+
+    ``attaching``: a kernel's agent arms as the kernel attaches, and this process counts as busy
+    (as a running request does) until the kernel says its launch or connect is done: the steps
+    after the hosts are up (a launch's checks) may take longer than a short idle limit.
 
     The boot's startup script and an attaching kernel's agent may arm at the same moment (a VM's
     sshd answers before its startup scripts have run): one at a time, and a watchdog already
@@ -169,20 +173,22 @@ def arm(config: dict, source: str) -> bool:
     guard = os.open(_path(ARM_LOCK), os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         fcntl.flock(guard, fcntl.LOCK_EX)
-        return _arm(config, source)
+        return _arm(config, source, attaching)
     finally:
         os.close(guard)
 
 
-def _arm(config: dict, source: str) -> bool:
+def _arm(config: dict, source: str, attaching: bool) -> bool:
     running, armed = watchdog_running(), read_state()
     if running and armed is not None and armed.get("node") == config.get("node"):
-        touch()
+        busy = last_activity()[1]
+        if attaching or busy is None or not _alive(busy):  # a late boot leaves an attaching kernel busy
+            touch(attaching)
         return False
     # not running, or running for another node (a disk that outlived its node): its state is replaced,
     # and a running watchdog reads it at its next look
     state = {k: config[k] for k in ("seconds", "node", "endpoint", "iam_endpoint", "queued", "grace") if k in config}
-    _mark(False)
+    _mark(attaching)
     state["armed_at"] = last_activity()[0]  # a later touch means a kernel attached (ends the grace)
     tmp = _path(f".{STATE}.{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:

@@ -128,7 +128,7 @@ def create(request: LaunchRequest) -> Slice:
         record.state = "running"
         node = _node(record, info)
         sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=node, **jax_coordinator(record))
-        sl.connect()
+        sl.connect(attaching=True)  # slices.SliceManager._attach ends it with mark_used
         sl.publish_hosts()  # pids and stack dumps, for readers in other processes
         reg.save_slice(record)
     except BaseException as exc:
