@@ -40,12 +40,16 @@ def test_a_host_stuck_in_a_collective_is_found_then_restarted(make_slice, cell):
     where host 1 is (its function and line); a second process sees the same while it runs; then
     %tpu_restart gives fresh sessions with JAX over the whole slice."""
     sl = make_slice(2)
-    seen = {}
+    # JAX up first: its start on a loaded machine must not eat the 15 s in which the terminal looks
+    assert "Out[0-1]: 8" in cell("%%on_tpu\nimport jax\njax.device_count()").shown
+    seen, last = {}, []
 
     def from_a_terminal() -> None:  # python -m tpunb stacks, while the notebook is busy
         def stuck() -> str | None:
-            out = subprocess.run([sys.executable, "-m", "tpunb", "stacks", sl.name], capture_output=True, text=True,
-                                 env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60).stdout
+            done = subprocess.run([sys.executable, "-m", "tpunb", "stacks", sl.name], capture_output=True, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+            out = done.stdout
+            last[:] = [f"{out}{done.stderr}"]
             settled = "wait_for_everyone" in out and re.search(r"^\[0\] main thread: not in a cell", out, re.M)
             return out if settled else None
         seen["text"] = wait_for(stuck, 60, "host 1 inside the collective and host 0 done, seen from another process")
@@ -54,6 +58,7 @@ def test_a_host_stuck_in_a_collective_is_found_then_restarted(make_slice, cell):
     terminal.start()
     run = cell(STUCK_IN_A_COLLECTIVE)
     terminal.join(60)
+    assert "text" in seen, f"the terminal never saw host 1 stuck; it last printed:\n{last}\nthe cell:\n{run.shown}"
     assert re.search(r"^\[1\] main thread: In\[\d+\]:8 <module> -> In\[\d+\]:5 wait_for_everyone -> "
                      r"sync_global_devices$", seen["text"], re.M), seen["text"]
     assert re.search(r"^\[0\] main thread: not in a cell", seen["text"], re.M), seen["text"]
