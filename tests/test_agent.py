@@ -64,6 +64,20 @@ def test_a_cell_is_compiled_once_for_every_host_of_this_python():
     assert "compiled" not in message and blob == b""  # the host reports the syntax error
 
 
+def test_a_cell_sent_from_another_thread_is_compiled_by_its_hosts():
+    """ast.parse off the main thread (a background cell's) would race IPython's parse of the next
+    cell in CPython (gh-106905): the hosts compile such a cell."""
+    import threading
+
+    host = SimpleNamespace(fast=True, info={"runner": "plain", "optimize": 0})
+    frames, cut = Broadcast({"op": "exec", "id": 9, "code": "y = 2", "count": 14}), []
+    worker = threading.Thread(target=lambda: cut.extend(FrameCutter().feed(frames.for_host(host))))
+    worker.start()
+    worker.join()
+    [(message, blob)] = cut
+    assert "compiled" not in message and blob == b""
+
+
 def test_protocol_version_mismatch_is_refused(monkeypatch):
     monkeypatch.setattr(protocol, "PROTOCOL_VERSION", 999)
     session = Session([LocalTransport("local:0")], lambda i: {"env": {}})

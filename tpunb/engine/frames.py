@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import marshal
 import sys
+import threading
 import warnings
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,12 @@ if TYPE_CHECKING:
 class Broadcast:
     """One request for many hosts, encoded once for each kind of host: JSON, marshal, and for
     hosts that run cells with plain ``exec`` in this same Python, marshal with the cell compiled
-    here (once for the slice, where every host would compile it again)."""
+    here (once for the slice, where every host would compile it again).
+
+    Only on the kernel's main thread: CPython keeps ast.parse's recursion depth per interpreter,
+    so a parse on another thread (a background cell's) racing IPython's parse of the next cell
+    fails one of them with "SystemError: AST constructor recursion depth mismatch" (gh-106905; a
+    CI run's pytest died of it). A background cell's hosts compile it themselves."""
 
     def __init__(self, message: dict, blob: bytes = b"") -> None:
         self.message, self.blob = message, blob
@@ -25,7 +31,8 @@ class Broadcast:
 
     def for_host(self, host: HostConnection) -> bytes:
         precompile = (host.fast and self.message.get("op") == "exec" and host.info.get("runner") == "plain"
-                      and host.info.get("optimize") == sys.flags.optimize)  # -O strips asserts when compiling
+                      and host.info.get("optimize") == sys.flags.optimize  # -O strips asserts when compiling
+                      and threading.current_thread() is threading.main_thread())
         key = (host.fast, precompile)
         frame = self._frames.get(key)
         if frame is None:
