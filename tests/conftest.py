@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,14 @@ from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F4
 ACCELERATOR_FOR_HOSTS = {1: "v4-8", 2: "v4-16", 4: "v4-32"}
 #: on SSH test hosts (this machine's CPUs), what makes JAX look like one v4 host: 4 devices
 CPU_AS_TPU_HOST = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+
+
+def pytest_configure(config) -> None:
+    """Ctrl-C as a kernel gets it. A shell without job control starts background commands with
+    SIGINT ignored, and Python then installs no KeyboardInterrupt handler: every interrupt test
+    would fail for the way the suite was started (it did, for a CI run started that way here)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
