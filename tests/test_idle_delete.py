@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tpunb import slices
-from tpunb.errors import UsageError
+from tpunb.errors import CellInterrupted, UsageError
 from tpunb.host.standalone import idle
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp.config import CloudOptions
@@ -268,6 +268,19 @@ def test_a_launch_holds_its_node_past_the_idle_limit_until_its_checks_end(cloud,
     wait_for(lambda: "held" not in node_names(cloud), 2 + BOUND, "the idle watchdog to delete the node")
     assert time.monotonic() - done > 1.5  # the idle time counted from the launch's end
     slices.down("held")
+
+
+def test_ctrl_c_in_the_launchs_last_wait_deletes_its_node(cloud, sshd, cell, monkeypatch):
+    """The hosts are up and host 0 holds the node for its attaching kernel: Ctrl-C in the launch's
+    wait for the watchdog's answer deletes the node, as it does while the hosts start, and the
+    one line is true. (Before, the node stayed, unattached, held busy for as long as the kernel ran.)"""
+    from tpunb.provision import gcp
+
+    monkeypatch.setattr(gcp, "_say_idle_problem", lambda *args: signal.raise_signal(signal.SIGINT))
+    run = cell(launch_line(sshd, "--name cut --idle-delete 1h"))
+    assert isinstance(run.error, CellInterrupted), run.shown
+    assert "launch of cut interrupted: nothing is left running" in str(run.error)
+    assert "cut" not in node_names(cloud) and slices.registry().get_slice("cut") is None
 
 
 FORKS_ON = """

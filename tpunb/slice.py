@@ -27,6 +27,7 @@ from tpunb.results import RunResult
 from tpunb.serve import seen
 from tpunb.serve.services import ServiceState, Serving
 from tpunb.session import Session
+from tpunb.status.idle_clock import IdleClock
 from tpunb.transport.base import Transport
 from tpunb.host.prepare import STEPS as SETUP_STEPS
 from tpunb.widgets.progress import SetupProgress
@@ -99,6 +100,8 @@ class Slice:
         self.last_result: RunResult | None = None
         self.started_at = time.time()
         self.node = node or Node()
+        #: activity for the node's idle watchdog (tpunb.status.idle_clock): mirrored here, told to host 0
+        self.idle = IdleClock(registry, record.name, self.node.idle_seconds, lambda: self.session.hosts[0])
         #: called with this slice once it is deleted (the kernel's list of slices forgets it)
         self.on_delete: list[Callable[["Slice"], None]] = []
         self._revive_lock = threading.Lock()  # threads reviving the same dead hosts take turns
@@ -176,35 +179,19 @@ class Slice:
         if hosts is None:
             self.warn_version_skew()
             self.warn_python_mismatch()
-        self._idle_mark(False, tell_host=not attaching)
+        self.idle.mark(False, tell_host=not attaching)
         self.metrics_feed.start()
         self.standbys.prepare_ahead()  # a restart's agents, once the slice is quiet (tpunb.hangs.standby)
-
-    def _idle_mark(self, busy: bool, tell_host: bool = False) -> None:
-        """A request starts or ends: activity for the idle watchdog on host 0 (cloud slices with
-        idle autodelete), which this kernel mirrors for %tpu_status."""
-        if not self.node.idle_seconds:
-            return
-        try:
-            self.registry.mark_idle(self.name, self.node.idle_seconds, busy)
-        except OSError:
-            pass  # the timer in %tpu_status lags; the watchdog on the slice does not depend on it
-        host = self.session.hosts[0]
-        if tell_host and host.alive:
-            try:
-                host.send({"op": "idle", "busy": busy})
-            except TransportError:
-                pass  # a dead host 0: the next request restarts it, which is activity too
 
     def mark_used(self) -> None:
         """The user just made or took this slice (a launch, a connect, %tpu_use): the idle time starts
         now, after whatever the launch did once its hosts were up (its checks may take seconds), and
         host 0's agent, busy since it armed the watchdog, is not any more."""
-        self._idle_mark(False, tell_host=True)
+        self.idle.mark(False, tell_host=True)
 
     def idle_delete_in(self) -> float | None:
         """Seconds until the watchdog deletes the node if nothing runs (None: no idle autodelete)."""
-        return self.registry.idle_delete_in(self.name, owner_alive=True) if self.node.idle_seconds else None
+        return self.idle.delete_in()
 
     def _deleted_elsewhere(self) -> None:
         self._gone = True
@@ -352,7 +339,7 @@ class Slice:
                     else LogOnly(self.cell_logs))
         self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
-        self._idle_mark(True, tell_host=True)
+        self.idle.mark(True, tell_host=True)
         where: dict[int, str] = {}  # hosts that would not stop: where they were (tpunb.hangs)
         request = self.session.cell(code, indices, timeout, sink, shell=shell, count=kernel_cell_number(),
                                     on_stuck=lambda r, stuck: hangs.show_stuck(self, stuck, r.sink, where),
@@ -372,7 +359,7 @@ class Slice:
             raise CellInterrupted("; ".join([message] + [n for n in result.notes() if "stopped cleanly" not in n]),
                                   result) from None
         finally:
-            self._idle_mark(False, tell_host=True)
+            self.idle.mark(False, tell_host=True)
         sink.finish()
         self._say_jax_failures()
         self.last_result = RunResult(results, timeout, names=self.layout.names)
@@ -427,14 +414,14 @@ class Slice:
         indices = self.layout.parse(hosts)
         self.revive(indices)
         diagnose.pythons.refuse_code(self.session.hosts, self.layout.names, values, indices)  # one line before anything is sent
-        self._idle_mark(False, tell_host=True)
+        self.idle.mark(False, tell_host=True)
         self.session.push(values, indices)
 
     def pull(self, name: str, hosts: str | list[int] | None = None) -> dict[int, Any]:
         """{host: value of ``name``} from every chosen host."""
         indices = self.layout.parse(hosts)
         self.revive(indices)
-        self._idle_mark(False, tell_host=True)
+        self.idle.mark(False, tell_host=True)
         replies = self.session.pull([name], indices)
         return {host: values[name] for host, values in replies.items()}
 
@@ -447,7 +434,7 @@ class Slice:
 
         indices = self.layout.parse(hosts)
         self.revive(indices)
-        self._idle_mark(False, tell_host=True)
+        self.idle.mark(False, tell_host=True)
         return assemble(name, self.session.gather(name, indices))
 
     # -- metrics ------------------------------------------------------------------------------
@@ -574,12 +561,8 @@ class Slice:
         ``wait_port``/``wait_http`` ('PORT/PATH') return once it answers on every host. One
         ServiceState per host; ``env`` values reach the command only, never a file or output."""
         self.revive()
-        self._idle_mark(True, tell_host=True)  # starting it is use (an SSH start may outlast a short idle limit)
-        try:
-            return self.serving.serve(name, command, hosts, restart, env, wait_port, wait_http, timeout,
-                                      max_restarts)
-        finally:
-            self._idle_mark(False, tell_host=True)  # from here the supervisor holds the node while it runs
+        with self.idle.busy():  # starting is use (its SSH start may outlast a short idle limit); then its supervisor
+            return self.serving.serve(name, command, hosts, restart, env, wait_port, wait_http, timeout, max_restarts)
 
     def services(self) -> list[ServiceState]:
         """Every service on every host, read from the hosts (a new kernel sees an old one's)."""

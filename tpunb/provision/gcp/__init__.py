@@ -129,6 +129,8 @@ def create(request: LaunchRequest) -> Slice:
         node = _node(record, info)
         sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=node, **jax_coordinator(record))
         sl.connect(attaching=True)  # slices.SliceManager._attach ends it with mark_used
+        if opts.idle_delete:  # in here: Ctrl-C in this wait deletes the node, as it does while hosts start
+            _say_idle_problem(project, zone, name)
         sl.publish_hosts()  # pids and stack dumps, for readers in other processes
         reg.save_slice(record)
     except BaseException as exc:
@@ -160,7 +162,6 @@ def create(request: LaunchRequest) -> Slice:
     cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
     if opts.idle_delete:
         cost += f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)"
-        _say_idle_problem(project, zone, name)
     tries = f" ({search.summary()})" if len(places) > 1 else ""
     progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} host"
                   f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
