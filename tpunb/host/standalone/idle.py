@@ -181,9 +181,8 @@ def arm(config: dict, source: str, attaching: bool = False) -> bool:
 def _arm(config: dict, source: str, attaching: bool) -> bool:
     running, armed = watchdog_running(), read_state()
     if running and armed is not None and armed.get("node") == config.get("node"):
-        busy = last_activity()[1]
-        if attaching or busy is None or not _alive(busy):  # a late boot leaves an attaching kernel busy
-            touch(attaching)
+        if attaching:  # a kernel attaches; a boot's arm after it (a race at boot) changes nothing
+            touch(True)
         return False
     # not running, or running for another node (a disk that outlived its node): its state is replaced,
     # and a running watchdog reads it at its next look
