@@ -30,13 +30,13 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="tpunb-bench-"))
     os.environ["TPUNB_HOME"] = str(home)
     from tpunb.provision.local import free_port
-    from tpunb.registry import HostRecord, Registry, SliceRecord
+    from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
     reg = Registry()
     for i in range(args.slices):
         reg.save_slice(SliceRecord(name=f"s{i}", accelerator="v4-16", backend="local", state="running",
                                    owner_pid=os.getpid(),
-                                   hosts=[HostRecord(h, "localhost", {"pid": os.getpid()}) for h in range(2)]))
+                                   hosts=[HostRecord(h, "localhost", HostInfo(pid=os.getpid())) for h in range(2)]))
     port, token = free_port(), "bench"
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "cfg"), "JUPYTER_RUNTIME_DIR": str(home / "rt")}
     server = subprocess.Popen([sys.executable, "-m", "jupyter_server", "--no-browser", f"--port={port}",

@@ -7,15 +7,17 @@ import pytest
 
 from tpunb import catalog, provision
 from tpunb.errors import UsageError
-from tpunb.provision import Backend, LaunchRequest, gcp, local, ssh
+from tpunb.provision import Backend, LaunchRequest, Made, gcp, local, ssh
 from tpunb.registry import Registry
 from tpunb.slice import Slice
+from tpunb.slices import SliceManager
 from tpunb.status import SliceStatus
 from tests.conftest import CPU_AS_TPU_HOST
 from tests.emulator_fixture import on_sshd
 
 ZONE = "us-central2-b"
-MEMBERS = ("options", "default_name", "create", "attach", "delete", "name_reusable", "slice_status")
+MEMBERS = ("options", "default_name", "create", "attach", "delete", "record_transports", "name_reusable",
+           "slice_status")
 
 
 @pytest.fixture
@@ -48,9 +50,13 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
     assert name == {"local": "v4-16", "ssh": "hosts", "gcp": "tpunb-v4-16"}[module.NAME]
 
     reg = Registry()
-    sl = module.create(LaunchRequest(name, accel, reg, dict(CPU_AS_TPU_HOST), opts))
+    made = module.create(LaunchRequest(name, accel, reg, dict(CPU_AS_TPU_HOST), opts))
+    assert isinstance(made, Made) and made.record.name == name and len(made.transports) == 2
+    assert reg.get_slice(name) is None or reg.get_slice(name).state != "running"  # running once its hosts are up
+    manager = SliceManager()
+    sl = manager.start(made, reg, dict(CPU_AS_TPU_HOST))
     try:
-        assert isinstance(sl, Slice) and len(sl.session.hosts) == 2
+        assert isinstance(sl, Slice) and len(sl.session.hosts) == 2 and manager.current_name == name
         assert sl.run("import os\nos.environ['TPUNB_SLICE']", output=None).reprs == {0: repr(name), 1: repr(name)}
         record = reg.get_slice(name)
         assert record.backend == module.NAME and record.owner_pid is not None
@@ -59,14 +65,26 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
         seen = module.slice_status(record, nodes)
         assert isinstance(seen, SliceStatus) and (seen.state, seen.host_states) == (live_state, live_hosts)
         assert seen.usd_per_hour == {"local": 0.0, "ssh": None, "gcp": 25.76}[module.NAME]
+        reached = module.record_transports(record, reg, [1, 0])  # from the record alone: as another process would
+        try:
+            assert sorted(reached) == [0, 1]
+            for i, transport in reached.items():
+                transport.connect()
+                process = transport.spawn(["sh", "-c", f"echo host-{i}"])
+                assert process.recv_exact(7) == f"host-{i}\n".encode(), (module.NAME, i)
+                process.close()
+                if not transport.same_machine:  # each SSH host by its own address, as recorded
+                    assert record.hosts[i].address.rsplit(":", 1)[0] == transport.host
+        finally:
+            for transport in reached.values():
+                transport.close()
     finally:
         sl.close()
 
     again = module.attach(record, reg, {})
-    try:
-        assert isinstance(again, Slice) and again.name == name and not again.session.hosts[0].alive
-    finally:
-        again.close()
+    assert isinstance(again, Made) and again.record.name == name and len(again.transports) == 2
+    for transport in again.transports:
+        transport.close()
     after = module.slice_status(record, gcp.Survey([record], reg).nodes)
     if module is local:  # hosts ended with their slice: the one wording for it, and the name is free
         assert (after.state, after.host_states) == ("stopped: its kernel ended (%tpu_use restarts it)", ["gone"] * 2)

@@ -108,7 +108,7 @@ def test_a_relaunch_onto_kept_disks_only_checks_and_status_shows_versions(cloud,
     assert set(frame["jax"]) == {hostenv.kernel_jax()[0]} and all(frame["flax"])
     assert [Path(p) for p in frame["env"]] == [env_dir(bare, h) for h in range(4)]
     record = Registry().get_slice("again")
-    assert record.hosts[0].info["env"]["versions"]["cloudpickle"]  # recorded for other kernels
+    assert record.hosts[0].info.env["versions"]["cloudpickle"]  # recorded for other kernels
     cell("%tpu_down again")
 
 

@@ -293,7 +293,7 @@ MUTABLE_CALLS = {"list", "dict", "set", "defaultdict", "deque", "OrderedDict", "
 #: the kernel's module-level state, and why each is one: the issue 32 cap is three
 STATE_ALLOWED = {
     ("slices.py", "MANAGER"): "the kernel's slices, current slice, --env values, last profile and run: one object",
-    ("provision/gcp/config.py", "_cache"): "Google Cloud clients, sessions, credentials, answers that do not change",
+    ("provision/cache.py", "_cache"): "Google Cloud clients, sessions, credentials, answers that do not change",
     ("report.py", "_once"): "what the kernel said or did once already (report.once)",
 }
 
@@ -374,5 +374,204 @@ def test_the_private_call_check_sees_one(tmp_path):
     path.write_text("def f(session):\n    session._start(None, {})\n    self = session\n    self._start(None, {})\n")
     try:
         assert private_calls_on_others(path) == ["_probe_for_test_layout.py:2 session._start"]
+    finally:
+        path.unlink()
+
+
+# -- the backend boundary -------------------------------------------------------------------------
+PROVISION = PACKAGE / "provision"
+
+
+def backend_names() -> tuple[str, ...]:
+    from tpunb import provision
+
+    return provision.BACKEND_NAMES
+
+
+def backend_named(path: Path, names: tuple[str, ...]) -> list[str]:
+    """Where a module names a backend: a comparison with a backend's name (``record.backend ==
+    "local"``, ``backend not in (None, "local")``), an import of a backend's module, or an attribute
+    ``provision.<backend>``. Only tpunb/provision/ may: everyone else asks a backend for a
+    capability or a record."""
+    modules = {f"tpunb.provision.{n}" for n in names}
+    found = []
+    where = path.relative_to(PACKAGE) if path.is_relative_to(PACKAGE) else path.name
+
+    def literal_names(node: ast.AST) -> list[str]:
+        items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return [i.value for i in items if isinstance(i, ast.Constant) and i.value in names]
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                found += [f"{where}:{node.lineno} compares with {n!r}" for n in literal_names(side)]
+        elif isinstance(node, ast.Import):
+            found += [f"{where}:{node.lineno} imports {a.name}" for a in node.names
+                      if any(a.name == m or a.name.startswith(m + ".") for m in modules)]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            found += [f"{where}:{node.lineno} imports {t}" for t in targets
+                      if any(t == m or t.startswith(m + ".") for m in modules)][:1]
+        elif isinstance(node, ast.Attribute) and node.attr in names and \
+                ast.unparse(node.value).split(".")[-1] == "provision":
+            found.append(f"{where}:{node.lineno} uses {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_provision_names_a_backend():
+    names = backend_names()
+    found = [hit for p in sorted(PACKAGE.rglob("*.py")) if not p.is_relative_to(PROVISION)
+             for hit in backend_named(p, names)]
+    assert not found, "backends named outside tpunb/provision/: " + "; ".join(found)
+
+
+def test_the_backend_check_sees_a_branch_an_import_and_an_attribute(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("from tpunb import provision\nfrom tpunb.provision.gcp.config import cached\n"
+                     "import tpunb.provision.local\n"
+                     "def f(record):\n    if record.backend == 'gcp' or record.backend not in (None, 'local'):\n"
+                     "        return provision.ssh.options()\n    return record.backend == provision.THIS_MACHINE\n")
+    found = backend_named(probe, ("local", "ssh", "gcp"))
+    assert found == ["probe.py:2 imports tpunb.provision.gcp.config", "probe.py:3 imports tpunb.provision.local",
+                     "probe.py:5 compares with 'gcp'", "probe.py:5 compares with 'local'",
+                     "probe.py:6 uses provision.ssh"], found
+
+
+# -- one way to fan out -----------------------------------------------------------------------------
+#: where kernel code may start a thread besides tpunb/fanout.py: long-lived threads, one per
+#: connection, feed or process, and the engine's own request machinery. (file, target) -> why
+THREADS_ALLOWED = {
+    ("engine/connection.py", "self._read_loop"): "one per host connection: reads its frames",
+    ("engine/connection.py", "self._ended"): "one per host connection: reaps its agent when it ends",
+    ("engine/routes.py", "self._stream"): "the engine's route: one sender per host of a request's parts",
+    ("engine/request.py", "go"): "the engine: a request started in the background waits on its own thread",
+    ("engine/request.py", "self._connections[i].signal"): "the engine's escalation: SIGTERM/SIGKILL one host",
+    ("session.py", "_watch"): "one per session: liveness (heartbeats and deaths)",
+    ("transport/ssh.py", "self._drain_stderr"): "one per SSH agent process: its stderr",
+    ("transport/ssh.py", "self._transport.kill_from_new_connection"): "one per SSH kill: a frozen connection",
+    ("transport/ssh.py", "old.close"): "one per dropped SSH connection: closed without holding the caller",
+    ("transport/local.py", "self._drain_stderr"): "one per local host process: its stderr",
+    ("transport/local.py", "self.close"): "one per local host process: reaped without holding the caller",
+    ("transport/fanin.py", "self._run"): "one per session: the selector that reads every local host's frames",
+    ("transport/sftp.py", "self._read_replies"): "one per SFTP connection: its replies",
+    ("serve/forward.py", "self._accept"): "one per port forward: its listener",
+    ("serve/forward.py", "self._serve"): "one per forwarded connection",
+    ("serve/openssh.py", "ThreadPoolExecutor"): "the OpenSSH spawner: one thread forks every ssh ControlMaster",
+    ("serve/openssh.py", "self._run"): "one per OpenSSH ControlMaster: carries its mux socket",
+    ("metrics/feed.py", "self._run"): "one per metrics feed",
+    ("provision/gcp/node.py", "self._watch"): "one per cloud node: its preemption watch",
+    ("provision/warm.py", "_import_all"): "one per kernel: imports what Ctrl-C must not cut, ahead of time",
+    ("hangs/standby.py", "self._prepare_when_quiet"): "one per slice: starts standby agents once quiet",
+    ("hangs/standby.py", "self._launch"): "one per slice: the standby agents' start",
+    ("hangs/standby.py", "standby.close"): "one per dropped standby: ended without holding the caller",
+    ("hangs/background.py", "self._serve"): "one per slice: runs its queue of background cells",
+    ("hangs/laggards.py", "self._read"): "one per slow request: reads the late hosts' stacks",
+}
+#: sleep-poll loops kernel code may keep outside tpunb/fanout.py and tpunb/engine/: (file, function) -> why
+SLEEPS_ALLOWED = {
+    ("provision/ssh.py", "connect_hosts"): "backoff between SSH tries while fresh VMs start their sshd",
+    ("provision/local.py", "end_hosts"): "another kernel's host processes: only their state can be read",
+    ("hangs/standby.py", "wait_ready"): "standby agents' state, for tests and status",
+    ("serve/services.py", "follow"): "a service's log on another machine (issue 38: to become a stream)",
+}
+
+
+def _kernel_files() -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py"))
+            if p.relative_to(PACKAGE).parts[0] not in ("host", "emulator") and p.name != "fanout.py"]
+
+
+def threads_started(path: Path) -> list[tuple[str, str, bool]]:
+    """(file, target, in a loop) for every thread or pool a module starts: ``threading.Thread(target=X)``
+    and ``ThreadPoolExecutor(...)``; "in a loop": inside a for, while or comprehension."""
+    tree = ast.parse(path.read_text())
+    loops = (ast.For, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+    looped = {id(inner) for node in ast.walk(tree) if isinstance(node, loops) for inner in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = ast.unparse(node.func)
+        if called.endswith("ThreadPoolExecutor"):
+            target = "ThreadPoolExecutor"
+        elif called in ("threading.Thread", "Thread"):
+            target = next((ast.unparse(k.value) for k in node.keywords if k.arg == "target"), "?")
+        else:
+            continue
+        found.append((str(path.relative_to(PACKAGE)), target, id(node) in looped))
+    return sorted(found)
+
+
+def sleep_polls(path: Path) -> list[tuple[str, str]]:
+    """(file, function) for every ``time.sleep`` inside a loop."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for loop in ast.walk(function):
+                if isinstance(loop, (ast.For, ast.While)) and any(
+                        isinstance(n, ast.Call) and ast.unparse(n.func) in ("time.sleep", "sleep") for n in ast.walk(loop)):
+                    found.append((str(path.relative_to(PACKAGE)), function.name))
+                    break
+    return sorted(set(found))
+
+
+def test_threads_fan_out_in_one_place():
+    """Work on N hosts (or zones) at once goes through tpunb/fanout.py: one deadline, one Ctrl-C rule,
+    one partial-failure result. Other threads are long-lived, one per connection, feed or process,
+    each listed with its reason; none is started in a loop outside the engine."""
+    found = [t for p in _kernel_files() for t in threads_started(p)]
+    unlisted = [f"{file}: {target}" for file, target, _ in found if (file, target) not in THREADS_ALLOWED]
+    assert not unlisted, "threads started outside tpunb/fanout.py: " + ", ".join(unlisted)
+    loops = [f"{file}: {target}" for file, target, looped in found if looped and not file.startswith("engine/")]
+    assert not loops, "a thread per host in a loop (use tpunb.fanout.fan_out): " + ", ".join(loops)
+    stale = set(THREADS_ALLOWED) - {(file, target) for file, target, _ in found}
+    assert not stale, f"listed but gone: {sorted(stale)}"
+
+
+def test_no_sleep_poll_outside_the_engine_but_the_listed_ones():
+    found = {s for p in _kernel_files() if p.relative_to(PACKAGE).parts[0] != "engine" for s in sleep_polls(p)}
+    assert found == set(SLEEPS_ALLOWED), f"unlisted: {sorted(found - set(SLEEPS_ALLOWED))}; " \
+                                         f"gone: {sorted(set(SLEEPS_ALLOWED) - found)}"
+
+
+def test_the_thread_and_sleep_checks_see_a_loop_of_threads_and_a_poll(tmp_path):
+    path = PACKAGE / "_probe_threads_for_test_layout.py"
+    path.write_text("import threading, time\nfrom concurrent.futures import ThreadPoolExecutor\n"
+                    "def f(hosts):\n    for h in hosts:\n        threading.Thread(target=h.connect).start()\n"
+                    "    with ThreadPoolExecutor(4) as pool:\n        pass\n"
+                    "    while not hosts:\n        time.sleep(0.1)\n")
+    try:
+        assert threads_started(path) == [("_probe_threads_for_test_layout.py", "ThreadPoolExecutor", False),
+                                         ("_probe_threads_for_test_layout.py", "h.connect", True)]
+        assert sleep_polls(path) == [("_probe_threads_for_test_layout.py", "f")]
+    finally:
+        path.unlink()
+
+
+def private_imports(path: Path) -> list[str]:
+    """``from tpunb.x import _name``: a module's private name used by another (an alias is fine)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tpunb") or \
+                isinstance(node, ast.ImportFrom) and node.level:
+            found += [f"{path.relative_to(PACKAGE)}:{node.lineno} {a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_is_imported_across_modules():
+    found = [hit for p in sorted(PACKAGE.rglob("*.py")) for hit in private_imports(p)]
+    assert not found, "private names imported from other modules: " + ", ".join(found)
+
+
+def test_the_private_import_check_sees_one():
+    path = PACKAGE / "_probe_private_for_test_layout.py"
+    path.write_text("from tpunb.magics import _parse, usage\nfrom tpunb import catalog as _catalog\n"
+                    "from . import _secret\n")
+    try:
+        assert private_imports(path) == ["_probe_private_for_test_layout.py:1 _parse",
+                                         "_probe_private_for_test_layout.py:3 _secret"]
     finally:
         path.unlink()

@@ -96,7 +96,7 @@ def test_restart_keeps_the_slice_its_connections_and_services(make_slice, cell):
     assert sl.session.transports == transports and slices.current() is sl  # the same slice, same connections
     new = [h.info["pid"] for h in sl.session.hosts]
     assert all(n != a for n, a in zip(new, agents))
-    assert [h.info["pid"] for h in slices.registry().get_slice(sl.name).hosts] == new  # others find the new ones
+    assert [h.info.pid for h in slices.registry().get_slice(sl.name).hosts] == new  # others find the new ones
     assert {s.host: (s.pid, s.state) for s in sl.services()} == {h: (p, "running") for h, p in service_pids.items()}
     sl.stop_service("idle")
 
@@ -146,7 +146,7 @@ def test_an_unreachable_host_is_named_and_left_needing_a_restart(sshd, ssh_key, 
         assert "[tpunb] restarted host 0 of 'far'" in run.stdout, run.shown
         assert re.search(r"host 1 could not be reached \(.*refused the connection.*\) and still needs a restart: "
                          r"%tpu_restart again once it answers", run.stdout), run.stdout
-        assert slices.registry().get_slice("far").hosts[1].info["needs_restart"]
+        assert slices.registry().get_slice("far").hosts[1].info.needs_restart
         assert list(slices.status()["state"]) == ["running", "needs restart"]
         assert "Out[0]: False" in cell("%%on_tpu --hosts 0\n'kept' in globals()").shown
         refused = cell("%%on_tpu\n1")
@@ -154,7 +154,7 @@ def test_an_unreachable_host_is_named_and_left_needing_a_restart(sshd, ssh_key, 
         other.start()
         run = cell("%tpu_restart")
         assert "[tpunb] restarted hosts 0-1 of 'far'" in run.stdout and "could not be reached" not in run.stdout
-        assert not slices.registry().get_slice("far").hosts[1].info["needs_restart"]
+        assert not slices.registry().get_slice("far").hosts[1].info.needs_restart
         assert "Out[0-1]: 2" in cell("%%on_tpu\n1 + 1").shown
         slices.down("far")
     finally:

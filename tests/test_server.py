@@ -162,7 +162,7 @@ async def test_delete_ends_a_slice_another_kernel_owns(call, other_kernel):
     assert row["name"] == name and row["owner_pid"] == owner.pid and row["state"] == "running"
     from tpunb.registry import Registry
 
-    pids = [h.info["pid"] for h in Registry().get_slice(name).hosts]
+    pids = [h.info.pid for h in Registry().get_slice(name).hosts]
     assert await call("DELETE", "slices", name) == (200, {"deleted": [name], "messages": []})
     assert not any(_alive(p) for p in pids)
     assert owner.poll() is None, "the owning kernel itself must keep running"

@@ -365,7 +365,7 @@ def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, 
     assert cell.locator(".jp-InputArea-editor").inner_text().strip() == "%tpu_launch v4-8 --backend local"
     record = Registry().get_slice("v4-8")
     assert record.owner_pid != os.getpid()  # the notebook's kernel owns it
-    pids = [h.info["pid"] for h in record.hosts]
+    pids = [h.info.pid for h in record.hosts]
     _screenshot(page, tmp_path, "sidebar-launch.png")
     _delete_from_sidebar(page, "v4-8")
     assert all(_dead(pid) for pid in pids)
@@ -387,7 +387,7 @@ def _launch_v4_8(page, form, tmp_path: Path, shot: str) -> list[int]:
     shown = page.locator(".jp-NotebookPanel:visible .jp-Cell", has_text="%tpu_launch v4-8 --backend local")
     shown.locator(".jp-OutputArea-output", has_text="ready").wait_for()
     _screenshot(page, tmp_path, shot)
-    return [h.info["pid"] for h in Registry().get_slice("v4-8").hosts]
+    return [h.info.pid for h in Registry().get_slice("v4-8").hosts]
 
 
 def test_the_launch_form_runs_in_the_notebook_on_screen_not_a_hidden_tab_last_focused(lab_home, page, tmp_path):
@@ -500,7 +500,7 @@ def test_the_launch_form_checks_slices_and_adds_them_to_the_launch_line(lab_home
     assert card.locator(".jp-tpunb-Accel").inner_text() == "2 x v4-8"
     # one host a slice: the notebook names it by its slice alone (Out[s1]), and so does the panel
     assert [_host_names(g) for g in card.locator(".jp-tpunb-SliceGroup").all()] == [["s0"], ["s1"]]
-    pids = [h.info["pid"] for h in Registry().get_slice("v4-8-x2").hosts]
+    pids = [h.info.pid for h in Registry().get_slice("v4-8-x2").hosts]
     _delete_from_sidebar(page, "v4-8-x2")
     assert all(_dead(pid) for pid in pids)
 

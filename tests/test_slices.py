@@ -158,3 +158,29 @@ def test_tpu_status_shows_human_units_and_returns_the_raw_numbers(cell, ip):
     html = ip.user_ns["_"]._repr_html_()
     assert all(format_bytes(v) in html and str(int(v)) not in html for v in raw)
     assert not any(str(int(v)) in run.shown for v in raw), run.shown
+
+
+def test_a_host_record_is_typed_and_an_older_or_newer_registry_still_loads(tmp_path):
+    """HostInfo's fields are what the code reads; a registry row written by another tpunb version
+    (keys it names differently or does not know) loads, and its unknown keys survive a save."""
+    import json
+    import sqlite3
+
+    from tpunb.registry import HostInfo, HostRecord, SliceRecord
+
+    reg = Registry(tmp_path / "registry.db")
+    reg.save_slice(SliceRecord(name="old", accelerator="v4-16", backend="local", state="running",
+                               hosts=[HostRecord(0, "localhost"), HostRecord(1, "localhost")]))
+    with sqlite3.connect(tmp_path / "registry.db") as db:  # as an older (or newer) tpunb wrote them
+        db.execute("UPDATE hosts SET info = ? WHERE idx = 0",
+                   (json.dumps({"pid": 41, "needs_restart": True, "devices": 4, "watchdog": 7}),))
+        db.execute("UPDATE hosts SET info = '{}' WHERE idx = 1")
+    record = reg.get_slice("old")
+    first, second = record.hosts[0].info, record.hosts[1].info
+    assert (first.pid, first.needs_restart, first.devices, first.extra) == (41, True, 4, {"watchdog": 7})
+    assert second == HostInfo()
+    first.pid, first.needs_restart, first.stacks = 42, False, {"main": "/proc/42/fd/9"}
+    reg.save_slice(record)
+    again = reg.get_slice("old").hosts[0].info
+    assert (again.pid, again.needs_restart, again.stacks, again.extra) == (42, False, {"main": "/proc/42/fd/9"},
+                                                                           {"watchdog": 7})

@@ -76,12 +76,12 @@ def test_cloud_slices_need_a_bucket_named_once(monkeypatch):
     monkeypatch.delenv("TPUNB_BUCKET", raising=False)
     with pytest.raises(UsageError, match="^a cloud slice snapshots to Cloud Storage: give --to gs://BUCKET/PATH, or "
                                          "name a bucket once with --bucket BUCKET"):
-        store.new_uri("gcp", "pod", None)
-    assert store.new_uri("local", "pod", None).startswith(str(store.home() / "pod") + "/")
+        store.new_uri(True, "pod", None)
+    assert store.new_uri(False, "pod", None).startswith(str(store.home() / "pod") + "/")
     monkeypatch.setenv("TPUNB_BUCKET", "from-env")
-    assert store.new_uri("gcp", "pod", None).startswith("gs://from-env/tpunb-snapshots/pod/")
+    assert store.new_uri(True, "pod", None).startswith("gs://from-env/tpunb-snapshots/pod/")
     store.bucket("gs://named-once/")
-    assert store.new_uri("gcp", "pod", None).startswith("gs://named-once/tpunb-snapshots/pod/")
-    assert store.new_uri("gcp", "pod", "gs://b/some/where/") == "gs://b/some/where"
+    assert store.new_uri(True, "pod", None).startswith("gs://named-once/tpunb-snapshots/pod/")
+    assert store.new_uri(True, "pod", "gs://b/some/where/") == "gs://b/some/where"
     with pytest.raises(UsageError, match="give gs://BUCKET/PATH"):
-        store.new_uri("gcp", "pod", "gs://b")
+        store.new_uri(True, "pod", "gs://b")

@@ -8,23 +8,22 @@ from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from tpunb import report, slices
+from tpunb import provision, report, slices
 from tpunb.display import MODES, render_values
 from tpunb.errors import CellInterrupted, UsageError
-from tpunb.provision.gcp.config import CloudOptions
 from tpunb.snapshot import preempt, store as snapshot_store
 
 
-def _parse(magic, line: str):
+def parse_line(magic, line: str):
     """magic_arguments parsing whose errors are one line plus the magic's usage."""
     try:
         return parse_argstring(magic, line)
     except (IPythonUsageError, SystemExit, ValueError) as exc:
-        raise UsageError(f"{exc}. Usage: {_usage(magic)}") from None
+        raise UsageError(f"{exc}. Usage: {usage_of(magic)}") from None
 
 
 @contextlib.contextmanager
-def _one_line_interrupt():
+def one_line_interrupt():
     """A Ctrl-C that lands in tpunb's own code (starting hosts, rendering output) ends the cell with
     one line, never a traceback of our internals."""
     try:
@@ -34,8 +33,8 @@ def _one_line_interrupt():
 
 
 def cloud_arguments(magic):
-    """One --flag per CloudOptions field, so the options are listed once, in the dataclass."""
-    for option in reversed(CloudOptions.flags()):
+    """One --flag per launch option a backend offers, so the options are listed once, in its dataclass."""
+    for option in reversed(provision.launch_flags()):
         flag = "--" + option.name.replace("_", "-")
         if option.type in (bool, "bool"):
             magic = argument(flag, action="store_true", help=option.metadata["help"])(magic)
@@ -45,7 +44,7 @@ def cloud_arguments(magic):
     return magic
 
 
-def _usage(magic) -> str:
+def usage_of(magic) -> str:
     usage = " ".join(magic.parser.format_usage().replace("::", "").split())
     return "%" + usage if getattr(magic, "__name__", "") == "on_tpu" else usage
 
@@ -69,18 +68,19 @@ class TpuMagics(Magics):
     def tpu_launch(self, line: str):
         """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z|Z1,Z2|any] [--race N] ..."""
         try:  # a press while the line is parsed has made nothing either
-            args = _parse(self.tpu_launch, line)
-            cloud = {f.name: getattr(args, f.name) for f in CloudOptions.flags() if getattr(args, f.name) not in (None, False)}
+            args = parse_line(self.tpu_launch, line)
+            cloud = {f.name: getattr(args, f.name) for f in provision.launch_flags()
+                     if getattr(args, f.name) not in (None, False)}
             if bool(args.recover) == bool(args.accelerator):
                 raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
-                                 f"Usage: {_usage(self.tpu_launch)}")
+                                 f"Usage: {usage_of(self.tpu_launch)}")
             armed = preempt.names_list(args.snapshot_on_preempt)
             sl = slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env,
                                recover=args.recover, slices=args.slices, **cloud)
         except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)
             raise CellInterrupted("%tpu_launch interrupted before it started anything: nothing is left running") \
                 from None
-        with _one_line_interrupt():
+        with one_line_interrupt():
             preempt.after_launch(sl, args.recover, armed)
 
     @magic_arguments()
@@ -95,14 +95,14 @@ class TpuMagics(Magics):
     @cell_magic
     def on_tpu(self, line: str, cell: str):
         """Run the cell on every host of the slice at once."""
-        args = _parse(self.on_tpu, line)
+        args = parse_line(self.on_tpu, line)
         sl = slices.current(args.slice_name)
         if not cell.strip():
             return
         if args.bg:
             return sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output, background=True,
                           queue=args.queue)
-        with _one_line_interrupt():
+        with one_line_interrupt():
             result = sl.run(cell, hosts=args.hosts, timeout=args.timeout, output=args.output, queue=args.queue)
             render_values(result, args.output, sl.num_hosts, names=sl.layout.names)
         result.raise_for_status()
@@ -130,7 +130,7 @@ class TpuMagics(Magics):
     def tpu_connect(self, line: str):
         """Make a slice of hosts you bring, over SSH: %tpu_connect 10.0.0.2,10.0.0.3 --user me."""
         try:  # a press while the line is parsed has made nothing either
-            args = _parse(self.tpu_connect, line)
+            args = parse_line(self.tpu_connect, line)
             slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
                            python=args.python, accelerator=args.accelerator,
                            accept_new_host_key=args.accept_new_host_key, slices=args.slices,
@@ -148,12 +148,12 @@ class TpuMagics(Magics):
     @line_cell_magic
     def tpu_run(self, line: str, cell: str | None = None):
         """Run a shell command on every host; output labelled by host; fails if any host fails."""
-        args = _parse(self.tpu_run, line)
+        args = parse_line(self.tpu_run, line)
         command = cell if cell is not None else " ".join(args.command)
         if cell is not None and args.command:
             raise UsageError("with %%tpu_run the command is the cell. Usage: %%tpu_run [--hosts H] [--timeout S]")
         sl = slices.current(args.slice_name)
-        with _one_line_interrupt():
+        with one_line_interrupt():
             result = sl.run_shell(command, hosts=args.hosts, timeout=args.timeout)
         codes = {h: r.exit_code for h, r in result.items()}
         if sl.num_hosts > 1 and any(code not in (0, None) for code in codes.values()):
@@ -170,7 +170,7 @@ class TpuMagics(Magics):
         """Copy a working directory to every host, only what changed, honouring .gitignore."""
         from tpunb.widgets.progress import byte_progress
 
-        args = _parse(self.tpu_sync, line)
+        args = parse_line(self.tpu_sync, line)
         sl = slices.current(args.slice_name)
         patterns = tuple(p.strip("'\"") for p in args.exclude)  # IPython keeps quotes users type around globs
         with byte_progress(f"sync {args.local_dir}") as update:
@@ -183,7 +183,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_use(self, line: str):
         """Attach a slice by name (after a kernel restart, or to switch slices)."""
-        args = _parse(self.tpu_use, line)
+        args = parse_line(self.tpu_use, line)
         sl = slices.use(args.name)
         report.info(f"current slice: {sl.name} ({sl.kind}, {sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}, {sl.backend})")
 
@@ -193,7 +193,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_down(self, line: str):
         """Delete a slice (default: the current one); deleting twice is fine."""
-        args = _parse(self.tpu_down, line)
+        args = parse_line(self.tpu_down, line)
         if args.name and args.all:
             raise UsageError("give a NAME or --all, not both. usage: %tpu_down [NAME] [--all]")
         deleted = slices.down(args.name, all=args.all)
@@ -213,7 +213,7 @@ class TpuMagics(Magics):
         from tpunb.widgets import in_widget_frontend
         from tpunb.widgets.metrics import MetricsView, render_text
 
-        args = _parse(self.tpu_metrics, line)
+        args = parse_line(self.tpu_metrics, line)
         sl = slices.current(args.slice_name)
         if args.interval is not None:
             sl.set_metrics_interval(args.interval)
@@ -236,8 +236,8 @@ class TpuMagics(Magics):
         """Check credentials, project, API, quota, zone and every host's clock and disk: one row each."""
         from tpunb.doctor import doctor
 
-        args = _parse(self.tpu_doctor, line)
-        with _one_line_interrupt():
+        args = parse_line(self.tpu_doctor, line)
+        with one_line_interrupt():
             rows = doctor(args.name, accelerator=args.accelerator, zone=args.zone, project=args.project)
         report.info(str(rows))
 
@@ -246,7 +246,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_status(self, line: str):
         """Slices and their hosts as a DataFrame (--versions: each host's package versions)."""
-        args = _parse(self.tpu_status, line)
+        args = parse_line(self.tpu_status, line)
         return slices.versions() if args.versions else snapshot_store.add_to_status(slices.status())
 
     @magic_arguments()
@@ -256,7 +256,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_push(self, line: str):
         """Send notebook variables to the hosts under the same names."""
-        args = _parse(self.tpu_push, line)
+        args = parse_line(self.tpu_push, line)
         namespace = self.shell.user_ns
         missing = [n for n in args.names if n not in namespace]
         if missing:
@@ -274,7 +274,7 @@ class TpuMagics(Magics):
     def tpu_pull(self, line: str):
         """Fetch a variable from the hosts into the notebook: {host: value}, or one host's value,
         or with --gather one numpy array assembled from a global jax.Array's shards."""
-        args = _parse(self.tpu_pull, line)
+        args = parse_line(self.tpu_pull, line)
         sl = slices.current(args.slice_name)
         if args.gather and args.host is not None:
             raise UsageError(f"%tpu_pull {args.name} --gather assembles the array from every host: "
@@ -307,7 +307,7 @@ class TpuMagics(Magics):
         %tpu_profile start and %tpu_profile stop; shows a timeline per host and the top ops."""
         from IPython.display import display
 
-        args = _parse(self.tpu_profile, line)
+        args = parse_line(self.tpu_profile, line)
         sl = slices.current(args.slice_name)
         if cell is not None:
             if args.action:
@@ -350,7 +350,7 @@ class TpuMagics(Magics):
             head, dashes, command = "", "--", stripped[2:]
         else:
             head, dashes, command = (line + " ").partition(" -- ")
-        args = _parse(self.tpu_serve, head)
+        args = parse_line(self.tpu_serve, head)
         usage = "%tpu_serve NAME [--hosts H] [--restart on-failure] [--wait-port P | --wait-http PORT/PATH] -- COMMAND"
         sl = slices.current(args.slice_name)
         if args.stop:
@@ -362,7 +362,7 @@ class TpuMagics(Magics):
         elif not args.name or not command.strip():
             raise UsageError(f"give a NAME and, after --, the command. Usage: {usage}")
         else:
-            with _one_line_interrupt():
+            with one_line_interrupt():
                 sl.serve(args.name, command.strip(), hosts=args.hosts, restart=args.restart,
                          env=slices.parse_env(args.env), wait_port=args.wait_port, wait_http=args.wait_http,
                          timeout=args.timeout)
@@ -376,7 +376,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_logs(self, line: str):
         """A service's output on its hosts: %tpu_logs NAME [--host N] [--tail K] [--follow]."""
-        args = _parse(self.tpu_logs, line)
+        args = parse_line(self.tpu_logs, line)
         sl = slices.current(args.slice_name)
         if args.tail is not None and args.tail < 0:
             raise UsageError(f"--tail takes a number of lines >= 0, not {args.tail}")
@@ -402,7 +402,7 @@ class TpuMagics(Magics):
         prints the link for a browser on another machine (Colab's proxy, or jupyter-server-proxy's)."""
         from tpunb.serve.links import browser_link
 
-        args = _parse(self.tpu_forward, line)
+        args = parse_line(self.tpu_forward, line)
         sl = slices.current(args.slice_name)
         url = sl.forward(args.port, host=args.host, local_port=args.local_port)
         link = browser_link(url)

@@ -9,7 +9,7 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from tpunb.transport import procs
@@ -73,10 +73,41 @@ def tpunb_home() -> Path:
 
 
 @dataclass
+class HostInfo:
+    """What a slice knows of one host beyond its address: what its backend said at launch (its JAX
+    devices, which slice of a multislice, its address on the slices' own network) and what its
+    kernel published of its agent (pid and stack dumps for readers in other processes, the
+    environment made there, whether only %tpu_restart can start it again). Stored as JSON; keys
+    this tpunb does not know are kept in ``extra``, so an older or newer registry loads and saves."""
+
+    devices: int | None = None
+    slice: int | None = None
+    internal_ip: str | None = None
+    pid: int | None = None
+    #: where its agent dumps every thread's stacks on a signal: {"main": path, ...}
+    stacks: dict | None = None
+    #: the environment tpunb made or checked there: {"path", "python", "versions"}
+    env: dict | None = None
+    needs_restart: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict | None) -> HostInfo:
+        known = {f.name for f in fields(cls)} - {"extra"}
+        data = dict(data or {})
+        return cls(**{key: data.pop(key) for key in list(data) if key in known}, extra=data)
+
+    def to_json(self) -> dict:
+        said = {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "extra" and getattr(self, f.name) not in (None, False)}
+        return {**self.extra, **said}
+
+
+@dataclass
 class HostRecord:
     index: int
     address: str
-    info: dict = field(default_factory=dict)
+    info: HostInfo = field(default_factory=HostInfo)
 
 
 @dataclass
@@ -138,7 +169,7 @@ class Registry:
             db.execute("DELETE FROM hosts WHERE slice = ?", (record.name,))
             db.executemany(
                 "INSERT INTO hosts VALUES (?, ?, ?, ?)",
-                [(record.name, h.index, h.address, json.dumps(h.info)) for h in record.hosts],
+                [(record.name, h.index, h.address, json.dumps(h.info.to_json())) for h in record.hosts],
             )
 
     def get_slice(self, name: str) -> SliceRecord | None:
@@ -171,7 +202,7 @@ class Registry:
             name=row["name"], accelerator=row["accelerator"], backend=row["backend"],
             state=row["state"], created=row["created"], owner_pid=row["owner_pid"],
             spec=json.loads(row["spec"]), owner_start=row["owner_start"],
-            hosts=[HostRecord(h["idx"], h["address"], json.loads(h["info"])) for h in hosts],
+            hosts=[HostRecord(h["idx"], h["address"], HostInfo.from_json(json.loads(h["info"]))) for h in hosts],
         )
 
     # The latest metric values per host, published by the kernel that owns a slice, for readers

@@ -30,6 +30,8 @@ from tpunb.engine.request import OnStuck, OnTick, Request, Requests
 from tpunb.engine.routes import Frame, Memfd, Parts
 from tpunb.engine.transfer import Incoming, pack, pack_small, shares_memory
 from tpunb.errors import CellInterrupted, HostDiedError, HostSetupError, RemoteError, TransportError
+from tpunb.fanout import FanOutTimeout, fan_out
+from tpunb.host.protocol import MAIN_THREAD_OPS
 from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
 from tpunb.transport.base import Transport
@@ -46,9 +48,6 @@ JAX_LOAD_SILENCE = 60.0
 BEAT_INTERVAL = 1.0
 #: once one host's environment cannot be made, how long the others get to say whether theirs can
 SETUP_GRACE = 3.0
-#: requests the agent runs on its main thread: a second one on the same host waits for it
-#: (the others, profiler and diagnose requests, relay_listen, are answered on side threads)
-MAIN_THREAD_OPS = frozenset({"exec", "shell", "push", "relay_push", "pull", "gather"})
 
 
 def default_heartbeat_timeout() -> float:
@@ -122,33 +121,19 @@ class Session:
             standby.router = self._route  # from now on its frames and its death are the session's
             self.hosts[i] = standby
         chosen = [self.hosts[i] for i in (indices if indices is not None else range(len(self.hosts)))]
-        errors: list[Exception] = []
-        failed = threading.Event()
         beat = self.beat_interval()
 
         def start(host: HostConnection) -> None:
-            try:
-                init = {**self.init_for_host(host.index), "heartbeat": beat, "relay_secret": self.relay.secret}
-                if host.index not in ready:
-                    host.close()
-                    host.on_prepare = self.on_prepare
-                    host.launch(init)
-                host.handshake(init, self.start_timeout)
-            except Exception as exc:  # collected and reported together below
-                errors.append(exc)
-                failed.set()
+            init = {**self.init_for_host(host.index), "heartbeat": beat, "relay_secret": self.relay.secret}
+            if host.index not in ready:
+                host.close()
+                host.on_prepare = self.on_prepare
+                host.launch(init)
+            host.handshake(init, self.start_timeout)
 
-        threads = [threading.Thread(target=start, args=(host,), daemon=True, name=f"tpunb-start-{host.index}")
-                   for host in chosen]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            while thread.is_alive() and not failed.is_set():
-                thread.join(0.1)
-        if failed.is_set():
-            deadline = time.monotonic() + SETUP_GRACE
-            for thread in threads:
-                thread.join(max(0.0, deadline - time.monotonic()))
+        started = fan_out(chosen, start, name="tpunb-start", after_failure=SETUP_GRACE)
+        # the errors are reported together; hosts still starting when another failed are closed below
+        errors = [e for e in started.failed.values() if not isinstance(e, (FanOutTimeout, KeyboardInterrupt))]
         if self.closed and not errors:  # closed (the slice deleted) while these started: end them too
             errors.append(TransportError("this slice's host sessions were closed while starting"))
         if errors:
@@ -169,30 +154,18 @@ class Session:
             host.close()
             host.transport.close()
 
-        threads = [threading.Thread(target=end, args=(host,), daemon=True) for host in self.hosts]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        fan_out(self.hosts, end, name="tpunb-end")
         self.fanin.close()
 
     def end_agents(self, indices: list[int], grace: float, reason: str) -> list[int]:
         """End these hosts' agents at once (end of input; killed if not gone within ``grace``), and
         tell requests still waiting on them why; the hosts that had to be killed."""
-        killed: list[int] = []
+        def end(i: int) -> bool:
+            killed = self.hosts[i].close(grace)
+            self._route(i, {"op": "died", "id": None, "reason": reason}, b"")
+            return killed
 
-        def end(host: HostConnection) -> None:
-            if host.close(grace):
-                killed.append(host.index)
-            self._route(host.index, {"op": "died", "id": None, "reason": reason}, b"")
-
-        threads = [threading.Thread(target=end, args=(self.hosts[i],), daemon=True, name=f"tpunb-end-{i}")
-                   for i in indices]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return sorted(killed)
+        return sorted(i for i, killed in fan_out(indices, end, name="tpunb-end").succeeded.items() if killed)
 
     # -- liveness -----------------------------------------------------------------------------
     def beat_interval(self) -> float:

@@ -270,8 +270,8 @@ class Slice:
         for host in self.session.hosts:
             if host.index < len(self.record.hosts):
                 info = self.record.hosts[host.index].info
-                info.update(pid=host.info.get("pid"), stacks=host.info.get("stacks"),
-                            needs_restart=bool(info.get("needs_restart")) and not host.alive)
+                info.pid, info.stacks = host.info.get("pid"), host.info.get("stacks")
+                info.needs_restart = info.needs_restart and not host.alive
 
     def save_hosts(self) -> None:
         """``publish_hosts``, then the registry, if it still knows the slice."""
@@ -513,7 +513,7 @@ class Slice:
     @property
     def needs_restart(self) -> list[int]:
         """Hosts a restart could not reach: only %tpu_restart starts them again."""
-        return [h.index for h in self.record.hosts if h.info.get("needs_restart")]
+        return [h.index for h in self.record.hosts if h.info.needs_restart]
 
     # -- status -------------------------------------------------------------------------------
     def versions(self) -> dict[int, dict | None]:
@@ -528,8 +528,8 @@ class Slice:
         for host in self.session.hosts:
             env = host.info.get("env")
             if env and host.index < len(self.record.hosts):
-                self.record.hosts[host.index].info["env"] = {"path": env.get("env"), "python": env.get("python"),
-                                                             "versions": env.get("versions") or {}}
+                self.record.hosts[host.index].info.env = {"path": env.get("env"), "python": env.get("python"),
+                                                          "versions": env.get("versions") or {}}
 
     def warn_python_mismatch(self) -> str | None:
         """Said once at connect: hosts on another Python than this kernel's (see diagnose.pythons)."""

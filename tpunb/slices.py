@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog, colab, provision, report
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
-from tpunb.provision import LaunchRequest, interrupts, warm
-from tpunb.provision.common import start
+from tpunb.provision import LaunchRequest, Made, interrupts, warm
 from tpunb.registry import Registry
 from tpunb.results import RunResult
 from tpunb.slice import Slice
@@ -176,7 +176,8 @@ class SliceManager:
                 raise UsageError(f"{spec}: give the user once with --user, or as user@host on every host")
             user = spec_user
         reg = registry()
-        name = self._claim_name(name, provision.ssh.default_name(None), reg)
+        maker = provision.backend(provision.BRING_YOUR_OWN)
+        name = self._claim_name(name, maker.default_name(None), reg)
         if accept_new_host_key:
             for host, spec_port in places:
                 forget_host_key(host, spec_port, reg)
@@ -185,12 +186,13 @@ class SliceManager:
             python = ",".join(python)
         if coordinator_port is not None and not 0 < int(coordinator_port) < 65536:
             raise UsageError(f"--coordinator-port {coordinator_port}: give a TCP port, 1-65535 (8476 passes GCP's TPU firewall rule)")
-        opts = provision.ssh.options(hosts=addresses, user=user, key=str(key) if key else None, python=python, cwd=cwd,
-                                     connect_timeout=connect_timeout, coordinator_port=coordinator_port, setup=setup,
-                                     jax=jax, pip=pip, requirements=requirements)
+        opts = maker.options(hosts=addresses, user=user, key=str(key) if key else None, python=python, cwd=cwd,
+                             connect_timeout=connect_timeout, coordinator_port=coordinator_port, setup=setup,
+                             jax=jax, pip=pip, requirements=requirements)
         request = LaunchRequest(name, catalog.lookup(accelerator) if accelerator else None, reg, values, opts, count)
         with _interrupt_says_one_line(name, reg):
-            return self._attach(provision.ssh.create(request), values)
+            since = time.perf_counter()
+            return self.start(maker.create(request), reg, values, since)
 
     def launch(self, accelerator: str | None = None, name: str | None = None, backend: str | None = None, env: Any = None,
                recover: str | None = None, slices: int | None = None, **options: Any) -> Slice:
@@ -236,11 +238,12 @@ class SliceManager:
         name = self._claim_name(name, base, reg)
         with _interrupt_says_one_line(name, reg):
             warm.ready("ipywidgets", "tpunb.widgets.launch")  # imported on a side thread, where Ctrl-C cannot cut it
-            return self._attach(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), values)
+            since = time.perf_counter()
+            return self.start(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), reg, values, since)
 
     def _launch_own_tpu(self, name: str | None, env: Any, backend: str | None, options: dict) -> Slice:
         """``%tpu_launch local``: a one-host slice whose host process runs on this machine's own TPU."""
-        if backend not in (None, "local") or options:
+        if backend not in (None, provision.THIS_MACHINE) or options:
             raise UsageError(f"%tpu_launch {colab.OWN_TPU} runs on this machine's own TPU and takes only --name and "
                              "--env; for Cloud TPU name an accelerator, e.g. %tpu_launch v5litepod-8 --backend gcp")
         accel = colab.own_accelerator()
@@ -248,8 +251,9 @@ class SliceManager:
         values = parse_env(env)
         reg = registry()
         name = self._claim_name(name, colab.OWN_TPU, reg)
-        request = LaunchRequest(name, accel, reg, values, provision.local.LocalOptions(own_tpu=True))
-        sl = self._attach(provision.local.create(request), values)
+        maker = provision.backend(provision.THIS_MACHINE)
+        request = LaunchRequest(name, accel, reg, values, maker.options(own_tpu=True))
+        sl = self.start(maker.create(request), reg, values)
         if accel is None:  # JAX on the chips says what they are (it starts there now, as a first cell would)
             try:
                 named = _name_own_tpu(sl)
@@ -277,9 +281,37 @@ class SliceManager:
             held.close()
         accel, opts, env_keys, count = maker.recover(record, reg)
         request = LaunchRequest(self._claim_name(name, name, reg), accel, reg, values, opts, count)
-        recovered = self._attach(maker.create(request), values)
+        recovered = self.start(maker.create(request), reg, values)
         _unset_env_note(name, env_keys, values, "pass them again with --env when recovering")
         return recovered
+
+    def start(self, made: Made, reg: Registry, values: dict[str, str], since: float | None = None,
+               quiet: bool = False) -> Slice:
+        """Every slice starts the same way, whichever backend made it: a Slice of what it made, every
+        host's agent started, the backend's last checks, and only then recorded as running (owned by
+        this kernel, its hosts' pids published for other processes). A failure or Ctrl-C on the way
+        closes the hosts and lets the backend undo what it made (``Made.failed``). ``since``: when the
+        launch began (its ready line counts from then)."""
+        started = time.perf_counter() if since is None else since
+        record = made.record
+        sl = Slice(record, made.transports, made.host_init, reg, coordinator_port=made.coordinator_port, node=made.node)
+        try:
+            sl.connect(attaching=True)  # _attach ends it with mark_used
+            if made.check is not None:
+                made.check(sl)
+            record.owner_pid, record.state = os.getpid(), "running"
+            sl.publish_hosts()  # pids and stack dumps, for readers in other processes (the sidebar's server)
+            reg.save_slice(record)
+        except BaseException as exc:
+            sl.close()
+            if made.failed is not None:
+                made.failed(exc)
+            raise
+        if made.ready is not None:
+            made.ready()
+        elif not quiet:
+            report.info(f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu")
+        return self._attach(sl, values)
 
     def _attach(self, sl: Slice, values: dict[str, str]) -> Slice:
         sl.mark_used()
@@ -318,12 +350,12 @@ class SliceManager:
             raise NoSliceError(f"no slice named {name!r}: {hint}")
         values = self.env.get(name, {})
         backend = provision.backend(record.backend)
-        sl = start(backend.attach(record, reg, values), reg, 0.0, ready="")
+        sl = self.start(backend.attach(record, reg, values), reg, values, quiet=True)
         report.warn(f"[tpunb] started {len(record.hosts)} new host session{'s' if len(record.hosts) > 1 else ''} for "
                     f"{name!r}: the previous ones ended with their kernel, so their state was lost")
         _unset_env_note(name, record.spec.get("env_keys", []), values,
                         f"%tpu_down {name} and connect again with --env to set them")
-        return self._attach(sl, values)
+        return sl
 
     def current(self, name: str | None = None) -> Slice:
         """The named slice, else the current one; a clear error says how to get one."""

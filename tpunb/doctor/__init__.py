@@ -1,7 +1,8 @@
 """%tpu_doctor: what stands between this notebook and a working slice, one row per check.
 
-Each check is a small function registered with ``@check("label")`` (tpunb.doctor.base) in
-``CHECKS``, in the order the table shows: the modules imported below, in this order. It takes
+Each check is a small function registered with ``@check(CHECKS, "label")`` (tpunb.doctor.base),
+in the order the table shows: the slice's backend's own checks first (the cloud's credentials,
+project, API and quota: ``provision.doctor_checks``), then the modules imported below. It takes
 the ``Context`` (project, zone, accelerator, the slice if one is attached) and returns
 ``(status, why)``: "ok", "warning" or "failed" and one line, or None where it does not apply (no
 host checks without a slice, no cloud checks for a local slice). A check that raises becomes a
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpunb.doctor import cloud, hosts, jax_ready  # noqa: F401 - importing them registers their checks, in this order
-from tpunb.doctor.base import CHECKS, FAILED, Context, Row
+from tpunb.doctor import hosts, jax_ready  # noqa: F401 - importing them registers their checks, in this order
+from tpunb.doctor.base import CHECKS, FAILED, Check, Context, Row
 
 
 class Report(list):
@@ -34,10 +35,10 @@ class Report(list):
         printer.text(str(self))
 
 
-def run(ctx: Context) -> Report:
-    """Every registered check on ``ctx``, in order."""
+def run(ctx: Context, first: list[Check] | None = None) -> Report:
+    """The checks ``first`` (a backend's own), then every registered check, on ``ctx``, in order."""
     rows = Report()
-    for label, fn in CHECKS:
+    for label, fn in [*(first or []), *CHECKS]:
         try:
             answer = fn(ctx)
         except Exception as e:  # one broken check must not hide the others
@@ -54,7 +55,6 @@ def doctor(name: str | None = None, accelerator: str | None = None, zone: str | 
     launch of ``accelerator`` in ``project``/``zone`` needs. Returns the rows; print() shows them."""
     from tpunb import provision, slices
     from tpunb.errors import NoSliceError
-    from tpunb.provision.gcp.config import resolve_project_zone
 
     sl = None
     try:
@@ -66,9 +66,10 @@ def doctor(name: str | None = None, accelerator: str | None = None, zone: str | 
     if place is not None:
         project, zone = project or place[0], zone or place[1]
     else:
-        project, zone = resolve_project_zone(project, zone)
+        project, zone = provision.default_place(project, zone)
     accelerator = accelerator or (sl.record.accelerator if sl is not None else None)
-    report = run(Context(project, zone, accelerator, sl, in_cloud=place is not None))
+    report = run(Context(project, zone, accelerator, sl, in_cloud=place is not None),
+                 provision.doctor_checks(sl.record if sl is not None else None))
     where = f"slice {sl.name!r} ({sl.kind}, {sl.backend})" if sl is not None else "no slice attached"
     report.title = f"tpu_doctor: {where}; project {project or '?'}, zone {zone or '?'}"
     return report

@@ -9,13 +9,16 @@ if TYPE_CHECKING:
     from tpunb.slice import Slice
 
 OK, WARNING, FAILED = "ok", "warning", "failed"
-CHECKS: list[tuple[str, Callable[["Context"], Any]]] = []
+#: a check: its label (the table's first column) and the function that answers it
+Check = tuple[str, Callable[["Context"], Any]]
+#: the checks every slice gets (hosts, JAX); a backend's own come first (``provision.doctor_checks``)
+CHECKS: list[Check] = []
 
 
-def check(label: str) -> Callable:
-    """Register a check under ``label`` (the table's first column), after those already there."""
+def check(into: list[Check], label: str) -> Callable:
+    """Register a check under ``label`` in the list ``into``, after those already there."""
     def register(fn: Callable[["Context"], Any]) -> Callable[["Context"], Any]:
-        CHECKS.append((label, fn))
+        into.append((label, fn))
         return fn
     return register
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import time
 
-from tpunb.doctor.base import FAILED, OK, WARNING, Context, check
+from tpunb.doctor.base import CHECKS, FAILED, OK, WARNING, Context, check
 from tpunb.units import format_bytes
 
 #: one expression, so nothing is left in the hosts' namespaces
@@ -44,7 +44,7 @@ def skew(times: dict[int, float], before: float, after: float) -> tuple[float, i
     return max(0.0, times[last] - times[first] - (after - before)), first, last
 
 
-@check("clock skew")
+@check(CHECKS, "clock skew")
 def clock_skew(ctx: Context) -> tuple[str, str] | None:
     if ctx.slice is None:
         return None
@@ -65,7 +65,7 @@ def clock_skew(ctx: Context) -> tuple[str, str] | None:
     return OK, f"{len(answers)} host clocks agree within {max(after - before, 0.001) * 1000:.0f} ms"
 
 
-@check("disk space")
+@check(CHECKS, "disk space")
 def disk_space(ctx: Context) -> tuple[str, str] | None:
     if ctx.slice is None:
         return None

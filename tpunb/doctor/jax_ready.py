@@ -4,7 +4,7 @@ once, on a side thread of its agent, so this works while a cell runs)."""
 from __future__ import annotations
 
 from tpunb import diagnose
-from tpunb.doctor.base import FAILED, OK, WARNING, Context, check
+from tpunb.doctor.base import CHECKS, FAILED, OK, WARNING, Context, check
 
 
 def host_checks(ctx: Context) -> list[diagnose.HostCheck]:
@@ -18,7 +18,7 @@ def _answered(ctx: Context) -> list[diagnose.HostCheck]:
     return [c for c in host_checks(ctx) if c.error is None]
 
 
-@check("package versions")
+@check(CHECKS, "package versions")
 def package_versions(ctx: Context) -> tuple[str, str] | None:
     if ctx.slice is None:
         return None
@@ -42,11 +42,11 @@ def _first_problem(ctx: Context, field: str, fine: str) -> tuple[str, str] | Non
     return OK, fine
 
 
-@check("TPU free")
+@check(CHECKS, "TPU free")
 def tpu_free(ctx: Context) -> tuple[str, str] | None:
     return _first_problem(ctx, "tpu_busy", "no other process holds a TPU device file or the libtpu lockfile")
 
 
-@check("coordinator port")
+@check(CHECKS, "coordinator port")
 def coordinator_port(ctx: Context) -> tuple[str, str] | None:
     return _first_problem(ctx, "coordinator", "every host reaches the JAX coordinator's port")

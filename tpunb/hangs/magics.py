@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tpunb import report, slices
-from tpunb.magics import _one_line_interrupt, _parse
+from tpunb.magics import one_line_interrupt, parse_line
 
 
 @magics_class
@@ -26,8 +26,8 @@ class HangMagics(Magics):
         """Every host's Python stacks, all threads, grouped by identical stacks: works while a cell
         runs and while a host is blocked in C (an XLA collective, a barrier). ``--slice NAME`` of
         a slice another kernel holds reads its hosts from here, through the registry."""
-        args = _parse(self.tpu_stacks, line)
-        with _one_line_interrupt():
+        args = parse_line(self.tpu_stacks, line)
+        with one_line_interrupt():
             if args.slice_name and slices.attached(args.slice_name) is None:
                 from tpunb.hangs.cli import stacks_text
 
@@ -43,8 +43,8 @@ class HangMagics(Magics):
     def tpu_restart(self, line: str):
         """Fresh Python sessions on every host of the same slice (the node, its environment and
         services stay; JAX starts again over the whole slice): the way back from a wedged runtime."""
-        args = _parse(self.tpu_restart, line)
+        args = parse_line(self.tpu_restart, line)
         sl = slices.current(args.slice_name)
-        with _one_line_interrupt():
+        with one_line_interrupt():
             done = sl.restart(hosts=args.hosts)
         report.info(done.line(sl.name, sl.layout.names))

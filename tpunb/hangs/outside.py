@@ -4,16 +4,14 @@ agent pids and where each dumps its stacks; local hosts are read from here, remo
 with tpunb's key and the recorded host keys."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
+from tpunb import provision
 from tpunb.display.hosts import Layout
-from tpunb.errors import NoSliceError, TpunbError
+from tpunb.errors import NoSliceError
 from tpunb.hangs import collect
 from tpunb.hangs.read import Target
 from tpunb.hangs.stacks import Stacks
 from tpunb.provision.common import owner_running
 from tpunb.registry import Registry, SliceRecord
-from tpunb.transport.local import LocalTransport
 
 
 def recorded_stacks(record: SliceRecord, registry: Registry, hosts: str | list[int] | None = None,
@@ -26,7 +24,7 @@ def recorded_stacks(record: SliceRecord, registry: Registry, hosts: str | list[i
     if not owner_running(record):
         raise NoSliceError(f"no kernel runs {record.name!r}'s hosts now (the one that did ended): "
                            f"there is nothing to read; %tpu_use {record.name} in a notebook starts them again")
-    transports = _transports(record, registry, indices)
+    transports = provision.record_transports(record, registry, indices)
     targets = []
     for i in indices:
         info = record.hosts[i].info
@@ -34,34 +32,11 @@ def recorded_stacks(record: SliceRecord, registry: Registry, hosts: str | list[i
         if isinstance(made, str):
             targets.append(Target(i, None, None, None, made, state="unreachable"))
         else:
-            targets.append(Target(i, made, info.get("pid"), info.get("stacks")))
+            targets.append(Target(i, made, info.pid, info.stacks))
     try:
-        return collect(record.name, targets, {i: (record.hosts[i].info.get("stacks") or {}).get("main")
+        return collect(record.name, targets, {i: (record.hosts[i].info.stacks or {}).get("main")
                                                for i in indices}, native, layout.names)
     finally:
         for made in transports.values():
             if not isinstance(made, str):
                 made.close()
-
-
-def _transports(record: SliceRecord, registry: Registry, indices: list[int]) -> dict:
-    """{host: a transport to it, or why none could be made}; hosts are reached in parallel, and one
-    that cannot be does not stop the others."""
-    if record.backend == "local":
-        return {i: LocalTransport(f"local:{i}") for i in indices}
-    from tpunb.provision.ssh import pythons
-    from tpunb.transport.ssh import SSHTransport, parse_host
-
-    spec = record.spec
-    python = pythons(spec.get("python") or "python3", len(record.hosts))
-
-    def one(i: int):
-        user, host, port = parse_host(record.hosts[i].address, spec.get("user"))
-        try:
-            return SSHTransport(host, port, user, spec.get("key"), registry, float(spec.get("connect_timeout") or 10.0),
-                                python=python if isinstance(python, str) else python[i])
-        except TpunbError as exc:
-            return f"unreachable ({exc})"
-
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(indices))), thread_name_prefix="tpunb-stacks-ssh") as pool:
-        return dict(zip(indices, pool.map(one, indices)))

@@ -8,11 +8,10 @@ where they are): ``python -m tpunb stacks NAME``, the JupyterLab sidebar.
 """
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
 
 from tpunb.errors import TransportError
+from tpunb.fanout import fan_out
 from tpunb.host import stacks as host_stacks
 from tpunb.engine.bundle import STACKS_READER, stacks_source
 from tpunb.transport.base import Transport, ask_program
@@ -38,28 +37,24 @@ def read_hosts(targets: list[Target], native: bool = False, bound: float | None 
     """{host: the reader's reply} (``text``, ``native``) or ``{"error", "state"}``, every host at once;
     hosts that have not answered after ``bound`` seconds (default: generous) are said to be silent."""
     replies: dict[int, dict] = {}
-    threads = []
+    readable: dict[int, Target] = {}
     for target in targets:
         if target.reason or not target.pid or not target.dump_at:
             replies[target.host] = {"error": target.reason or "its agent cannot dump its stacks (an older tpunb "
                                     "started it: restart the slice)", "state": target.state}
-            continue
-        thread = threading.Thread(target=_read_into, args=(target, native, replies), daemon=True,
-                                  name=f"tpunb-stacks-{target.host}")
-        thread.start()
-        threads.append((target, thread))
+        else:
+            readable[target.host] = target
     if bound is None:
         bound = host_stacks.ANSWER + 3.0 + (host_stacks.PYSPY_TIMEOUT if native else 0.0) + REMOTE_SLACK
-    deadline = time.monotonic() + bound
-    for target, thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            replies.setdefault(target.host, {"error": f"did not answer within {bound:g} s (its connection may be "
-                                                      "frozen)", "state": "unreachable"})
+    read = fan_out(list(readable), lambda host: _answer(readable[host], native), deadline=bound, name="tpunb-stacks")
+    for host in readable:
+        replies[host] = read.succeeded.get(host) or {
+            "error": f"did not answer within {bound:g} s (its connection may be frozen)", "state": "unreachable"}
     return replies
 
 
-def _read_into(target: Target, native: bool, replies: dict[int, dict]) -> None:
+def _answer(target: Target, native: bool) -> dict:
+    """The host's reply, or why there is none: one host's failure is never the others'."""
     request = {"pid": target.pid, "signal": target.dump_at["signal"], "path": target.dump_at["path"],
                "native": native}
     try:
@@ -68,7 +63,7 @@ def _read_into(target: Target, native: bool, replies: dict[int, dict]) -> None:
         reply = {"error": f"unreachable ({exc})", "state": "unreachable"}
     except Exception as exc:  # a broken reply is this host's answer, never the others' failure
         reply = {"error": f"{type(exc).__name__}: {exc}", "state": "unreachable"}
-    replies.setdefault(target.host, reply)
+    return reply
 
 
 def _read(transport: Transport, request: dict) -> dict:

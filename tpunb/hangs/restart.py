@@ -11,12 +11,12 @@ they take the old agents' places at once; the next restart's are prepared once t
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tpunb.errors import TransportError
+from tpunb.fanout import fan_out
 from tpunb.results import RESTARTED
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
     elif fresh:
         session.jax_started = False  # JAX ran on agents that are gone; none of the fresh ones runs it
     for host in sl.record.hosts:
-        host.info["needs_restart"] = host.index in unreachable
+        host.info.needs_restart = host.index in unreachable
     sl.save_hosts()
     sl.standbys.prepare_ahead(likely=True)  # the next restart's, once JAX's start and the next cell are done
     return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened)
@@ -93,17 +93,8 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
 
 def _unreachable(session, indices: list[int]) -> dict[int, str]:
     """{host: why} of chosen hosts whose connection cannot be made again (SSH hosts gone)."""
-    failed: dict[int, str] = {}
-
-    def reach(i: int) -> None:
-        try:
-            session.transports[i].connect()
-        except TransportError as exc:
-            failed[i] = str(exc)
-
-    threads = [threading.Thread(target=reach, args=(i,), daemon=True) for i in indices]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return failed
+    reached = fan_out(indices, lambda i: session.transports[i].connect(), name="tpunb-reach")
+    for error in reached.failed.values():
+        if not isinstance(error, TransportError):
+            raise error
+    return {i: str(error) for i, error in reached.failed.items()}

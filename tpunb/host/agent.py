@@ -190,6 +190,8 @@ class Agent:
         """Act on a frame that is not a request (from whichever thread reads); True for a request,
         which the main thread runs."""
         op = message.get("op")
+        if protocol.OPS.get(op, protocol.MAIN) == protocol.MAIN:  # unknown ops too: the main loop says so
+            return True
         if op == "part":  # a piece of a pushed value: placed at once, whichever thread reads
             self._take_part(message, blob)
         elif op == "interrupt":
@@ -220,8 +222,6 @@ class Agent:
                 self.send({"op": "done", "id": message.get("id"), **reply})
         elif op == "diagnose":  # answered on a side thread: works while a cell runs
             quiet_thread(self._diagnose, "tpunb-diagnose", message)
-        else:
-            return True
         return False
 
     def _diagnose(self, message: dict) -> None:

@@ -29,6 +29,21 @@ MAX_BLOB = 2**32 - 1
 MAX_TEXT = 1 << 20
 
 
+#: which thread answers each op a kernel sends a host. MAIN: a request the agent's main thread runs,
+#: one at a time (a host running one is busy: the kernel's Session.holding); SIDE: answered at once
+#: by whichever thread reads the frame, beside a running cell. The agent dispatches by this table
+#: and the kernel reads it; tests/test_agent.py checks the agent has a handler for each.
+MAIN, SIDE = "main", "side"
+OPS = {
+    "exec": MAIN, "shell": MAIN, "push": MAIN, "relay_push": MAIN, "pull": MAIN, "gather": MAIN,
+    "part": SIDE, "interrupt": SIDE, "release": SIDE, "start_jax": SIDE, "heartbeat": SIDE, "idle": SIDE,
+    "metrics_interval": SIDE, "diagnose": SIDE, "profile_start": SIDE, "profile_stop": SIDE,
+    "profile_status": SIDE, "relay_listen": SIDE, "relay_cancel": SIDE,
+}
+#: the requests that take a host's main thread
+MAIN_THREAD_OPS = frozenset(op for op, thread in OPS.items() if thread == MAIN)
+
+
 #: one encoder for every frame (json.dumps with options builds a new one per call)
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 

@@ -14,18 +14,25 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tpunb.errors import UsageError
 from tpunb.provision import gcp, local, ssh
-from tpunb.provision.base import OPTIONAL, Backend, LaunchRequest, Nodes
+from tpunb.provision.base import OPTIONAL, Backend, LaunchRequest, Made, Nodes
 
 if TYPE_CHECKING:
     from tpunb.registry import Registry, SliceRecord
     from tpunb.transport.base import Transport
 
-__all__ = ["Backend", "LaunchRequest", "LAUNCH_BACKENDS", "Survey", "backend", "cloud_place", "default_backend",
-           "local_transports", "supporting", "supports", "adopt"]
+__all__ = ["Backend", "LaunchRequest", "Made", "BACKEND_NAMES", "BRING_YOUR_OWN", "LAUNCH_BACKENDS", "THIS_MACHINE", "Survey",
+           "adopt", "backend", "cloud_place", "default_backend", "default_place", "doctor_checks", "launch_flags",
+           "local_transports", "record_transports", "snapshots_in_cloud", "supporting", "supports"]
 
-#: ways %tpu_launch makes hosts; %tpu_connect brings its own (backend "ssh")
-LAUNCH_BACKENDS = ("local", "gcp")
 _MODULES = {"local": local, "ssh": ssh, "gcp": gcp}
+#: every backend's name, as records and --backend write it: only this package branches on them
+BACKEND_NAMES = tuple(_MODULES)
+#: ways %tpu_launch makes hosts
+LAUNCH_BACKENDS = ("local", "gcp")
+#: the backend %tpu_connect makes slices of hosts you bring with
+BRING_YOUR_OWN = ssh.NAME
+#: the backend whose hosts are processes on this machine (simulated slices, or its own TPU chips)
+THIS_MACHINE = local.NAME
 
 
 def backend(name: str) -> Backend:
@@ -80,6 +87,39 @@ def cloud_place(record: SliceRecord) -> tuple[str | None, str | None] | None:
     """Where a slice lives in a cloud (project, zone), or None when its backend is no cloud."""
     made = backend(record.backend)
     return made.cloud_place(record) if supports(made, "cloud") else None
+
+
+def default_place(project: str | None, zone: str | None) -> tuple[str | None, str | None]:
+    """Where a launch goes when not told: the first cloud backend's configured project and zone
+    (flags, environment, its own tool's config), else what was given."""
+    for made in supporting("cloud"):
+        found = made.default_place(project, zone)
+        if found[0]:
+            return found
+    return project, zone
+
+
+def doctor_checks(record: SliceRecord | None) -> list:
+    """%tpu_doctor's checks of a slice's backend (none for one without them), or with no slice,
+    those of every backend a launch may go to."""
+    made = [backend(record.backend)] if record is not None else supporting("doctor")
+    return [check for m in made if supports(m, "doctor") for check in m.doctor_checks()]
+
+
+def launch_flags() -> list:
+    """Every launch option a backend offers as a %tpu_launch --flag (dataclass fields with help)."""
+    return [flag for made in supporting("flags") for flag in made.option_flags()]
+
+
+def snapshots_in_cloud(record: SliceRecord) -> bool:
+    """The slice's snapshots go to Cloud Storage, which its hosts in a cloud reach (not under
+    $TPUNB_HOME here): its backend has a cloud place."""
+    return supports(backend(record.backend), "cloud")
+
+
+def record_transports(record: SliceRecord, reg: Registry, indices: list[int]) -> dict:
+    """{host: a transport, or why none could be made} for a recorded slice, from any process."""
+    return backend(record.backend).record_transports(record, reg, indices)
 
 
 def local_transports(record: SliceRecord) -> list[Transport] | None:

@@ -1,16 +1,10 @@
-"""What every backend shares: the environment each host gets, and starting a built slice."""
+"""What every backend shares: the environment each host gets, and whether a slice's owner runs."""
 from __future__ import annotations
 
 import os
-import time
-from typing import TYPE_CHECKING
 
-from tpunb import report
 from tpunb.transport import procs
-from tpunb.registry import Registry, SliceRecord, process_start
-
-if TYPE_CHECKING:
-    from tpunb.slice import Slice
+from tpunb.registry import SliceRecord, process_start
 
 #: CPU collectives (gloo) print a line per communicator from C++ threads, unconditionally and
 #: sometimes interleaved: any line with these fragments is noise on a simulated slice (and on
@@ -38,27 +32,10 @@ def host_env(record: SliceRecord, index: int) -> dict[str, str]:
         env["TPUNB_ACCELERATOR"] = record.accelerator
     if slices > 1:
         first = record.hosts[0]  # host 0 of slice 0, on the network the slices share (its internal IP)
-        coordinator = first.info.get("internal_ip") or first.address.rsplit(":", 1)[0]
+        coordinator = first.info.internal_ip or first.address.rsplit(":", 1)[0]
         env.update(MEGASCALE_COORDINATOR_ADDRESS=f"{coordinator}:{MEGASCALE_PORT}", MEGASCALE_NUM_SLICES=str(slices),
                    MEGASCALE_SLICE_ID=str(slice_index), MEGASCALE_PORT=str(MEGASCALE_PORT))
     return env
-
-
-def start(sl: "Slice", reg: Registry, started: float, ready: str | None = None) -> "Slice":
-    """Start every host; only a slice whose hosts all came up is recorded (owned by this kernel).
-    ``ready`` replaces the message said when it is up ("" says nothing)."""
-    try:
-        sl.connect(attaching=True)  # slices.SliceManager._attach ends it with mark_used
-    except BaseException:
-        sl.close()
-        raise
-    sl.record.owner_pid, sl.record.state = os.getpid(), "running"
-    sl.publish_hosts()  # the Jupyter server's sidebar ends a local slice's hosts by their pids
-    reg.save_slice(sl.record)
-    if ready != "":
-        report.info(ready or f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: "
-                             "run cells on it with %%on_tpu")
-    return sl
 
 
 def pid_alive(pid: int | None) -> bool:

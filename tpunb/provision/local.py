@@ -17,12 +17,11 @@ from tpunb import catalog, colab, report
 from tpunb.catalog import Accelerator
 from tpunb.errors import OwnedElsewhere, TpunbError, UsageError
 from tpunb.transport import procs
-from tpunb.provision.base import LaunchRequest, Nodes
-from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, owner_running, start
-from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.provision.base import LaunchRequest, Made, Nodes
+from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, owner_running
+from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 from tpunb.serve.cleanup import stop_recorded
 from tpunb.units import parse_duration
-from tpunb.slice import Slice
 from tpunb.status import SliceStatus
 from tpunb.transport.local import LocalTransport
 
@@ -47,18 +46,20 @@ def default_name(accelerator: Accelerator) -> str:
 
 def options(**given) -> LocalOptions:
     """A local slice takes no options beyond its accelerator. ``idle_delete`` is accepted and
-    ignored: a simulated slice costs nothing and its host processes end with the kernel."""
+    ignored: a simulated slice costs nothing and its host processes end with the kernel.
+    ``own_tpu`` is set by ``%tpu_launch local`` (this machine's own chips), never by a --flag."""
+    own_tpu = bool(given.pop("own_tpu", False))
     if parse_duration(given.pop("idle_delete", None), "--idle-delete", off=True):
         report.info("[tpunb] --idle-delete applies to Cloud TPU slices; a local simulated slice costs nothing and "
                     "its hosts end with this kernel, so it is ignored")
     if given:
         raise UsageError(f"unknown option{'s' if len(given) > 1 else ''} {', '.join(sorted(given))} for backend "
                          "local (cloud options need --backend gcp and a Google Cloud project)")
-    return LocalOptions()
+    return LocalOptions(own_tpu=own_tpu)
 
 
-def create(request: LaunchRequest) -> Slice:
-    """Start one host process per TPU host of the accelerator; the slice is recorded once all are up.
+def create(request: LaunchRequest) -> Made:
+    """One host process per TPU host of the accelerator, to start; the slice is recorded once all are up.
     ``options.own_tpu``: one host process on this machine's real TPU chips, not simulated.
     ``slices``: a multislice, every host of every slice in one jax.distributed job, slice by slice.
     An own TPU whose type only JAX there can say has no accelerator yet (tpunb.slices names it)."""
@@ -66,11 +67,11 @@ def create(request: LaunchRequest) -> Slice:
     own_tpu = bool(request.options and request.options.own_tpu)
     if accelerator is None:
         record = SliceRecord(name=name, accelerator="", backend=NAME, state="running", owner_pid=os.getpid(),
-                             hosts=[HostRecord(0, "localhost", {"slice": 0})], spec={"own_tpu": True})
+                             hosts=[HostRecord(0, "localhost", HostInfo(slice=0))], spec={"own_tpu": True})
         report.info(f"Launching {name!r} on this machine's own TPU (1 host; its type from JAX there) ...")
-        return start(attach(record, request.registry, request.env), request.registry, time.perf_counter())
+        return attach(record, request.registry, request.env)
     per_slice = accelerator.hosts
-    hosts = [HostRecord(i, "localhost", {"devices": accelerator.devices_per_host, "slice": i // per_slice})
+    hosts = [HostRecord(i, "localhost", HostInfo(devices=accelerator.devices_per_host, slice=i // per_slice))
              for i in range(per_slice * slices)]
     spec: dict = {"own_tpu": True} if own_tpu else {}
     if slices > 1:
@@ -86,10 +87,10 @@ def create(request: LaunchRequest) -> Slice:
                 f"Launching {many} {name!r} (no Google Cloud project configured, or --backend local): "
                 f"{each}{per_slice} host{'s' if per_slice > 1 else ''} x {accelerator.devices_per_host} "
                 "JAX CPU devices ...")
-    return start(attach(record, request.registry, request.env), request.registry, time.perf_counter())
+    return attach(record, request.registry, request.env)
 
 
-def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
+def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
     """Host processes on this machine, each seeing its share of the slice's chips as JAX CPU devices
     (not started yet). The previous ones, if any, ended with the kernel that owned them."""
     if owner_alive(record):
@@ -108,7 +109,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
         return {"env": variables, "cwd": os.getcwd(), "jax": jax_settings(num_hosts, index, coordinator_port),
                 **DROP_NOISE}
 
-    return Slice(record, local_transports(record), host_init, reg, coordinator_port=free_port)
+    return Made(record, local_transports(record), host_init, coordinator_port=free_port)
 
 
 def delete(record: SliceRecord, force: bool = False) -> None:
@@ -126,7 +127,7 @@ def delete(record: SliceRecord, force: bool = False) -> None:
 def end_hosts(record: SliceRecord) -> None:
     """End a local slice's host processes that its (live) kernel started: each is its own process
     group. Only processes whose parent is still the owner are signalled, never a reused pid."""
-    pids = [h.info.get("pid") for h in record.hosts]
+    pids = [h.info.pid for h in record.hosts]
     if not all(pids):
         raise OwnedElsewhere(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}) "
                              f"that did not publish its host processes: %tpu_down {record.name} there")
@@ -153,6 +154,11 @@ def local_transports(record: SliceRecord) -> list[LocalTransport]:
     return [LocalTransport(f"local:{h.index}") for h in record.hosts]
 
 
+def record_transports(record: SliceRecord, reg: Registry, indices: list[int]) -> dict:
+    """{host: a transport to it}: its hosts are processes on this machine, which any process reaches."""
+    return {i: LocalTransport(f"local:{i}") for i in indices}
+
+
 def name_reusable(record: SliceRecord) -> bool:
     """A recorded local slice none of whose host processes runs holds nothing: its name may be taken again."""
     return "running" not in _host_states(record)
@@ -172,7 +178,7 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
 
 def _host_states(record: SliceRecord) -> list[str]:
     owner = owner_running(record)
-    return ["running" if owner and procs.alive(h.info.get("pid") or record.owner_pid) else "gone" for h in record.hosts]
+    return ["running" if owner and procs.alive(h.info.pid or record.owner_pid) else "gone" for h in record.hosts]
 
 
 def free_port() -> int:

@@ -12,13 +12,14 @@ from dataclasses import dataclass, fields
 
 from tpunb import diagnose, report
 from tpunb.catalog import Accelerator
-from tpunb.errors import HostKeyError, TransportError, UsageError
+from tpunb.errors import HostKeyError, TpunbError, TransportError, UsageError
+from tpunb.fanout import fan_out
 from tpunb.provision import hostenv, interrupts
-from tpunb.provision.base import LaunchRequest, Nodes
-from tpunb.provision.common import DROP_NOISE, host_env, owner_running, start
+from tpunb.provision.base import LaunchRequest, Made, Nodes
+from tpunb.provision.common import DROP_NOISE, host_env, owner_running
 from tpunb.registry import HostRecord, Registry, SliceRecord
 from tpunb.serve.cleanup import stop_recorded
-from tpunb.slice import Node, Slice
+from tpunb.slice import Node
 from tpunb.status import SliceStatus
 
 NAME = "ssh"
@@ -106,8 +107,8 @@ def setup_spec(python: str | None, jax: str | None, pip, requirements: str | Non
     return ("python3" if version else python), hostenv.host_spec(chosen, jax, pip, requirements)
 
 
-def create(request: LaunchRequest) -> Slice:
-    """Record the hosts of ``request.options`` as a new slice, connect to them, start their agents."""
+def create(request: LaunchRequest) -> Made:
+    """The hosts of ``request.options`` as a new slice, connected to (their agents start next)."""
     opts: SshOptions = request.options
     if not opts or not opts.hosts:
         raise UsageError("give at least one host, e.g. %tpu_connect 10.0.0.2,10.0.0.3")
@@ -125,15 +126,14 @@ def create(request: LaunchRequest) -> Slice:
                                **({"coordinator_port": opts.coordinator_port} if opts.coordinator_port else {}),
                                **({"slices": request.slices} if request.slices > 1 else {})},
                          hosts=[HostRecord(i, a) for i, a in enumerate(opts.hosts)])
-    started = time.perf_counter()
     count = len(record.hosts)
     report.info(f"Connecting to {count} host{'s' if count > 1 else ''} over SSH as {record.name!r} ...")
-    return start(attach(record, request.registry, request.env), request.registry, started)
+    return attach(record, request.registry, request.env)
 
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float = 0.0,
            node: Node | None = None, coordinator_port: int | None = None, network: str | None = None,
-           metadata: bool = False) -> Slice:
+           metadata: bool = False) -> Made:
     """One SSH connection per host (agents not started yet), jax.distributed coordinated by host 0,
     on ``coordinator_port`` (the record's, else a random one per start). Every host checks it can
     reach that port before JAX starts; ``network`` goes into the firewall rule named if not.
@@ -147,7 +147,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float 
     transports = connect_hosts(record, reg, wait)
     for transport in transports:
         transport.prepare = spec.get("setup")
-    coordinator = record.hosts[0].info.get("internal_ip") or transports[0].host
+    coordinator = record.hosts[0].info.internal_ip or transports[0].host
     num_hosts = len(record.hosts)
 
     def host_init(index: int, coordinator_port: int) -> dict:
@@ -165,7 +165,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float 
 
     # a random port outside Linux's ephemeral range (32768+), where outgoing connections take theirs
     pick = (lambda: int(fixed)) if fixed else (lambda: random.randint(20000, 32000))
-    return Slice(record, transports, host_init, reg, coordinator_port=pick, node=node)
+    return Made(record, transports, host_init, coordinator_port=pick, node=node)
 
 
 def delete(record: SliceRecord, force: bool = False) -> None:
@@ -173,6 +173,26 @@ def delete(record: SliceRecord, force: bool = False) -> None:
     and the services, which do not: they are stopped here."""
     if record.hosts:
         stop_recorded(record, lambda: connect_hosts(record, Registry()))
+
+
+def record_transports(record: SliceRecord, reg: Registry, indices: list[int]) -> dict:
+    """{host: an SSH transport to it with tpunb's key and the recorded host keys, or why none could
+    be made}; hosts are reached in parallel, and one that cannot be does not stop the others."""
+    from tpunb.transport.ssh import SSHTransport, parse_host
+
+    spec = record.spec
+    python = pythons(spec.get("interpreter") or spec.get("python") or "python3", len(record.hosts))
+
+    def one(i: int) -> SSHTransport | str:
+        user, host, port = parse_host(record.hosts[i].address, spec.get("user"))
+        try:
+            return SSHTransport(host, port, user, spec.get("key"), reg, float(spec.get("connect_timeout") or 10.0),
+                                python=python if isinstance(python, str) else python[i])
+        except TpunbError as exc:
+            return f"unreachable ({exc})"
+
+    return fan_out(indices, one, name="tpunb-record-ssh",
+                   late=lambda made: None if isinstance(made, str) else made.close()).by_key()
 
 
 def name_reusable(record: SliceRecord) -> bool:

@@ -6,10 +6,10 @@ kernel that is gone.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tpunb.errors import TransportError
+from tpunb.fanout import fan_out
 from tpunb.engine.bundle import SERVICE_CONTROL, service_source
 from tpunb.registry import tpunb_home
 from tpunb.transport.base import Transport, ask_program
@@ -43,8 +43,4 @@ def ask_hosts(transports: list[Transport], requests: dict[int, dict]) -> dict[in
         except TransportError as exc:
             return {"error": str(exc), "unreachable": True}
 
-    hosts = list(requests)
-    if len(hosts) <= 1:
-        return {h: one(h) for h in hosts}
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        return dict(zip(hosts, pool.map(one, hosts)))
+    return fan_out(list(requests), one, workers=32, name="tpunb-service-control").by_key()

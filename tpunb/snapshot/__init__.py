@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tpunb import report
+from tpunb import provision, report
 from tpunb.errors import SnapshotError, TpunbError, UsageError
 from tpunb.host.snapshot import compose_manifest
 from tpunb.snapshot import remote, store
@@ -43,7 +43,7 @@ class Restored:
     shardings: dict
 
 
-def _check_names(names) -> list[str]:
+def check_names(names) -> list[str]:
     names = [names] if isinstance(names, str) else list(names or [])
     bad = [n for n in names if not isinstance(n, str) or not n.isidentifier()]
     if not names or bad:
@@ -54,10 +54,10 @@ def _check_names(names) -> list[str]:
 def snapshot(sl: "Slice", names, to: str | None = None, bucket: str | None = None, reason: str = "") -> Snapshot:
     """Save ``names`` from every host of ``sl`` to ``to`` (a path every host reaches, or
     gs://BUCKET/PATH; default: a new folder under $TPUNB_HOME, or the bucket for cloud slices)."""
-    names = _check_names(names)
+    names = check_names(names)
     if bucket:
         store.bucket(bucket)
-    uri = store.new_uri(sl.backend, sl.name, to, reason)
+    uri = store.new_uri(provision.snapshots_in_cloud(sl.record), sl.name, to, reason)
     began = time.perf_counter()
     remote.call(sl, "begin", {"uri": uri}, hosts=[0])
     progress = _Bytes(f"snapshot {', '.join(names)}")
@@ -180,7 +180,7 @@ def _discard(sl: "Slice", uri: str) -> None:
 def restore(sl: "Slice", uri: str | None = None, names=None) -> Restored:
     """Load a snapshot (default: the newest complete one of this slice, else of any) onto ``sl``."""
     if names is not None:
-        names = _check_names(names)
+        names = check_names(names)
     source = _find(sl, uri)
     uri = source.uri
     replies = remote.call(sl, "read", {"uri": uri, "names": names or []}, refusals=True)
@@ -216,7 +216,7 @@ def restore(sl: "Slice", uri: str | None = None, names=None) -> Restored:
 
 def _find(sl: "Slice", uri: str | None) -> Snapshot:
     if uri:
-        found = store.new_uri(sl.backend, sl.name, uri)
+        found = store.new_uri(provision.snapshots_in_cloud(sl.record), sl.name, uri)
         return Snapshot(found, False)
     newest = store.latest(sl.name) or store.latest()
     if newest is None:

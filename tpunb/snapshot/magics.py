@@ -6,7 +6,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from tpunb import report, slices
 from tpunb.errors import UsageError
-from tpunb.magics import _one_line_interrupt, _parse, _usage
+from tpunb.magics import one_line_interrupt, parse_line, usage_of
 from tpunb.snapshot.preempt import names_list
 
 
@@ -28,7 +28,7 @@ class SnapshotMagics(Magics):
         """Save host variables from every host: %tpu_snapshot NAME [NAME ...] [--to URI]; --list; --on-preempt NAMES."""
         from tpunb import snapshot
 
-        args = _parse(self.tpu_snapshot, line)
+        args = parse_line(self.tpu_snapshot, line)
         if args.bucket and not (args.names or args.on_preempt or args.list_):
             snapshot.store.bucket(args.bucket)
             report.info(f"[tpunb] cloud slices' snapshots go to gs://{snapshot.store.bucket()}/{snapshot.store.BUCKET_FOLDER}")
@@ -45,13 +45,13 @@ class SnapshotMagics(Magics):
                                  "%tpu_snapshot --on-preempt params,step")
             from tpunb.snapshot import preempt
 
-            with _one_line_interrupt():
+            with one_line_interrupt():
                 preempt.arm(slices.current(args.slice_name), names_list(args.on_preempt, "--on-preempt"), to=args.to,
                             bucket=args.bucket)
             return None
         if not args.names:
             raise UsageError(f"give the host variables to save, e.g. %tpu_snapshot params step. Usage: "
-                             f"{_usage(self.tpu_snapshot)}")
+                             f"{usage_of(self.tpu_snapshot)}")
         sl = slices.current(args.slice_name)
         snapshot.snapshot(sl, args.names, to=args.to, bucket=args.bucket)
         return None
@@ -64,7 +64,7 @@ class SnapshotMagics(Magics):
         """Load a snapshot onto the current slice, whatever its shape: %tpu_restore [URI] [NAME ...]."""
         from tpunb import snapshot
 
-        args = _parse(self.tpu_restore, line)
+        args = parse_line(self.tpu_restore, line)
         uri, names = split_where(args.where)
         snapshot.restore(slices.current(args.slice_name), uri, names or None)
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tpunb import report
+from tpunb import provision, report
 from tpunb.errors import TpunbError, UsageError
 from tpunb.host.preempt import WINDOW
 from tpunb.snapshot import remote, store
@@ -25,12 +25,12 @@ def armed() -> dict[str, dict]:
 def arm(sl: "Slice", names: list[str], to: str | None = None, bucket: str | None = None,
         window: float = WINDOW) -> str:
     """Arm every host of ``sl`` to snapshot ``names`` on its VM's preemption notice; the URI it will use."""
-    from tpunb.snapshot import _check_names, template
+    from tpunb.snapshot import check_names, template
 
-    names = _check_names(names)
+    names = check_names(names)
     if bucket:
         store.bucket(bucket)
-    uri = store.new_uri(sl.backend, sl.name, to, reason="preempt")
+    uri = store.new_uri(provision.snapshots_in_cloud(sl.record), sl.name, to, reason="preempt")
     replies = remote.call(sl, "arm", {"names": names, "uri": uri, "hosts": sl.num_hosts, "manifest": template(sl),
                                       "window": window})
     watching = sorted({w for r in replies.values() for w in r.get("watching", [])})

@@ -14,7 +14,7 @@ from typing import Any
 from tpunb.errors import TpunbError, UsageError
 from tpunb.host import gcs
 from tpunb.host.snapshot import MANIFEST
-from tpunb.provision.gcp.config import cached
+from tpunb.provision.cache import cached
 from tpunb.registry import tpunb_home
 
 #: the folder under a bucket that holds snapshots made without --to
@@ -73,9 +73,10 @@ def bucket(name: str | None = None) -> str | None:
     return os.environ.get("TPUNB_BUCKET") or None
 
 
-def default_root(backend: str) -> str:
-    """Where snapshots without --to go: a folder under $TPUNB_HOME, or the bucket for cloud slices."""
-    if backend != "gcp":
+def default_root(cloud: bool) -> str:
+    """Where snapshots without --to go: a folder under $TPUNB_HOME, or the bucket for cloud slices
+    (``cloud``: the slice's backend says its snapshots go to Cloud Storage)."""
+    if not cloud:
         return str(home())
     name = bucket()
     if not name:
@@ -84,7 +85,7 @@ def default_root(backend: str) -> str:
     return f"gs://{name}/{BUCKET_FOLDER}"
 
 
-def new_uri(backend: str, slice_name: str, to: str | None, reason: str = "") -> str:
+def new_uri(cloud: bool, slice_name: str, to: str | None, reason: str = "") -> str:
     """The snapshot's URI: ``to`` (a path made absolute, or gs://...), else a new folder under the
     default root named by slice and time."""
     if to:
@@ -98,7 +99,7 @@ def new_uri(backend: str, slice_name: str, to: str | None, reason: str = "") -> 
             raise UsageError(f"--to {to}: give a local path or gs://BUCKET/PATH")
         return str(Path(to).expanduser().resolve())
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{int(time.time() * 1000) % 1000:03d}"
-    return f"{default_root(backend)}/{slice_name}/{reason + '-' if reason else ''}{stamp}"
+    return f"{default_root(cloud)}/{slice_name}/{reason + '-' if reason else ''}{stamp}"
 
 
 # -- reading snapshots ----------------------------------------------------------------------------

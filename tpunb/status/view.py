@@ -196,7 +196,7 @@ def _slice_view(record: SliceRecord, reg: Registry, nodes: Any, sl: Slice | None
         now = time.time()
         hosts = [HostView(h.index, layout.name(h.index), layout.slice_of(h.index) if layout.multislice else None,
                           record.hosts[h.index].address if h.index < len(record.hosts) else h.transport.address,
-                          _live_state(h.alive, record.hosts[h.index].info if h.index < len(record.hosts) else {}),
+                          _live_state(h.alive, h.index < len(record.hosts) and record.hosts[h.index].info.needs_restart),
                           h.info.get("pid"), h.info.get("runner"),
                           round(now - h.started_at, 1) if h.alive and h.started_at else None, metrics.get(h.index, {}))
                  for h in sl.session.hosts]
@@ -222,6 +222,6 @@ def _slice_view(record: SliceRecord, reg: Registry, nodes: Any, sl: Slice | None
     return view
 
 
-def _live_state(alive: bool, recorded: dict) -> str:
+def _live_state(alive: bool, needs_restart: bool) -> str:
     """A held host's state: running, gone, or needing the %tpu_restart that could not reach it."""
-    return "running" if alive else "needs restart" if recorded.get("needs_restart") else "gone"
+    return "running" if alive else "needs restart" if needs_restart else "gone"

@@ -20,7 +20,6 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -29,6 +28,7 @@ from paramiko.channel import Channel
 from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST
 
 from tpunb.errors import AuthenticationError, HostKeyError, TransportError, UsageError
+from tpunb.fanout import fan_out
 from tpunb.transport.keys import default_key, load_private_key
 from tpunb.registry import Registry
 from tpunb.transport.base import AgentProcess, Transport, read_exact
@@ -482,22 +482,20 @@ def connect_all(
     if len(pythons) != len(specs):
         raise UsageError(f"give one Python for every host, or one for all: {len(pythons)} for {len(specs)} hosts")
 
-    def one(spec: tuple[str, str, int], interpreter: str) -> SSHTransport:
-        u, h, p = spec
-        return SSHTransport(h, p, u, key_path, registry, connect_timeout, keepalive, interpreter, _pkey=pkey)
+    def one(i: int) -> SSHTransport:
+        u, h, p = specs[i]
+        return SSHTransport(h, p, u, key_path, registry, connect_timeout, keepalive, pythons[i], _pkey=pkey)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(64, len(specs))), thread_name_prefix="tpunb-connect") as pool:
-        futures = [pool.submit(one, spec, interpreter) for spec, interpreter in zip(specs, pythons)]
-    connected = [f.result() for f in futures if f.exception() is None]
+    reached = fan_out(range(len(specs)), one, name="tpunb-connect", late=SSHTransport.close)
+    connected = list(reached.succeeded.values())
     failures = {}
-    for (_, h, p), future in zip(specs, futures):
-        exc = future.exception()
-        if exc is not None and not isinstance(exc, TransportError):
+    for i, exc in reached.failed.items():
+        _, h, p = specs[i]
+        if not isinstance(exc, TransportError):
             for t in connected:
                 t.close()
             raise exc
-        if exc is not None:
-            failures[h if p == 22 else f"{h}:{p}"] = exc
+        failures[h if p == 22 else f"{h}:{p}"] = exc
     if failures:
         for t in connected:
             t.close()

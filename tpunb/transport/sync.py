@@ -19,11 +19,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpunb.errors import SyncError, TransportError
+from tpunb.fanout import fan_out
 from tpunb.transport.sftp import CREATE, TRUNCATE, WRITE_FLAG, PipelinedSFTP, attrs
 from tpunb.transport.ssh import SSHTransport
 from tpunb.units import format_bytes
@@ -276,18 +276,16 @@ def sync_tree(
     jobs = [_HostJob(t, local, _remote_root(r), files) for t, r in zip(transports, roots)]
     report = SyncReport(str(local), str(remote_dir), len(files), [j.result for j in jobs])
     counter = _Progress()
-    failures: dict[str, BaseException] = {}
-    pool = ThreadPoolExecutor(max_workers=max(1, len(jobs)), thread_name_prefix="tpunb-sync")
+    hosts = range(len(jobs))
     try:
-        planned = {pool.submit(j.plan): j for j in jobs}
-        _wait_all(planned, failures, counter, None)
-        ok = [j for j in jobs if j.result.address not in failures]
-        counter.total = sum(f.result() for f, j in planned.items() if j in ok)
-        _wait_all({pool.submit(j.send, counter): j for j in ok}, failures, counter, progress)
+        planned = fan_out(hosts, lambda i: jobs[i].plan(), name="tpunb-sync")
+        counter.total = sum(planned.succeeded.values())
+        sent = fan_out(list(planned.succeeded), lambda i: jobs[i].send(counter), name="tpunb-sync", tick=PROGRESS_EVERY,
+                       on_tick=None if progress is None else lambda: progress(counter.done, counter.total))
     finally:
         for j in jobs:
             j.close()  # on KeyboardInterrupt this is what makes the workers stop at once
-        pool.shutdown(wait=False, cancel_futures=True)
+    failures = {jobs[i].result.address: exc for i, exc in {**planned.failed, **sent.failed}.items()}
     if progress is not None:
         progress(counter.done, counter.total)
     report.seconds = time.perf_counter() - started
@@ -295,17 +293,6 @@ def sync_tree(
         raise SyncError(f"sync failed on {len(failures)} of {len(jobs)} hosts: "
                         + "; ".join(_reason(e) for e in failures.values()), failures, report)
     return report
-
-
-def _wait_all(futures: dict, failures: dict, counter: _Progress, progress) -> None:
-    pending = set(futures)
-    while pending:
-        done, pending = wait(pending, timeout=PROGRESS_EVERY, return_when=FIRST_EXCEPTION)
-        for future in done:
-            if future.exception() is not None:
-                failures[futures[future].result.address] = future.exception()
-        if progress is not None and pending:
-            progress(counter.done, counter.total)
 
 
 def _reason(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ import time
 from tpunb import catalog, diagnose, report
 from tpunb.errors import AuthenticationError, CellInterrupted, HostSetupError, ProvisionError, TpunbError, UsageError
 from tpunb.provision import ssh
-from tpunb.provision.base import LaunchRequest, Nodes
+from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import owner_alive
 from tpunb.provision import warm
 from tpunb.provision.gcp import api
@@ -34,7 +34,7 @@ from tpunb.slice import Node, Slice
 from tpunb.status import OrphanStatus, SliceStatus
 
 NAME = "gcp"
-CAPABILITIES = frozenset({"survey", "orphans", "adopt", "recover", "cloud"})
+CAPABILITIES = frozenset({"survey", "orphans", "adopt", "recover", "cloud", "doctor", "flags"})
 #: a slice whose launch has not finished (or was cut off): one wording everywhere
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
 #: a failover's record, while it launches: every zone it may have made something in
@@ -51,14 +51,36 @@ def options(**given) -> CloudOptions:
     return CloudOptions.from_kwargs(given)
 
 
+def option_flags() -> list[dataclasses.Field]:
+    """The launch options %tpu_launch offers as --flags (CloudOptions' fields with help)."""
+    return CloudOptions.flags()
+
+
+def default_place(project: str | None, zone: str | None) -> tuple[str | None, str | None]:
+    """The project and zone a launch uses when not told: flags, environment, gcloud's config."""
+    return resolve_project_zone(project, zone)
+
+
+def doctor_checks() -> list:
+    """%tpu_doctor's Cloud TPU checks: credentials, project, the API, quota, the zone's types."""
+    from tpunb.provision.gcp import doctor
+
+    return list(doctor.CHECKS)
+
+
+#: the workers are SSH hosts: a transport to each from the record alone, as hosts you bring
+record_transports = ssh.record_transports
+
+
 def configured() -> bool:
     """A Google Cloud project is configured (flag, environment or gcloud): launches go to Cloud TPU."""
     return resolve_project_zone(None, None)[0] is not None
 
 
-def create(request: LaunchRequest) -> Slice:
+def create(request: LaunchRequest) -> Made:
     """Create a Cloud TPU node, wait for READY with progress, connect to every worker over SSH.
-    Whatever fails or is interrupted after the node exists deletes it again.
+    Whatever fails or is interrupted after the node exists deletes it again (``Made.failed``, when
+    it happens while the SliceManager starts the hosts).
 
     ``slices``: a multislice, one queued resource for that many nodes (``{name}-0``, ...), ready
     when all are; its workers are one slice here, numbered node by node."""
@@ -122,20 +144,11 @@ def create(request: LaunchRequest) -> Slice:
         record.accelerator, price = accel.name, price_per_hour(accel, opts.spot, slices)
         record.spec.update(_fields(opts))
         record.spec.pop(TRIED, None)  # the losers are gone: only the winner's zone holds anything
-    sl = node = None
-    try:
-        record.hosts = host_records(info, opts.internal_ip, reg)
-        record.state = "running"
-        node = _node(record, info)
-        sl = ssh.attach(record, reg, env, wait=opts.connect_wait, node=node, **jax_coordinator(record))
-        sl.connect(attaching=True)  # slices.SliceManager._attach ends it with mark_used
-        if opts.idle_delete:  # in here: Ctrl-C in this wait deletes the node, as it does while hosts start
-            _say_idle_problem(project, zone, name)
-        sl.publish_hosts()  # pids and stack dumps, for readers in other processes
-        reg.save_slice(record)
-    except BaseException as exc:
-        if sl is not None:
-            sl.close()
+    node = None
+
+    def failed(exc: BaseException) -> None:
+        """A launch that could not reach or start its hosts (or was interrupted then): its node
+        deleted (or kept with --keep), and said on the progress line."""
         if node is not None:
             node.close()  # its watch, also when no Slice was made of it
         if opts.keep and not isinstance(exc, KeyboardInterrupt):
@@ -144,7 +157,7 @@ def create(request: LaunchRequest) -> Slice:
             if isinstance(exc, TpunbError):
                 exc.args = (f"{exc}; {name} was kept (--keep): it bills until %tpu_down {name}",)
             progress.failed(str(exc))
-            raise
+            return
         reg.delete_slice(name)
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
                                     or slices > 1) is not None
@@ -156,16 +169,30 @@ def create(request: LaunchRequest) -> Slice:
         if isinstance(exc, HostSetupError):
             exc.args = (f"{exc}; so {name} was {fate} (--keep keeps it to look at)",)
             progress.failed(str(exc))
-            raise
+            return
         progress.failed(f"could not connect to the hosts, so {name} was {fate}: {exc}")
+
+    def check(sl: Slice) -> None:
+        if opts.idle_delete:  # in the start: Ctrl-C in this wait deletes the node, as it does while hosts start
+            _say_idle_problem(project, zone, name)
+
+    def ready() -> None:
+        cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
+        if opts.idle_delete:
+            cost += f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)"
+        tries = f" ({search.summary()})" if len(places) > 1 else ""
+        progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} "
+                      f"host{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
+
+    try:
+        record.hosts = host_records(info, opts.internal_ip, reg)
+        record.state = "running"
+        node = _node(record, info)
+        made = ssh.attach(record, reg, env, wait=opts.connect_wait, node=node, **jax_coordinator(record))
+    except BaseException as exc:
+        failed(exc)
         raise
-    cost = f"; it costs ${price:,.2f}/hour until %tpu_down {name}" if price is not None else ""
-    if opts.idle_delete:
-        cost += f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)"
-    tries = f" ({search.summary()})" if len(places) > 1 else ""
-    progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s{tries}: {len(record.hosts)} host"
-                  f"{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu{cost}")
-    return sl
+    return dataclasses.replace(made, check=check, failed=failed, ready=ready)
 
 
 def _check_reaches_vpc(network: str | None) -> None:
@@ -262,7 +289,7 @@ def _node(record: SliceRecord, info: api.NodeInfo | None = None, watch: bool = T
                      slices=record.num_slices)
 
 
-def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
+def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
     """The node's workers over SSH (agents not started); a lost node is said before any SSH error."""
     if record.state == "creating" or not record.hosts:
         who = (f"kernel {record.owner_pid} is still launching it" if owner_alive(record)
@@ -272,10 +299,11 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Slice:
     node = _node(record)
     try:
         node.check()
-        return ssh.attach(record, reg, env, wait=adoption.connect_wait(record), node=node, **jax_coordinator(record))
+        made = ssh.attach(record, reg, env, wait=adoption.connect_wait(record), node=node, **jax_coordinator(record))
     except BaseException:
         node.close()
         raise
+    return dataclasses.replace(made, failed=lambda exc: node.close())
 
 
 def delete(record: SliceRecord, force: bool = False) -> None:

@@ -14,17 +14,17 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError
+from tpunb.fanout import fan_out
 from tpunb.provision import ssh
 from tpunb.provision.gcp import api, logins
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import resolve_project_zone
 from tpunb.provision.gcp.records import TPUNB_LABELS, NodeInfo
 from tpunb.provision.gcp.spec import NAME_LABEL, SLICE_METADATA, label_value
-from tpunb.registry import HostRecord, Registry, SliceRecord
+from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
 #: after a key was added to a node's metadata, a connect retries this long (the guest agent applies it)
 KEY_PROPAGATION = 120.0
@@ -49,8 +49,7 @@ def everywhere(project: str, label_filter: Mapping[str, str] | None = TPUNB_LABE
                 return []
             raise
 
-    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="tpunb-survey") as pool:
-        return [info for found in pool.map(one, catalog.zones()) for info in found]
+    return [info for found in fan_out(catalog.zones(), one, workers=8, name="tpunb-survey").values() for info in found]
 
 
 def find(project: str, name: str) -> NodeInfo | None:
@@ -94,7 +93,7 @@ def host_records(info: NodeInfo, internal_ip: bool, reg: Registry) -> list[HostR
         address = h.address(internal_ip)
         forget_host_key(address, h.port, reg)
         hosts.append(HostRecord(h.index, address if h.port == 22 else f"{address}:{h.port}",
-                                {"internal_ip": h.internal_ip, **({"slice": h.slice} if info.slices > 1 else {})}))
+                                HostInfo(internal_ip=h.internal_ip, slice=h.slice if info.slices > 1 else None)))
     return hosts
 
 

@@ -34,10 +34,10 @@ from tpunb.provision.gcp.records import (  # noqa: F401 - the records are part o
     HostEndpoint,
     NodeInfo,
     NodeSpec,
-    _info,
-    _multislice,
-    _node_ids,
-    _queued_info,
+    info_from_node,
+    info_from_multislice,
+    queued_node_ids,
+    info_from_queued,
     enum_name,
 )
 
@@ -346,7 +346,7 @@ def _poll_node(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transiti
         state = enum_name(node.state)
         watch.see(state)
         if state == "READY":
-            return _info(node)
+            return info_from_node(node)
         if state in LOST_NODE_STATES:
             spot = bool(node.scheduling_config.spot or node.scheduling_config.preemptible)
             text = gcp_errors.preempted_message(node_name.rsplit("/", 1)[-1], state, spot)
@@ -378,9 +378,9 @@ def _poll_queued(api: Any, op: Any, node_name: str, qr_name: str, watch: _Transi
     state = enum_name(qr.state.state)
     watch.see(state)
     if state == "ACTIVE":
-        if _node_ids(qr) == [node_name.rsplit("/", 1)[-1]]:
-            return _info(api.get_node(name=node_name), queued_state=state)
-        info = _multislice(qr, _nodes_of(api, qr))  # every node of a multislice, as one
+        if queued_node_ids(qr) == [node_name.rsplit("/", 1)[-1]]:
+            return info_from_node(api.get_node(name=node_name), queued_state=state)
+        info = info_from_multislice(qr, _nodes_of(api, qr))  # every node of a multislice, as one
         if info.ready:
             return info
     if state == "FAILED" and qr.state.failed_data.error.code:
@@ -404,7 +404,7 @@ def _wait_or_time_out(delays: Iterator[float], deadline: float | None) -> None:
 def _nodes_of(api: Any, qr: Any) -> list[Any]:
     """The nodes of a queued resource that exist now."""
     parent = qr.name.split("/queuedResources/")[0]
-    found = (_get_or_none(api.get_node, f"{parent}/nodes/{node_id}") for node_id in _node_ids(qr))
+    found = (_get_or_none(api.get_node, f"{parent}/nodes/{node_id}") for node_id in queued_node_ids(qr))
     return [node for node in found if node is not None]
 
 
@@ -481,15 +481,15 @@ def get(project: str, zone: str, name: str, queued: bool | None = None) -> NodeI
     try:
         node = _get_or_none(api.get_node, node_name)
         if (node is not None and not node.queued_resource) or (node is None and queued is False):
-            return _info(node) if node is not None else None
+            return info_from_node(node) if node is not None else None
         qr = _queued_or_none(api, node.queued_resource if node is not None else qr_name)
-        if node is None and qr is not None and len(_node_ids(qr)) > 1:
-            return _multislice(qr, _nodes_of(api, qr))
+        if node is None and qr is not None and len(queued_node_ids(qr)) > 1:
+            return info_from_multislice(qr, _nodes_of(api, qr))
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     if node is not None:
-        return _info(node, queued_state=enum_name(qr.state.state) if qr is not None else None)
-    return _queued_info(qr) if qr is not None else None
+        return info_from_node(node, queued_state=enum_name(qr.state.state) if qr is not None else None)
+    return info_from_queued(qr) if qr is not None else None
 
 
 def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float = DELETE_TIMEOUT,
@@ -514,7 +514,7 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
                 qr_name = node.queued_resource
         qr = _queued_or_none(api, qr_name) if queued else None
         parent = qr_name.split("/queuedResources/")[0]
-        node_names = [f"{parent}/nodes/{i}" for i in _node_ids(qr)] if qr is not None else [node_name]
+        node_names = [f"{parent}/nodes/{i}" for i in queued_node_ids(qr)] if qr is not None else [node_name]
         if qr is not None:  # force: also deletes the nodes the queued resource made (every slice of a multislice)
             try:
                 api.delete_queued_resource(request=tpu_v2.DeleteQueuedResourceRequest(name=qr_name, force=True))
@@ -567,11 +567,11 @@ def list_nodes(
     except _api_errors() as e:
         raise _translate(e, ctx) from None
     states = {q.name: enum_name(q.state.state) for q in queued}
-    multislices = {q.name: q for q in queued if len(_node_ids(q)) > 1}
-    infos = [_info(n, states.get(n.queued_resource)) for n in nodes if n.queued_resource not in multislices]
-    infos += [_multislice(q, [n for n in nodes if n.queued_resource == name]) for name, q in multislices.items()]
+    multislices = {q.name: q for q in queued if len(queued_node_ids(q)) > 1}
+    infos = [info_from_node(n, states.get(n.queued_resource)) for n in nodes if n.queued_resource not in multislices]
+    infos += [info_from_multislice(q, [n for n in nodes if n.queued_resource == name]) for name, q in multislices.items()]
     have = {(i.project, i.zone, i.name) for i in infos}
-    infos += [q for q in map(_queued_info, queued) if (q.project, q.zone, q.name) not in have]
+    infos += [q for q in map(info_from_queued, queued) if (q.project, q.zone, q.name) not in have]
     wanted = dict(label_filter or {})
     return [i for i in infos if all(i.labels.get(k) == v for k, v in wanted.items())]
 

@@ -14,32 +14,15 @@ import dataclasses
 import difflib
 import os
 import re
-import threading
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tpunb.errors import ProvisionError, UsageError
+from tpunb.provision.cache import cached  # noqa: F401 (imported from here by gcp/)
 from tpunb.units import format_duration, parse_duration  # noqa: F401 (imported from here by gcp/)
 
 
 IDLE_DELETE_ENV = "TPUNB_IDLE_DELETE"
-#: what the kernel keeps of Google Cloud for its life (``cached``): clients, sessions, credentials,
-#: answers that do not change
-_cache: dict[Hashable, Any] = {}
-_cache_lock = threading.Lock()
-
-
-def cached(key: Hashable, make: Callable[[], Any]) -> Any:
-    """``make()`` for ``key``, made once per kernel (a failure is not kept: the next call tries again).
-    Two threads may both make it at first; the first one kept wins."""
-    with _cache_lock:
-        if key in _cache:
-            return _cache[key]
-    made = make()
-    with _cache_lock:
-        return _cache.setdefault(key, made)
 ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
 
 

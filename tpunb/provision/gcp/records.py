@@ -108,7 +108,7 @@ def enum_name(value: Any) -> str:
     return getattr(value, "name", None) or f"STATE_{int(value)}"
 
 
-def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
+def info_from_node(node: Any, queued_state: str | None = None) -> NodeInfo:
     parts = node.name.split("/")
     port = int(node.labels.get(SSH_PORT_LABEL, 22) or 22)
     hosts = [
@@ -133,7 +133,7 @@ def _info(node: Any, queued_state: str | None = None) -> NodeInfo:
     )
 
 
-def _queued_info(qr: Any) -> NodeInfo:
+def info_from_queued(qr: Any) -> NodeInfo:
     parts = qr.name.split("/")
     spec = qr.tpu.node_spec[0] if qr.tpu.node_spec else None
     node = spec.node if spec is not None else None
@@ -151,12 +151,12 @@ def _queued_info(qr: Any) -> NodeInfo:
         zone=parts[3],
         runtime=node.runtime_version if node is not None else "",
         queued_state=enum_name(qr.state.state),
-        slices=max(1, len(_node_ids(qr))),
+        slices=max(1, len(queued_node_ids(qr))),
         metadata=dict(node.metadata) if node is not None else {},
     )
 
 
-def _node_ids(qr: Any) -> list[str]:
+def queued_node_ids(qr: Any) -> list[str]:
     """The ids of the nodes a queued resource asks for: ``{prefix}-{i}`` for a multislice."""
     spec = qr.tpu.node_spec[0] if qr.tpu.node_spec else None
     if spec is None:
@@ -168,13 +168,13 @@ def _node_ids(qr: Any) -> list[str]:
     return [spec.node_id]
 
 
-def _multislice(qr: Any, nodes: list[Any]) -> NodeInfo:
+def info_from_multislice(qr: Any, nodes: list[Any]) -> NodeInfo:
     """A multislice's nodes as one NodeInfo named after its queued resource: hosts numbered over
     every slice in slice order (as JAX numbers processes); READY only when every node is."""
-    infos = [_info(n, queued_state=enum_name(qr.state.state)) for n in nodes]
-    order = {node_id: i for i, node_id in enumerate(_node_ids(qr))}
+    infos = [info_from_node(n, queued_state=enum_name(qr.state.state)) for n in nodes]
+    order = {node_id: i for i, node_id in enumerate(queued_node_ids(qr))}
     infos.sort(key=lambda i: order.get(i.name, len(order)))
-    base = _queued_info(qr)
+    base = info_from_queued(qr)
     hosts, states = [], []
     for slice_index, info in enumerate(infos):
         states.append(info.state)

@@ -1,14 +1,18 @@
-"""The cloud checks of %tpu_doctor: credentials, project, the API, quota, the zone's types."""
+"""The Cloud TPU checks of %tpu_doctor: credentials, project, the API, quota, the zone's types.
+This backend offers them (its "doctor" capability); tpunb.doctor runs them before its own."""
 from __future__ import annotations
 
 from tpunb import catalog
-from tpunb.doctor.base import FAILED, OK, WARNING, Context, check
+from tpunb.doctor.base import FAILED, OK, WARNING, Check, Context, check
 from tpunb.errors import ProvisionError, UnknownAcceleratorError
+
+#: this backend's checks, in the order the table shows them
+CHECKS: list[Check] = []
 
 QUOTAS_URL = "https://console.cloud.google.com/iam-admin/quotas?project={project}"
 
 
-@check("credentials")
+@check(CHECKS, "credentials")
 def credentials(ctx: Context) -> tuple[str, str] | None:
     from tpunb.provision.gcp import api
 
@@ -24,7 +28,7 @@ def credentials(ctx: Context) -> tuple[str, str] | None:
     return OK, f"application default credentials ({type(found).__name__}: {who})"
 
 
-@check("project")
+@check(CHECKS, "project")
 def project(ctx: Context) -> tuple[str, str] | None:
     from tpunb.provision.gcp.config import require_project_zone
 
@@ -37,7 +41,7 @@ def project(ctx: Context) -> tuple[str, str] | None:
     return OK, f"{ctx.project}, zone {ctx.zone}"
 
 
-@check("API enabled")
+@check(CHECKS, "API enabled")
 def api_enabled(ctx: Context) -> tuple[str, str] | None:
     from tpunb.provision.gcp import api
 
@@ -52,7 +56,7 @@ def api_enabled(ctx: Context) -> tuple[str, str] | None:
                f"{'s' if len(nodes) != 1 else ''} there)"
 
 
-@check("quota")
+@check(CHECKS, "quota")
 def quota(ctx: Context) -> tuple[str, str] | None:
     from tpunb.provision.gcp import lookups
 
@@ -66,7 +70,7 @@ def quota(ctx: Context) -> tuple[str, str] | None:
     return OK, f"no request failed on quota in {ctx.zone} (the API reports quota only on failure; limits: {limits})"
 
 
-@check("zone offers type")
+@check(CHECKS, "zone offers type")
 def zone_offers(ctx: Context) -> tuple[str, str] | None:
     from tpunb.provision.gcp import lookups
 
