@@ -102,6 +102,15 @@ def _crc32c_table() -> tuple[int, ...]:
 _CRC32C = _crc32c_table()
 
 
+def crc32c(data, crc: int = 0) -> int:
+    """CRC-32C (Castagnoli) of ``data``, continuing from ``crc``, in Python (slow: hosts without
+    google_crc32c, and objects that have no md5)."""
+    crc, table = crc ^ 0xFFFFFFFF, _CRC32C
+    for byte in bytes(data):
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
 class _Crc32c:
     """CRC-32C as Cloud Storage gives it: google_crc32c's C code when the host has it, else Python."""
 
@@ -116,11 +125,8 @@ class _Crc32c:
     def update(self, data) -> None:
         if self._fast is not None:
             self._fast.update(bytes(data))
-            return
-        crc, table = self._crc ^ 0xFFFFFFFF, _CRC32C
-        for byte in bytes(data):
-            crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-        self._crc = crc ^ 0xFFFFFFFF
+        else:
+            self._crc = crc32c(data, self._crc)
 
     def digest(self) -> bytes:
         return self._fast.digest() if self._fast is not None else self._crc.to_bytes(4, "big")
