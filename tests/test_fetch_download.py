@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tpunb.emulator.hub import Hub, HubServer, git_blob_sha1
-from tpunb.host.fetch import CHUNK, Entry, FetchError, Receiver, download
+from tpunb.host.fetch import CHUNK, Entry, FetchError, download, fetch_all
+from tpunb.host.receive import Receiver
 from tests.test_snapshot import small_disk  # a real 1 MB tmpfs (tests run as root)
 
 TOKEN = "hf_download_token_0123456789"
@@ -151,3 +152,11 @@ def test_a_receiver_takes_chunks_in_any_order_and_refuses_a_damaged_or_short_fil
     with pytest.raises(FetchError) as wrong:
         damaged.finish(timeout=60)
     assert wrong.value.kind == "verify" and os.listdir(tmp_path / "damaged") == []
+
+
+def test_fetch_all_says_what_it_moved_and_what_was_already_there(hub, tmp_path):
+    wires = [entry(hub, path).to_wire() for path in ("config.json", "model.safetensors")]
+    first = fetch_all(wires, str(tmp_path))
+    assert (first["files"], first["moved"], first["already"]) == (2, len(SMALL) + len(BIG), 0)
+    second = fetch_all(wires, str(tmp_path))
+    assert (second["moved"], second["already"]) == (0, 2)

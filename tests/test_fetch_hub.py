@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import urllib.request
 
 import pytest
@@ -91,3 +92,16 @@ def test_file_answers_carry_etags_commits_and_ranges(hub):
     request = urllib.request.Request(url, headers={"Range": "bytes=1000-1999"})
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 206 and response.read() == WEIGHTS[1000:2000]
+
+
+def test_a_bandwidth_limit_holds_a_transfer_to_its_rate(hub):
+    location = huggingface_hub.get_hf_file_metadata(
+        huggingface_hub.hf_hub_url("org/tiny", "model.safetensors", endpoint=hub.url), token=False).location
+    hub.hub.rate = 1_000_000  # bytes per second: the 300 kB of weights take 0.3 s
+    try:
+        started = time.monotonic()
+        with urllib.request.urlopen(location, timeout=30) as answer:
+            assert answer.read() == WEIGHTS
+        assert time.monotonic() - started >= 0.25
+    finally:
+        hub.hub.rate = None

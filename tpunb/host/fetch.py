@@ -1,6 +1,6 @@
 """Files fetched onto a host (``%tpu_fetch``): downloaded over HTTP into ``PATH.partial``, resumed
-with a Range from what the partial holds, verified, then renamed into place; or received as
-chunks at offsets from a relay (``Receiver``), written off the caller's thread.
+with a Range from what the partial holds, verified, then renamed into place (``download``); a
+download hands each chunk on as it lands, for a relay to forward to ``receive.Receiver``.
 
 Shipped to hosts: standard library only (see the package docstring).
 
@@ -17,8 +17,6 @@ import hashlib
 import http.client
 import json
 import os
-import queue
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -32,8 +30,6 @@ RETRIES = 3
 TIMEOUT = 60.0
 #: where each finished file's check is recorded, below the fetch's root
 RECORDS = os.path.join(".cache", "tpunb")
-#: bytes a Receiver holds for its writer before ``put`` waits (the relay then slows to the disk)
-QUEUE_BYTES = 64 << 20
 #: how a file is verified: a digest (hex or base64 as the source gives it) or, for "etag", its
 #: size and the ETag the source answers with
 CHECKS = ("sha256", "git-sha1", "md5", "crc32c", "etag")
@@ -224,14 +220,16 @@ def already_there(root: str, entry: Entry) -> bool:
     return True
 
 
-def _write_at(fd: int, data, offset: int) -> None:
+def write_at(fd: int, data, offset: int) -> None:
+    """All of ``data`` written at ``offset`` (pwrite may write less than asked)."""
     view = memoryview(data)
     while len(view):
         done = os.pwrite(fd, view, offset)
         view, offset = view[done:], offset + done
 
 
-def _disk_error(entry: Entry, partial: str, exc: OSError, have: int) -> FetchError:
+def disk_error(entry: Entry, partial: str, exc: OSError, have: int) -> FetchError:
+    """A failed write as one line: a full disk keeps the partial to resume from."""
     import errno
 
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -240,12 +238,14 @@ def _disk_error(entry: Entry, partial: str, exc: OSError, have: int) -> FetchErr
     return FetchError(f"{entry.path}: cannot write {partial}: {exc.strerror or exc}", "disk")
 
 
-def _place(root: str, entry: Entry, partial: str) -> None:
+def place(root: str, entry: Entry, partial: str) -> None:
+    """The verified partial renamed into place, and its check recorded."""
     os.replace(partial, target_of(root, entry))
     _record(root, entry)
 
 
-def _verify_or_remove(entry: Entry, checker: Checker, partial: str) -> None:
+def verify_or_remove(entry: Entry, checker: Checker, partial: str) -> None:
+    """FetchError (the partial removed) unless ``checker`` saw the file ``entry`` describes."""
     wrong = checker.mismatch()
     if wrong:
         try:
@@ -295,8 +295,8 @@ class _Download:
                                          f"in {self.partial}: fetch again, it resumes", "network") from None
         finally:
             os.close(fd)
-        _verify_or_remove(self.entry, checker, self.partial)
-        _place(self.root, self.entry, self.partial)
+        verify_or_remove(self.entry, checker, self.partial)
+        place(self.root, self.entry, self.partial)
         return Outcome(self.target, self.entry.size, self.moved, time.monotonic() - started, resumed_from=resumed)
 
     def _replay(self, fd: int) -> Checker:
@@ -351,9 +351,9 @@ class _Download:
                     raise http.client.IncompleteRead(b"", self.entry.size - self.have)
                 piece = bytes(buffer[:n])
                 try:
-                    _write_at(fd, piece, self.have)
+                    write_at(fd, piece, self.have)
                 except OSError as exc:
-                    raise _disk_error(self.entry, self.partial, exc, self.have) from None
+                    raise disk_error(self.entry, self.partial, exc, self.have) from None
                 checker.update(piece)
                 self.on_chunk(self.have, piece)
                 self.have += n
@@ -382,123 +382,17 @@ def download(entry: Entry, root: str, on_chunk: Callable[[int, bytes], None] | N
     try:
         return _Download(entry, root, on_chunk, progress, stop, timeout).run()
     except OSError as exc:  # making folders or opening the partial
-        raise _disk_error(entry, target_of(root, entry) + ".partial", exc, 0) from None
+        raise disk_error(entry, target_of(root, entry) + ".partial", exc, 0) from None
 
 
-# -- receiving from a relay ---------------------------------------------------------------------------
-class Receiver:
-    """One file arriving as chunks at offsets (a relay's stream): written into ``PATH.partial`` by a
-    thread of its own, so the caller (a socket reader) never waits on the disk unless ``QUEUE_BYTES``
-    are already waiting; ``finish`` verifies it and renames it into place."""
-
-    def __init__(self, entry: Entry, root: str, max_queued: int = QUEUE_BYTES) -> None:
-        self.entry, self.root = entry, root
-        self.target = target_of(root, entry)
-        self.partial = self.target + ".partial"
-        self.max_queued = max_queued
-        self.received = 0
-        self.error: FetchError | None = None
-        self._started = time.monotonic()
-        self._checker = Checker(entry)
-        self._next = 0  # bytes hashed in order so far (out-of-order chunks: re-read at the end)
-        self._spans: list[list[int]] = []
-        self._queue: queue.Queue = queue.Queue()
-        self._queued = 0
-        self._cond = threading.Condition()
-        try:
-            os.makedirs(os.path.dirname(self.target), exist_ok=True)
-            self._fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise _disk_error(entry, self.partial, exc, 0) from None
-        self._thread = threading.Thread(target=self._write_loop, daemon=True, name="tpunb-fetch-writer")
-        self._thread.start()
-
-    def put(self, offset: int, data: bytes) -> None:
-        """Queue ``data`` for ``offset``; waits only while the writer is ``max_queued`` behind.
-        FetchError once writing failed (a full disk): the sender can stop."""
-        if offset < 0 or offset + len(data) > self.entry.size:
-            raise FetchError(f"{self.entry.path}: a chunk at {offset:,} of {len(data):,} bytes is outside the "
-                             f"file's {self.entry.size:,} bytes", "verify")
-        with self._cond:
-            while self._queued >= self.max_queued and self.error is None:
-                self._cond.wait(1.0)
-            if self.error is not None:
-                raise self.error
-            self._queued += len(data)
-        self._queue.put((offset, data))
-
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            offset, data = item
-            try:
-                if self.error is None:
-                    _write_at(self._fd, data, offset)
-                    self._landed(offset, data)
-            except OSError as exc:
-                self.error = _disk_error(self.entry, self.partial, exc, self.received)
-            finally:
-                with self._cond:
-                    self._queued -= len(data)
-                    self._cond.notify_all()
-
-    def _landed(self, offset: int, data: bytes) -> None:
-        if offset == self._next:
-            self._checker.update(data)
-            self._next += len(data)
-        self._spans = _merged(self._spans + [[offset, offset + len(data)]])
-        self.received = sum(hi - lo for lo, hi in self._spans)
-
-    def finish(self, timeout: float = 600.0) -> Outcome:
-        """Wait for the writer, then verify and rename; FetchError if a byte is missing, writing
-        failed (the partial kept) or the file is not what its entry says (the partial removed)."""
-        self._queue.put(None)
-        self._thread.join(timeout)
-        try:
-            if self._thread.is_alive():
-                raise FetchError(f"{self.entry.path}: the disk took over {timeout:.0f} s to write "
-                                 f"{self.partial}", "disk")
-            if self.error is not None:
-                raise self.error
-            if self._spans != ([[0, self.entry.size]] if self.entry.size else []):
-                raise FetchError(f"{self.entry.path}: only {self.received:,} of {self.entry.size:,} bytes arrived "
-                                 f"(kept in {self.partial}): fetch again", "network")
-            checker = self._checker if self._next == self.entry.size else self._reread()
-        finally:
-            self._close()
-        _verify_or_remove(self.entry, checker, self.partial)
-        _place(self.root, self.entry, self.partial)
-        return Outcome(self.target, self.entry.size, self.received, time.monotonic() - self._started)
-
-    def _reread(self) -> Checker:
-        checker = Checker(self.entry)
-        for at in range(0, self.entry.size, CHUNK):
-            checker.update(os.pread(self._fd, min(CHUNK, self.entry.size - at), at))
-        return checker
-
-    def abort(self) -> None:
-        """Give up: the writer stops, the partial stays (a later fetch starts it over)."""
-        self.error = self.error or FetchError(f"{self.entry.path}: the transfer was given up", "cancelled")
-        if self._fd is None:
-            return
-        self._queue.put(None)
-        self._thread.join(10.0)
-        self._close()
-
-    def _close(self) -> None:
-        if self._fd is not None and not self._thread.is_alive():
-            os.close(self._fd)
-            self._fd = None
-
-
-def _merged(spans: list[list[int]]) -> list[list[int]]:
-    """Byte ranges [lo, hi) with overlapping and touching ones joined, in order."""
-    out: list[list[int]] = []
-    for lo, hi in sorted(spans):
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return out
+def fetch_all(entries: list[dict], root: str, progress: Callable[[int], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> dict:
+    """Every entry (as ``Entry.to_wire`` gives them) downloaded to ``root`` one after another, as a
+    host that fetches on its own does; what it did, for a reply frame: files, bytes moved, files
+    already there, seconds. The first FetchError ends it (the files before it stay in place)."""
+    started, moved, already = time.monotonic(), 0, 0
+    for wire in entries:
+        outcome = download(Entry.from_wire(wire), root, progress=progress, stop=stop)
+        moved += outcome.moved
+        already += outcome.already
+    return {"files": len(entries), "moved": moved, "already": already, "seconds": time.monotonic() - started}
