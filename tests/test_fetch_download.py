@@ -160,3 +160,15 @@ def test_fetch_all_says_what_it_moved_and_what_was_already_there(hub, tmp_path):
     assert (first["files"], first["moved"], first["already"]) == (2, len(SMALL) + len(BIG), 0)
     second = fetch_all(wires, str(tmp_path))
     assert (second["moved"], second["already"]) == (0, 2)
+
+
+def test_a_throttled_source_is_asked_again_after_its_retry_after(hub, tmp_path):
+    hub.hub.busy("config.json", times=2)
+    mark = len(hub.hub.log)
+    assert download(entry(hub, "config.json"), str(tmp_path)).moved == len(SMALL)
+    assert [m for m, p, _ in hub.hub.log[mark:] if p.endswith("/config.json")] == ["GET"] * 3
+    hub.hub.busy("config.json", times=9)
+    with pytest.raises(FetchError) as throttled:
+        download(entry(hub, "config.json"), str(tmp_path / "again"))
+    assert "answered HTTP 429 4 times (throttled or down): fetch again later" in str(throttled.value)
+    hub.hub.busy("config.json", times=0)

@@ -20,8 +20,8 @@ Where it differs from the Hub: repositories live in memory (``add_repo``), a fil
 name matches ``LFS_SUFFIXES`` or it is ``LFS_MIN`` bytes or more, any known token opens every
 gated or private repository, no Xet (the client falls back to plain HTTP, as with
 ``HF_HUB_DISABLE_XET``), and the CDN is a second port of this server. Tests read ``gets`` (bytes-serving GETs
-per (repo, path)) and ``log``; ``rate`` limits bandwidth and ``cut(path, after)`` ends one
-transfer mid-file. Stdlib only.
+per (repo, path)) and ``log``; ``rate`` limits bandwidth, ``cut(path, after)`` ends one
+transfer mid-file and ``busy(path, times)`` throttles (429). Stdlib only.
 """
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ class Hub:
         #: where LFS answers redirect to: another origin, as the Hub's CDN is (so clients drop the token)
         self.cdn_url: str | None = None
         self._cuts: dict[str, int] = {}
+        self._busy: dict[str, tuple[int, int]] = {}
         self._secret = secrets.token_bytes(16)
         self._lock = threading.Lock()
 
@@ -125,6 +126,20 @@ class Hub:
         repo.commits[sha] = made
         repo.refs[revision] = sha
         return sha
+
+    def busy(self, path: str, times: int, retry_after: int = 0) -> None:
+        """The next ``times`` GETs of ``path`` answer 429 with this Retry-After, as a throttling Hub does."""
+        with self._lock:
+            self._busy[path] = (times, retry_after)
+
+    def take_busy(self, path: str) -> int | None:
+        """The Retry-After to answer this GET of ``path`` with, or None to serve it."""
+        with self._lock:
+            times, after = self._busy.get(path, (0, 0))
+            if not times:
+                return None
+            self._busy[path] = (times - 1, after)
+            return after
 
     def cut(self, path: str, after: int) -> None:
         """The next GET of ``path`` (any repository) ends its connection after ``after`` bytes."""
@@ -164,9 +179,9 @@ def _is_lfs(path: str, data: bytes) -> bool:
 class HubError(Exception):
     """An answer with the Hub's error headers."""
 
-    def __init__(self, status: int, code: str | None, message: str) -> None:
+    def __init__(self, status: int, code: str | None, message: str, headers: dict | None = None) -> None:
         super().__init__(message)
-        self.status, self.code = status, code
+        self.status, self.code, self.headers = status, code, headers or {}
 
 
 _API = re.compile(r"^/api/models/(?P<rest>.+)$")
@@ -326,6 +341,9 @@ class _Handler(BaseHTTPRequestHandler):
         if head:
             self._send(status, b"", {**headers, "Content-Length": str(len(data))}, head=True)
             return
+        after = self.server.hub.take_busy(found.path)
+        if after is not None:
+            raise HubError(429, None, "You have been rate-limited; retry later", {"Retry-After": str(after)})
         self.server.hub.count(repo_id, found.path)
         self._send(status, data, headers, cut=self.server.hub.take_cut(found.path))
 
@@ -338,7 +356,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(value).encode(), {**headers, "Content-Type": "application/json"})
 
     def _error(self, exc: HubError) -> None:
-        headers = {"X-Error-Message": str(exc), "Content-Type": "application/json"}
+        headers = {"X-Error-Message": str(exc), "Content-Type": "application/json", **exc.headers}
         if exc.code:
             headers["X-Error-Code"] = exc.code
         self._send(exc.status, json.dumps({"error": str(exc)}).encode(), headers, head=self.command == "HEAD")

@@ -30,6 +30,10 @@ RETRIES = 3
 TIMEOUT = 60.0
 #: where each finished file's check is recorded, below the fetch's root
 RECORDS = os.path.join(".cache", "tpunb")
+#: answers after which a GET is tried again (after Retry-After, else a doubling pause)
+BUSY = (429, 500, 502, 503, 504)
+#: the longest pause before trying a busy source again
+MAX_PAUSE = 30.0
 #: how a file is verified: a digest (hex or base64 as the source gives it) or, for "etag", its
 #: size and the ETag the source answers with
 CHECKS = ("sha256", "git-sha1", "md5", "crc32c", "etag")
@@ -262,6 +266,14 @@ def _bare(url: str) -> str:
 
 
 # -- downloading ------------------------------------------------------------------------------------
+class _Busy(Exception):
+    """The source said to come back later (429, or a 5xx): after ``delay`` seconds (None: backoff)."""
+
+    def __init__(self, code: int, delay: float | None) -> None:
+        super().__init__(code)
+        self.code, self.delay = code, delay
+
+
 class _Download:
     """One file from its URL into PATH.partial: resumed, streamed to ``on_chunk``, verified, placed."""
 
@@ -287,6 +299,13 @@ class _Download:
                 before = self.have
                 try:
                     checker = self._get(fd, checker)
+                except _Busy as busy:
+                    tries += 1
+                    if tries > RETRIES:
+                        raise FetchError(f"{self.entry.path}: {_bare(self.entry.url)} answered HTTP {busy.code} "
+                                         f"{tries} times (throttled or down): fetch again later, it resumes",
+                                         "source") from None
+                    self._pause(busy.delay if busy.delay is not None else 2.0 ** tries)
                 except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
                     tries = 0 if self.have > before else tries + 1
                     if tries > RETRIES:
@@ -298,6 +317,14 @@ class _Download:
         verify_or_remove(self.entry, checker, self.partial)
         place(self.root, self.entry, self.partial)
         return Outcome(self.target, self.entry.size, self.moved, time.monotonic() - started, resumed_from=resumed)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait before asking a busy source again; a stop ends the wait."""
+        deadline = time.monotonic() + min(seconds, MAX_PAUSE)
+        while time.monotonic() < deadline:
+            if self.stop():
+                raise FetchError(f"{self.entry.path}: stopped with {self.have:,} bytes in {self.partial}", "cancelled")
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def _replay(self, fd: int) -> Checker:
         """A checker fed the bytes the partial already holds (and ``on_chunk`` given them too)."""
@@ -329,6 +356,9 @@ class _Download:
         try:
             response = urllib.request.urlopen(self._request(), timeout=self.timeout)
         except urllib.error.HTTPError as exc:
+            if exc.code in BUSY:
+                after = (exc.headers.get("Retry-After") or "").strip()
+                raise _Busy(exc.code, min(float(after), MAX_PAUSE) if after.isdigit() else None) from None
             code = exc.headers.get("X-Error-Code") or exc.reason
             raise FetchError(f"{self.entry.path}: {_bare(self.entry.url)} answered HTTP {exc.code} ({code})",
                              "source") from None
