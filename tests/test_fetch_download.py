@@ -107,6 +107,14 @@ def test_a_full_disk_keeps_only_the_partial_and_says_so(hub, tmp_path):
         assert message.startswith("model.safetensors: no space left on the device writing "), message
         assert "kept there): free space and fetch again, it resumes" in message
         assert sorted(os.listdir(full / "models")) == ["model.safetensors.partial"]
+        os.unlink(full / "models" / "model.safetensors.partial")
+        receiver = Receiver(entry(hub, "model.safetensors"), str(full / "relayed"))
+        with pytest.raises(FetchError) as relayed:
+            for at in range(0, len(BIG), CHUNK):
+                receiver.put(at, BIG[at:at + CHUNK])
+            receiver.finish(timeout=60)
+        assert relayed.value.kind == "disk" and "no space left on the device" in str(relayed.value)
+        assert sorted(os.listdir(full / "relayed")) == ["model.safetensors.partial"]
 
 
 def test_the_token_never_shows_in_reprs_or_errors(hub, tmp_path):

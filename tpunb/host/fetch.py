@@ -215,9 +215,12 @@ def already_there(root: str, entry: Entry) -> bool:
     if entry.check == "etag":
         return False
     checker = Checker(entry)
-    with open(target, "rb") as held:
-        for piece in iter(lambda: held.read(CHUNK), b""):
-            checker.update(piece)
+    try:
+        with open(target, "rb") as held:
+            for piece in iter(lambda: held.read(CHUNK), b""):
+                checker.update(piece)
+    except OSError:  # unreadable: fetched again, and replacing it says what is wrong
+        return False
     if checker.mismatch():
         return False
     _record(root, entry)

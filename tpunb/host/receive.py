@@ -50,6 +50,8 @@ class Receiver:
         if offset < 0 or offset + len(data) > self.entry.size:
             raise FetchError(f"{self.entry.path}: a chunk at {offset:,} of {len(data):,} bytes is outside the "
                              f"file's {self.entry.size:,} bytes", "verify")
+        if not data:
+            return
         with self._cond:
             while self._queued >= self.max_queued and self.error is None:
                 self._cond.wait(1.0)
