@@ -99,6 +99,9 @@ def test_hub_sources_that_cannot_be_read_are_one_line_each(monkeypatch, hub):
     wrong = one_line(lambda: manifest("hf://org/gated", revision="v9"))
     assert wrong == "hf://org/gated has no revision 'v9': give a branch, tag or commit that exists (--revision)"
     assert "or this token cannot see it" in one_line(lambda: manifest("hf://org/absent"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert one_line(lambda: manifest("hf://org/gated")).endswith("HF_HUB_OFFLINE is set in the kernel (unset it)")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setenv("HF_TOKEN", "hf_a_token_the_hub_never_issued")
     refused = one_line(lambda: manifest("hf://org/gated"))
     assert "refused the kernel's Hugging Face token" in refused and "hf_a_token" not in refused

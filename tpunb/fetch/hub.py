@@ -36,9 +36,12 @@ def list_files(source: Source) -> Manifest:
     """The manifest of ``hf://ORG/NAME`` at ``source.revision`` (the default branch when None);
     a one-line UsageError for a missing or private repository, a gated one without access, a
     revision that does not exist, a token the Hub refuses, or an --include that takes nothing."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.hf_api import RepoFile
-
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+    except ImportError:
+        raise UsageError(f"cannot list {source.text}: huggingface_hub is not installed in the kernel "
+                         "(pip install huggingface_hub)") from None
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise UsageError(f"cannot fetch {source.text}: HF_HUB_OFFLINE is set in the kernel (unset it)")
     where, secret = endpoint(), token()
