@@ -4,9 +4,13 @@ pages, and file answers (ETags, commits, ranges) as the client reads them."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -105,3 +109,20 @@ def test_a_bandwidth_limit_holds_a_transfer_to_its_rate(hub):
         assert time.monotonic() - started >= 0.25
     finally:
         hub.hub.rate = None
+
+
+def test_a_fresh_process_finds_the_stand_in_through_hf_endpoint_and_hf_token(hub, tmp_path):
+    """As a user's process does: nothing passed in code, the client reads its environment at import."""
+    program = ("import json, os\nfrom huggingface_hub import HfApi, snapshot_download\n"
+               "folder = snapshot_download('org/gated')\n"
+               "tree = [f.path for f in HfApi().list_repo_tree('org/gated', recursive=True)]\n"
+               "print(json.dumps({'folder': folder, 'tree': tree}))\n")
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HOME": str(tmp_path / "hf"),
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["tree"] == ["config.json", "model.safetensors", "tokenizer", "tokenizer/vocab.json"]
+    for path, data in FILES.items():
+        assert (Path(answer["folder"]) / path).read_bytes() == data
+    assert TOKEN not in done.stdout + done.stderr
