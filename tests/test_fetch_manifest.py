@@ -20,6 +20,7 @@ from tpunb.host import gcs
 from tpunb.host.fetch import Checker, Entry, FetchError, crc32c, download
 
 TOKEN = "hf_manifest_token_0123456789"
+OTHER = "hf_other_account_token_98765"
 WEIGHTS = os.urandom(200_000)
 FILES = {"config.json": b'{"layers": 2}', "model.safetensors": WEIGHTS, "tokenizer/tokenizer.json": b'{"v": 1}'}
 BUCKET = "fetch-bucket"
@@ -27,10 +28,11 @@ BUCKET = "fetch-bucket"
 
 @pytest.fixture(scope="module")
 def hub():
-    state = Hub(tokens=(TOKEN,))
+    state = Hub(tokens=(TOKEN, OTHER))
     with HubServer(state) as server:
         server.commits = {"gated": state.add_repo("org/gated", FILES, gated=True),
                           "private": state.add_repo("org/private", FILES, private=True),
+                          "granted": state.add_repo("org/granted", FILES, gated=True, granted=(TOKEN,)),
                           "v1": state.add_repo("org/gated", {"config.json": b"{}"}, revision="v1", gated=True)}
         state.repos["org/gated"].refs["main"] = server.commits["gated"]
         yield server
@@ -99,6 +101,12 @@ def test_hub_sources_that_cannot_be_read_are_one_line_each(monkeypatch, hub):
     wrong = one_line(lambda: manifest("hf://org/gated", revision="v9"))
     assert wrong == "hf://org/gated has no revision 'v9': give a branch, tag or commit that exists (--revision)"
     assert "or this token cannot see it" in one_line(lambda: manifest("hf://org/absent"))
+    assert manifest("hf://org/granted").revision == hub.commits["granted"]
+    monkeypatch.setenv("HF_TOKEN", OTHER)
+    ungranted = one_line(lambda: manifest("hf://org/granted"))
+    assert ungranted == (f"hf://org/granted is gated and this token has no access: ask for access at {hub.url}/"
+                         "org/granted, or use a token of an account that has it"), ungranted
+    assert OTHER not in ungranted
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert one_line(lambda: manifest("hf://org/gated")).endswith("HF_HUB_OFFLINE is set in the kernel (unset it)")
     monkeypatch.delenv("HF_HUB_OFFLINE")

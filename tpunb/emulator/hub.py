@@ -18,7 +18,7 @@ token that was not granted). A bearer token the Hub does not know is 401 "Invali
 
 Where it differs from the Hub: repositories live in memory (``add_repo``), a file is LFS when its
 name matches ``LFS_SUFFIXES`` or it is ``LFS_MIN`` bytes or more, any known token opens every
-gated or private repository, no Xet (the client falls back to plain HTTP, as with
+gated or private repository unless ``granted`` names some, no Xet (the client falls back to plain HTTP, as with
 ``HF_HUB_DISABLE_XET``), and the CDN is a second port of this server. Tests read ``gets`` (bytes-serving GETs
 per (repo, path)) and ``log``; ``rate`` limits bandwidth, ``cut(path, after)`` ends one
 transfer mid-file and ``busy(path, times)`` throttles (429). Stdlib only.
@@ -84,6 +84,8 @@ class HubRepo:
     repo_id: str
     gated: bool = False
     private: bool = False
+    #: tokens granted access to a gated repository (None: every token the Hub knows)
+    granted: frozenset[str] | None = None
     #: commit sha -> {path: file}
     commits: dict[str, dict[str, HubFile]] = field(default_factory=dict)
     #: branch or tag -> commit sha
@@ -116,10 +118,12 @@ class Hub:
         self._lock = threading.Lock()
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], revision: str = "main", gated: bool = False,
-                 private: bool = False) -> str:
-        """Commit ``files`` as ``revision`` of ``repo_id`` (made if new); the commit's sha."""
-        repo = self.repos.setdefault(repo_id, HubRepo(repo_id, gated, private))
+                 private: bool = False, granted: tuple[str, ...] | None = None) -> str:
+        """Commit ``files`` as ``revision`` of ``repo_id`` (made if new); the commit's sha. A gated
+        repository opens to the ``granted`` tokens (None: to every token the Hub knows)."""
+        repo = self.repos.setdefault(repo_id, HubRepo(repo_id))
         repo.gated, repo.private = gated, private
+        repo.granted = None if granted is None else frozenset(granted)
         made = {path: HubFile(path, bytes(data), _is_lfs(path, data)) for path, data in files.items()}
         listing = json.dumps([repo_id, revision, sorted((p, f.sha256) for p, f in made.items())]).encode()
         sha = hashlib.sha1(listing).hexdigest()
@@ -241,6 +245,9 @@ class _Handler(BaseHTTPRequestHandler):
         if repo.gated and token is None:
             raise HubError(401, "GatedRepo", f"Access to model {repo.repo_id} is restricted. You must have access "
                                              "to it and be authenticated to access it. Please log in.")
+        if repo.gated and repo.granted is not None and token not in repo.granted:
+            raise HubError(403, "GatedRepo", f"Access to model {repo.repo_id} is restricted and you are not in the "
+                                             "authorized list. Visit the model page to ask for access.")
 
     def _commit(self, repo: HubRepo, revision: str) -> tuple[str, dict[str, HubFile]]:
         sha = repo.commit_of(revision)
