@@ -72,20 +72,28 @@ class Bucket:
 
     def list(self, prefix: str = "") -> list[tuple[str, int]]:
         """(name, size) of every object whose name starts with ``prefix``."""
+        return [(item["name"], int(item.get("size", 0))) for item in self.items(prefix, "name,size")]
+
+    def items(self, prefix: str = "", fields: str = "name,size,md5Hash,crc32c,generation") -> list[dict]:
+        """The JSON API's record (these ``fields``) of every object whose name starts with ``prefix``."""
         found, page = [], None
         while True:
-            query = {"prefix": prefix, "fields": "items(name,size),nextPageToken"}
+            query = {"prefix": prefix, "fields": f"items({fields}),nextPageToken"}
             if page:
                 query["pageToken"] = page
             raw = self._call("GET", f"{self.base}/storage/v1/b/{self.name}/o?{urllib.parse.urlencode(query)}")
             answer = json.loads(raw or b"{}")
-            found.extend((item["name"], int(item.get("size", 0))) for item in answer.get("items", []))
+            found.extend(answer.get("items", []))
             page = answer.get("nextPageToken")
             if not page:
                 return found
 
+    def media_url(self, name: str, generation: str | None = None) -> str:
+        """Where an object's bytes are read (one generation of it, when given)."""
+        return self._object_url(name) + "?alt=media" + (f"&generation={generation}" if generation else "")
+
     def read(self, name: str) -> bytes | None:
-        return self._call("GET", self._object_url(name) + "?alt=media", missing_ok=True)
+        return self._call("GET", self.media_url(name), missing_ok=True)
 
     def write(self, name: str, data: bytes) -> None:
         query = urllib.parse.urlencode({"uploadType": "media", "name": name})

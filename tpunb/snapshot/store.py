@@ -103,7 +103,7 @@ def new_uri(cloud: bool, slice_name: str, to: str | None, reason: str = "") -> s
 
 
 # -- reading snapshots ----------------------------------------------------------------------------
-def _token() -> str:
+def storage_token() -> str:
     """An access token for Cloud Storage from google-auth's default credentials, refreshed when stale."""
     import google.auth
     import google.auth.transport.requests
@@ -116,7 +116,7 @@ def _token() -> str:
 
 
 def _bucket(name: str) -> gcs.Bucket:
-    return gcs.Bucket(name, token=None if gcs.endpoint() != gcs.API else _token)
+    return gcs.Bucket(name, token=None if gcs.endpoint() != gcs.API else storage_token)
 
 
 def read_manifest(uri: str) -> dict | None:

@@ -1,0 +1,41 @@
+"""Cloud Storage objects under ``gs://BUCKET/PREFIX`` as a manifest (the JSON API, through
+``tpunb.host.gcs``; ``STORAGE_EMULATOR_HOST`` points it at a local server): each object pinned to
+the generation listed, verified by its md5, else (composite objects have none) its crc32c.
+PREFIX names one object, or a folder whose objects keep their paths below it."""
+from __future__ import annotations
+
+from tpunb.errors import UsageError
+from tpunb.fetch.source import Manifest, Source, pick
+from tpunb.host import gcs
+from tpunb.host.fetch import Entry
+
+
+def list_files(source: Source) -> Manifest:
+    """The manifest of ``gs://BUCKET/PREFIX``; one-line UsageError when the bucket cannot be read
+    or nothing is under the prefix."""
+    name, prefix = gcs.split(source.text)
+    token = None
+    if gcs.endpoint() == gcs.API:
+        from tpunb.snapshot.store import storage_token
+
+        token = storage_token
+    bucket = gcs.Bucket(name, token=token)
+    try:
+        items = bucket.items(prefix)
+    except gcs.GcsError as exc:
+        raise UsageError(f"cannot list {source.text}: {exc}") from None
+    exact = [item for item in items if item["name"] == prefix]
+    folder = prefix + "/" if prefix else ""
+    chosen = exact or [item for item in items if item["name"].startswith(folder) and not item["name"].endswith("/")]
+    if not chosen:
+        raise UsageError(f"nothing is under {source.text}: check the bucket and prefix (gcloud storage ls {source.text})")
+    headers = {"Authorization": f"Bearer {token()}"} if token else {}
+    entries = []
+    for item in sorted(chosen, key=lambda i: i["name"]):
+        path = item["name"].rsplit("/", 1)[-1] if exact else item["name"][len(folder):]
+        check, digest = ("md5", item["md5Hash"]) if item.get("md5Hash") else ("crc32c", item.get("crc32c", ""))
+        if not digest:
+            raise UsageError(f"gs://{name}/{item['name']} has neither md5 nor crc32c: it cannot be verified")
+        entries.append(Entry(path, int(item.get("size", 0)), bucket.media_url(item["name"], item.get("generation")),
+                             check, digest, dict(headers)))
+    return Manifest(source, None, pick(source, entries))
