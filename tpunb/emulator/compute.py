@@ -141,7 +141,7 @@ class ComputeEngine(MigSide):
             return None
         vm.endpoint = found[0]
         self.emu.hosts.configure(vm.endpoint.internal_ip, python=catalog.generation(machine.generation).compute["python"],
-                                 devices=machine.jax_devices, names=self.host_names())
+                                 devices=machine.jax_devices, names={**self.host_names(), vm.name: vm.endpoint.internal_ip})
         return vm.endpoint
 
     def host_names(self) -> dict[str, str]:

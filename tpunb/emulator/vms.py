@@ -73,8 +73,7 @@ class VmSide:
         if path == "instance/maintenance-event":
             return "TERMINATE_ON_HOST_MAINTENANCE" if noticed else "NONE"
         if path == "instance/service-accounts/default/token":
-            return {"access_token": self._issue_token(node.project, self.service_account(node)), "expires_in": 3599,
-                    "token_type": "Bearer"}
+            return {"access_token": self._issue_token(node), "expires_in": 3599, "token_type": "Bearer"}
         if path == "instance/service-accounts/default/email":
             return self.service_account(node)
         if path == "instance/attributes/":
@@ -101,7 +100,7 @@ class VmSide:
                    "instance/hostname": f"{vm.name}.{vm.zone}.c.{vm.project}.internal",
                    "instance/network-interfaces/0/network": f"projects/{vm.project}/networks/{network}"}
         if path == "instance/service-accounts/default/token":
-            return {"access_token": self._issue_token(vm.project, principal), "expires_in": 3599, "token_type": "Bearer"}
+            return {"access_token": self._token_for(vm.project, principal), "expires_in": 3599, "token_type": "Bearer"}
         if path.startswith("instance/attributes/") and path != "instance/attributes/":
             return attributes.get(path[len("instance/attributes/"):])
         return answers.get(path)
@@ -136,7 +135,11 @@ class VmSide:
         node.guest_attributes.setdefault(worker, {})[path] = value
         return True
 
-    def _issue_token(self, project: str, principal: str) -> str:
+    def _issue_token(self, node: Node) -> str:
+        return self._token_for(node.project, self.service_account(node))
+
+    def _token_for(self, project: str, principal: str) -> str:
+        """An access token of ``principal`` in ``project`` (the one already given while it has 5 minutes left)."""
         now = time.time()
         for token, (owner, expiry, holder) in self.tokens.items():
             if (owner, holder) == (project, principal) and expiry - now > 300:
