@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from tests.compute_schema_gen import SCHEMA, build, render
 from tests.conftest import wait_for
 from tpunb import catalog
+from tpunb.emulator import AdminError
 from tpunb.emulator.sandbox import start_sandbox
 
 P, Z, R = "sandbox-project", "us-central1-c", "us-central1"  # a TPU7x zone (tpu-machines / regions-zones)
@@ -316,7 +317,9 @@ def test_an_unstable_mig_shows_its_errors_and_a_recreated_vm_comes_back(sandbox,
         mig = ce.migs.get(project=P, zone=Z, instance_group_manager="shaky")
         assert not mig.status.is_stable and mig.status.applied_accelerator_topologies[0].state == "ACTIVATING"
     finally:
-        sandbox.emulator.compute_faults(unstable=False)
+        assert sandbox.emulator.compute_faults(unstable=False) == {"unstable_message": "No capacity for the topology (synthetic)"}
+    with pytest.raises(AdminError, match="unknown Compute Engine fault 'unstabel'"):
+        sandbox.emulator.compute_faults(unstabel=True)
     wait_for(lambda: slice_up(ce, "shaky"), 10, "the MIG up once the fault is gone")
     name = next(iter(ce.migs.list_managed_instances(project=P, zone=Z, instance_group_manager="shaky"))).name
     before = ce.instances.get(project=P, zone=Z, instance=name)

@@ -8,6 +8,7 @@ ACTIVE. Deletes go STOPPING -> gone. The rules field reports show (docs/cloud-fa
 checked on the way in; compute_checks.py refuses what compute v1 does not define."""
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -18,7 +19,8 @@ from tpunb.emulator.compute_migs import MigSide
 from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, short
 
 TPU_FAMILIES = {"tpu7x": "TPU7X", "v6e": "CT6E", "v5p": "CT5P"}
-MAX_ERRORS = 20
+#: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist
+FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted")
 
 
 def compute_zones() -> list[str]:
@@ -43,6 +45,16 @@ class ComputeEngine(MigSide):
         self.operations: dict[str, ComputeOperation] = {}
         self.faults: dict[str, Any] = {}
         self._changed = threading.Condition(emu._lock)
+
+    def set_faults(self, changes: dict) -> dict:
+        """Merge Compute Engine faults (``FAULTS``); a false or null value turns one off."""
+        unknown = sorted(set(changes) - set(FAULTS))
+        if unknown:
+            raise invalid(f"unknown Compute Engine fault {unknown[0]!r}; known: {', '.join(FAULTS)}")
+        self.faults.update(changes)
+        for key in [k for k, v in self.faults.items() if v in (None, False)]:
+            del self.faults[key]
+        return dict(self.faults)
 
     # -- operations -------------------------------------------------------------------------
 
@@ -348,8 +360,6 @@ def _listing(kind: str, path: str, items: list[dict]) -> dict:
 def _matches(item: dict, filter: str) -> bool:
     """The part of Compute Engine's list filter tpunb uses: ``name = X``, ``labels.K = V``,
     ``labels.K:*``, ``description:TEXT``, joined by AND or spaces (quotes optional)."""
-    import re
-
     for term in re.findall(r"[\w.-]+\s*(?:=|!=|:|eq|ne)\s*(?:\"[^\"]*\"|'[^']*'|\S+)", filter or ""):
         key, op, value = re.match(r"([\w.-]+)\s*(=|!=|:|eq|ne)\s*(.*)", term).groups()
         value = value.strip("\"'")

@@ -177,7 +177,7 @@ class Vm:
             "kind": "compute#instance", "id": self.id, "creationTimestamp": self.created, "name": self.name,
             "machineType": link(f"projects/{self.project}/zones/{self.zone}/machineTypes/{self.machine_type}"),
             "status": self.status, "zone": link(f"projects/{self.project}/zones/{self.zone}"),
-            "networkInterfaces": nics, "selfLink": link(self.path), "cpuPlatform": "AMD Turin",
+            "networkInterfaces": nics, "selfLink": link(self.path),
             "metadata": {"kind": "compute#metadata", "fingerprint": "sandbox", **({"items": [
                 {"key": k, "value": v} for k, v in self.metadata.items()]} if self.metadata else {})},
         }

@@ -149,7 +149,7 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
         "admin_set_faults": lambda: emu.call(emu.set_faults, body),
         "admin_clear_faults": lambda: emu.call(emu.clear_faults),
         "admin_set_timings": lambda: emu.call(emu.set_timings, body),
-        "admin_compute_faults": lambda: emu.call(lambda: emu.compute.faults.update(body) or dict(emu.compute.faults)),
+        "admin_compute_faults": lambda: emu.call(emu.compute.set_faults, body),
         "admin_recreate": lambda: emu.call(emu.compute.recreate, m["ref"]),
         "admin_preempt": lambda: emu.call(
             emu.preempt, m["ref"], float(body.get("after") or 0), body.get("state"),
