@@ -199,6 +199,15 @@ def test_a_tpu7x_32_slice_is_a_bulk_mig_of_four_tpu7x_standard_4t(sandbox, ce):
     endpoints = attribute(sandbox, vms[0].network_interfaces[0].network_i_p, "worker-network-endpoints")
     assert endpoints == ",".join(workers[i] for i in range(4))  # bare names, worker order
     assert (ce.migs.list_errors(project=P, zone=Z, instance_group_manager="t7").items) == []
+    survey = {  # what a survey after a Colab reset asks: every zone's and region's, by name
+        "migs": {scope: [m.name for m in scoped.instance_group_managers] for scope, scoped in ce.migs.aggregated_list(
+            request={"project": P, "filter": "name eq t7.*"})},
+        "templates": {scope: [t.name for t in scoped.instance_templates] for scope, scoped in
+                      ce.global_templates.aggregated_list(request={"project": P, "filter": "name eq t7-.*"})},
+        "policies": {scope: [r.name for r in scoped.resource_policies] for scope, scoped in
+                     ce.policies.aggregated_list(request={"project": P, "filter": "name ne nothing"})}}
+    assert survey == {"migs": {f"zones/{Z}": ["t7"]}, "templates": {f"regions/{R}": ["t7-t"]},
+                      "policies": {f"regions/{R}": ["t7-wp"]}}
 
 
 def test_template_and_policy_in_use_cannot_go_then_go_in_order(sandbox, ce):
@@ -456,6 +465,9 @@ ANSWERS = [  # (method, path under projects/P/, the compute_v1 message of the an
     ("GET", r"zones/[^/]+/machineTypes", compute_v1.MachineTypeList),
     ("GET", r"zones/[^/]+/machineTypes/[^/]+", compute_v1.MachineType),
     ("GET", r"aggregated/machineTypes", compute_v1.MachineTypeAggregatedList),
+    ("GET", r"aggregated/instanceGroupManagers", compute_v1.InstanceGroupManagerAggregatedList),
+    ("GET", r"aggregated/instanceTemplates", compute_v1.InstanceTemplateAggregatedList),
+    ("GET", r"aggregated/resourcePolicies", compute_v1.ResourcePolicyAggregatedList),
 ]
 
 

@@ -8,13 +8,12 @@ ACTIVE. Deletes go STOPPING -> gone. The rules field reports show (docs/cloud-fa
 checked on the way in; compute_checks.py refuses what compute v1 does not define."""
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import Any
 
 from tpunb import catalog
-from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, in_use, invalid, not_found
+from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, in_use, invalid, matches, not_found
 from tpunb.emulator.compute_migs import MigSide
 from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, short
 
@@ -202,16 +201,32 @@ class ComputeEngine(MigSide):
         self.check_zone(project, zone)
         items = [v.to_json() for v in self.instances.values() if (v.project, v.zone) == (project, zone)]
         return _listing("compute#instanceList", f"projects/{project}/zones/{zone}/instances",
-                        [i for i in items if _matches(i, filter)])
+                        [i for i in items if matches(i, filter)])
 
     def aggregated_instances(self, project: str, filter: str = "") -> dict:
         items: dict[str, dict] = {}
         for vm in self.instances.values():
             body = vm.to_json()
-            if vm.project == project and _matches(body, filter):
+            if vm.project == project and matches(body, filter):
                 items.setdefault(f"zones/{vm.zone}", {"instances": []})["instances"].append(body)
         return {"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
                 "items": items, "selfLink": link(f"projects/{project}/aggregated/instances")}
+
+    def aggregated(self, project: str, kind: str, filter: str = "") -> dict:
+        """aggregatedList of MIGs, templates (global ones under "global") or resource policies:
+        ``{"items": {"zones/Z" | "regions/R" | "global": {kind: [...]}}}``, the scopes with a match only."""
+        if kind == "instanceGroupManagers":
+            found = [(f"zones/{m.zone}", m.to_json(self._mig_vms(m))) for m in self.migs.values() if m.project == project]
+        else:
+            table = self.templates if kind == "instanceTemplates" else self.policies
+            found = [("/".join(s.path.split("/")[2:4]) if s.path.split("/")[2] == "regions" else "global", s.to_json())
+                     for s in table.values() if s.path.split("/")[1] == project]
+        items: dict[str, dict] = {}
+        for scope, body in found:
+            if matches(body, filter):
+                items.setdefault(scope, {kind: []})[kind].append(body)
+        path = f"projects/{project}/aggregated/{kind}"
+        return {"kind": f"compute#{kind[:-1]}AggregatedList", "id": path, "items": items, "selfLink": link(path)}
 
     def delete_instance(self, project: str, zone: str, name: str) -> dict:
         vm = self._vm(project, zone, name)
@@ -306,7 +321,7 @@ class ComputeEngine(MigSide):
         table = self.templates if kind == "instanceTemplates" else self.policies
         prefix = f"projects/{project}/{scope}/{kind}/"
         items = [s.to_json() for p, s in table.items() if p.startswith(prefix)]
-        return _listing(f"compute#{kind[:-1]}List", prefix.rstrip("/"), [i for i in items if _matches(i, filter)])
+        return _listing(f"compute#{kind[:-1]}List", prefix.rstrip("/"), [i for i in items if matches(i, filter)])
 
     def delete_stored(self, project: str, scope: str, kind: str, name: str) -> dict:
         stored = self._stored(project, scope, kind, name)
@@ -355,22 +370,3 @@ def _nic(properties: dict) -> dict:
 
 def _listing(kind: str, path: str, items: list[dict]) -> dict:
     return {"kind": kind, "id": path, "selfLink": link(path), **({"items": items} if items else {})}
-
-
-def _matches(item: dict, filter: str) -> bool:
-    """The part of Compute Engine's list filter tpunb uses: ``name = X``, ``labels.K = V``,
-    ``labels.K:*``, ``description:TEXT``, joined by AND or spaces (quotes optional)."""
-    for term in re.findall(r"[\w.-]+\s*(?:=|!=|:|eq|ne)\s*(?:\"[^\"]*\"|'[^']*'|\S+)", filter or ""):
-        key, op, value = re.match(r"([\w.-]+)\s*(=|!=|:|eq|ne)\s*(.*)", term).groups()
-        value = value.strip("\"'")
-        actual: Any = item
-        for part in key.split("."):
-            actual = actual.get(part) if isinstance(actual, dict) else None
-        if op == ":":
-            ok = actual is not None and (value == "*" or value in str(actual))
-        else:
-            ok = str(actual if actual is not None else "") == value
-        if ok == (op in ("!=", "ne")):
-            return False
-    return True
-

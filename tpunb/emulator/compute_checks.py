@@ -109,3 +109,24 @@ def check_name(name: Any, kind: str) -> str:
         raise invalid(f"Invalid value for field 'resource.name': {json.dumps(name)}. Must be a match of regex "
                       "'(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'")
     return name
+
+
+def matches(item: dict, filter: str) -> bool:
+    """The part of Compute Engine's list filter tpunb uses, terms joined by AND or spaces (quotes
+    optional): ``name = X`` / ``!=`` (literal), ``name eq REGEX`` / ``ne`` (a full match),
+    ``labels.K:*`` (present), ``description:TEXT`` (contains)."""
+    for term in re.findall(r"[\w.-]+\s*(?:=|!=|:|eq|ne)\s*(?:\"[^\"]*\"|'[^']*'|\S+)", filter or ""):
+        key, op, value = re.match(r"([\w.-]+)\s*(=|!=|:|eq|ne)\s*(.*)", term).groups()
+        value = value.strip("\"'")
+        actual: Any = item
+        for part in key.split("."):
+            actual = actual.get(part) if isinstance(actual, dict) else None
+        if op == ":":
+            ok = actual is not None and (value == "*" or value in str(actual))
+        elif op in ("eq", "ne"):
+            ok = re.fullmatch(value, str(actual if actual is not None else "")) is not None
+        else:
+            ok = str(actual if actual is not None else "") == value
+        if ok == (op in ("!=", "ne")):
+            return False
+    return True

@@ -14,7 +14,7 @@ import string
 from typing import Any
 
 from tpunb import catalog
-from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, invalid, not_found
+from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, invalid, matches, not_found
 from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, timestamp
 
 BULK_REQUIRED = "MIGs with TPU accelerator topology require BULK mode in target size policy"
@@ -146,9 +146,10 @@ class MigSide:
         mig = self._mig(project, zone, name)
         return mig.to_json(self._mig_vms(mig))
 
-    def list_migs(self, project: str, zone: str) -> dict:
+    def list_migs(self, project: str, zone: str, filter: str = "") -> dict:
         self.check_zone(project, zone)
         items = [m.to_json(self._mig_vms(m)) for m in self.migs.values() if (m.project, m.zone) == (project, zone)]
+        items = [i for i in items if matches(i, filter)]
         path = f"projects/{project}/zones/{zone}/instanceGroupManagers"
         return {"kind": "compute#instanceGroupManagerList", "id": path, "selfLink": link(path),
                 **({"items": items} if items else {})}

@@ -4,6 +4,7 @@ calls; every path starts with /compute/v1/projects/P/):
   zones/Z/instances[/I]                   GET list (filter) | POST insert | GET | DELETE
   zones/Z/instances/I/getGuestAttributes  GET (queryPath | variableKey)
   aggregated/instances                    GET (filter)
+  aggregated/instanceGroupManagers|instanceTemplates|resourcePolicies   GET (filter)
   global|regions/R/instanceTemplates[/T]  GET list | POST insert | GET | DELETE
   regions/R/resourcePolicies[/P]          GET list | POST insert | GET | DELETE
   zones/Z/instanceGroupManagers[/M]       GET list | POST insert | GET | DELETE
@@ -44,7 +45,9 @@ def _routes(ce: ComputeEngine, p: str, q: dict[str, str], body: dict) -> list[tu
         ("GET", _ZONE + r"/instances/(?P<i>[^/]+)/getGuestAttributes",
          lambda zone, i: ce.guest_attributes(p, zone, i, q.get("queryPath", ""), q.get("variableKey", ""))),
         ("GET", r"aggregated/instances", lambda: ce.aggregated_instances(p, f)),
-        ("GET", _ZONE + r"/instanceGroupManagers", lambda zone: ce.list_migs(p, zone)),
+        ("GET", _ZONE + r"/instanceGroupManagers", lambda zone: ce.list_migs(p, zone, f)),
+        ("GET", r"aggregated/(?P<kind>instanceGroupManagers|instanceTemplates|resourcePolicies)",
+         lambda kind: ce.aggregated(p, kind, f)),
         ("POST", _ZONE + r"/instanceGroupManagers", lambda zone: ce.insert_mig(p, zone, body)),
         ("GET", _ZONE + r"/instanceGroupManagers/(?P<m>[^/]+)", lambda zone, m: ce.get_mig(p, zone, m)),
         ("DELETE", _ZONE + r"/instanceGroupManagers/(?P<m>[^/]+)", lambda zone, m: ce.delete_mig(p, zone, m)),

@@ -210,7 +210,8 @@ class HostPool:
         Path(profile).write_text(
             f"export PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n"
             f"export XLA_FLAGS=--xla_force_host_platform_device_count={devices}\n"
-            f"export NSS_WRAPPER_HOSTS={hosts_file} LD_PRELOAD={self.vm_image['nss_wrapper']}\n")
+            f"export NSS_WRAPPER_HOSTS={hosts_file} LD_PRELOAD={self.vm_image['nss_wrapper']}\n"
+            "export GRPC_DNS_RESOLVER=native\n")  # gRPC's c-ares would skip nss_wrapper: names through getaddrinfo
 
     def boot(self, address: str, script: str) -> None:
         """Run a startup-script as ``address``'s boot does: its environment, its own session."""
