@@ -340,6 +340,21 @@ def test_an_unstable_mig_shows_its_errors_and_a_recreated_vm_comes_back(sandbox,
     delete_slice(ce, "shaky")
 
 
+def test_each_call_needs_its_compute_permission(sandbox, ce):
+    user = sandbox.emulator.accounts()["user"]
+    sandbox.emulator.accounts(permissions={user: ["compute.*.get", "compute.*.list"]})
+    try:
+        with pytest.raises(exceptions.Forbidden, match=f"Required 'compute.instances.create' permission for "
+                           f"'projects/{P}/zones/{V6E_ZONE}/instances'"):
+            ce.instances.insert_unary(project=P, zone=V6E_ZONE, instance_resource=instance_body("denied", "ct6e-standard-4t", V6E_ZONE))
+        with pytest.raises(exceptions.Forbidden, match="compute.instanceGroupManagers.update"):
+            ce.migs.resize_unary(project=P, zone=Z, instance_group_manager="any", size=1)
+        assert sorted(m.name for m in ce.machine_types.list(project=P, zone="us-east5-a")) == [  # v5p's zone and v6e's
+            "ct5p-hightpu-4t", "ct6e-standard-1t", "ct6e-standard-4t", "ct6e-standard-8t"]
+    finally:
+        sandbox.emulator.accounts(permissions={user: None})
+
+
 def test_bodies_are_checked_against_compute_v1(sandbox, ce):
     with pytest.raises(exceptions.BadRequest, match=r"Invalid value at 'resource\.targetSizePolicy\.mode' \(TYPE_ENUM\), \"BULKK\""):
         make_slice(ce, "typo", mode="BULKK")

@@ -24,6 +24,7 @@ from tpunb.emulator.compute_checks import ComputeError, not_found
 from tpunb.emulator.compute_records import link
 
 if TYPE_CHECKING:
+    from tpunb.emulator.accounts import Accounts
     from tpunb.emulator.compute import ComputeEngine
 
 PREFIX = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/(?P<rest>.+)$")
@@ -70,13 +71,38 @@ _STORED = re.compile(r"^(?P<scope>(?:regions/[^/]+|global))/(?P<kind>instanceTem
                      r"(?:/(?P<name>[^/]+))?$")
 
 
-def dispatch(ce: ComputeEngine, method: str, path: str, query: dict[str, str], body: dict) -> Any:
+_VERBS = {"GET": "get", "POST": "create", "DELETE": "delete"}
+_ACTIONS = {"listManagedInstances": "get", "listErrors": "get", "resize": "update", "resizeRequests": "update",
+            "getGuestAttributes": "getGuestAttributes", "wait": "get"}
+
+
+def permission(method: str, rest: str) -> str:
+    """The IAM permission a call needs, as Compute Engine names it (``compute.instances.create``,
+    ``compute.zoneOperations.get``...): the collection's, the verb's or the custom method's."""
+    parts = rest.split("/")
+    if parts[0] == "aggregated":
+        return f"compute.{parts[1]}.list"
+    at = 1 if parts[0] == "global" else 2
+    kind = parts[at] if len(parts) > at else ""
+    if kind == "operations":
+        return f"compute.{'global' if at == 1 else parts[0][:-1]}Operations.get"
+    if len(parts) == at + 1:
+        return f"compute.{kind}.{'list' if method == 'GET' else 'create'}"
+    verb = _ACTIONS.get(parts[at + 2], "get") if len(parts) > at + 2 else _VERBS.get(method, "get")
+    return f"compute.{kind}.{verb}"
+
+
+def dispatch(ce: ComputeEngine, method: str, path: str, query: dict[str, str], body: dict, caller: str = "",
+             accounts: Accounts | None = None) -> Any:
     """Answer one Compute Engine call, under the emulator's lock (operations.wait lets go of it while
-    it waits)."""
+    it waits), once ``caller`` holds its permission (``accounts``: who holds what)."""
     m = PREFIX.match(path)
     if m is None:
         raise not_found(path)
     project, rest = m["project"], m["rest"]
+    needed = permission(method, rest)
+    if accounts is not None and not accounts.allowed(caller, needed):
+        raise ComputeError(403, "forbidden", f"Required '{needed}' permission for 'projects/{project}/{rest}'")
     stored = _STORED.match(rest)
     if stored is not None and (stored["kind"] == "instanceTemplates" or stored["scope"] != "global"):
         return _stored(ce, method, project, stored["scope"], stored["kind"], stored["name"], body, query)

@@ -176,8 +176,9 @@ class _Handler(BaseHTTPRequestHandler):
             compute = compute_routes.PREFIX.match(url.path)
             if compute is not None:
                 emu = self.server.emulator
-                emu.call(emu.caller, self.headers.get("Authorization"), unquote(compute["project"]))
-                self._send(200, emu.call(compute_routes.dispatch, emu.compute, self.command, url.path, query, body))
+                caller = emu.call(emu.caller, self.headers.get("Authorization"), unquote(compute["project"]))
+                self._send(200, emu.call(compute_routes.dispatch, emu.compute, self.command, url.path, query, body,
+                                         caller, emu.accounts))
                 return
             for method, pattern, action in _ROUTES:
                 m = pattern.match(url.path)
