@@ -503,3 +503,22 @@ def test_every_answer_parses_strictly_as_compute_v1(sandbox):
             message = compute_v1.GuestAttributes
         assert message is not None, f"no message for {exchange.method} {rest}"
         json_format.Parse(exchange.response, message.pb()(), ignore_unknown_fields=False)
+        assert not list(int64_numbers(message.pb().DESCRIPTOR, answer, rest)), exchange
+
+
+def int64_numbers(descriptor, value, where: str):
+    """Where an answer gives an int64 or uint64 as a JSON number (Google's JSON gives it as a string)."""
+    for field in descriptor.fields:
+        if field.json_name not in value:
+            continue
+        item = value[field.json_name]
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            inner = field.message_type.fields_by_name["value"]
+            items = list(item.values()) if inner.message_type is not None else []
+            for each in items:
+                yield from int64_numbers(inner.message_type, each, f"{where}.{field.json_name}")
+        elif field.message_type is not None:
+            for each in item if field.is_repeated else [item]:
+                yield from int64_numbers(field.message_type, each, f"{where}.{field.json_name}")
+        elif field.type in (3, 4, 16, 18) and any(not isinstance(x, str) for x in (item if field.is_repeated else [item])):
+            yield f"{where}.{field.json_name}"
