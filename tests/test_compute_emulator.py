@@ -355,6 +355,20 @@ def test_each_call_needs_its_compute_permission(sandbox, ce):
         sandbox.emulator.accounts(permissions={user: None})
 
 
+def test_a_sandbox_without_the_images_python_says_so_and_keeps_its_hosts(sandbox, ce, monkeypatch):
+    pythons = sandbox.emulator.emulator.hosts.vm_image["pythons"]
+    monkeypatch.delitem(pythons, "3.12")
+    with pytest.raises(exceptions.InternalServerError, match="no Python 3.12 for this machine type's image: pyenv install 3.12"):
+        ce.instances.insert_unary(project=P, zone=Z, instance_resource=instance_body("nopy", "tpu7x-standard-4t", Z))
+    ce.wait(make_slice(ce, "nopy", topology="2x2x2", size=2))
+    errors = wait_for(lambda: list(ce.migs.list_errors(project=P, zone=Z, instance_group_manager="nopy")), 10, "listErrors")
+    assert "pyenv install 3.12" in errors[0].error.message
+    assert sandbox.emulator.state()["hosts"]["allocated"] == {}  # and the clock still runs:
+    ce.wait(ce.instances.insert_unary(project=P, zone=V6E_ZONE, instance_resource=instance_body("withpy", "ct6e-standard-4t", V6E_ZONE)))
+    ce.wait(ce.instances.delete_unary(project=P, zone=V6E_ZONE, instance="withpy"))
+    delete_slice(ce, "nopy")
+
+
 def test_bodies_are_checked_against_compute_v1(sandbox, ce):
     with pytest.raises(exceptions.BadRequest, match=r"Invalid value at 'resource\.targetSizePolicy\.mode' \(TYPE_ENUM\), \"BULKK\""):
         make_slice(ce, "typo", mode="BULKK")

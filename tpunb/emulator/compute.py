@@ -151,8 +151,12 @@ class ComputeEngine(MigSide):
         if not found:
             return None
         vm.endpoint = found[0]
-        self.emu.hosts.configure(vm.endpoint.internal_ip, python=catalog.generation(machine.generation).compute["python"],
-                                 devices=machine.jax_devices, names={**self.host_names(), vm.name: vm.endpoint.internal_ip})
+        try:
+            self.emu.hosts.configure(vm.endpoint.internal_ip, python=catalog.generation(machine.generation).compute["python"],
+                                     devices=machine.jax_devices, names={**self.host_names(), vm.name: vm.endpoint.internal_ip})
+        except ValueError as e:  # the sandbox lacks this image's Python: say so, keep the host free
+            self.emu.hosts.release(vm.path)
+            raise ComputeError(500, "internalError", f"The sandbox cannot make {machine.name} VMs: {e}") from None
         return vm.endpoint
 
     def host_names(self) -> dict[str, str]:
@@ -247,7 +251,11 @@ class ComputeEngine(MigSide):
             self._finish(op)
         mig = self.migs.get(vm.mig)
         if mig is not None and vm.path in mig.vms and not mig.deleting:  # the MIG makes it again
-            self.recreate(vm.name, vm)
+            try:
+                self.recreate(vm.name, vm)
+            except ComputeError as e:  # on the clock: a VM it cannot make is an error the MIG lists
+                mig.errors.append({"error": {"code": e.reason, "message": e.message},
+                                   "instanceActionDetails": {"action": "RECREATING", "instance": link(vm.path)}})
         self._changed.notify_all()
 
     def recreate(self, name: str, gone: Vm | None = None) -> dict:

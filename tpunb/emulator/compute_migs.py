@@ -111,10 +111,20 @@ class MigSide:
         free = sorted(set(range(mig.target_size)) - {self.instances[p].worker for p in mig.vms if p in self.instances})
         random.shuffle(free)
         base = mig.body.get("baseInstanceName") or mig.name
+        made: list[Vm] = []
         for worker in free[:need]:
             name = f"{base}-{''.join(random.choices(string.ascii_lowercase + string.digits, k=4))}"
             vm = Vm(mig.project, mig.zone, name, machine.name, template, mig.path, worker)
-            self._allocate(vm, machine)
+            try:
+                self._allocate(vm, machine)
+            except ComputeError as e:  # a VM this sandbox cannot make: none of them, and listErrors says why
+                for each in made:
+                    self.emu.hosts.release(each.path)
+                mig.errors.append({"error": {"code": e.reason, "message": e.message},
+                                   "instanceActionDetails": {"action": "CREATING"}, "timestamp": timestamp()})
+                return
+            made.append(vm)
+        for vm in made:
             self.instances[vm.path] = vm
             mig.vms.append(vm.path)
             self._start(vm)
