@@ -34,7 +34,8 @@ def isolated_home(tmp_path_factory, monkeypatch):
     """Tests never read or write the user's ~/.tpunb, gcloud or ssh configuration."""
     home = tmp_path_factory.mktemp("tpunb-home")
     monkeypatch.setenv("TPUNB_HOME", str(home))
-    for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE", "TPUNB_TPU_API_ENDPOINT"):
+    for var in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "CLOUDSDK_COMPUTE_ZONE", "TPUNB_TPU_API_ENDPOINT",
+                "TPUNB_COMPUTE_API_ENDPOINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
     yield home

@@ -52,6 +52,8 @@ class Generation:
     zone_sizes: dict[str, tuple[int, ...]]
     sources: dict[str, tuple[str, ...]]
     planning_only: str = ""  # why it can be planned for but not launched (tpu7x: not through the Cloud TPU API)
+    default_api: str = "tpu"  # which API makes its slices by default: "tpu" (Cloud TPU) or "compute" (Compute Engine)
+    compute: dict[str, Any] | None = None  # how Compute Engine makes them (catalog.json "compute"), None: it cannot
 
     def name(self, size: int) -> str:
         return f"{self.prefix}-{size}"
@@ -84,6 +86,7 @@ class Accelerator:
     default_runtime: str
     zones: tuple[str, ...]
     planning_only: str = ""  # why it can be planned for but not launched ("": it can be launched)
+    default_api: str = "tpu"  # the API that makes it by default: "tpu" (Cloud TPU API) or "compute" (Compute Engine)
 
     @property
     def hbm_bytes(self) -> float:
@@ -149,6 +152,8 @@ def _generations() -> dict[str, Generation]:
             zone_sizes={z: tuple(s) for z, s in g.get("zone_sizes", {}).items()},
             sources={k: tuple(v) for k, v in g["sources"].items()},
             planning_only=g.get("planning_only", ""),
+            default_api=g.get("default_api", "tpu"),
+            compute=g.get("compute"),
         )
     return gens
 
@@ -256,6 +261,7 @@ def _build(g: Generation, topology: str, name: str, zones: tuple[str, ...]) -> A
         default_runtime=g.default_runtime,
         zones=zones,
         planning_only=g.planning_only,
+        default_api=g.default_api,
     )
 
 
@@ -459,3 +465,89 @@ def table(filter: str | None = None) -> "pandas.DataFrame":
     rows = [_row(a) for a in select(filter)]
     frame = pandas.DataFrame(rows) if rows else pandas.DataFrame(columns=list(_row(lookup("v4-8"))))
     return frame.set_index("name")
+
+
+IMAGE_PROJECT = "ubuntu-os-accelerator-images"  # Google's TPU-optimized Ubuntu images (catalog source gce-images)
+
+
+@dataclass(frozen=True)
+class MachineType:
+    """A Compute Engine TPU machine type: what one VM holds."""
+
+    name: str
+    generation: str
+    chips: int
+    jax_devices: int  # TPU7x shows each chip as two JAX devices
+    topology: str  # the slice one VM of it makes alone
+
+
+@dataclass(frozen=True)
+class ComputeShape:
+    """How Compute Engine makes one slice: ``vms`` instances of ``machine_type`` (a MIG whose
+    workload policy names ``topology`` when there is more than one)."""
+
+    accelerator: str
+    machine_type: str
+    vms: int
+    chips_per_vm: int
+    devices_per_vm: int
+    topology: str
+    image_family: str
+    ubuntu: str
+    python: str  # the image's system Python
+    disk_type: str
+    zones: tuple[str, ...]
+
+    @property
+    def multi_host(self) -> bool:
+        return self.vms > 1
+
+    @property
+    def source_image(self) -> str:
+        return f"projects/{IMAGE_PROJECT}/global/images/family/{self.image_family}"
+
+
+@functools.lru_cache(maxsize=1)
+def machine_types() -> dict[str, MachineType]:
+    """Every Compute Engine TPU machine type tpunb knows, by name."""
+    return {name: MachineType(name, m["generation"], m["chips"], m["jax_devices"], m["topology"])
+            for name, m in _load()["compute_machine_types"].items()}
+
+
+def machine_type(name: str) -> MachineType:
+    """A machine type by name; UnknownAcceleratorError (with the known ones) otherwise."""
+    found = machine_types().get(name)
+    if found is None:
+        raise UnknownAcceleratorError(f"unknown TPU machine type {name!r}: Compute Engine's are {', '.join(machine_types())}")
+    return found
+
+
+def compute_shape(acc: Accelerator | str) -> ComputeShape:
+    """The machine type and VM count Compute Engine makes ``acc`` with (``tpu7x-32``: 4 VMs of
+    ``tpu7x-standard-4t``; ``v6e-8``: one ``ct6e-standard-8t``, ``v6e-16``: 4 of ``ct6e-standard-4t``)."""
+    acc = lookup(acc) if isinstance(acc, str) else acc
+    g = _generations()[acc.generation]
+    if g.compute is None:
+        raise UsageError(f"{acc.name} is made only through the Cloud TPU API: Compute Engine offers TPU7x, v6e and "
+                         "v5p; use --api tpu")
+    size = {g.name(s): s for s in g.sizes}.get(acc.name)  # None: a hypothetical shape
+    name = g.compute["machine_types"].get(str(size))
+    if name is None and acc.chips <= machine_type(g.compute["multi_host_machine_type"]).chips:
+        raise UsageError(f"{acc.name} has no Compute Engine machine type (Google documents "
+                         f"{_or(sorted(set(g.compute['machine_types'].values())))} for {g.key}); pick a larger size")
+    mt = machine_type(name or g.compute["multi_host_machine_type"])
+    return ComputeShape(acc.name, mt.name, math.ceil(acc.chips / mt.chips), mt.chips, mt.jax_devices, acc.topology,
+                        g.compute["image_family"], g.compute["ubuntu"], g.compute["python"], g.compute["disk_type"],
+                        tuple(g.compute["zones"]))
+
+
+def from_topology(generation_key: str, topology: str) -> Accelerator:
+    """The catalog's accelerator for ``--topology 4x4x4`` as Google's Compute Engine pages write it
+    (``("tpu7x", "2x2x4")`` -> ``tpu7x-32``)."""
+    g = generation(generation_key)
+    wanted = re.sub(r"\s+", "", str(topology).lower())
+    for size, shape in sorted(g.sizes.items()):
+        if shape == wanted:
+            return lookup(g.name(size))
+    known = ", ".join(g.sizes[s] for s in sorted(g.sizes))
+    raise UnknownAcceleratorError(f"{g.key} has no topology {topology!r}: its topologies are {known}")

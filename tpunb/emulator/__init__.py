@@ -10,6 +10,10 @@ label ``tpunb-ssh-port`` (networkEndpoints[].port is 8470, as in the real API). 
 accepts, the node's metadata as instance attributes), and a READY node's ``startup-script`` runs
 once per host, as a VM's boot runs it (``Sshd.emulator_options()`` wires all of it to an sshd).
 
+The same server also answers Compute Engine's REST paths (``/compute/v1/...``: TPU VM instances,
+instance templates, workload policies, BULK MIGs; ``compute_routes``), for google-cloud-compute
+pointed at it with ``client_options={"api_endpoint": url}`` (TPUNB_COMPUTE_API_ENDPOINT).
+
 In tests: ``url, handle = start_emulator(create_seconds=0.1)`` ... ``handle.stop()`` (a thread in
 this process), or ``proc, url = start_emulator_process("--create-seconds", "0.1")`` (a subprocess).
 Stdlib only, apart from tpunb.catalog (valid accelerator types and zones).

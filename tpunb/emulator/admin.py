@@ -78,6 +78,15 @@ class AdminClient:
             body["state"] = state
         return self.admin("POST", f"/_emulator/nodes/{node}:preempt", body)
 
+    def compute_faults(self, **changes: Any) -> dict:
+        """Compute Engine faults: unstable=True|[zones] (MIGs never fill; unstable_code and
+        unstable_message say what listErrors shows), allowlisted=True (TPU7x Spot/Flex-start allowed)."""
+        return self.admin("POST", "/_emulator/compute/faults", changes)
+
+    def recreate(self, instance: str) -> dict:
+        """The MIG holding ``instance`` recreates it: a new VM (id, host) of the same name and worker."""
+        return self.admin("POST", f"/_emulator/compute/instances/{instance}:recreate", {})
+
     def reset(self) -> dict:
         return self.admin("POST", "/_emulator/reset")
 

@@ -125,8 +125,12 @@ class HostPool:
         authorized_keys: str | Path | None = None,
         host_environment: dict[str, dict[str, str]] | None = None,
         accounts: str | Path | None = None,
+        vm_image: dict | None = None,
     ) -> None:
         self.addresses = list(addresses or [])
+        #: what Compute Engine VMs are made of (Sshd.emulator_options): {"pythons": {X.Y: bin dir},
+        #: "nss_wrapper": its library, "hosts_file": the names every VM resolves}
+        self.vm_image = dict(vm_image or {})
         if accounts is None and authorized_keys and (Path(authorized_keys).parent / "accounts").is_dir():
             accounts = Path(authorized_keys).parent / "accounts"  # an Sshd keeps its accounts beside its keys
         self.accounts = Path(accounts) if accounts else None
@@ -178,12 +182,36 @@ class HostPool:
             for address in [a for a, o in self._owner.items() if o == owner]:
                 del self._owner[address]
                 self.power_off(address)
+                if profile := self.host_environment.get(address, {}).get("BASH_ENV"):
+                    Path(profile).unlink(missing_ok=True)  # a Compute Engine VM's settings go with it
             self._fake.pop(owner, None)
 
     def owner_of(self, address: str) -> str | None:
         """The node holding ``address``, if any."""
         with self._lock:
             return self._owner.get(address)
+
+    def configure(self, address: str, python: str, devices: int, names: dict[str, str]) -> None:
+        """Make ``address`` the VM a Compute Engine machine type gives: the image's Python ``python``
+        first on PATH, ``devices`` JAX devices, and every instance's bare name resolving to its address
+        (nss_wrapper's hosts file, as the VMs' DNS resolves instance names). It lives in the host's
+        BASH_ENV profile, which every command (bash -c) and boot script sources; releasing the host
+        removes it, so a Cloud TPU node's hosts stay the image the sandbox started with."""
+        profile = self.host_environment.get(address, {}).get("BASH_ENV")
+        if not profile or not self.vm_image:
+            return
+        bin_dir = self.vm_image["pythons"].get(python)
+        if bin_dir is None:
+            raise ValueError(f"the sandbox has no Python {python} for this machine type's image: pyenv install {python}")
+        hosts_file = Path(self.vm_image["hosts_file"])
+        hosts_file.parent.mkdir(parents=True, exist_ok=True)
+        hosts_file.write_text("".join(f"{ip} {name}\n" for name, ip in sorted(names.items())))
+        Path(profile).parent.mkdir(parents=True, exist_ok=True)
+        Path(profile).write_text(
+            f"export PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n"
+            f"export XLA_FLAGS=--xla_force_host_platform_device_count={devices}\n"
+            f"export NSS_WRAPPER_HOSTS={hosts_file} LD_PRELOAD={self.vm_image['nss_wrapper']}\n"
+            "export GRPC_DNS_RESOLVER=native\n")  # gRPC's c-ares would skip nss_wrapper: names through getaddrinfo
 
     def boot(self, address: str, script: str) -> None:
         """Run a startup-script as ``address``'s boot does: its environment, its own session."""

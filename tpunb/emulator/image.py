@@ -34,6 +34,8 @@ from pathlib import Path
 
 #: the Python Google's TPU VM images ship (Ubuntu 22.04)
 IMAGE_PYTHON = "3.10"
+#: the system Pythons of Compute Engine's TPU images (Ubuntu 22.04: v5p and v6e; 24.04: TPU7x)
+VM_PYTHONS = ("3.10", "3.12")
 CACHE_ENV = "TPUNB_SANDBOX_CACHE"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -81,6 +83,23 @@ class Image:
             link = self.bin / name
             if not link.exists():
                 link.symlink_to(bare / "bin" / target)
+
+    def vm_pythons(self) -> dict[str, str]:
+        """X.Y -> a bin dir like ``bin``'s with pyenv's X.Y as the system Python, for each image's
+        Python (3.10: Ubuntu 22.04's, v5p and v6e; 3.12: 24.04's, TPU7x) this machine has."""
+        found = {IMAGE_PYTHON: str(self.bin)}
+        for version in VM_PYTHONS:
+            prefix = pyenv_python(version)
+            if prefix is None or version in found:
+                continue
+            folder = self.dir / f"bin-{version}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for name, target in {"python3": "python3", f"python{version}": "python3", "python": "python3",
+                                 "pip3": "pip3", "pip": "pip3"}.items():
+                if not (folder / name).exists():
+                    (folder / name).symlink_to(prefix / "bin" / target)
+            found[version] = str(folder)
+        return found
 
     def add_python(self, python: str | Path) -> str:
         """Make a Python (X.Y, found with pyenv, or an installation's prefix) look installed by uv:

@@ -3,7 +3,8 @@
     from tpunb.emulator.sandbox import start_sandbox
     sandbox = start_sandbox()      # then %tpu_launch v4-16 --spot works as on a real project
 
-It points tpunb at the emulator (TPUNB_TPU_API_ENDPOINT) with a made-up project and zone. The
+It points tpunb at the emulator (TPUNB_TPU_API_ENDPOINT, and TPUNB_COMPUTE_API_ENDPOINT for its
+Compute Engine API, ``compute_routes``) with a made-up project and zone. The
 hosts are loopback addresses served by one sshd (Debian's openssh-server must be installed), each
 a fresh Cloud TPU VM image (``tpunb.emulator.image``): a bare Python 3.10, a home of its own, no
 JAX, so ``%tpu_launch`` prepares every host as it must on a real VM; JAX then runs on the CPU with
@@ -24,7 +25,7 @@ from tpunb.emulator.server import EmulatorHandle, start_emulator
 from tpunb.emulator.sshd import Sshd
 from tpunb.emulator.storage import StorageEmulator
 
-SETTINGS = ("TPUNB_TPU_API_ENDPOINT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_COMPUTE_ZONE", "STORAGE_EMULATOR_HOST",
+SETTINGS = ("TPUNB_TPU_API_ENDPOINT", "TPUNB_COMPUTE_API_ENDPOINT", "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_COMPUTE_ZONE", "STORAGE_EMULATOR_HOST",
             "TPUNB_BUCKET")
 
 
@@ -40,6 +41,12 @@ class Sandbox:
     directory: Path | None = field(default=None, repr=False)
     #: Cloud Storage on this machine (``storage=True``), where cloud slices' snapshots go
     storage: StorageEmulator | None = None
+
+    @property
+    def compute_url(self) -> str:
+        """The base URL of the sandbox's Compute Engine API: google-cloud-compute's
+        ``client_options={"api_endpoint": sandbox.compute_url}`` (TPUNB_COMPUTE_API_ENDPOINT)."""
+        return self.url
 
     def preempt(self, node: str, after: float | None = None, notice: float | None = None) -> None:
         """Do to a node what Google does to spot capacity it reclaims (``notice``: with the notice
@@ -93,7 +100,8 @@ def start_sandbox(hosts: int = 4, project: str = "sandbox-project", zone: str = 
         shutil.rmtree(directory, ignore_errors=True)
         raise
     saved = {key: os.environ.get(key) for key in SETTINGS}
-    os.environ.update({"TPUNB_TPU_API_ENDPOINT": url, "GOOGLE_CLOUD_PROJECT": project, "CLOUDSDK_COMPUTE_ZONE": zone})
+    os.environ.update({"TPUNB_TPU_API_ENDPOINT": url, "TPUNB_COMPUTE_API_ENDPOINT": url, "GOOGLE_CLOUD_PROJECT": project,
+                       "CLOUDSDK_COMPUTE_ZONE": zone})
     if store:
         os.environ.update({"STORAGE_EMULATOR_HOST": store.url, "TPUNB_BUCKET": bucket})
     return Sandbox(url, project, zone, sshd, handle, saved, directory, store)

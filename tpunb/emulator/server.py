@@ -23,6 +23,11 @@ Admin (JSON in and out):
   GET|POST /_emulator/accounts         read | change the user, permissions per principal, project metadata
   POST /_emulator/nodes/{id}:preempt   {"after": seconds, "state": "PREEMPTED"|"TERMINATED", "notice": seconds}
                                        (all optional; with notice: metadata and SIGTERM first, the node dies after)
+  POST /_emulator/compute/faults       merge Compute Engine faults: {"unstable": true|[zones], "unstable_code",
+                                       "unstable_message"} (MIGs never fill, listErrors says why), {"allowlisted": true}
+                                       (the project may make TPU7x Spot and Flex-start VMs)
+  POST /_emulator/compute/instances/{name}:recreate   a MIG recreates that VM (new id, new host)
+The Compute Engine API (compute v1, /compute/v1/projects/P/...) is compute_routes.py's.
 Calls without an Authorization header come from the project's user (tpunb's kernel); a bearer
 token must be one the metadata server gave a node's VM (metadata.py), for that node's project,
 and acts as that node's service account. Each call needs its IAM permission (accounts.py).
@@ -42,7 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tpunb.emulator import catalog_api
+from tpunb.emulator import catalog_api, compute_routes
 from tpunb.emulator.accounts import API_PERMISSIONS
 from tpunb.emulator.admin import AdminClient
 from tpunb.emulator.hosts import HostPool
@@ -82,6 +87,8 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("DELETE", re.compile(r"/_emulator/faults$"), "admin_clear_faults"),
     ("POST", re.compile(r"/_emulator/timings$"), "admin_set_timings"),
     ("POST", re.compile(r"/_emulator/nodes/(?P<ref>.+):preempt$"), "admin_preempt"),
+    ("POST", re.compile(r"/_emulator/compute/faults$"), "admin_compute_faults"),
+    ("POST", re.compile(r"/_emulator/compute/instances/(?P<ref>[^/:]+):recreate$"), "admin_recreate"),
 ]
 
 
@@ -142,6 +149,8 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
         "admin_set_faults": lambda: emu.call(emu.set_faults, body),
         "admin_clear_faults": lambda: emu.call(emu.clear_faults),
         "admin_set_timings": lambda: emu.call(emu.set_timings, body),
+        "admin_compute_faults": lambda: emu.call(emu.compute.set_faults, body),
+        "admin_recreate": lambda: emu.call(emu.compute.recreate, m["ref"]),
         "admin_preempt": lambda: emu.call(
             emu.preempt, m["ref"], float(body.get("after") or 0), body.get("state"),
             float(body["notice"]) if body.get("notice") is not None else None
@@ -164,6 +173,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._request = (self.command, url.path, query, raw)
         try:
             body = json.loads(raw) if raw.strip() else {}
+            compute = compute_routes.PREFIX.match(url.path)
+            if compute is not None:
+                emu = self.server.emulator
+                caller = emu.call(emu.caller, self.headers.get("Authorization"), unquote(compute["project"]))
+                self._send(200, emu.call(compute_routes.dispatch, emu.compute, self.command, url.path, query, body,
+                                         caller, emu.accounts))
+                return
             for method, pattern, action in _ROUTES:
                 m = pattern.match(url.path)
                 if m and method == self.command:
@@ -189,6 +205,8 @@ class _Handler(BaseHTTPRequestHandler):
         method, path, query, raw = self._request
         if exchanges is not None and path.startswith("/v2/"):
             exchanges.append(Exchange(method, path, query, raw, code, data))
+        if self.server.compute_exchanges is not None and compute_routes.PREFIX.match(path):
+            self.server.compute_exchanges.append(Exchange(method, path, query, raw, code, data))
         self.send_response(code)
         self.send_header("Content-Type", "application/json; charset=UTF-8")
         self.send_header("Content-Length", str(len(data)))
@@ -220,6 +238,7 @@ class _Server(ThreadingHTTPServer):
         self.emulator = emulator
         self.verbose = verbose
         self.exchanges: list[Exchange] | None = None  # set by EmulatorHandle.record()
+        self.compute_exchanges: list[Exchange] | None = None  # set by EmulatorHandle.record_compute()
 
     def handle_error(self, request, client_address) -> None:
         """A client that hung up mid-answer (an interrupted launch) is normal, not worth a traceback."""
@@ -244,6 +263,12 @@ class EmulatorHandle(AdminClient):
         if self._server.exchanges is None:
             self._server.exchanges = []
         return self._server.exchanges
+
+    def record_compute(self) -> list[Exchange]:
+        """Keep every Compute Engine call (/compute/v1/projects/P/...) and its answer, as ``record`` does."""
+        if self._server.compute_exchanges is None:
+            self._server.compute_exchanges = []
+        return self._server.compute_exchanges
 
     def stop(self) -> None:
         """Stop serving, stop the clock and remove the keys this emulator installed."""
@@ -270,11 +295,13 @@ def build_emulator(
     metadata_port: int | None = None,
     host_environment: dict[str, dict[str, str]] | None = None,
     accounts: str | None = None,
+    vm_image: dict | None = None,
 ) -> Emulator:
     """An Emulator from the same options the command line takes. With ``metadata_port``, a
     metadata server answers on every host address at that port; ``host_environment`` (address ->
     variables, as the sshd gives its sessions) is what the hosts' boot runs with (by default
-    ``GCE_METADATA_HOST`` and a ``TPUNB_HOST_DIR`` per host under a temp dir)."""
+    ``GCE_METADATA_HOST`` and a ``TPUNB_HOST_DIR`` per host under a temp dir); ``vm_image`` is what
+    a Compute Engine instance's host is made of (``HostPool.configure``)."""
     emu_faults = Faults()
     emu_faults.update(faults or {})
     hosts = list(ssh_hosts or [])
@@ -286,7 +313,7 @@ def build_emulator(
     emu = Emulator(
         Timings(create_seconds, delete_seconds, queue_seconds),
         emu_faults,
-        HostPool(hosts, ssh_port, authorized_keys, host_environment, accounts),
+        HostPool(hosts, ssh_port, authorized_keys, host_environment, accounts, vm_image),
     )
     if disks:
         emu.closers.append(lambda: shutil.rmtree(disks, ignore_errors=True))

@@ -158,7 +158,7 @@ class Sshd:
         (``GCE_METADATA_HOST``) and its own directory for host state (``TPUNB_HOST_DIR``, its "disk")."""
         disk = self.dir / "hosts" / address
         metadata = f"{address}:{self.metadata_port}"
-        home = {"HOME": str(self.home(address))} if self.image else {}
+        home = {"HOME": str(self.home(address)), "BASH_ENV": str(self.dir / "vm" / address / "profile")} if self.image else {}
         return {**self.environment, **home, "GCE_METADATA_HOST": metadata, "GCE_METADATA_IP": metadata,
                 "TPUNB_HOST_DIR": str(disk)}
 
@@ -170,7 +170,9 @@ class Sshd:
         """start_emulator keyword arguments that make these the emulated nodes' hosts."""
         return {"ssh_hosts": list(self.addresses), "ssh_port": self.port, "accounts": str(self.accounts),
                 "authorized_keys": str(self.authorized_keys), "metadata_port": self.metadata_port,
-                "host_environment": {a: self.host_environment(a) for a in self.addresses}}
+                "host_environment": {a: self.host_environment(a) for a in self.addresses},
+                **({"vm_image": {"pythons": self.image.vm_pythons(), "nss_wrapper": nss_wrapper(),
+                                 "hosts_file": str(self.dir / "vm" / "hosts")}} if self.image else {})}
 
     def start(self, timeout: float = 10.0) -> None:
         """Start (or restart after ``stop``) listening; returns once every address accepts."""

@@ -23,6 +23,7 @@ from typing import Any
 from tpunb import catalog
 from tpunb.emulator.accounts import Accounts
 from tpunb.emulator.checks import ID_RE, Faults, RequestChecks, Timings
+from tpunb.emulator.compute import ComputeEngine
 from tpunb.emulator.hosts import HostPool
 from tpunb.emulator.vms import VmSide
 from tpunb.emulator.resources import (
@@ -63,6 +64,7 @@ class Emulator(RequestChecks, VmSide):
         self.tokens: dict[str, tuple[str, float, str]] = {}  # VM access token -> (project, expiry, principal)
         self.noticed: dict[str, Node] = {}  # node name -> the node (that one, not a later one) given the notice
         self.closers: list[Callable[[], None]] = []  # run by close(): the metadata server
+        self.compute = ComputeEngine(self)  # the Compute Engine API's resources, on this clock and host pool
         self._clock = threading.Thread(target=self._run_clock, name="tpu-emulator-clock", daemon=True)
         self._clock.start()
 
@@ -71,6 +73,14 @@ class Emulator(RequestChecks, VmSide):
     def _at(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
         heapq.heappush(self._events, (time.monotonic() + max(0.0, delay), next(self._seq), fn, args))
         self._wake.notify()
+
+    def at(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the clock ``delay`` seconds from now (for the Compute Engine side)."""
+        self._at(delay, fn, *args)
+
+    def advance(self) -> None:
+        """Apply every transition that is due (the caller holds the lock)."""
+        self._advance()
 
     def _advance(self) -> None:
         while self._events and self._events[0][0] <= time.monotonic():
@@ -494,6 +504,7 @@ class Emulator(RequestChecks, VmSide):
         """Forget every resource and go back to the faults and timings the emulator started with."""
         for name in list(self.nodes):
             self.hosts.release(name)
+        self.compute.reset()
         self.hosts.remove_all_keys()
         self.nodes.clear()
         self.queued.clear()
@@ -522,6 +533,7 @@ class Emulator(RequestChecks, VmSide):
             "timings": asdict(self.timings),
             "accounts": self.accounts.snapshot(),
             "hosts": self.hosts.snapshot(),
+            "compute": self.compute.snapshot(),
         }
 
 

@@ -10,11 +10,14 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb.emulator.accounts import Accounts, default_service_account
+from tpunb.emulator.compute_metadata import instance_attributes
+from tpunb.emulator.compute_records import Vm
 from tpunb.emulator.hosts import HostPool, parse_user_keys
 from tpunb.emulator.resources import ApiError, Node, QueuedResource
 
 if TYPE_CHECKING:
     from tpunb.emulator.checks import Faults
+    from tpunb.emulator.compute import ComputeEngine
 
 
 def tpu_attributes(node: Node, worker: int, megascale: dict | None = None) -> dict[str, str]:
@@ -45,6 +48,7 @@ class VmSide:
     accounts: Accounts
     faults: "Faults"
     tokens: dict[str, tuple[str, float, str]]
+    compute: "ComputeEngine"
 
     @staticmethod
     def service_account(node: Node) -> str:
@@ -56,9 +60,11 @@ class VmSide:
 
     def metadata_answer(self, address: str, path: str) -> str | dict | None:
         """What the metadata server at host ``address`` answers for ``path`` (None: 404)."""
-        node = self.nodes.get(self.hosts.owner_of(address) or "")
+        owner = self.hosts.owner_of(address) or ""
+        node = self.nodes.get(owner)
         if node is None:
-            return None
+            vm = self.compute.instances.get(owner)
+            return None if vm is None else self._instance_answer(vm, path)
         worker = [e.internal_ip for e in node.endpoints].index(address)
         attributes = {**node.metadata, **tpu_attributes(node, worker, self._megascale(node))}
         noticed = self.noticed.get(node.name) is node
@@ -79,6 +85,26 @@ class VmSide:
                 "instance/network-interfaces/0/network": f"projects/{node.project}/networks/{network}",
                 "instance/hostname": f"t1v-n-{node.node_id}-w-{attributes['agent-worker-number']}"}.get(path)
 
+    def _instance_answer(self, vm: Vm, path: str) -> str | dict | None:
+        """What a Compute Engine instance's metadata server answers: its metadata and, for a TPU VM,
+        ``worker-id``, ``tpu-env`` and bare-hostname ``worker-network-endpoints`` (no ``agent-worker-number``)."""
+        attributes = {**vm.metadata, **instance_attributes(vm, *self.compute.slice_of(vm))}
+        accounts = vm.properties.get("serviceAccounts") or [{}]
+        email = str(accounts[0].get("email") or "")
+        principal = email if email and email != "default" else default_service_account(vm.project)
+        network = str((vm.properties.get("networkInterfaces") or [{}])[0].get("network") or "default").rsplit("/", 1)[-1]
+        answers = {"instance/preempted": "FALSE", "instance/maintenance-event": "NONE",
+                   "instance/service-accounts/default/email": principal, "instance/attributes/": "\n".join(sorted(attributes)),
+                   "project/project-id": vm.project, "instance/zone": f"projects/{vm.project}/zones/{vm.zone}",
+                   "instance/name": vm.name, "instance/id": vm.id,
+                   "instance/hostname": f"{vm.name}.{vm.zone}.c.{vm.project}.internal",
+                   "instance/network-interfaces/0/network": f"projects/{vm.project}/networks/{network}"}
+        if path == "instance/service-accounts/default/token":
+            return {"access_token": self._token_for(vm.project, principal), "expires_in": 3599, "token_type": "Bearer"}
+        if path.startswith("instance/attributes/") and path != "instance/attributes/":
+            return attributes.get(path[len("instance/attributes/"):])
+        return answers.get(path)
+
     def _megascale(self, node: Node) -> dict | None:
         """A multislice node's MEGASCALE_* (as its VMs' tpu-env carries them): the slices, this
         node's slice id, and worker 0 of slice 0 as the coordinator."""
@@ -93,9 +119,16 @@ class VmSide:
     def put_guest_attribute(self, address: str, path: str, value: str) -> bool | None:
         """A VM writes ``NAMESPACE/KEY`` of its own guest attributes: None (no node), False (the
         node's metadata does not enable them, as on GCE), True (stored)."""
-        node = self.nodes.get(self.hosts.owner_of(address) or "")
+        owner = self.hosts.owner_of(address) or ""
+        node = self.nodes.get(owner)
         if node is None:
-            return None
+            vm = self.compute.instances.get(owner)
+            if vm is None:
+                return None
+            if vm.metadata.get("enable-guest-attributes", "").upper() != "TRUE":
+                return False
+            vm.guest_attributes[path] = value
+            return True
         if node.metadata.get("enable-guest-attributes", "").upper() != "TRUE":
             return False
         worker = [e.internal_ip for e in node.endpoints].index(address)
@@ -103,12 +136,16 @@ class VmSide:
         return True
 
     def _issue_token(self, node: Node) -> str:
-        now, principal = time.time(), self.service_account(node)
-        for token, (project, expiry, holder) in self.tokens.items():
-            if (project, holder) == (node.project, principal) and expiry - now > 300:
+        return self._token_for(node.project, self.service_account(node))
+
+    def _token_for(self, project: str, principal: str) -> str:
+        """An access token of ``principal`` in ``project`` (the one already given while it has 5 minutes left)."""
+        now = time.time()
+        for token, (owner, expiry, holder) in self.tokens.items():
+            if (owner, holder) == (project, principal) and expiry - now > 300:
                 return token
         token = "ya29.emulator-" + secrets.token_urlsafe(24)
-        self.tokens[token] = (node.project, now + 3600, principal)
+        self.tokens[token] = (project, now + 3600, principal)
         return token
 
     def caller(self, authorization: str | None, project: str) -> str:
@@ -128,7 +165,7 @@ class VmSide:
 
     # -- who logs in to the VMs: metadata keys, or OS Login ------------------------------------
 
-    def _logins(self, node: Node) -> dict[str, list[str]]:
+    def _logins(self, node: Node | Vm) -> dict[str, list[str]]:
         """User -> keys a READY node's VMs accept: the OS Login profiles' under OS Login, else the
         ``USER:KEY`` lines of the project's and the node's ``ssh-keys`` metadata (the guest agent's)."""
         if self.accounts.os_login_on(node.project, node.metadata):
@@ -144,6 +181,13 @@ class VmSide:
         for each in [node] if node is not None else list(self.nodes.values()):
             if each.state == "READY":
                 self.hosts.set_logins(each.name, self._logins(each))
+        for vm in list(self.compute.instances.values()) if node is None else []:
+            if vm.status == "RUNNING":
+                self.sync_vm_logins(vm.path, vm)
+
+    def sync_vm_logins(self, owner: str, vm: Vm) -> None:
+        """Give a RUNNING Compute Engine instance's host the logins it has now (as a node's)."""
+        self.hosts.set_logins(owner, self._logins(vm))
 
     def import_ssh_key(self, principal: str, email: str, body: dict, project: str) -> dict:
         answer = self.accounts.import_key(principal, email, body, project)

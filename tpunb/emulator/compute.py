@@ -1,0 +1,380 @@
+"""The sandbox's Compute Engine API: TPU VM instances, instance templates, workload policies and
+BULK MIGs as a state machine on the emulator's clock (its lock, its timings, its host pool).
+
+A single instance goes PROVISIONING -> STAGING -> RUNNING (its insert operation ends then). A MIG
+whose workload policy names a topology makes all its VMs at once, when the host pool holds them
+all (BULK), and is stable once every one is RUNNING with no current action, its applied topology
+ACTIVE. Deletes go STOPPING -> gone. The rules field reports show (docs/cloud-facts.md) are
+checked on the way in; compute_checks.py refuses what compute v1 does not define."""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from tpunb import catalog
+from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, in_use, invalid, matches, not_found
+from tpunb.emulator.compute_migs import MigSide
+from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, short
+
+TPU_FAMILIES = {"tpu7x": "TPU7X", "v6e": "CT6E", "v5p": "CT5P"}
+#: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist
+FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted")
+
+
+def compute_zones() -> list[str]:
+    """Every zone where some TPU machine type is offered (catalog: each generation's compute zones)."""
+    return sorted({z for g in catalog.generations() if g.compute for z in g.compute["zones"]})
+
+
+def machine_types_in(zone: str) -> list[catalog.MachineType]:
+    return [m for m in catalog.machine_types().values()
+            if zone in (catalog.generation(m.generation).compute or {}).get("zones", ())]
+
+
+class ComputeEngine(MigSide):
+    """Every Compute Engine resource of every project; runs under the emulator's lock."""
+
+    def __init__(self, emu: Core) -> None:
+        self.emu = emu
+        self.instances: dict[str, Vm] = {}
+        self.migs: dict[str, Mig] = {}
+        self.templates: dict[str, Stored] = {}
+        self.policies: dict[str, Stored] = {}
+        self.operations: dict[str, ComputeOperation] = {}
+        self.faults: dict[str, Any] = {}
+        self._changed = threading.Condition(emu._lock)
+
+    def set_faults(self, changes: dict) -> dict:
+        """Merge Compute Engine faults (``FAULTS``); a false or null value turns one off."""
+        unknown = sorted(set(changes) - set(FAULTS))
+        if unknown:
+            raise invalid(f"unknown Compute Engine fault {unknown[0]!r}; known: {', '.join(FAULTS)}")
+        self.faults.update(changes)
+        for key in [k for k, v in self.faults.items() if v in (None, False)]:
+            del self.faults[key]
+        return dict(self.faults)
+
+    # -- operations -------------------------------------------------------------------------
+
+    def _operation(self, project: str, scope: str, kind: str, target: str, target_id: str) -> ComputeOperation:
+        op = ComputeOperation(project, scope, kind, target, target_id)
+        self.operations[op.path] = op
+        return op
+
+    def _finish(self, op: ComputeOperation, error: ComputeError | None = None) -> None:
+        op.finish(error.operation_error() if error else None, (error.http, error.message) if error else None)
+        self._changed.notify_all()
+
+    def get_operation(self, project: str, scope: str, name: str) -> dict:
+        path = f"projects/{project}/{scope}/operations/{name}"
+        op = self.operations.get(path)
+        if op is None:
+            raise not_found(path)
+        return op.to_json()
+
+    def wait_operation(self, project: str, scope: str, name: str, timeout: float = 120.0) -> dict:
+        """operations.wait: the operation once DONE, or as it is after about two minutes."""
+        op = self.operations.get(f"projects/{project}/{scope}/operations/{name}")
+        if op is None:
+            raise not_found(f"projects/{project}/{scope}/operations/{name}")
+        deadline = time.monotonic() + timeout
+        while not op.done and time.monotonic() < deadline:
+            self._changed.wait(min(0.5, deadline - time.monotonic()))
+            self.emu.advance()
+        return op.to_json()
+
+    # -- zones, machine types ---------------------------------------------------------------
+
+    def check_zone(self, project: str, zone: str) -> None:
+        if zone not in compute_zones() and zone not in catalog.zones():
+            raise not_found(f"projects/{project}/zones/{zone}")
+
+    def _machine_type(self, project: str, zone: str, value: Any, field: str) -> catalog.MachineType:
+        name = short(value or "")
+        found = catalog.machine_types().get(name)
+        if found is None or found not in machine_types_in(zone):
+            offered = [z for z in compute_zones() if found in machine_types_in(z)] if found else []
+            hint = f" It is offered in {', '.join(offered)}." if offered else ""
+            raise invalid(f"Invalid value for field '{field}': '{value}'. Machine type with name '{name}' does not "
+                          f"exist in zone '{zone}'.{hint}")
+        return found
+
+    def _check_capacity_rules(self, project: str, machine: catalog.MachineType, properties: dict) -> None:
+        """TPU7x Spot and Flex-start need the project on Google's allowlist (tpu-machines' footnote)."""
+        model = (properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
+        if machine.generation == "tpu7x" and model in ("SPOT", "FLEX_START") and not self.faults.get("allowlisted"):
+            raise ComputeError(403, "forbidden", f"{model} provisioning of {machine.name} is restricted by an "
+                               f"allowlist; project {project} is not on it. Contact your account team.")
+
+    def _quota_error(self, zone: str, machine: catalog.MachineType, properties: dict) -> ComputeError | None:
+        if not self.emu.faults.quota_in(zone):
+            return None
+        model = (properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
+        family = TPU_FAMILIES[machine.generation]
+        metric = (f"PREEMPTIBLE-TPU-{family}-per-project-region" if model in ("SPOT", "FLEX_START")
+                  else "TPUS-PER-TPU-FAMILY-per-project-region")
+        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded (tpu_family={family}). "
+                            f"Limit: 0.0 in region {catalog.region_of(zone)}.")
+
+    # -- instances --------------------------------------------------------------------------
+
+    def insert_instance(self, project: str, zone: str, body: dict) -> dict:
+        self.check_zone(project, zone)
+        check_body("Instance", body)
+        name = check_name(body.get("name"), "instance")
+        machine = self._machine_type(project, zone, body.get("machineType"), "resource.machineType")
+        for policy in body.get("resourcePolicies") or []:
+            stored = self.policies.get(ref(policy, project, "resourcePolicies", "resource.resourcePolicies"))
+            if stored is not None and "workloadPolicy" in stored.body:
+                raise invalid("Resource policy must have one of [VmMaintenancePolicy, GroupPlacementPolicy, "
+                              "InstanceSchedulePolicy]")
+        self._check_capacity_rules(project, machine, body)
+        vm = Vm(project, zone, name, machine.name, body)
+        if vm.path in self.instances:
+            raise ComputeError(409, "alreadyExists", f"The resource '{vm.path}' already exists")
+        op = self._operation(project, f"zones/{zone}", "insert", vm.path, vm.id)
+        quota = self._quota_error(zone, machine, body)
+        endpoint = None if quota or self.emu.faults.stockout(zone) else self._allocate(vm, machine)
+        if endpoint is None:
+            error = quota or ComputeError(503, "ZONE_RESOURCE_POOL_EXHAUSTED", f"The zone 'projects/{project}/"
+                                          f"zones/{zone}' does not have enough resources available to fulfill "
+                                          "the request. Try a different zone, or try again later.")
+            self.emu.at(self.emu.timings.create_seconds / 2, self._finish, op, error)
+            return op.to_json()
+        self.instances[vm.path] = vm
+        self._start(vm, op)
+        return op.to_json()
+
+    def _allocate(self, vm: Vm, machine: catalog.MachineType):
+        found = self.emu.hosts.allocate(vm.path, 1, bool(_nic(vm.properties).get("accessConfigs")))
+        if not found:
+            return None
+        vm.endpoint = found[0]
+        try:
+            self.emu.hosts.configure(vm.endpoint.internal_ip, python=catalog.generation(machine.generation).compute["python"],
+                                     devices=machine.jax_devices, names={**self.host_names(), vm.name: vm.endpoint.internal_ip})
+        except ValueError as e:  # the sandbox lacks this image's Python: say so, keep the host free
+            self.emu.hosts.release(vm.path)
+            raise ComputeError(500, "internalError", f"The sandbox cannot make {machine.name} VMs: {e}") from None
+        return vm.endpoint
+
+    def host_names(self) -> dict[str, str]:
+        """Instance name -> address, for every instance holding a host (what the hosts' resolver knows)."""
+        return {vm.name: vm.endpoint.internal_ip for vm in self.instances.values() if vm.endpoint}
+
+    def _start(self, vm: Vm, op: ComputeOperation | None = None) -> None:
+        """PROVISIONING -> STAGING -> RUNNING, then the VM boots (its startup-script runs)."""
+        create = self.emu.timings.create_seconds + self.emu.faults.slow_create
+        self.emu.at(create / 2, self._staging, vm)
+        self.emu.at(create, self._running, vm, op)
+
+    def _staging(self, vm: Vm) -> None:
+        if self.instances.get(vm.path) is vm and vm.status == "PROVISIONING":
+            vm.status = "STAGING"
+
+    def _running(self, vm: Vm, op: ComputeOperation | None) -> None:
+        if self.instances.get(vm.path) is not vm or vm.status not in ("PROVISIONING", "STAGING"):
+            return
+        vm.status, vm.current_action = "RUNNING", "NONE"
+        self.emu.sync_vm_logins(vm.path, vm)
+        self.emu.hosts.boot(vm.endpoint.internal_ip, vm.metadata.get("startup-script", ""))
+        if op is not None:
+            self._finish(op)
+        self._changed.notify_all()
+
+    def slice_of(self, vm: Vm) -> tuple[list[Vm], str]:
+        """The VMs of ``vm``'s slice in worker order (its MIG's, or itself) and the slice's topology."""
+        mig = self.migs.get(vm.mig)
+        if mig is None:
+            return [vm], catalog.machine_type(vm.machine_type).topology
+        peers = sorted((self.instances[p] for p in mig.vms if p in self.instances), key=lambda v: v.worker)
+        return peers, mig.topology or catalog.machine_type(vm.machine_type).topology
+
+    def get_instance(self, project: str, zone: str, name: str) -> dict:
+        return self._vm(project, zone, name).to_json()
+
+    def _vm(self, project: str, zone: str, name: str) -> Vm:
+        self.check_zone(project, zone)
+        vm = self.instances.get(f"projects/{project}/zones/{zone}/instances/{name}")
+        if vm is None:
+            raise not_found(f"projects/{project}/zones/{zone}/instances/{name}")
+        return vm
+
+    def list_instances(self, project: str, zone: str, filter: str = "") -> dict:
+        self.check_zone(project, zone)
+        items = [v.to_json() for v in self.instances.values() if (v.project, v.zone) == (project, zone)]
+        return _listing("compute#instanceList", f"projects/{project}/zones/{zone}/instances",
+                        [i for i in items if matches(i, filter)])
+
+    def aggregated_instances(self, project: str, filter: str = "") -> dict:
+        items: dict[str, dict] = {}
+        for vm in self.instances.values():
+            body = vm.to_json()
+            if vm.project == project and matches(body, filter):
+                items.setdefault(f"zones/{vm.zone}", {"instances": []})["instances"].append(body)
+        return {"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
+                "items": items, "selfLink": link(f"projects/{project}/aggregated/instances")}
+
+    def aggregated(self, project: str, kind: str, filter: str = "") -> dict:
+        """aggregatedList of MIGs, templates (global ones under "global") or resource policies:
+        ``{"items": {"zones/Z" | "regions/R" | "global": {kind: [...]}}}``, the scopes with a match only."""
+        if kind == "instanceGroupManagers":
+            found = [(f"zones/{m.zone}", m.to_json(self._mig_vms(m))) for m in self.migs.values() if m.project == project]
+        else:
+            table = self.templates if kind == "instanceTemplates" else self.policies
+            found = [("/".join(s.path.split("/")[2:4]) if s.path.split("/")[2] == "regions" else "global", s.to_json())
+                     for s in table.values() if s.path.split("/")[1] == project]
+        items: dict[str, dict] = {}
+        for scope, body in found:
+            if matches(body, filter):
+                items.setdefault(scope, {kind: []})[kind].append(body)
+        path = f"projects/{project}/aggregated/{kind}"
+        return {"kind": f"compute#{kind[:-1]}AggregatedList", "id": path, "items": items, "selfLink": link(path)}
+
+    def delete_instance(self, project: str, zone: str, name: str) -> dict:
+        vm = self._vm(project, zone, name)
+        op = self._operation(project, f"zones/{zone}", "delete", vm.path, vm.id)
+        self._stop(vm, op)
+        return op.to_json()
+
+    def _stop(self, vm: Vm, op: ComputeOperation | None = None) -> None:
+        vm.status, vm.current_action = "STOPPING", "DELETING"
+        self.emu.hosts.remove_keys(vm.path)
+        self.emu.at(self.emu.timings.delete_seconds, self._gone, vm, op)
+
+    def _gone(self, vm: Vm, op: ComputeOperation | None) -> None:
+        if self.instances.get(vm.path) is vm:
+            del self.instances[vm.path]
+        self.emu.hosts.release(vm.path)
+        if op is not None:
+            self._finish(op)
+        mig = self.migs.get(vm.mig)
+        if mig is not None and vm.path in mig.vms and not mig.deleting:  # the MIG makes it again
+            try:
+                self.recreate(vm.name, vm)
+            except ComputeError as e:  # on the clock: a VM it cannot make is an error the MIG lists
+                mig.errors.append({"error": {"code": e.reason, "message": e.message},
+                                   "instanceActionDetails": {"action": "RECREATING", "instance": link(vm.path)}})
+        self._changed.notify_all()
+
+    def recreate(self, name: str, gone: Vm | None = None) -> dict:
+        """What a MIG does to one of its VMs (an admin fault, or a VM deleted under it): a new VM of
+        the same name and worker id on a new host, RECREATING until RUNNING."""
+        old = gone or next((v for v in self.instances.values() if v.mig and name in (v.name, v.path)), None)
+        if old is None:
+            raise not_found(f"instances/{name} of a MIG")
+        if gone is None:
+            del self.instances[old.path]
+            self.emu.hosts.release(old.path)
+        vm = Vm(old.project, old.zone, old.name, old.machine_type, old.properties, old.mig, old.worker,
+                status="STAGING", current_action="RECREATING")
+        if self._allocate(vm, catalog.machine_type(vm.machine_type)) is None:
+            raise ComputeError(503, "ZONE_RESOURCE_POOL_EXHAUSTED", "no free host to recreate the instance on")
+        self.instances[vm.path] = vm
+        self._start(vm)
+        return {"instance": vm.path, "id": vm.id, "address": vm.endpoint.internal_ip}
+
+    def guest_attributes(self, project: str, zone: str, name: str, query_path: str = "", key: str = "") -> dict:
+        """instances.getGuestAttributes: one key (``variableKey``) or every key under ``queryPath``."""
+        vm = self._vm(project, zone, name)
+        if vm.metadata.get("enable-guest-attributes", "").upper() != "TRUE":
+            raise ComputeError(400, "badRequest", "Guest attributes are disabled for this instance: set "
+                               "metadata enable-guest-attributes=TRUE.")
+        out: dict[str, Any] = {"kind": "compute#guestAttributes", "selfLink": link(vm.path + "/getGuestAttributes")}
+        if key:
+            if key not in vm.guest_attributes:
+                raise not_found(f"{vm.path}/guestAttributes/{key}")
+            return {**out, "variableKey": key, "variableValue": vm.guest_attributes[key]}
+        items = [{"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
+                 for k, v in sorted(vm.guest_attributes.items()) if k.startswith(query_path.strip("/"))]
+        return {**out, "queryPath": query_path, **({"queryValue": {"items": items}} if items else {})}
+
+    # -- templates and resource policies ----------------------------------------------------
+
+    def insert_stored(self, project: str, scope: str, kind: str, body: dict) -> dict:
+        """instanceTemplates.insert (regional or global) and resourcePolicies.insert."""
+        message = {"instanceTemplates": "InstanceTemplate", "resourcePolicies": "ResourcePolicy"}[kind]
+        if scope != "global":
+            self._check_region(project, scope.split("/")[1])
+        check_body(message, body)
+        path = f"projects/{project}/{scope}/{kind}/{check_name(body.get('name'), kind)}"
+        table = self.templates if kind == "instanceTemplates" else self.policies
+        if kind == "resourcePolicies":
+            _check_workload_policy(body.get("workloadPolicy"))
+        elif not (body.get("properties") or {}).get("machineType"):
+            raise invalid("Invalid value for field 'resource.properties.machineType': ''. A machine type is required.")
+        if path in table:
+            raise ComputeError(409, "alreadyExists", f"The resource '{path}' already exists")
+        stored = table[path] = Stored(path, body, f"compute#{message[0].lower()}{message[1:]}")
+        op = self._operation(project, scope, "insert", path, stored.id)
+        self._finish(op)
+        return op.to_json()
+
+    def _check_region(self, project: str, region: str) -> None:
+        if region not in {catalog.region_of(z) for z in compute_zones() + catalog.zones()}:
+            raise not_found(f"projects/{project}/regions/{region}")
+
+    def _stored(self, project: str, scope: str, kind: str, name: str) -> Stored:
+        path = f"projects/{project}/{scope}/{kind}/{name}"
+        found = (self.templates if kind == "instanceTemplates" else self.policies).get(path)
+        if found is None:
+            raise not_found(path)
+        return found
+
+    def get_stored(self, project: str, scope: str, kind: str, name: str) -> dict:
+        return self._stored(project, scope, kind, name).to_json()
+
+    def list_stored(self, project: str, scope: str, kind: str, filter: str = "") -> dict:
+        table = self.templates if kind == "instanceTemplates" else self.policies
+        prefix = f"projects/{project}/{scope}/{kind}/"
+        items = [s.to_json() for p, s in table.items() if p.startswith(prefix)]
+        return _listing(f"compute#{kind[:-1]}List", prefix.rstrip("/"), [i for i in items if matches(i, filter)])
+
+    def delete_stored(self, project: str, scope: str, kind: str, name: str) -> dict:
+        stored = self._stored(project, scope, kind, name)
+        users = [m.path for m in self.migs.values() if stored.path in (m.template, m.policy)]
+        users += [v.path for v in self.instances.values()
+                  if any(stored.path in str(p) for p in v.properties.get("resourcePolicies") or [])]
+        if users:
+            raise in_use({"instanceTemplates": "instance_template", "resourcePolicies": "resource_policy"}[kind],
+                         stored.path, users[0])
+        (self.templates if kind == "instanceTemplates" else self.policies).pop(stored.path)
+        op = self._operation(project, scope, "delete", stored.path, stored.id)
+        self._finish(op)
+        return op.to_json()
+
+    # -- reset and state ---------------------------------------------------------------------
+
+    def reset(self) -> None:
+        for vm in self.instances.values():
+            self.emu.hosts.release(vm.path)
+        for table in (self.instances, self.migs, self.templates, self.policies, self.operations, self.faults):
+            table.clear()
+
+    def snapshot(self) -> dict:
+        return {"instances": [dict(v.to_json(), worker=v.worker, mig=v.mig) for v in self.instances.values()],
+                "instanceGroupManagers": [m.path for m in self.migs.values()],
+                "instanceTemplates": list(self.templates), "resourcePolicies": list(self.policies),
+                "pendingOperations": [p for p, o in self.operations.items() if not o.done], "faults": dict(self.faults)}
+
+
+def _check_workload_policy(policy: dict | None) -> None:
+    """HIGH_THROUGHPUT alone takes an accelerator topology; maxTopologyDistance excludes it (gcloud's
+    workload-policy flags)."""
+    if not policy:
+        return
+    if policy.get("acceleratorTopology") and policy.get("type") != "HIGH_THROUGHPUT":
+        raise invalid("Invalid value for field 'resource.workloadPolicy.acceleratorTopology': an accelerator "
+                      "topology needs type HIGH_THROUGHPUT.")
+    if policy.get("acceleratorTopology") and policy.get("maxTopologyDistance"):
+        raise invalid("Invalid value for field 'resource.workloadPolicy': acceleratorTopology and "
+                      "maxTopologyDistance cannot both be set.")
+
+
+def _nic(properties: dict) -> dict:
+    return (properties.get("networkInterfaces") or [{}])[0]
+
+
+def _listing(kind: str, path: str, items: list[dict]) -> dict:
+    return {"kind": kind, "id": path, "selfLink": link(path), **({"items": items} if items else {})}
