@@ -192,7 +192,7 @@ class ComputeEngine(MigSide):
         return peers, mig.topology or catalog.machine_type(vm.machine_type).topology
 
     def get_instance(self, project: str, zone: str, name: str) -> dict:
-        return self._vm(project, zone, name).to_json()
+        return self._vm(project, zone, name).to_json(self.emu.hosts.ssh_port)
 
     def _vm(self, project: str, zone: str, name: str) -> Vm:
         self.check_zone(project, zone)
@@ -203,14 +203,14 @@ class ComputeEngine(MigSide):
 
     def list_instances(self, project: str, zone: str, filter: str = "") -> dict:
         self.check_zone(project, zone)
-        items = [v.to_json() for v in self.instances.values() if (v.project, v.zone) == (project, zone)]
+        items = [v.to_json(self.emu.hosts.ssh_port) for v in self.instances.values() if (v.project, v.zone) == (project, zone)]
         return _listing("compute#instanceList", f"projects/{project}/zones/{zone}/instances",
                         [i for i in items if matches(i, filter)])
 
     def aggregated_instances(self, project: str, filter: str = "") -> dict:
         items: dict[str, dict] = {}
         for vm in self.instances.values():
-            body = vm.to_json()
+            body = vm.to_json(self.emu.hosts.ssh_port)
             if vm.project == project and matches(body, filter):
                 items.setdefault(f"zones/{vm.zone}", {"instances": []})["instances"].append(body)
         return {"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",

@@ -161,7 +161,9 @@ class Vm:
         own = {str(i.get("key")): str(i.get("value", "")) for i in items}
         return {**own, "created-by": self.mig} if self.mig else own
 
-    def to_json(self) -> dict:
+    def to_json(self, ssh_port: int = 22) -> dict:
+        """The instance as instances.get answers; ``ssh_port``: the sandbox's sshd, when not 22, in
+        the label ``tpunb-ssh-port`` (as the Cloud TPU side's nodes carry it)."""
         p = self.properties
         nics = []
         for i, nic in enumerate(p.get("networkInterfaces") or [{}]):
@@ -190,6 +192,8 @@ class Vm:
                           "autoDelete": bool(d.get("autoDelete")), "interface": "NVME"}
                          for i, d in enumerate(p.get("disks") or [])]
         body.pop("params", None)  # input only: instances.get does not return it
+        if ssh_port != 22:
+            body["labels"] = {**body.get("labels", {}), "tpunb-ssh-port": str(ssh_port)}
         return body
 
 

@@ -1,0 +1,154 @@
+"""What a Compute Engine launch asks for: the instance (or instance template) of a TPU VM, the
+workload policy that names a multi-host slice's topology, and the BULK MIG that makes its VMs at
+once; every body as docs/cloud-facts.md's Compute Engine section gives it, with its source.
+
+Instances carry tpunb's labels (``created-by=tpunb``, ``tpunb-name``, ``tpunb-owner``): the survey
+finds them by label. MIGs, templates and policies have no labels in the API, so each is named
+after the slice (``NAME``, ``NAME-tpunb-t``, ``NAME-tpunb-wp``) and carries ``MARKER`` in its
+description."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tpunb import catalog
+from tpunb.provision.gcp.records import TPUNB_LABELS
+from tpunb.provision.gcp.spec import NAME_LABEL, OWNER_LABEL, label_value
+
+#: in the description of every MIG, template and policy tpunb makes (they have no labels)
+MARKER = "created-by=tpunb"
+SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+
+
+@dataclass(frozen=True)
+class Names:
+    """The resources of one slice: the MIG (or the single instance) is named after the slice."""
+
+    slice: str
+
+    @property
+    def template(self) -> str:
+        return f"{self.slice}-tpunb-t"
+
+    @property
+    def policy(self) -> str:
+        return f"{self.slice}-tpunb-wp"
+
+    def description(self) -> str:
+        return f"{MARKER} slice={self.slice}"
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """What every VM of the slice gets, beside its machine type."""
+
+    name: str
+    shape: catalog.ComputeShape
+    zone: str
+    owner: str
+    user: str
+    public_key: str
+    os_login: bool
+    spot: bool = False
+    internal_ip: bool = False
+    network: str | None = None
+    subnetwork: str | None = None
+    service_account: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def labels(spec: VmSpec) -> dict[str, str]:
+    return {**dict(spec.labels), **TPUNB_LABELS, NAME_LABEL: label_value(spec.name),
+            OWNER_LABEL: label_value(spec.owner or "unknown")}
+
+
+def metadata(spec: VmSpec) -> Any:
+    from google.cloud import compute_v1
+
+    items = {"enable-guest-attributes": "TRUE"}  # the idle watchdog reads the other workers' there
+    if not spec.os_login:  # under OS Login VMs ignore metadata keys
+        items["ssh-keys"] = f"{spec.user}:{spec.public_key.strip()}"
+    return compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in items.items()])
+
+
+def _scheduling(spec: VmSpec) -> Any:
+    from google.cloud import compute_v1
+
+    if spec.spot:  # Google's spot TPU VMs: SPOT, deleted (not stopped) when reclaimed
+        return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="SPOT",
+                                     instance_termination_action="DELETE", automatic_restart=False)
+    return compute_v1.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=True)
+
+
+def _nic(spec: VmSpec) -> Any:
+    from google.cloud import compute_v1
+
+    nic = compute_v1.NetworkInterface(network=f"global/networks/{spec.network or 'default'}", nic_type="GVNIC")
+    if spec.subnetwork:
+        nic.subnetwork = f"regions/{catalog.region_of(spec.zone)}/subnetworks/{spec.subnetwork}"
+    if not spec.internal_ip:
+        nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+    return nic
+
+
+def _disk(spec: VmSpec, disk_type: str) -> Any:
+    from google.cloud import compute_v1
+
+    return compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
+        source_image=spec.shape.source_image, disk_size_gb=200, disk_type=disk_type))
+
+
+def _account(spec: VmSpec) -> Any:
+    from google.cloud import compute_v1
+
+    return compute_v1.ServiceAccount(email=spec.service_account or "default", scopes=[SCOPE])
+
+
+def instance(spec: VmSpec) -> Any:
+    """A single-host slice: one instance of the TPU machine type."""
+    from google.cloud import compute_v1
+
+    zone = spec.zone
+    return compute_v1.Instance(
+        name=spec.name, machine_type=f"zones/{zone}/machineTypes/{spec.shape.machine_type}",
+        disks=[_disk(spec, f"zones/{zone}/diskTypes/{spec.shape.disk_type}")], network_interfaces=[_nic(spec)],
+        scheduling=_scheduling(spec), service_accounts=[_account(spec)], labels=labels(spec), metadata=metadata(spec),
+        description=Names(spec.name).description())
+
+
+def template(spec: VmSpec) -> Any:
+    """The instance template a multi-host slice's MIG makes its VMs from (regional, in the zone's region)."""
+    from google.cloud import compute_v1
+
+    return compute_v1.InstanceTemplate(
+        name=Names(spec.name).template, description=Names(spec.name).description(),
+        properties=compute_v1.InstanceProperties(
+            machine_type=spec.shape.machine_type, disks=[_disk(spec, spec.shape.disk_type)],
+            network_interfaces=[_nic(spec)], scheduling=_scheduling(spec), service_accounts=[_account(spec)],
+            labels=labels(spec), metadata=metadata(spec)))
+
+
+def workload_policy(spec: VmSpec) -> Any:
+    """HIGH_THROUGHPUT with the slice's accelerator topology: what makes a MIG's VMs one TPU slice."""
+    from google.cloud import compute_v1
+
+    return compute_v1.ResourcePolicy(
+        name=Names(spec.name).policy, description=Names(spec.name).description(),
+        workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(type_="HIGH_THROUGHPUT",
+                                                                accelerator_topology=spec.shape.topology))
+
+
+def mig(spec: VmSpec, project: str) -> Any:
+    """A zonal MIG of the slice's VMs, all made at once (BULK), left as they are on failure
+    (DO_NOTHING: tpunb deletes the slice rather than have a VM recreated under JAX)."""
+    from google.cloud import compute_v1
+
+    names, region = Names(spec.name), catalog.region_of(spec.zone)
+    return compute_v1.InstanceGroupManager(
+        name=spec.name, base_instance_name=spec.name, target_size=spec.shape.vms, description=names.description(),
+        instance_template=f"projects/{project}/regions/{region}/instanceTemplates/{names.template}",
+        target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK"),
+        instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
+            default_action_on_failure="DO_NOTHING"),
+        resource_policies=compute_v1.InstanceGroupManagerResourcePolicies(
+            workload_policy=f"projects/{project}/regions/{region}/resourcePolicies/{names.policy}"))

@@ -1,0 +1,107 @@
+"""The one seam for every Compute Engine call: google-cloud-compute's clients, built once per
+kernel against $TPUNB_COMPUTE_API_ENDPOINT (the sandbox) or Google, and the wait for an operation.
+
+google-cloud-compute's ``insert(...).result()`` polls through a new operations client that drops
+the endpoint (it would ask the real API), so calls here are ``*_unary`` and their operations are
+waited for with a zone or region operations client built with the same options (NOTES.md)."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tpunb.errors import ProvisionError
+from tpunb.provision.cache import cached
+from tpunb.provision.gcp import api
+
+ENDPOINT_ENV = "TPUNB_COMPUTE_API_ENDPOINT"
+#: how long one operations.wait call may hold (the API answers sooner when the operation ends)
+WAIT_SLICE = 30.0
+
+
+def endpoint() -> str | None:
+    """The Compute Engine API endpoint override (the sandbox's URL), or None for Google's."""
+    return os.environ.get(ENDPOINT_ENV, "").strip().rstrip("/") or None
+
+
+@dataclass(frozen=True)
+class Clients:
+    instances: Any
+    templates: Any  # regional instance templates
+    policies: Any  # resource policies (workload policies)
+    migs: Any  # zonal managed instance groups
+    zone_ops: Any
+    region_ops: Any
+
+
+def clients() -> Clients:
+    """The clients for this endpoint, made once per kernel."""
+    url = endpoint()
+    return cached(("compute clients", url), lambda: _make(url))
+
+
+def _make(url: str | None) -> Clients:
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    if url:
+        from google.auth.credentials import AnonymousCredentials
+
+        kw: dict[str, Any] = {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=url)}
+    else:
+        kw = {"credentials": api.default_credentials()}
+    return Clients(compute_v1.InstancesClient(**kw), compute_v1.RegionInstanceTemplatesClient(**kw),
+                   compute_v1.ResourcePoliciesClient(**kw), compute_v1.InstanceGroupManagersClient(**kw),
+                   compute_v1.ZoneOperationsClient(**kw), compute_v1.RegionOperationsClient(**kw))
+
+
+def call(what: str, fn, *args: Any, **kwargs: Any) -> Any:
+    """One API call; Google's error becomes one line naming ``what`` (NotFound passes as it is)."""
+    from google.api_core import exceptions
+
+    try:
+        return fn(*args, **kwargs)
+    except exceptions.NotFound:
+        raise
+    except exceptions.GoogleAPICallError as exc:
+        reason = _reason(exc)
+        raise ProvisionError(f"Compute Engine refused to {what}: {exc.message or exc}", reason=reason) from None
+
+
+def _reason(exc: Any) -> str:
+    """A short reason for the error tree: quota, capacity, permission, invalid or api."""
+    text = str(getattr(exc, "message", "") or exc).lower()
+    code = getattr(exc, "code", None)
+    if "quota" in text:
+        return "quota"
+    if "resource_exhausted" in text or "does not have enough resources" in text or "stockout" in text:
+        return "capacity"
+    if code == 403:
+        return "permission"
+    return "invalid" if code == 400 else "api"
+
+
+def wait(project: str, operation: Any, what: str, deadline: float | None = None) -> None:
+    """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``."""
+    from google.cloud import compute_v1
+
+    c = clients()
+    while True:
+        if operation.status == compute_v1.Operation.Status.DONE:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            raise ProvisionError(f"Compute Engine did not finish to {what} in time", reason="timeout")
+        scope = (operation.zone or operation.region).rsplit("/", 1)[-1]
+        if operation.zone:
+            operation = call(what, c.zone_ops.wait, project=project, zone=scope, operation=operation.name,
+                             timeout=WAIT_SLICE)
+        else:
+            operation = call(what, c.region_ops.wait, project=project, region=scope, operation=operation.name,
+                             timeout=WAIT_SLICE)
+    errors = list(operation.error.errors) if operation.error else []
+    if errors:
+        first = errors[0]
+        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code})",
+                             reason="quota" if "QUOTA" in first.code else "capacity" if "RESOURCE" in first.code
+                             else "api")
