@@ -111,3 +111,29 @@ def test_the_handle(make_slice, cell):
     assert run.wait(30) and run.done()
     assert {h: r.status for h, r in run.result().items()} == {0: "interrupted", 1: "interrupted"}
     assert "Out[0-1]: 2" in cell("%%on_tpu\n1 + 1").shown  # the hosts are free again, their state kept
+
+
+def test_the_handle_is_a_future_also_while_it_waits_its_turn(make_slice):
+    """asyncio.wrap_future, as_completed and add_done_callback work on it (as on ipyparallel's
+    AsyncResult), from the start, and for a --queue cell before its request exists."""
+    import asyncio
+    import concurrent.futures
+    import threading
+
+    sl = make_slice(2)
+    gate = sl.run("import time\ndef holding():\n    time.sleep(60)\nholding()", background=True, output=None)
+    queued = sl.run("21 * 2", background=True, output=None, queue=True)
+    assert isinstance(queued, concurrent.futures.Future) and queued.request is None  # waiting for the first
+    assert queued.cancel() is False and not queued.cancelled()  # interrupt() stops a cell, cancel() never
+    called, seen = threading.Event(), []
+    queued.add_done_callback(lambda f: (seen.append(f.result()), called.set()))
+    wait_for(lambda: all(w.endswith("holding") for w in gate.stacks().where().values()), 60, "both hosts in holding()")
+    gate.interrupt()
+    finished = [f for f in concurrent.futures.as_completed([gate, queued], timeout=60)]
+    assert set(finished) == {gate, queued}
+    assert called.wait(10) and seen[0].reprs == {0: "42", 1: "42"}
+
+    async def awaited():
+        return await asyncio.wrap_future(sl.run("6 * 7", background=True, output=None))
+
+    assert asyncio.run(awaited()).reprs == {0: "42", 1: "42"}

@@ -3,7 +3,9 @@
 The cell's request runs on a thread of its own (threads are kept between background cells); its
 output streams, labelled as in the foreground, into the output area of the cell that started it: the thread takes that cell's
 parent header (ipykernel's thread-local parent), so prints, displays and the straggler line
-land there while other cells run. What it returns is a ``Run`` handle (``tpunb.last_run()``).
+land there while other cells run. What it returns is a ``Run`` handle (``tpunb.last_run()``): a
+``concurrent.futures.Future``, as ipyparallel's AsyncResult is, so ``asyncio.wrap_future``,
+``concurrent.futures.as_completed`` and ``add_done_callback`` work on it.
 
 While it runs, magics that do not need the hosts' main thread keep working (%tpu_metrics,
 %tpu_status, %tpu_stacks); a second cell, push or pull on its hosts is refused in one line
@@ -12,6 +14,7 @@ it when no other cell runs, as it would a foreground cell.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import queue as queues
 import signal
 import sys
@@ -30,11 +33,15 @@ if TYPE_CHECKING:
     from tpunb.hangs.held import HeldSlice
 
 
-class Run:
-    """A cell running in the background: ``done()``, ``wait(timeout)``, ``result()``,
-    ``interrupt()``, ``stacks()``."""
+class Run(concurrent.futures.Future):
+    """A cell running in the background, as a Future of its per-host results: ``done()``,
+    ``result(timeout)``, ``exception()``, ``add_done_callback``; and ``wait(timeout)`` (a bool),
+    ``interrupt()``, ``stacks()``. It runs (or waits its turn, with --queue) from the start, so
+    ``cancel()`` is False: ``interrupt()`` stops it."""
 
     def __init__(self, sl: "HeldSlice", code: str, hosts: list[int], label: str) -> None:
+        super().__init__()
+        self.set_running_or_notify_cancel()
         self.slice = sl
         self.code = code
         self.hosts = hosts
@@ -42,31 +49,29 @@ class Run:
         self.label = label
         self.started = time.monotonic()
         self.request: Request | None = None  # set once the cell is sent (after a --queue wait)
-        self._result: RunResult | None = None
-        self._error: BaseException | None = None
-        self._ended = threading.Event()
+        self._outcome: RunResult | None = None
+        self._failure: BaseException | None = None
         self._interrupts = 0
         self._interrupt_lock = threading.RLock()  # re-entered by the stop button's signal handler
         self._worker: int | None = None  # the thread it runs on (its ident), once it runs
 
     # -- the handle ---------------------------------------------------------------------------
-    def done(self) -> bool:
-        """It has ended (its result is ready)."""
-        return self._ended.is_set()
-
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until it ends; False if ``timeout`` seconds passed first."""
-        return self._ended.wait(timeout)
+        concurrent.futures.wait([self], timeout)
+        return self.done()
 
     def result(self, timeout: float | None = None) -> "RunResult":
         """The per-host results (values, errors, output), as ``tpunb.last_result()`` gives a
         foreground cell's; TimeoutError if it has not ended within ``timeout`` seconds."""
-        if not self._ended.wait(timeout):
+        if not self.wait(timeout):
             raise TimeoutError(f"cell {self.label} still runs on hosts {self.slice.layout.names(self.hosts)} "
                                f"({self.elapsed():.0f} s): wait longer, or .interrupt() it")
-        if self._result is None:
-            raise self._error or TpunbError(f"cell {self.label} ended without a result")
-        return self._result
+        return super().result()
+
+    def cancel(self) -> bool:
+        """A background cell is already running (or queued to): ``interrupt()`` stops it."""
+        return False
 
     def interrupt(self) -> None:
         """Interrupt it on every host, as the stop button does a foreground cell; each further call
@@ -96,7 +101,7 @@ class Run:
         if not self.done():
             return (f"<tpunb Run {self.label} on host{'s' if len(self.hosts) > 1 else ''} {hosts}: running "
                     f"{self.elapsed():.1f} s; .done() .wait() .result() .interrupt() .stacks()>")
-        outcome = repr(self._result) if self._result is not None else f"failed: {self._error}"
+        outcome = repr(self._outcome) if self._outcome is not None else f"failed: {self._failure}"
         return f"<tpunb Run {self.label}: {outcome}>"
 
     def _repr_pretty_(self, printer, cycle: bool) -> None:
@@ -111,17 +116,20 @@ class Run:
                 self.slice.background.wait_for_hosts(self.hosts, self)
             if self._interrupts:  # interrupted while it waited in the queue: it never ran
                 raise CellInterrupted(f"cell {self.label} was interrupted before it started")
-            self._result = self.slice.execute(self.code, self.hosts, timeout, output, None, shell=False,
-                                              started=self._sent)
-            _show_end(self.slice, self._result, output)
+            self._outcome = self.slice.execute(self.code, self.hosts, timeout, output, None, shell=False,
+                                               started=self._sent)
+            _show_end(self.slice, self._outcome, output)
         except BaseException as exc:  # kept for result(); said in the cell's own output area
-            self._error = exc
-            self._result = getattr(exc, "results", None)
+            self._failure = exc
+            self._outcome = getattr(exc, "results", None)
             _say(exc)
         finally:
             self.slice.background.ended(self)
-            self._ended.set()
             _unroute(tokens)
+            if self._outcome is not None:  # a cell that failed on some hosts still has its results
+                self.set_result(self._outcome)
+            else:
+                self.set_exception(self._failure or TpunbError(f"cell {self.label} ended without a result"))
 
     def _sent(self, request: "Request") -> None:
         """The cell's request exists: from now on interrupt() reaches it (also presses made before)."""
