@@ -122,11 +122,16 @@ def delete_slice(ce, name: str, zone: str = Z) -> None:
     ce.wait(ce.policies.delete_unary(project=P, region=region, resource_policy=f"{name}-wp"))
 
 
-def attribute(sandbox, address: str, key: str) -> str:
-    request = urllib.request.Request(f"http://{address}:{sandbox.sshd.metadata_port}/computeMetadata/v1/instance/attributes/{key}",
+def metadata_value(sandbox, address: str, path: str) -> str:
+    """What the VM at ``address`` reads from its metadata server."""
+    request = urllib.request.Request(f"http://{address}:{sandbox.sshd.metadata_port}/computeMetadata/v1/{path}",
                                      headers={"Metadata-Flavor": "Google"})
     with urllib.request.urlopen(request, timeout=5) as answer:
         return answer.read().decode()
+
+
+def attribute(sandbox, address: str, key: str) -> str:
+    return metadata_value(sandbox, address, f"instance/attributes/{key}")
 
 
 def raw(sandbox, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -367,6 +372,19 @@ def test_a_sandbox_without_the_images_python_says_so_and_keeps_its_hosts(sandbox
     ce.wait(ce.instances.insert_unary(project=P, zone=V6E_ZONE, instance_resource=instance_body("withpy", "ct6e-standard-4t", V6E_ZONE)))
     ce.wait(ce.instances.delete_unary(project=P, zone=V6E_ZONE, instance="withpy"))
     delete_slice(ce, "nopy")
+
+
+def test_a_spot_vm_gets_its_notice_then_is_terminated(sandbox, ce):
+    ce.wait(ce.instances.insert_unary(project=P, zone=V6E_ZONE, instance_resource=instance_body(
+        "spot6", "ct6e-standard-4t", V6E_ZONE, scheduling={"provisioning_model": "SPOT", "instance_termination_action": "STOP"})))
+    address = ce.instances.get(project=P, zone=V6E_ZONE, instance="spot6").network_interfaces[0].network_i_p
+    assert metadata_value(sandbox, address, "instance/preempted") == "FALSE"
+    sandbox.preempt("spot6", notice=2)  # Compute Engine gives Spot VMs 30 s (tpu-machines)
+    assert metadata_value(sandbox, address, "instance/preempted") == "TRUE"
+    assert metadata_value(sandbox, address, "instance/maintenance-event") == "TERMINATE_ON_HOST_MAINTENANCE"
+    assert ce.instances.get(project=P, zone=V6E_ZONE, instance="spot6").status == "RUNNING"  # within the notice
+    wait_for(lambda: ce.instances.get(project=P, zone=V6E_ZONE, instance="spot6").status == "TERMINATED", 10, "TERMINATED")
+    ce.wait(ce.instances.delete_unary(project=P, zone=V6E_ZONE, instance="spot6"))
 
 
 def test_bodies_are_checked_against_compute_v1(sandbox, ce):

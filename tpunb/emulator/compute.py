@@ -8,6 +8,7 @@ ACTIVE. Deletes go STOPPING -> gone. The rules field reports show (docs/cloud-fa
 checked on the way in; compute_checks.py refuses what compute v1 does not define."""
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from typing import Any
@@ -256,6 +257,36 @@ class ComputeEngine(MigSide):
             except ComputeError as e:  # on the clock: a VM it cannot make is an error the MIG lists
                 mig.errors.append({"error": {"code": e.reason, "message": e.message},
                                    "instanceActionDetails": {"action": "RECREATING", "instance": link(vm.path)}})
+        self._changed.notify_all()
+
+    def find(self, ref: str) -> Vm | None:
+        """An instance by name or path (the admin's handle on it)."""
+        return next((v for v in self.instances.values() if ref in (v.name, v.path)), None)
+
+    def preempt(self, ref: str, after: float = 0.0, notice: float = 30.0) -> dict:
+        """Reclaim a VM as Compute Engine reclaims Spot capacity: ``after`` seconds from now the
+        notice (metadata ``instance/preempted`` TRUE, SIGTERM to its processes, its sshd sessions
+        dropped), ``notice`` seconds later it is TERMINATED and every process of it killed."""
+        vm = self.find(ref)
+        if vm is None:
+            raise not_found(ref)
+        if notice > 0:
+            self.emu.at(after, self._notice, vm)
+        self.emu.at(after + notice, self._preempted, vm)
+        self.emu.advance()
+        return {"instance": vm.path, "state": "TERMINATED", "after": after, "notice": notice}
+
+    def _notice(self, vm: Vm) -> None:
+        if self.instances.get(vm.path) is vm and vm.status == "RUNNING":
+            vm.noticed = True
+            self.emu.hosts.signal_processes(vm.endpoint.internal_ip, signal.SIGTERM, sessions=True)
+
+    def _preempted(self, vm: Vm) -> None:
+        if self.instances.get(vm.path) is not vm or vm.status in ("STOPPING", "TERMINATED"):
+            return
+        vm.status, vm.noticed = "TERMINATED", True
+        self.emu.hosts.remove_keys(vm.path)
+        self.emu.hosts.signal_processes(vm.endpoint.internal_ip, signal.SIGKILL)
         self._changed.notify_all()
 
     def recreate(self, name: str, gone: Vm | None = None) -> dict:

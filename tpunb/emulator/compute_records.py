@@ -150,6 +150,7 @@ class Vm:
     id: str = field(default_factory=new_id)
     created: str = field(default_factory=timestamp)
     guest_attributes: dict[str, str] = field(default_factory=dict)
+    noticed: bool = False  # its preemption notice has come (metadata instance/preempted is TRUE)
 
     @property
     def path(self) -> str:

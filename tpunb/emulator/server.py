@@ -22,7 +22,8 @@ Admin (JSON in and out):
   POST /_emulator/timings              e.g. {"create_seconds": 2}
   GET|POST /_emulator/accounts         read | change the user, permissions per principal, project metadata
   POST /_emulator/nodes/{id}:preempt   {"after": seconds, "state": "PREEMPTED"|"TERMINATED", "notice": seconds}
-                                       (all optional; with notice: metadata and SIGTERM first, the node dies after)
+                                       (all optional; with notice: metadata and SIGTERM first, the node dies after;
+                                       a Compute Engine instance's name: its 30 s Spot notice, then TERMINATED)
   POST /_emulator/compute/faults       merge Compute Engine faults: {"unstable": true|[zones], "unstable_code",
                                        "unstable_message"} (MIGs never fill, listErrors says why), {"allowlisted": true}
                                        (the project may make TPU7x Spot and Flex-start VMs)

@@ -447,6 +447,8 @@ class Emulator(RequestChecks, VmSide):
         turns TRUE, the guest's shutdown sends SIGTERM and stops sshd), then ``notice`` seconds later the node is
         PREEMPTED and its VMs are off (every process killed); ``notice=0``: they die with no notice."""
         matches = [n for name, n in self.nodes.items() if name == ref or n.node_id == ref]
+        if not matches and self.compute.find(ref) is not None:  # a Compute Engine instance
+            return self.compute.preempt(ref, float(after or 0), 30.0 if notice is None else float(notice))
         if not matches:
             raise ApiError(404, "NOT_FOUND", f"no node {ref!r} in the emulator")
         if len(matches) > 1:

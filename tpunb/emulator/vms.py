@@ -93,7 +93,8 @@ class VmSide:
         email = str(accounts[0].get("email") or "")
         principal = email if email and email != "default" else default_service_account(vm.project)
         network = str((vm.properties.get("networkInterfaces") or [{}])[0].get("network") or "default").rsplit("/", 1)[-1]
-        answers = {"instance/preempted": "FALSE", "instance/maintenance-event": "NONE",
+        answers = {"instance/preempted": "TRUE" if vm.noticed else "FALSE",
+                   "instance/maintenance-event": "TERMINATE_ON_HOST_MAINTENANCE" if vm.noticed else "NONE",
                    "instance/service-accounts/default/email": principal, "instance/attributes/": "\n".join(sorted(attributes)),
                    "project/project-id": vm.project, "instance/zone": f"projects/{vm.project}/zones/{vm.zone}",
                    "instance/name": vm.name, "instance/id": vm.id,
