@@ -153,7 +153,8 @@ def test_every_name_round_trips():
     for name in catalog.names():
         acc = lookup(name)
         assert acc.name == name
-        assert bool(acc.zones) != bool(acc.planning_only), f"{name}: a zone, or planning only (tpu7x), not both"
+        assert bool(acc.zones) != bool(acc.no_tpu_api), f"{name}: Cloud TPU API zones, or none (tpu7x), not both"
+        assert acc.zones or acc.compute_zones, f"{name}: somewhere to launch it"
         assert acc.devices == acc.chips * catalog.generation(acc.generation).devices_per_chip
 
 

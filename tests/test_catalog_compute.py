@@ -58,10 +58,10 @@ def test_the_cloud_tpu_api_stays_the_default_for_older_generations_and_refuses_c
             catalog.compute_shape(name)
 
 
-def test_tpu7x_stays_planning_only_on_the_cloud_tpu_path():
+def test_tpu7x_is_made_only_through_compute_engine():
     acc = catalog.lookup("tpu7x-32")
-    assert acc.planning_only and acc.zones == ()
-    with pytest.raises(UsageError, match="planning only"):
+    assert acc.no_tpu_api and not acc.planning_only and acc.zones == () and "us-central1-c" in acc.compute_zones
+    with pytest.raises(UsageError, match="^tpu7x-32 is made only through Compute Engine .*: launch it without --api tpu$"):
         catalog.check_launchable(acc)
 
 

@@ -34,7 +34,7 @@ def cloud(tpu_emulator, monkeypatch, isolated_home):
 
 @pytest.fixture
 def launch(cell, sshd):
-    return lambda extra: cell(f"%tpu_launch v5p-8 --name fo {extra}")
+    return lambda extra: cell(f"%tpu_launch v5p-8 --api tpu --name fo {extra}")  # failover: a Cloud TPU API path
 
 
 def places(state: dict, kind: str = "nodes") -> list[str]:
@@ -87,7 +87,7 @@ def test_interrupting_a_race_deletes_every_queued_resource(cloud, launch, isolat
 def test_every_zone_failing_gives_one_line_per_zone_then_what_to_try(cloud, sshd, isolated_home):
     cloud.faults(no_capacity=[Z1], quota="operation", quota_regions=[catalog.region_of(Z2)], permission_denied=[Z3])
     with pytest.raises(ProvisionError) as info:
-        slices.launch("v5p-8", name="nowhere", backend="gcp", zone=[Z1, Z2, Z3])
+        slices.launch("v5p-8", name="nowhere", backend="gcp", zone=[Z1, Z2, Z3], api="tpu")
     lines = str(info.value).splitlines()
     assert lines[0] == "nowhere was granted nowhere (3 tries):"
     assert lines[1:4] == [f"  {Z1} v5p-8: no capacity", f"  {Z2} v5p-8: quota exceeded",
@@ -161,7 +161,7 @@ def test_a_kernel_killed_mid_race_leaves_what_tpu_down_deletes_in_every_zone(clo
     """SIGKILL gives the launching kernel no chance to clean up: its record names every zone it tried."""
     cloud.faults(no_capacity=True)
     script = ("import tpunb\n"
-              f"tpunb.launch('v5p-8', name='cut', backend='gcp', zone={[Z1, Z2, Z3]!r}, race=3, python='python3')\n")
+              f"tpunb.launch('v5p-8', name='cut', backend='gcp', zone={[Z1, Z2, Z3]!r}, race=3, python='python3', api='tpu')\n")
     kernel = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: len(cloud.state()["queuedResources"]) == 3, 60, "the race to wait in three zones")
@@ -184,6 +184,6 @@ def test_zone_any_with_one_zone_offering_the_type_launches_there(cloud, cell, ss
     ("--zone us-central1-a --alternatives v5p-16", "--alternatives v5p-16 has 2 hosts, v5p-8 has 1"),
 ])
 def test_bad_failover_flags_are_one_line(cloud, cell, flags, expected):
-    run = cell(f"%tpu_launch v5p-8 --backend gcp {flags}")
+    run = cell(f"%tpu_launch v5p-8 --api tpu --backend gcp {flags}")
     assert isinstance(run.error, UsageError) and expected in str(run.error) and "\n" not in str(run.error)
     assert cloud.state()["nodes"] == []

@@ -181,11 +181,11 @@ def _read(fixture: dict) -> ProvisionError:
         return errors.error(errors.from_status(op.error.code, op.error.message), ctx)
     if kind == "queued_resource":
         qr = tpu_v2.QueuedResource.wrap(strict(body, tpu_v2.QueuedResource, "fixture"))
-        assert gcp._queued_info(qr).queued_state == "FAILED" and gcp._queued_info(qr).lost
+        assert gcp.info_from_queued(qr).queued_state == "FAILED" and gcp.info_from_queued(qr).lost
         failed = qr.state.failed_data.error
         return errors.error(errors.from_status(failed.code, failed.message), ctx)
     node = tpu_v2.Node.wrap(strict(body, tpu_v2.Node, "fixture"))
-    info = gcp._info(node)
+    info = gcp.info_from_node(node)
     assert info.lost and info.state in gcp.LOST_NODE_STATES
     return ProvisionError(errors.preempted_message(info.name, info.state, info.spot), info.state.lower())
 
@@ -251,7 +251,7 @@ def test_a_state_newer_than_this_client_is_named_not_a_crash():
                                                  "health": 42}))
         qr = tpu_v2.QueuedResource.from_json(json.dumps({"name": f"projects/{P}/locations/{Z}/queuedResources/n",
                                                          "state": {"state": 77}}))
-        info, queued = gcp._info(node), gcp._queued_info(qr)
+        info, queued = gcp.info_from_node(node), gcp.info_from_queued(qr)
     assert (info.state, info.health, info.ready, info.lost) == ("STATE_99", "STATE_42", False, False)
     assert queued.queued_state == "STATE_77" and not queued.lost
 
@@ -263,7 +263,7 @@ def test_tpu7x_is_refused_before_any_call_and_by_the_emulator(tpu_emulator, monk
     from tpunb.catalog import lookup
     from tpunb.errors import UsageError
 
-    assert lookup("tpu7x-8").planning_only and not lookup("tpu7x-8").zones  # no zone offers it to this API
+    assert lookup("tpu7x-8").no_tpu_api and not lookup("tpu7x-8").zones  # no zone offers it to this API
     exchanges, zone = tpu_emulator.record(), "us-central1-c"
     with pytest.raises(UsageError, match="tpu7x-8 cannot be created through the Cloud TPU API.*GKE"):
         gcp.create(spec("i7", "tpu7x-8", zone=zone))

@@ -34,23 +34,26 @@ def test_where_the_api_cannot_be_asked_the_catalog_decides(cloud, launch):
     assert isinstance(refused.error, ProvisionError) and "zones with v4-16: us-central2-b" in str(refused.error)
 
 
-def test_tpu7x_is_for_planning_only_everywhere(cloud, cell, ip, launch):
+def test_tpu7x_is_launched_through_compute_engine_only(cloud, cell, ip, launch):
     table = catalog.table("tpu7x")
-    assert all(z.startswith("planning only: the Cloud TPU API (tpu_v2) cannot create TPU7x") for z in table["zones"])
-    assert "tpu7x-8 (planning only)" in cell("%tpu_plan llama3-8b --tpu tpu7x").shown
-    assert "tpu7x" not in catalog.zones() and not catalog.lookup("tpu7x-8").zones
-    refused = cell("%tpu_launch tpu7x-8")
-    assert isinstance(refused.error, UsageError) and "tpu7x-8 is for planning only" in str(refused.error)
+    assert all(z == "us-central1-ai1a, us-central1-c" for z in table["zones"])  # Compute Engine's zones
+    plan = cell("%tpu_plan llama3-8b --tpu tpu7x").shown
+    assert "tpu7x-8" in plan and "planning only" not in plan
+    assert "tpu7x" not in catalog.zones() and not catalog.lookup("tpu7x-8").zones  # none through the Cloud TPU API
+    refused = cell("%tpu_launch tpu7x-8 --api tpu")
+    assert isinstance(refused.error, UsageError) and "tpu7x-8 is made only through Compute Engine" in str(refused.error)
+    elsewhere = cell("%tpu_launch tpu7x-8")  # the zone configured here (us-central2-b) has no TPU7x VMs
+    assert "us-central2-b has no tpu7x-standard-4t (tpu7x-8): zones with it: us-central1-ai1a" in str(elsewhere.error)
     from tpunb.server import model
 
-    assert not [n for n in model.catalog()["accelerators"] if n.startswith("tpu7x")]  # the sidebar's form
+    assert "tpu7x-32" in model.catalog()["accelerators"]  # the sidebar's form offers it
 
 
 def test_alternatives_and_races_skip_tpu7x_with_a_note(cloud, cell, launch):
     """v5litepod-8 and tpu7x-8 are both one host: the race goes on without tpu7x, and says why."""
     run = launch("--name raced --zone us-central1-a,us-west4-a --alternatives tpu7x-8 --race 2", accel="v5litepod-8")
     assert run.error is None, run.shown
-    assert "--alternatives: skipping tpu7x-8, which is for planning only" in run.shown
+    assert "--alternatives: skipping tpu7x-8, which the Cloud TPU API cannot make" in run.shown
     assert cloud.state()["nodes"][0]["acceleratorType"] == "v5litepod-8"
     assert cell("%tpu_down raced").error is None
 

@@ -51,7 +51,8 @@ class Generation:
     zones: tuple[str, ...]
     zone_sizes: dict[str, tuple[int, ...]]
     sources: dict[str, tuple[str, ...]]
-    planning_only: str = ""  # why it can be planned for but not launched (tpu7x: not through the Cloud TPU API)
+    planning_only: str = ""  # why it can be planned for but not launched ("": it can be launched)
+    no_tpu_api: str = ""  # why the Cloud TPU API cannot make it (tpu7x: only Compute Engine and GKE do)
     default_api: str = "tpu"  # which API makes its slices by default: "tpu" (Cloud TPU) or "compute" (Compute Engine)
     compute: dict[str, Any] | None = None  # how Compute Engine makes them (catalog.json "compute"), None: it cannot
 
@@ -86,7 +87,9 @@ class Accelerator:
     default_runtime: str
     zones: tuple[str, ...]
     planning_only: str = ""  # why it can be planned for but not launched ("": it can be launched)
+    no_tpu_api: str = ""  # why the Cloud TPU API cannot make it ("": it can); Compute Engine may
     default_api: str = "tpu"  # the API that makes it by default: "tpu" (Cloud TPU API) or "compute" (Compute Engine)
+    compute_zones: tuple[str, ...] = ()  # where Compute Engine offers it (empty: it does not make it)
 
     @property
     def hbm_bytes(self) -> float:
@@ -152,6 +155,7 @@ def _generations() -> dict[str, Generation]:
             zone_sizes={z: tuple(s) for z, s in g.get("zone_sizes", {}).items()},
             sources={k: tuple(v) for k, v in g["sources"].items()},
             planning_only=g.get("planning_only", ""),
+            no_tpu_api=g.get("no_tpu_api", ""),
             default_api=g.get("default_api", "tpu"),
             compute=g.get("compute"),
         )
@@ -261,7 +265,9 @@ def _build(g: Generation, topology: str, name: str, zones: tuple[str, ...]) -> A
         default_runtime=g.default_runtime,
         zones=zones,
         planning_only=g.planning_only,
+        no_tpu_api=g.no_tpu_api,
         default_api=g.default_api,
+        compute_zones=tuple((g.compute or {}).get("zones", ())),
     )
 
 
@@ -342,10 +348,14 @@ def _unknown_message(norm: str) -> str:
 
 
 def check_launchable(acc: Accelerator) -> None:
-    """A planning-only type (tpu7x) is a one-line UsageError before anything is asked of a cloud."""
+    """Through the Cloud TPU API: a planning-only type, or one only Compute Engine makes (tpu7x), is
+    a one-line UsageError before anything is asked of a cloud."""
     if acc.planning_only:
         raise UsageError(f"{acc.name} is for planning only ({acc.planning_only}): %tpu_plan and %tpu_catalog "
                          "show it; launch a v6e or older type")
+    if acc.no_tpu_api:
+        raise UsageError(f"{acc.name} is made only through Compute Engine ({acc.no_tpu_api}): launch it without "
+                         "--api tpu")
 
 
 def check_zone(acc: Accelerator | str, zone: str) -> None:
@@ -423,7 +433,7 @@ def _row(acc: Accelerator) -> dict[str, Any]:
             acc.price_per_hour(spot=True) if acc.spot_price_per_chip_hour is not None else None
         ),
         "default_runtime": acc.default_runtime,
-        "zones": f"planning only: {acc.planning_only}" if acc.planning_only else ", ".join(acc.zones),
+        "zones": f"planning only: {acc.planning_only}" if acc.planning_only else ", ".join(acc.zones or acc.compute_zones),
     }
 
 

@@ -125,6 +125,12 @@ def stacks_source() -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def worker_source() -> str:
+    """``worker.py``: which TPU worker a Compute Engine VM is (run as ``python3 -c``)."""
+    return (HOST / "standalone" / "worker.py").read_text()
+
+
+@functools.lru_cache(maxsize=1)
 def service_source() -> str:
     """``service.py``, sent with each request to the service control process."""
     return (HOST / "standalone" / "service.py").read_text()

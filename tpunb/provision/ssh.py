@@ -133,7 +133,7 @@ def create(request: LaunchRequest) -> Made:
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float = 0.0,
            node: Node | None = None, coordinator_port: int | None = None, network: str | None = None,
-           metadata: bool = False) -> Made:
+           metadata: bool = False, transports: list | None = None) -> Made:
     """One SSH connection per host (agents not started yet), jax.distributed coordinated by host 0,
     on ``coordinator_port`` (the record's, else a random one per start). Every host checks it can
     reach that port before JAX starts; ``network`` goes into the firewall rule named if not.
@@ -141,10 +141,11 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str], wait: float 
     ``metadata``: the hosts are Cloud TPU VMs, so JAX finds its process ids and coordinator in the
     VM's metadata as ``jax.distributed.initialize()`` does there (cluster "gcetpu"), and only the
     port is fixed, with JAX's own JAX_COORDINATOR_PORT; a multislice's MEGASCALE_* come from the
-    VM's ``tpu-env``. Hosts with a ``setup`` spec get their environment made or checked first."""
+    VM's ``tpu-env``. Hosts with a ``setup`` spec get their environment made or checked first.
+    ``transports``: connections already made to the record's hosts, in its order (else made here)."""
     spec = record.spec
     fixed = spec.get("coordinator_port") or coordinator_port
-    transports = connect_hosts(record, reg, wait)
+    transports = transports if transports is not None else connect_hosts(record, reg, wait)
     for transport in transports:
         transport.prepare = spec.get("setup")
     coordinator = record.hosts[0].info.internal_ip or transports[0].host

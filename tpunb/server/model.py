@@ -67,6 +67,6 @@ def stacks(name: str, hosts: str | None = None, native: bool = False) -> dict[st
 
 def catalog() -> dict[str, Any]:
     """Accelerator names and zones for the launch form's completion, and the default backend."""
-    launchable = [n for n in _catalog.names() if not _catalog.lookup(n).planning_only]  # no tpu7x to launch
+    launchable = [n for n in _catalog.names() if not _catalog.lookup(n).planning_only]
     return {"accelerators": launchable, "zones": _catalog.zones(), "backends": list(provision.LAUNCH_BACKENDS),
             "default_backend": provision.default_backend()}

@@ -25,7 +25,8 @@ from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp import adopt as adoption
-from tpunb.provision.gcp import failover, logins, lookups, rest
+from tpunb.provision.gcp import compute, failover, logins, lookups, rest
+from tpunb.provision.gcp.prepare import host_setup
 from tpunb.provision.gcp.adopt import adopt, host_records  # noqa: F401 - adopt is this backend's re-attach
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
@@ -86,6 +87,8 @@ def create(request: LaunchRequest) -> Made:
     when all are; its workers are one slice here, numbered node by node."""
     name, accel, env, reg, slices = request.name, request.accelerator, request.env, request.registry, request.slices
     opts: CloudOptions = request.options or CloudOptions()
+    if compute.uses_compute(accel, opts):  # TPU7x, v6e, v5p (or --api compute): instances and MIGs
+        return compute.create(request)
     warm.ready()  # the SSH and Cloud TPU clients, imported where Ctrl-C cannot cut them
     from tpunb.transport import keys
     from tpunb.widgets.launch import LaunchProgress
@@ -237,17 +240,6 @@ def _colab_idle_default(opts: CloudOptions, slices: int) -> CloudOptions:
     return dataclasses.replace(opts, idle_delete=COLAB_IDLE_DEFAULT, idle_delete_given=True)
 
 
-def host_setup(opts: CloudOptions) -> dict:
-    """The record's interpreter and host environment: by default each VM gets an environment tpunb
-    makes (a fresh image has Python 3.10 and no JAX); --no-setup runs on the VM's Python as it is."""
-    if not opts.no_setup:
-        interpreter, setup = ssh.setup_spec(opts.python, opts.jax, opts.pip, opts.requirements)
-        return {"interpreter": interpreter, "setup": setup}
-    if opts.jax or opts.pip or opts.requirements:
-        raise UsageError("--jax, --pip and --requirements go into the environment tpunb makes: drop --no-setup")
-    return {"interpreter": opts.python or "python3", "setup": None}
-
-
 def _places(accel: catalog.Accelerator, project: str, zone: str, alternatives: str | None
             ) -> list[failover.Candidate]:
     """Where to try: one zone (checked against what the API lists there, else the catalog), or
@@ -289,8 +281,15 @@ def _node(record: SliceRecord, info: api.NodeInfo | None = None, watch: bool = T
                      slices=record.num_slices)
 
 
+def _on_compute(record: SliceRecord) -> bool:
+    """The slice was made through Compute Engine (instances, a MIG), not the Cloud TPU API."""
+    return record.spec.get("api") == compute.API
+
+
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
     """The node's workers over SSH (agents not started); a lost node is said before any SSH error."""
+    if _on_compute(record):
+        return compute.attach(record, reg, env)
     if record.state == "creating" or not record.hosts:
         who = (f"kernel {record.owner_pid} is still launching it" if owner_alive(record)
                else "the kernel launching it stopped before it was ready")
@@ -310,6 +309,8 @@ def delete(record: SliceRecord, force: bool = False) -> None:
     """Delete the node and wait until it is gone (before the registry forgets it), whoever
     attached it (``force`` changes nothing: a node is deleted from anywhere). A failover whose
     kernel died mid-launch may have left requests in each zone it tried: those go too."""
+    if _on_compute(record):
+        return compute.delete(record)
     _node(record, watch=False).delete()
     for zone in record.spec.get(TRIED, []):
         if zone != record.spec["zone"]:
@@ -329,6 +330,8 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
     running_s = time.time() - record.created
     if record.state == "creating":
         state = CREATING
+    elif _on_compute(record):
+        state = compute.slice_state(record)
     elif place in nodes:
         info = nodes[place].get(record.name)
         cloud = _node(record, info, watch=False).status()
@@ -368,7 +371,7 @@ class Survey:
     def __init__(self, records: list[SliceRecord], reg: Registry | None = None) -> None:
         self.registry = reg or Registry()
         self.recorded = {(p, z, n): why for p, z, n, why in self.registry.orphans()}
-        places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == NAME}
+        places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == NAME and not _on_compute(r)}
         places |= {(p, z) for p, z, _ in self.recorded}
         project, _ = resolve_project_zone(None, None)
         self.nodes: Nodes = {}

@@ -23,6 +23,8 @@ from tpunb.units import format_duration, parse_duration  # noqa: F401 (imported 
 
 
 IDLE_DELETE_ENV = "TPUNB_IDLE_DELETE"
+#: the two APIs that make TPU slices: the Cloud TPU API (tpu_v2, bug fixes only) and Compute Engine
+APIS = ("tpu", "compute")
 ENDPOINT_ENV = "TPUNB_TPU_API_ENDPOINT"
 
 
@@ -51,6 +53,8 @@ class CloudOptions:
                                "the first granted wins, the others are deleted", default=None)
     alternatives: str | None = _option("T1,T2: other accelerator types with the same host count to try after "
                                        "ACCELERATOR, in the same zones", default=None)
+    api: str | None = _option("tpu or compute: the API that makes the slice (default by type: Compute Engine for "
+                              "TPU7x, v6e and v5p, the Cloud TPU API for the others)", default=None)
     spot: bool = _option("spot capacity: cheaper, may be preempted", default=False)
     runtime: str | None = _option("TPU runtime version (default: the generation's usual one)", default=None)
     queued: bool = _option("create through a queued resource (waits for capacity)", default=False)
@@ -82,6 +86,8 @@ class CloudOptions:
 
     def __post_init__(self) -> None:
         self.labels = parse_labels(self.labels)
+        if self.api is not None and self.api not in APIS:
+            raise UsageError(f"--api {self.api}: give tpu (the Cloud TPU API) or compute (Compute Engine)")
         if isinstance(self.zone, (list, tuple)):  # the Python API: zone=["us-east5-a", "us-central1-a"]
             self.zone = ",".join(self.zone)
         if isinstance(self.alternatives, (list, tuple)):

@@ -76,8 +76,9 @@ def candidates(accelerator: catalog.Accelerator, zone_list: list[str], alternati
     tried only in zones that offer it (``any_zone``: in every zone that does, nearest first)."""
     catalog.check_launchable(accelerator)
     types = [accelerator] + [catalog.lookup(t) for t in _names(alternatives)]
-    for alt in [t for t in types[1:] if t.planning_only]:  # never tried: one note, and the search goes on
-        report.info(f"[tpunb] --alternatives: skipping {alt.name}, which is for planning only ({alt.planning_only})")
+    for alt in [t for t in types[1:] if t.planning_only or t.no_tpu_api]:  # never tried: one note, and on
+        report.info(f"[tpunb] --alternatives: skipping {alt.name}, which the Cloud TPU API cannot make "
+                    f"({alt.planning_only or alt.no_tpu_api})")
         types.remove(alt)
     for alt in types[1:]:
         if alt.hosts != accelerator.hosts:

@@ -1,0 +1,112 @@
+"""TPUs through Compute Engine, end to end: %tpu_launch of a TPU7x slice with no --api makes a
+workload policy, an instance template and a BULK MIG on the sandbox's Compute Engine API (Google's
+own google-cloud-compute client looks at them), its hosts are bare images with their machine
+type's Python and device count, numbered by the worker id in each VM's metadata; a cell sees the
+whole slice; %tpu_down leaves nothing. A single-host v6e is one instance."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from google.api_core.client_options import ClientOptions
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1
+
+from tpunb import catalog, slices
+from tpunb.emulator.sandbox import start_sandbox
+
+TPU7X_ZONE, V6E_ZONE = "us-central1-c", "us-east5-b"
+
+
+@pytest.fixture(scope="module")
+def box():
+    sandbox = start_sandbox(hosts=5, create_seconds=0.3)
+    sandbox.emulator.timings(delete_seconds=0.1, queue_seconds=0.1)
+    yield sandbox
+    sandbox.stop()
+
+
+@pytest.fixture
+def cloud(box, isolated_home, monkeypatch):
+    """tpunb pointed at the sandbox (both APIs), a project configured; after the test, no VM is left."""
+    monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", box.url)
+    monkeypatch.setenv("TPUNB_COMPUTE_API_ENDPOINT", box.compute_url)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", box.project)
+    yield box
+    slices.detach_all()
+
+
+class Google:
+    """What Google's own client sees in the sandbox."""
+
+    def __init__(self, box) -> None:
+        kw = {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=box.compute_url)}
+        self.project = box.project
+        self.instances = compute_v1.InstancesClient(**kw)
+        self.migs = compute_v1.InstanceGroupManagersClient(**kw)
+        self.templates = compute_v1.RegionInstanceTemplatesClient(**kw)
+        self.policies = compute_v1.ResourcePoliciesClient(**kw)
+
+    def everything(self, zone: str) -> dict[str, list[str]]:
+        region = catalog.region_of(zone)
+        return {"instances": [i.name for i in self.instances.list(project=self.project, zone=zone)],
+                "migs": [m.name for m in self.migs.list(project=self.project, zone=zone)],
+                "templates": [t.name for t in self.templates.list(project=self.project, region=region)],
+                "policies": [p.name for p in self.policies.list(project=self.project, region=region)]}
+
+
+def test_a_tpu7x_32_is_a_bulk_mig_whose_cell_sees_32_devices_and_goes_whole(cloud, cell):
+    google = Google(cloud)
+    run = cell(f"%tpu_launch tpu7x-32 --name iron --zone {TPU7X_ZONE}")
+    assert run.error is None, run.shown
+    assert "through Compute Engine" in run.stdout and "4 x tpu7x-standard-4t" in run.stdout, run.stdout
+    group = google.migs.get(project=cloud.project, zone=TPU7X_ZONE, instance_group_manager="iron")
+    assert group.target_size == 4 and group.target_size_policy.mode == "BULK"
+    assert group.instance_lifecycle_policy.default_action_on_failure == "DO_NOTHING"
+    policy = google.policies.get(project=cloud.project, region=catalog.region_of(TPU7X_ZONE),
+                                 resource_policy=group.resource_policies.workload_policy.rsplit("/", 1)[-1])
+    assert (policy.workload_policy.type_, policy.workload_policy.accelerator_topology) == ("HIGH_THROUGHPUT", "2x2x4")
+    vms = [google.instances.get(project=cloud.project, zone=TPU7X_ZONE, instance=v.instance.rsplit("/", 1)[-1])
+           for v in google.migs.list_managed_instances(project=cloud.project, zone=TPU7X_ZONE,
+                                                       instance_group_manager="iron")]
+    assert sorted(v.machine_type.rsplit("/", 1)[-1] for v in vms) == ["tpu7x-standard-4t"] * 4
+    assert all(v.labels["created-by"] == "tpunb" for v in vms)
+
+    jax = cell("%%on_tpu\nimport os, jax\nprint(jax.device_count(), jax.local_device_count())\n"
+               "jax.process_index() == int(os.environ['TPUNB_HOST_INDEX'])")
+    assert jax.error is None, jax.shown
+    assert "[0-3] 32 8" in jax.stdout and "Out[0-3]: True" in jax.shown, jax.shown
+    ids = cell("%%on_tpu\nimport json, os, urllib.request\nurllib.request.urlopen(urllib.request.Request("
+               "f\"http://{os.environ['GCE_METADATA_HOST']}/computeMetadata/v1/instance/attributes/worker-id\", "
+               "headers={'Metadata-Flavor': 'Google'})).read().decode()")
+    assert all(re.search(fr"Out\[{i}\]: '{i}'", ids.shown) for i in range(4)), ids.shown  # host i is worker i
+
+    down = cell("%tpu_down iron")
+    assert down.error is None, down.shown
+    assert google.everything(TPU7X_ZONE) == {"instances": [], "migs": [], "templates": [], "policies": []}
+
+
+def test_a_single_host_v6e_is_one_instance_and_runs_a_cell(cloud, cell):
+    google = Google(cloud)
+    run = cell(f"%tpu_launch v6e-8 --name trillium --zone {V6E_ZONE}")
+    assert run.error is None, run.shown
+    vm = google.instances.get(project=cloud.project, zone=V6E_ZONE, instance="trillium")
+    assert vm.machine_type.rsplit("/", 1)[-1] == "ct6e-standard-8t" and vm.scheduling.on_host_maintenance == "TERMINATE"
+    out = cell("%%on_tpu\nimport jax\njax.device_count()")
+    assert out.error is None and out.shown.strip() == "8", out.shown  # one host: its value, unlabelled
+    assert cell("%tpu_down trillium").error is None
+    assert google.everything(V6E_ZONE)["instances"] == []
+
+
+@pytest.mark.parametrize("line, message", [
+    (f"v4-8 --api compute --zone {TPU7X_ZONE}", r"^v4-8 is made only through the Cloud TPU API"),
+    (f"tpu7x-32 --api tpu --zone {TPU7X_ZONE}", r"^tpu7x-32 is made only through Compute Engine .*: launch it without --api tpu$"),
+    (f"tpu7x-32 --queued --zone {TPU7X_ZONE}", r"^--queued \(queued resources\) is for the Cloud TPU API: add --api tpu"),
+    (f"tpu7x-32 --zone {V6E_ZONE}", fr"^{V6E_ZONE} has no tpu7x-standard-4t \(tpu7x-32\): zones with it: "),
+    ("v6e-8 --api cloud", r"^--api cloud: give tpu \(the Cloud TPU API\) or compute \(Compute Engine\)$"),
+])
+def test_what_compute_engine_cannot_do_is_one_line_and_makes_nothing(cloud, cell, line, message):
+    run = cell(f"%tpu_launch {line}")
+    assert run.error is not None and re.search(message, str(run.error)), (str(run.error), run.shown)
+    assert "Traceback" not in run.shown
+    assert all(not v for v in Google(cloud).everything(TPU7X_ZONE).values())
