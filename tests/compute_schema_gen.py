@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from tests.proto_check import repeated
+
 SCHEMA = Path(__file__).resolve().parent.parent / "tpunb" / "emulator" / "compute_schema.json"
 ROOTS = ("Instance", "InstanceTemplate", "ResourcePolicy", "InstanceGroupManager",
          "InstanceGroupManagerResizeRequest", "Metadata")
@@ -47,7 +49,7 @@ def build() -> dict:
         fields = messages[descriptor.name] = {}
         for field in descriptor.fields:
             kind = _kind(field, enums)
-            fields[field.json_name] = ("[]" if field.is_repeated and not kind.startswith("map:") else "") + kind
+            fields[field.json_name] = ("[]" if repeated(field) and not kind.startswith("map:") else "") + kind
             target = field.message_type
             if target is not None and target.GetOptions().map_entry:
                 target = target.fields_by_name["value"].message_type

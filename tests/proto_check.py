@@ -105,7 +105,7 @@ def _unpack(any_message: Message) -> Message:
     return inner
 
 
-def _repeated(field) -> bool:
+def repeated(field) -> bool:
     """protobuf 6.31+ says ``is_repeated``; older ones (Colab's 5.29) only have the label."""
     flag = getattr(field, "is_repeated", None)
     return flag if flag is not None else field.label == field.LABEL_REPEATED
@@ -114,7 +114,7 @@ def _repeated(field) -> bool:
 def _check_enums(message: Message, what: str) -> None:
     """Proto3 enums are open: json_format accepts any number. The real API only sends defined ones."""
     for field, value in message.ListFields():
-        values: list = list(value) if _repeated(field) else [value]
+        values: list = list(value) if repeated(field) else [value]
         target = field
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             target = field.message_type.fields_by_name["value"]

@@ -20,6 +20,7 @@ from google.cloud import compute_v1
 from google.protobuf import json_format
 
 from tests.compute_schema_gen import SCHEMA, build, render
+from tests.proto_check import repeated
 from tests.conftest import wait_for
 from tpunb import catalog
 from tpunb.emulator import AdminError
@@ -550,7 +551,7 @@ def int64_numbers(descriptor, value, where: str):
             for each in items:
                 yield from int64_numbers(inner.message_type, each, f"{where}.{field.json_name}")
         elif field.message_type is not None:
-            for each in item if field.is_repeated else [item]:
+            for each in item if repeated(field) else [item]:
                 yield from int64_numbers(field.message_type, each, f"{where}.{field.json_name}")
-        elif field.type in (3, 4, 16, 18) and any(not isinstance(x, str) for x in (item if field.is_repeated else [item])):
+        elif field.type in (3, 4, 16, 18) and any(not isinstance(x, str) for x in (item if repeated(field) else [item])):
             yield f"{where}.{field.json_name}"
