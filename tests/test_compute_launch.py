@@ -14,6 +14,7 @@ from google.cloud import compute_v1
 
 from tpunb import catalog, slices
 from tpunb.emulator.sandbox import start_sandbox
+from tpunb.status import readable
 
 TPU7X_ZONE, V6E_ZONE = "us-central1-c", "us-east5-b"
 
@@ -55,7 +56,7 @@ class Google:
                 "policies": [p.name for p in self.policies.list(project=self.project, region=region)]}
 
 
-def test_a_tpu7x_32_is_a_bulk_mig_whose_cell_sees_32_devices_and_goes_whole(cloud, cell):
+def test_a_tpu7x_32_is_a_bulk_mig_whose_cell_sees_32_devices_and_goes_whole(cloud, cell, ip):
     google = Google(cloud)
     run = cell(f"%tpu_launch tpu7x-32 --name iron --zone {TPU7X_ZONE}")
     assert run.error is None, run.shown
@@ -72,6 +73,10 @@ def test_a_tpu7x_32_is_a_bulk_mig_whose_cell_sees_32_devices_and_goes_whole(clou
     assert sorted(v.machine_type.rsplit("/", 1)[-1] for v in vms) == ["tpu7x-standard-4t"] * 4
     assert all(v.labels["created-by"] == "tpunb" for v in vms)
 
+    cell("%tpu_status")
+    shown = readable(ip.user_ns["_"])
+    assert list(shown["usd_per_hour"]) == ["price unknown"] * 4  # Google publishes no TPU7x price: never $0
+    assert list(shown["cloud_state"]) == ["READY"] * 4
     jax = cell("%%on_tpu\nimport os, jax\nprint(jax.device_count(), jax.local_device_count())\n"
                "jax.process_index() == int(os.environ['TPUNB_HOST_INDEX'])")
     assert jax.error is None, jax.shown

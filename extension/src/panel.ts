@@ -93,7 +93,7 @@ export function describeMetric(
 
 function formatUsd(value: number | null, suffix = ''): string {
   if (value === null || value === undefined) {
-    return 'no list price';
+    return 'price unknown';
   }
   return `$${value.toLocaleString(undefined, { minimumFractionDigits: 2, maximumFractionDigits: 2 })}${suffix}`;
 }

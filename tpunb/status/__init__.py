@@ -125,9 +125,14 @@ def readable(table: "pandas.DataFrame") -> "pandas.DataFrame":
     shown = table.copy()
     formats = {**{c: format_bytes for c in BYTE_COLUMNS}, **{c: format_duration for c in SECOND_COLUMNS},
                "cpu_percent": lambda v: f"{v:.0f}%", "usd_per_hour": lambda v: f"${v:,.2f}/h"}
+    clouds = list(shown["cloud_state"]) if "cloud_state" in shown.columns else [None] * len(shown)
     for column, fmt in formats.items():
         if column in shown.columns:
             shown[column] = [fmt(v) if v is not None and v == v else "" for v in shown[column]]
+    if "usd_per_hour" in shown.columns:  # a cloud slice whose price Google does not publish (TPU7x): never $0
+        unknown = [isinstance(cloud, str) and bool(cloud) for cloud in clouds]
+        shown["usd_per_hour"] = [text or ("price unknown" if cloud else "") for text, cloud in
+                                 zip(shown["usd_per_hour"], unknown)]
     if "idle_delete_failing" in shown.columns:  # the watchdog cannot delete: that, not a countdown
         failing = [text if isinstance(text, str) and text else None for text in shown.pop("idle_delete_failing")]
         if "idle_delete_in" in shown.columns:

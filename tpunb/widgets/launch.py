@@ -12,7 +12,7 @@ class LaunchProgress:
 
     def __init__(self, title: str, price_per_hour: float | None) -> None:
         self.title = title
-        self.cost = f"${price_per_hour:,.2f}/hour" if price_per_hour is not None else "no list price"
+        self.cost = f"${price_per_hour:,.2f}/hour" if price_per_hour is not None else "price unknown"
         self.steps: list[tuple[str, float]] = []
         self._widget = None
         if in_widget_frontend():
