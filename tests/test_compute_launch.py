@@ -115,3 +115,16 @@ def test_what_compute_engine_cannot_do_is_one_line_and_makes_nothing(cloud, cell
     assert run.error is not None and re.search(message, str(run.error)), (str(run.error), run.shown)
     assert "Traceback" not in run.shown
     assert all(not v for v in Google(cloud).everything(TPU7X_ZONE).values())
+
+
+def test_doctor_asks_compute_engine_for_a_type_it_makes(cloud):
+    from tpunb.doctor import doctor
+
+    rows = {r.check: r for r in doctor(accelerator="tpu7x-32", zone=TPU7X_ZONE)}
+    assert rows["Compute Engine API"].status == "ok" and "compute.googleapis.com answers" in rows["Compute Engine API"].why
+    assert rows["zone offers machine type"].status == "ok" and "4 VMs for tpu7x-32" in rows["zone offers machine type"].why
+    assert "API enabled" not in rows  # the Cloud TPU API's checks are not this launch's
+    wrong = {r.check: r for r in doctor(accelerator="tpu7x-32", zone=V6E_ZONE)}["zone offers machine type"]
+    assert wrong.status == "failed" and wrong.why.startswith(f"{V6E_ZONE} has no tpu7x-standard-4t (tpu7x-32): zones with it")
+    older = {r.check for r in doctor(accelerator="v4-8", zone="us-central2-b")}
+    assert "API enabled" in older and "Compute Engine API" not in older  # v4 goes through the Cloud TPU API

@@ -41,11 +41,21 @@ def project(ctx: Context) -> tuple[str, str] | None:
     return OK, f"{ctx.project}, zone {ctx.zone}"
 
 
+def on_compute(ctx: Context) -> bool:
+    """The slice, or the launch being checked, goes through Compute Engine (not the Cloud TPU API)."""
+    if ctx.slice is not None:
+        return ctx.slice.record.spec.get("api") == "compute"
+    try:
+        return bool(ctx.accelerator) and catalog.lookup(ctx.accelerator).default_api == "compute"
+    except UnknownAcceleratorError:
+        return False
+
+
 @check(CHECKS, "API enabled")
 def api_enabled(ctx: Context) -> tuple[str, str] | None:
     from tpunb.provision.gcp import api
 
-    if not (ctx.cloud and ctx.project and ctx.zone):
+    if not (ctx.cloud and ctx.project and ctx.zone) or on_compute(ctx):
         return None
     try:
         nodes = api.list_nodes(ctx.project, ctx.zone)
@@ -89,3 +99,42 @@ def zone_offers(ctx: Context) -> tuple[str, str] | None:
         return WARNING, (f"{ctx.zone} offers {acc.name} but not runtime {acc.default_runtime}: pass --runtime, "
                          f"one of {', '.join(runtimes[:4])}")
     return OK, f"{ctx.zone} offers {acc.name} (runtime {acc.default_runtime})"
+
+
+@check(CHECKS, "Compute Engine API")
+def compute_api(ctx: Context) -> tuple[str, str] | None:
+    """TPU7x, v6e and v5p launch through Compute Engine: its API answers for the project and zone."""
+    from tpunb.provision.gcp.compute import clients
+
+    if not (ctx.cloud and ctx.project and ctx.zone and on_compute(ctx)):
+        return None
+    try:
+        found = list(clients.call("list instances", clients.clients().instances.list, request={
+            "project": ctx.project, "zone": ctx.zone, "filter": "labels.created-by=tpunb"}))
+    except ProvisionError as e:
+        return FAILED, str(e)
+    ctx.memo["compute"] = True
+    return OK, f"compute.googleapis.com answers for {ctx.project} in {ctx.zone} ({len(found)} tpunb VM" \
+               f"{'s' if len(found) != 1 else ''} there)"
+
+
+@check(CHECKS, "zone offers machine type")
+def zone_offers_machine_type(ctx: Context) -> tuple[str, str] | None:
+    """The zone has the accelerator's TPU machine type (Compute Engine's own answer: machineTypes.get)."""
+    from google.api_core import exceptions
+
+    from tpunb.provision.gcp.compute import clients
+
+    if not (ctx.memo.get("compute") and ctx.accelerator):
+        return None
+    shape = catalog.compute_shape(ctx.accelerator)
+    try:
+        clients.call("read the machine type", clients.clients().machine_types.get, project=ctx.project,
+                     zone=ctx.zone, machine_type=shape.machine_type)
+    except exceptions.NotFound:
+        return FAILED, f"{ctx.zone} has no {shape.machine_type} ({ctx.accelerator}): zones with it: " \
+                       f"{', '.join(shape.zones)}"
+    except ProvisionError as e:
+        return FAILED, str(e)
+    return OK, f"{ctx.zone} offers {shape.machine_type} ({shape.vms} VM{'s' if shape.vms > 1 else ''} for " \
+               f"{ctx.accelerator})"

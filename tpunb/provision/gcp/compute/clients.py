@@ -33,6 +33,7 @@ class Clients:
     migs: Any  # zonal managed instance groups
     zone_ops: Any
     region_ops: Any
+    machine_types: Any
 
 
 def clients() -> Clients:
@@ -53,7 +54,8 @@ def _make(url: str | None) -> Clients:
         kw = {"credentials": api.default_credentials()}
     return Clients(compute_v1.InstancesClient(**kw), compute_v1.RegionInstanceTemplatesClient(**kw),
                    compute_v1.ResourcePoliciesClient(**kw), compute_v1.InstanceGroupManagersClient(**kw),
-                   compute_v1.ZoneOperationsClient(**kw), compute_v1.RegionOperationsClient(**kw))
+                   compute_v1.ZoneOperationsClient(**kw), compute_v1.RegionOperationsClient(**kw),
+                   compute_v1.MachineTypesClient(**kw))
 
 
 def call(what: str, fn, *args: Any, **kwargs: Any) -> Any:
