@@ -1,0 +1,104 @@
+"""Prompts of a given length in the served model's tokens, for ``%tpu_bench --input-len``.
+
+Lengths are counted by a tokenizer: ``--tokenizer PATH`` (transformers' AutoTokenizer, else the
+``tokenizers`` package on a tokenizer.json), else the server's own ``POST /tokenize`` (vLLM and
+SGLang answer it). Without either, a prompt of that many words is sent and one line says so.
+Each request gets a different prompt (a rotation of the same words), so a prefix cache does not
+answer them all from the first.
+"""
+from __future__ import annotations
+
+import json
+import random
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from tpunb import report
+from tpunb.errors import UsageError
+
+#: the words prompts are made of (common English: about one token each in most vocabularies)
+WORDS = ("the of and to in is that for it as with was on be by at this from have or are not but an "
+         "which one all were when we there can more their if will out so up said what about into than "
+         "them only other new some time could these two may first then do any like my now over such "
+         "our man me even most made after also did many before must through back years where much your "
+         "way well down should because each just those people how too little state good very make world").split()
+
+
+def prompts(count: int, input_len: int, tokenizer: str | None, base_url: str, model: str,
+            seed: int = 0) -> tuple[list[str], list[int]]:
+    """``count`` prompts of about ``input_len`` tokens each, and their lengths as counted."""
+    counter = _counter(tokenizer, base_url, model)
+    rng = random.Random(seed)
+    words = [rng.choice(WORDS) for _ in range(max(1, input_len))]
+    if counter is None:
+        report.warn(f"[tpunb] no tokenizer: --input-len {input_len} counts words (give --tokenizer PATH, or serve "
+                    "a model that answers POST /tokenize)")
+        base = words
+    else:
+        base = _fit(words, input_len, counter, rng)
+    texts = [" ".join(base[i % len(base):] + base[:i % len(base)]) for i in range(count)]
+    return texts, [len(base) if counter is None else counter(texts[0])] * count
+
+
+def _fit(words: list[str], target: int, counter: Callable[[str], int], rng: random.Random) -> list[str]:
+    """Grow or cut ``words`` until the tokenizer counts ``target`` tokens (a few tries: each word is
+    one token or a few)."""
+    for _ in range(8):
+        have = counter(" ".join(words))
+        if have == target or not words:
+            break
+        if have > target:
+            words = words[:max(1, len(words) - max(1, (have - target) // 2))]
+        else:
+            words = words + [rng.choice(WORDS) for _ in range(max(1, (target - have) // 2))]
+    return words
+
+
+def _counter(tokenizer: str | None, base_url: str, model: str) -> Callable[[str], int] | None:
+    if tokenizer:
+        return _local_counter(tokenizer)
+    return _server_counter(base_url, model)
+
+
+def _local_counter(path: str) -> Callable[[str], int]:
+    where = Path(path).expanduser()
+    if not where.exists():
+        raise UsageError(f"--tokenizer {path}: no such file or folder (a model folder, or its tokenizer.json)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        AutoTokenizer = None
+    if AutoTokenizer is not None:
+        made = AutoTokenizer.from_pretrained(str(where))
+        return lambda text: len(made.encode(text, add_special_tokens=False))
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UsageError("--tokenizer needs transformers or tokenizers: pip install tokenizers") from None
+    file = where / "tokenizer.json" if where.is_dir() else where
+    if not file.exists():
+        raise UsageError(f"--tokenizer {path}: no tokenizer.json there (give the file, or install transformers)")
+    made = Tokenizer.from_file(str(file))
+    return lambda text: len(made.encode(text, add_special_tokens=False).ids)
+
+
+def _server_counter(base_url: str, model: str) -> Callable[[str], int] | None:
+    """The server's ``POST /tokenize`` (at its root, beside /v1), if it answers one."""
+    parts = urllib.parse.urlsplit(base_url)
+    root = parts.path.rstrip("/").removesuffix("/v1")
+    url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, root + "/tokenize", "", ""))
+
+    def count(text: str) -> int:
+        body = json.dumps({"model": model, "prompt": text, "add_special_tokens": False}).encode()
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return int(json.load(reply)["count"])
+
+    try:
+        count("hello")
+    except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError):
+        return None
+    return count
