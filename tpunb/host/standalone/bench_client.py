@@ -13,9 +13,11 @@ tokens come from the server's usage chunk when it sends one, else one per chunk.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import math
 import random
+import selectors
 import statistics
 import sys
 import threading
@@ -59,97 +61,154 @@ def request_body(config: dict, prompt: str) -> bytes:
     return json.dumps(body).encode()
 
 
+class StampingSelector(selectors.DefaultSelector):
+    """The event loop's selector, noting when each wait returned: the time every socket ready in
+    that wake-up was seen, however long the loop then takes to reach it."""
+
+    woke = 0.0
+
+    def select(self, timeout=None):
+        ready = super().select(timeout)
+        self.woke = time.perf_counter()
+        return ready
+
+
+class Stream(asyncio.Protocol):
+    """One keep-alive connection; for each request it keeps the raw response and the time each
+    piece arrived, and finds where the response ends (Content-Length, chunked, or the close),
+    looking only at chunk headers: the events are parsed once the response is whole."""
+
+    def __init__(self, clock: StampingSelector) -> None:
+        self.clock, self.transport, self.closed, self.done = clock, None, False, None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def begin(self, request: bytes) -> asyncio.Future:
+        self.raw, self.arrivals, self.head_end, self.status = bytearray(), [], -1, 0
+        self.headers, self.reason, self.next_chunk, self.body_end = {}, "", 0, -1
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        self.raw += data
+        self.arrivals.append((self.clock.woke, len(self.raw)))
+        if self.done is None or self.done.done():
+            return
+        try:
+            if self.head_end < 0 and not self._read_head():
+                return
+            if self._complete():
+                self.done.set_result(True)
+        except Failure as exc:
+            self.done.set_exception(exc)
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self.done is not None and not self.done.done():
+            if self.head_end >= 0 and self.framing == "close":
+                self.body_end = len(self.raw)
+                self.done.set_result(True)
+            else:
+                self.done.set_exception(Failure("disconnected", "the server closed the connection mid-answer"))
+
+    def _read_head(self) -> bool:
+        end = self.raw.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.raw) > MAX_HEAD:
+                raise Failure("malformed", "an HTTP head longer than 64 KB")
+            return False
+        lines = bytes(self.raw[:end]).decode("latin-1").split("\r\n")
+        fields = lines[0].split(None, 2)
+        if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
+            raise Failure("malformed", f"not an HTTP status line: {lines[0][:60]!r}")
+        self.status, self.reason = int(fields[1]), fields[2] if len(fields) > 2 else ""
+        for line in lines[1:]:
+            key, _, value = line.partition(":")
+            self.headers[key.strip().lower()] = value.strip()
+        self.head_end = self.next_chunk = end + 4
+        self.framing = ("chunked" if "chunked" in self.headers.get("transfer-encoding", "").lower() else
+                        "length" if "content-length" in self.headers else "close")
+        return True
+
+    def _complete(self) -> bool:
+        if self.framing == "length":
+            self.body_end = self.head_end + int(self.headers["content-length"])
+            return len(self.raw) >= self.body_end
+        if self.framing == "close":
+            return False
+        while True:  # hop from chunk header to chunk header
+            line_end = self.raw.find(b"\r\n", self.next_chunk)
+            if line_end < 0:
+                return False
+            try:
+                size = int(bytes(self.raw[self.next_chunk:line_end]).split(b";")[0], 16)
+            except ValueError:
+                raise Failure("malformed", f"a bad chunk size line: {bytes(self.raw[self.next_chunk:line_end])[:40]!r}")
+            if size == 0:
+                self.body_end = line_end + 4
+                return len(self.raw) >= self.body_end
+            following = line_end + 2 + size + 2
+            if following > len(self.raw):
+                return False
+            self.next_chunk = following
+
+    def pieces(self) -> list[tuple[float, bytes]]:
+        """The body as (when it had fully arrived, bytes), a piece per chunk (or per read)."""
+        raw, arrivals = bytes(self.raw), self.arrivals
+        spans, at = [], self.head_end
+        if self.framing != "chunked":
+            spans = [(max(at, start), end) for (_, start), (_, end) in
+                     zip([(0, at)] + arrivals, arrivals) if end > at]
+        else:
+            while True:
+                line_end = raw.find(b"\r\n", at)
+                size = int(raw[at:line_end].split(b";")[0], 16)
+                if size == 0:
+                    break
+                spans.append((line_end + 2, line_end + 2 + size))
+                at = line_end + 2 + size + 2
+        ends = [end for _, end in arrivals]
+        return [(arrivals[bisect.bisect_left(ends, stop)][0], raw[begin:stop]) for begin, stop in spans]
+
+    def body(self) -> bytes:
+        return b"".join(piece for _, piece in self.pieces())
+
+
 class Connections:
     """Idle keep-alive connections to one server, reused by the next request."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port, self.idle = host, port, []
+    def __init__(self, host: str, port: int, clock: StampingSelector) -> None:
+        self.host, self.port, self.clock, self.idle = host, port, clock, []
 
-    async def take(self):
-        if self.idle:
-            return self.idle.pop()
+    async def take(self) -> Stream:
+        while self.idle:
+            stream = self.idle.pop()
+            if not stream.closed:
+                return stream
         try:
-            return await asyncio.open_connection(self.host, self.port, limit=MAX_HEAD)
+            _, stream = await asyncio.get_running_loop().create_connection(lambda: Stream(self.clock), self.host,
+                                                                          self.port)
+            return stream
         except ConnectionRefusedError as exc:
             raise Failure("refused", f"connection refused by {self.host}:{self.port}") from exc
         except OSError as exc:
             raise Failure("unreachable", f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}") from exc
 
-    def give_back(self, conn) -> None:
-        self.idle.append(conn)
+    def give_back(self, stream: Stream) -> None:
+        self.idle.append(stream)
 
     def close(self) -> None:
-        for _, writer in self.idle:
-            writer.close()
+        for stream in self.idle:
+            stream.transport.close()
         self.idle.clear()
 
 
-async def _head(reader) -> tuple[int, dict, str]:
-    try:
-        status = await reader.readline()
-        if not status:
-            raise Failure("disconnected", "the server closed the connection before answering")
-        fields = status.split(None, 2)
-        if len(fields) < 2 or not fields[0].startswith(b"HTTP/") or not fields[1].isdigit():
-            raise Failure("malformed", f"not an HTTP status line: {status[:60]!r}")
-        headers = {}
-        while True:
-            line = await reader.readline()
-            if line in (b"\r\n", b"\n"):
-                break
-            if not line:
-                raise Failure("disconnected", "the server closed the connection in the headers")
-            key, _, value = line.decode("latin-1").partition(":")
-            headers[key.strip().lower()] = value.strip()
-    except (ValueError, asyncio.LimitOverrunError) as exc:
-        raise Failure("malformed", f"an HTTP head line too long: {exc}") from exc
-    return int(fields[1]), headers, (fields[2].decode("latin-1").strip() if len(fields) > 2 else "")
-
-
-async def _body(reader, headers: dict, pieces: list | None) -> bytes:
-    """The whole body; with ``pieces``, each piece also as (time it arrived, bytes)."""
-    got = []
-
-    def keep(data: bytes) -> None:
-        if pieces is not None:
-            pieces.append((time.perf_counter(), data))
-        got.append(data)
-
-    try:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            while True:
-                line = await reader.readline()
-                if not line:
-                    raise Failure("disconnected", "the stream ended without its last chunk")
-                try:
-                    size = int(line.split(b";")[0].strip(), 16)
-                except ValueError:
-                    raise Failure("malformed", f"a bad chunk size line: {line[:40]!r}") from None
-                if size == 0:
-                    await reader.readline()
-                    return b"".join(got)
-                keep((await reader.readexactly(size + 2))[:-2])
-        elif "content-length" in headers:
-            length = int(headers["content-length"])
-            while length > 0:
-                data = await reader.read(min(length, 1 << 20))
-                if not data:
-                    raise Failure("disconnected", "the stream ended before its Content-Length")
-                length -= len(data)
-                keep(data)
-        else:
-            while data := await reader.read(1 << 20):
-                keep(data)
-    except asyncio.IncompleteReadError as exc:
-        raise Failure("disconnected", "the stream ended inside a chunk") from exc
-    except (ConnectionResetError, BrokenPipeError) as exc:
-        raise Failure("disconnected", f"the connection was reset: {exc}") from exc
-    return b"".join(got)
-
-
-def read_events(pieces: list, chat: bool) -> tuple[list[float], dict | None, str, bool]:
-    """(time of each chunk that carries text, the usage dict or None, the text, whether [DONE] came)."""
-    times, usage, text, done, buffer = [], None, [], False, b""
+def read_events(pieces: list, chat: bool) -> tuple[list[float], dict | None, str, bool, str | None]:
+    """(time of each chunk that carries text, the usage dict or None, the text, whether [DONE]
+    came, the response's id)."""
+    times, usage, text, done, buffer, rid = [], None, [], False, b"", None
     for stamp, data in pieces:
         buffer += data
         *events, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
@@ -167,6 +226,7 @@ def read_events(pieces: list, chat: bool) -> tuple[list[float], dict | None, str
                     raise Failure("malformed", f"an event that is not JSON: {payload[:60]!r}") from None
                 if not isinstance(message, dict):
                     raise Failure("malformed", f"an event that is not a JSON object: {payload[:60]!r}")
+                rid = rid or message.get("id")
                 if message.get("error"):
                     raise Failure("stream error", str(message["error"])[:200])
                 choices = message.get("choices") or []
@@ -178,39 +238,31 @@ def read_events(pieces: list, chat: bool) -> tuple[list[float], dict | None, str
                         text.append(piece)
                 if isinstance(message.get("usage"), dict):
                     usage = message["usage"]
-    return times, usage, "".join(text), done
+    return times, usage, "".join(text), done, rid
 
 
 async def one_request(conns: Connections, path: str, body: bytes, chat: bool) -> dict:
     """Send one streaming request; its record: start, token times, end, usage (or a Failure)."""
     start = time.perf_counter()
-    reader, writer = await conns.take()
+    stream = await conns.take()
     head = (f"POST {path} HTTP/1.1\r\nHost: {conns.host}:{conns.port}\r\nContent-Type: application/json\r\n"
             f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     reuse = False
     try:
-        try:
-            writer.write(head + body)
-            status, headers, reason = await _head(reader)
-        except (ConnectionResetError, BrokenPipeError) as exc:
-            raise Failure("disconnected", f"the connection was reset: {exc}") from exc
-        pieces: list = []
-        if status != 200:
-            text = (await _body(reader, headers, None))[:300].decode(errors="replace")
-            raise Failure(f"HTTP {status}", f"HTTP {status} {reason}: {' '.join(text.split())[:200]}")
-        await _body(reader, headers, pieces)
-        end = time.perf_counter()
-        times, usage, text, done = read_events(pieces, chat)
-        if not done and not times:
-            raise Failure("malformed", "the stream ended with no text and no [DONE]")
-        reuse = headers.get("connection", "").lower() != "close" and (
-            "content-length" in headers or "chunked" in headers.get("transfer-encoding", "").lower())
-        return {"ok": True, "start": start, "end": end, "times": times, "usage": usage, "chars": len(text)}
+        await stream.begin(head + body)
+        if stream.status != 200:
+            text = stream.body()[:300].decode(errors="replace")
+            raise Failure(f"HTTP {stream.status}", f"HTTP {stream.status} {stream.reason}: {' '.join(text.split())[:200]}")
+        pieces = stream.pieces()
+        reuse = stream.framing != "close" and stream.headers.get("connection", "").lower() != "close" and \
+            len(stream.raw) == stream.body_end
+        return {"ok": True, "start": start, "end": pieces[-1][0] if pieces else stream.arrivals[-1][0],
+                "pieces": pieces}
     finally:
         if reuse:
-            conns.give_back((reader, writer))
+            conns.give_back(stream)
         else:
-            writer.close()
+            stream.transport.close()
 
 
 async def _guarded(conns, path, body, chat, timeout: float, index: int) -> dict:
@@ -227,11 +279,26 @@ async def _guarded(conns, path, body, chat, timeout: float, index: int) -> dict:
     return record
 
 
-async def run_level(config: dict, concurrency: int, prompts: list[str]) -> dict:
+def read_record(record: dict, chat: bool) -> dict:
+    """A streamed record's events, read once the level has ended (parsing JSON while streams run
+    would delay the next chunk's time): token times, usage, id; or the failure they show."""
+    if not record["ok"]:
+        return record
+    pieces = record.pop("pieces")
+    try:
+        times, usage, text, done, rid = read_events(pieces, chat)
+        if not done and not times:
+            raise Failure("malformed", "the stream ended with no text and no [DONE]")
+    except Failure as exc:
+        return {"ok": False, "kind": exc.kind, "error": str(exc), "start": record["start"], "index": record["index"]}
+    return {**record, "times": times, "usage": usage, "chars": len(text), "id": rid}
+
+
+async def run_level(config: dict, concurrency: int, prompts: list[str], clock: StampingSelector) -> dict:
     """``config["requests"]`` requests, at most ``concurrency`` at once, Poisson arrivals at
     ``request_rate`` per second (or all at once); stops at the run's deadline."""
     host, port, path = endpoint(config["base_url"], config.get("chat", False))
-    conns = Connections(host, port)
+    conns = Connections(host, port, clock)
     gate = asyncio.Semaphore(concurrency)
     rng = random.Random(config.get("seed", 0))
     rate = config.get("request_rate")
@@ -254,8 +321,9 @@ async def run_level(config: dict, concurrency: int, prompts: list[str]) -> dict:
         for task in tasks:
             task.cancel()
         conns.close()
-    return {"concurrency": concurrency, "request_rate": rate, "duration": time.perf_counter() - started,
-            "records": list(records)}
+    duration = time.perf_counter() - started
+    return {"concurrency": concurrency, "request_rate": rate, "duration": duration,
+            "records": [read_record(r, config.get("chat", False)) for r in records]}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -306,11 +374,11 @@ def summarize(level: dict, input_lens: list[int]) -> dict:
     return result
 
 
-async def run_all(config: dict) -> list[dict]:
+async def run_all(config: dict, clock: StampingSelector) -> list[dict]:
     levels = []
     prompts = config["prompts"]
     for concurrency in config["concurrency"]:
-        levels.append(await run_level(config, concurrency, prompts))
+        levels.append(await run_level(config, concurrency, prompts, clock))
     return levels
 
 
@@ -318,8 +386,10 @@ def run(config: dict, stop: threading.Event | None = None) -> list[dict]:
     """Every level of ``config`` in turn, on a new event loop on this thread; the raw levels (each
     with its records). ``config["deadline"]`` seconds bound the whole run; setting ``stop`` (from
     another thread) ends it at once, as Ctrl-C does."""
+    clock = StampingSelector()
+
     async def main():
-        task = asyncio.ensure_future(run_all(config))
+        task = asyncio.ensure_future(run_all(config, clock))
         waiter = asyncio.ensure_future(asyncio.to_thread(stop.wait)) if stop else None
         done, _ = await asyncio.wait([t for t in (task, waiter) if t], timeout=config.get("deadline"),
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -333,7 +403,13 @@ def run(config: dict, stop: threading.Event | None = None) -> list[dict]:
             stop.set()
         return task.result()
 
-    return asyncio.run(main())
+    loop = asyncio.SelectorEventLoop(clock)
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
 
 
 def control(request: dict) -> None:
