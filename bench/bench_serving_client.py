@@ -12,9 +12,9 @@ per request, when it saw the first token and the end. The client's error per req
   ((last token sent - first token sent) / (tokens - 1)).
 
 Clients, one after the other on a fresh server each: tpunb's (asyncio on raw streams, parsing
-after the stream ends); the method of vllm's ``bench serve`` client (aiohttp, one shared session,
-JSON parsed per chunk as it arrives: ``vllm/benchmarks/lib/endpoint_request_func.py``), when
-aiohttp is installed; and a plain baseline, http.client with a thread per stream.
+after the level ends); the method of vllm's ``bench serve`` client (aiohttp, one shared session,
+each read split into SSE messages and their JSON parsed as they arrive, as
+``vllm/benchmarks/lib/endpoint_request_func.py`` does), when aiohttp is installed; and a plain baseline, http.client with a thread per stream.
 vllm itself is not run: its wheel is 336 MB and needs torch and a GPU/TPU build to import.
 """
 from __future__ import annotations
@@ -70,12 +70,13 @@ def tpunb_client(port: int, concurrency: int, count: int, tokens: int) -> list[d
     config = {"base_url": f"http://127.0.0.1:{port}/", "model": "toy", "output_len": tokens, "requests": count,
               "concurrency": [concurrency], "prompts": ["hello " * 16], "timeout": 120}
     records = bench_client.run(config)[0]["records"]
-    return [{"id": r["id"], "first": r["times"][0], "end": r["end"], "tokens": r["usage"]["completion_tokens"]}
+    return [{"id": r["id"], "first": r["times"][0], "end": r["times"][-1], "tokens": r["usage"]["completion_tokens"]}
             for r in records if r["ok"]]
 
 
 def vllm_method_client(port: int, concurrency: int, count: int, tokens: int) -> list[dict]:
-    """vllm's request loop: aiohttp, lines as they come, JSON per chunk, a time per chunk."""
+    """vllm's request loop (``async_request_openai_completions``): aiohttp, each read split into SSE
+    messages, JSON parsed per message as it comes, a time per message that carries choices."""
     import aiohttp
 
     async def one(session, gate, out):
@@ -84,22 +85,23 @@ def vllm_method_client(port: int, concurrency: int, count: int, tokens: int) -> 
             first = rid = None
             async with session.post(f"http://127.0.0.1:{port}/v1/completions", data=body(tokens),
                                     headers={"Content-Type": "application/json"}) as response:
-                async for line in response.content:
-                    line = line.strip()
-                    if not line:
-                        continue
-                    chunk = line.decode().removeprefix("data: ")
-                    if chunk == "[DONE]":
-                        continue
-                    data = json.loads(chunk)
-                    if data.get("choices"):
-                        stamp = time.perf_counter()
-                        rid = rid or data["id"]
-                        if first is None:
-                            first = stamp
-                        last = stamp
-                    elif data.get("usage"):
-                        used = data["usage"]["completion_tokens"]
+                buffer = ""
+                async for read in response.content.iter_any():
+                    buffer += read.decode()
+                    *messages, buffer = buffer.split("\n\n")
+                    for message in messages:
+                        chunk = message.strip().removeprefix("data: ")
+                        if not chunk or chunk == "[DONE]":
+                            continue
+                        data = json.loads(chunk)
+                        if data.get("choices"):
+                            stamp = time.perf_counter()
+                            rid = rid or data["id"]
+                            if first is None:
+                                first = stamp
+                            last = stamp
+                        elif data.get("usage"):
+                            used = data["usage"]["completion_tokens"]
             out.append({"id": rid, "first": first, "end": last, "tokens": used, "start": start})
 
     async def main():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import gc
 import json
 import math
 import random
@@ -154,26 +155,29 @@ class Stream(asyncio.Protocol):
                 return False
             self.next_chunk = following
 
-    def pieces(self) -> list[tuple[float, bytes]]:
-        """The body as (when it had fully arrived, bytes), a piece per chunk (or per read)."""
-        raw, arrivals = bytes(self.raw), self.arrivals
-        spans, at = [], self.head_end
-        if self.framing != "chunked":
-            spans = [(max(at, start), end) for (_, start), (_, end) in
-                     zip([(0, at)] + arrivals, arrivals) if end > at]
-        else:
-            while True:
-                line_end = raw.find(b"\r\n", at)
-                size = int(raw[at:line_end].split(b";")[0], 16)
-                if size == 0:
-                    break
-                spans.append((line_end + 2, line_end + 2 + size))
-                at = line_end + 2 + size + 2
-        ends = [end for _, end in arrivals]
-        return [(arrivals[bisect.bisect_left(ends, stop)][0], raw[begin:stop]) for begin, stop in spans]
+    def capture(self) -> tuple:
+        """What ``body_pieces`` needs, kept apart from the connection (which the next request reuses)."""
+        return bytes(self.raw), self.arrivals, self.head_end, self.framing == "chunked"
 
     def body(self) -> bytes:
-        return b"".join(piece for _, piece in self.pieces())
+        return b"".join(piece for _, piece in body_pieces(*self.capture()))
+
+
+def body_pieces(raw: bytes, arrivals: list, head_end: int, chunked: bool) -> list[tuple[float, bytes]]:
+    """The body as (when it had fully arrived, bytes), a piece per chunk (or per read)."""
+    spans, at = [], head_end
+    if not chunked:
+        spans = [(max(at, start), end) for (_, start), (_, end) in zip([(0, at)] + arrivals, arrivals) if end > at]
+    else:
+        while True:
+            line_end = raw.find(b"\r\n", at)
+            size = int(raw[at:line_end].split(b";")[0], 16)
+            if size == 0:
+                break
+            spans.append((line_end + 2, line_end + 2 + size))
+            at = line_end + 2 + size + 2
+    ends = [end for _, end in arrivals]
+    return [(arrivals[bisect.bisect_left(ends, stop)][0], raw[begin:stop]) for begin, stop in spans]
 
 
 class Connections:
@@ -253,11 +257,9 @@ async def one_request(conns: Connections, path: str, body: bytes, chat: bool) ->
         if stream.status != 200:
             text = stream.body()[:300].decode(errors="replace")
             raise Failure(f"HTTP {stream.status}", f"HTTP {stream.status} {stream.reason}: {' '.join(text.split())[:200]}")
-        pieces = stream.pieces()
         reuse = stream.framing != "close" and stream.headers.get("connection", "").lower() != "close" and \
             len(stream.raw) == stream.body_end
-        return {"ok": True, "start": start, "end": pieces[-1][0] if pieces else stream.arrivals[-1][0],
-                "pieces": pieces}
+        return {"ok": True, "start": start, "end": stream.arrivals[-1][0], "capture": stream.capture()}
     finally:
         if reuse:
             conns.give_back(stream)
@@ -284,7 +286,7 @@ def read_record(record: dict, chat: bool) -> dict:
     would delay the next chunk's time): token times, usage, id; or the failure they show."""
     if not record["ok"]:
         return record
-    pieces = record.pop("pieces")
+    pieces = body_pieces(*record.pop("capture"))
     try:
         times, usage, text, done, rid = read_events(pieces, chat)
         if not done and not times:
@@ -311,6 +313,8 @@ async def run_level(config: dict, concurrency: int, prompts: list[str], clock: S
 
     started = time.perf_counter()
     tasks = []
+    collecting = gc.isenabled()
+    gc.disable()  # a collection while streams run would delay the chunks behind it
     try:
         for i in range(len(bodies)):
             tasks.append(asyncio.ensure_future(limited(i)))
@@ -321,6 +325,8 @@ async def run_level(config: dict, concurrency: int, prompts: list[str], clock: S
         for task in tasks:
             task.cancel()
         conns.close()
+        if collecting:
+            gc.enable()
     duration = time.perf_counter() - started
     return {"concurrency": concurrency, "request_rate": rate, "duration": duration,
             "records": [read_record(r, config.get("chat", False)) for r in records]}
@@ -342,7 +348,7 @@ def summarize(level: dict, input_lens: list[int]) -> dict:
     for r in done:
         usage = r.get("usage") or {}
         out = int(usage.get("completion_tokens") or len(r["times"]))
-        latency = r["end"] - r["start"]
+        latency = (r["times"][-1] if r["times"] else r["end"]) - r["start"]  # to the last token, as vllm
         ttft = r["times"][0] - r["start"] if r["times"] else latency
         ttfts.append(ttft)
         e2els.append(latency)
