@@ -6,6 +6,7 @@ import json
 import random
 import socket
 import sys
+import threading
 import urllib.parse
 import uuid
 
@@ -115,10 +116,63 @@ def test_a_refused_connection_is_counted_and_failures_are_shown_per_kind(cell):
     assert f"concurrency 1: 3 of 3 failed (3 refused); first: connection refused by 127.0.0.1:{port}" in run.stderr
 
 
-def test_tokens_come_from_chunks_without_a_usage_chunk(toy):
+def test_tokens_come_from_chunks_without_a_usage_chunk_and_the_output_ignores_eos(toy):
     server = toy(ttft=0.01, itl=0.002, usage=False)
     level = tpunb.bench_serving(server.url, requests=3, output_len=7, input_len=5).levels[0]
     assert level["completed"] == 3 and level["output_lens"] == [7, 7, 7] and level["input_lens"] == [5, 5, 5]
+    asked = server.requests[0]
+    assert (asked["max_tokens"], asked["min_tokens"], asked["ignore_eos"]) == (7, 7, True)
+    assert asked["stream"] and asked["stream_options"] == {"include_usage": True} and asked["model"] == "toy"
+    tpunb.bench_serving(server.url, requests=1, output_len=3, input_len=2, ignore_eos=False)
+    assert "ignore_eos" not in server.requests[-1] and "min_tokens" not in server.requests[-1]
+
+
+@pytest.fixture
+def raw_server():
+    """raw_server(answer) -> the port of a server that answers a completion with ``answer`` and
+    closes (anything else: 404): framings the toy server does not use. Closed after the test."""
+    listeners = []
+    yield lambda answer: serve_raw(answer, listeners)
+    for listener in listeners:
+        listener.close()
+
+
+def serve_raw(answer: bytes, listeners: list) -> int:
+    listener = socket.create_server(("127.0.0.1", 0))
+    listeners.append(listener)
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                asked = conn.recv(65536)
+                conn.sendall(answer if b"/v1/completions" in asked else
+                             b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+EVENTS = (b'data: {"id": "r1", "choices": [{"text": " a"}]}\n\ndata: {"id": "r1", "choices": [{"text": " b"}]}\n\n'
+          b'data: {"id": "r1", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 2}}\n\ndata: [DONE]\n\n')
+
+
+@pytest.mark.parametrize("answer, kinds", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(EVENTS), EVENTS), {}),
+    (b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + EVENTS, {}),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(EVENTS[:40]), EVENTS[:40]),
+     {"disconnected": 1}),
+    (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", {"malformed": 1}),
+])
+def test_every_framing_is_read_and_a_cut_stream_is_counted(raw_server, answer, kinds):
+    level = tpunb.bench_serving(f"127.0.0.1:{raw_server(answer)}", model="m", requests=1, input_len=2,
+                                output_len=2, timeout=10).levels[0]
+    assert level["failures"] == kinds, level["errors"]
+    if not kinds:
+        assert level["output_lens"] == [2] and level["input_lens"] == [2] and len(level["itls"]) == 1
 
 
 def test_a_sweep_saves_one_entry_per_level_and_plots_or_says_why_not(toy, cell, tmp_path, monkeypatch):

@@ -48,13 +48,15 @@ class Sent:
 
 
 class ToyLLM:
-    """The server; ``log`` holds what it sent (``Sent``), and ``log_path`` gets them as JSON lines."""
+    """The server; ``log`` holds what it sent (``Sent``), ``log_path`` gets them as JSON lines, and
+    ``requests`` holds each completion request's body as it came."""
 
     def __init__(self, behaviour: Behaviour | None = None, host: str = "127.0.0.1", port: int = 0,
                  log_path: str | None = None) -> None:
         self.behaviour = behaviour or Behaviour()
         self.host, self.port, self.log_path = host, port, log_path
         self.log: list[Sent] = []
+        self.requests: list[dict] = []
         self.count = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server = None
@@ -137,6 +139,7 @@ class ToyLLM:
     async def _complete(self, writer, request: dict, chat: bool) -> bool:
         b = self.behaviour
         arrived = self._loop.time()
+        self.requests.append(request)
         self.count += 1
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self.count}"
         sent = self._note([], rid, "received")
