@@ -127,6 +127,23 @@ def test_tokens_come_from_chunks_without_a_usage_chunk_and_the_output_ignores_eo
     assert "ignore_eos" not in server.requests[-1] and "min_tokens" not in server.requests[-1]
 
 
+def test_input_len_counts_the_tokens_of_a_tokenizer_given(toy, tmp_path):
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz [")}
+    made = Tokenizer(models.WordLevel(vocab, unk_token="["))
+    made.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")  # a token per character
+    made.save(str(tmp_path / "tokenizer.json"))
+    server = toy(ttft=0.01, itl=0.002)
+    result = tpunb.bench_serving(server.url, requests=3, input_len=40, output_len=2, tokenizer=str(tmp_path))
+    assert [len(r["prompt"]) for r in server.requests] == [40, 40, 40]
+    assert len({r["prompt"] for r in server.requests}) == 3  # a prefix cache cannot answer them all from the first
+    assert result.levels[0]["completed"] == 3
+    (tmp_path / "tokenizer.json").write_text("{not a tokenizer")
+    with pytest.raises(tpunb.UsageError, match=r"^--tokenizer .*: cannot read it \("):
+        tpunb.bench_serving(server.url, requests=1, tokenizer=str(tmp_path / "tokenizer.json"))
+
+
 @pytest.fixture
 def raw_server():
     """raw_server(answer) -> the port of a server that answers a completion with ``answer`` and

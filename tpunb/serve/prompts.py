@@ -29,32 +29,35 @@ WORDS = ("the of and to in is that for it as with was on be by at this from have
 
 def prompts(count: int, input_len: int, tokenizer: str | None, base_url: str, model: str,
             seed: int = 0) -> tuple[list[str], list[int]]:
-    """``count`` prompts of about ``input_len`` tokens each, and their lengths as counted."""
+    """``count`` prompts of ``input_len`` tokens each (the first exactly, the others are its words
+    rotated), and their lengths as counted."""
     counter = _counter(tokenizer, base_url, model)
     rng = random.Random(seed)
     words = [rng.choice(WORDS) for _ in range(max(1, input_len))]
     if counter is None:
         report.warn(f"[tpunb] no tokenizer: --input-len {input_len} counts words (give --tokenizer PATH, or serve "
                     "a model that answers POST /tokenize)")
-        base = words
+        base, length = words, len(words)
     else:
-        base = _fit(words, input_len, counter, rng)
+        text = _fit(" ".join(words), input_len, counter, rng)
+        base, length = text.split(), counter(text)
     texts = [" ".join(base[i % len(base):] + base[:i % len(base)]) for i in range(count)]
-    return texts, [len(base) if counter is None else counter(texts[0])] * count
+    return texts, [length] * count
 
 
-def _fit(words: list[str], target: int, counter: Callable[[str], int], rng: random.Random) -> list[str]:
-    """Grow or cut ``words`` until the tokenizer counts ``target`` tokens (a few tries: each word is
-    one token or a few)."""
-    for _ in range(8):
-        have = counter(" ".join(words))
-        if have == target or not words:
-            break
-        if have > target:
-            words = words[:max(1, len(words) - max(1, (have - target) // 2))]
+def _fit(text: str, target: int, counter: Callable[[str], int], rng: random.Random) -> str:
+    """The longest start of ``text`` (grown first if short) that counts at most ``target`` tokens:
+    a binary search over characters, a few dozen counts at most."""
+    while counter(text) < target:
+        text += " " + " ".join(rng.choice(WORDS) for _ in range(max(1, target)))
+    low, high = 1, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if counter(text[:middle].rstrip()) <= target:
+            low = middle
         else:
-            words = words + [rng.choice(WORDS) for _ in range(max(1, (target - have) // 2))]
-    return words
+            high = middle - 1
+    return text[:low].rstrip()
 
 
 def _counter(tokenizer: str | None, base_url: str, model: str) -> Callable[[str], int] | None:
@@ -71,8 +74,8 @@ def _local_counter(path: str) -> Callable[[str], int]:
         from transformers import AutoTokenizer
     except ImportError:
         AutoTokenizer = None
-    if AutoTokenizer is not None:
-        made = AutoTokenizer.from_pretrained(str(where))
+    if AutoTokenizer is not None and where.is_dir():  # a model folder: its own tokenizer class and settings
+        made = _load(path, lambda: AutoTokenizer.from_pretrained(str(where)))
         return lambda text: len(made.encode(text, add_special_tokens=False))
     try:
         from tokenizers import Tokenizer
@@ -81,8 +84,15 @@ def _local_counter(path: str) -> Callable[[str], int]:
     file = where / "tokenizer.json" if where.is_dir() else where
     if not file.exists():
         raise UsageError(f"--tokenizer {path}: no tokenizer.json there (give the file, or install transformers)")
-    made = Tokenizer.from_file(str(file))
+    made = _load(path, lambda: Tokenizer.from_file(str(file)))
     return lambda text: len(made.encode(text, add_special_tokens=False).ids)
+
+
+def _load(path: str, make: Callable[[], object]):
+    try:
+        return make()
+    except Exception as exc:  # noqa: BLE001 - the libraries raise many kinds for a file they cannot read
+        raise UsageError(f"--tokenizer {path}: cannot read it ({' '.join(str(exc).split())[:200]})") from None
 
 
 def _server_counter(base_url: str, model: str) -> Callable[[str], int] | None:
