@@ -202,6 +202,13 @@ def test_a_sweep_saves_one_entry_per_level_and_plots_or_says_why_not(toy, cell, 
     done = sorted(s.t for s in server.log if s.kind == "done")
     assert sum(t < done[4] for t in received(server)[4:]) == 4  # level 4: all four arrived before one ended
     assert sum(t < done[0] for t in received(server)[:4]) == 1  # level 1: one at a time
+    import matplotlib.pyplot as plt
+
+    ax = result.plot()  # latency against throughput, a point per level
+    assert [line.get_label() for line in ax.get_lines()] == ["median TTFT", "median TPOT"]
+    assert list(ax.get_lines()[0].get_xdata()) == [e["output_throughput"] for e in entries]
+    assert list(ax.get_lines()[0].get_ydata()) == [e["median_ttft_ms"] for e in entries]
+    plt.close(ax.figure)
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)  # matplotlib missing: the table alone
     run = cell(f"%tpu_bench {server.url} --requests 2 --concurrency 1,2 --output-len 2 --input-len 2")
     assert run.error is None and "no plot: matplotlib is not installed" in run.stdout, run.shown
