@@ -112,7 +112,7 @@ def resolve(target: str, host, on_host: bool, slice_name: str | None) -> Target:
         if not parts.hostname:
             raise UsageError(f"{text!r} is not a URL with a host; TARGET is {TARGETS}")
         where = Target(text, text)
-    elif HOST_PORT.fullmatch(text) and int(HOST_PORT.fullmatch(text).group(2)) < 65536:
+    elif (host_port := HOST_PORT.fullmatch(text)) and int(host_port.group(2)) < 65536:
         where = Target(text, f"http://{text}/")
     elif NAME.fullmatch(text):
         return _service(text, host, slice_name)
@@ -126,28 +126,29 @@ def resolve(target: str, host, on_host: bool, slice_name: str | None) -> Target:
 
 def _service(name: str, host, slice_name: str | None) -> Target:
     sl = slices.current(slice_name)
-    states = [s for s in sl.services() if s.name == name]
+    listed = sl.services()
+    states = [s for s in listed if s.name == name]
     if not states:
-        known = sorted({s.name for s in sl.services()})
-        raise UsageError(f"no service named {name!r} on {sl.name!r} ({'its services: ' + ', '.join(known) if known else 'it has none'}); "
-                         f"TARGET is {TARGETS}")
+        known = sorted({s.name for s in listed})
+        raise UsageError(f"no service named {name!r} on {sl.name!r} ("
+                         f"{'its services: ' + ', '.join(known) if known else 'it has none'}); TARGET is {TARGETS}")
     if host is not None:
         chosen = sl.layout.parse(host)
-        states = [s for s in states if s.host in chosen]
-        if len(chosen) != 1 or not states:
+        on = [s for s in states if s.host in chosen]
+        if len(chosen) != 1 or not on:
             raise UsageError(f"--host {host} is not one host that runs {name!r} (it runs on host "
-                             f"{', '.join(str(s.host) for s in sorted(sl.services(), key=lambda s: s.host) if s.name == name)})")
-    running = [s for s in states if s.state == "running"] or states
-    state = min(running, key=lambda s: s.host)
+                             f"{sl.layout.names(sorted(s.host for s in states))})")
+        states = on
+    state = min([s for s in states if s.state == "running"] or states, key=lambda s: s.host)
     if state.port is None:
         raise UsageError(f"service {name!r} has no port: start it with %tpu_serve {name} --port P (or --wait-port P, "
                          f"--wait-http PORT/PATH), or give TARGET as HOST:PORT")
+    transport = sl.serving.transports[state.host]
     made = forwards.forward(sl.serving.transports, state.host, state.port, None)
-    if isinstance(made, str):
-        return Target(f"{name} (host {state.host}, port {state.port})", made, state.host, state.port,
-                      sl.serving.transports[state.host])
-    return Target(f"{name} (host {state.host}, port {state.port})", made.url, state.host, state.port,
-                  sl.serving.transports[state.host], made.close)
+    label = f"{name} (host {sl.layout.name(state.host)}, port {state.port})"
+    if isinstance(made, str):  # a host on this machine: its own port, nothing to carry
+        return Target(label, made, state.host, state.port, transport)
+    return Target(label, made.url, state.host, state.port, transport, made.close)
 
 
 def served_model(url: str) -> str:
