@@ -231,7 +231,9 @@ def _run_here(config: dict) -> list[dict]:
 
 
 def _run_on_host(where: Target, config: dict) -> list[dict]:
-    """The client as a process of its own on the service's host; its raw levels come back."""
+    """The client as a process of its own on the service's host; its raw levels come back. The
+    service control's bootstrap runs it: it execs any standalone program sent as source and calls
+    its ``control(request)``, which answers with one frame."""
     transport = where.transport
     try:
         reply = ask_program(transport, [transport.prepared_python or transport.python, "-c", SERVICE_CONTROL],

@@ -1,8 +1,9 @@
 """A streaming benchmark client for OpenAI-compatible servers, as ``vllm bench serve`` measures them.
 
-One asyncio loop on raw streams (HTTP/1.1 keep-alive, chunked or not): per chunk it only stamps the
-time and keeps the bytes; parsing waits until the request has ended, so at 256 concurrent streams
-the loop stays free to read the next chunk when it arrives. It runs in the kernel (through a
+One asyncio loop, a Protocol per HTTP/1.1 keep-alive connection (chunked, Content-Length or
+closed at the end): each read is stamped with the time the loop's wait returned and kept as bytes;
+the events are parsed once the level has ended, so at 256 concurrent streams the loop's work per
+chunk is an append and no stream waits behind another's JSON. It runs in the kernel (through a
 forward) and, for ``--on-host``, on a host by itself (``control``: one request on stdin, one reply
 on stdout, like the service control), so it is one file of the standard library.
 
@@ -41,13 +42,15 @@ class Failure(Exception):
         self.kind = kind
 
 
-def endpoint(base_url: str, chat: bool) -> tuple[str, int, str]:
-    """(host, port, path) of the completions endpoint under ``base_url`` (with or without /v1)."""
+def endpoint(base_url: str, chat: bool) -> tuple[str, int, str, bool]:
+    """(host, port, path, TLS) of the completions endpoint under ``base_url`` (with or without /v1)."""
     parts = urllib.parse.urlsplit(base_url)
     path = parts.path.rstrip("/")
     if not path.endswith("/v1"):
         path += "/v1"
-    return parts.hostname or "127.0.0.1", parts.port or 80, path + ("/chat/completions" if chat else "/completions")
+    tls = parts.scheme == "https"
+    return (parts.hostname or "127.0.0.1", parts.port or (443 if tls else 80),
+            path + ("/chat/completions" if chat else "/completions"), tls)
 
 
 def request_body(config: dict, prompt: str) -> bytes:
@@ -183,8 +186,8 @@ def body_pieces(raw: bytes, arrivals: list, head_end: int, chunked: bool) -> lis
 class Connections:
     """Idle keep-alive connections to one server, reused by the next request."""
 
-    def __init__(self, host: str, port: int, clock: StampingSelector) -> None:
-        self.host, self.port, self.clock, self.idle = host, port, clock, []
+    def __init__(self, host: str, port: int, clock: StampingSelector, tls: bool = False) -> None:
+        self.host, self.port, self.clock, self.tls, self.idle = host, port, clock, tls, []
 
     async def take(self) -> Stream:
         while self.idle:
@@ -192,8 +195,8 @@ class Connections:
             if not stream.closed:
                 return stream
         try:
-            _, stream = await asyncio.get_running_loop().create_connection(lambda: Stream(self.clock), self.host,
-                                                                          self.port)
+            _, stream = await asyncio.get_running_loop().create_connection(
+                lambda: Stream(self.clock), self.host, self.port, ssl=True if self.tls else None)
             return stream
         except ConnectionRefusedError as exc:
             raise Failure("refused", f"connection refused by {self.host}:{self.port}") from exc
@@ -299,8 +302,8 @@ def read_record(record: dict, chat: bool) -> dict:
 async def run_level(config: dict, concurrency: int, prompts: list[str], clock: StampingSelector) -> dict:
     """``config["requests"]`` requests, at most ``concurrency`` at once, Poisson arrivals at
     ``request_rate`` per second (or all at once); stops at the run's deadline."""
-    host, port, path = endpoint(config["base_url"], config.get("chat", False))
-    conns = Connections(host, port, clock)
+    host, port, path, tls = endpoint(config["base_url"], config.get("chat", False))
+    conns = Connections(host, port, clock, tls)
     gate = asyncio.Semaphore(concurrency)
     rng = random.Random(config.get("seed", 0))
     rate = config.get("request_rate")
