@@ -109,6 +109,19 @@ def test_each_failure_kind_is_counted_and_the_run_ends(toy, behaviour, requests,
     assert result.frame().loc[1, "failures"] == ", ".join(f"{k}: {n}" for k, n in kinds.items())
 
 
+def test_the_api_key_from_the_environment_is_sent_and_never_shown(toy, cell, monkeypatch):
+    server = toy(ttft=0.01, itl=0.002, api_key="sk-toy-4f8a91c2")
+    level = tpunb.bench_serving(server.url, model="toy", requests=2, output_len=2, input_len=2).levels[0]
+    assert level["failures"] == {"HTTP 401": 2}
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-toy-4f8a91c2")
+    run = cell(f"%tpu_bench {server.url} --requests 2 --output-len 2 --input-len 3")
+    assert run.error is None and "sk-toy" not in run.shown, run.shown
+    assert "failed" not in run.stderr and len(server.requests) == 4  # the magic's two got through
+    result = tpunb.bench_serving(server.url, requests=2, output_len=2, input_len=3)
+    assert result.levels[0]["completed"] == 2 and result.levels[0]["input_lens"] == [3, 3]  # /tokenize got it too
+    assert result.rtt_ms is not None and "sk-toy" not in result.to_json()
+
+
 def test_a_refused_connection_is_counted_and_failures_are_shown_per_kind(cell):
     port = free_port()  # nothing listens
     run = cell(f"%tpu_bench 127.0.0.1:{port} --model m --requests 3 --input-len 4 --output-len 4")

@@ -12,6 +12,7 @@ import dataclasses
 import http.client
 import json
 import math
+import os
 import re
 import statistics
 import threading
@@ -33,6 +34,8 @@ from tpunb.transport.base import ask_program
 HOST_PORT = re.compile(r"\[?([A-Za-z0-9.:-]+?)\]?:(\d{1,5})")
 #: round trips timed for the figure shown beside the results (their median)
 ROUND_TRIPS = 5
+#: seconds the requests around the run (models, round trips) wait for an answer
+ASIDE_TIMEOUT = 10.0
 TARGETS = "a service name of the current slice, HOST:PORT or a base URL (http://127.0.0.1:8000/v1)"
 
 
@@ -55,21 +58,24 @@ def bench_serving(target: str, model: str | None = None, requests: int = 100, co
                   ignore_eos: bool = True, slice_name: str | None = None, seed: int = 0) -> BenchResult:
     """Stream ``requests`` completions per concurrency level (``concurrency`` "1,16,64" is a sweep)
     from ``target`` and measure TTFT, TPOT, ITL and end-to-end latency; ``save`` writes the JSON
-    with vllm's key names. Each request ends within ``timeout`` seconds; Ctrl-C stops the run."""
+    with vllm's key names. Each request ends within ``timeout`` seconds; Ctrl-C stops the run.
+    ``OPENAI_API_KEY``, when set, is sent as the bearer token (as vllm's client does), never shown."""
     levels = concurrency_levels(concurrency)
     _check(requests=requests, input_len=input_len, output_len=output_len)
     if request_rate is not None and not (isinstance(request_rate, (int, float)) and request_rate > 0):
         raise UsageError(f"--request-rate is requests per second > 0, not {request_rate!r}")
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise UsageError(f"--timeout is seconds > 0, not {timeout!r}")
+    key = os.environ.get("OPENAI_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
     where = resolve(target, host, on_host, slice_name)
     try:
-        model = model or served_model(where.url)
-        texts, lens = prompts(requests, input_len, tokenizer, where.url, model, seed)
-        rtt = None if on_host else round_trip_ms(where.url)
+        model = model or served_model(where.url, headers)
+        texts, lens = prompts(requests, input_len, tokenizer, where.url, model, seed, headers)
+        rtt = None if on_host else round_trip_ms(where.url, headers)
         config = {"base_url": where.url, "model": model, "chat": chat, "output_len": output_len,
                   "requests": requests, "concurrency": levels, "request_rate": request_rate, "timeout": timeout,
-                  "ignore_eos": ignore_eos, "prompts": texts, "seed": seed,
+                  "ignore_eos": ignore_eos, "prompts": texts, "seed": seed, "headers": headers,
                   "deadline": sum(timeout * math.ceil(requests / c) for c in levels) + (
                       len(levels) * 4 * requests / request_rate if request_rate else 0) + 30}
         if on_host:
@@ -151,10 +157,10 @@ def _service(name: str, host, slice_name: str | None) -> Target:
     return Target(label, made.url, state.host, state.port, transport, made.close)
 
 
-def served_model(url: str) -> str:
+def served_model(url: str, headers: dict | None = None) -> str:
     """The first model the server lists (GET /v1/models), or a one-line error asking for --model."""
     try:
-        status, body = _get(url, "/v1/models")
+        status, body = _get(url, "/v1/models", headers or {})
         if status != 200:
             raise ValueError(f"HTTP {status}")
         return str(json.loads(body)["data"][0]["id"])
@@ -162,16 +168,16 @@ def served_model(url: str) -> str:
         raise UsageError(f"give --model M: {url} did not list its models ({exc})") from None
 
 
-def round_trip_ms(url: str) -> float | None:
+def round_trip_ms(url: str, headers: dict | None = None) -> float | None:
     """The median time of a small request on an open connection (GET /v1/models), in ms: what
     the path to the server adds to each figure. None when it does not answer."""
     conn = _connection(url)
     try:
-        _ask(conn, url, "/v1/models")  # opens the connection (and a forward's channel)
+        _ask(conn, url, "/v1/models", headers or {})  # opens the connection (and a forward's channel)
         times = []
         for _ in range(ROUND_TRIPS):
             started = time.perf_counter()
-            _ask(conn, url, "/v1/models")
+            _ask(conn, url, "/v1/models", headers or {})
             times.append((time.perf_counter() - started) * 1000)
         return statistics.median(times)
     except (OSError, http.client.HTTPException):
@@ -183,20 +189,20 @@ def round_trip_ms(url: str) -> float | None:
 def _connection(url: str) -> http.client.HTTPConnection:
     parts = urllib.parse.urlsplit(url)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    return kind(parts.hostname, parts.port, timeout=30)
+    return kind(parts.hostname, parts.port, timeout=ASIDE_TIMEOUT)
 
 
-def _ask(conn: http.client.HTTPConnection, url: str, path: str) -> tuple[int, bytes]:
+def _ask(conn: http.client.HTTPConnection, url: str, path: str, headers: dict) -> tuple[int, bytes]:
     root = urllib.parse.urlsplit(url).path.rstrip("/").removesuffix("/v1")
-    conn.request("GET", root + path)
+    conn.request("GET", root + path, headers=headers)
     reply = conn.getresponse()
     return reply.status, reply.read()
 
 
-def _get(url: str, path: str) -> tuple[int, bytes]:
+def _get(url: str, path: str, headers: dict) -> tuple[int, bytes]:
     conn = _connection(url)
     try:
-        return _ask(conn, url, path)
+        return _ask(conn, url, path, headers)
     finally:
         conn.close()
 

@@ -28,10 +28,10 @@ WORDS = ("the of and to in is that for it as with was on be by at this from have
 
 
 def prompts(count: int, input_len: int, tokenizer: str | None, base_url: str, model: str,
-            seed: int = 0) -> tuple[list[str], list[int]]:
+            seed: int = 0, headers: dict | None = None) -> tuple[list[str], list[int]]:
     """``count`` prompts of ``input_len`` tokens each (the first exactly, the others are its words
     rotated), and their lengths as counted."""
-    counter = _counter(tokenizer, base_url, model)
+    counter = _local_counter(tokenizer) if tokenizer else _server_counter(base_url, model, headers or {})
     rng = random.Random(seed)
     words = [rng.choice(WORDS) for _ in range(max(1, input_len))]
     if counter is None:
@@ -58,12 +58,6 @@ def _fit(text: str, target: int, counter: Callable[[str], int], rng: random.Rand
         else:
             high = middle - 1
     return text[:low].rstrip()
-
-
-def _counter(tokenizer: str | None, base_url: str, model: str) -> Callable[[str], int] | None:
-    if tokenizer:
-        return _local_counter(tokenizer)
-    return _server_counter(base_url, model)
 
 
 def _local_counter(path: str) -> Callable[[str], int]:
@@ -95,7 +89,7 @@ def _load(path: str, make: Callable[[], object]):
         raise UsageError(f"--tokenizer {path}: cannot read it ({' '.join(str(exc).split())[:200]})") from None
 
 
-def _server_counter(base_url: str, model: str) -> Callable[[str], int] | None:
+def _server_counter(base_url: str, model: str, headers: dict) -> Callable[[str], int] | None:
     """The server's ``POST /tokenize`` (at its root, beside /v1), if it answers one."""
     parts = urllib.parse.urlsplit(base_url)
     root = parts.path.rstrip("/").removesuffix("/v1")
@@ -103,8 +97,8 @@ def _server_counter(base_url: str, model: str) -> Callable[[str], int] | None:
 
     def count(text: str) -> int:
         body = json.dumps({"model": model, "prompt": text, "add_special_tokens": False}).encode()
-        request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as reply:
+        request = urllib.request.Request(url, body, {"Content-Type": "application/json", **headers})
+        with urllib.request.urlopen(request, timeout=10) as reply:  # the server's own work is small
             return int(json.load(reply)["count"])
 
     try:

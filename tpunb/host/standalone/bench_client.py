@@ -248,12 +248,13 @@ def read_events(pieces: list, chat: bool) -> tuple[list[float], dict | None, str
     return times, usage, "".join(text), done, rid
 
 
-async def one_request(conns: Connections, path: str, body: bytes, chat: bool) -> dict:
-    """Send one streaming request; its record: start, token times, end, usage (or a Failure)."""
+async def one_request(conns: Connections, path: str, body: bytes, chat: bool, extra: str = "") -> dict:
+    """Send one streaming request (``extra``: more header lines); its record: start, token times,
+    end, usage (or a Failure)."""
     start = time.perf_counter()
     stream = await conns.take()
     head = (f"POST {path} HTTP/1.1\r\nHost: {conns.host}:{conns.port}\r\nContent-Type: application/json\r\n"
-            f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            f"Accept: text/event-stream\r\n{extra}Content-Length: {len(body)}\r\n\r\n").encode()
     reuse = False
     try:
         await stream.begin(head + body)
@@ -270,10 +271,10 @@ async def one_request(conns: Connections, path: str, body: bytes, chat: bool) ->
             stream.transport.close()
 
 
-async def _guarded(conns, path, body, chat, timeout: float, index: int) -> dict:
+async def _guarded(conns, path, body, chat, extra: str, timeout: float, index: int) -> dict:
     start = time.perf_counter()
     try:
-        record = await asyncio.wait_for(one_request(conns, path, body, chat), timeout)
+        record = await asyncio.wait_for(one_request(conns, path, body, chat, extra), timeout)
     except Failure as exc:
         record = {"ok": False, "kind": exc.kind, "error": str(exc), "start": start}
     except asyncio.TimeoutError:
@@ -309,10 +310,11 @@ async def run_level(config: dict, concurrency: int, prompts: list[str], clock: S
     rate = config.get("request_rate")
     timeout = float(config.get("timeout", 300.0))
     bodies = [request_body(config, prompts[i % len(prompts)]) for i in range(config["requests"])]
+    extra = "".join(f"{key}: {value}\r\n" for key, value in config.get("headers", {}).items())
 
     async def limited(i: int) -> dict:
         async with gate:
-            return await _guarded(conns, path, bodies[i], config.get("chat", False), timeout, i)
+            return await _guarded(conns, path, bodies[i], config.get("chat", False), extra, timeout, i)
 
     started = time.perf_counter()
     tasks = []

@@ -36,6 +36,7 @@ class Behaviour:
     stall: bool = False
     malformed: bool = False
     model: str = "toy"
+    api_key: str | None = None  # then every route but /health asks for "Authorization: Bearer KEY"
 
 
 @dataclasses.dataclass
@@ -112,11 +113,13 @@ class ToyLLM:
         length = int(headers.get("content-length", 0))
         body = await reader.readexactly(length) if 0 < length <= MAX_BODY else b""
         path = path.split("?", 1)[0]
+        if method == "GET" and path in ("/health", "/"):
+            return await self._json(writer, 200, {"status": "ok"})
+        if self.behaviour.api_key and headers.get("authorization") != f"Bearer {self.behaviour.api_key}":
+            return await self._json(writer, 401, {"error": {"message": "Unauthorized", "code": 401}})
         if method == "GET" and path in ("/v1/models", "/models"):
             return await self._json(writer, 200, {"object": "list", "data": [
                 {"id": self.behaviour.model, "object": "model", "owned_by": "tpunb"}]})
-        if method == "GET" and path in ("/health", "/"):
-            return await self._json(writer, 200, {"status": "ok"})
         try:
             request = json.loads(body or b"{}")
         except ValueError:
@@ -192,7 +195,7 @@ class ToyLLM:
                 f.write("".join(json.dumps(dataclasses.asdict(s)) + "\n" for s in sent))
 
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 429: b"Too Many Requests",
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 404: b"Not Found", 429: b"Too Many Requests",
             500: b"Internal Server Error", 503: b"Service Unavailable"}
 
 
@@ -224,9 +227,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stall", action="store_true", help="stop sending after the first token")
     parser.add_argument("--malformed", action="store_true", help="send a chunk that is not JSON")
     parser.add_argument("--log", default=None, help="append each sent chunk's time here (JSON lines)")
+    parser.add_argument("--api-key", default=None, help="answer only requests with Authorization: Bearer KEY")
     args = parser.parse_args(argv)
     behaviour = Behaviour(ttft=args.ttft, itl=args.itl, usage=not args.no_usage, fail=args.fail,
-                          fail_every=args.fail_every, stall=args.stall, malformed=args.malformed, model=args.model)
+                          fail_every=args.fail_every, stall=args.stall, malformed=args.malformed, model=args.model,
+                          api_key=args.api_key)
     try:
         asyncio.run(ToyLLM(behaviour, args.host, args.port, args.log).serve())
     except KeyboardInterrupt:
