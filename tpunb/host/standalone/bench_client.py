@@ -272,15 +272,24 @@ async def one_request(conns: Connections, path: str, body: bytes, chat: bool, ex
 
 
 async def _guarded(conns, path, body, chat, extra: str, timeout: float, index: int) -> dict:
+    """One request with its deadline: a timer that cancels this task (``wait_for`` would add a
+    task per request, work the loop does while other streams wait)."""
     start = time.perf_counter()
+    expired: list[bool] = []
+    task = asyncio.current_task()
+    timer = asyncio.get_running_loop().call_later(timeout, lambda: (expired.append(True), task.cancel()))
     try:
-        record = await asyncio.wait_for(one_request(conns, path, body, chat, extra), timeout)
+        record = await one_request(conns, path, body, chat, extra)
     except Failure as exc:
         record = {"ok": False, "kind": exc.kind, "error": str(exc), "start": start}
-    except asyncio.TimeoutError:
+    except asyncio.CancelledError:
+        if not expired:
+            raise  # the run was stopped
         record = {"ok": False, "kind": "timeout", "error": f"no complete answer within {timeout:g} s", "start": start}
     except OSError as exc:
         record = {"ok": False, "kind": "disconnected", "error": f"{type(exc).__name__}: {exc}", "start": start}
+    finally:
+        timer.cancel()
     record["index"] = index
     return record
 
