@@ -14,7 +14,8 @@ per request, when it saw the first token and the end. The client's error per req
 Clients, one after the other on a fresh server each: tpunb's (asyncio on raw streams, parsing
 after the level ends); the method of vllm's ``bench serve`` client (aiohttp, one shared session,
 each read split into SSE messages and their JSON parsed as they arrive, as
-``vllm/benchmarks/lib/endpoint_request_func.py`` does), when aiohttp is installed; and a plain baseline, http.client with a thread per stream.
+``vllm/benchmarks/lib/endpoint_request_func.py`` does), when aiohttp is installed; and a plain
+baseline, http.client with a thread per stream.
 vllm itself is not run: its wheel is 336 MB and needs torch and a GPU/TPU build to import.
 """
 from __future__ import annotations
