@@ -72,6 +72,7 @@ def test_done_when_bench_a_service_on_a_local_slice(cell, tmp_path):
     sl.serve("portless", "sleep 60")
     for line, says in [("%tpu_bench portless", "service 'portless' has no port: start it with %tpu_serve portless --port P"),
                        ("%tpu_bench nosuch", "no service named 'nosuch'"),
+                       ("%tpu_serve bad --port 70000 -- true", "--port is a number from 1 to 65535, not 70000"),
                        ("%tpu_bench toy --host 3", "3"),
                        ("%tpu_bench toy --requests 2 --tokenizer /no/such/dir", "--tokenizer /no/such/dir: no such file")]:
         run = cell(line)
