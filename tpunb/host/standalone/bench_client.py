@@ -18,9 +18,12 @@ import bisect
 import gc
 import json
 import math
+import platform
 import random
 import selectors
+import socket
 import statistics
+import struct
 import sys
 import threading
 import time
@@ -32,6 +35,10 @@ MAX_HEAD = 65536
 PERCENTILES = (99,)
 #: the figures summarised, with vllm's names
 METRICS = ("ttft", "tpot", "itl", "e2el")
+#: Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS; the socket module does not name it), the same number on
+#: the architectures below; elsewhere reads are stamped when the loop wakes
+SO_TIMESTAMPNS = 35
+KERNEL_STAMPS = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64", "arm64")
 
 
 class Failure(Exception):
@@ -92,12 +99,22 @@ class Stream(asyncio.Protocol):
         self.raw, self.arrivals, self.head_end, self.status = bytearray(), [], -1, 0
         self.headers, self.reason, self.next_chunk, self.body_end = {}, "", 0, -1
         self.done = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
+        self.send(request)
         return self.done
 
+    def send(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def close(self) -> None:
+        self.transport.close()
+
     def data_received(self, data: bytes) -> None:
+        self.feed(data, self.clock.woke)
+
+    def feed(self, data: bytes, stamp: float) -> None:
+        """``data`` arrived at ``stamp`` (perf_counter's clock)."""
         self.raw += data
-        self.arrivals.append((self.clock.woke, len(self.raw)))
+        self.arrivals.append((stamp, len(self.raw)))
         if self.done is None or self.done.done():
             return
         try:
@@ -183,6 +200,52 @@ def body_pieces(raw: bytes, arrivals: list, head_end: int, chunked: bool) -> lis
     return [(arrivals[bisect.bisect_left(ends, stop)][0], raw[begin:stop]) for begin, stop in spans]
 
 
+class KernelStamped(Stream):
+    """A plain TCP connection on Linux read with ``recvmsg``, each read carrying the kernel's own
+    receive time (SO_TIMESTAMPNS): when the bytes reached this machine, however busy the client
+    (or its CPU) was then. Same parsing as ``Stream``; the loop's wake-up time where a read has none."""
+
+    def __init__(self, clock: StampingSelector, sock) -> None:
+        super().__init__(clock)
+        self.sock, self.loop = sock, asyncio.get_running_loop()
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.offset = time.time() - time.perf_counter()  # the kernel stamps on the wall clock
+        self.loop.add_reader(sock.fileno(), self._readable)
+
+    def send(self, data: bytes) -> None:
+        try:
+            sent = self.sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        if sent < len(data):  # a full socket buffer (a long prompt): the rest as the socket drains
+            self.loop.create_task(self.loop.sock_sendall(self.sock, data[sent:]))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.closed = True
+
+    def _readable(self) -> None:
+        while True:
+            try:
+                data, ancillary, _, _ = self.sock.recvmsg(1 << 18, 64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data, ancillary = b"", []
+            if not data:
+                self.close()
+                self.connection_lost(None)
+                return
+            stamp = self.clock.woke
+            for level, kind, value in ancillary:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(value) >= 16:
+                    seconds, nanoseconds = struct.unpack("qq", value[:16])
+                    stamp = seconds + nanoseconds * 1e-9 - self.offset
+            self.feed(data, stamp)
+
+
 class Connections:
     """Idle keep-alive connections to one server, reused by the next request."""
 
@@ -195,6 +258,16 @@ class Connections:
             if not stream.closed:
                 return stream
         try:
+            if KERNEL_STAMPS and not self.tls:
+                sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await asyncio.get_running_loop().sock_connect(sock, (self.host, self.port))
+                except BaseException:
+                    sock.close()
+                    raise
+                return KernelStamped(self.clock, sock)
             _, stream = await asyncio.get_running_loop().create_connection(
                 lambda: Stream(self.clock), self.host, self.port, ssl=True if self.tls else None)
             return stream
@@ -208,7 +281,7 @@ class Connections:
 
     def close(self) -> None:
         for stream in self.idle:
-            stream.transport.close()
+            stream.close()
         self.idle.clear()
 
 
@@ -268,7 +341,7 @@ async def one_request(conns: Connections, path: str, body: bytes, chat: bool, ex
         if reuse:
             conns.give_back(stream)
         else:
-            stream.transport.close()
+            stream.close()
 
 
 async def _guarded(conns, path, body, chat, extra: str, timeout: float, index: int) -> dict:
