@@ -11,7 +11,7 @@ per request, when it saw the first token and the end. The client's error per req
 - TPOT: its TPOT ((end - first token) / (tokens - 1), as vllm) minus the server's
   ((last token sent - first token sent) / (tokens - 1)).
 
-Clients, one after the other on a fresh server each: tpunb's (asyncio on raw streams, parsing
+Clients, one after the other on a fresh server each: tpunb's (one asyncio loop, kernel receive times, parsing
 after the level ends); the method of vllm's ``bench serve`` client (aiohttp, one shared session,
 each read split into SSE messages and their JSON parsed as they arrive, as
 ``vllm/benchmarks/lib/endpoint_request_func.py`` does), when aiohttp is installed; and a plain
@@ -193,7 +193,7 @@ def main() -> None:
     parser.add_argument("--itl", type=float, default=0.02)
     parser.add_argument("--rounds", type=int, default=2, help="requests per level = rounds x concurrency (at least 16)")
     args = parser.parse_args()
-    clients = {"tpunb (asyncio, raw streams)": tpunb_client}
+    clients = {"tpunb": tpunb_client}
     try:
         import aiohttp  # noqa: F401
         clients["vllm's method (aiohttp)"] = vllm_method_client

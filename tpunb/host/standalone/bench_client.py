@@ -1,9 +1,10 @@
 """A streaming benchmark client for OpenAI-compatible servers, as ``vllm bench serve`` measures them.
 
-One asyncio loop, a Protocol per HTTP/1.1 keep-alive connection (chunked, Content-Length or
-closed at the end): each read is stamped with the time the loop's wait returned and kept as bytes;
-the events are parsed once the level has ended, so at 256 concurrent streams the loop's work per
-chunk is an append and no stream waits behind another's JSON. It runs in the kernel (through a
+One asyncio loop over HTTP/1.1 keep-alive connections (chunked, Content-Length or closed at the
+end): each read is kept as bytes with its time, the kernel's receive time where Linux gives it
+(SO_TIMESTAMPNS), else when the loop's wait returned; the events are parsed once the level has
+ended, so at 256 concurrent streams the loop's work per chunk is an append and no stream waits
+behind another's JSON. It runs in the kernel (through a
 forward) and, for ``--on-host``, on a host by itself (``control``: one request on stdin, one reply
 on stdout, like the service control), so it is one file of the standard library.
 
