@@ -123,6 +123,17 @@ def test_the_api_key_from_the_environment_is_sent_and_never_shown(toy, cell, mon
     assert result.rtt_ms is not None and "sk-toy" not in result.to_json()
 
 
+def test_without_kernel_stamps_reads_are_stamped_when_the_loop_wakes(toy, monkeypatch):
+    """TLS or another OS: the asyncio Protocol path, with the same figures."""
+    from tpunb.host.standalone import bench_client
+
+    monkeypatch.setattr(bench_client, "KERNEL_STAMPS", False)
+    server = toy(ttft=0.05, itl=0.01)
+    level = tpunb.bench_serving(server.url, requests=4, concurrency=2, output_len=4, input_len=2).levels[0]
+    assert level["completed"] == 4 and level["output_lens"] == [4] * 4
+    assert abs(level["median_ttft_ms"] - 50) < 10 and abs(level["median_tpot_ms"] - 10) < 2
+
+
 def test_a_refused_connection_is_counted_and_failures_are_shown_per_kind(cell):
     port = free_port()  # nothing listens
     run = cell(f"%tpu_bench 127.0.0.1:{port} --model m --requests 3 --input-len 4 --output-len 4")
