@@ -134,6 +134,13 @@ def test_without_kernel_stamps_reads_are_stamped_when_the_loop_wakes(toy, monkey
     assert abs(level["median_ttft_ms"] - 50) < 10 and abs(level["median_tpot_ms"] - 10) < 2
 
 
+def test_a_prompt_longer_than_a_socket_buffer_is_sent_whole(toy):
+    server = toy(ttft=0.01, itl=0.001)
+    level = tpunb.bench_serving(server.url, requests=2, input_len=100_000, output_len=2).levels[0]
+    assert level["completed"] == 2 and level["input_lens"] == [100_000, 100_000]
+    assert [len(r["prompt"].split()) for r in server.requests] == [100_000, 100_000]
+
+
 def test_a_refused_connection_is_counted_and_failures_are_shown_per_kind(cell):
     port = free_port()  # nothing listens
     run = cell(f"%tpu_bench 127.0.0.1:{port} --model m --requests 3 --input-len 4 --output-len 4")
