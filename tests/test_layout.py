@@ -467,6 +467,7 @@ THREADS_ALLOWED = {
     ("hangs/standby.py", "standby.close"): "one per dropped standby: ended without holding the caller",
     ("hangs/background.py", "self._serve"): "one per slice: runs its queue of background cells",
     ("hangs/laggards.py", "self._read"): "one per slow request: reads the late hosts' stacks",
+    ("serve/bench.py", "work"): "one per %tpu_bench run: its asyncio client, which the notebook's Ctrl-C stops",
 }
 #: sleep-poll loops kernel code may keep outside tpunb/fanout.py and tpunb/engine/: (file, function) -> why
 SLEEPS_ALLOWED = {

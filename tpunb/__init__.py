@@ -1,7 +1,7 @@
 """tpunb: Cloud TPU slices native to Jupyter.
 
 ``%load_ext tpunb`` registers the magics; the same things are plain functions here:
-``launch``, ``connect``, ``use``, ``current``, ``down``, ``status``, ``plan``, ``doctor``.
+``launch``, ``connect``, ``use``, ``current``, ``down``, ``status``, ``plan``, ``doctor``, ``bench_serving``.
 """
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from tpunb.doctor import doctor
 from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
+from tpunb.serve.bench import bench_serving
 from tpunb.slice import Slice
 from tpunb.slices import connect, current, down, last_profile, last_result, last_run, launch, status, use
 
 __version__ = "0.1.0"
 __all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_run", "last_profile", "log",
-           "plan", "doctor", "Slice", "TpunbError"]
+           "plan", "doctor", "bench_serving", "Slice", "TpunbError"]
 
 
 def log(step: int | None = None, **scalars: float) -> None:
@@ -32,12 +33,14 @@ def load_ipython_extension(ipython) -> None:
     from tpunb.hangs.magics import HangMagics
     from tpunb.magics import TpuMagics
     from tpunb.plan.magics import PlanMagics
+    from tpunb.serve.magics import BenchMagics
     from tpunb.snapshot.magics import SnapshotMagics
 
     ipython.register_magics(TpuMagics)
     ipython.register_magics(PlanMagics)
     ipython.register_magics(SnapshotMagics)
     ipython.register_magics(HangMagics)
+    ipython.register_magics(BenchMagics)
     warm.start()  # what a launch imports, on a side thread where Ctrl-C cannot cut it
 
 

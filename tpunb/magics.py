@@ -335,6 +335,7 @@ class TpuMagics(Magics):
               help="on-failure: restart a crashed command, backing off, a bounded number of times")
     @argument("--wait-port", type=int, default=None, metavar="P", help="return once port P answers on every host")
     @argument("--wait-http", default=None, metavar="PORT/PATH", help="return once GET PATH on PORT answers on every host")
+    @argument("--port", type=int, default=None, metavar="P", help="where it answers (else the wait's port): %%tpu_bench NAME reaches it")
     @argument("--timeout", type=float, default=120.0, help="seconds to wait for --wait-port/--wait-http")
     @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
               help="for the command only; never shown or stored")
@@ -351,7 +352,8 @@ class TpuMagics(Magics):
         else:
             head, dashes, command = (line + " ").partition(" -- ")
         args = parse_line(self.tpu_serve, head)
-        usage = "%tpu_serve NAME [--hosts H] [--restart on-failure] [--wait-port P | --wait-http PORT/PATH] -- COMMAND"
+        usage = ("%tpu_serve NAME [--hosts H] [--restart on-failure] [--port P] [--wait-port P | --wait-http PORT/PATH] "
+                 "-- COMMAND")
         sl = slices.current(args.slice_name)
         if args.stop:
             if not args.name or command.strip():
@@ -365,7 +367,7 @@ class TpuMagics(Magics):
             with one_line_interrupt():
                 sl.serve(args.name, command.strip(), hosts=args.hosts, restart=args.restart,
                          env=slices.parse_env(args.env), wait_port=args.wait_port, wait_http=args.wait_http,
-                         timeout=args.timeout)
+                         timeout=args.timeout, port=args.port)
 
     @magic_arguments()
     @argument("name", help="the service")

@@ -555,14 +555,16 @@ class Slice:
     # -- services (tpunb.serve) ------------------------------------------------------------------
     def serve(self, name: str, command: str, hosts: str | list[int] | None = None, restart: str = "no",
               env: dict[str, str] | None = None, wait_port: int | None = None, wait_http: str | None = None,
-              timeout: float = 120.0, max_restarts: int = 5) -> list[ServiceState]:
+              timeout: float = 120.0, max_restarts: int = 5, port: int | None = None) -> list[ServiceState]:
         """Run shell ``command`` as service ``name`` on the hosts (default: all), detached from cells
         and this kernel; ``restart="on-failure"`` restarts it (``max_restarts`` times, backing off).
-        ``wait_port``/``wait_http`` ('PORT/PATH') return once it answers on every host. One
-        ServiceState per host; ``env`` values reach the command only, never a file or output."""
+        ``wait_port``/``wait_http`` ('PORT/PATH') return once it answers on every host; ``port`` (else the
+        wait's) is recorded as where it answers (``bench_serving`` reaches it). One ServiceState per
+        host; ``env`` values reach the command only, never a file or output."""
         self.revive()
         with self.idle.busy():  # starting is use (its SSH start may outlast a short idle limit); then its supervisor
-            return self.serving.serve(name, command, hosts, restart, env, wait_port, wait_http, timeout, max_restarts)
+            return self.serving.serve(name, command, hosts, restart, env, wait_port, wait_http, timeout, max_restarts,
+                                      port=port)
 
     def services(self) -> list[ServiceState]:
         """Every service on every host, read from the hosts (a new kernel sees an old one's)."""

@@ -40,6 +40,7 @@ class ServiceState:
     started_at: float | None = None
     env_keys: list[str] = dataclasses.field(default_factory=list)
     ready: bool = False  # running and answered a --wait-port/--wait-http since it (re)started
+    port: int | None = None  # where it answers (--port, --wait-port or --wait-http): what %tpu_bench reaches
 
     @classmethod
     def from_host(cls, raw: dict) -> ServiceState:

@@ -54,8 +54,9 @@ class Serving:
 
     def serve(self, name: str, command: str, hosts=None, restart: str = "no", env: dict | None = None,
               wait_port: int | None = None, wait_http: str | None = None, timeout: float = 120.0,
-              max_restarts: int = 5, backoff: float = 1.0) -> list[ServiceState]:
-        """Start ``command`` as service ``name`` on the hosts; with a wait, return once it answers on each."""
+              max_restarts: int = 5, backoff: float = 1.0, port: int | None = None) -> list[ServiceState]:
+        """Start ``command`` as service ``name`` on the hosts; with a wait, return once it answers on each.
+        Its ``port`` (else the wait's) is recorded with it, for %tpu_bench NAME."""
         _check_name(name)
         if not isinstance(command, str) or not command.strip():
             raise UsageError("give the service a shell command, e.g. %tpu_serve web -- python3 -m http.server 8000")
@@ -63,7 +64,9 @@ class Serving:
             raise UsageError(f"restart is one of {', '.join(RESTART)}, not {restart!r}")
         if not timeout > 0:
             raise UsageError(f"timeout is a positive number of seconds, not {timeout}")
-        port, path = _parse_wait(wait_port, wait_http)
+        if port is not None and (not isinstance(port, int) or not 0 < port < 65536):
+            raise UsageError(f"--port is a number from 1 to 65535, not {port!r}")
+        waited, path = _parse_wait(wait_port, wait_http)
         values = {str(k): str(v) for k, v in (env or {}).items()}
         indices = self.layout.parse(hosts)
         inits = {h: self.environment(h) for h in indices}
@@ -71,16 +74,16 @@ class Serving:
         replies = self._on_hosts(indices, lambda h: {
             "op": "start", "name": name, "command": command, "restart": restart, "max_restarts": int(max_restarts),
             "backoff": float(backoff), "env": {**inits[h].get("env", {}), **values}, "env_keys": sorted(values),
-            "cwd": inits[h].get("cwd")})
+            "cwd": inits[h].get("cwd"), "port": port or waited})
         started_on = [h for h, r in replies.items() if "error" not in r]
         if len(started_on) < len(indices) and started_on:  # all or nothing: end what this call started
             self._on_hosts(started_on, lambda h: {"op": "stop", "name": name})
         self._raise_failures(name, replies, "did not start")
         where = f"host{'s' if len(indices) > 1 else ''} {self.layout.names(indices)}"
-        if port is None:
+        if waited is None:
             report.info(f"[tpunb] started {name!r} on {where}")
         else:
-            self._wait_ready(name, indices, port, path, timeout, where)
+            self._wait_ready(name, indices, waited, path, timeout, where)
             report.info(f"[tpunb] {name!r} ready on {where} in {time.perf_counter() - started:.1f} s")
         states = [ServiceState.from_host(r["state"]) for r in replies.values()]
         seen.note_started(self.name, states)  # %tpu_status now asks this slice's hosts for their services

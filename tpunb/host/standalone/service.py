@@ -282,7 +282,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up pipe hears the command end
     env = {**os.environ, **request.get("env", {})}
     state = {"name": request["name"], "host": request["host"], "command": request["command"],
-             "env_keys": request.get("env_keys", []), "restart": request.get("restart", "no"),
+             "env_keys": request.get("env_keys", []), "restart": request.get("restart", "no"), "port": request.get("port"),
              "supervisor": os.getpid(), "pid": None, "state": "starting", "exit_code": None, "restarts": 0,
              "started_at": time.time(), "log": os.path.join(directory, "log"), "message": ""}
     max_restarts, backoff = int(request.get("max_restarts", 5)), float(request.get("backoff", 1.0))
