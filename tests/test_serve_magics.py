@@ -45,7 +45,8 @@ def test_serve_forward_logs_and_stop_from_magics(make_slice, cell):
     ("%tpu_serve web --restart always -- true", "argument --restart: invalid choice: 'always'"),
     ("%tpu_serve web --env NOEQUALS -- true", "--env takes KEY=VALUE, got 'NOEQUALS'"),
     ("%tpu_serve --stop", "give the service to stop: %tpu_serve --stop NAME"),
-    ("%tpu_logs", "the following arguments are required: name"),
+    ("%tpu_logs", "give a service NAME or --file PATH (one of them)"),
+    ("%tpu_logs web --file train.log", "give a service NAME or --file PATH (one of them)"),
     ("%tpu_logs web --tail -2", "--tail takes a number of lines >= 0, not -2"),
     ("%tpu_forward eighty", "argument port: invalid int value: 'eighty'"),
     ("%tpu_forward 70000", "a port is a number from 1 to 65535, not 70000"),
@@ -78,3 +79,40 @@ def test_follow_prints_new_lines_and_ends_cleanly_on_interrupt(make_slice, cell,
     ticks = [int(line.split()[1]) for line in run.stdout.splitlines()[:-1]]
     assert ticks == list(range(ticks[0], ticks[0] + len(ticks))) and len(ticks) >= 3  # in order, none lost
     assert [s.state for s in sl.services()] == ["running"]  # following it did not touch it
+
+
+def test_logs_tail_and_follow_a_file_on_every_host(make_slice, cell, monkeypatch, tmp_path):
+    """%tpu_logs --file PATH: the same file on every host (each host's own), labelled, --tail and
+    --follow as for a service; a host without it is named in one line."""
+    sl = make_slice(2, name=f"mag-{uuid.uuid4().hex[:6]}")
+    path = tmp_path / "train.log"  # local hosts share this machine: each writes its own file
+    run = cell(f"%%on_tpu\nimport os\nopen('{path}.' + os.environ['TPUNB_HOST_INDEX'], 'w')"
+               ".write('step 1\\nstep 2 on ' + os.environ['TPUNB_HOST_INDEX'] + '\\n')")
+    assert run.error is None, run.shown
+    assert cell(f"%tpu_logs --file {path}.0 --host 0 --tail 1").stdout == "step 2 on 0\n"
+    missing = cell(f"%tpu_logs --file {path}.9")  # no host has it: said, host by host, in one line
+    assert type(missing.error).__name__ == "UsageError", missing.shown
+    assert f"host 0: no file {path}.9 on this host; host 1: no file" in str(missing.error)
+    both = tmp_path / "both.log"
+    both.write_text("one\ntwo\n")
+    assert cell(f"%tpu_logs --file {both} --tail 1").stdout == "[0] two\n[1] two\n"
+    followed = threading.Event()
+    real = tpunb.serve.Serving.follow
+
+    def watched(*args, **kwargs):
+        for count, chunk in enumerate(real(*args, **kwargs)):
+            yield chunk
+            if count == 0:
+                with both.open("a") as f:
+                    f.write("three\n")
+            if count >= 3:
+                followed.set()
+
+    monkeypatch.setattr(tpunb.serve.Serving, "follow", watched)
+    interrupt_kernel_when(followed.is_set)
+    run = cell(f"%tpu_logs --file {both} --follow --tail 1")
+    assert run.error is None, run.shown
+    lines = run.stdout.splitlines()
+    assert lines[:2] == ["[0] two", "[1] two"] and sorted(lines[2:4]) == ["[0] three", "[1] three"], run.stdout
+    assert lines[-1] == f"[tpunb] stopped following '{both}'"
+    assert sl.services() == []  # reading files starts no service

@@ -370,28 +370,30 @@ class TpuMagics(Magics):
                          timeout=args.timeout, port=args.port)
 
     @magic_arguments()
-    @argument("name", help="the service")
+    @argument("name", nargs="?", default=None, help="the service")
+    @argument("--file", default=None, metavar="PATH", help="instead of a service: this file on every host (from the home)")
     @argument("--host", default=None, help="only this host (default: every host that runs it)")
     @argument("--tail", type=int, default=None, metavar="K", help="the last K lines")
     @argument("--follow", action="store_true", help="keep printing new lines until interrupted")
     @argument("--slice", dest="slice_name", default=None)
     @line_magic
     def tpu_logs(self, line: str):
-        """A service's output on its hosts: %tpu_logs NAME [--host N] [--tail K] [--follow]."""
+        """A service's output on its hosts, or a file on every host: %tpu_logs NAME|--file PATH [--host N] [--tail K] [--follow]."""
         args = parse_line(self.tpu_logs, line)
         sl = slices.current(args.slice_name)
         if args.tail is not None and args.tail < 0:
             raise UsageError(f"--tail takes a number of lines >= 0, not {args.tail}")
         if not args.follow:
-            texts = sl.logs(args.name, host=args.host, tail=args.tail)
+            texts = sl.logs(args.name, host=args.host, tail=args.tail, file=args.file)
             texts = {sl.layout.parse(args.host)[0]: texts} if isinstance(texts, str) else texts
             report.info(_labelled(texts, sl.layout.name, len(texts) > 1).rstrip("\n"))
             return
         try:
-            for host, text in sl.serving.follow(args.name, args.host, 10 if args.tail is None else args.tail):
+            for host, text in sl.serving.follow(args.name, args.host, 10 if args.tail is None else args.tail,
+                                                file=args.file):
                 report.info(_labelled({host: text}, sl.layout.name, args.host is None and sl.num_hosts > 1).rstrip("\n"))
         except KeyboardInterrupt:
-            report.info(f"[tpunb] stopped following {args.name!r}")
+            report.info(f"[tpunb] stopped following {args.name or args.file!r}")
 
     @magic_arguments()
     @argument("port", type=int, help="the port on the host")

@@ -570,9 +570,11 @@ class Slice:
         """Every service on every host, read from the hosts (a new kernel sees an old one's)."""
         return self.serving.services()
 
-    def logs(self, name: str, host: int | str | None = None, tail: int | None = None) -> dict[int, str] | str:
-        """Service ``name``'s output on each host ({host: text}), or on ``host`` alone; ``tail``: last lines."""
-        return self.serving.logs(name, host, tail)
+    def logs(self, name: str | None = None, host: int | str | None = None, tail: int | None = None,
+             file: str | None = None) -> dict[int, str] | str:
+        """Service ``name``'s output (or ``file``) on each host ({host: text}), or on ``host`` alone;
+        ``tail``: last lines."""
+        return self.serving.logs(name, host, tail, file)
 
     def stop_service(self, name: str) -> list[int]:
         """Stop service ``name`` (its whole process group) on every host that runs it."""

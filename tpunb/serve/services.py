@@ -129,23 +129,36 @@ class Serving:
         seen.record_services(self.name, found)  # for the sidebar and other kernels, which cannot ask remote hosts
         return found
 
-    def logs(self, name: str, host=None, tail: int | None = None) -> dict[int, str] | str:
-        """The service's log on each host ({host: text}), or on ``host`` alone (its text)."""
-        _check_name(name)
+    def logs(self, name: str | None, host=None, tail: int | None = None, file: str | None = None
+             ) -> dict[int, str] | str:
+        """The service's log on each host ({host: text}), or on ``host`` alone (its text); with
+        ``file`` (and no name), that file on every host instead (``~``-relative paths from the home)."""
+        source = _source(name, file)
         if tail is not None and (not isinstance(tail, int) or tail < 0):
             raise UsageError(f"tail is a number of lines >= 0, not {tail!r}")
-        indices = self._hosts_with(name, host)
-        replies = self._on_hosts(indices, lambda h: {"op": "logs", "name": name, "tail": tail})
-        self._raise_failures(name, replies, "has no log")
+        indices = self._hosts_with(name, host, file)
+        replies = self._on_hosts(indices, lambda h: {"op": "logs", **source, "tail": tail})
+        if file:
+            failed = {h: r["error"] for h, r in replies.items() if "error" in r}
+            if failed:
+                said = "; ".join(f"host {self.layout.name(h)}: {e}" for h, e in sorted(failed.items()))
+                raise UsageError(f"{file}: {said}")
+        else:
+            self._raise_failures(name, replies, "has no log")
         texts = {h: r["text"] for h, r in replies.items()}
         return texts[indices[0]] if host is not None else texts
 
-    def follow(self, name: str, host=None, tail: int | None = 10, poll: float = 0.5) -> Iterator[tuple[int, str]]:
-        """(host, text) as the service's logs grow, starting with their last ``tail`` lines; runs until
-        the caller stops iterating (a KeyboardInterrupt in a notebook)."""
-        indices = self._hosts_with(name, host)
+    def follow(self, name: str | None, host=None, tail: int | None = 10, poll: float = 0.5,
+               file: str | None = None) -> Iterator[tuple[int, str]]:
+        """(host, text) as the service's logs (or ``file`` on every host) grow, starting with their last
+        ``tail`` lines; runs until the caller stops iterating (a KeyboardInterrupt in a notebook)."""
+        source = _source(name, file)
+        indices = self._hosts_with(name, host, file)
         offsets: dict[int, int] = {}
-        first = self._on_hosts(indices, lambda h: {"op": "logs", "name": name, "tail": tail or 0})
+        first = self._on_hosts(indices, lambda h: {"op": "logs", **source, "tail": tail or 0})
+        if file and any("error" in r for r in first.values()):
+            raise UsageError(f"{file}: " + "; ".join(f"host {self.layout.name(h)}: {r['error']}"
+                                                     for h, r in sorted(first.items()) if "error" in r))
         for h, r in sorted(first.items()):
             offsets[h] = r.get("offset", 0)
             if r.get("text"):
@@ -153,19 +166,21 @@ class Serving:
         pending = {h: "" for h in indices}  # a line the service is still writing: shown once it is whole
         while True:
             for h in indices:
-                r = self._on_hosts([h], lambda _: {"op": "logs", "name": name, "offset": offsets[h]})[h]
+                r = self._on_hosts([h], lambda _: {"op": "logs", **source, "offset": offsets[h]})[h]
                 offsets[h] = r.get("offset", offsets[h])
                 whole, cut, pending[h] = (pending[h] + r.get("text", "")).rpartition("\n")
                 if cut:
                     yield h, whole + cut
             time.sleep(poll)  # the log is a file on another machine: nothing tells us it grew
 
-    def _hosts_with(self, name: str, host) -> list[int]:
+    def _hosts_with(self, name: str | None, host, file: str | None = None) -> list[int]:
         if host is not None:
             chosen = self.layout.parse(host)
             if len(chosen) != 1:
                 raise UsageError(f"host {host!r} picks {len(chosen)} hosts: give one (e.g. 0)")
             return chosen
+        if file:  # a file: on every host
+            return list(range(len(self.transports)))
         found = sorted({s.host for s in self.services() if s.name == name})
         if not found:
             raise UsageError(f"no service named {name!r} on {self.name!r}: {self._known()}")
@@ -205,3 +220,13 @@ def recorded_services(record: SliceRecord, here: list[Transport] | None) -> list
     replies = ask_hosts(here, asked) if asked else {}
     return sorted((ServiceState.from_host(s) for r in replies.values() for s in r.get("services", [])),
                   key=lambda s: (s.name, s.host))
+
+
+def _source(name: str | None, file: str | None) -> dict:
+    """What a logs request reads: a service's log (``name``) or a file (``file``), exactly one."""
+    if bool(name) == bool(file):
+        raise UsageError("give a service NAME or --file PATH (one of them): %tpu_logs NAME or %tpu_logs --file PATH")
+    if name:
+        _check_name(name)
+        return {"name": name}
+    return {"file": str(file)}

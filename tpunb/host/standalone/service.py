@@ -155,10 +155,16 @@ def op_list(request: dict) -> dict:
 
 
 def op_logs(request: dict) -> dict:
-    """The log's last lines (``tail``), or its bytes from ``offset`` on (for following it)."""
-    path = os.path.join(_service_dir(request), "log")
-    if not os.path.exists(path):
-        return {"error": f"no service {request['name']!r} on this host"}
+    """The log's last lines (``tail``), or its bytes from ``offset`` on (for following it): a
+    service's log (``name``), or any file on the host (``file``, from the home directory)."""
+    if request.get("file"):
+        path = os.path.join(os.path.expanduser("~"), os.path.expanduser(request["file"]))
+        if not os.path.isfile(path):
+            return {"error": f"no file {path} on this host"}
+    else:
+        path = os.path.join(_service_dir(request), "log")
+        if not os.path.exists(path):
+            return {"error": f"no service {request['name']!r} on this host"}
     if request.get("offset") is not None:
         with open(path, "rb") as f:
             f.seek(request["offset"])
