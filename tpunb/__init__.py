@@ -13,10 +13,10 @@ from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
 from tpunb.serve.bench import bench_serving
 from tpunb.slice import Slice
-from tpunb.slices import connect, current, down, last_profile, last_result, last_run, launch, status, use
+from tpunb.slices import connect, current, down, last_profile, last_result, last_run, launch, secret, status, use
 
 __version__ = "0.1.0"
-__all__ = ["launch", "connect", "use", "current", "down", "status", "last_result", "last_run", "last_profile", "log",
+__all__ = ["launch", "connect", "use", "current", "down", "status", "secret", "last_result", "last_run", "last_profile", "log",
            "plan", "doctor", "bench_serving", "Slice", "TpunbError"]
 
 

@@ -150,3 +150,19 @@ def own_tpu_environment(environ: Mapping[str, str] = os.environ) -> dict[str, st
     flags = [f for f in environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     return {"JAX_PLATFORMS": "", "XLA_FLAGS": " ".join(flags)}
+
+
+def user_secret(name: str) -> str | None:
+    """Colab's secret ``name`` (the key icon in its sidebar: ``google.colab.userdata``), or None
+    outside Colab or when it has none of that name; a secret this notebook may not read is one line."""
+    if not in_colab():
+        return None
+    from google.colab import userdata  # type: ignore[import-not-found]
+
+    try:
+        return userdata.get(name)
+    except userdata.SecretNotFoundError:
+        return None
+    except userdata.NotebookAccessError:
+        raise UsageError(f"Colab's secret {name} exists but this notebook may not read it: switch on its "
+                         "'Notebook access' in the key icon's panel, then run this again") from None

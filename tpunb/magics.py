@@ -242,6 +242,18 @@ class TpuMagics(Magics):
         report.info(str(rows))
 
     @magic_arguments()
+    @argument("names", nargs="*", metavar="NAME", help="environment variables, e.g. HF_TOKEN")
+    @line_magic
+    def tpu_secret(self, line: str):
+        """Secrets on every slice's hosts, masked (****) in all they send back, never stored:
+        %tpu_secret NAME [NAME ...], each from this kernel's environment, Colab's secrets or a prompt."""
+        args = parse_line(self.tpu_secret, line)
+        with one_line_interrupt():
+            names = slices.secret(*args.names)
+        where = ", ".join(slices.MANAGER.attached) or "no slice yet: each one launched or used from now on"
+        report.info(f"[tpunb] secret{'s' if len(names) > 1 else ''} {', '.join(names)} set on {where}; shown as ****")
+
+    @magic_arguments()
     @argument("--versions", action="store_true", help="Python, jax, jaxlib, libtpu, flax and the environment tpunb made, of every host")
     @line_magic
     def tpu_status(self, line: str):

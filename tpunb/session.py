@@ -30,6 +30,7 @@ from tpunb.engine.request import OnStuck, OnTick, Request, Requests
 from tpunb.engine.routes import Frame, Memfd, Parts
 from tpunb.engine.transfer import Incoming, pack, pack_small, shares_memory
 from tpunb.errors import CellInterrupted, HostDiedError, HostSetupError, RemoteError, TransportError
+from tpunb.engine.masking import Masker
 from tpunb.fanout import FanOutTimeout, fan_out
 from tpunb.host.protocol import MAIN_THREAD_OPS
 from tpunb.host.transfer import INLINE, join
@@ -66,7 +67,7 @@ class Session:
     term_grace = 2.0
 
     def __init__(self, transports: list[Transport], init_for_host: Callable[[int], dict],
-                 start_timeout: float = 120.0) -> None:
+                 start_timeout: float = 120.0, masker: Masker | None = None) -> None:
         #: seconds without a frame after which a host is taken as frozen and ended (0: never)
         self.heartbeat_timeout = default_heartbeat_timeout()
         self.closed = False
@@ -95,6 +96,8 @@ class Session:
         #: what every cell request does by default (``cell``): see tpunb.engine.request.OnStuck / OnTick
         self.on_stuck: OnStuck | None = None
         self.on_tick: OnTick | None = None
+        #: the kernel's secrets, masked in every frame a host sends before it goes anywhere
+        self.masker = masker or Masker()
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self, indices: Iterable[int] | None = None, ready: dict[int, HostConnection] | None = None) -> None:
@@ -227,6 +230,13 @@ class Session:
 
     # -- routing ------------------------------------------------------------------------------
     def _route(self, index: int, message: dict, blob: bytes) -> None:
+        if not self.masker.active:
+            self._route_one(index, message, blob)
+            return
+        for masked in self.masker.frames(index, message):  # a held tail goes first, the frame's blob with it
+            self._route_one(index, masked, blob if masked.get("op") == message.get("op") else b"")
+
+    def _route_one(self, index: int, message: dict, blob: bytes) -> None:
         op = message.get("op")
         if op == "metrics":  # samples belong to no request: straight to the slice's store
             if self.on_metrics is not None:

@@ -26,6 +26,7 @@ from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
 from tpunb.serve import seen
 from tpunb.serve.services import ServiceState, Serving
+from tpunb.engine.masking import Masker
 from tpunb.session import Session
 from tpunb.status.idle_clock import IdleClock
 from tpunb.transport.base import Transport
@@ -73,7 +74,7 @@ class Slice:
 
     def __init__(self, record: SliceRecord, transports: list[Transport],
                  host_init: Callable[[int, int], dict], registry: Registry,
-                 coordinator_port: Callable[[], int], node: Node | None = None) -> None:
+                 coordinator_port: Callable[[], int], node: Node | None = None, masker: Masker | None = None) -> None:
         self.record = record
         #: the catalog entry; None for hosts brought with %tpu_connect and no --accelerator
         self.accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
@@ -81,14 +82,14 @@ class Slice:
         self._host_init = host_init
         self._pick_port = coordinator_port
         self._coordinator_port = 0
-        self.session = Session(transports, self._init_for_host)
+        self.session = Session(transports, self._init_for_host, masker=masker)
         self.standbys = Standbys(self.session)  # agents started ahead of a restart (tpunb.hangs.standby)
         self.background = BackgroundCells()  # its %%on_tpu --bg cells (tpunb.hangs.background)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
         self.layout = Layout(len(transports), record.num_slices)
         #: its services (tpunb.serve) and its profiler recordings (tpunb.profile), each made from
         #: what it needs of the slice: name, transports or session, host names, hosts' environment
-        self.serving = Serving(record.name, transports, self.layout, self._init_for_host)
+        self.serving = Serving(record.name, transports, self.layout, self._init_for_host, self.session.masker)
         self.profiler = Profiler(record.name, self.session)
         #: seconds between two samples on every host (0: sampling off); see set_metrics_interval
         self.metrics_interval = 1.0
@@ -446,6 +447,13 @@ class Slice:
         hardware reports them) and whatever cells log with ``tpunb.log(step, name=value)``.
         ``since``: a datetime, epoch seconds, or negative seconds back from now."""
         return self.metrics_store.frame(since)
+
+    def send_environ(self, values: dict[str, str]) -> None:
+        """Put these variables in every live host's environment now (secrets: ``%tpu_secret``); hosts
+        started later get them from the slice's environment with the rest."""
+        for host in self.session.hosts:
+            if host.alive:
+                host.send({"op": "environ", "values": dict(values)})
 
     def set_metrics_interval(self, seconds: float) -> None:
         """Sample every ``seconds`` on every host from now on (0 turns sampling off)."""

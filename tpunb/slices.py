@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog, colab, provision, report
+from tpunb.engine.masking import MIN_LENGTH, Masker
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
 from tpunb.provision import LaunchRequest, Made, interrupts, warm
 from tpunb.registry import Registry
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from tpunb.profile import Profile
 
 BACKENDS = provision.LAUNCH_BACKENDS
+#: the Hugging Face Hub's token: launched slices (cloud and local) get it as a secret when it is set
+HF_TOKEN = "HF_TOKEN"
 #: generations whose slices cannot be joined into a multislice (docs/cloud-facts.md)
 NO_MULTISLICE = ("v2", "v3")
 
@@ -112,6 +115,10 @@ class SliceManager:
         self.last_profile: Profile | None = None
         #: the handle of the last %%on_tpu --bg cell started in this kernel, on any slice
         self.last_run: Run | None = None
+        #: secrets named with %tpu_secret: every slice's hosts get them; memory only, never stored
+        self.secrets: dict[str, str] = {}
+        #: every secret value this kernel knows, masked in all that hosts send back
+        self.masker = Masker()
 
     # -- names ------------------------------------------------------------------------------------
     def _taken(self, name: str, reg: Registry) -> bool:
@@ -227,12 +234,16 @@ class SliceManager:
                              f"the data-centre network from v4 on): launch one {accel.name}, or a v4, v5e, v5p or v6e "
                              "type")
         backend = backend or provision.default_backend(options.get("project"))
+        hub_token = os.environ.get(HF_TOKEN, "")  # a launched slice gets the Hub token without asking
         if backend not in BACKENDS:
             raise UsageError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)} "
                              "(hosts you bring: %tpu_connect HOST,HOST)")
         maker = provision.backend(backend)
         opts = maker.options(**options)
         values = parse_env(env)
+        if len(hub_token) >= MIN_LENGTH and HF_TOKEN not in values:
+            self.masker.add(hub_token)
+            values[HF_TOKEN] = hub_token
         reg = registry()
         base = maker.default_name(accel) + (f"-x{count}" if count > 1 else "")
         name = self._claim_name(name, base, reg)
@@ -294,7 +305,9 @@ class SliceManager:
         launch began (its ready line counts from then)."""
         started = time.perf_counter() if since is None else since
         record = made.record
-        sl = Slice(record, made.transports, made.host_init, reg, coordinator_port=made.coordinator_port, node=made.node)
+        values.update(self.secrets)  # the backend's host_init reads this same dict: hosts start with them
+        sl = Slice(record, made.transports, made.host_init, reg, coordinator_port=made.coordinator_port, node=made.node,
+                   masker=self.masker)
         try:
             sl.connect(attaching=True)  # _attach ends it with mark_used
             if made.check is not None:
@@ -322,6 +335,32 @@ class SliceManager:
         sl.profiler.on_collected = self._profiled
         sl.background.on_start = self._ran
         return sl
+
+    def secret(self, *names: str) -> list[str]:
+        """Put secrets in every slice's hosts' environment (now, and whenever hosts start again):
+        each from this kernel's environment, else Colab's secrets, else a prompt that echoes
+        nothing. Their values are masked (``****``) in everything hosts send back and are never
+        stored. Returns the names set."""
+        import getpass
+
+        if not names:
+            raise UsageError("name at least one secret, e.g. %tpu_secret HF_TOKEN")
+        values = {}
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise UsageError(f"{name!r} is not an environment variable name: letters, digits and _")
+            value = os.environ.get(name) or colab.user_secret(name) or getpass.getpass(f"{name} (not shown): ")
+            if len(value) < MIN_LENGTH:
+                raise UsageError(f"{name} has {len(value)} character{'s' if len(value) != 1 else ''}: a secret needs "
+                                 f"at least {MIN_LENGTH}, or masking it would hide ordinary text (pass it with --env)")
+            values[name] = value
+        for name, value in values.items():
+            self.masker.add(value)
+            self.secrets[name] = value
+        for sl in self.attached.values():
+            self.env.setdefault(sl.name, {}).update(values)
+            sl.send_environ(values)
+        return sorted(values)
 
     def _ran(self, run: Run) -> None:
         self.last_run = run
@@ -459,6 +498,7 @@ host_rows = MANAGER.host_rows
 status = MANAGER.status
 versions = MANAGER.versions
 last_result = MANAGER.last_result
+secret = MANAGER.secret
 
 
 def attached(name: str) -> Slice | None:

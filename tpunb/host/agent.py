@@ -214,6 +214,8 @@ class Agent:
                 idle.touch(bool(message.get("busy")))
             except OSError:
                 pass
+        elif op == "environ":  # secrets (%tpu_secret): in this process's environment from now on
+            os.environ.update({str(k): str(v) for k, v in (message.get("values") or {}).items()})
         elif op == "metrics_interval":
             self._set_metrics_interval(float(message.get("seconds", 1.0)))
         elif op in RELAY_OPS:  # the listener's address, or a transfer given up

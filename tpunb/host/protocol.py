@@ -38,7 +38,7 @@ OPS = {
     "exec": MAIN, "shell": MAIN, "push": MAIN, "relay_push": MAIN, "pull": MAIN, "gather": MAIN,
     "part": SIDE, "interrupt": SIDE, "release": SIDE, "start_jax": SIDE, "heartbeat": SIDE, "idle": SIDE,
     "metrics_interval": SIDE, "diagnose": SIDE, "profile_start": SIDE, "profile_stop": SIDE,
-    "profile_status": SIDE, "relay_listen": SIDE, "relay_cancel": SIDE,
+    "profile_status": SIDE, "relay_listen": SIDE, "relay_cancel": SIDE, "environ": SIDE,
 }
 #: the requests that take a host's main thread
 MAIN_THREAD_OPS = frozenset(op for op, thread in OPS.items() if thread == MAIN)

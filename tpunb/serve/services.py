@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from tpunb import report
+from tpunb.engine.masking import Masker
 from tpunb.errors import ServiceError, UsageError
 from tpunb.serve import seen
 from tpunb.serve.control import ask_hosts, may_have_services
@@ -49,8 +50,9 @@ class Serving:
     parsing) and ``environment(host)``, what each host is told at start (its env and cwd)."""
 
     def __init__(self, name: str, transports: list[Transport], layout: Layout,
-                 environment: Callable[[int], dict]) -> None:
+                 environment: Callable[[int], dict], masker: Masker | None = None) -> None:
         self.name, self.transports, self.layout, self.environment = name, transports, layout, environment
+        self.masker = masker or Masker()  # the kernel's secrets: masked in every log read back
 
     def serve(self, name: str, command: str, hosts=None, restart: str = "no", env: dict | None = None,
               wait_port: int | None = None, wait_http: str | None = None, timeout: float = 120.0,
@@ -145,7 +147,7 @@ class Serving:
                 raise UsageError(f"{file}: {said}")
         else:
             self._raise_failures(name, replies, "has no log")
-        texts = {h: r["text"] for h, r in replies.items()}
+        texts = {h: self.masker.text(r["text"]) for h, r in replies.items()}
         return texts[indices[0]] if host is not None else texts
 
     def follow(self, name: str | None, host=None, tail: int | None = 10, poll: float = 0.5,
@@ -162,7 +164,7 @@ class Serving:
         for h, r in sorted(first.items()):
             offsets[h] = r.get("offset", 0)
             if r.get("text"):
-                yield h, r["text"]
+                yield h, self.masker.text(r["text"])
         pending = {h: "" for h in indices}  # a line the service is still writing: shown once it is whole
         while True:
             for h in indices:
@@ -170,7 +172,7 @@ class Serving:
                 offsets[h] = r.get("offset", offsets[h])
                 whole, cut, pending[h] = (pending[h] + r.get("text", "")).rpartition("\n")
                 if cut:
-                    yield h, whole + cut
+                    yield h, self.masker.text(whole + cut)  # a whole line: a secret never straddles it
             time.sleep(poll)  # the log is a file on another machine: nothing tells us it grew
 
     def _hosts_with(self, name: str | None, host, file: str | None = None) -> list[int]:
