@@ -233,8 +233,8 @@ class Session:
         if not self.masker.active:
             self._route_one(index, message, blob)
             return
-        for masked in self.masker.frames(index, message):  # a held tail goes first, the frame's blob with it
-            self._route_one(index, masked, blob if masked.get("op") == message.get("op") else b"")
+        for masked in self.masker.frames(index, message):  # held stream text first (streams carry no blob)
+            self._route_one(index, masked, b"" if masked.get("op") == "stream" else blob)
 
     def _route_one(self, index: int, message: dict, blob: bytes) -> None:
         op = message.get("op")

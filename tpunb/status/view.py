@@ -200,7 +200,7 @@ def _slice_view(record: SliceRecord, reg: Registry, nodes: Any, sl: Slice | None
                           h.info.get("pid"), h.info.get("runner"),
                           round(now - h.started_at, 1) if h.alive and h.started_at else None, metrics.get(h.index, {}))
                  for h in sl.session.hosts]
-        cloud, idle = sl.node.status(), sl.idle_delete_in()
+        cloud, idle = {**seen_.cloud, **sl.node.status()}, sl.idle_delete_in()  # the node's own look wins
     else:  # as its owning kernel last recorded it
         owner = owner_running(record)
         metrics = combine(reg.latest_metrics(record.name)) if owner else {}

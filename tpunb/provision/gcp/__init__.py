@@ -332,6 +332,7 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
         state = CREATING
     elif _on_compute(record):
         state = compute.slice_state(record)
+        cloud = {"cloud_state": state}
     elif place in nodes:
         info = nodes[place].get(record.name)
         cloud = _node(record, info, watch=False).status()

@@ -101,8 +101,7 @@ def create(request: LaunchRequest) -> Made:
         left = teardown(project, zone, name)
         reg.delete_slice(name)
         if isinstance(exc, KeyboardInterrupt):
-            message = f"launch of {name} interrupted: what it had created ({', '.join(made_names(exc)) or 'nothing'}) " \
-                      f"was deleted{left}"
+            message = f"launch of {name} interrupted: what it had created was deleted{left or ', nothing is left'}"
             progress.failed(message)
             raise CellInterrupted(message) from None
         progress.failed(f"failed: {(str(exc) or repr(exc)).splitlines()[0]}{left}")
@@ -111,44 +110,25 @@ def create(request: LaunchRequest) -> Made:
     return _reach(record, reg, env, opts, progress, started)
 
 
-def made_names(exc: BaseException) -> list[str]:
-    return list(getattr(exc, "made", []))
+def _make(project: str, vm: VmSpec, say, deadline: float) -> None:
+    """The resources, in order, each waited for; then until the slice is up (whatever stops it part
+    way, ``teardown`` deletes what exists)."""
+    c, region = clients.clients(), catalog.region_of(vm.zone)
 
+    def create(what: str, insert, **where) -> None:
+        say(f"creating its {what}", 0.0)
+        clients.wait(project, clients.call(f"create the {what}", insert, project=project, **where), f"create the {what}",
+                     deadline)
 
-def _make(project: str, vm: VmSpec, say, deadline: float) -> list[str]:
-    """The resources, in order, each waited for; then until the slice is up. What was made is on
-    the exception (``made``) if it stops part way."""
-    c, names, region = clients.clients(), Names(vm.name), catalog.region_of(vm.zone)
-    made: list[str] = []
-    try:
-        if vm.shape.multi_host:
-            say("creating its workload policy", 0.0)
-            op = clients.call("create the workload policy", c.policies.insert_unary, project=project, region=region,
-                              resource_policy_resource=workload_policy(vm))
-            made.append(f"policy {names.policy}")
-            clients.wait(project, op, "create the workload policy", deadline)
-            say("creating its instance template", 0.0)
-            op = clients.call("create the instance template", c.templates.insert_unary, project=project,
-                              region=region, instance_template_resource=template(vm))
-            made.append(f"template {names.template}")
-            clients.wait(project, op, "create the instance template", deadline)
-            say(f"creating its MIG of {vm.shape.vms} VMs", 0.0)
-            op = clients.call("create the MIG", c.migs.insert_unary, project=project, zone=vm.zone,
-                              instance_group_manager_resource=mig(vm, project))
-            made.append(f"MIG {vm.name}")
-            clients.wait(project, op, "create the MIG", deadline)
-            _wait_up(project, vm.zone, vm.name, say, deadline)
-        else:
-            say("creating its VM", 0.0)
-            op = clients.call("create the VM", c.instances.insert_unary, project=project, zone=vm.zone,
-                              instance_resource=instance(vm))
-            made.append(f"instance {vm.name}")
-            clients.wait(project, op, "create the VM", deadline)
-            _wait_running(project, vm.zone, vm.name, say, deadline)
-    except BaseException as exc:
-        exc.made = made  # type: ignore[attr-defined]
-        raise
-    return made
+    if vm.shape.multi_host:
+        create("workload policy", c.policies.insert_unary, region=region, resource_policy_resource=workload_policy(vm))
+        create("instance template", c.templates.insert_unary, region=region, instance_template_resource=template(vm))
+        create(f"MIG of {vm.shape.vms} VMs", c.migs.insert_unary, zone=vm.zone,
+               instance_group_manager_resource=mig(vm, project))
+        _wait_up(project, vm.zone, vm.name, say, deadline)
+    else:
+        create("VM", c.instances.insert_unary, zone=vm.zone, instance_resource=instance(vm))
+        _wait_running(project, vm.zone, vm.name, say, deadline)
 
 
 def _wait_running(project: str, zone: str, name: str, say, deadline: float) -> None:
@@ -269,7 +249,7 @@ def node(record: SliceRecord) -> ComputeNode:
     """The slice's cloud side, for an attached Slice: deleted in order by %tpu_down."""
     from tpunb.provision.gcp.node import list_price
 
-    return ComputeNode(record, delete, slice_state, list_price(record))
+    return ComputeNode(record, delete, list_price(record))
 
 
 def delete(record: SliceRecord) -> None:
