@@ -47,14 +47,14 @@ def main() -> None:
     from IPython.testing.globalipapp import start_ipython
     import ipyparallel as ipp
     import tpunb
-    from tpunb import slices
+    from tpunb import manager
 
     shell = start_ipython()
     shell.run_cell("%load_ext tpunb")
     sink = io.StringIO()
 
     # 1. 4 hosts: tpunb vs ipyparallel, same shell, same run
-    slices.launch("v4-32", name="bench4")
+    manager.launch("v4-32", name="bench4")
     with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
         tpunb_4 = time_cells(lambda: shell.run_cell_magic("on_tpu", "", "pass"), args.runs)
         tpunb_4_bg = time_cells(lambda: shell.run_cell_magic("on_tpu", "--bg", "pass").wait(), args.runs)
@@ -66,7 +66,7 @@ def main() -> None:
         ipp_4 = time_cells(lambda: shell.run_cell_magic("px", "--block", "pass"), args.runs)
     client.close()
     cluster.stop_cluster_sync()
-    slices.down("bench4")
+    manager.down("bench4")
 
     # 1b. 4 hosts over SSH (real OpenSSH sshd on 4 loopback addresses)
     from tpunb.emulator.sshd import Sshd, write_ed25519
@@ -74,22 +74,22 @@ def main() -> None:
     server = Sshd(hosts=4)
     key = os.path.join(os.environ["TPUNB_HOME"], "bench_key")
     server.authorize(write_ed25519(Path(key)))
-    slices.connect([f"{a}:{server.port}" for a in server.addresses], key=key, python=server.python, name="ssh4")
+    manager.connect([f"{a}:{server.port}" for a in server.addresses], key=key, python=server.python, name="ssh4")
     with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
         tpunb_ssh = time_cells(lambda: shell.run_cell_magic("on_tpu", "", "pass"), args.runs)
-    slices.down("ssh4")
+    manager.down("ssh4")
     server.close()
 
     # 2. 64 hosts, none importing JAX
     started = time.perf_counter()
-    slices.launch("v4-512", name="bench64")
+    manager.launch("v4-512", name="bench64")
     launch_64 = time.perf_counter() - started
     with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
         tpunb_64 = time_cells(lambda: shell.run_cell_magic("on_tpu", "", "pass"), max(100, args.runs // 5))
-    slices.down("bench64")
+    manager.down("bench64")
 
     # 3. streaming 4 x 50,000 lines through the notebook display path (capped) and the logs
-    sl = slices.launch("v4-32", name="stream4")
+    sl = manager.launch("v4-32", name="stream4")
     lines = 50_000
     code = f"import os\nh = os.environ['TPUNB_HOST_INDEX']\nfor i in range({lines}):\n    print('host', h, 'line', i)"
     with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
@@ -99,7 +99,7 @@ def main() -> None:
     received = {h: r.stdout.count("\n") for h, r in result.items()}
     complete = all(n == lines for n in received.values()) and all(
         r.stdout.endswith(f"line {lines - 1}\n") for r in result.values())
-    slices.down("stream4")
+    manager.down("stream4")
 
     p50_t4, p99_t4 = percentiles(tpunb_4)
     p50_i4, p99_i4 = percentiles(ipp_4)

@@ -33,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["TPUNB_HOME"] = tempfile.mkdtemp(prefix="tpunb-bench-")
 
-    from tpunb import slices as api
+    from tpunb import manager as api
     from tpunb.provision import ssh as ssh_backend
     from tpunb import slice as slice_module
     from tpunb.emulator.sandbox import start_sandbox

@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT)]
 
 from tests.sshd import Sshd, _write_ed25519  # noqa: E402
 
-from tpunb import slices  # noqa: E402
+from tpunb import manager  # noqa: E402
 
 
 def proxy_ports(server: Sshd, delay: float) -> tuple[subprocess.Popen | None, list[str]]:
@@ -42,7 +42,7 @@ def proxy_ports(server: Sshd, delay: float) -> tuple[subprocess.Popen | None, li
 
 def connect_seconds(specs: list[str], key: Path, setup: bool, python: str) -> float:
     started = time.perf_counter()
-    sl = slices.connect(specs, key=str(key), name="bench", **({"setup": True} if setup else {"python": python}))
+    sl = manager.connect(specs, key=str(key), name="bench", **({"setup": True} if setup else {"python": python}))
     elapsed = time.perf_counter() - started
     sl.delete()
     return elapsed
@@ -86,7 +86,7 @@ def main() -> None:
             print(f"| {label} | {fast:.2f} | {slow:.2f} | {count:.2f} | {(count - min(times[0.0])) / counting:.1f} |",
                   flush=True)
     finally:
-        slices.detach_all()
+        manager.detach_all()
         server.close()
 
 

@@ -61,10 +61,10 @@ def section_local(args: argparse.Namespace) -> None:
     import ipyparallel
     import numpy as np
 
-    from tpunb import slices
+    from tpunb import manager
 
     value = np.random.default_rng(0).integers(0, 255, args.mb << 20, dtype=np.uint8)
-    sl = slices.launch("v4-32", name="bench-data")
+    sl = manager.launch("v4-32", name="bench-data")
     cluster = ipyparallel.Cluster(n=4, log_level=40)
     client = cluster.start_and_connect_sync()
     try:
@@ -96,7 +96,7 @@ def section_ssh(args: argparse.Namespace) -> None:
     """4 and 16 sshd hosts: push against Slice.sync of a file of the same size."""
     import numpy as np
 
-    from tpunb import slices
+    from tpunb import manager
     from tpunb.emulator.sshd import Sshd, write_ed25519
     from tpunb.transport.sync import sync_tree
 
@@ -119,7 +119,7 @@ def section_ssh(args: argparse.Namespace) -> None:
     try:
         for count in counts:
             addresses = [f"{a}:{sshd.port}" for a in sshd.addresses[:count]]
-            sl = slices.connect(addresses, key=str(key), python=sshd.python, name=f"bench-data-{count}")
+            sl = manager.connect(addresses, key=str(key), python=sshd.python, name=f"bench-data-{count}")
             synced = iter(range(10_000))
             try:
                 seconds = alternate({

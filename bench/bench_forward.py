@@ -128,7 +128,7 @@ def main() -> None:
     os.environ["TPUNB_HOME"] = str(home)
     os.environ["CLOUDSDK_CONFIG"] = str(home / "gcloud")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tpunb import report, slices
+    from tpunb import report, manager
     from tpunb.emulator.sshd import Sshd, write_ed25519
 
     sshd = Sshd(hosts=1, directory=home / "sshd")
@@ -139,7 +139,7 @@ def main() -> None:
     script.write_text(SERVER)
     port = free_port()
     with report.captured():
-        sl = slices.connect([f"{address}:{sshd.port}"], key=str(key), python=sshd.python, name="bench-forward")
+        sl = manager.connect([f"{address}:{sshd.port}"], key=str(key), python=sshd.python, name="bench-forward")
         sl.serve("files", f"exec {shlex.quote(sshd.python)} {script} {port} {args.megabytes}", wait_port=port)
     ours = int(sl.forward(port).rsplit(":", 1)[1].strip("/"))
     os.environ["TPUNB_FORWARD"] = "paramiko"
@@ -162,7 +162,7 @@ def main() -> None:
         ssh.terminate()
         ssh.wait()
         with report.captured():
-            slices.down("bench-forward")
+            manager.down("bench-forward")
         sshd.close()
 
     def pct(values: list[float], q: float) -> float:

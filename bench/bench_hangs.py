@@ -52,7 +52,7 @@ def main() -> None:
 
     from IPython.testing.globalipapp import start_ipython
     import tpunb
-    from tpunb import slices
+    from tpunb import manager
     from tpunb.emulator.sshd import Sshd, write_ed25519
 
     shell = start_ipython()
@@ -94,7 +94,7 @@ def main() -> None:
                 time.sleep(0.05)
 
         def timed_restart(name: str, into: list[float]) -> None:
-            standbys_up(slices.current(name))
+            standbys_up(manager.current(name))
             started = time.perf_counter()
             magic(f"tpu_restart --slice {name}")
             into.append(time.perf_counter() - started)
@@ -127,7 +127,7 @@ def main() -> None:
         os.environ["TPUNB_STANDBY"] = "eager"
         magic("tpu_launch v4-16 --name pair")
         cell("import jax\njax.device_count()")
-        pair = slices.current("pair")
+        pair = manager.current("pair")
         jax_restart = []
         for _ in range(args.jax_runs):
             magic("tpu_restart --slice pair")

@@ -41,7 +41,7 @@ def main() -> None:
     from IPython.testing.globalipapp import start_ipython
 
     import tpunb
-    from tpunb import slices
+    from tpunb import manager
     from tpunb.widgets.metrics import MetricsView
 
     shell = start_ipython()
@@ -49,7 +49,7 @@ def main() -> None:
     sink = io.StringIO()
 
     # 1. trivial cell, sampling on vs off, interleaved blocks of 50
-    sl = slices.launch("v4-32", name="bench4")
+    sl = manager.launch("v4-32", name="bench4")
     on, off = [], []
     with contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
         for _ in range(20):
@@ -77,10 +77,10 @@ def main() -> None:
         delays.append(time.time() - logged_at)
         unsubscribe()
     view.close()
-    slices.down("bench4")
+    manager.down("bench4")
 
     # 2. kernel CPU with 64 idle hosts, sampling at 1 Hz vs off
-    big = slices.launch("v4-512", name="bench64")
+    big = manager.launch("v4-512", name="bench64")
     time.sleep(3)  # let every host's first samples arrive before measuring
     used = {}
     for interval in (1.0, 0.0):
@@ -90,7 +90,7 @@ def main() -> None:
         time.sleep(args.seconds)
         used[interval] = (cpu_seconds() - before) / (time.perf_counter() - started) * 100
     samples_64 = len(big.metrics())
-    slices.down("bench64")
+    manager.down("bench64")
 
     on50, off50 = p50(on), p50(off)
     print(f"\nPython {sys.version.split()[0]}, {os.cpu_count()} cores, tpunb {tpunb.__version__}, "

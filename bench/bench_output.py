@@ -38,13 +38,13 @@ def child(lines: int) -> None:
     from IPython.testing.globalipapp import start_ipython
 
     import tpunb
-    from tpunb import slices
+    from tpunb import manager
 
     shell = start_ipython()
     shell.run_cell("%load_ext tpunb")
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-        sl = slices.launch("v4-16", name="bench-output")
+        sl = manager.launch("v4-16", name="bench-output")
     sink = io.StringIO()
     kernel = psutil.Process()
     before = peak = kernel.memory_info().rss
@@ -69,7 +69,7 @@ def child(lines: int) -> None:
             logged.append(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) - 2)
     print(json.dumps({"seconds": seconds, "logged": logged, "rss_growth": peak - before,
                       "notebook_bytes": len(sink.getvalue().encode()), "tpunb": tpunb.__file__}))
-    slices.down("bench-output")
+    manager.down("bench-output")
 
 
 def run_tree(tree: str, lines: int, home: str) -> dict:

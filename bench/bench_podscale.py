@@ -135,7 +135,7 @@ def main() -> None:
 
     from IPython.testing.globalipapp import start_ipython
     import tpunb
-    from tpunb import slices
+    from tpunb import manager
 
     shell = start_ipython()
     shell.run_cell("%load_ext tpunb")
@@ -150,19 +150,19 @@ def main() -> None:
         before, threads = rss_mb(), os_threads()
         started = time.perf_counter()
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            slices.launch(f"v4-{8 * n}", name=f"pod{n}")  # v4: 8 TensorCores a host
+            manager.launch(f"v4-{8 * n}", name=f"pod{n}")  # v4: 8 TensorCores a host
         launched[n] = {"launch_s": time.perf_counter() - started, "rss_mb": rss_mb() - before,
                        "threads": os_threads() - threads}
         print(f"launched {n} hosts in {launched[n]['launch_s']:.1f} s; load {load()}", flush=True)
     cell_load = load()
-    pids = {n: [p for h in slices.current(f"pod{n}").session.hosts
+    pids = {n: [p for h in manager.current(f"pod{n}").session.hosts
                 for p in (h.info["pid"], h.info.get("watchdog")) if p] for n in sizes}
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
         cells = interleave({n: (lambda n=n: shell.run_cell_magic("on_tpu", f"--slice pod{n}", "pass"))
                             for n in sizes}, args.runs, hosts=pids)
     cell_load += " -> " + load()
     for n in sizes:
-        slices.down(f"pod{n}")
+        manager.down(f"pod{n}")
     print(f"\n### Trivial cell on local hosts ({args.runs} cells each, taking turns; load {cell_load})\n")
     print("| hosts | p50 | p99 | per host (p50 / hosts) | kernel CPU per cell | per host | hosts' CPU per cell | "
           "per host | launch | kernel RSS per host | kernel threads per host |")
@@ -240,16 +240,16 @@ def main() -> None:
                 t.close()
             with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
                 started = time.perf_counter()
-                slices.connect(specs, key=str(key), python=servers[0].python, name=f"ssh{i}")
+                manager.connect(specs, key=str(key), python=servers[0].python, name=f"ssh{i}")
                 whole.append(time.perf_counter() - started)
                 if i < args.connect_repeat - 1:
-                    slices.down(f"ssh{i}")
+                    manager.down(f"ssh{i}")
         last = f"ssh{args.connect_repeat - 1}"
         ssh_rss = rss_mb() - rss_before
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             ssh_cells = interleave({"ssh": lambda: shell.run_cell_magic("on_tpu", f"--slice {last}", "pass")},
                                    max(50, args.runs // 2))["ssh"]
-            slices.down(last)
+            manager.down(last)
         ssh_load += " -> " + load()
         os.environ["TPUNB_HOME"] = home
         for server in servers:
@@ -264,7 +264,7 @@ def main() -> None:
         print(f"\n### SSH, {args.ssh_hosts} hosts on {-(-args.ssh_hosts // 16)} sshd of up to 16 loopback addresses "
               f"each ({args.connect_repeat} times; load {ssh_load})\n")
         print(f"| connect_all (median / max) | {ssh['connect']:.2f} s / {ssh['connect_max']:.2f} s |")
-        print(f"| slices.connect, agents up (median / max) | {ssh['whole']:.2f} s / {ssh['whole_max']:.2f} s |")
+        print(f"| manager.connect, agents up (median / max) | {ssh['whole']:.2f} s / {ssh['whole_max']:.2f} s |")
         print(f"| trivial cell p50 / p99 | {ssh['cells'][0]:.2f} ms / {ssh['cells'][1]:.2f} ms |")
         print(f"| kernel CPU per host: connect_all / trivial cell | {ssh['connect_cpu'] * 1e3:.2f} ms / "
               f"{ssh['cell_cpu'] * 1e6:.0f} us |")

@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT)]
 
 from tests.sshd import Sshd, _write_ed25519  # noqa: E402
 
-from tpunb import slices  # noqa: E402
+from tpunb import manager  # noqa: E402
 from tpunb.emulator.image import Image, kernel_prefix  # noqa: E402
 from tpunb.provision import hostenv  # noqa: E402
 
@@ -44,7 +44,7 @@ def fresh_hosts(work: Path, cache: Path, name: str) -> tuple[Sshd, Path]:
 
 def connect(server: Sshd, key: Path, **how) -> tuple[float, list]:
     started = time.perf_counter()
-    sl = slices.connect([f"{a}:{server.port}" for a in server.addresses], key=str(key), name="bench", **how)
+    sl = manager.connect([f"{a}:{server.port}" for a in server.addresses], key=str(key), name="bench", **how)
     elapsed = time.perf_counter() - started
     steps = [h.info.get("env", {}).get("seconds") for h in sl.session.hosts]
     sl.delete()
@@ -111,7 +111,7 @@ def main() -> None:
         for label, ours, peer in rows:
             print(f"| {label} | {ours:.2f} | {peer:.2f} | {ours / peer:.2f}x | {ours - peer:+.2f} |", flush=True)
     finally:
-        slices.detach_all()
+        manager.detach_all()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -66,7 +66,7 @@ def main() -> None:
     from IPython.testing.globalipapp import start_ipython
 
     import tpunb
-    from tpunb import slices
+    from tpunb import manager
     from tpunb.profile import view
 
     shell = start_ipython()
@@ -74,7 +74,7 @@ def main() -> None:
     formatter = shell.display_formatter  # a notebook renders HTML; a terminal shell does not
     formatter.active_types = [*formatter.active_types, "text/html"]
     formatter.formatters["text/html"].enabled = True
-    sl = slices.launch("v4-16", name="bench-profile")
+    sl = manager.launch("v4-16", name="bench-profile")
     marks: dict = {}
     real_run, real_render = sl.run, view.render
 

@@ -34,7 +34,7 @@ sys.path[:0] = [str(ROOT)]
 
 import numpy as np  # noqa: E402
 
-from tpunb import slices  # noqa: E402
+from tpunb import manager  # noqa: E402
 from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
 from tpunb.engine import relay  # noqa: E402
 
@@ -63,7 +63,7 @@ def timed_push(sl, x, how: str, fanout: int | None = None, repeat: int = 1, host
 
 def connect(specs: list[str], key: Path, python: str, name: str):
     with contextlib.redirect_stdout(io.StringIO()):
-        return slices.connect(specs, key=str(key), python=python, name=name)
+        return manager.connect(specs, key=str(key), python=python, name=name)
 
 
 def topology(sl, hosts: int, mb: float, repeat: int) -> None:
@@ -133,7 +133,7 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
         trip = sl.session.relay.round_trip or 1.0
         print(f"\nThe hosts answered relay_listen in {trip * 1e3:.0f} ms: the shipped rule cuts {mb:g} MB "
               f"into {relay.stripes(int(mb * 1e6), hosts, trip)} stripes.")
-        slices.down("delayed")
+        manager.down("delayed")
     finally:
         proxy.kill()
 
@@ -172,7 +172,7 @@ def cells_section(work: Path, hosts: int, rounds: int = 100) -> None:
         print("|---|---|---|")
         print(f"| {statistics.median(walls) * 1e3:.1f} ms | {statistics.median(cell_cpu) * 1e6:.0f} us "
               f"| {statistics.median(send_cpu) * 1e6:.0f} us |")
-        slices.down("cells")
+        manager.down("cells")
     finally:
         for server in servers:
             server.close()
@@ -206,7 +206,7 @@ def main() -> None:
             if "threshold" in sections:
                 threshold(sl, [int(n) for n in args.threshold_hosts.split(",")],
                           [float(mb) for mb in args.threshold_mb.split(",")], args.repeat)
-            slices.down("loopback")
+            manager.down("loopback")
         if "relay" in sections:
             for mbit in args.mbit:
                 relay_section(server, key, args.hosts, args.mb, args.delay, args.repeat, mbit,

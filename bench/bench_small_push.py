@@ -69,11 +69,11 @@ def main() -> None:
     import numpy as np
 
     import tpunb
-    from tpunb import slices
+    from tpunb import manager
 
     value = {"x": 1, "a": np.arange(1000)}
     accelerator = {1: "v4-8", 2: "v4-16", 4: "v4-32", 8: "v4-64"}[args.hosts]
-    sl = slices.launch(accelerator, name="bench-small-push")
+    sl = manager.launch(accelerator, name="bench-small-push")
     hosts = list(range(args.hosts))
     pids = [h.info["pid"] for h in sl.session.hosts]
     walls, medians, cpus = [], [], []
@@ -93,7 +93,7 @@ def main() -> None:
         host_cpu = (sum(map(cpu_seconds, pids)) - host_cpu) / len(walls)
         kernel_cpu = (time.process_time() - kernel_cpu) / len(walls)
     finally:
-        slices.down("bench-small-push")
+        manager.down("bench-small-push")
     walls.sort()
     print(f"\n### Small push\n\ntpunb from {tpunb.__file__.rsplit('/tpunb/', 1)[0]}; {len(walls)} pushes in blocks "
           f"of {args.block}\n")

@@ -120,9 +120,9 @@ class Harness:
 
     @property
     def slice(self):
-        from tpunb import slices
+        from tpunb import manager
 
-        return slices.current(self.name)
+        return manager.current(self.name)
 
     def agent_pid(self, host: int) -> int:
         return int(self.slice.session.hosts[host].info["pid"])
@@ -337,7 +337,7 @@ def orphan_after_down(h: Harness) -> Outcome:
 def kernel_dies_frozen(h: Harness) -> Outcome:
     script = (f"import os, sys, signal\nfrom IPython.testing.globalipapp import start_ipython\nip = start_ipython()\n"
               f"ip.run_cell('%load_ext tpunb')\nip.run_cell('%tpu_launch v4-16 --name orphaned')\n"
-              f"from tpunb import slices\nsl = slices.current()\n"
+              f"from tpunb import manager\nsl = manager.current()\n"
               f"print(' '.join(str(h.info['pid']) for h in sl.session.hosts), flush=True)\nsys.stdin.read()")
     kernel = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = kernel.stdout.readline()
@@ -356,11 +356,11 @@ def kernel_dies_frozen(h: Harness) -> Outcome:
 
 @case("owner pid reused by another process", where=("local",))
 def owner_pid_reused(h: Harness) -> Outcome:
-    from tpunb import slices
+    from tpunb import manager
     from tpunb.registry import Registry
 
     h.launch()
-    slices.detach_all()  # this kernel lets go of the slice, as a restarted kernel would have
+    manager.detach_all()  # this kernel lets go of the slice, as a restarted kernel would have
     reg = Registry()
     record = reg.get_slice(h.name)
     record.owner_pid = os.getppid()  # alive, but a different process from the kernel that launched it
@@ -401,8 +401,8 @@ def revive_race(h: Harness) -> Outcome:
 def down_all_other_owner(h: Harness) -> Outcome:
     script = ("import sys\nfrom IPython.testing.globalipapp import start_ipython\nip = start_ipython()\n"
               "ip.run_cell('%load_ext tpunb')\nip.run_cell('%tpu_launch v4-8 --name theirs')\n"
-              "from tpunb import slices\n"
-              "print(' '.join(str(h.info['pid']) for h in slices.current().session.hosts), flush=True)\n"
+              "from tpunb import manager\n"
+              "print(' '.join(str(h.info['pid']) for h in manager.current().session.hosts), flush=True)\n"
               "sys.stdin.read()")
     other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     other.stdout.readline()
@@ -661,9 +661,9 @@ def run_in_child(args) -> None:
     finally:
         harness.thaw()
     try:
-        from tpunb import slices
+        from tpunb import manager
 
-        slices.down(all=True)
+        manager.down(all=True)
     except Exception:
         pass
     account(outcome, harness)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from IPython.utils.capture import capture_output
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.engine import connection
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
@@ -39,7 +39,7 @@ def isolated_home(tmp_path_factory, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
     yield home
-    slices.detach_all()
+    manager.detach_all()
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def make_slice(request):
     ``make_slice.line(hosts, name)`` is the magic that makes the same slice, for tests of the magics."""
     if request.param == "local":
         def make(count: int = 2, name: str | None = None):
-            return slices.launch(ACCELERATOR_FOR_HOSTS[count], name=name)
+            return manager.launch(ACCELERATOR_FOR_HOSTS[count], name=name)
 
         make.line = lambda count=2, name=None: f"%tpu_launch {ACCELERATOR_FOR_HOSTS[count]}" + (
             f" --name {name}" if name else "")
@@ -74,7 +74,7 @@ def make_slice(request):
 
     def make(count: int = 2, name: str | None = None):
         addresses = [f"{a}:{server.port}" for a in server.addresses[:count]]
-        return slices.connect(addresses, key=str(key), python=server.python, name=name,
+        return manager.connect(addresses, key=str(key), python=server.python, name=name,
                            accelerator=ACCELERATOR_FOR_HOSTS[count], env=CPU_AS_TPU_HOST)
 
     def line(count: int = 2, name: str | None = None) -> str:

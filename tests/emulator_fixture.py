@@ -57,10 +57,10 @@ def configure(monkeypatch: pytest.MonkeyPatch, zone: str, project: str = "proj")
 
 def assert_nothing_leaked(emulator, home) -> None:
     """After a test: every node the emulator holds is one the registry knows (nothing bills unseen)."""
-    from tpunb import slices
+    from tpunb import manager
     from tpunb.registry import Registry
 
-    slices.detach_all()
+    manager.detach_all()
     known = {r.name for r in Registry(home / "registry.db").list_slices()}
     left = {n["name"].rsplit("/", 1)[-1] for n in emulator.state()["nodes"]}
     assert left <= known, f"nodes the registry does not know: {left - known}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.registry import Registry
 from tests.test_cloud import cloud, launch, tpu_emulator_options  # noqa: F401 - fixtures
 
@@ -77,7 +77,7 @@ def test_a_node_outlives_a_wiped_notebook_machine(cloud, sshd, launch, tmp_path)
 
     assert launch("--name kept").error is None
     assert launch("--name spare", accel="v4-8").error is None
-    slices.detach_all()  # this kernel goes away; the nodes run on
+    manager.detach_all()  # this kernel goes away; the nodes run on
     env = {k: v for k, v in os.environ.items() if k not in ("CLOUDSDK_COMPUTE_ZONE", "CLOUDSDK_COMPUTE_REGION")}
     env.update(TPUNB_HOME=str(tmp_path / "wiped"), CLOUDSDK_CONFIG=str(tmp_path / "no-gcloud"))
     manager, client = start_new_kernel(kernel_name="python3", env=env)

@@ -10,7 +10,7 @@ from tpunb.errors import UsageError
 from tpunb.provision import Backend, LaunchRequest, Made, gcp, local, ssh
 from tpunb.registry import Registry
 from tpunb.slice import Slice
-from tpunb.slices import SliceManager
+from tpunb.manager import SliceManager
 from tpunb.status import SliceStatus
 from tests.conftest import CPU_AS_TPU_HOST
 from tests.emulator_fixture import on_sshd

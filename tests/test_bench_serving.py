@@ -15,7 +15,7 @@ import pytest
 import tpunb
 from tests.conftest import ACCELERATOR_FOR_HOSTS, CPU_AS_TPU_HOST, interrupt_kernel_when
 from tests.test_serve import PYTHON, free_port, no_service_left  # noqa: F401 - autouse fixture
-from tpunb import slices
+from tpunb import manager
 from tpunb.engine import connection
 from tpunb.host.standalone import toy_llm
 from tpunb.host.standalone.toy_llm import Behaviour, ToyLLM
@@ -48,7 +48,7 @@ def received(server: ToyLLM) -> list[float]:
 
 def test_done_when_bench_a_service_on_a_local_slice(cell, tmp_path):
     """The issue's line: 12 requests at concurrency 1 of 16 tokens, first after 300 ms, then every 20 ms."""
-    sl = slices.launch(ACCELERATOR_FOR_HOSTS[1], name=f"bench-{uuid.uuid4().hex[:6]}")
+    sl = manager.launch(ACCELERATOR_FOR_HOSTS[1], name=f"bench-{uuid.uuid4().hex[:6]}")
     port, saved = free_port(), tmp_path / "bench.json"
     run = cell(f"%tpu_serve toy --wait-http {port}/health -- {toy_command(port, ttft=0.3, itl=0.02)}")
     assert run.error is None, run.shown
@@ -82,7 +82,7 @@ def test_done_when_bench_a_service_on_a_local_slice(cell, tmp_path):
 
 def test_through_a_forward_to_an_ssh_host_which_is_closed_afterwards(sshd, ssh_key, monkeypatch):
     monkeypatch.setattr(connection, "MARSHAL_FRAMES", False)
-    sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
+    sl = manager.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
                         name=f"bench-{uuid.uuid4().hex[:6]}", accelerator=ACCELERATOR_FOR_HOSTS[1], env=CPU_AS_TPU_HOST)
     port = free_port()
     sl.serve("toy", toy_command(port, python=sshd.python, ttft=0.05, itl=0.005), wait_port=port)

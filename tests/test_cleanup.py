@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import NoSliceError, UsageError
 from tpunb.host import protocol
 from tpunb.registry import process_start
@@ -86,12 +86,12 @@ def test_processes_a_cell_started_end_with_the_slice(make_slice, cell):
 def test_host_frozen_when_its_kernel_dies_does_not_stay_frozen(transport, request, tmp_path):
     """A kernel process (a real Python running tpunb) starts a slice and a child on host 0; host 0's
     agent is frozen, then the kernel is killed: the agent and its child end within seconds."""
-    connect = "slices.launch('v4-8', name='orphan')"
+    connect = "manager.launch('v4-8', name='orphan')"
     if transport == "ssh":
         server, key = request.getfixturevalue("sshd"), request.getfixturevalue("ssh_key")
-        connect = (f"slices.connect(['{server.addresses[0]}:{server.port}'], key={str(key)!r}, "
+        connect = (f"manager.connect(['{server.addresses[0]}:{server.port}'], key={str(key)!r}, "
                    f"python={server.python!r}, name='orphan', env={CPU_AS_TPU_HOST!r})")
-    script = ("import sys, time\nfrom tpunb import slices\n"
+    script = ("import sys, time\nfrom tpunb import manager\n"
               f"sl = {connect}\n"
               "child = sl.run(\"import subprocess; subprocess.Popen(['sleep', '1002']).pid\", output=None).reprs[0]\n"
               "print('pids', sl.session.hosts[0].info['pid'], child, flush=True)\n"
@@ -112,20 +112,20 @@ def test_host_frozen_when_its_kernel_dies_does_not_stay_frozen(transport, reques
 
 
 def test_a_reused_owner_pid_does_not_lock_a_local_slice(cell):
-    sl = slices.launch("v4-8", name="reused")
+    sl = manager.launch("v4-8", name="reused")
     sl.close()
-    slices.detach("reused")
-    reg = slices.registry()
+    manager.detach("reused")
+    reg = manager.registry()
     stranger = subprocess.Popen(["sleep", "60"])  # a live process that is not the slice's kernel
     try:
         record = reg.get_slice("reused")
         record.owner_pid, record.owner_start = stranger.pid, process_start(stranger.pid)
         reg.save_slice(record)
         with pytest.raises(UsageError, match="runs in another kernel"):
-            slices.use("reused")
+            manager.use("reused")
         record.owner_start = str(int(process_start(stranger.pid)) - 1)  # the owner was an earlier process
         reg.save_slice(record)
-        slices.use("reused")
+        manager.use("reused")
         assert cell("%%on_tpu\n6 + 1").shown.split() == ["7"]
         assert reg.get_slice("reused").owner_pid == os.getpid()
     finally:
@@ -135,7 +135,7 @@ def test_a_reused_owner_pid_does_not_lock_a_local_slice(cell):
 
 def test_two_threads_reviving_a_dead_host_start_one_agent(monkeypatch):
     monkeypatch.setenv("TPUNB_STANDBY", "likely")  # every agent counted below is a host's: no standby ahead
-    sl = slices.launch("v4-16", name="revived")
+    sl = manager.launch("v4-16", name="revived")
     victim = sl.session.hosts[1].info["pid"]
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: sl.session.dead_hosts() == [1], 10, "host 1 to be seen dead")
@@ -172,7 +172,7 @@ def test_deleting_a_slice_while_another_thread_revives_it_leaves_no_agent(pause)
     """The revival is held at a point inside its agent start (before host 1's agent is spawned, or
     after it was spawned and before its handshake) until the deletion has begun closing the hosts:
     the two overlap every run. Revival says the slice was deleted, in one line; nothing is left."""
-    sl = slices.launch("v4-16", name="raced")
+    sl = manager.launch("v4-16", name="raced")
     os.kill(sl.session.hosts[1].info["pid"], signal.SIGKILL)
     wait_for(lambda: sl.session.dead_hosts() == [1], 10, "host 1 to be seen dead")
     host, session = sl.session.hosts[1], sl.session
@@ -209,7 +209,7 @@ def test_deleting_a_slice_while_another_thread_revives_it_leaves_no_agent(pause)
     assert not reviving.is_alive()
     error = outcome.get("error")
     assert isinstance(error, NoSliceError) and "was deleted while its hosts were restarting" in str(error), outcome
-    assert slices.registry().get_slice("raced") is None
+    assert manager.registry().get_slice("raced") is None
     wait_for(lambda: not agents_of_this_kernel(), 10, "no agent to outlive Slice.delete()")
 
 

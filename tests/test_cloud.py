@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import AuthenticationError, CellInterrupted, ProvisionError, UnknownAcceleratorError
 from tpunb.registry import Registry
 from tests.conftest import interrupt_kernel_when, wait_for
@@ -65,7 +65,7 @@ def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
 def test_backend_defaults_to_gcp_with_a_project(cloud, cell, monkeypatch, launch):
     run = launch(accel="v4-8")
     assert run.error is None and "(backend gcp)" in run.stdout
-    assert slices.current().name == "tpunb-v4-8"
+    assert manager.current().name == "tpunb-v4-8"
     cell("%tpu_down")
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
     local = cell("%tpu_launch v4-8")
@@ -75,7 +75,7 @@ def test_backend_defaults_to_gcp_with_a_project(cloud, cell, monkeypatch, launch
 def test_preemption_is_detected_and_recover_relaunches(cloud, cell, launch):
     assert launch("--name spotty --spot").error is None
     cloud.preempt("spotty")
-    sl = slices.current()
+    sl = manager.current()
     wait_for(lambda: sl.node.info is not None and sl.node.info.state == "PREEMPTED", 10, "the background watch")
     run = cell("%%on_tpu\n1")
     assert isinstance(run.error, ProvisionError)
@@ -111,7 +111,7 @@ def test_os_login_ignoring_the_metadata_key_says_what_to_do(cloud, sshd, isolate
     cloud.faults(os_login=True)
     cloud.accounts(permissions={"user@example.com": ["roles/tpu.admin", "roles/compute.osLogin"]})
     with pytest.raises(AuthenticationError) as info:
-        slices.launch("v4-8", name="oslogin", backend="gcp", connect_wait=1)
+        manager.launch("v4-8", name="oslogin", backend="gcp", connect_wait=1)
     text = str(info.value)
     assert "OS Login is probably on in project proj" in text and "\n" not in text
     assert "gcloud compute os-login ssh-keys add --key-file" in text and "--user" in text
@@ -191,7 +191,7 @@ def test_status_lists_orphans_and_down_deletes_them(cloud, cell, ip):
 
 def test_use_reattaches_a_cloud_slice_after_a_kernel_restart(cloud, cell, launch):
     assert launch("--name kept").error is None
-    slices.detach_all()
+    manager.detach_all()
     run = cell("%tpu_use kept")
     assert run.error is None, run.shown
     assert "current slice: kept (v4-16, 2 hosts, gcp)" in run.stdout

@@ -17,7 +17,7 @@ import pytest
 
 import tpunb.colab
 from tests import colab_stand_in
-from tpunb import provision, report, slices
+from tpunb import provision, report, manager
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision.gcp import api as gcp
 from tpunb.registry import Registry
@@ -178,7 +178,7 @@ def test_launch_local_names_the_type_from_what_jax_sees_on_the_chips(colab, cell
     run = cell("%tpu_launch local")
     assert run.error is None, run.shown
     assert "this machine's TPU is a v6e-4 (4 chips, from jax.devices() on it)" in run.stdout
-    assert slices.current().kind == "v6e-4" and Registry().get_slice("local").accelerator == "v6e-4"
+    assert manager.current().kind == "v6e-4" and Registry().get_slice("local").accelerator == "v6e-4"
     assert "'v6e-4'" in cell("%%on_tpu\nimport os\nos.environ['TPUNB_ACCELERATOR']").shown  # one host: no label
 
 
@@ -189,7 +189,7 @@ def test_launch_local_puts_the_one_host_on_this_machines_own_chips(colab, cell, 
     run = cell("%tpu_launch local")
     assert run.error is None, run.shown
     assert "Launching 'local' on this machine's own TPU (v5litepod-1: 1 host x 1 chip)" in run.stdout
-    sl = slices.current()
+    sl = manager.current()
     assert (sl.name, sl.num_hosts, sl.record.spec) == ("local", 1, {"own_tpu": True})
     run = cell("%%on_tpu\nimport os, jax\nprint(repr(os.environ['JAX_PLATFORMS']), os.environ['XLA_FLAGS'])\n"
                "print(os.environ['TPUNB_ACCELERATOR'], jax.process_count(), jax.local_device_count())")
@@ -216,7 +216,7 @@ def test_a_kernel_whose_jax_holds_the_tpu_is_told_in_one_line(colab, cell, monke
     jax.devices()
     assert not tpunb.colab.kernel_holds_tpu()  # a CPU backend holds no TPU
     assert cell("%tpu_launch local").error is None
-    slices.detach_all()  # its host ends, as at a kernel restart; the registry keeps the slice
+    manager.detach_all()  # its host ends, as at a kernel restart; the registry keeps the slice
 
     monkeypatch.setitem(xla_bridge._backends, "tpu", types.SimpleNamespace(platform="tpu"))
     expected = ("this kernel already holds the TPU (jax was used here): restart the runtime and run "
@@ -226,5 +226,5 @@ def test_a_kernel_whose_jax_holds_the_tpu_is_told_in_one_line(colab, cell, monke
         assert isinstance(run.error, tpunb.colab.TpuHeldError), line
         assert str(run.error) == expected
         assert f"TpuHeldError: {expected}" in run.shown  # one line, no libtpu or tpunb traceback
-    assert slices.MANAGER.attached == {}  # no host process was started
+    assert manager.MANAGER.attached == {}  # no host process was started
     assert [r.name for r in Registry().list_slices()] == ["local"]

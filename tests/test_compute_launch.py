@@ -12,7 +12,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
-from tpunb import catalog, slices
+from tpunb import catalog, manager
 from tpunb.emulator.sandbox import start_sandbox
 from tpunb.status import readable
 
@@ -34,7 +34,7 @@ def cloud(box, isolated_home, monkeypatch):
     monkeypatch.setenv("TPUNB_COMPUTE_API_ENDPOINT", box.compute_url)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", box.project)
     yield box
-    slices.detach_all()
+    manager.detach_all()
 
 
 class Google:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import AuthenticationError, CellInterrupted, HostDiedError, HostKeyError, RemoteError, TransportError
 from tests.conftest import interrupt_kernel_when, wait_for_files
 from tests.sshd import _write_ed25519
@@ -35,7 +35,7 @@ def test_connect_orders_hosts_as_given_and_sets_env_secretly(connect, cell, sshd
                  "os.environ['HF_TOKEN'] == 'hf_s3cret_token')")
     for index, address in enumerate(reversed_hosts):
         assert f"Out[{index}]: ('{address}', '{index}', True)" in where.shown
-    pids = [h.info["pid"] for h in slices.current().session.hosts]
+    pids = [h.info["pid"] for h in manager.current().session.hosts]
     for pid in pids:  # sent over the agent's stdin: not on any command line
         assert b"hf_s3cret_token" not in Path(f"/proc/{pid}/cmdline").read_bytes()
     status = cell("%tpu_status")
@@ -111,7 +111,7 @@ def test_tpu_run_streams_labels_and_fails_if_any_host_fails(patient_grouping, co
     assert isinstance(failed.error, RemoteError)
     assert "[0-1] same" in failed.stdout and "exit codes: [0] 0, [1] 1" in failed.stdout
     assert "failed on host 1 (host 1: exit 1)" in str(failed.error)
-    assert slices.current().last_result[1].exit_code == 1
+    assert manager.current().last_result[1].exit_code == 1
 
 
 def test_tpu_run_is_interruptible_and_works_on_local_slices(make_slice, cell, flags):
@@ -143,7 +143,7 @@ def test_sync_copies_changes_only_and_honours_gitignore(connect, cell, sshd, tmp
     assert "sync" in first.stderr  # the text progress outside widget front ends
     (project / "pkg" / "model.py").write_text("SIZE = 2\n")
     cell(f"%tpu_sync {project} {remote} --exclude '*.tmp'")
-    report = slices.current().sync(str(project), str(remote), ("*.tmp",))
+    report = manager.current().sync(str(project), str(remote), ("*.tmp",))
     assert report.files_sent == 0  # nothing changed since the last sync
     assert (remote / "pkg" / "model.py").read_text() == "SIZE = 2\n"
     assert "Out[0-1]: 'SIZE = 2\\n'" in cell(f"%%on_tpu\nopen('{remote}/pkg/model.py').read()").shown
@@ -157,7 +157,7 @@ def test_sync_on_a_local_slice_has_nothing_to_copy(cell):
 
 def test_use_reconnects_an_ssh_slice_after_a_kernel_restart(connect, cell, sshd):
     connect(sshd.addresses[:2], "--name remote --env SECRET=1")
-    slices.detach_all()
+    manager.detach_all()
     run = cell("%tpu_use remote")
     assert run.error is None, run.shown
     assert "state was lost" in run.stderr and "SECRET are not set" in run.stderr
@@ -171,7 +171,7 @@ def test_hosts_you_bring_can_be_a_multislice(patient_grouping, connect, cell, ss
     env = cell("%%on_tpu\nimport os\nprint(os.environ['MEGASCALE_SLICE_ID'], os.environ['MEGASCALE_NUM_SLICES'], "
                "os.environ['MEGASCALE_COORDINATOR_ADDRESS'])")
     assert env.stdout == f"[s0] 0 2 {sshd.addresses[0]}:8080\n[s1] 1 2 {sshd.addresses[0]}:8080\n", env.shown
-    table = slices.status()
+    table = manager.status()
     assert set(table["accelerator"]) == {"4 hosts in 2 slices"} and list(table["slice_index"]) == [0, 0, 1, 1]
     assert "Out[s1/1]: 3" in cell("%%on_tpu --hosts s1/1\nint(os.environ['TPUNB_HOST_INDEX'])").shown
     assert "deleted pair" in cell("%tpu_down pair").stdout

@@ -76,9 +76,9 @@ def test_pushed_values_arrive_equal_writable_and_private_to_each_host(make_slice
 
 
 def test_local_push_and_pull_of_large_arrays_by_memfd_or_pipes(local_way, cell):
-    from tpunb import slices
+    from tpunb import manager
 
-    sl = slices.launch("v4-16")
+    sl = manager.launch("v4-16")
     value = np.random.default_rng(0).integers(0, 255, 40 << 20, dtype=np.uint8)
     sl.push({"x": value, "y": {"w": value[:1000].astype(np.float32)}})
     assert cell("%%on_tpu\nx[:10] = 0\nz = x.reshape(-1, 1024)[:, :512]\nx.flags.writeable").error is None
@@ -95,12 +95,12 @@ def test_local_push_and_pull_of_large_arrays_by_memfd_or_pipes(local_way, cell):
 def test_a_local_host_that_cannot_map_the_kernels_memfd_is_sent_parts(monkeypatch):
     import subprocess
 
-    from tpunb import slices
+    from tpunb import manager
 
     gone = subprocess.Popen(["true"])
     gone.wait()  # reaped: /proc/PID/fd is no more, as where /proc is closed to the hosts
     monkeypatch.setattr(transfer, "memfd_owner", lambda: gone.pid)
-    sl = slices.launch("v4-16")
+    sl = manager.launch("v4-16")
     for run in range(2):
         value = np.arange(100_000 + run)  # over transfer.INLINE: not sent in the request itself
         sl.push({"v": value})

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb import diagnose, doctor, slices
+from tpunb import diagnose, doctor, manager
 from tpunb.host import diagnose as host_diagnose
 
 
@@ -51,7 +51,7 @@ def test_a_host_with_another_jax_is_named_in_one_warning(cell, sshd, ssh_key, ot
     assert list(table["jax"]) == [ours, "0.4.1", ours]
     assert set(table["python"]) == {host_diagnose.versions()["python"]}
     assert set(table["libtpu"]) == {""}  # not installed here: a blank, not None
-    assert diagnose.problems(slices.current()) == [warnings[0]]
+    assert diagnose.problems(manager.current()) == [warnings[0]]
     rows = {r.check: r for r in doctor()}  # %tpu_doctor finds the same, and nothing else wrong
     assert rows["package versions"].status == "warning" and warnings[0] in rows["package versions"].why
     assert rows["TPU free"].status == rows["coordinator port"].status == "ok"
@@ -61,14 +61,14 @@ def test_hosts_that_agree_give_no_warning(cell, sshd, ssh_key):
     run = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:2])} --key {ssh_key} --python {sshd.python}")
     assert run.error is None, run.shown
     assert "different versions" not in run.shown
-    assert slices.current().warn_version_skew() is None
+    assert manager.current().warn_version_skew() is None
 
 
 def test_hosts_on_the_kernels_python_do_not_read_their_versions_but_show_the_kernels(cell):
     """A local slice's hosts run this kernel's Python: their hello says so instead of reading
     package metadata (10 ms a process), and %tpu_status --versions shows this kernel's versions."""
     assert cell("%tpu_launch v4-16 --name same").error is None
-    sl = slices.current()
+    sl = manager.current()
     assert [h.info["versions"] for h in sl.session.hosts] == ["kernel", "kernel"]
     ours = host_diagnose.versions()
     table = cell("%tpu_status --versions").result.result
@@ -113,7 +113,7 @@ def test_a_process_holding_the_tpu_is_named_and_the_given_line_frees_it(cell, ss
     assert failed.error is not None
     assert f"the TPU on host 0 is held by pid {holder.pid}" in failed.shown, failed.shown
     assert "-c import sys; f = open(sys.argv[1])" in failed.shown  # its command line
-    checks = diagnose.check_hosts(slices.current())  # what %tpu_doctor asks, on demand
+    checks = diagnose.check_hosts(manager.current())  # what %tpu_doctor asks, on demand
     assert [c.host for c in checks] == [0, 1]
     assert all(f"held by pid {holder.pid}" in c.tpu_busy and c.coordinator is None for c in checks)
     row = next(r for r in doctor() if r.check == "TPU free")
@@ -216,7 +216,7 @@ def test_a_coordinator_port_that_drops_packets_fails_the_cell_in_seconds(cell, s
     assert f"port {dropping_port}, JAX's coordinator port, is taken on host 0 by pid {os.getpid()}" in failed.shown
     assert f"gcloud compute firewall-rules create tpunb-jax-{dropping_port}" in failed.shown
     assert f"--allow tcp:{dropping_port}" in failed.shown
-    found = diagnose.problems(slices.current(), probe_seconds=1)
+    found = diagnose.problems(manager.current(), probe_seconds=1)
     assert found == [f"host {h} cannot reach the JAX coordinator at {sshd.addresses[0]}:{dropping_port} "
                      "(no answer in 1 s)" for h in (0, 1)]
 
@@ -232,7 +232,7 @@ def test_a_fixed_coordinator_port_survives_a_restart(cell, sshd, ssh_key):
         run = cell("%%on_tpu\nimport jax, os\n(jax.process_count(), os.getpid())")
         assert run.error is None, run.shown
         assert "Out[1]: (2, " in run.shown
-        pids.append(slices.current().session.hosts[0].info["pid"])
+        pids.append(manager.current().session.hosts[0].info["pid"])
         assert cell("%%on_tpu\nexit()").error is None
     assert pids[0] != pids[1]  # really restarted
 

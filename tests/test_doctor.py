@@ -10,7 +10,7 @@ from google.cloud import tpu_v2
 
 from tests.conftest import wait_for
 from tests.emulator_fixture import configure, on_sshd
-from tpunb import doctor, slices
+from tpunb import doctor, manager
 from tpunb.doctor import hosts as host_checks
 from tpunb.errors import NoSliceError, UsageError
 from tpunb.provision.gcp import api
@@ -27,7 +27,7 @@ def tpu_emulator_options(sshd):
 def cloud(tpu_emulator, monkeypatch):
     configure(monkeypatch, ZONE)
     yield tpu_emulator
-    slices.down(all=True)
+    manager.down(all=True)
 
 
 def rows(report) -> dict[str, tuple[str, str]]:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import interrupt_kernel_when, wait_for
 from tests.emulator_fixture import configure, on_sshd
-from tpunb import catalog, slices
+from tpunb import catalog, manager
 from tpunb.errors import CellInterrupted, ProvisionError, UsageError
 from tpunb.provision.gcp import api, failover
 from tpunb.registry import Registry
@@ -28,7 +28,7 @@ def cloud(tpu_emulator, monkeypatch, isolated_home):
     """A configured project pointed at the emulator; after the test nothing is left in any zone."""
     configure(monkeypatch, Z1)
     yield tpu_emulator
-    slices.down(all=True)
+    manager.down(all=True)
     assert tpu_emulator.state()["nodes"] == [] and tpu_emulator.state()["queuedResources"] == []
 
 
@@ -87,7 +87,7 @@ def test_interrupting_a_race_deletes_every_queued_resource(cloud, launch, isolat
 def test_every_zone_failing_gives_one_line_per_zone_then_what_to_try(cloud, sshd, isolated_home):
     cloud.faults(no_capacity=[Z1], quota="operation", quota_regions=[catalog.region_of(Z2)], permission_denied=[Z3])
     with pytest.raises(ProvisionError) as info:
-        slices.launch("v5p-8", name="nowhere", backend="gcp", zone=[Z1, Z2, Z3], api="tpu")
+        manager.launch("v5p-8", name="nowhere", backend="gcp", zone=[Z1, Z2, Z3], api="tpu")
     lines = str(info.value).splitlines()
     assert lines[0] == "nowhere was granted nowhere (3 tries):"
     assert lines[1:4] == [f"  {Z1} v5p-8: no capacity", f"  {Z2} v5p-8: quota exceeded",
@@ -169,7 +169,7 @@ def test_a_kernel_killed_mid_race_leaves_what_tpu_down_deletes_in_every_zone(clo
         kernel.kill()
         kernel.wait()
     assert places(cloud.state(), "queuedResources") == sorted([Z1, Z2, Z3])  # the dead kernel left them
-    assert slices.down("cut") == ["cut"]
+    assert manager.down("cut") == ["cut"]
     assert cloud.state()["queuedResources"] == [] and Registry(isolated_home / "registry.db").list_slices() == []
 
 

@@ -430,7 +430,7 @@ def test_a_failed_cleanup_is_said_in_one_line_and_listed_as_an_orphan_until_gone
     """Ctrl-C while the node is created, and its delete is denied: one line names the node and the
     exact gcloud command; %tpu_status and the sidebar list it (no project configured: the recorded
     place is surveyed) until it is gone, re-checked on every listing."""
-    from tpunb import report, slices
+    from tpunb import report, manager
     from tpunb.registry import Registry
     from tpunb.server import model
 
@@ -450,7 +450,7 @@ def test_a_failed_cleanup_is_said_in_one_line_and_listed_as_an_orphan_until_gone
     assert "PERMISSION_DENIED" in line or "denied" in line
     assert Registry().orphans()[0][:3] == (P, Z, "stuck")
 
-    [row] = [r for r in slices.host_rows() if r.slice == "stuck"]
+    [row] = [r for r in manager.host_rows() if r.slice == "stuck"]
     assert row.state.startswith("ORPHAN: its launch was interrupted and deleting it failed") and command in row.state
     [orphan] = model.list_slices()["orphans"]
     assert orphan["name"] == "stuck" and orphan["orphan"] and command in orphan["message"]
@@ -458,9 +458,9 @@ def test_a_failed_cleanup_is_said_in_one_line_and_listed_as_an_orphan_until_gone
     tpu_emulator.faults(delete_denied=False)
     if queued:  # deleted by hand (as the command would): the next listing forgets it
         assert gcp.delete(P, Z, "stuck", wait=True)
-        assert [r for r in slices.host_rows() if r.slice == "stuck"] == [] and Registry().orphans() == []
+        assert [r for r in manager.host_rows() if r.slice == "stuck"] == [] and Registry().orphans() == []
     else:  # or %tpu_down, which deletes it through the recorded place
-        assert slices.down("stuck") == ["stuck"] and Registry().orphans() == []
+        assert manager.down("stuck") == ["stuck"] and Registry().orphans() == []
         assert model.list_slices()["orphans"] == []
     assert leftovers(tpu_emulator) == ([], [])
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.diagnose.pythons import kernel_python
 from tpunb.errors import CellInterrupted, HostSetupError, UsageError
 from tpunb.provision import hostenv
@@ -72,7 +72,7 @@ def test_first_cell_on_a_bare_v5litepod_16(cloud, cell, bare):
                  "os.path.dirname(jax.__file__), os.path.dirname(flax.__file__)")
     assert first.error is None, first.shown
     assert f"[0-3] 16 4 {tuple(sys.version_info[:2])}" in first.stdout, first.shown
-    reprs = slices.current().last_result.reprs
+    reprs = manager.current().last_result.reprs
     for host in range(4):
         site = str(env_dir(bare, host) / "lib")
         jax_dir, flax_dir = ast.literal_eval(reprs[host])
@@ -100,7 +100,7 @@ def test_a_relaunch_onto_kept_disks_only_checks_and_status_shows_versions(cloud,
     run = cell("%tpu_launch v5litepod-16 --name again")
     assert run.error is None, run.shown
     assert "preparing" not in run.stdout + run.stderr
-    sl = slices.current()
+    sl = manager.current()
     assert all(h.info["env"]["fresh"] is False for h in sl.session.hosts)
     cell("%tpu_status --versions")
     frame = ip.user_ns["_"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import CellInterrupted, UsageError
 from tpunb.host.standalone import idle
 from tpunb.provision.gcp import api
@@ -48,7 +48,7 @@ def cloud(tpu_emulator, monkeypatch):
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
     monkeypatch.delenv("TPUNB_IDLE_DELETE", raising=False)
     yield tpu_emulator
-    slices.detach_all()
+    manager.detach_all()
 
 
 def node_names(emulator) -> list[str]:
@@ -267,7 +267,7 @@ def test_a_launch_holds_its_node_past_the_idle_limit_until_its_checks_end(cloud,
     done = time.monotonic()
     wait_for(lambda: "held" not in node_names(cloud), 2 + BOUND, "the idle watchdog to delete the node")
     assert time.monotonic() - done > 1.5  # the idle time counted from the launch's end
-    slices.down("held")
+    manager.down("held")
 
 
 def test_ctrl_c_in_the_launchs_last_wait_deletes_its_node(cloud, sshd, cell, monkeypatch):
@@ -280,7 +280,7 @@ def test_ctrl_c_in_the_launchs_last_wait_deletes_its_node(cloud, sshd, cell, mon
     run = cell(launch_line(sshd, "--name cut --idle-delete 1h"))
     assert isinstance(run.error, CellInterrupted), run.shown
     assert "launch of cut interrupted: nothing is left running" in str(run.error)
-    assert "cut" not in node_names(cloud) and slices.registry().get_slice("cut") is None
+    assert "cut" not in node_names(cloud) and manager.registry().get_slice("cut") is None
 
 
 FORKS_ON = """
@@ -373,7 +373,7 @@ def test_killed_kernel_node_is_deleted_on_time(cloud, sshd):
     finally:
         if kernel.poll() is None:
             kill(kernel)
-    status = slices.status()  # this kernel, and the sidebar's server, read the dead kernel's last mark
+    status = manager.status()  # this kernel, and the sidebar's server, read the dead kernel's last mark
     timer = status[status["slice"] == "idle-kill"]["idle_delete_in"]
     from tpunb.server import model
 
@@ -441,7 +441,7 @@ def test_reattaching_arms_a_watchdog_that_was_lost(cloud, sshd, cell):
     for pid in first:
         os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not watchdogs(host_dir), 10, "the watchdog to die")
-    slices.detach_all()
+    manager.detach_all()
     assert cell("%tpu_use again").error is None  # host 0's agent starts: it arms a new watchdog
     assert wait_for(lambda: watchdogs(host_dir), 10, "a new watchdog") != first
     assert cell("%tpu_down again").error is None

@@ -97,7 +97,7 @@ def test_no_import_circle_inside_tpunb():
 
 def test_the_check_sees_a_circle_when_there_is_one():
     edges = graph()
-    edges["tpunb.errors"] = edges["tpunb.errors"] | {"tpunb.slices"}  # slices -> ... -> errors
+    edges["tpunb.errors"] = edges["tpunb.errors"] | {"tpunb.manager"}  # slices -> ... -> errors
     assert find_cycle(edges) is not None
 
 
@@ -292,7 +292,7 @@ MUTABLE_CALLS = {"list", "dict", "set", "defaultdict", "deque", "OrderedDict", "
                  "WeakValueDictionary", "WeakSet"}
 #: the kernel's module-level state, and why each is one: the issue 32 cap is three
 STATE_ALLOWED = {
-    ("slices.py", "MANAGER"): "the kernel's slices, current slice, --env values, last profile and run: one object",
+    ("manager.py", "MANAGER"): "the kernel's slices, current slice, --env values, last profile and run: one object",
     ("provision/cache.py", "_cache"): "Google Cloud clients, sessions, credentials, answers that do not change",
     ("report.py", "_once"): "what the kernel said or did once already (report.once)",
 }
@@ -462,18 +462,17 @@ THREADS_ALLOWED = {
     ("metrics/feed.py", "self._run"): "one per metrics feed",
     ("provision/gcp/node.py", "self._watch"): "one per cloud node: its preemption watch",
     ("provision/warm.py", "_import_all"): "one per kernel: imports what Ctrl-C must not cut, ahead of time",
-    ("hangs/standby.py", "self._prepare_when_quiet"): "one per slice: starts standby agents once quiet",
-    ("hangs/standby.py", "self._launch"): "one per slice: the standby agents' start",
-    ("hangs/standby.py", "standby.close"): "one per dropped standby: ended without holding the caller",
-    ("hangs/background.py", "self._serve"): "one per slice: runs its queue of background cells",
-    ("hangs/laggards.py", "self._read"): "one per slow request: reads the late hosts' stacks",
+    ("engine/standby.py", "self._prepare_when_quiet"): "one per slice: starts standby agents once quiet",
+    ("engine/standby.py", "self._launch"): "one per slice: the standby agents' start",
+    ("engine/standby.py", "standby.close"): "one per dropped standby: ended without holding the caller",
+    ("engine/background.py", "self._serve"): "one per slice: runs its queue of background cells",
+    ("stuck/laggards.py", "self._read"): "one per slow request: reads the late hosts' stacks",
     ("serve/bench.py", "work"): "one per %tpu_bench run: its asyncio client, which the notebook's Ctrl-C stops",
 }
 #: sleep-poll loops kernel code may keep outside tpunb/fanout.py and tpunb/engine/: (file, function) -> why
 SLEEPS_ALLOWED = {
     ("provision/ssh.py", "connect_hosts"): "backoff between SSH tries while fresh VMs start their sshd",
     ("provision/local.py", "end_hosts"): "another kernel's host processes: only their state can be read",
-    ("hangs/standby.py", "wait_ready"): "standby agents' state, for tests and status",
     ("serve/services.py", "follow"): "a service's log on another machine (issue 38: to become a stream)",
 }
 

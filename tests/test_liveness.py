@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import CellInterrupted, HostDiedError
 from tpunb.engine.request import PRESS_FLOOR
 from tpunb.session import HEARTBEAT_TIMEOUT
@@ -109,7 +109,7 @@ def test_host_found_frozen_while_no_cell_ran_fails_the_next_cell_at_once(make_sl
     frozen_at = time.perf_counter()
     wait_for(lambda: not sl.session.hosts[0].alive, BOUND, "the session to notice host 0 froze")
     assert time.perf_counter() - frozen_at < BOUND
-    assert [r.state for r in slices.host_rows() if r.slice == sl.name][0] == "gone"  # not listed as running
+    assert [r.state for r in manager.host_rows() if r.slice == sl.name][0] == "gone"  # not listed as running
     run = cell("%%on_tpu\n1")
     assert isinstance(run.error, HostDiedError) and run.seconds < 2.0
     assert "host 0 stopped answering (no heartbeat for" in str(run.error) and "while no cell ran" in str(run.error)
@@ -152,7 +152,7 @@ def test_interrupt_escalation_with_a_frozen_ssh_host_is_bounded(make_slice, cell
     assert isinstance(run.error, CellInterrupted), run.shown
     assert seconds < grace + 2.0, f"the interrupt took {seconds:.1f} s"
     assert run.error.results[0].status == "interrupted" and run.error.results[1].status == "killed"
-    assert [row.state for row in slices.host_rows() if row.slice == sl.name] == ["running", "gone"]
+    assert [row.state for row in manager.host_rows() if row.slice == sl.name] == ["running", "gone"]
     sl.heartbeat_timeout = HEARTBEAT_TIMEOUT
     assert "Out[0-1]: 4" in cell("%%on_tpu\n4").shown
 
@@ -182,7 +182,7 @@ def test_ctrl_c_pressed_again_and_again_escalates_without_a_traceback(make_slice
     for text in ("Traceback", "KeyboardInterrupt", "paramiko", "tpunb/"):
         assert text not in run.shown, run.shown
     assert run.error.results[0].status == "interrupted" and run.error.results[1].status == "killed"
-    assert [row.state for row in slices.host_rows() if row.slice == sl.name] == ["running", "gone"]
+    assert [row.state for row in manager.host_rows() if row.slice == sl.name] == ["running", "gone"]
     assert "Out[0-1]: 5" in cell("%%on_tpu\n5").shown
 
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from tests.conftest import wait_for
-from tpunb import report, slices
+from tpunb import report, manager
 from tpunb.metrics import MetricsStore
 from tpunb.widgets.metrics import render_html, stragglers
 
@@ -132,7 +132,7 @@ def test_tpu_runtime_metrics_from_libtpus_grpc_service(monkeypatch):
     server, servicer, address = serve()
     monkeypatch.setenv("TPUNB_TPU_METRICS_ADDRESS", address)  # what /dev/accel* turns on, on a TPU VM
     try:
-        sl = slices.launch("v4-8")
+        sl = manager.launch("v4-8")
         wait_for(lambda: latest(sl, "duty_cycle_percent", 0) is not None, 30, "TPU runtime metrics")
         frame = sl.metrics()
         duty = frame[frame.metric == "duty_cycle_percent"].groupby("chip").value.last()
@@ -141,7 +141,7 @@ def test_tpu_runtime_metrics_from_libtpus_grpc_service(monkeypatch):
         assert hbm.to_dict() == {i: (i + 1) * 2**30 for i in range(4)}
         assert set(frame[frame.metric == "hbm_total_bytes"].value) == {HBM_TOTAL}
         assert "tpu.runtime.tensorcore.dutycycle.percent" in servicer.requests
-        row = slices.status().iloc[0]
+        row = manager.status().iloc[0]
         assert row["hbm_used_bytes"] == 10 * 2**30  # all chips of the host
     finally:
         server.stop(0)
@@ -158,7 +158,7 @@ def test_libtpus_slice_wide_chip_ids_are_the_hosts_chips_0_to_3(monkeypatch):
     server, _, address = serve(rows)
     monkeypatch.setenv("TPUNB_TPU_METRICS_ADDRESS", address)
     try:
-        sl = slices.launch("v4-8")
+        sl = manager.launch("v4-8")
         wait_for(lambda: len(set(sl.metrics().query("metric == 'hbm_used_bytes'").chip)) == 4, 30, "every chip's HBM")
         frame = sl.metrics()
         hbm = frame[frame.metric == "hbm_used_bytes"].groupby("chip").value.last()

@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.display import CellOutput, render_values
 from tpunb.errors import CellInterrupted, ProvisionError, UsageError
 from tpunb.display.hosts import Layout
@@ -92,7 +92,7 @@ def test_local_multislice_is_one_jax_job_with_the_multislice_environment(patient
     launched = cell("%tpu_launch v4-16 --slices 2")
     assert launched.error is None, launched.shown
     assert "2 x v4-16 as a local simulated multislice 'v4-16-x2'" in launched.shown
-    sl = slices.current()
+    sl = manager.current()
     assert (sl.num_hosts, sl.num_slices, sl.kind) == (4, 2, "2 x v4-16")
 
     env = cell("%%on_tpu\nimport os\nprint(*(os.environ[k] for k in ('TPUNB_SLICE_INDEX', 'MEGASCALE_SLICE_ID', "
@@ -121,19 +121,19 @@ def test_local_multislice_is_one_jax_job_with_the_multislice_environment(patient
     bad = cell("%%on_tpu --hosts s2\npass")
     assert "slice 2 does not exist (this multislice has slices 0-1)" in bad.shown and "Traceback" not in bad.shown
 
-    slices.detach_all()  # a kernel restart: %tpu_use starts all four hosts again, still a multislice
+    manager.detach_all()  # a kernel restart: %tpu_use starts all four hosts again, still a multislice
     again = cell("%tpu_use v4-16-x2")
     assert "current slice: v4-16-x2 (2 x v4-16, 4 hosts, local)" in again.stdout, again.shown
-    sl = slices.current()
+    sl = manager.current()
     assert "[s1] 1\n" in cell("%%on_tpu\nimport os\nprint(os.environ['MEGASCALE_SLICE_ID'])").stdout
 
-    table = slices.status()
+    table = manager.status()
     assert set(table["slice"]) == {"v4-16-x2"} and set(table["accelerator"]) == {"2 x v4-16"}
     assert list(table["slice_index"]) == [0, 0, 1, 1] and list(table["host"]) == [0, 1, 2, 3]
     pids = [h.info["pid"] for h in sl.session.hosts]
     assert cell("%tpu_down v4-16-x2").stdout == "deleted v4-16-x2\n"
     assert not any(_alive(pid) for pid in pids)
-    assert slices.registry().get_slice("v4-16-x2") is None
+    assert manager.registry().get_slice("v4-16-x2") is None
 
 
 def _alive(pid: int) -> bool:
@@ -156,7 +156,7 @@ def _alive(pid: int) -> bool:
 def test_bad_slices_are_one_line(cell, line, says):
     run = cell(line)
     assert says in run.shown and "Traceback" not in run.shown
-    assert slices.registry().list_slices() == []
+    assert manager.registry().list_slices() == []
 
 
 # -- Cloud TPU, through the emulator: one queued resource for every slice -----------------------------
@@ -190,7 +190,7 @@ def test_a_cloud_multislice_is_one_queued_resource_and_one_slice_in_tpunb(patien
     nodes = {n["name"].rsplit("/", 1)[-1]: n for n in cloud.state()["nodes"]}
     assert sorted(nodes) == ["pair-0", "pair-1"] and {n["state"] for n in nodes.values()} == {"READY"}
 
-    sl = slices.current()
+    sl = manager.current()
     first = nodes["pair-0"]["hosts"][0]  # host 0 of slice 0 coordinates the slices
     assert [h.address.split(":")[0] for h in sl.record.hosts] == nodes["pair-0"]["hosts"] + nodes["pair-1"]["hosts"]
     env = cell("%%on_tpu\nimport os\nprint(os.environ['MEGASCALE_COORDINATOR_ADDRESS'], "
@@ -217,7 +217,7 @@ def test_a_cloud_multislice_is_one_queued_resource_and_one_slice_in_tpunb(patien
     down = cell("%tpu_down pair")
     assert down.error is None and down.stdout == "deleted pair\n"
     assert cloud.state()["nodes"] == [] and cloud.state()["queuedResources"] == []
-    assert slices.registry().get_slice("pair") is None
+    assert manager.registry().get_slice("pair") is None
 
 
 def test_a_multislice_that_cannot_all_fit_is_deleted_whole_on_timeout(cloud, cell, sshd):
@@ -225,7 +225,7 @@ def test_a_multislice_that_cannot_all_fit_is_deleted_whole_on_timeout(cloud, cel
     assert isinstance(run.error, ProvisionError), run.shown
     assert "WAITING_FOR_RESOURCES after 1 s" in str(run.error) and "\n" not in str(run.error)
     assert cloud.state()["nodes"] == [] and cloud.state()["queuedResources"] == []
-    assert slices.registry().get_slice("big") is None
+    assert manager.registry().get_slice("big") is None
 
 
 def test_interrupting_a_multislice_launch_deletes_every_slice(cloud, cell, sshd):
@@ -235,4 +235,4 @@ def test_interrupting_a_multislice_launch_deletes_every_slice(cloud, cell, sshd)
     assert isinstance(run.error, CellInterrupted), run.shown
     assert "nothing is left running" in str(run.error)
     assert cloud.state()["nodes"] == [] and cloud.state()["queuedResources"] == []
-    assert slices.registry().get_slice("halfway") is None
+    assert manager.registry().get_slice("halfway") is None

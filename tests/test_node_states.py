@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import CellInterrupted, ProvisionError
 from tpunb.provision.gcp import api, errors
 from tpunb.registry import Registry
@@ -29,7 +29,7 @@ def cloud(tpu_emulator, monkeypatch, isolated_home):
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # this machine is no Google Cloud VM
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
     yield tpu_emulator
-    slices.detach_all()
+    manager.detach_all()
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_ctrl_c_while_queued_deletes_the_request_and_says_so(cloud, launch):
 def test_each_lost_node_state_is_one_line_at_the_next_cell(cloud, cell, launch, state, words):
     assert launch("--name lost").error is None
     cloud.preempt("lost", state=state)
-    node = slices.current().node
+    node = manager.current().node
     wait_for(lambda: node.info is not None and node.info.state == state, 10, "the background watch")
     run = cell("%%on_tpu\n1")
     text = str(run.error)
@@ -159,4 +159,4 @@ def test_in_colab_a_launch_without_idle_delete_arms_the_default_and_says_so(clou
         assert "tpunb-idle" not in cloud.nodes()[1]["metadata"] and cloud.nodes()[1]["labels"]["tpunb-idle"] == "off"
     finally:
         colab_stand_in.uninstall()
-        slices.down(all=True)
+        manager.down(all=True)

@@ -11,7 +11,7 @@ import time
 
 
 import tpunb
-from tpunb import slices
+from tpunb import manager
 from tpunb.display import ANSI
 from tpunb.errors import CellInterrupted, HostDiedError, RemoteError
 from tests.conftest import interrupt_kernel_when, wait_for_files
@@ -233,7 +233,7 @@ def test_push_and_pull(make_slice, cell, ip):
 def test_host_environment_and_secret_env(make_slice, cell, isolated_home, request):
     run = cell(make_slice.line(2, name="envslice") + " --env API_TOKEN=s3cr3t-value")
     assert run.error is None, run.shown
-    assert slices.registry().get_slice("envslice").backend == request.node.callspec.params["make_slice"]
+    assert manager.registry().get_slice("envslice").backend == request.node.callspec.params["make_slice"]
     values = cell("%%on_tpu\nimport os\n(os.environ['TPUNB_HOST_INDEX'], os.environ['TPUNB_NUM_HOSTS'], "
                   "os.environ['TPUNB_SLICE'], os.environ['API_TOKEN'] == 's3cr3t-value')")
     assert "Out[0]: ('0', '2', 'envslice', True)" in values.shown

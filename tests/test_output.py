@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 import tpunb
-from tpunb import slices
+from tpunb import manager
 from tpunb.display import CellOutput, LineSplitter
 from tpunb.errors import RemoteError
 from tpunb.host import protocol
@@ -145,7 +145,7 @@ def _log_lines(sl, host: int) -> int:
 
 
 def test_a_million_lines_per_host_reach_the_logs_with_the_kernel_bounded(patient_grouping, cell, isolated_home):
-    sl = slices.launch("v4-16")
+    sl = manager.launch("v4-16")
     kernel = psutil.Process()
     before = kernel.memory_info().rss
     run = cell('%%on_tpu\nfor i in range(1_000_000):\n    print(i, "x" * 20)')
@@ -214,7 +214,7 @@ def test_a_huge_display_or_error_does_not_break_the_stream(patient_grouping, mak
 
 
 def test_output_printed_between_cells_is_capped_before_the_next_cell(cell, flags):
-    sl = slices.launch("v4-16")
+    sl = manager.launch("v4-16")
     go = flags / "go"
     started = cell("%%on_tpu\nimport os, threading, time\n"
                    f"def later():\n    while not os.path.exists({str(go)!r}):\n        time.sleep(0.01)\n"
@@ -237,7 +237,7 @@ def test_output_printed_between_cells_is_capped_before_the_next_cell(cell, flags
 def test_output_printed_just_before_a_cell_is_not_that_cells(cell, flags):
     """Between cells a host's stdout is flushed only every second (an idle host stays asleep);
     what a background thread printed before a cell starts is still shown as between-cell output."""
-    slices.launch("v4-16")
+    manager.launch("v4-16")
     go, printed = flags / "go", flags / "printed"
     started = cell("%%on_tpu\nimport os, threading, time\n"
                    f"def later():\n    while not os.path.exists({str(go)!r}):\n        time.sleep(0.01)\n"

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.engine import connection, relay
 from tpunb.engine.transfer import pack
 from tpunb.errors import CellInterrupted, HostDiedError
@@ -33,7 +33,7 @@ def ssh_slice(sshd, ssh_key, monkeypatch):
     monkeypatch.setattr(connection, "MARSHAL_FRAMES", False)
     monkeypatch.setenv("TPUNB_RELAY", "always")
     monkeypatch.setattr(relay, "FAST_LINK", 0.0)  # stripe on loopback too, as across a slow link
-    return slices.connect([f"{a}:{sshd.port}" for a in sshd.addresses], key=str(ssh_key), python=sshd.python)
+    return manager.connect([f"{a}:{sshd.port}" for a in sshd.addresses], key=str(ssh_key), python=sshd.python)
 
 
 def _sent_bytes(sl, monkeypatch) -> dict[int, int]:
@@ -108,7 +108,7 @@ def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypa
     assert not ssh_slice.session.relay.wanted(size - 1, hosts)  # less to send in all: direct
     assert not ssh_slice.session.relay.wanted(relay.MIN_BYTES - 1, hosts[:1] * 64)  # small, however many
     assert not ssh_slice.session.relay.wanted(1 << 30, hosts[:1])  # one host: nothing to pass on
-    local = slices.launch("v4-32", name="local")
+    local = manager.launch("v4-32", name="local")
     assert not local.session.relay.wanted(1 << 30, hosts)  # hosts on this machine: nothing to save
 
 
@@ -242,13 +242,13 @@ def test_a_relay_cut_off_mid_stream_fails_its_subtree_naming_it():
 def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
     """A v4-32 from the Cloud TPU emulator (4 sshd hosts), no override: a 4 MB value goes by relay."""
     monkeypatch.delenv("TPUNB_RELAY", raising=False)
-    sl = slices.launch("v4-32", name="relayed", backend="gcp")
+    sl = manager.launch("v4-32", name="relayed", backend="gcp")
     sent = _sent_bytes(sl, monkeypatch)
     value = np.arange(1 << 19)  # 4 MB to 4 hosts
     sl.push({"v": value})
     assert max(sent[i] for i in (1, 2, 3)) < 4096 < value.nbytes < sent[0]
     assert sl.run("int(v.sum())").reprs == {i: str(int(value.sum())) for i in range(4)}
-    slices.down("relayed")
+    manager.down("relayed")
 
 
 def test_hosts_that_cannot_reach_each_other_get_the_value_directly(ssh_slice):

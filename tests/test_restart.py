@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.emulator.sshd import Sshd
-from tpunb.hangs import standby
+from tpunb.engine import standby
 from tests.conftest import CPU_AS_TPU_HOST, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,10 +93,10 @@ def test_restart_keeps_the_slice_its_connections_and_services(make_slice, cell):
     assert found and found.group(1) == sl.name, run.shown
     assert float(found.group(2)) < 10
     assert "Out[0-1]: False" in cell("%%on_tpu\n'kept' in globals()").shown
-    assert sl.session.transports == transports and slices.current() is sl  # the same slice, same connections
+    assert sl.session.transports == transports and manager.current() is sl  # the same slice, same connections
     new = [h.info["pid"] for h in sl.session.hosts]
     assert all(n != a for n, a in zip(new, agents))
-    assert [h.info.pid for h in slices.registry().get_slice(sl.name).hosts] == new  # others find the new ones
+    assert [h.info.pid for h in manager.registry().get_slice(sl.name).hosts] == new  # others find the new ones
     assert {s.host: (s.pid, s.state) for s in sl.services()} == {h: (p, "running") for h, p in service_pids.items()}
     sl.stop_service("idle")
 
@@ -138,7 +138,7 @@ def test_an_unreachable_host_is_named_and_left_needing_a_restart(sshd, ssh_key, 
     other = Sshd(hosts=1, directory=tmp_path / "other")
     try:
         other.authorize(sshd.authorized_keys.read_text())  # the same user key is let in
-        sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}", f"{other.addresses[0]}:{other.port}"],
+        sl = manager.connect([f"{sshd.addresses[0]}:{sshd.port}", f"{other.addresses[0]}:{other.port}"],
                             key=str(ssh_key), python=sshd.python, env=CPU_AS_TPU_HOST, name="far")
         cell("%%on_tpu\nkept = 1")
         other.stop(sessions=True)  # the host's sshd and everything it ran are gone
@@ -146,17 +146,17 @@ def test_an_unreachable_host_is_named_and_left_needing_a_restart(sshd, ssh_key, 
         assert "[tpunb] restarted host 0 of 'far'" in run.stdout, run.shown
         assert re.search(r"host 1 could not be reached \(.*refused the connection.*\) and still needs a restart: "
                          r"%tpu_restart again once it answers", run.stdout), run.stdout
-        assert slices.registry().get_slice("far").hosts[1].info.needs_restart
-        assert list(slices.status()["state"]) == ["running", "needs restart"]
+        assert manager.registry().get_slice("far").hosts[1].info.needs_restart
+        assert list(manager.status()["state"]) == ["running", "needs restart"]
         assert "Out[0]: False" in cell("%%on_tpu --hosts 0\n'kept' in globals()").shown
         refused = cell("%%on_tpu\n1")
         assert "host 1 could not be reached by %tpu_restart and still needs a restart" in str(refused.error)
         other.start()
         run = cell("%tpu_restart")
         assert "[tpunb] restarted hosts 0-1 of 'far'" in run.stdout and "could not be reached" not in run.stdout
-        assert not slices.registry().get_slice("far").hosts[1].info.needs_restart
+        assert not manager.registry().get_slice("far").hosts[1].info.needs_restart
         assert "Out[0-1]: 2" in cell("%%on_tpu\n1 + 1").shown
-        slices.down("far")
+        manager.down("far")
     finally:
         other.close()
 

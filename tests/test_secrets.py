@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.engine.masking import MASK, Masker
 from tpunb.registry import Registry
 from tests.conftest import wait_for
@@ -39,7 +39,7 @@ def test_secret_on_every_host_masked_in_output_tracebacks_results_and_logs(make_
                  "print(len(v))\nv")
     assert shown.error is None and SECRET not in shown.shown and MASK in shown.shown, shown.shown
     assert str(len(SECRET)) in shown.stdout  # the hosts have the value itself
-    result = slices.last_result()
+    result = manager.last_result()
     assert all(SECRET not in r for r in result.reprs.values()) and all(MASK in r for r in result.reprs.values())
     failed = cell("%%on_tpu\nimport os\nraise ValueError(os.environ['MY_TOKEN'])")
     assert failed.error is not None and SECRET not in failed.shown and SECRET not in str(failed.error)

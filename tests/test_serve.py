@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import ServiceError, UsageError
 from tpunb.host.standalone.service import alive
 
@@ -23,7 +23,7 @@ PYTHON = shlex.quote(sys.executable)
 def no_service_left(isolated_home):
     """Services outlive the kernel by design: a test's slices are deleted, so none keeps running."""
     yield
-    slices.down(all=True)
+    manager.down(all=True)
 
 
 def free_port() -> int:
@@ -108,7 +108,7 @@ def test_down_leaves_no_service_process(make_slice):
     logs = [Path(s.log) for s in running]
     pids = [s.pid for s in running]
     assert all(alive(p) for p in pids[:2])
-    slices.down(sl.name)
+    manager.down(sl.name)
     assert not any(alive(p) for p in pids)
     for port in ports:
         with pytest.raises(OSError):
@@ -165,14 +165,14 @@ def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
     from tpunb.engine.bundle import SERVICE_CONTROL
     from tpunb.transport.local import LocalTransport
 
-    sl = slices.launch("v4-32", name=unique("plain"))
+    sl = manager.launch("v4-32", name=unique("plain"))
     sl.serve("one", "exec sleep 300", hosts=[2])
     asked = []
     real = LocalTransport.spawn
     monkeypatch.setattr(LocalTransport, "spawn", lambda self, argv: asked.append(argv) or real(self, argv))
     (pid,) = [s.pid for s in sl.services()]
     asked.clear()
-    slices.down(sl.name)
+    manager.down(sl.name)
     assert [argv[-1] for argv in asked] == [SERVICE_CONTROL]  # host 2 only: the others have no service folder
     assert not alive(pid)
 
@@ -184,8 +184,8 @@ def test_down_of_a_slice_this_kernel_has_not_attached_stops_its_services(make_sl
     sl.serve("job", "exec sleep 300")
     pids = [s.pid for s in sl.services()]
     assert len(pids) == 3 and all(alive(p) for p in pids)
-    slices.detach_all()  # as a kernel that ended: the record stays, nothing here holds the slice
-    assert slices.down(sl.name) == [sl.name]
+    manager.detach_all()  # as a kernel that ended: the record stays, nothing here holds the slice
+    assert manager.down(sl.name) == [sl.name]
     assert not any(alive(p) for p in pids)
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()

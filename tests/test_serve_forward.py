@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.test_serve import PYTHON, free_port, no_service_left  # noqa: F401 - autouse fixture
-from tpunb import report, slices
+from tpunb import report, manager
 from tpunb.errors import UsageError
 
 ECHO_HTTP = r'''
@@ -198,7 +198,7 @@ def test_a_client_retrying_a_forward_is_told_once_until_the_port_answers(make_sl
 
 
 def test_a_forward_to_an_ssh_host_that_died_says_so_at_the_next_request(sshd, ssh_key, tmp_path):
-    sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
+    sl = manager.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
                         name=f"fwd-{uuid.uuid4().hex[:6]}")
     url = through(sl, start(sl, tmp_path, "echo", ECHO_HTTP))
     sshd.stop()
@@ -223,7 +223,7 @@ def test_down_leaves_no_listening_port(make_slice, tmp_path, forward_mode):
     carried_by_openssh = sl.backend != "local" and forward_mode == "openssh"
     assert bool(ssh_children()) == carried_by_openssh
     local = int(url.rsplit(":", 1)[1].strip("/"))
-    slices.down(sl.name)
+    manager.down(sl.name)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", local), timeout=5).close()
     assert ssh_children() == []  # no ControlMaster left
@@ -239,7 +239,7 @@ def test_a_host_that_stops_answering_gets_a_502_within_the_open_timeout(sshd, ss
     from tpunb.serve import forward
 
     monkeypatch.setattr(forward, "OPEN_TIMEOUT", 2.0)
-    sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
+    sl = manager.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
                         name=f"fwd-{uuid.uuid4().hex[:6]}")
     url = through(sl, start(sl, tmp_path, "echo", ECHO_HTTP))
     frozen = [sshd._proc.pid, *descendants(sshd._proc.pid)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.conftest import wait_for
 from tests.test_idle_delete import (BOUND, cell_done, cloud, host0_dir, kernel_process, kill,  # noqa: F401
                                     launch_line, node_names, tpu_emulator_options)
-from tpunb import slices
+from tpunb import manager
 from tpunb.host.standalone import idle
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_a_running_service_keeps_an_idle_node_and_its_end_lets_the_watchdog_dele
     stopped = time.monotonic()
     wait_for(lambda: "served" not in node_names(cloud), 3 + BOUND, "the idle watchdog to delete the node")
     assert time.monotonic() - stopped > 2.5  # the idle time counts from the service's end
-    slices.down("served")
+    manager.down("served")
 
 
 def _service_on_host_1_of_a_dead_kernel(cloud, sshd, name: str, flags) -> tuple[int, float]:

@@ -36,7 +36,7 @@ def test_a_service_survives_a_killed_kernel_and_the_next_kernel_finds_it(isolate
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         run_ok(client, f"%load_ext tpunb\n{make}")
-        run_ok(client, "import tpunb.slices as s\n"
+        run_ok(client, "import tpunb.manager as s\n"
                        f"s.current().serve('web', {http_server(port)!r}, wait_http='{port}/')")
         manager.signal_kernel(signal.SIGKILL)  # no clean-up of any kind
         wait_for(lambda: not manager.is_alive(), what="the kernel to die")
@@ -48,7 +48,7 @@ def test_a_service_survives_a_killed_kernel_and_the_next_kernel_finds_it(isolate
     manager, client = start_new_kernel(kernel_name="python3")
     try:
         run_ok(client, f"%load_ext tpunb\n%tpu_use {name}")
-        listed = run_ok(client, "import json, dataclasses, tpunb.slices as s\n"
+        listed = run_ok(client, "import json, dataclasses, tpunb.manager as s\n"
                                 "print(json.dumps([dataclasses.asdict(x) for x in s.current().services()]))")
         (web,) = json.loads(listed.strip().splitlines()[-1])
         assert (web["name"], web["state"], web["host"]) == ("web", "running", 0)

@@ -17,7 +17,7 @@ from tests.conftest import wait_for
 from tests.test_colab import colab  # noqa: F401 - the stand-in google.colab
 from tests.test_serve import free_port, get, http_server, no_service_left  # noqa: F401
 from tests.test_sidebar_browser import _answers
-from tpunb import slices
+from tpunb import manager
 from tpunb.serve.links import browser_link
 
 
@@ -55,7 +55,7 @@ def test_the_link_under_the_jupyter_servers_base_url_reaches_the_service(jupyter
     assert f"in your browser: {link}" in run.stdout
     with urllib.request.urlopen(f"{server}{link}?token={token}", timeout=30) as reply:
         assert reply.status == 200 and b"Directory listing" in reply.read()
-    slices.down("linked")
+    manager.down("linked")
 
 
 def test_in_colab_the_link_is_colabs_proxy_for_the_forwards_port(colab, cell):  # noqa: F811

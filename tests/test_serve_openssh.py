@@ -10,7 +10,7 @@ from tests.conftest import wait_for
 from tests.test_idle_delete import cell_done, kernel_process, kill
 from tests.test_serve import free_port, http_server, no_service_left  # noqa: F401 - autouse fixture
 from tests.test_serve_forward import ssh_children
-from tpunb import report, slices
+from tpunb import report, manager
 from tpunb.serve import openssh
 
 
@@ -48,7 +48,7 @@ def test_the_master_ends_with_a_killed_kernel(sshd, ssh_key):
             kill(kernel)
     wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
                              for pid in masters), 10, "the ControlMaster to end with its kernel")
-    slices.down(name)
+    manager.down(name)
 
 
 def test_without_ssh_on_path_forwards_use_paramiko_quietly(make_slice, monkeypatch, capsys):
@@ -70,7 +70,7 @@ def test_an_ssh_that_cannot_connect_is_said_once_and_forwards_still_work(sshd, s
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     monkeypatch.setattr(report, "_once", set())  # a new kernel: nothing said once yet
-    sl = slices.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
+    sl = manager.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
                         name=f"fwd-{uuid.uuid4().hex[:6]}")
     port = free_port()
     sl.serve("web", http_server(port), hosts=[0], wait_port=port)

@@ -9,7 +9,7 @@ from tests.test_serve import free_port, http_server
 from tests.test_server import call  # noqa: F401 - the same REST caller
 from pytest_jupyter.jupyter_core import jp_asyncio_loop  # noqa: F401 - the real ones, here only (conftest.py)
 from pytest_jupyter.jupyter_server import jp_server_cleanup  # noqa: F401
-from tpunb import slices
+from tpunb import manager
 
 
 @pytest.fixture
@@ -20,11 +20,11 @@ def jp_server_config():
 @pytest.fixture(autouse=True)
 def no_service_left(isolated_home):
     yield
-    slices.down(all=True)
+    manager.down(all=True)
 
 
 async def test_a_slice_row_lists_its_services_and_forwards_with_their_proxy_path(call, jp_fetch):
-    sl = slices.launch("v4-16", name="served")
+    sl = manager.launch("v4-16", name="served")
     port = free_port()
     sl.serve("web", http_server(port), hosts=[1], wait_port=port)
     sl.serve("once", "exit 3", hosts=[0])

@@ -6,18 +6,18 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.test_serve import free_port, get, http_server, unique
-from tpunb import slices
+from tpunb import manager
 from tpunb.host.standalone.service import alive
 
 
 @pytest.fixture(autouse=True)
 def no_service_left(isolated_home):
     yield
-    slices.down(all=True)
+    manager.down(all=True)
 
 
 def _services(name: str) -> dict:
-    table = slices.status().attrs.get("services")
+    table = manager.status().attrs.get("services")
     if table is None:
         return {}
     mine = table[table["slice"] == name]
@@ -40,7 +40,7 @@ def test_status_lists_each_service_per_host_and_each_forward(make_slice):
         ("crashy", 0): "gave up after 1 restarts (last exit code 5)", ("slow", 1): "restarting (restart 1)"}
     url = sl.forward(port, host=0, local_port=free_port())
     assert get(int(url.rstrip("/").rsplit(":", 1)[1])) == 200
-    shown = slices.status()
+    shown = manager.status()
     forwards = shown.attrs["forwards"]
     assert [(r.slice, r.host, r.port, r.url) for r in forwards.itertuples()] == [(sl.name, 0, port, url)]
     services = shown.attrs["services"]
@@ -57,10 +57,10 @@ def test_a_slice_no_kernel_holds_still_shows_its_services_and_no_stale_forward(m
     sl.serve("web", http_server(port), wait_port=port)
     sl.forward(port, local_port=free_port())
     (pid,) = [s.pid for s in sl.services()]
-    slices.detach_all()  # as after the kernel ended: its forwards went with it, the service did not
+    manager.detach_all()  # as after the kernel ended: its forwards went with it, the service did not
     assert alive(pid)
     assert _services(sl.name) == {("web", 0): "ready"}
-    assert "forwards" not in slices.status().attrs
+    assert "forwards" not in manager.status().attrs
 
 
 def test_status_asks_hosts_for_services_only_once_the_slice_has_some(make_slice, monkeypatch):
@@ -73,8 +73,8 @@ def test_status_asks_hosts_for_services_only_once_the_slice_has_some(make_slice,
     monkeypatch.setattr(control, "ask", lambda transport, request: asked.append(request["host"]) or
                         real_ask(transport, request))
     sl = make_slice(2, name=unique("quiet"))
-    slices.status()
-    slices.status()
+    manager.status()
+    manager.status()
     assert asked == []
     sl.serve("plain", "exec sleep 300", hosts=[1])
     asked.clear()

@@ -16,7 +16,7 @@ import tornado.httpclient
 from pytest_jupyter.jupyter_core import jp_asyncio_loop  # noqa: F401 - the real ones, here only (conftest.py)
 from pytest_jupyter.jupyter_server import jp_server_cleanup  # noqa: F401
 from tests.conftest import wait_for
-from tpunb import slices
+from tpunb import manager
 from tpunb.registry import Registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,7 +80,7 @@ def other_kernel(isolated_home):
 async def test_slices_lists_a_local_slice_with_its_hosts_and_cost(call):
     status, body = await call("GET", "slices")
     assert status == 200 and body["slices"] == [] and body["orphans"] == []
-    slices.launch("v4-16")
+    manager.launch("v4-16")
     status, body = await call("GET", "slices")
     assert status == 200
     [row] = body["slices"]
@@ -96,8 +96,8 @@ async def test_slices_lists_a_local_slice_with_its_hosts_and_cost(call):
 
 
 async def test_a_multislice_is_one_row_with_hosts_labelled_slice_by_slice(call):
-    single = slices.launch("v4-16", name="one")
-    slices.launch("v4-16", name="pair", slices=2)
+    single = manager.launch("v4-16", name="one")
+    manager.launch("v4-16", name="pair", slices=2)
     rows = {row["name"]: row for row in (await call("GET", "slices"))[1]["slices"]}
     pair = rows["pair"]
     assert (pair["accelerator"], pair["num_slices"], pair["state"]) == ("2 x v4-16", 2, "running")
@@ -108,7 +108,7 @@ async def test_a_multislice_is_one_row_with_hosts_labelled_slice_by_slice(call):
 
 
 async def test_hosts_carry_the_latest_metrics_their_kernel_published(call):
-    slices.launch("v4-16")
+    manager.launch("v4-16")
     wait_for(lambda: {h for h, *_ in Registry().latest_metrics("v4-16")} == {0, 1}, 20, "published metrics")
     [row] = (await call("GET", "slices"))[1]["slices"]
     for host in row["hosts"]:
@@ -121,7 +121,7 @@ async def test_status_and_the_sidebar_show_the_same_numbers(call):
     """One status model per slice: %tpu_status's DataFrame (this kernel, live), the server's JSON
     (what the sidebar fetches, from what the kernel published) and the sidebar's bars agree on
     every host's numbers, HBM summed over its chips included."""
-    sl = slices.launch("v4-16")
+    sl = manager.launch("v4-16")
     sl.run("import jax.numpy as jnp\nx = jnp.ones((1024, 256))", output=None).raise_for_status()
     store = sl.metrics_store
     wait_for(lambda: all(store.latest_value(h, "hbm_used_bytes") and store.latest_value(h, "cpu_percent") is not None
@@ -131,7 +131,7 @@ async def test_status_and_the_sidebar_show_the_same_numbers(call):
     for _ in range(50):  # until no sample arrives between the publish and both reads
         version = store.version
         Registry().save_latest_metrics(sl.name, store.latest_rows())  # the feed's publish, now
-        table = slices.status()
+        table = manager.status()
         [card] = (await call("GET", "slices"))[1]["slices"]
         if store.version == version:
             break
@@ -148,7 +148,7 @@ async def test_status_and_the_sidebar_show_the_same_numbers(call):
 
 
 async def test_delete_ends_the_slice_and_its_host_processes(call):
-    sl = slices.launch("v4-16")
+    sl = manager.launch("v4-16")
     pids = _host_pids(sl)
     assert all(_alive(p) for p in pids)
     assert await call("DELETE", "slices", "v4-16") == (200, {"deleted": ["v4-16"], "messages": []})

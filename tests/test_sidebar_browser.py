@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 import tpunb
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import NoSliceError
 from tpunb.registry import Registry
 from tests.conftest import wait_for
@@ -157,7 +157,7 @@ def lab_home(lab, monkeypatch) -> Lab:
     monkeypatch.setenv("TPUNB_HOME", str(lab.home))
     yield lab
     lab.shutdown_kernels()
-    slices.detach_all()
+    manager.detach_all()
     for record in Registry().list_slices():  # leave the module's lab with no slices for the next test
         Registry().delete_slice(record.name)
 
@@ -243,7 +243,7 @@ def test_the_lab_serves_the_sidebar_built_in_this_checkout(lab):
 
 
 def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_path):
-    sl = slices.launch("v4-16", name="demo")
+    sl = manager.launch("v4-16", name="demo")
     sl.run("import jax.numpy as jnp\nx = jnp.ones((1024, 256))", output=None).raise_for_status()  # 1 MiB on each host
     pids = [h.info["pid"] for h in sl.session.hosts]
     _open_sidebar(page, lab_home)
@@ -273,13 +273,13 @@ def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_p
     with pytest.raises(NoSliceError, match="'demo' was deleted outside this notebook"):
         sl.run("pass")  # the owning kernel's next cell says what happened, and forgets the slice
     with pytest.raises(NoSliceError, match="no slice yet"):
-        slices.current()
+        manager.current()
 
 
 def test_metric_bars_move_and_stacks_show_while_a_cell_runs(lab_home, page, flags, tmp_path):
     """Host 1 spins in a function: its CPU bar fills, and its row's stacks button shows where it is,
     read by the server while this kernel's cell still runs."""
-    sl = slices.launch("v4-16", name="busy")
+    sl = manager.launch("v4-16", name="busy")
     _open_sidebar(page, lab_home)
     cpu = f'{SIDEBAR} [data-slice="busy"] .jp-tpunb-Host:nth-child(2) .jp-tpunb-Bar[data-metric="cpu"]'
     page.locator(cpu).wait_for()
@@ -309,7 +309,7 @@ def test_metric_bars_move_and_stacks_show_while_a_cell_runs(lab_home, page, flag
     assert outcome["result"].ok
     page.wait_for_function(f"() => parseFloat(document.querySelector('{cpu}').title.split(': ')[1]) < 50",
                            timeout=30000)
-    slices.down("busy")
+    manager.down("busy")
 
 
 def test_a_cloud_slice_shows_its_price_per_hour(lab_home, page):
@@ -317,14 +317,14 @@ def test_a_cloud_slice_shows_its_price_per_hour(lab_home, page):
 
     sandbox = start_sandbox(hosts=2)
     try:
-        sl = slices.launch("v4-16", name="pod", backend="gcp")
+        sl = manager.launch("v4-16", name="pod", backend="gcp")
         _open_sidebar(page, lab_home)
         card = page.locator(f'{SIDEBAR} [data-slice="pod"]')
         card.wait_for()
         usd = [s for s in lab_home.api("/tpunb/api/slices")["slices"] if s["name"] == "pod"][0]["usd_per_hour"]
         assert usd == sl.node.price_per_hour > 0
         assert f"${usd:,.2f}/h" in card.inner_text() and "gcp" in card.inner_text()
-        slices.down("pod")
+        manager.down("pod")
         card.wait_for(state="detached")
     finally:
         sandbox.stop()
@@ -459,7 +459,7 @@ def _host_names(group) -> list[str]:
 
 
 def test_a_multislice_shows_a_group_per_slice_with_hosts_named_as_in_the_notebook(lab_home, page, tmp_path):
-    sl = slices.launch("v4-16", name="pair", slices=2, backend="local")
+    sl = manager.launch("v4-16", name="pair", slices=2, backend="local")
     pids = [h.info["pid"] for h in sl.session.hosts]
     _open_sidebar(page, lab_home)
     card = page.locator(f'{SIDEBAR} [data-slice="pair"]')
@@ -510,7 +510,7 @@ def test_the_card_lists_a_service_and_its_forward_link_opens_the_page_through_th
     site = tmp_path / "site"
     site.mkdir()
     (site / "index.html").write_text("<h1>served from host 1</h1>")
-    sl = slices.launch("v4-16", name="served")
+    sl = manager.launch("v4-16", name="served")
     try:
         port, local_port = _free_port(), _free_port()
         sl.serve("web", f"{sys.executable} -m http.server {port} --bind 127.0.0.1 --directory {site}", hosts=[1],
@@ -537,4 +537,4 @@ def test_the_card_lists_a_service_and_its_forward_link_opens_the_page_through_th
         assert served.url == f"{lab_home.url}/proxy/{local_port}/"
         assert served.locator("h1").inner_text() == "served from host 1"
     finally:
-        slices.down("served")
+        manager.down("served")

@@ -150,12 +150,12 @@ def test_ctrl_c_leaves_no_snapshot_that_looks_complete_and_big_ones_show_a_bar(c
 def test_arming_a_slice_without_metadata_keeps_sigterm_ending_a_host(cell):
     """No metadata server confirms a notice here, so SIGTERM still ends a host as it always did
     (the last step of an escalating interrupt), armed or not."""
-    from tpunb import slices
+    from tpunb import manager
     from tests.conftest import wait_for
 
     assert cell("%tpu_launch v4-8").error is None
     armed = cell("%tpu_snapshot --on-preempt n,step")
     assert armed.error is None and "(but these hosts have no metadata server" in armed.stdout, armed.shown
-    sl = slices.current()
+    sl = manager.current()
     os.kill(sl.session.hosts[0].info["pid"], signal.SIGTERM)
     wait_for(lambda: sl.session.dead_hosts() == [0], 10, "the armed host to end on SIGTERM")

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.emulator.storage import StorageEmulator
 from tpunb.host import gcs
 from tests.conftest import wait_for
@@ -37,7 +37,7 @@ def cloud(tpu_emulator, storage, monkeypatch):
     monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", ZONE)
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
     yield tpu_emulator
-    slices.detach_all()
+    manager.detach_all()
 
 
 def launch_line(sshd, storage, extra: str = "") -> str:
@@ -70,7 +70,7 @@ def recover_after(cloud, cell, sshd, storage, notice: float | None = None):
     cloud says PREEMPTED, then %tpu_launch --recover it."""
     if notice is not None:
         cloud.preempt("spotty", notice=notice)
-    wait_for(lambda: slices.current().node.info is not None and slices.current().node.info.state == "PREEMPTED", 30,
+    wait_for(lambda: manager.current().node.info is not None and manager.current().node.info.state == "PREEMPTED", 30,
              "the node preempted")
     recovered = cell(launch_line(sshd, storage).replace("v4-16 --name spotty --spot", "--recover spotty"))
     assert recovered.error is None, recovered.shown

@@ -12,8 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
-from tpunb.hangs.frames import parse_faulthandler
-from tpunb.hangs.stacks import HostStacks, Stacks, from_reply
+from tpunb.stuck.frames import parse_faulthandler
+from tpunb.stuck.stacks import HostStacks, Stacks, from_reply
 from tpunb.host import stacks as host_stacks
 from tpunb.engine.bundle import STACKS_READER, stacks_source
 from tests.conftest import wait_for, wait_for_files
@@ -195,11 +195,11 @@ def _settled(stacks: Stacks) -> Stacks | None:
 
 
 def test_bad_input_is_one_line(cell):
-    from tpunb import slices
+    from tpunb import manager
     from tpunb.errors import TpunbError
 
     assert "no slice yet: launch one" in str(cell("%tpu_stacks").error)
-    slices.launch("v4-8", name="one")
+    manager.launch("v4-8", name="one")
     for line, said in (("%tpu_stacks --hosts 5", "host 5"), ("%tpu_stacks --bogus", "Usage: %tpu_stacks"),
                        ("%tpu_restart --hosts x", "--hosts"), ("%tpu_restart now", "Usage: %tpu_restart"),
                        ("%tpu_stacks --slice nope", "no slice named 'nope'")):
@@ -220,8 +220,8 @@ def test_stacks_of_a_slice_another_kernel_holds(cell):
         shown = wait_for(lambda: (lambda out: out if "training" in out else None)(
             cell("%tpu_stacks --slice theirs").stdout), 60, "its hosts inside training()")
         assert re.search(r"^\[0-1\] main thread: In\[\d+\]:4 <module> -> In\[\d+\]:3 training$", shown, re.M), shown
-        from tpunb import slices
-        assert slices.attached("theirs") is None
+        from tpunb import manager
+        assert manager.attached("theirs") is None
     finally:
         other.kill()
         other.wait()

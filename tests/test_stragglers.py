@@ -76,7 +76,7 @@ def test_straggler_and_laggard_lines_update_in_place_in_a_notebook(kernel):  # n
     assert updates[-1]["data"]["text/plain"].startswith("[tpunb] hosts 0-1 done (")
     assert not any(", at " in o["data"]["text/plain"] for o in shown), "3 s is no laggard (10 s at least)"
 
-    execute(client, "import tpunb.hangs.laggards as l\nl.AT_LEAST = 1.0")  # a laggard after 1 s, not 10
+    execute(client, "import tpunb.stuck.laggards as l\nl.AT_LEAST = 1.0")  # a laggard after 1 s, not 10
     reply, outputs = execute(client, "%%on_tpu\nimport os, time\ndef slow_step():\n    time.sleep(4)\n"
                                      "if os.environ['TPUNB_HOST_INDEX'] == '1':\n    slow_step()\n'done'")
     assert reply["status"] == "ok"
@@ -117,7 +117,7 @@ def test_the_line_says_where_laggards_are():
 def test_laggards_are_the_hosts_far_behind_the_finished_ones():
     from types import SimpleNamespace
 
-    from tpunb.hangs.laggards import lagging
+    from tpunb.stuck.laggards import lagging
 
     def request(finished: dict, pending: set):
         return SimpleNamespace(started=100.0, finished=finished, pending=pending)
@@ -130,7 +130,7 @@ def test_laggards_are_the_hosts_far_behind_the_finished_ones():
 
 
 def test_a_laggard_is_shown_where_it_is_once_in_a_terminal(make_slice, cell, monkeypatch):
-    from tpunb.hangs import laggards
+    from tpunb.stuck import laggards
 
     monkeypatch.setattr(laggards, "AT_LEAST", 1.0)
     make_slice(2)

@@ -13,7 +13,7 @@ from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
 from tpunb.serve.bench import bench_serving
 from tpunb.slice import Slice
-from tpunb.slices import connect, current, down, last_profile, last_result, last_run, launch, secret, status, use
+from tpunb.manager import connect, current, down, last_profile, last_result, last_run, launch, secret, status, use
 
 __version__ = "0.1.0"
 __all__ = ["launch", "connect", "use", "current", "down", "status", "secret", "last_result", "last_run", "last_profile", "log",
@@ -30,7 +30,7 @@ def log(step: int | None = None, **scalars: float) -> None:
 
 
 def load_ipython_extension(ipython) -> None:
-    from tpunb.hangs.magics import HangMagics
+    from tpunb.stuck.magics import HangMagics
     from tpunb.magics import TpuMagics
     from tpunb.plan.magics import PlanMagics
     from tpunb.serve.magics import BenchMagics
@@ -45,6 +45,6 @@ def load_ipython_extension(ipython) -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
-    from tpunb import slices
+    from tpunb import manager
 
-    slices.detach_all()
+    manager.detach_all()

@@ -1,4 +1,4 @@
-"""``python -m tpunb ...``: tpunb from a terminal, beside a busy notebook (see tpunb.hangs.cli)."""
-from tpunb.hangs.cli import main
+"""``python -m tpunb ...``: tpunb from a terminal, beside a busy notebook (see tpunb.stuck.cli)."""
+from tpunb.stuck.cli import main
 
 raise SystemExit(main())

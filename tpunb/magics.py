@@ -8,7 +8,7 @@ from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from tpunb import provision, report, slices
+from tpunb import provision, report, manager
 from tpunb.display import MODES, render_values
 from tpunb.errors import CellInterrupted, UsageError
 from tpunb.snapshot import preempt, store as snapshot_store
@@ -55,7 +55,7 @@ class TpuMagics(Magics):
     @argument("accelerator", nargs="?", default=None,
               help="accelerator type, e.g. v4-16, v5litepod-8, v6e-16; or local: this machine's own TPU (Colab)")
     @argument("--name", help="slice name (default: the accelerator type)")
-    @argument("--backend", choices=slices.BACKENDS,
+    @argument("--backend", choices=manager.BACKENDS,
               help="gcp (Cloud TPU) when a project is configured, else local (simulated here)")
     @argument("--slices", type=int, default=None, metavar="N",
               help="a multislice: N slices of ACCELERATOR joined in one JAX job (Cloud TPU: one queued resource)")
@@ -75,7 +75,7 @@ class TpuMagics(Magics):
                 raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
                                  f"Usage: {usage_of(self.tpu_launch)}")
             armed = preempt.names_list(args.snapshot_on_preempt)
-            sl = slices.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env,
+            sl = manager.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env,
                                recover=args.recover, slices=args.slices, **cloud)
         except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)
             raise CellInterrupted("%tpu_launch interrupted before it started anything: nothing is left running") \
@@ -96,7 +96,7 @@ class TpuMagics(Magics):
     def on_tpu(self, line: str, cell: str):
         """Run the cell on every host of the slice at once."""
         args = parse_line(self.on_tpu, line)
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         if not cell.strip():
             return
         if args.bg:
@@ -131,7 +131,7 @@ class TpuMagics(Magics):
         """Make a slice of hosts you bring, over SSH: %tpu_connect 10.0.0.2,10.0.0.3 --user me."""
         try:  # a press while the line is parsed has made nothing either
             args = parse_line(self.tpu_connect, line)
-            slices.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
+            manager.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
                            python=args.python, accelerator=args.accelerator,
                            accept_new_host_key=args.accept_new_host_key, slices=args.slices,
                            coordinator_port=args.coordinator_port, setup=args.setup, jax=args.jax,
@@ -152,7 +152,7 @@ class TpuMagics(Magics):
         command = cell if cell is not None else " ".join(args.command)
         if cell is not None and args.command:
             raise UsageError("with %%tpu_run the command is the cell. Usage: %%tpu_run [--hosts H] [--timeout S]")
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         with one_line_interrupt():
             result = sl.run_shell(command, hosts=args.hosts, timeout=args.timeout)
         codes = {h: r.exit_code for h, r in result.items()}
@@ -171,7 +171,7 @@ class TpuMagics(Magics):
         from tpunb.widgets.progress import byte_progress
 
         args = parse_line(self.tpu_sync, line)
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         patterns = tuple(p.strip("'\"") for p in args.exclude)  # IPython keeps quotes users type around globs
         with byte_progress(f"sync {args.local_dir}") as update:
             outcome = sl.sync(args.local_dir, args.remote_dir, patterns, progress=update)
@@ -184,7 +184,7 @@ class TpuMagics(Magics):
     def tpu_use(self, line: str):
         """Attach a slice by name (after a kernel restart, or to switch slices)."""
         args = parse_line(self.tpu_use, line)
-        sl = slices.use(args.name)
+        sl = manager.use(args.name)
         report.info(f"current slice: {sl.name} ({sl.kind}, {sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}, {sl.backend})")
 
     @magic_arguments()
@@ -196,7 +196,7 @@ class TpuMagics(Magics):
         args = parse_line(self.tpu_down, line)
         if args.name and args.all:
             raise UsageError("give a NAME or --all, not both. usage: %tpu_down [NAME] [--all]")
-        deleted = slices.down(args.name, all=args.all)
+        deleted = manager.down(args.name, all=args.all)
         if deleted:
             report.info(f"deleted {', '.join(deleted)}")
         else:
@@ -214,7 +214,7 @@ class TpuMagics(Magics):
         from tpunb.widgets.metrics import MetricsView, render_text
 
         args = parse_line(self.tpu_metrics, line)
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         if args.interval is not None:
             sl.set_metrics_interval(args.interval)
         hosts = f"{sl.num_hosts} host{'s' if sl.num_hosts > 1 else ''}"
@@ -249,8 +249,8 @@ class TpuMagics(Magics):
         %tpu_secret NAME [NAME ...], each from this kernel's environment, Colab's secrets or a prompt."""
         args = parse_line(self.tpu_secret, line)
         with one_line_interrupt():
-            names = slices.secret(*args.names)
-        where = ", ".join(slices.MANAGER.attached) or "no slice yet: each one launched or used from now on"
+            names = manager.secret(*args.names)
+        where = ", ".join(manager.MANAGER.attached) or "no slice yet: each one launched or used from now on"
         report.info(f"[tpunb] secret{'s' if len(names) > 1 else ''} {', '.join(names)} set on {where}; shown as ****")
 
     @magic_arguments()
@@ -259,7 +259,7 @@ class TpuMagics(Magics):
     def tpu_status(self, line: str):
         """Slices and their hosts as a DataFrame (--versions: each host's package versions)."""
         args = parse_line(self.tpu_status, line)
-        return slices.versions() if args.versions else snapshot_store.add_to_status(slices.status())
+        return manager.versions() if args.versions else snapshot_store.add_to_status(manager.status())
 
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send")
@@ -273,7 +273,7 @@ class TpuMagics(Magics):
         missing = [n for n in args.names if n not in namespace]
         if missing:
             raise UsageError(f"not defined in this notebook: {', '.join(missing)}")
-        slices.current(args.slice_name).push({n: namespace[n] for n in args.names}, hosts=args.hosts)
+        manager.current(args.slice_name).push({n: namespace[n] for n in args.names}, hosts=args.hosts)
 
     @magic_arguments()
     @argument("name", help="variable to fetch")
@@ -287,7 +287,7 @@ class TpuMagics(Magics):
         """Fetch a variable from the hosts into the notebook: {host: value}, or one host's value,
         or with --gather one numpy array assembled from a global jax.Array's shards."""
         args = parse_line(self.tpu_pull, line)
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         if args.gather and args.host is not None:
             raise UsageError(f"%tpu_pull {args.name} --gather assembles the array from every host: "
                              "drop --host (or pull one host's value without --gather)")
@@ -320,7 +320,7 @@ class TpuMagics(Magics):
         from IPython.display import display
 
         args = parse_line(self.tpu_profile, line)
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         if cell is not None:
             if args.action:
                 raise UsageError("%%tpu_profile profiles the cell: use %tpu_profile start|stop on a line of its own")
@@ -366,7 +366,7 @@ class TpuMagics(Magics):
         args = parse_line(self.tpu_serve, head)
         usage = ("%tpu_serve NAME [--hosts H] [--restart on-failure] [--port P] [--wait-port P | --wait-http PORT/PATH] "
                  "-- COMMAND")
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         if args.stop:
             if not args.name or command.strip():
                 raise UsageError("give the service to stop: %tpu_serve --stop NAME")
@@ -378,7 +378,7 @@ class TpuMagics(Magics):
         else:
             with one_line_interrupt():
                 sl.serve(args.name, command.strip(), hosts=args.hosts, restart=args.restart,
-                         env=slices.parse_env(args.env), wait_port=args.wait_port, wait_http=args.wait_http,
+                         env=manager.parse_env(args.env), wait_port=args.wait_port, wait_http=args.wait_http,
                          timeout=args.timeout, port=args.port)
 
     @magic_arguments()
@@ -392,7 +392,7 @@ class TpuMagics(Magics):
     def tpu_logs(self, line: str):
         """A service's output on its hosts, or a file on every host: %tpu_logs NAME|--file PATH [--host N] [--tail K] [--follow]."""
         args = parse_line(self.tpu_logs, line)
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         if args.tail is not None and args.tail < 0:
             raise UsageError(f"--tail takes a number of lines >= 0, not {args.tail}")
         if not args.follow:
@@ -419,7 +419,7 @@ class TpuMagics(Magics):
         from tpunb.serve.links import browser_link
 
         args = parse_line(self.tpu_forward, line)
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         url = sl.forward(args.port, host=args.host, local_port=args.local_port)
         link = browser_link(url)
         if link:

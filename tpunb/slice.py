@@ -11,13 +11,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpunb import catalog, diagnose, hangs, report
+from tpunb import catalog, diagnose, report, stuck
 from tpunb.display import (CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
                            kernel_colors)
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
-from tpunb.hangs.background import BackgroundCells
-from tpunb.hangs.laggards import Laggards
-from tpunb.hangs.standby import Standbys
+from tpunb.engine.background import BackgroundCells
+from tpunb.stuck.laggards import Laggards
+from tpunb.engine.standby import Standbys
 from tpunb.display.hosts import Layout
 from tpunb.display.output import show_between_cells
 from tpunb.metrics import MetricsFeed, MetricsStore
@@ -83,8 +83,8 @@ class Slice:
         self._pick_port = coordinator_port
         self._coordinator_port = 0
         self.session = Session(transports, self._init_for_host, masker=masker)
-        self.standbys = Standbys(self.session)  # agents started ahead of a restart (tpunb.hangs.standby)
-        self.background = BackgroundCells()  # its %%on_tpu --bg cells (tpunb.hangs.background)
+        self.standbys = Standbys(self.session)  # agents started ahead of a restart (tpunb.engine.standby)
+        self.background = BackgroundCells()  # its %%on_tpu --bg cells (tpunb.engine.background)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
         self.layout = Layout(len(transports), record.num_slices)
         #: its services (tpunb.serve) and its profiler recordings (tpunb.profile), each made from
@@ -182,7 +182,7 @@ class Slice:
             self.warn_python_mismatch()
         self.idle.mark(False, tell_host=not attaching)
         self.metrics_feed.start()
-        self.standbys.prepare_ahead()  # a restart's agents, once the slice is quiet (tpunb.hangs.standby)
+        self.standbys.prepare_ahead()  # a restart's agents, once the slice is quiet (tpunb.engine.standby)
 
     def mark_used(self) -> None:
         """The user just made or took this slice (a launch, a connect, %tpu_use): the idle time starts
@@ -309,7 +309,7 @@ class Slice:
 
         Errors on hosts are in the result (``result.raise_for_status()`` raises them); only a
         kernel interrupt raises here, after every host was interrupted. ``background``: return at
-        once with a ``tpunb.hangs.background.Run`` while the output still streams; ``queue``: wait
+        once with a ``tpunb.engine.background.Run`` while the output still streams; ``queue``: wait
         for a background cell that holds these hosts instead of refusing.
         """
         if output is not None and output not in MODES:
@@ -341,18 +341,18 @@ class Slice:
         self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
         self.idle.mark(True, tell_host=True)
-        where: dict[int, str] = {}  # hosts that would not stop: where they were (tpunb.hangs)
+        where: dict[int, str] = {}  # hosts that would not stop: where they were (tpunb.stuck)
         request = self.session.cell(code, indices, timeout, sink, shell=shell, count=kernel_cell_number(),
-                                    on_stuck=lambda r, stuck: hangs.show_stuck(self, stuck, r.sink, where),
+                                    on_stuck=lambda r, hosts: stuck.show_stuck(self, hosts, r.sink, where),
                                     on_tick=Laggards(self) if len(indices) > 1 else None)
         if started is not None:
             started(request)
         try:
-            results = hangs.with_where(request.run(), where)
+            results = stuck.with_where(request.run(), where)
         except CellInterrupted as exc:
             sink.finish()
             self._say_jax_failures()
-            result = self.last_result = RunResult(hangs.with_where(exc.results, where), names=self.layout.names)
+            result = self.last_result = RunResult(stuck.with_where(exc.results, where), names=self.layout.names)
             stopped = result.hosts_with("interrupted")
             message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {self.layout.names(stopped)}; "
                        f"{'their' if len(stopped) != 1 else 'its'} state is kept"
@@ -501,18 +501,18 @@ class Slice:
         """Record ``seconds`` on the hosts, callable from another thread while a cell runs: a Profile."""
         return self.profiler.capture(seconds, self.layout.parse(hosts), python_tracer, name)
 
-    # -- hangs (tpunb.hangs) -------------------------------------------------------------------
-    def stacks(self, hosts: str | list[int] | None = None, native: bool = False) -> hangs.Stacks:
+    # -- stuck runs (tpunb.stuck) ----------------------------------------------------------------
+    def stacks(self, hosts: str | list[int] | None = None, native: bool = False) -> stuck.Stacks:
         """Every host's Python stacks, all threads, grouped by identical stacks; read from a signal
         handler, so it works while a host is blocked in C and while a cell runs. ``native``: C/C++
         frames too, through py-spy on the hosts."""
-        return hangs.slice_stacks(self, hosts, native)
+        return stuck.slice_stacks(self, hosts, native)
 
     def restart(self, hosts: str | list[int] | None = None):
         """Fresh Python sessions on the hosts (default all) of this same slice, the way back from a
         wedged runtime: agents that do not exit are killed; the node, connections and services stay;
-        JAX starts again over the whole slice if it ran. A ``tpunb.hangs.restart.Restart``."""
-        from tpunb.hangs.restart import restart
+        JAX starts again over the whole slice if it ran. A ``tpunb.stuck.restart.Restart``."""
+        from tpunb.stuck.restart import restart
 
         with self._revive_lock:
             self._check_not_deleted()

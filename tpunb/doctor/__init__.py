@@ -53,12 +53,12 @@ def doctor(name: str | None = None, accelerator: str | None = None, zone: str | 
            project: str | None = None) -> Report:
     """Check the slice ``name`` (default: the current one, if any), or, with no slice, what a
     launch of ``accelerator`` in ``project``/``zone`` needs. Returns the rows; print() shows them."""
-    from tpunb import provision, slices
+    from tpunb import provision, manager
     from tpunb.errors import NoSliceError
 
     sl = None
     try:
-        sl = slices.current(name)
+        sl = manager.current(name)
     except NoSliceError:
         if name:
             raise

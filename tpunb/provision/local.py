@@ -62,7 +62,7 @@ def create(request: LaunchRequest) -> Made:
     """One host process per TPU host of the accelerator, to start; the slice is recorded once all are up.
     ``options.own_tpu``: one host process on this machine's real TPU chips, not simulated.
     ``slices``: a multislice, every host of every slice in one jax.distributed job, slice by slice.
-    An own TPU whose type only JAX there can say has no accelerator yet (tpunb.slices names it)."""
+    An own TPU whose type only JAX there can say has no accelerator yet (tpunb.manager names it)."""
     name, accelerator, slices = request.name, request.accelerator, request.slices
     own_tpu = bool(request.options and request.options.own_tpu)
     if accelerator is None:

@@ -21,7 +21,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Callable
 
-from tpunb import slices
+from tpunb import manager
 from tpunb.engine.bundle import HOST, SERVICE_CONTROL
 from tpunb.errors import CellInterrupted, ServiceError, TransportError, UsageError
 from tpunb.host.standalone import bench_client
@@ -131,7 +131,7 @@ def resolve(target: str, host, on_host: bool, slice_name: str | None) -> Target:
 
 
 def _service(name: str, host, slice_name: str | None) -> Target:
-    sl = slices.current(slice_name)
+    sl = manager.current(slice_name)
     listed = sl.services()
     states = [s for s in listed if s.name == name]
     if not states:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpunb import catalog as _catalog, provision, report, slices
+from tpunb import catalog as _catalog, provision, report, manager
 from tpunb.errors import NoSliceError, OwnedElsewhere  # noqa: F401 - handlers map it to 409
 from tpunb.provision.common import owner_alive
 from tpunb.registry import Registry
@@ -41,7 +41,7 @@ def delete_slice(name: str) -> dict[str, Any]:
         reg.delete_slice(name)
         return {"deleted": [name], "messages": []}
     with report.captured() as messages:  # what %tpu_down would print goes back to the panel
-        deleted = slices.down(name)
+        deleted = manager.down(name)
     if not deleted:
         raise NoSliceError(f"no slice named {name!r}: it may already be deleted (refresh the list)")
     return {"deleted": deleted, "messages": [m.text for m in messages]}
@@ -52,7 +52,7 @@ def delete_slice(name: str) -> dict[str, Any]:
 def stacks(name: str, hosts: str | None = None, native: bool = False) -> dict[str, Any]:
     """Every chosen host's stacks, grouped as %tpu_stacks prints them, and per host where its main
     thread is; read from this server through the registry while the owning kernel may be busy."""
-    from tpunb.hangs.outside import recorded_stacks
+    from tpunb.stuck.outside import recorded_stacks
 
     reg = Registry()
     record = reg.get_slice(name)

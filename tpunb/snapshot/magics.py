@@ -4,7 +4,7 @@ from __future__ import annotations
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from tpunb import report, slices
+from tpunb import report, manager
 from tpunb.errors import UsageError
 from tpunb.magics import one_line_interrupt, parse_line, usage_of
 from tpunb.snapshot.preempt import names_list
@@ -46,13 +46,13 @@ class SnapshotMagics(Magics):
             from tpunb.snapshot import preempt
 
             with one_line_interrupt():
-                preempt.arm(slices.current(args.slice_name), names_list(args.on_preempt, "--on-preempt"), to=args.to,
+                preempt.arm(manager.current(args.slice_name), names_list(args.on_preempt, "--on-preempt"), to=args.to,
                             bucket=args.bucket)
             return None
         if not args.names:
             raise UsageError(f"give the host variables to save, e.g. %tpu_snapshot params step. Usage: "
                              f"{usage_of(self.tpu_snapshot)}")
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         snapshot.snapshot(sl, args.names, to=args.to, bucket=args.bucket)
         return None
 
@@ -66,7 +66,7 @@ class SnapshotMagics(Magics):
 
         args = parse_line(self.tpu_restore, line)
         uri, names = split_where(args.where)
-        snapshot.restore(slices.current(args.slice_name), uri, names or None)
+        snapshot.restore(manager.current(args.slice_name), uri, names or None)
         return None
 
 

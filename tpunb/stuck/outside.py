@@ -7,9 +7,9 @@ from __future__ import annotations
 from tpunb import provision
 from tpunb.display.hosts import Layout
 from tpunb.errors import NoSliceError
-from tpunb.hangs import collect
-from tpunb.hangs.read import Target
-from tpunb.hangs.stacks import Stacks
+from tpunb.stuck import collect
+from tpunb.stuck.read import Target
+from tpunb.stuck.stacks import Stacks
 from tpunb.provision.common import owner_running
 from tpunb.registry import Registry, SliceRecord
 

@@ -30,7 +30,7 @@ from tpunb.errors import CellInterrupted, TpunbError, UsageError
 if TYPE_CHECKING:
     from tpunb.engine.request import Request
     from tpunb.results import RunResult
-    from tpunb.hangs.held import HeldSlice
+    from tpunb.stuck.held import HeldSlice
 
 
 class Run(concurrent.futures.Future):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tpunb.engine.request import Request
-    from tpunb.hangs.held import HeldSlice
+    from tpunb.stuck.held import HeldSlice
 
 #: a laggard is a host still running this long after the cell started...
 AT_LEAST = 10.0
@@ -53,7 +53,7 @@ class Laggards:
         threading.Thread(target=self._read, args=(hosts,), daemon=True, name="tpunb-laggards").start()
 
     def _read(self, hosts: list[int]) -> None:
-        from tpunb.hangs import slice_stacks
+        from tpunb.stuck import slice_stacks
 
         try:
             stacks = slice_stacks(self.slice, hosts, bound=BOUND)

@@ -1,14 +1,14 @@
 """``%tpu_stacks`` and ``%tpu_restart``: where every host is, and fresh sessions on the same slice.
 
 The magics parse arguments and make one call (``Slice.stacks``, ``Slice.restart``); the rest is
-in :mod:`tpunb.hangs`.
+in :mod:`tpunb.stuck`.
 """
 from __future__ import annotations
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from tpunb import report, slices
+from tpunb import manager, report
 from tpunb.magics import one_line_interrupt, parse_line
 
 
@@ -28,12 +28,12 @@ class HangMagics(Magics):
         a slice another kernel holds reads its hosts from here, through the registry."""
         args = parse_line(self.tpu_stacks, line)
         with one_line_interrupt():
-            if args.slice_name and slices.attached(args.slice_name) is None:
-                from tpunb.hangs.cli import stacks_text
+            if args.slice_name and manager.attached(args.slice_name) is None:
+                from tpunb.stuck.cli import stacks_text
 
                 report.info(stacks_text(args.slice_name, args.hosts, args.native))
                 return
-            stacks = slices.current(args.slice_name).stacks(hosts=args.hosts, native=args.native)
+            stacks = manager.current(args.slice_name).stacks(hosts=args.hosts, native=args.native)
         report.info(stacks.text())
 
     @magic_arguments()
@@ -44,7 +44,7 @@ class HangMagics(Magics):
         """Fresh Python sessions on every host of the same slice (the node, its environment and
         services stay; JAX starts again over the whole slice): the way back from a wedged runtime."""
         args = parse_line(self.tpu_restart, line)
-        sl = slices.current(args.slice_name)
+        sl = manager.current(args.slice_name)
         with one_line_interrupt():
             done = sl.restart(hosts=args.hosts)
         report.info(done.line(sl.name, sl.layout.names))

@@ -1,12 +1,12 @@
-"""What tpunb.hangs asks of a slice this kernel holds: a ``Slice`` satisfies it, and hangs never
-imports Slice (Slice imports hangs for its stacks, background cells and restarts)."""
+"""What tpunb.stuck asks of a slice this kernel holds: a ``Slice`` satisfies it, and it never
+imports Slice (Slice imports it for its stacks and restarts)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from tpunb.display.hosts import Layout
-    from tpunb.hangs.standby import Standbys
+    from tpunb.engine.standby import Standbys
     from tpunb.registry import SliceRecord
     from tpunb.session import Session
 
@@ -18,7 +18,7 @@ class HeldSlice(Protocol):
     layout: "Layout"
     record: "SliceRecord"
     standbys: "Standbys"
-    background: Any  # its tpunb.hangs.background.BackgroundCells (which names this protocol)
+    background: Any  # its tpunb.engine.background.BackgroundCells (which names this protocol)
 
     @property
     def name(self) -> str: ...

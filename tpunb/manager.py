@@ -28,7 +28,7 @@ from tpunb.status.view import StatusView
 if TYPE_CHECKING:
     import pandas
 
-    from tpunb.hangs.background import Run
+    from tpunb.engine.background import Run
     from tpunb.profile import Profile
 
 BACKENDS = provision.LAUNCH_BACKENDS

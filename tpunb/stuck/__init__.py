@@ -1,7 +1,7 @@
 """When a run hangs: where every host is (``stacks``), and the way back (``restart``).
 
 ``slice_stacks`` reads an attached slice's hosts (the kernel that owns it, even while a cell
-runs); ``tpunb.hangs.outside.recorded_stacks`` reads them from what the registry says (any
+runs); ``tpunb.stuck.outside.recorded_stacks`` reads them from what the registry says (any
 other process: a terminal's ``python -m tpunb stacks NAME``, the sidebar's server). Both return
 a ``Stacks``.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from tpunb.hangs.read import Target, read_hosts
-from tpunb.hangs.stacks import HostStacks, Stacks, from_reply
+from tpunb.stuck.read import Target, read_hosts
+from tpunb.stuck.stacks import HostStacks, Stacks, from_reply
 
 if TYPE_CHECKING:
-    from tpunb.hangs.held import HeldSlice
+    from tpunb.stuck.held import HeldSlice
 
 __all__ = ["HostStacks", "Stacks", "show_stuck", "slice_stacks", "with_where"]
 

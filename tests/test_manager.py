@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import tpunb
-from tpunb import slices
+from tpunb import manager
 from tpunb.errors import NoSliceError, UsageError
 from tpunb.registry import Registry
 from tests.conftest import wait_for
@@ -36,7 +36,7 @@ def test_several_slices_and_slice_flag(cell):
 
 
 def test_registry_persists_under_tpunb_home_without_secrets(isolated_home):
-    slices.launch("v4-16", name="kept", env={"TOKEN": "hunter2-secret"})
+    manager.launch("v4-16", name="kept", env={"TOKEN": "hunter2-secret"})
     path = isolated_home / "registry.db"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     record = Registry(path).get_slice("kept")
@@ -47,8 +47,8 @@ def test_registry_persists_under_tpunb_home_without_secrets(isolated_home):
 def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
     cell("%tpu_launch v4-16 --name survivor")
     cell("%%on_tpu\nkept = 1")
-    old_pids = [h.info["pid"] for h in slices.current().session.hosts]
-    slices.detach_all()  # what a kernel restart does: this kernel's host processes end
+    old_pids = [h.info["pid"] for h in manager.current().session.hosts]
+    manager.detach_all()  # what a kernel restart does: this kernel's host processes end
     assert "no slice yet" in cell("%%on_tpu\npass").shown
     cell("%tpu_status")
     assert set(ip.user_ns["_"]["state"]) == {"stopped: its kernel ended (%tpu_use restarts it)"}
@@ -56,7 +56,7 @@ def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
     assert run.error is None
     assert "their state was lost" in run.stderr
     assert "current slice: survivor" in run.stdout
-    assert [h.info["pid"] for h in slices.current().session.hosts] != old_pids
+    assert [h.info["pid"] for h in manager.current().session.hosts] != old_pids
     assert "Out[0-1]: False" in cell("%%on_tpu\n'kept' in globals()").shown
 
 
@@ -69,7 +69,7 @@ def test_use_unknown_slice_says_what_exists(cell):
 def test_down_is_idempotent_and_all(cell, isolated_home):
     cell("%tpu_launch v4-16 --name one")
     cell("%tpu_launch v4-8 --name two")
-    pids = [h.info["pid"] for h in slices.current("one").session.hosts]
+    pids = [h.info["pid"] for h in manager.current("one").session.hosts]
     assert "deleted one" in cell("%tpu_down one").stdout
     assert "already down" in cell("%tpu_down one").stdout
     assert cell("%tpu_down one").error is None
@@ -85,8 +85,8 @@ def test_launch_name_clash_and_bad_names(cell):
     cell("%tpu_launch v4-8 --name taken")
     assert "a slice named 'taken' exists: attach with %tpu_use taken" in cell("%tpu_launch v4-8 --name taken").shown
     assert "slice name 'Bad_Name'" in cell("%tpu_launch v4-8 --name Bad_Name").shown
-    second = slices.launch("v4-8")
-    third = slices.launch("v4-8")
+    second = manager.launch("v4-8")
+    third = manager.launch("v4-8")
     assert (second.name, third.name) == ("v4-8", "v4-8-2")
 
 
@@ -121,7 +121,7 @@ def test_down_all_deletes_every_slice_it_can_and_names_the_one_it_cannot(cell, i
         reg.save_slice(SliceRecord(name="aaa-theirs", accelerator="v4-8", backend="local", state="running",
                                    owner_pid=other_kernel.pid, hosts=[HostRecord(0, "localhost")]))
         cell("%tpu_launch v4-8 --name zzz-mine")  # sorted after the one that cannot be deleted here
-        mine = [h.info["pid"] for h in slices.current().session.hosts]
+        mine = [h.info["pid"] for h in manager.current().session.hosts]
         run = cell("%tpu_down --all")
         assert isinstance(run.error, UsageError)
         assert "deleted zzz-mine" in str(run.error) and "aaa-theirs" in str(run.error)
@@ -150,7 +150,7 @@ def test_tpu_status_shows_human_units_and_returns_the_raw_numbers(cell, ip):
     assert type(table[table["host"] == 0]) is pd.DataFrame  # what is derived from it is a plain DataFrame
 
     cell("%tpu_launch v4-16 --name units")
-    sl = slices.current()
+    sl = manager.current()
     wait_for(lambda: all(sl.metrics_store.latest_value(h, "rss_bytes") for h in (0, 1)), 30, "first samples")
     run = cell("%tpu_status")
     raw = ip.user_ns["_"]["rss_bytes"].tolist()

@@ -6,7 +6,7 @@ agent is told to end at once; one that has not exited after ``EXIT_GRACE`` secon
 C, or its SIGTERM caught by libtpu) is killed. New agents start together, and when JAX had
 been started JAX starts again on every host in the background, over the whole slice, with a
 fresh coordinator port. A host that cannot be reached is named and left marked as needing a
-restart; the others are restarted. Where standby agents were prepared (``tpunb.hangs.standby``)
+restart; the others are restarted. Where standby agents were prepared (``tpunb.engine.standby``)
 they take the old agents' places at once; the next restart's are prepared once the slice is quiet.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tpunb.fanout import fan_out
 from tpunb.results import RESTARTED
 
 if TYPE_CHECKING:
-    from tpunb.hangs.held import HeldSlice
+    from tpunb.stuck.held import HeldSlice
 
 #: seconds an agent gets to exit by itself before it is killed
 EXIT_GRACE = 1.0
