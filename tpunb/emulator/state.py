@@ -38,7 +38,7 @@ from tpunb.emulator.resources import (
 
 RESOURCE_EXHAUSTED, ABORTED = 8, 10
 #: what a READY node can be made to become (the admin's preempt): its VMs stop answering
-LOST_STATES = ("PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN", "REPAIRING")
+LOST_STATES = ("PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN", "REPAIRING", "UNKNOWN")
 
 
 class Emulator(RequestChecks, VmSide):

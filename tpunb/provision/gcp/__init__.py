@@ -121,6 +121,9 @@ def create(request: LaunchRequest) -> Made:
     where = _either([p.zone for p in dict.fromkeys(places)]) if len(places) > 1 else places[0].zone
     progress = LaunchProgress(f"Launching {record.kind} {'spot ' if opts.spot else ''}{kind} {name!r} in "
                               f"{project}/{where} (backend gcp)", price)
+    if (opts.queued or slices > 1) and opts.timeout is None:  # the request carries a limit either way: say which
+        report.info(f"[tpunb] the queued resource waits at most {format_duration(api.DEFAULT_TIMEOUT)} for capacity "
+                    f"(its valid_until_duration), then it is deleted: --timeout S changes that")
     started = time.perf_counter()
     search = failover.Search(spec, places, opts.race or 1, progress.state, opts.timeout or api.DEFAULT_TIMEOUT)
     try:
@@ -212,6 +215,9 @@ def _check_reaches_vpc(network: str | None) -> None:
         raise ProvisionError(f"--internal-ip: this machine is in network {own.rsplit('/', 1)[-1]}, the nodes would be in "
                              f"{wanted}: pass --network {own.rsplit('/', 1)[-1]}, or launch without --internal-ip",
                              "network")
+    report.info(f"[tpunb] --internal-ip: the hosts have no external address, so preparing them reaches PyPI and "
+                f"uv's Python downloads only through Cloud NAT on network {wanted} (or use an image whose "
+                f"environment is already made)")
 
 
 def _say_idle_problem(project: str, zone: str, name: str, wait: float = 5.0) -> None:
