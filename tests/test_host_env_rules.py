@@ -72,3 +72,22 @@ def test_a_second_preparer_waits_for_the_first_then_finds_the_environment_made(t
     second.join(10)
     assert outcome["info"]["fresh"] is False and outcome["info"]["versions"] == {"jax": "0.7.2"}
     assert {m["note"] for m in said} == {"another process is preparing this environment: waiting"}  # beats only
+
+
+def test_preparing_a_host_marks_the_armed_idle_watchdogs_activity(tmp_path, monkeypatch):
+    """A first environment build outlasts the boot watchdog's grace: each step's beat marks activity
+    (where a watchdog is armed; elsewhere it leaves no file)."""
+    import os
+
+    from tpunb.host.standalone import idle
+
+    assert prepare.IDLE_FILES == (idle.STATE, idle.ACTIVITY)
+    monkeypatch.setenv("TPUNB_HOST_DIR", str(tmp_path))
+    prepare._Steps(lambda message: None).run("uv", lambda: None)  # not armed: nothing appears
+    assert sorted(os.listdir(tmp_path)) == []
+    (tmp_path / idle.STATE).write_text("{}")
+    (tmp_path / idle.ACTIVITY).write_text("")
+    os.utime(tmp_path / idle.ACTIVITY, (1_000_000, 1_000_000))
+    steps = prepare._Steps(lambda message: None)
+    steps.run("uv", lambda: steps.note("uv 0.9", force=False))
+    assert idle.last_activity()[0] > 1_000_000 + 3600 * 24 * 365
