@@ -102,7 +102,7 @@ def create(request: LaunchRequest) -> Made:
     opts = _colab_idle_default(opts, slices)
     if opts.internal_ip:
         _check_reaches_vpc(opts.network)
-    access = logins.login(project, public_key, opts.user)  # before any node exists: a refusal costs nothing
+    access = logins.login(project, public_key, opts.user, service_account=opts.service_account)  # before any node exists: a refusal costs nothing
     opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=access.user,
                                queued=opts.queued or opts.race is not None)
     prepared = host_setup(opts)

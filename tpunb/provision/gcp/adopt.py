@@ -114,7 +114,7 @@ def adopt(name: str, reg: Registry) -> SliceRecord | None:
                              f"%tpu_down {name} deletes it", "lost")
     saved = json.loads(info.metadata.get(SLICE_METADATA) or "{}")
     key_path, public_key = keys.default_key()
-    access = logins.login(project, public_key, saved.get("user"), info.metadata)
+    access = logins.login(project, public_key, saved.get("user"), info.metadata, saved.get("service_account"))
     node_ids = [name] if info.slices == 1 else [f"{name}-{i}" for i in range(info.slices)]
     added = not access.os_login and add_ssh_key(project, info.zone, node_ids, access.user, public_key)
     internal = all(h.external_ip is None for h in info.hosts)

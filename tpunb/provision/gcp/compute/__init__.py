@@ -77,7 +77,7 @@ def create(request: LaunchRequest) -> Made:
     if zone not in shape.zones:
         raise UsageError(f"{zone} has no {shape.machine_type} ({accel.name}): zones with it: {', '.join(shape.zones)}")
     key_path, public_key = keys.default_key()
-    access = logins.login(project, public_key, opts.user)
+    access = logins.login(project, public_key, opts.user, service_account=opts.service_account)
     prepared = host_setup(opts)
     user = access.user or "tpunb"
     vm = VmSpec(name, shape, zone, access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
