@@ -33,14 +33,9 @@ KEY_ADDED = "key_added_at"  # in a record's spec: when adopt added the key
 
 def everywhere(project: str, label_filter: Mapping[str, str] | None = TPUNB_LABELS) -> list[NodeInfo]:
     """Nodes in every zone of ``project``: one call on ``locations/-`` (the wildcard location of
-    Google's AIP-159, docs/cloud-facts.md); if the API refuses it, every TPU zone of the catalog
-    at once, each its own call (a zone the project cannot use lists nothing)."""
-    try:
-        return api.list_nodes(project, None, label_filter)
-    except ProvisionError as e:
-        if e.reason not in ("invalid_zone", "invalid", "not_found"):
-            raise
-
+    Google's AIP-159, docs/cloud-facts.md), then each zone it says it could not reach (AIP-217's
+    ``unreachable``) on its own; if the API refuses the wildcard, every TPU zone of the catalog at
+    once, each its own call (a zone the project cannot use lists nothing)."""
     def one(zone: str) -> list[NodeInfo]:
         try:
             return api.list_nodes(project, zone, label_filter)
@@ -49,7 +44,17 @@ def everywhere(project: str, label_filter: Mapping[str, str] | None = TPUNB_LABE
                 return []
             raise
 
-    return [info for found in fan_out(catalog.zones(), one, workers=8, name="tpunb-survey").values() for info in found]
+    def each(zones: list[str]) -> list[NodeInfo]:
+        return [info for found in fan_out(zones, one, workers=8, name="tpunb-survey").values() for info in found]
+
+    unreachable: set[str] = set()
+    try:
+        found = api.list_nodes(project, None, label_filter, unreachable)
+    except ProvisionError as e:
+        if e.reason not in ("invalid_zone", "invalid", "not_found"):
+            raise
+        return each(catalog.zones())
+    return found + each(sorted(unreachable))  # what the wildcard missed, asked of each zone itself
 
 
 def find(project: str, name: str) -> NodeInfo | None:
