@@ -9,18 +9,21 @@ import pytest
 from tpunb.host import prepare
 
 
-def _pci(root: Path, vendors: list[str]) -> str:
-    """A /sys/bus/pci/devices-shaped folder: one device per vendor id."""
-    for i, vendor in enumerate(vendors):
+def _pci(root: Path, devices: list[tuple[str, str]]) -> str:
+    """A /sys/bus/pci/devices-shaped folder: one device per (vendor id, device id)."""
+    for i, (vendor, device_id) in enumerate(devices):
         device = root / f"0000:00:{i:02x}.0"
         device.mkdir(parents=True)
         (device / "vendor").write_text(vendor + "\n")
+        (device / "device").write_text(device_id + "\n")
     return str(root)
 
 
-def test_a_tpu_is_a_pci_device_of_googles_vendor_id(tmp_path):
-    assert prepare.has_tpu(_pci(tmp_path / "tpu", ["0x8086", "0x1ae0"])) is True
-    assert prepare.has_tpu(_pci(tmp_path / "cpu", ["0x8086", "0x1af4"])) is False  # virtio, Intel: no chips
+def test_a_tpu_is_a_pci_device_of_googles_vendor_and_a_tpus_device_id(tmp_path):
+    gvnic, intel = ("0x1ae0", "0x0042"), ("0x8086", "0x7020")
+    assert prepare.has_tpu(_pci(tmp_path / "v6e", [intel, gvnic, ("0x1ae0", "0x006f")])) is True
+    assert prepare.has_tpu(_pci(tmp_path / "tpu7x", [("0x1ae0", "0x0076")])) is True
+    assert prepare.has_tpu(_pci(tmp_path / "gce-vm", [intel, gvnic])) is False  # Google's NIC is not a TPU
     assert prepare.has_tpu(str(tmp_path / "no-sysfs")) is False
 
 

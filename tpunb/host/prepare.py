@@ -47,9 +47,12 @@ STEPS = ("uv", "python", "venv", "packages", "versions")
 #: a frame at least this often while a step runs: the kernel counts it as a sign of life
 BEAT_SECONDS = 1.0
 #: where a TPU shows itself as JAX looks for it (jax/_src/hardware_utils.py): a PCI device of
-#: Google's vendor id. Device files under /dev differ by generation (accel*, vfio/N) and by image.
+#: Google's vendor id with a TPU's device id (Google's gVNIC shares the vendor id). Device files
+#: under /dev differ by generation (accel*, vfio/N) and by image.
 PCI_DEVICES = "/sys/bus/pci/devices"
 GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICE_IDS = {"0x0027": "v2/v3", "0x0056": "plc", "0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e",
+                      "0x006f": "v6e", "0x0076": "tpu7x"}
 #: libtpu for jax 0.5.0 and older is a libtpu-nightly wheel that only JAX's own index has
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 
@@ -129,16 +132,18 @@ def _watch_stdin() -> threading.Event:
 
 
 def has_tpu(root: str = PCI_DEVICES) -> bool:
-    """Whether this machine has a TPU chip, decided as JAX decides it: a PCI device whose vendor is
-    Google's (a TPU VM gets jax[tpu] and libtpu; any other host plain jax)."""
-    for vendor in glob.glob(os.path.join(root, "*", "vendor")):
+    """Whether this machine has a TPU chip, decided as JAX decides it: a PCI device of Google's
+    vendor and a TPU's device id (a TPU VM gets jax[tpu] and libtpu; any other host plain jax)."""
+    def read(path: str) -> str:
         try:
-            with open(vendor) as f:
-                if f.read().strip().lower() == GOOGLE_PCI_VENDOR:
-                    return True
+            with open(path) as f:
+                return f.read().strip().lower()
         except OSError:
-            continue
-    return False
+            return ""
+
+    return any(read(os.path.join(device, "vendor")) == GOOGLE_PCI_VENDOR
+               and read(os.path.join(device, "device")) in TPU_PCI_DEVICE_IDS
+               for device in glob.glob(os.path.join(root, "*")))
 
 
 def digest(spec: dict, tpu: bool | None = None) -> str:
