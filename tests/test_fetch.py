@@ -1,0 +1,108 @@
+"""%tpu_fetch on slices, from the Hub stand-in (tpunb/emulator/hub.py: the Hub's HTTP API as the
+real huggingface_hub client reads it). On a 2-host cloud sandbox slice (real sshd hosts, each its
+own home) a gated repository lands identical on both hosts with one GET per file, relayed host to
+host (or through the kernel when the relay is off), the token in no output even when a host
+prints it; on a local slice the files are written once; a fetch cut short resumes; a second fetch
+moves nothing; every bad input is one line."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from tpunb import manager
+from tpunb.emulator.hub import Hub, HubServer
+from tpunb.engine.masking import MASK
+from tpunb.host.fetch import CHUNK
+from tests.test_fetch_manifest import kernel_env  # noqa: F401 - the kernel's Hub settings, autouse
+from tests.test_snapshot import small_disk  # a real 1 MB tmpfs (tests run as root)
+
+TOKEN = "hf_fetch_magic_token_0123456789"
+WEIGHTS = os.urandom(3 * CHUNK + 4321)
+FILES = {"config.json": b'{"hidden_size": 8}', "model.safetensors": WEIGHTS, "tokenizer/vocab.json": b'{"a": 0}',
+         "empty.txt": b""}
+#: an empty file needs no GET
+ONE_GET_EACH = {path: int(bool(data)) for path, data in FILES.items()}
+
+
+@pytest.fixture(scope="module")
+def hub():
+    state = Hub(tokens=(TOKEN,))
+    with HubServer(state) as server:
+        server.commits = {"gated": state.add_repo("org/gated", FILES, gated=True),
+                          "open": state.add_repo("org/open", FILES)}
+        yield server
+
+
+def gets(hub, repo: str) -> dict[str, int]:
+    return {path: hub.hub.gets[(repo, path)] for path in FILES}
+
+
+def same_files(folder: Path) -> None:
+    for path, data in FILES.items():
+        assert (folder / path).read_bytes() == data, path
+    assert not list(folder.rglob("*.partial"))
+
+
+def one_line(run) -> str:
+    assert run.error is not None, run.shown
+    text = str(run.error)
+    assert "\n" not in text and TOKEN not in run.shown and "Traceback" not in run.shown, run.shown
+    return text
+
+
+def test_a_local_slice_gets_the_files_written_once_and_a_second_fetch_moves_nothing(cell, hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert cell("%tpu_launch v4-16 --name fetchy").error is None
+    before = gets(hub, "org/gated")
+    target = tmp_path / "models" / "x"
+    run = cell(f"%tpu_fetch hf://org/gated --to {target}")
+    assert run.error is None, run.shown
+    same_files(target)
+    assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == ONE_GET_EACH
+    assert "written once: host 1 shares the file system of host 0" in run.stdout, run.stdout
+    assert TOKEN not in run.shown
+    again = cell(f"%tpu_fetch hf://org/gated --to {target}")
+    assert again.error is None and "already there: no bytes moved" in again.stdout, again.shown
+    assert gets(hub, "org/gated") == {p: n + ONE_GET_EACH[p] for p, n in before.items()}
+    # one file only, by pattern, to another folder; the report says what moved
+    only = manager.current().fetch("hf://org/open", str(tmp_path / "cfg"), include=["*.json"])
+    assert (only.files, only.route) == (2, "source") and sorted(os.listdir(tmp_path / "cfg")) == [".cache", "config.json",
+                                                                                                  "tokenizer"]
+
+
+def test_a_fetch_cut_short_resumes_from_its_partial(cell, hub, tmp_path):
+    assert cell("%tpu_launch v4-8 --name resumer").error is None
+    target = tmp_path / "resume"
+    hub.hub.cut("model.safetensors", CHUNK + 100)
+    hub.hub.busy("model.safetensors", times=9, ranged=True)  # the Range that would resume it at once is refused too
+    failed = cell(f"%tpu_fetch hf://org/open --to {target}")
+    assert "answered HTTP 429 4 times (throttled or down): fetch again later, it resumes" in one_line(failed)
+    assert not (target / "model.safetensors").exists()
+    assert (target / "model.safetensors.partial").stat().st_size == CHUNK + 100
+    hub.hub.busy("model.safetensors", times=0)
+    mark = len(hub.hub.log)
+    resumed = cell(f"%tpu_fetch hf://org/open --to {target}")
+    assert resumed.error is None, resumed.shown
+    same_files(target)
+    assert [s for _, p, s in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [f"bytes={CHUNK + 100}-"]
+
+
+def test_every_bad_input_is_one_line(cell, hub, tmp_path, monkeypatch):
+    assert cell("%tpu_launch v4-8 --name bad").error is None
+    usage = "Usage: %tpu_fetch --to PATH [--include GLOB [GLOB ...]] [--revision R]"
+    assert one_line(cell("%tpu_fetch hf://org/gated")).startswith(f"the following arguments are required: --to. {usage}")
+    bad = one_line(cell(f"%tpu_fetch ftp://x/y --to {tmp_path}"))
+    assert bad.startswith("cannot fetch 'ftp://x/y': give hf://ORG/NAME, gs://BUCKET/PREFIX or https://...") and usage in bad
+    assert "gated and the kernel has no Hugging Face token" in one_line(cell(f"%tpu_fetch hf://org/gated --to {tmp_path}/g"))
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert "has no revision 'nope'" in one_line(cell(f"%tpu_fetch hf://org/gated --revision nope --to {tmp_path}/r"))
+    assert "--include *.bin matches none of the 4 files" in one_line(
+        cell(f"%tpu_fetch hf://org/gated --include *.bin --to {tmp_path}/i"))
+    with small_disk(tmp_path / "full") as full:
+        text = one_line(cell(f"%tpu_fetch hf://org/gated --to {full}/m"))
+        assert "no space left on the device" in text and "nothing was written" in text, text
+        assert os.listdir(full / "m") == []
+    assert not any(p.is_file() for p in tmp_path.rglob("*") if "full" not in p.parts), "a bad fetch wrote a file"
