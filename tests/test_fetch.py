@@ -16,6 +16,7 @@ from tpunb import manager
 from tpunb.emulator.hub import Hub, HubServer
 from tpunb.engine.masking import MASK
 from tpunb.host.fetch import CHUNK
+from tests.emulator_fixture import FAST, configure
 from tests.test_fetch_manifest import kernel_env  # noqa: F401 - the kernel's Hub settings, autouse
 from tests.test_snapshot import small_disk  # a real 1 MB tmpfs (tests run as root)
 
@@ -106,3 +107,59 @@ def test_every_bad_input_is_one_line(cell, hub, tmp_path, monkeypatch):
         assert "no space left on the device" in text and "nothing was written" in text, text
         assert os.listdir(full / "m") == []
     assert not any(p.is_file() for p in tmp_path.rglob("*") if "full" not in p.parts), "a bad fetch wrote a file"
+
+
+@pytest.fixture
+def tpu_emulator_options(sshd):
+    return {**FAST, **sshd.emulator_options()}  # each host a fresh VM image with a home of its own
+
+
+#: run on each host: its folder, and the sha256 of every file under it
+HASHES = ("%%on_tpu\nimport hashlib, os\nroot = os.path.expanduser('{to}')\n"
+          "(os.path.realpath(root), sorted((os.path.relpath(os.path.join(d, f), root), "
+          "hashlib.sha256(open(os.path.join(d, f), 'rb').read()).hexdigest()) for d, _, fs in os.walk(root) "
+          "for f in fs if '.cache' not in d))")
+
+
+def host_files(cell, to: str) -> list:
+    run = cell(HASHES.format(to=to))
+    assert run.error is None, run.shown
+    result = manager.last_result()
+    return [eval(result.reprs[i]) for i in sorted(result.reprs)]  # noqa: S307 - our own cell's repr
+
+
+def test_a_gated_repository_lands_identical_on_two_cloud_hosts_once_from_the_hub(tpu_emulator, cell, hub, monkeypatch,
+                                                                                   isolated_home):
+    configure(monkeypatch, "us-central2-b")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # the kernel's: the launched slice gets it as a secret
+    assert cell("%tpu_launch v4-16 --name hubby").error is None
+    before = gets(hub, "org/gated")
+    run = cell("%tpu_fetch hf://org/gated --to ~/models/x")
+    assert run.error is None, run.shown
+    assert "host 0 took 3.0 MiB from the source once; relayed to host 1 over the slice's network as it downloaded " \
+           "(0 B through the kernel)" in run.stdout, run.stdout
+    assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == ONE_GET_EACH
+    expected = sorted((p, hashlib.sha256(d).hexdigest()) for p, d in FILES.items())
+    (root0, files0), (root1, files1) = host_files(cell, "~/models/x")
+    assert root0 != root1 and files0 == files1 == expected
+    # the host environment has huggingface_hub, and the downloader the kernel's HF_ENDPOINT
+    hf = cell("%%on_tpu --hosts 0\nimport os, huggingface_hub\n(huggingface_hub.__name__, os.environ['HF_ENDPOINT'])")
+    assert f"('huggingface_hub', '{hub.url}')" in hf.shown, hf.shown
+    printed = cell("%%on_tpu\nimport os\nprint('token:', os.environ['HF_TOKEN'])")
+    assert printed.error is None and printed.stdout.count(f"token: {MASK}") >= 1 and TOKEN not in printed.shown
+    # the relay off (as between hosts that cannot reach each other): through the kernel, and it says so
+    monkeypatch.setenv("TPUNB_RELAY", "never")
+    kernel = cell("%tpu_fetch hf://org/gated --to ~/models/y")
+    assert "the hosts cannot reach each other, so host 1 got the bytes through the kernel" in kernel.stdout, kernel.shown
+    assert [files for _, files in host_files(cell, "~/models/y")] == [expected, expected]
+    again = cell("%tpu_fetch hf://org/gated --to ~/models/x")
+    assert again.error is None and "already there: no bytes moved" in again.stdout, again.shown
+    assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == {p: 2 * n for p, n in ONE_GET_EACH.items()}
+    scan = cell("%%on_tpu\nimport os\nhome = os.path.expanduser('~')\n"
+                f"sum({TOKEN.encode()!r} in open(os.path.join(d, f), 'rb').read() for d, _, fs in os.walk(home) "
+                "for f in fs if os.path.isfile(os.path.join(d, f)) and os.path.getsize(os.path.join(d, f)) < 8 << 20)")
+    assert scan.error is None and "Out[0-1]: 0" in scan.shown, scan.shown  # no file on a host holds the token
+    for shown in (run.shown, kernel.shown, again.shown):
+        assert TOKEN not in shown
+    assert TOKEN.encode() not in (isolated_home / "registry.db").read_bytes()
+    cell("%tpu_down hubby")
