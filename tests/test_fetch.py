@@ -59,11 +59,17 @@ def test_a_local_slice_gets_the_files_written_once_and_a_second_fetch_moves_noth
     assert cell("%tpu_launch v4-16 --name fetchy").error is None
     before = gets(hub, "org/gated")
     target = tmp_path / "models" / "x"
+    # a cell that runs on the hosts until the fetch put a file there: the fetch runs beside it
+    waiting = cell(f"%%on_tpu --bg\nimport os, time\nwhile not os.path.exists({str(target / 'config.json')!r}):\n"
+                   "    time.sleep(0.02)\n'saw it'")
+    assert waiting.error is None, waiting.shown
     run = cell(f"%tpu_fetch hf://org/gated --to {target}")
     assert run.error is None, run.shown
+    assert list(manager.last_run().result(timeout=60).reprs.values()) == ["'saw it'", "'saw it'"]
     same_files(target)
     assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == ONE_GET_EACH
     assert "written once: host 1 shares the file system of host 0" in run.stdout, run.stdout
+    assert "host 0: 100%" in run.stderr and "host 1:" not in run.stderr, run.stderr  # a bar for the one that wrote
     assert TOKEN not in run.shown
     again = cell(f"%tpu_fetch hf://org/gated --to {target}")
     assert again.error is None and "already there: no bytes moved" in again.stdout, again.shown
@@ -89,6 +95,17 @@ def test_a_fetch_cut_short_resumes_from_its_partial(cell, hub, tmp_path):
     assert resumed.error is None, resumed.shown
     same_files(target)
     assert [s for _, p, s in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [f"bytes={CHUNK + 100}-"]
+
+
+def test_hosts_without_a_route_to_the_source_get_it_from_the_kernel_which_downloads_it_once(cell, hub, tmp_path):
+    assert cell("%tpu_launch v4-8 --name walled --env http_proxy=http://127.0.0.1:9").error is None  # a dead proxy
+    before = gets(hub, "org/open")
+    run = cell(f"%tpu_fetch hf://org/open --to {tmp_path / 'walled'}")
+    assert run.error is None, run.shown
+    assert "the hosts cannot reach the source, so the kernel downloaded 3.0 MiB once; host 0 got the bytes through " \
+           "the kernel" in run.stdout, run.stdout
+    same_files(tmp_path / "walled")
+    assert {p: n - before[p] for p, n in gets(hub, "org/open").items()} == ONE_GET_EACH
 
 
 def test_every_bad_input_is_one_line(cell, hub, tmp_path, monkeypatch):

@@ -454,7 +454,7 @@ class Slice:
         wanted = parse_source(source, revision, tuple(include or ()))
         indices = self.layout.parse(hosts)
         listed = manifest(wanted)
-        self.revive(indices)
+        self.revive()  # not only these hosts': a background cell may hold them, the fetch runs beside it
         with self.idle.busy():
             return fetch(self.session, listed, to.strip(), indices, self.layout.names)
 

@@ -264,7 +264,7 @@ def _raise_for(request, replies: dict, downloader: int, names) -> None:
     if mine.get("status") == "error":
         if mine.get("kind") == "unreachable":
             raise _Unreachable(mine.get("error"))
-        if mine.get("kind") == "network" and not mine.get("from_source") and "cannot reach" in str(mine.get("error")):
+        if mine.get("kind") == "network" and not mine.get("from_source"):  # not a byte from the source
             raise _NoRoute(mine.get("error"))
         raise FetchFailed(f"host {names([downloader])}: {mine.get('error')}", mine.get("kind") or "source")
     if request.died:
