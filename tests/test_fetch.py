@@ -154,7 +154,7 @@ def test_a_gated_repository_lands_identical_on_two_cloud_hosts_once_from_the_hub
     run = cell("%tpu_fetch hf://org/gated --to ~/models/x")
     assert run.error is None, run.shown
     assert "host 0 took 3.0 MiB from the source once; relayed to host 1 over the slice's network as it downloaded " \
-           "(0 B through the kernel)" in run.stdout, run.stdout
+           "(0 bytes through the kernel)" in run.stdout, run.stdout
     assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == ONE_GET_EACH
     expected = sorted((p, hashlib.sha256(d).hexdigest()) for p, d in FILES.items())
     (root0, files0), (root1, files1) = host_files(cell, "~/models/x")

@@ -68,7 +68,7 @@ class FetchReport:
         others = sorted(h for h in self.received if h != self.downloader)
         if self.route == "relay":
             parts.append(f"relayed to host{'s' if len(others) > 1 else ''} {self.names(others)} over the slice's "
-                         "network as it downloaded (0 B through the kernel)")
+                         f"network as it downloaded ({format_bytes(self.through_kernel)} through the kernel)")
         elif self.route in ("kernel", "kernel-download"):
             reason = "" if self.route == "kernel-download" else "the hosts cannot reach each other, so "
             parts.append(f"{reason}host{'s' if len(others) > 1 else ''} {self.names(others)} got the bytes through "
