@@ -34,8 +34,11 @@ from tpunb import manager  # noqa: E402
 from tpunb.emulator.hub import Hub, HubServer  # noqa: E402
 from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
 
-#: what every host runs for the baseline (the Hub's address in HF_ENDPOINT, set before the import)
+#: what every host runs for the baseline (the Hub's address in HF_ENDPOINT, set before the import). The
+#: proxy's link is first come, first served (not TCP's fair share): a connection may wait for others'
+#: bytes longer than huggingface_hub's 10 s read timeout, which is raised here so the total is measured
 BASELINE = ("import os, time\nos.environ['HF_ENDPOINT'] = {endpoint!r}\nos.environ['HF_HUB_DISABLE_PROGRESS_BARS'] = '1'\n"
+            "os.environ['HF_HUB_DOWNLOAD_TIMEOUT'] = '600'\n"
             "from huggingface_hub import snapshot_download\n"
             "snapshot_download('org/big', local_dir=os.path.expanduser('~/models/hf'), token=False)\n'ok'")
 

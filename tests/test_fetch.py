@@ -33,7 +33,8 @@ def hub():
     state = Hub(tokens=(TOKEN,))
     with HubServer(state) as server:
         server.commits = {"gated": state.add_repo("org/gated", FILES, gated=True),
-                          "open": state.add_repo("org/open", FILES)}
+                          "open": state.add_repo("org/open", FILES),
+                          "private": state.add_repo("org/private", FILES, private=True)}
         yield server
 
 
@@ -115,6 +116,7 @@ def test_every_bad_input_is_one_line(cell, hub, tmp_path, monkeypatch):
     bad = one_line(cell(f"%tpu_fetch ftp://x/y --to {tmp_path}"))
     assert bad.startswith("cannot fetch 'ftp://x/y': give hf://ORG/NAME, gs://BUCKET/PREFIX or https://...") and usage in bad
     assert "gated and the kernel has no Hugging Face token" in one_line(cell(f"%tpu_fetch hf://org/gated --to {tmp_path}/g"))
+    assert "hf://org/private is not at" in one_line(cell(f"%tpu_fetch hf://org/private --to {tmp_path}/p"))
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     assert "has no revision 'nope'" in one_line(cell(f"%tpu_fetch hf://org/gated --revision nope --to {tmp_path}/r"))
     assert "--include *.bin matches none of the 4 files" in one_line(

@@ -261,7 +261,7 @@ def _raise_for(request, replies: dict, downloader: int, names) -> None:
     if request.stopped == "interrupted":
         raise FetchFailed("the fetch was interrupted: fetch again, it resumes from what arrived", "cancelled")
     mine = replies.get(downloader, {})
-    if mine.get("status") == "error":
+    if mine.get("status") == "error" and mine.get("kind") != "cancelled":  # cancelled: another host failed first
         if mine.get("kind") == "unreachable":
             raise _Unreachable(mine.get("error"))
         if mine.get("kind") == "network" and not mine.get("from_source"):  # not a byte from the source
