@@ -1,9 +1,10 @@
 """%tpu_fetch on slices, from the Hub stand-in (tpunb/emulator/hub.py: the Hub's HTTP API as the
 real huggingface_hub client reads it). On a 2-host cloud sandbox slice (real sshd hosts, each its
 own home) a gated repository lands identical on both hosts with one GET per file, relayed host to
-host (or through the kernel when the relay is off), the token in no output even when a host
-prints it; on a local slice the files are written once; a fetch cut short resumes; a second fetch
-moves nothing; every bad input is one line."""
+host while a cell holds the hosts' main threads (through the kernel when the relay is off or cannot
+reach a host), the token in no output even when a host prints it, nor in any file; on a local
+slice the files are written once; hosts without a route to the source get it from the kernel; a
+fetch cut short resumes; a second fetch moves nothing; every bad input is one line."""
 from __future__ import annotations
 
 import hashlib
@@ -153,8 +154,13 @@ def test_a_gated_repository_lands_identical_on_two_cloud_hosts_once_from_the_hub
     monkeypatch.setenv("HF_TOKEN", TOKEN)  # the kernel's: the launched slice gets it as a secret
     assert cell("%tpu_launch v4-16 --name hubby").error is None
     before = gets(hub, "org/gated")
+    # a cell holds both hosts' main threads until the file is there: receivers write beside it
+    waiting = cell("%%on_tpu --bg\nimport os, time\nwhile not os.path.exists(os.path.expanduser('~/models/x/config.json')):\n"
+                   "    time.sleep(0.02)\n'saw it'")
+    assert waiting.error is None, waiting.shown
     run = cell("%tpu_fetch hf://org/gated --to ~/models/x")
     assert run.error is None, run.shown
+    assert list(manager.last_run().result(timeout=60).reprs.values()) == ["'saw it'", "'saw it'"]
     assert "host 0 took 3.0 MiB from the source once; relayed to host 1 over the slice's network as it downloaded " \
            "(0 bytes through the kernel)" in run.stdout, run.stdout
     assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == ONE_GET_EACH
@@ -171,14 +177,23 @@ def test_a_gated_repository_lands_identical_on_two_cloud_hosts_once_from_the_hub
     kernel = cell("%tpu_fetch hf://org/gated --to ~/models/y")
     assert "the hosts cannot reach each other, so host 1 got the bytes through the kernel" in kernel.stdout, kernel.shown
     assert [files for _, files in host_files(cell, "~/models/y")] == [expected, expected]
+    # a relay that cannot reach its receiver (its listener's address is wrong): through the kernel instead
+    monkeypatch.delenv("TPUNB_RELAY")
+    session = manager.current().session
+    session.relay.listen([0, 1])
+    session.relay.listeners[1] = (session.relay.listeners[1][0], ["127.0.0.1", 9])
+    walled = cell("%tpu_fetch hf://org/gated --to ~/models/z")
+    assert "the hosts cannot reach each other, so host 1 got the bytes through the kernel" in walled.stdout, walled.shown
+    assert [files for _, files in host_files(cell, "~/models/z")] == [expected, expected]
     again = cell("%tpu_fetch hf://org/gated --to ~/models/x")
     assert again.error is None and "already there: no bytes moved" in again.stdout, again.shown
-    assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == {p: 2 * n for p, n in ONE_GET_EACH.items()}
+    assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == {p: 3 * n for p, n in ONE_GET_EACH.items()}
     scan = cell("%%on_tpu\nimport os\nhome = os.path.expanduser('~')\n"
                 f"sum({TOKEN.encode()!r} in open(os.path.join(d, f), 'rb').read() for d, _, fs in os.walk(home) "
                 "for f in fs if os.path.isfile(os.path.join(d, f)) and os.path.getsize(os.path.join(d, f)) < 8 << 20)")
     assert scan.error is None and "Out[0-1]: 0" in scan.shown, scan.shown  # no file on a host holds the token
-    for shown in (run.shown, kernel.shown, again.shown):
+    for shown in (run.shown, kernel.shown, walled.shown, again.shown):
         assert TOKEN not in shown
-    assert TOKEN.encode() not in (isolated_home / "registry.db").read_bytes()
+    kept = [p for p in isolated_home.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
+    assert not kept, f"the token is in {kept}"  # the registry, the hosts' logs kept here
     cell("%tpu_down hubby")
