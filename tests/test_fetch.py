@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from tpunb import manager
 from tpunb.emulator.hub import Hub, HubServer
 from tpunb.engine.masking import MASK
 from tpunb.host.fetch import CHUNK
+from tests.conftest import wait_for
 from tests.emulator_fixture import FAST, configure
 from tests.test_fetch_manifest import kernel_env  # noqa: F401 - the kernel's Hub settings, autouse
 from tests.test_snapshot import small_disk  # a real 1 MB tmpfs (tests run as root)
@@ -97,6 +100,31 @@ def test_a_fetch_cut_short_resumes_from_its_partial(cell, hub, tmp_path):
     assert resumed.error is None, resumed.shown
     same_files(target)
     assert [s for _, p, s in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [f"bytes={CHUNK + 100}-"]
+
+
+def test_ctrl_c_stops_a_fetch_on_the_hosts_and_the_next_one_resumes(cell, hub, tmp_path):
+    assert cell("%tpu_launch v4-8 --name pressed").error is None
+    target = tmp_path / "pressed"
+    partial = target / "model.safetensors.partial"
+
+    def press() -> None:
+        wait_for(lambda: partial.exists() and partial.stat().st_size > 0, what="the first bytes on the host")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    hub.hub.rate = 1 << 20  # 3 MiB at 1 MiB/s: the press lands mid-file
+    try:
+        threading.Thread(target=press, daemon=True).start()
+        stopped = cell(f"%tpu_fetch hf://org/open --to {target}")
+    finally:
+        hub.hub.rate = None
+    assert one_line(stopped) == "the fetch was interrupted: fetch again, it resumes from what arrived"
+    kept = partial.stat().st_size  # the host stopped (it answered within the grace): nothing writes it now
+    assert 0 < kept < len(WEIGHTS) and not (target / "model.safetensors").exists()
+    mark = len(hub.hub.log)
+    resumed = cell(f"%tpu_fetch hf://org/open --to {target}")
+    assert resumed.error is None, resumed.shown
+    same_files(target)
+    assert [s for _, p, s in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [f"bytes={kept}-"]
 
 
 def test_hosts_without_a_route_to_the_source_get_it_from_the_kernel_which_downloads_it_once(cell, hub, tmp_path):

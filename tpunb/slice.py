@@ -451,7 +451,7 @@ class Slice:
 
         if not isinstance(to, str) or not to.strip():
             raise UsageError("say where the files go on the hosts: --to PATH, e.g. --to ~/models/gemma")
-        wanted = parse_source(source, revision, tuple(include or ()))
+        wanted = parse_source(source, revision, (include,) if isinstance(include, str) else tuple(include or ()))
         indices = self.layout.parse(hosts)
         listed = manifest(wanted)
         self.revive()  # not only these hosts': a background cell may hold them, the fetch runs beside it

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 CANCEL = {"op": "fetch_cancel"}
 #: seconds hosts get to say where PATH is and what it holds (hashing files already there)
 PROBE_TIMEOUT = 600.0
+#: seconds hosts get to stop once the fetch stopped (Ctrl-C, a failure elsewhere): a fetch started
+#: right after finds no download of the last one still writing its partials
+GRACE = 10.0
 
 
 @dataclass
@@ -206,7 +209,7 @@ def _run(session: Session, manifest: Manifest, bare: list[dict], root: str, down
     replies: dict[int, dict] = {}
     bars = _bars(totals, names)
     try:
-        with session.request([downloader, *receivers], kind="fetch", exclusive=False) as request:
+        with session.request([downloader, *receivers], kind="fetch", exclusive=False, grace=GRACE) as request:
             for i in receivers:
                 request.send(Frame({"op": "fetch", "role": "receive", "root": root, "entries": bare, "need": need[i]},
                                    stop=CANCEL), [i])
@@ -290,7 +293,7 @@ def _from_kernel(session: Session, manifest: Manifest, bare: list[dict], root: s
     scratch = tempfile.mkdtemp(prefix="tpunb-fetch-")
     bars = _bars({i: sum(sizes[k] for k in need[i]) for i in wanting}, names)
     try:
-        with session.request(wanting, kind="fetch", exclusive=False) as request:
+        with session.request(wanting, kind="fetch", exclusive=False, grace=GRACE) as request:
             for i in wanting:
                 request.send(Frame({"op": "fetch", "role": "receive", "root": root, "entries": bare, "need": need[i]},
                                    stop=CANCEL), [i])
