@@ -16,14 +16,15 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from tpunb import catalog, diagnose, report
-from tpunb.errors import CellInterrupted, ProvisionError, TpunbError, UsageError
+from tpunb import catalog, diagnose
+from tpunb.errors import CellInterrupted, ProvisionError, UsageError
 from tpunb.fanout import fan_out
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.gcp import api, logins
 from tpunb.provision.gcp.compute import clients
-from tpunb.provision.gcp.compute.bodies import Names, VmSpec, instance, mig, template, workload_policy
+from tpunb.provision.gcp.compute.bodies import VmSpec, instance, mig, template, workload_policy
+from tpunb.provision.gcp.compute.delete import teardown
 from tpunb.provision.gcp.compute.node import ComputeNode
 from tpunb.provision.gcp.config import CloudOptions, require_project_zone
 from tpunb.provision.gcp.prepare import host_setup
@@ -95,7 +96,7 @@ def create(request: LaunchRequest) -> Made:
     started = time.perf_counter()
     deadline = time.monotonic() + (opts.timeout or api.DEFAULT_TIMEOUT)
     try:
-        _make(project, vm, progress.state, deadline)
+        make_resources(project, vm, progress.state, deadline)
         hosts = made_hosts(project, zone, name, shape.multi_host, opts.internal_ip)
     except BaseException as exc:
         left = teardown(project, zone, name)
@@ -110,7 +111,7 @@ def create(request: LaunchRequest) -> Made:
     return _reach(record, reg, env, opts, progress, started)
 
 
-def _make(project: str, vm: VmSpec, say, deadline: float) -> None:
+def make_resources(project: str, vm: VmSpec, say, deadline: float) -> None:
     """The resources, in order, each waited for; then until the slice is up (whatever stops it part
     way, ``teardown`` deletes what exists)."""
     c, region = clients.clients(), catalog.region_of(vm.zone)
@@ -259,41 +260,6 @@ def delete(record: SliceRecord) -> None:
     left = teardown(spec["project"], spec["zone"], record.name, quiet=True)
     if left:
         raise ProvisionError(f"could not delete all of {record.name}{left}", reason="delete")
-
-
-def teardown(project: str, zone: str, name: str, quiet: bool = False) -> str:
-    """Delete whatever exists of slice ``name``: the MIG (or the instance), then the template, then the
-    policy (a template or policy in use cannot go before its MIG). "" when nothing is left, else
-    the text that says what is left and the gcloud commands that delete it."""
-    from google.api_core import exceptions
-
-    c, names, region = clients.clients(), Names(name), catalog.region_of(zone)
-    steps = [
-        (f"gcloud compute instance-groups managed delete {name} --zone {zone}",
-         lambda: c.migs.delete_unary(project=project, zone=zone, instance_group_manager=name)),
-        (f"gcloud compute instances delete {name} --zone {zone}",
-         lambda: c.instances.delete_unary(project=project, zone=zone, instance=name)),
-        (f"gcloud compute instance-templates delete {names.template} --region {region}",
-         lambda: c.templates.delete_unary(project=project, region=region, instance_template=names.template)),
-        (f"gcloud compute resource-policies delete {names.policy} --region {region}",
-         lambda: c.policies.delete_unary(project=project, region=region, resource_policy=names.policy)),
-    ]
-    left: list[str] = []
-    for command, delete_it in steps:
-        if left:  # an earlier step failed: what depends on it cannot go either
-            left.append(command)
-            continue
-        try:
-            clients.wait(project, clients.call(f"delete ({command})", delete_it), f"delete ({command})")
-        except exceptions.NotFound:
-            continue
-        except TpunbError as exc:
-            left.append(command)
-            if not quiet:
-                report.warn(f"[tpunb] {exc}")
-    if not left:
-        return ""
-    return "; still there, delete with: " + "; ".join(left)
 
 
 def slice_state(record: SliceRecord) -> str:

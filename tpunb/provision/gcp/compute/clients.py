@@ -29,6 +29,7 @@ def endpoint() -> str | None:
 class Clients:
     instances: Any
     templates: Any  # regional instance templates
+    all_templates: Any  # instance templates of every region (aggregatedList)
     policies: Any  # resource policies (workload policies)
     migs: Any  # zonal managed instance groups
     zone_ops: Any
@@ -53,6 +54,7 @@ def _make(url: str | None) -> Clients:
     else:
         kw = {"credentials": api.default_credentials()}
     return Clients(compute_v1.InstancesClient(**kw), compute_v1.RegionInstanceTemplatesClient(**kw),
+                   compute_v1.InstanceTemplatesClient(**kw),
                    compute_v1.ResourcePoliciesClient(**kw), compute_v1.InstanceGroupManagersClient(**kw),
                    compute_v1.ZoneOperationsClient(**kw), compute_v1.RegionOperationsClient(**kw),
                    compute_v1.MachineTypesClient(**kw))
