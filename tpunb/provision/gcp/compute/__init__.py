@@ -26,7 +26,9 @@ from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.compute.bodies import VmSpec, instance, mig, template, workload_policy
 from tpunb.provision.gcp.compute.delete import teardown
 from tpunb.provision.gcp.compute.node import ComputeNode
-from tpunb.provision.gcp.config import CloudOptions, require_project_zone
+from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_failed, outcome
+from tpunb.provision.gcp.config import CloudOptions, require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.failover import Candidate, Outcome
 from tpunb.provision.gcp.prepare import host_setup
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 from tpunb.transport.base import ask_program
@@ -52,7 +54,7 @@ def uses_compute(accel: catalog.Accelerator, opts: CloudOptions) -> bool:
     return chosen == API
 
 
-def check_options(opts: CloudOptions, slices: int, zone: str) -> None:
+def check_options(opts: CloudOptions, slices: int) -> None:
     """What means nothing (or nothing yet) under Compute Engine is refused before anything is made."""
     given = [what for field, what in TPU_API_ONLY.items() if getattr(opts, field)]
     if slices > 1:
@@ -60,8 +62,6 @@ def check_options(opts: CloudOptions, slices: int, zone: str) -> None:
     if given:
         raise UsageError(f"{given[0]} is for the Cloud TPU API: add --api tpu (for a type it makes: v2-v5e, v4, v5p, "
                          "v6e), or launch without it")
-    if "," in zone or zone.strip().lower() == "any":
-        raise UsageError(f"--zone {zone}: through Compute Engine tpunb launches in one zone so far; name one")
 
 
 def create(request: LaunchRequest) -> Made:
@@ -72,34 +72,34 @@ def create(request: LaunchRequest) -> Made:
     from tpunb.transport import keys
     from tpunb.widgets.launch import LaunchProgress
 
-    project, zone = require_project_zone(opts.project, opts.zone)
-    check_options(opts, request.slices, zone)
+    project, default_zone = resolve_project_zone(opts.project, None)
+    if project is None:
+        require_project_zone(None, "-")  # the one line saying how to set a project
+    check_options(opts, request.slices)
     shape = catalog.compute_shape(accel)
-    if zone not in shape.zones:
-        raise UsageError(f"{zone} has no {shape.machine_type} ({accel.name}): zones with it: {', '.join(shape.zones)}")
+    zones = choose(project, shape, opts.zone, default_zone)
     key_path, public_key = keys.default_key()
     access = logins.login(project, public_key, opts.user)
     prepared = host_setup(opts)
     user = access.user or "tpunb"
-    vm = VmSpec(name, shape, zone, access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
+    vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
                 opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()))
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
-                         spec={**fields, **prepared, "api": API, "project": project, "zone": zone, "user": user,
+                         spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
                                "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms,
                                **({"os_login": True} if access.os_login else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
     what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology})" if shape.multi_host \
         else f"one {shape.machine_type}"
+    where = zones[0] if len(zones) == 1 else ", ".join(zones[:-1]) + " or " + zones[-1]
     progress = LaunchProgress(f"Launching {accel.name} {'spot ' if opts.spot else ''}{name!r} through Compute Engine "
-                              f"in {project}/{zone}: {what}", None)
+                              f"in {project}/{where}: {what}", None)
     started = time.perf_counter()
-    deadline = time.monotonic() + (opts.timeout or api.DEFAULT_TIMEOUT)
     try:
-        make_resources(project, vm, progress.state, deadline)
-        hosts = made_hosts(project, zone, name, shape.multi_host, opts.internal_ip)
+        hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
     except BaseException as exc:
-        left = teardown(project, zone, name)
+        left = teardown(project, record.spec["zone"], name)
         reg.delete_slice(name)
         if isinstance(exc, KeyboardInterrupt):
             message = f"launch of {name} interrupted: what it had created was deleted{left or ', nothing is left'}"
@@ -108,7 +108,40 @@ def create(request: LaunchRequest) -> Made:
         progress.failed(f"failed: {(str(exc) or repr(exc)).splitlines()[0]}{left}")
         raise
     record.hosts, record.state = hosts, "running"
-    return _reach(record, reg, env, opts, progress, started)
+    return _reach(record, reg, env, opts, progress, started, "; ".join(str(o) for o in tried))
+
+
+def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecord, reg: Registry, say,
+                   opts: CloudOptions) -> tuple[list[HostRecord], list]:
+    """Make the slice in each zone in turn until one grants it; a zone that refuses for capacity,
+    quota or time is left with nothing in it (a quota refusal skips its region's other zones:
+    quotas are regional). The hosts, and each zone's outcome when there were several."""
+    outcomes, skipped = [], set()
+    for zone in zones:
+        if catalog.region_of(zone) in skipped:
+            outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "skipped",
+                                    f"the quota of {catalog.region_of(zone)} is exhausted"))
+            continue
+        record.spec["zone"], here = zone, dataclasses.replace(vm, zone=zone)
+        reg.save_slice(record)  # where its resources are now: %tpu_down from another kernel finds them
+        prefixed = say if len(zones) == 1 else (lambda text, elapsed, z=zone: say(f"{z}: {text}", elapsed))
+        try:
+            make_resources(project, here, prefixed, time.monotonic() + (opts.timeout or api.DEFAULT_TIMEOUT))
+            hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip)
+        except ProvisionError as exc:
+            if len(zones) == 1 or exc.reason not in ZONE_FAILURES:
+                raise
+            if teardown(project, zone, vm.name):  # never a second zone while the first still holds something
+                raise
+            outcomes.append(outcome(vm.shape.accelerator, zone, exc))
+            say(str(outcomes[-1]), 0.0)
+            if exc.reason == "quota":
+                skipped.add(catalog.region_of(zone))
+            continue
+        if len(zones) > 1:
+            outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "granted"))
+        return hosts, outcomes
+    raise everywhere_failed(vm.name, project, outcomes, vm.spot)
 
 
 def make_resources(project: str, vm: VmSpec, say, deadline: float) -> None:
@@ -145,8 +178,10 @@ def _wait_running(project: str, zone: str, name: str, say, deadline: float) -> N
 
 
 def _wait_up(project: str, zone: str, name: str, say, deadline: float) -> None:
-    """Until the MIG is stable, its topology ACTIVE and every VM RUNNING with no current action;
-    past the deadline, one line with what the MIG's listErrors say."""
+    """Until the MIG is stable, its topology ACTIVE and every VM RUNNING with no current action.
+    While its VMs are not all made, its listErrors are read: a stockout or quota there ends the
+    wait at once (BULK would wait for all of them: another zone may have them now); past the
+    deadline, one line with what listErrors say."""
     c = clients.clients()
     for delay in api.poll_delays():
         group = clients.call("read the MIG", c.migs.get, project=project, zone=zone, instance_group_manager=name)
@@ -157,12 +192,22 @@ def _wait_up(project: str, zone: str, name: str, say, deadline: float) -> None:
         say(f"{running}/{group.target_size} VMs running, topology {'/'.join(topology) or 'pending'}", 0.0)
         if group.status.is_stable and topology == ["ACTIVE"] and running == group.target_size == len(vms):
             return
-        if time.monotonic() > deadline:
-            errors = list(clients.call("read the MIG's errors", c.migs.list_errors, project=project, zone=zone,
-                                       instance_group_manager=name))
-            why = "; ".join(e.error.message for e in errors[:3] if e.error) or "no errors listed"
-            raise ProvisionError(f"the MIG {name} did not become stable in time: {why}", reason="timeout")
+        errors = mig_errors(project, zone, name) if len(vms) < group.target_size or time.monotonic() > deadline else []
+        refusal = next((clients.reason_of(code) for code, _ in errors if clients.reason_of(code) != "api"), None)
+        if refusal or time.monotonic() > deadline:
+            why = "; ".join(dict.fromkeys(message for _, message in errors[-3:])) or "no errors listed"
+            what = {"no_capacity": "has no capacity for", "quota": "is over quota for"}.get(refusal or "")
+            raise ProvisionError(f"the MIG {name} {what} its {group.target_size} VMs: {why}" if what else
+                                 f"the MIG {name} did not become stable in time: {why}", reason=refusal or "timeout")
         api.pause(delay)
+
+
+def mig_errors(project: str, zone: str, name: str) -> list[tuple[str, str]]:
+    """The MIG's listErrors, oldest first: (code, message) of each."""
+    c = clients.clients()
+    listed = clients.call("read the MIG's errors", c.migs.list_errors, project=project, zone=zone,
+                          instance_group_manager=name)
+    return [(e.error.code, e.error.message) for e in listed if e.error]
 
 
 def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip: bool) -> list[HostRecord]:
@@ -187,9 +232,11 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
     return hosts
 
 
-def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudOptions, progress, started: float) -> Made:
+def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudOptions, progress, started: float,
+           tries: str = "") -> Made:
     """SSH to every VM, number the hosts by their worker ids, and hand the slice to the manager;
-    a failure on the way deletes what the launch made."""
+    a failure on the way deletes what the launch made. ``tries``: each zone's outcome, for the
+    ready line."""
     project, zone, name = record.spec["project"], record.spec["zone"], record.name
 
     def failed(exc: BaseException) -> None:
@@ -210,7 +257,8 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
         raise
 
     def ready() -> None:
-        progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s through Compute Engine: "
+        progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s through Compute Engine"
+                      f"{f' ({tries})' if tries else ''}: "
                       f"{len(record.hosts)} host{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu; it "
                       f"bills until %tpu_down {name}")
 
@@ -278,4 +326,4 @@ def slice_state(record: SliceRecord) -> str:
         return f"unknown ({type(exc).__name__})"
 
 
-__all__ = ["API", "attach", "create", "delete", "slice_state", "teardown", "uses_compute"]
+__all__ = ["API", "VmSpec", "attach", "create", "delete", "first_granted", "slice_state", "teardown", "uses_compute"]

@@ -74,16 +74,25 @@ def call(what: str, fn, *args: Any, **kwargs: Any) -> Any:
 
 
 def _reason(exc: Any) -> str:
-    """A short reason for the error tree: quota, capacity, permission, invalid or api."""
-    text = str(getattr(exc, "message", "") or exc).lower()
+    """A short reason for the error tree: quota, no_capacity, permission, invalid or api."""
+    text = str(getattr(exc, "message", "") or exc)
     code = getattr(exc, "code", None)
-    if "quota" in text:
-        return "quota"
-    if "resource_exhausted" in text or "does not have enough resources" in text or "stockout" in text:
-        return "capacity"
+    found = reason_of(text)
+    if found != "api":
+        return found
     if code == 403:
         return "permission"
     return "invalid" if code == 400 else "api"
+
+
+def reason_of(text: str) -> str:
+    """What an error code or message of Compute Engine's means: quota, no_capacity, else api."""
+    lowered = text.lower()
+    if "quota" in lowered:
+        return "quota"
+    if any(s in lowered for s in ("resource_pool_exhausted", "does not have enough resources", "stockout")):
+        return "no_capacity"
+    return "api"
 
 
 def wait(project: str, operation: Any, what: str, deadline: float | None = None) -> None:
@@ -107,5 +116,4 @@ def wait(project: str, operation: Any, what: str, deadline: float | None = None)
     if errors:
         first = errors[0]
         raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code})",
-                             reason="quota" if "QUOTA" in first.code else "capacity" if "RESOURCE" in first.code
-                             else "api")
+                             reason=reason_of(first.code))
