@@ -6,10 +6,15 @@ backend is driven up to its hosts (no environments are built); the magic's one-l
 run in a real shell."""
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import pytest
 
 from tests.compute_fixture import Google, cloud, sandbox  # noqa: F401 - cloud is a fixture
+from tests.conftest import interrupt_kernel_when
 from tpunb import catalog
+from tpunb.errors import CellInterrupted
 from tpunb.provision.gcp.compute import VmSpec, first_granted, teardown, zones
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.registry import Registry, SliceRecord
@@ -28,15 +33,28 @@ def spec(name: str, accelerator: str) -> VmSpec:
                   "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
 
 
-def launch_until_hosts(box, isolated_home, name: str, accelerator: str, zone_list, **options):
-    """The backend's launch up to its hosts, each zone in turn: (hosts, outcomes), and the record."""
+def launch_until_hosts(box, isolated_home, name: str, accelerator: str, zone_list, on_state=None, **options):
+    """The backend's launch up to its hosts, each zone in turn: (hosts, outcomes), the record and
+    the states it said (``on_state(text)`` hears each as it comes)."""
     record = SliceRecord(name=name, accelerator=accelerator, backend="gcp", state="creating",
                          spec={"api": "compute", "project": box.project, "zone": zone_list[0]})
     reg = Registry(isolated_home / "registry.db")
     said = []
-    made = first_granted(box.project, spec(name, accelerator), list(zone_list), record, reg,
-                         lambda text, _: said.append(text), CloudOptions(**options))
+
+    def say(text: str, _: float) -> None:
+        said.append(text)
+        if on_state:
+            on_state(text)
+
+    vm = dataclasses.replace(spec(name, accelerator), flex_hours=options.get("flex"),
+                             reservation=options.get("reservation"))
+    made = first_granted(box.project, vm, list(zone_list), record, reg, say, CloudOptions(**options))
     return made, record, said
+
+
+def capacity_comes_when_waiting(box):
+    """on_state: the stockout ends once the launch says it waits (the emulator grants it then)."""
+    return lambda text: "waiting for capacity" in text and box.emulator.faults(no_capacity=False)
 
 
 def nothing_in(google: Google, *zone_list: str) -> bool:
@@ -55,12 +73,13 @@ def test_zones_are_compute_engines_answer_asked_once_per_session(cloud, cell):
     assert "Traceback" not in run.shown and nothing_in(Google(cloud), "us-east5-a")
 
 
-def test_no_zone_picks_the_configured_one_or_the_nearest_that_has_it(cloud, monkeypatch):
+def test_no_zone_picks_the_configured_one_or_else_the_nearest_that_have_it(cloud, monkeypatch):
     shape = catalog.compute_shape("tpu7x-16")
     assert zones.choose(cloud.project, shape, None, "us-central1-c") == ["us-central1-c"]
-    monkeypatch.setenv("CLOUDSDK_COMPUTE_REGION", "us-central1")
-    assert zones.choose(cloud.project, shape, None, "europe-west4-a") == list(TPU7X_ZONES)  # it has no TPU7x
-    assert zones.choose(cloud.project, catalog.compute_shape("v6e-8"), "any", None)[:1] == ["us-central1-b"]
+    monkeypatch.setenv("CLOUDSDK_COMPUTE_REGION", "us-east5")
+    assert zones.choose(cloud.project, shape, None, None) == list(TPU7X_ZONES)  # no zone anywhere, as in Colab
+    near = zones.choose(cloud.project, catalog.compute_shape("v6e-8"), "any", None)
+    assert near[:2] == ["us-east5-a", "us-east5-b"] and near[-1] == "europe-west4-a"
 
 
 def test_a_stockout_moves_a_mig_to_the_next_zone_leaving_nothing(cloud, isolated_home):
@@ -86,3 +105,63 @@ def test_every_zone_failing_is_one_line_per_zone_then_what_to_try(cloud, cell, i
     assert lines[4].startswith("try: --spot; --flex HOURS") and "quotas?project=" in lines[4] and len(lines) == 5
     assert "Traceback" not in run.shown
     assert nothing_in(Google(cloud), *V6E_ZONES) and Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_a_flex_start_vm_waits_pending_for_capacity_then_runs(cloud, isolated_home):
+    google = Google(cloud)
+    cloud.emulator.faults(no_capacity=[V6E_ZONES[0]])
+    (hosts, _), _, said = launch_until_hosts(cloud, isolated_home, "flexible", "v6e-8", V6E_ZONES[:1],
+                                             capacity_comes_when_waiting(cloud), flex=2.5, timeout=600)
+    assert len(hosts) == 1 and "waiting for capacity (flex-start)" in said and said[-1] == "VM RUNNING", said
+    vm = google.instances.get(project=cloud.project, zone=V6E_ZONES[0], instance="flexible")
+    assert (vm.scheduling.provisioning_model, vm.scheduling.max_run_duration.seconds) == ("FLEX_START", 9000)
+    assert vm.scheduling.instance_termination_action == "DELETE"
+    assert vm.reservation_affinity.consume_reservation_type == "NO_RESERVATION"
+    assert teardown(cloud.project, V6E_ZONES[0], "flexible") == ""
+
+
+def test_a_flex_start_slice_is_an_empty_bulk_mig_sized_up(cloud, isolated_home):
+    google = Google(cloud)
+    cloud.emulator.compute_faults(allowlisted=True)  # TPU7x flex-start is behind Google's allowlist
+    cloud.emulator.faults(no_capacity=[TPU7X_ZONES[1]])
+    try:
+        (hosts, _), _, said = launch_until_hosts(cloud, isolated_home, "flexslice", "tpu7x-16", TPU7X_ZONES[1:],
+                                                 capacity_comes_when_waiting(cloud), flex=1)
+    finally:
+        cloud.emulator.compute_faults(allowlisted=False)
+    assert len(hosts) == 2 and "creating its flex-start request (the MIG resized)" in said
+    assert "waiting for capacity (flex-start): 0/2 VMs" in said, said
+    template = google.templates.get(project=cloud.project, region="us-central1", instance_template="flexslice-tpunb-t")
+    assert template.properties.scheduling.provisioning_model == "FLEX_START"
+    assert template.properties.scheduling.max_run_duration.seconds == 3600
+    assert google.migs.get(project=cloud.project, zone=TPU7X_ZONES[1], instance_group_manager="flexslice").target_size == 2
+    assert teardown(cloud.project, TPU7X_ZONES[1], "flexslice") == "" and nothing_in(google, TPU7X_ZONES[1])
+
+
+def test_ctrl_c_while_flex_start_waits_deletes_the_request_and_says_so(cloud, cell, isolated_home):
+    google = Google(cloud)
+    cloud.emulator.faults(no_capacity=[V6E_ZONES[0]])
+    pending = lambda: [i.status for i in google.instances.list(project=cloud.project, zone=V6E_ZONES[0])] == ["PENDING"]
+    interrupt_kernel_when(pending, timeout=30)
+    run = cell(f"%tpu_launch v6e-8 --flex 2 --zone {V6E_ZONES[0]} --name waiting")
+    assert isinstance(run.error, CellInterrupted), run.shown
+    assert re.fullmatch(r"launch of waiting interrupted after \d+s: its flex-start request( \(it was waiting for "
+                        r"capacity\))? was deleted, nothing is left running or waiting", str(run.error)), str(run.error)
+    assert nothing_in(google, V6E_ZONES[0]) and Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_a_reservation_is_consumed_by_name_and_an_unknown_one_is_one_line(cloud, cell, isolated_home):
+    google = Google(cloud)
+    cloud.emulator.compute_faults(reservations=["team-res"])
+    (hosts, _), _, _ = launch_until_hosts(cloud, isolated_home, "reserved", "v6e-8", V6E_ZONES[:1], reservation="team-res")
+    affinity = google.instances.get(project=cloud.project, zone=V6E_ZONES[0], instance="reserved").reservation_affinity
+    assert (affinity.consume_reservation_type, affinity.key, list(affinity.values)) == (
+        "SPECIFIC_RESERVATION", "compute.googleapis.com/reservation-name", ["team-res"])
+    assert len(hosts) == 1 and teardown(cloud.project, V6E_ZONES[0], "reserved") == ""
+    run = cell(f"%tpu_launch v6e-8 --reservation other-res --zone {V6E_ZONES[0]} --name elsewhere")
+    assert "The reservation does not exist in project" in str(run.error) and "\n" not in str(run.error)
+    assert "Traceback" not in run.shown and nothing_in(google, V6E_ZONES[0])
+    for line, message in [("v6e-8 --flex 0.01", "--flex 0.01: give the hours"), ("v6e-8 --flex 2 --spot", "--flex is its own"),
+                          ("v4-8 --reservation r", "--reservation is for Compute Engine")]:
+        refused = cell(f"%tpu_launch {line} --zone {V6E_ZONES[0]}")
+        assert str(refused.error).startswith(message) and "Traceback" not in refused.shown, (line, refused.shown)

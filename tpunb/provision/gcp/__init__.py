@@ -90,6 +90,9 @@ def create(request: LaunchRequest) -> Made:
     opts: CloudOptions = request.options or CloudOptions()
     if compute.uses_compute(accel, opts):  # TPU7x, v6e, v5p (or --api compute): instances and MIGs
         return compute.create(request)
+    if opts.flex or opts.reservation:
+        raise UsageError(f"--{'flex' if opts.flex else 'reservation'} is for Compute Engine, which makes TPU7x, v6e and "
+                         "v5p: launch one of those without --api tpu (the Cloud TPU API waits with --queued)")
     warm.ready()  # the SSH and Cloud TPU clients, imported where Ctrl-C cannot cut them
     from tpunb.transport import keys
     from tpunb.widgets.launch import LaunchProgress

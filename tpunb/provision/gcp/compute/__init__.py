@@ -27,7 +27,7 @@ from tpunb.provision.gcp.compute.bodies import VmSpec, instance, mig, template, 
 from tpunb.provision.gcp.compute.delete import teardown
 from tpunb.provision.gcp.compute.node import ComputeNode
 from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_failed, outcome
-from tpunb.provision.gcp.config import CloudOptions, require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.failover import Candidate, Outcome
 from tpunb.provision.gcp.prepare import host_setup
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
@@ -83,7 +83,8 @@ def create(request: LaunchRequest) -> Made:
     prepared = host_setup(opts)
     user = access.user or "tpunb"
     vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
-                opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()))
+                opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()),
+                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation)
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
@@ -93,14 +94,22 @@ def create(request: LaunchRequest) -> Made:
     what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology})" if shape.multi_host \
         else f"one {shape.machine_type}"
     where = zones[0] if len(zones) == 1 else ", ".join(zones[:-1]) + " or " + zones[-1]
-    progress = LaunchProgress(f"Launching {accel.name} {'spot ' if opts.spot else ''}{name!r} through Compute Engine "
-                              f"in {project}/{where}: {what}", None)
+    how = "spot " if opts.spot else f"flex-start ({opts.flex:g} h) " if opts.flex else ""
+    using = f", from reservation {opts.reservation}" if opts.reservation else ""
+    progress = LaunchProgress(f"Launching {accel.name} {how}{name!r} through Compute Engine in {project}/{where}: "
+                              f"{what}{using}", None)
     started = time.perf_counter()
     try:
         hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
     except BaseException as exc:
         left = teardown(project, record.spec["zone"], name)
         reg.delete_slice(name)
+        if isinstance(exc, KeyboardInterrupt) and opts.flex:  # as --queued says it: the request that waited is gone
+            waited = " (it was waiting for capacity)" if progress.steps and WAITING in progress.steps[-1][0] else ""
+            message = (f"launch of {name} interrupted after {format_duration(time.perf_counter() - started)}: its "
+                       f"flex-start request{waited} was deleted{left or ', nothing is left running or waiting'}")
+            progress.failed(message)
+            raise CellInterrupted(message) from None
         if isinstance(exc, KeyboardInterrupt):
             message = f"launch of {name} interrupted: what it had created was deleted{left or ', nothing is left'}"
             progress.failed(message)
@@ -124,7 +133,7 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
             continue
         record.spec["zone"], here = zone, dataclasses.replace(vm, zone=zone)
         reg.save_slice(record)  # where its resources are now: %tpu_down from another kernel finds them
-        prefixed = say if len(zones) == 1 else (lambda text, elapsed, z=zone: say(f"{z}: {text}", elapsed))
+        prefixed = _changes(say, "" if len(zones) == 1 else f"{zone}: ")
         try:
             make_resources(project, here, prefixed, time.monotonic() + (opts.timeout or api.DEFAULT_TIMEOUT))
             hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip)
@@ -144,6 +153,18 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
     raise everywhere_failed(vm.name, project, outcomes, vm.spot)
 
 
+def _changes(say, prefix: str):
+    """``say`` for each new state only (polls repeat them), with the seconds since the first."""
+    started, last = time.monotonic(), []
+
+    def tell(text: str, _elapsed: float = 0.0) -> None:
+        if not last or last[-1] != text:
+            last.append(text)
+            say(prefix + text, time.monotonic() - started)
+
+    return tell
+
+
 def make_resources(project: str, vm: VmSpec, say, deadline: float) -> None:
     """The resources, in order, each waited for; then until the slice is up (whatever stops it part
     way, ``teardown`` deletes what exists)."""
@@ -159,17 +180,28 @@ def make_resources(project: str, vm: VmSpec, say, deadline: float) -> None:
         create("instance template", c.templates.insert_unary, region=region, instance_template_resource=template(vm))
         create(f"MIG of {vm.shape.vms} VMs", c.migs.insert_unary, zone=vm.zone,
                instance_group_manager_resource=mig(vm, project))
-        _wait_up(project, vm.zone, vm.name, say, deadline)
+        if vm.flex_hours:  # made empty: sized up, it waits for capacity for all its VMs at once (BULK)
+            create("flex-start request (the MIG resized)", c.migs.resize_unary, zone=vm.zone,
+                   instance_group_manager=vm.name, size=vm.shape.vms)
+        _wait_up(project, vm.zone, vm.name, say, deadline, bool(vm.flex_hours))
     else:
         create("VM", c.instances.insert_unary, zone=vm.zone, instance_resource=instance(vm))
         _wait_running(project, vm.zone, vm.name, say, deadline)
 
 
 def _wait_running(project: str, zone: str, name: str, say, deadline: float) -> None:
+    """Until the VM is RUNNING; a flex-start VM is PENDING while it waits for capacity, and gone
+    (without an error, field reports say) once its requestValidForDuration passes without any."""
+    from google.api_core import exceptions
+
     c = clients.clients()
     for delay in api.poll_delays():
-        status = clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name).status
-        say(f"VM {status}", 0.0)
+        try:
+            status = clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name).status
+        except exceptions.NotFound:
+            raise ProvisionError(f"no capacity came for {name} before its flex-start request expired (--timeout, at most "
+                                 "2 h for one VM)", reason="timeout") from None
+        say(WAITING if status == "PENDING" else f"VM {status}", 0.0)
         if status == "RUNNING":
             return
         if status in ("TERMINATED", "STOPPED", "SUSPENDED") or time.monotonic() > deadline:
@@ -177,11 +209,15 @@ def _wait_running(project: str, zone: str, name: str, say, deadline: float) -> N
         api.pause(delay)
 
 
-def _wait_up(project: str, zone: str, name: str, say, deadline: float) -> None:
+WAITING = "waiting for capacity (flex-start)"
+
+
+def _wait_up(project: str, zone: str, name: str, say, deadline: float, flex: bool = False) -> None:
     """Until the MIG is stable, its topology ACTIVE and every VM RUNNING with no current action.
     While its VMs are not all made, its listErrors are read: a stockout or quota there ends the
-    wait at once (BULK would wait for all of them: another zone may have them now); past the
-    deadline, one line with what listErrors say."""
+    wait at once (BULK would wait for all of them: another zone may have them now), unless the
+    slice is flex-start, whose point is to wait; past the deadline, one line with what listErrors
+    say."""
     c = clients.clients()
     for delay in api.poll_delays():
         group = clients.call("read the MIG", c.migs.get, project=project, zone=zone, instance_group_manager=name)
@@ -189,11 +225,13 @@ def _wait_up(project: str, zone: str, name: str, say, deadline: float) -> None:
                                 instance_group_manager=name))
         topology = [t.state for t in group.status.applied_accelerator_topologies]
         running = sum(v.instance_status == "RUNNING" and v.current_action == "NONE" for v in vms)
-        say(f"{running}/{group.target_size} VMs running, topology {'/'.join(topology) or 'pending'}", 0.0)
+        say(f"{WAITING}: 0/{group.target_size} VMs" if flex and not vms else
+            f"{running}/{group.target_size} VMs running, topology {'/'.join(topology) or 'pending'}", 0.0)
         if group.status.is_stable and topology == ["ACTIVE"] and running == group.target_size == len(vms):
             return
         errors = mig_errors(project, zone, name) if len(vms) < group.target_size or time.monotonic() > deadline else []
-        refusal = next((clients.reason_of(code) for code, _ in errors if clients.reason_of(code) != "api"), None)
+        refusal = next((clients.reason_of(code) for code, _ in errors if clients.reason_of(code) != "api"
+                        and not (flex and clients.reason_of(code) == "no_capacity")), None)
         if refusal or time.monotonic() > deadline:
             why = "; ".join(dict.fromkeys(message for _, message in errors[-3:])) or "no errors listed"
             what = {"no_capacity": "has no capacity for", "quota": "is over quota for"}.get(refusal or "")

@@ -29,16 +29,15 @@ def offered(project: str, machine_type: str) -> tuple[str, ...]:
 
 
 def choose(project: str, shape: catalog.ComputeShape, given: str | None, default: str | None) -> list[str]:
-    """The zones to try, in order: ``--zone`` (Z, Z1,Z2 or any); without it the configured zone when
-    it offers the machine type, else every zone that does, nearest first. A named zone without
-    it is one line naming the zones that have it."""
+    """The zones to try, in order: ``--zone`` (Z, Z1,Z2 or any), else the configured zone, else (no
+    zone anywhere, as in Colab) every zone that offers the machine type, nearest first. A named or
+    configured zone without it is one line naming the zones that have it."""
     have = offered(project, shape.machine_type)
     what = f"{shape.machine_type} ({shape.accelerator})"
     if not have:
         raise ProvisionError(f"no zone of {project} offers {what} through Compute Engine", reason="invalid_zone")
-    if not given:
-        return [default] if default in have else catalog.nearest(have, user_region())
-    if given.strip().lower() == ANY:
+    given = given or default
+    if not given or given.strip().lower() == ANY:
         return catalog.nearest(have, user_region())
     named = list(dict.fromkeys(z.strip() for z in given.split(",") if z.strip()))
     lacking = [z for z in named if z not in have]
