@@ -11,6 +11,7 @@ from google.cloud import compute_v1
 
 from tpunb import catalog, manager
 from tpunb.emulator.sandbox import start_sandbox
+from tpunb.provision.gcp.compute import bodies
 
 
 class Google:
@@ -50,3 +51,17 @@ def cloud(box, isolated_home, monkeypatch):
     yield box
     manager.detach_all()
     box.emulator.faults(no_capacity=False, quota=None)
+
+
+def made(google: Google, name: str, accelerator: str, zone: str, mig: bool = True) -> None:
+    """What a tpunb launch makes (its own request bodies), as a kernel that then died left it."""
+    vm = bodies.VmSpec(name, catalog.compute_shape(accelerator), zone, "someone@example.com", "tpunb",
+                       "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
+    region, p = catalog.region_of(zone), google.project
+    if not vm.shape.multi_host:
+        google.instances.insert_unary(project=p, zone=zone, instance_resource=bodies.instance(vm))
+        return
+    google.policies.insert_unary(project=p, region=region, resource_policy_resource=bodies.workload_policy(vm))
+    google.templates.insert_unary(project=p, region=region, instance_template_resource=bodies.template(vm))
+    if mig:
+        google.migs.insert_unary(project=p, zone=zone, instance_group_manager_resource=bodies.mig(vm, p))

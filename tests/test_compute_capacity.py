@@ -7,15 +7,17 @@ run in a real shell."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+from pathlib import Path
 
 import pytest
 
-from tests.compute_fixture import Google, cloud, sandbox  # noqa: F401 - cloud is a fixture
+from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - cloud is a fixture
 from tests.conftest import interrupt_kernel_when
 from tpunb import catalog
-from tpunb.errors import CellInterrupted
-from tpunb.provision.gcp.compute import VmSpec, first_granted, teardown, zones
+from tpunb.errors import CellInterrupted, ProvisionError
+from tpunb.provision.gcp.compute import VmSpec, clients, first_granted, teardown, zones
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.registry import Registry, SliceRecord
 
@@ -165,3 +167,109 @@ def test_a_reservation_is_consumed_by_name_and_an_unknown_one_is_one_line(cloud,
                           ("v4-8 --reservation r", "--reservation is for Compute Engine")]:
         refused = cell(f"%tpu_launch {line} --zone {V6E_ZONES[0]}")
         assert str(refused.error).startswith(message) and "Traceback" not in refused.shown, (line, refused.shown)
+
+
+# -- faults: each one line, nothing left behind -------------------------------------------------------
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "compute").glob("*.json"))
+
+
+def _read(fixture: dict) -> ProvisionError:
+    """What tpunb makes of a quoted Compute Engine error, by the path its own calls take."""
+    import requests
+    from google.api_core import exceptions
+    from google.cloud import compute_v1
+
+    if fixture["kind"] == "http":
+        response = requests.Response()
+        response.status_code, response._content = fixture["http_status"], json.dumps(fixture["body"]).encode()
+        response.request = requests.Request("POST", "https://compute.googleapis.com/compute/v1/projects/my-project/"
+                                            "zones/us-east5-b/instances").prepare()
+
+        def refused():
+            raise exceptions.from_http_response(response)
+
+        call = lambda: clients.call("create the VM", refused)  # noqa: E731
+    else:
+        operation = compute_v1.Operation.from_json(json.dumps(fixture["body"]), ignore_unknown_fields=False)
+        call = lambda: clients.wait("my-project", operation, "create the VM")  # noqa: E731
+    with pytest.raises(ProvisionError) as info:
+        call()
+    return info.value
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+def test_compute_engines_quoted_errors_are_one_line(path):
+    fixture = json.loads(path.read_text())
+    assert fixture["source"] and fixture["taken"], f"{path.name}: say where it came from"
+    error = _read(fixture)
+    assert error.reason == fixture["expect"]["reason"] and "\n" not in str(error), str(error)
+    assert all(part in str(error) for part in fixture["expect"]["contains"]), str(error)
+
+
+def refused(cell, line: str) -> str:
+    run = cell(f"%tpu_launch {line}")
+    assert run.error is not None and "\n" not in str(run.error) and "Traceback" not in run.shown, run.shown
+    return str(run.error)
+
+
+def test_a_quota_refusal_names_the_compute_engine_tpu_metric(cloud, cell, isolated_home):
+    cloud.emulator.faults(quota="operation", quota_regions=["us-east5", "us-central1"])
+    vm = refused(cell, f"v6e-8 --zone {V6E_ZONES[0]} --name q1")
+    assert "Quota 'TPUS-PER-TPU-FAMILY-per-project-region' exceeded. Limit: 0.0 in region us-east5." in vm
+    assert f"iam-admin/quotas?project={cloud.project}" in vm
+    mig = refused(cell, f"tpu7x-16 --zone {TPU7X_ZONES[1]} --name q2")  # the MIG's listErrors say it
+    assert mig.startswith("the MIG q2 is over quota for its 2 VMs: Quota 'TPUS-PER-TPU-FAMILY-per-project-region'"), mig
+    assert nothing_in(Google(cloud), V6E_ZONES[0], TPU7X_ZONES[1])
+    assert Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_tpu7x_spot_and_flex_start_without_the_allowlist(cloud, cell):
+    spot = refused(cell, f"tpu7x-8 --spot --zone {TPU7X_ZONES[1]} --name s1")  # one VM
+    assert "SPOT provisioning of tpu7x-standard-4t is restricted by an allowlist" in spot, spot
+    flex = refused(cell, f"tpu7x-16 --flex 4 --zone {TPU7X_ZONES[1]} --name s2")  # its MIG is refused after the policy
+    assert "FLEX_START provisioning of tpu7x-standard-4t is restricted by an allowlist" in flex, flex
+    assert nothing_in(Google(cloud), TPU7X_ZONES[1])
+
+
+def test_a_mig_that_never_becomes_stable_says_what_its_list_errors_say(cloud, cell):
+    cloud.emulator.compute_faults(unstable=[TPU7X_ZONES[1]], unstable_code="CONDITION_NOT_MET",
+                                  unstable_message="Topology could not be formed (synthetic)")
+    try:
+        error = refused(cell, f"tpu7x-16 --zone {TPU7X_ZONES[1]} --name shaky --timeout 1")
+    finally:
+        cloud.emulator.compute_faults(unstable=False, unstable_code=False, unstable_message=False)
+    assert error == "the MIG shaky did not become stable in time: Topology could not be formed (synthetic)", error
+    assert nothing_in(Google(cloud), TPU7X_ZONES[1])
+
+
+def test_a_topology_the_machine_type_cannot_make_is_one_line_and_leaves_nothing(cloud, isolated_home, monkeypatch):
+    shape = dataclasses.replace(catalog.compute_shape("tpu7x-16"), topology="2x2x3")  # 12 chips: no whole VMs
+    monkeypatch.setattr(catalog, "compute_shape", lambda accelerator: shape)  # a catalog that went wrong
+    with pytest.raises(ProvisionError) as info:
+        launch_until_hosts(cloud, isolated_home, "odd", "tpu7x-16", TPU7X_ZONES[1:])
+    assert "accelerator topology 2x2x3 cannot be made of tpu7x-standard-4t VMs" in str(info.value)
+    assert "\n" not in str(info.value) and nothing_in(Google(cloud), TPU7X_ZONES[1])
+
+
+def test_a_deletion_that_fails_halfway_lists_the_gcloud_commands_for_what_is_left(cloud, cell, isolated_home):
+    google, zone = Google(cloud), TPU7X_ZONES[1]
+    made(google, "stuck", "tpu7x-16", zone)
+    Registry(isolated_home / "registry.db").save_slice(SliceRecord(
+        name="stuck", accelerator="tpu7x-16", backend="gcp", state="running",
+        spec={"api": "compute", "project": cloud.project, "zone": zone, "vms": 2}))
+    user = cloud.emulator.accounts()["user"]
+    cloud.emulator.accounts(permissions={user: ["*.get", "*.list", "*.create", "compute.*Operations.*",
+                                                "compute.instanceGroupManagers.delete"]})  # not templates'
+    try:
+        down = cell("%tpu_down stuck")
+    finally:
+        cloud.emulator.accounts(permissions={user: None})
+    region, p = catalog.region_of(zone), cloud.project
+    assert str(down.error) == (
+        f"could not delete all of stuck; still there, delete with: gcloud compute instance-templates delete "
+        f"stuck-tpunb-t --region {region} --project {p}; gcloud compute resource-policies delete stuck-tpunb-wp "
+        f"--region {region} --project {p}"), str(down.error)
+    assert google.everything(zone) == {"instances": [], "migs": [], "templates": ["stuck-tpunb-t"],
+                                       "policies": ["stuck-tpunb-wp"]}
+    assert cell("%tpu_down stuck").error is None and nothing_in(google, zone)  # the record stayed: %tpu_down again

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.compute_fixture import Google, cloud, sandbox  # noqa: F401 - cloud is a fixture
+from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - cloud is a fixture
 from tests.conftest import wait_for
 from tpunb import catalog
-from tpunb.provision.gcp.compute import bodies
 from tpunb.registry import Registry, SliceRecord
 
 ZONE, WAITING_ZONE, V6E_ZONE = "us-central1-c", "us-central1-ai1a", "us-east5-b"
@@ -19,20 +18,6 @@ ZONE, WAITING_ZONE, V6E_ZONE = "us-central1-c", "us-central1-ai1a", "us-east5-b"
 @pytest.fixture(scope="module")
 def box():
     yield from sandbox(3, 0.1, 0.05, 0.1)
-
-
-def made(google: Google, name: str, accelerator: str, zone: str, mig: bool = True) -> None:
-    """What a tpunb launch makes (its own request bodies), as a kernel that then died left it."""
-    vm = bodies.VmSpec(name, catalog.compute_shape(accelerator), zone, "someone@example.com", "tpunb",
-                       "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
-    region, p = catalog.region_of(zone), google.project
-    if not vm.shape.multi_host:
-        google.instances.insert_unary(project=p, zone=zone, instance_resource=bodies.instance(vm))
-        return
-    google.policies.insert_unary(project=p, region=region, resource_policy_resource=bodies.workload_policy(vm))
-    google.templates.insert_unary(project=p, region=region, instance_template_resource=bodies.template(vm))
-    if mig:
-        google.migs.insert_unary(project=p, zone=zone, instance_group_manager_resource=bodies.mig(vm, p))
 
 
 def orphans(cell, ip) -> dict[str, dict]:

@@ -18,7 +18,9 @@ from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, 
 from tpunb.emulator.compute_migs import MigSide
 from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, short
 
-TPU_FAMILIES = {"tpu7x": "TPU7X", "v6e": "CT6E", "v5p": "CT5P"}
+#: the preemptible (Spot, Flex-start) TPU quota metric's generation part: V6E as field reports quote
+#: it (PREEMPTIBLE-TPU-V6E-per-project-region); TPU7X and V5P by analogy (synthetic)
+PREEMPTIBLE = {"tpu7x": "TPU7X", "v6e": "V6E", "v5p": "V5P"}
 #: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist
 FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations")
 #: a flex-start VM's requestValidForDuration bounds, as field reports quote the refusal
@@ -130,11 +132,10 @@ class ComputeEngine(MigSide):
         if not self.emu.faults.quota_in(zone):
             return None
         model = (properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
-        family = TPU_FAMILIES[machine.generation]
-        metric = (f"PREEMPTIBLE-TPU-{family}-per-project-region" if model in ("SPOT", "FLEX_START")
+        metric = (f"PREEMPTIBLE-TPU-{PREEMPTIBLE[machine.generation]}-per-project-region" if model in ("SPOT", "FLEX_START")
                   else "TPUS-PER-TPU-FAMILY-per-project-region")
-        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded (tpu_family={family}). "
-                            f"Limit: 0.0 in region {catalog.region_of(zone)}.")
+        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded. Limit: 0.0 in region "
+                            f"{catalog.region_of(zone)}.")
 
     # -- instances --------------------------------------------------------------------------
 

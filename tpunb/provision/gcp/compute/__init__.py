@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb import catalog, diagnose
-from tpunb.errors import CellInterrupted, ProvisionError, UsageError
+from tpunb.errors import CellInterrupted, ProvisionError, TpunbError, UsageError
 from tpunb.fanout import fan_out
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
@@ -102,7 +102,7 @@ def create(request: LaunchRequest) -> Made:
     try:
         hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
     except BaseException as exc:
-        left = teardown(project, record.spec["zone"], name)
+        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name, vms=shape.vms)
         reg.delete_slice(name)
         if isinstance(exc, KeyboardInterrupt) and opts.flex:  # as --queued says it: the request that waited is gone
             waited = " (it was waiting for capacity)" if progress.steps and WAITING in progress.steps[-1][0] else ""
@@ -137,11 +137,12 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
         try:
             make_resources(project, here, prefixed, time.monotonic() + (opts.timeout or api.DEFAULT_TIMEOUT))
             hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip)
-        except ProvisionError as exc:
-            if len(zones) == 1 or exc.reason not in ZONE_FAILURES:
-                raise
-            if teardown(project, zone, vm.name):  # never a second zone while the first still holds something
-                raise
+        except BaseException as exc:
+            left = teardown(project, zone, vm.name, vms=vm.shape.vms)  # whatever stopped it: nothing stays here
+            if left and isinstance(exc, TpunbError):
+                exc.args = (f"{exc}{left}",)
+            if left or len(zones) == 1 or not isinstance(exc, ProvisionError) or exc.reason not in ZONE_FAILURES:
+                raise  # never a second zone while this one still holds something
             outcomes.append(outcome(vm.shape.accelerator, zone, exc))
             say(str(outcomes[-1]), 0.0)
             if exc.reason == "quota":
@@ -235,7 +236,8 @@ def _wait_up(project: str, zone: str, name: str, say, deadline: float, flex: boo
         if refusal or time.monotonic() > deadline:
             why = "; ".join(dict.fromkeys(message for _, message in errors[-3:])) or "no errors listed"
             what = {"no_capacity": "has no capacity for", "quota": "is over quota for"}.get(refusal or "")
-            raise ProvisionError(f"the MIG {name} {what} its {group.target_size} VMs: {why}" if what else
+            raise ProvisionError(f"the MIG {name} {what} its {group.target_size} VMs: {why}"
+                                 f"{clients.more(refusal or '', project)}" if what else
                                  f"the MIG {name} did not become stable in time: {why}", reason=refusal or "timeout")
         api.pause(delay)
 
@@ -279,7 +281,7 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
 
     def failed(exc: BaseException) -> None:
         reg.delete_slice(name)
-        left = teardown(project, zone, name)
+        left = teardown(project, zone, name, vms=record.spec.get("vms"))
         progress.failed(f"could not reach or start the hosts, so {name} was deleted{left}: {exc}")
 
     try:
@@ -343,7 +345,7 @@ def delete(record: SliceRecord) -> None:
     """Delete the slice's resources in order and wait until they are gone; what could not be
     deleted is one error listing the gcloud commands for it."""
     spec = record.spec
-    left = teardown(spec["project"], spec["zone"], record.name, quiet=True)
+    left = teardown(spec["project"], spec["zone"], record.name, quiet=True, vms=spec.get("vms"))
     if left:
         raise ProvisionError(f"could not delete all of {record.name}{left}", reason="delete")
 

@@ -99,10 +99,10 @@ def wait(project: str, operation: Any, what: str, deadline: float | None = None)
     """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``."""
     from google.cloud import compute_v1
 
-    c = clients()
     while True:
         if operation.status == compute_v1.Operation.Status.DONE:
             break
+        c = clients()
         if deadline is not None and time.monotonic() > deadline:
             raise ProvisionError(f"Compute Engine did not finish to {what} in time", reason="timeout")
         scope = (operation.zone or operation.region).rsplit("/", 1)[-1]
@@ -115,5 +115,13 @@ def wait(project: str, operation: Any, what: str, deadline: float | None = None)
     errors = list(operation.error.errors) if operation.error else []
     if errors:
         first = errors[0]
-        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code})",
-                             reason=reason_of(first.code))
+        reason = reason_of(first.code)
+        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code}){more(reason, project)}",
+                             reason=reason)
+
+
+def more(reason: str, project: str) -> str:
+    """Where a quota refusal is fixed (Compute Engine's TPU quotas are their own, per region)."""
+    if reason != "quota":
+        return ""
+    return f"; request more at https://console.cloud.google.com/iam-admin/quotas?project={project}"

@@ -13,17 +13,20 @@ from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.compute.bodies import Names
 
 
-def steps(project: str, zone: str | None, name: str, region: str | None = None) -> list[tuple[str, Callable[[], Any]]]:
+def steps(project: str, zone: str | None, name: str, region: str | None = None,
+          vms: int | None = None) -> list[tuple[str, Callable[[], Any]]]:
     """Each resource slice ``name`` may have, in deletion order: its gcloud command and the delete
-    call. ``zone`` None: only the regional ones (a template and policy left without their MIG)."""
+    call. ``zone`` None: only the regional ones (a template and policy left without their MIG);
+    ``vms`` 1: the instance alone, more: the MIG and what it uses, None (not known): all of them."""
     c, names = clients.clients(), Names(name)
     region = region or catalog.region_of(str(zone))
-    zonal = [
-        (f"gcloud compute instance-groups managed delete {name} --zone {zone} --project {project}",
-         lambda: c.migs.delete_unary(project=project, zone=zone, instance_group_manager=name)),
-        (f"gcloud compute instances delete {name} --zone {zone} --project {project}",
-         lambda: c.instances.delete_unary(project=project, zone=zone, instance=name)),
-    ] if zone else []
+    mig = [(f"gcloud compute instance-groups managed delete {name} --zone {zone} --project {project}",
+            lambda: c.migs.delete_unary(project=project, zone=zone, instance_group_manager=name))]
+    instance = [(f"gcloud compute instances delete {name} --zone {zone} --project {project}",
+                 lambda: c.instances.delete_unary(project=project, zone=zone, instance=name))]
+    if vms == 1:
+        return instance
+    zonal = (mig + ([] if vms else instance)) if zone else []
     return zonal + [
         (f"gcloud compute instance-templates delete {names.template} --region {region} --project {project}",
          lambda: c.templates.delete_unary(project=project, region=region, instance_template=names.template)),
@@ -32,14 +35,15 @@ def steps(project: str, zone: str | None, name: str, region: str | None = None) 
     ]
 
 
-def teardown(project: str, zone: str | None, name: str, quiet: bool = False, region: str | None = None) -> str:
+def teardown(project: str, zone: str | None, name: str, quiet: bool = False, region: str | None = None,
+             vms: int | None = None) -> str:
     """Delete whatever exists of slice ``name``, waiting for each deletion. "" when nothing is left,
     else the text that says what is left and the gcloud commands that delete it (a step that
     failed leaves every later one too: what depends on it cannot go either)."""
     from google.api_core import exceptions
 
     left: list[str] = []
-    for command, delete_it in steps(project, zone, name, region):
+    for command, delete_it in steps(project, zone, name, region, vms):
         if left:
             left.append(command)
             continue

@@ -59,6 +59,11 @@ class Found:
     policy: Any = None
 
     @property
+    def vms(self) -> int | None:
+        """2 for a MIG (its size does not matter to deleting it), 1 for an instance alone."""
+        return 2 if self.mig is not None else 1 if self.instances else None
+
+    @property
     def leftover(self) -> bool:
         """A template or policy with no MIG or instance: nothing runs, nothing is waited for."""
         return self.mig is None and not self.instances
@@ -189,7 +194,7 @@ class ComputeSurvey:
                 continue
             if name not in recorded and f.age < LEFTOVER_AGE:
                 continue
-            left = teardown(project, f.zone, name, quiet=True, region=f.region)
+            left = teardown(project, f.zone, name, quiet=True, region=f.region, vms=f.vms)
             if not left:
                 del self.found[name]
             elif name in recorded:
@@ -215,7 +220,7 @@ def delete_orphan(project: str, name: str) -> bool:
     f = everything(project).get(name)
     if f is None:
         return False
-    left = teardown(project, f.zone, name, quiet=True, region=f.region)
+    left = teardown(project, f.zone, name, quiet=True, region=f.region, vms=f.vms)
     if left:
         raise ProvisionError(f"could not delete all of {name}{left}", reason="delete")
     report.info(f"[tpunb] deleted {name}'s Compute Engine resources in {project}/{f.zone or f.region}")
