@@ -25,6 +25,7 @@ from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.compute.bodies import MARKER
 from tpunb.provision.gcp.compute.delete import teardown
 from tpunb.provision.gcp.records import TPUNB_LABELS
+from tpunb.provision.gcp.spec import NAME_LABEL
 from tpunb.status import OrphanStatus
 
 #: a leftover of a slice this registry does not know is deleted only once this old: younger, it may
@@ -140,10 +141,12 @@ def slice_name(resource: Any) -> str | None:
 
 
 def _owner(vm: Any) -> str:
-    """The slice an instance belongs to: its MIG (Compute Engine's ``created-by`` metadata), else
-    itself (a one-host slice is an instance named after it)."""
+    """The slice an instance belongs to: tpunb's name label (a Compute Engine name is its own label
+    value), else the MIG its ``created-by`` metadata names, else itself (a one-host slice is an
+    instance named after it)."""
     made_by = next((i.value for i in vm.metadata.items if i.key == "created-by"), "")
-    return made_by.rsplit("/", 1)[-1] if "/instanceGroupManagers/" in made_by else vm.name
+    mig = made_by.rsplit("/", 1)[-1] if "/instanceGroupManagers/" in made_by else None
+    return vm.labels.get(NAME_LABEL) or mig or vm.name
 
 
 def everything(project: str) -> dict[str, Found]:
