@@ -273,3 +273,16 @@ def test_a_deletion_that_fails_halfway_lists_the_gcloud_commands_for_what_is_lef
     assert google.everything(zone) == {"instances": [], "migs": [], "templates": ["stuck-tpunb-t"],
                                        "policies": ["stuck-tpunb-wp"]}
     assert cell("%tpu_down stuck").error is None and nothing_in(google, zone)  # the record stayed: %tpu_down again
+
+
+def test_ctrl_c_while_a_mig_fills_deletes_its_mig_template_and_policy(cloud, cell, isolated_home):
+    google, zone = Google(cloud), TPU7X_ZONES[1]
+    cloud.emulator.compute_faults(unstable=[zone], unstable_code="CONDITION_NOT_MET")  # it waits, not a stockout
+    interrupt_kernel_when(lambda: google.everything(zone)["migs"] == ["held"], timeout=30)
+    try:
+        run = cell(f"%tpu_launch tpu7x-16 --zone {zone} --name held")
+    finally:
+        cloud.emulator.compute_faults(unstable=False, unstable_code=False)
+    assert isinstance(run.error, CellInterrupted), run.shown
+    assert str(run.error) == "launch of held interrupted: what it had created was deleted, nothing is left"
+    assert nothing_in(google, zone) and Registry(isolated_home / "registry.db").list_slices() == []

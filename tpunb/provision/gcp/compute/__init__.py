@@ -8,6 +8,11 @@ slice is up (docs/cloud-facts.md: the MIG stable, its topology ACTIVE, every VM 
 current action), reaches every VM over SSH and numbers the hosts by the worker id each VM's
 metadata gives (never the MIG's list order); JAX gets its process id and coordinator from tpunb.
 Whatever fails or is interrupted deletes what was made, in order: MIG, template, policy.
+
+The zones are Compute Engine's own answer (zones.py); with several, each is tried in turn and a
+zone that refuses for capacity, quota or time is left empty first. ``--flex HOURS`` waits for
+flex-start capacity (a PENDING VM, or a BULK MIG made empty and resized), ``--reservation NAME``
+consumes a reservation. found.py finds tpunb's resources for the survey, delete.py deletes them.
 """
 from __future__ import annotations
 
