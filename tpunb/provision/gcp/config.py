@@ -104,9 +104,15 @@ class CloudOptions:
                 self.race = 0
             if self.race < 1 or isinstance(given, bool):
                 raise UsageError(f"--race takes how many zones to wait in at once, e.g. --race 3, not {given!r}")
-        if self.flex is not None and not (1 / 6 <= float(self.flex) <= 168):
-            raise UsageError(f"--flex {self.flex}: give the hours a flex-start slice may run, from 0.17 (10 minutes) "
-                             "to 168 (7 days)")
+        if self.flex is not None:
+            try:
+                hours = float(self.flex)
+            except (TypeError, ValueError):
+                hours = 0.0
+            if not 1 / 6 <= hours <= 168 or isinstance(self.flex, bool):
+                raise UsageError(f"--flex {self.flex}: give the hours a flex-start slice may run, from 0.17 (10 "
+                                 "minutes) to 168 (7 days)")
+            self.flex = hours
         if self.flex is not None and (self.spot or self.reservation):
             raise UsageError(f"--flex is its own capacity: launch it without --{'spot' if self.spot else 'reservation'}")
         if self.idle_delete is not None or os.environ.get(IDLE_DELETE_ENV, "").strip():
