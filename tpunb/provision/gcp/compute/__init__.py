@@ -140,7 +140,7 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
         reg.save_slice(record)  # where its resources are now: %tpu_down from another kernel finds them
         prefixed = _changes(say, "" if len(zones) == 1 else f"{zone}: ")
         try:
-            make_resources(project, here, prefixed, time.monotonic() + (opts.timeout or api.DEFAULT_TIMEOUT))
+            make_resources(project, here, prefixed, time.monotonic() + _wait_limit(vm, opts))
             hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip)
         except BaseException as exc:
             left = teardown(project, zone, vm.name, vms=vm.shape.vms)  # whatever stopped it: nothing stays here
@@ -157,6 +157,14 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
             outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "granted"))
         return hosts, outcomes
     raise everywhere_failed(vm.name, project, outcomes, vm.spot)
+
+
+def _wait_limit(vm: VmSpec, opts: CloudOptions) -> float:
+    """How long one zone may take: --timeout, else 20 minutes, or for flex-start 2 hours (a single
+    VM's requestValidForDuration, and a minute for its expiry to show)."""
+    if vm.flex_hours and not vm.shape.multi_host:
+        return vm.flex_wait + 60.0
+    return opts.timeout or (7200.0 if vm.flex_hours else api.DEFAULT_TIMEOUT)
 
 
 def _changes(say, prefix: str):
@@ -243,6 +251,7 @@ def _wait_up(project: str, zone: str, name: str, say, deadline: float, flex: boo
             what = {"no_capacity": "has no capacity for", "quota": "is over quota for"}.get(refusal or "")
             raise ProvisionError(f"the MIG {name} {what} its {group.target_size} VMs: {why}"
                                  f"{clients.more(refusal or '', project)}" if what else
+                                 f"no capacity came for the MIG {name} before --timeout: {why}" if flex and not vms else
                                  f"the MIG {name} did not become stable in time: {why}", reason=refusal or "timeout")
         api.pause(delay)
 
