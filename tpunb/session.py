@@ -164,9 +164,10 @@ class Session:
         """End these hosts' agents at once (end of input; killed if not gone within ``grace``), and
         tell requests still waiting on them why; the hosts that had to be killed."""
         def end(i: int) -> bool:
-            killed = self.hosts[i].close(grace)
+            process = self.hosts[i].detach(reason)
+            # a request still waiting on it (in an interrupt's grace, say) learns why now, not once it exited
             self._route(i, {"op": "died", "id": None, "reason": reason}, b"")
-            return killed
+            return process.close(grace) if process is not None else False
 
         return sorted(i for i, killed in fan_out(indices, end, name="tpunb-end").succeeded.items() if killed)
 

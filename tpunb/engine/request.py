@@ -178,6 +178,8 @@ class Request:
         self.killed: list[int] = []
         self.unanswered: list[int] = []
         self._routes: list[Route] = []
+        #: host -> the connection it was sent on and the agent that had (a restart may replace both)
+        self._reached: dict[int, tuple[HostConnection, Any]] = {}
         self._meter: Meter | None = None
         self._interrupts = 0
         self._interrupt_count = itertools.count(1)  # next() is atomic: no lock a signal handler could meet
@@ -284,12 +286,19 @@ class Request:
             self._routes.append(route)
         connections = self._connections
         reachable = [connections[i] for i in chosen if connections[i].alive]
+        for host in reachable:
+            self._reached.setdefault(host.index, (host, host.process))
         if len(reachable) < len(chosen):
             for i in chosen:  # died after the caller looked; its "died" may have gone to no request
                 if not connections[i].alive:
                     self.lost(i, connections[i].died_reason or "its agent ended")
         if reachable:
             route.send(self, reachable)
+
+    def connection(self, index: int) -> HostConnection:
+        """The connection this request reached host ``index`` on (the session's, before it was sent)."""
+        reached = self._reached.get(index)
+        return reached[0] if reached is not None else self._connections[index]
 
     def lost(self, index: int, reason: str) -> None:
         """A host this request cannot reach (a send failed): it died for this request."""
@@ -371,7 +380,7 @@ class Request:
     def _died(self, index: int, message: dict, blob: Any) -> None:
         reason = message.get("reason") or "its agent ended"
         self.died[index] = reason
-        host = self._connections[index]
+        host = self.connection(index)
         host.notice = None  # this request reports it
         if host.alive:  # a send to it failed: seen dead now, so the next request restarts it
             host.give_up(reason)
@@ -402,7 +411,7 @@ class Request:
         answer, then escalate or leave those that did not."""
         self.stopped = reason
         self.stopped_hosts = sorted(self.pending)
-        hosts = [self._connections[i] for i in self.stopped_hosts]
+        hosts = [self.connection(i) for i in self.stopped_hosts]
         never: set[int] = set()
         for route in self._routes:
             never |= route.stop(self, hosts, reason) & self.pending  # their request was never sent: no answer comes
@@ -421,6 +430,7 @@ class Request:
         """``on_stuck``, then SIGTERM, then SIGKILL, sent to every stuck host at once (a kill over a
         frozen connection takes seconds); hosts still pending after that are given up without
         waiting on them."""
+        self._ended_elsewhere()
         self.stuck = sorted(self.pending)
         if self.on_stuck is not None:
             try:
@@ -432,13 +442,24 @@ class Request:
                 self._wait(until, time.monotonic() + float(extra), running=False)
                 until += 1
         for step, sig in enumerate((signal.SIGTERM, signal.SIGKILL)):
+            self._ended_elsewhere()
             if not self.pending:
                 break
             for i in sorted(self.pending):
-                threading.Thread(target=self._connections[i].signal, args=(sig,), daemon=True,
+                threading.Thread(target=self.connection(i).signal, args=(sig,), daemon=True,
                                  name=f"tpunb-signal-{i}").start()
             self.killed = sorted(set(self.killed) | set(self.pending))
             self._wait(until + step, time.monotonic() + self.term_grace, running=False)
+        self._ended_elsewhere()
         for i in sorted(self.pending):  # unreachable even by SIGKILL (frozen, or its connection): give it up
-            self._connections[i].give_up("did not stop when interrupted and was killed")
+            self.connection(i).give_up("did not stop when interrupted and was killed")
             self._finish(i)
+
+    def _ended_elsewhere(self) -> None:
+        """Pending hosts whose agent someone else ended meanwhile (``Session.end_agents``: a restart)
+        are not stuck, and get no signal (their host may run a new agent by now): they died, for the
+        reason their connection gives."""
+        for i in sorted(self.pending):
+            connection, agent = self._reached.get(i, (None, None))
+            if connection is not None and connection.process is not agent:
+                self._died(i, {"op": "died", "id": self.rid, "reason": connection.died_reason or "its agent ended"}, b"")
