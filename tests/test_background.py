@@ -139,6 +139,7 @@ def test_the_handle_is_a_future_also_while_it_waits_its_turn(make_slice):
     assert asyncio.run(awaited()).reprs == {0: "42", 1: "42"}
 
 
+
 HOLDS_THE_GIL = """import ctypes, os
 if os.environ['TPUNB_HOST_INDEX'] == '1':
     open({flag!r}, 'w').close()
@@ -192,3 +193,39 @@ def test_a_restart_during_an_interrupts_grace_says_the_restart_ended_the_cell(ma
     assert restart_line in said and "was at" not in said and "not started" not in said, said
     assert "Out[0-1]: 2" in cell("%%on_tpu\n1 + 1").shown
 
+
+@pytest.mark.parametrize("make_slice", ["local"], indirect=True)
+def test_a_request_made_outside_background_cells_holds_its_hosts_by_the_same_rule(make_slice, cell):
+    """Session.holding is the one answer to "are these hosts busy": a request opened on the session
+    itself (on this thread, no background cell) makes a background cell, a cell and a push on its
+    host refuse in one line, leaves the other host free, and a --queue cell waits for it."""
+    sl = make_slice(2)
+    with sl.session.request([1], kind="exec") as held:
+        assert sl.session.holding([0, 1]) == [held] and sl.session.holding([0]) == []
+        busy = r"host 1 is busy with another exec request \(running for \d+ s\): wait for it to end, or add --queue"
+        with pytest.raises(UsageError, match=busy):
+            sl.run("1", background=True)
+        assert re.search(busy, str(cell("%%on_tpu\n1").error))
+        with pytest.raises(UsageError, match=busy):
+            sl.push({"x": 1}, hosts=[1])
+        assert sl.run("'free'", hosts=[0], output=None).reprs == {0: "'free'"}
+        queued = sl.run("6 * 7", background=True, output=None, queue=True)
+        assert queued.request is None and not queued.done()
+    assert queued.result(30).reprs == {0: "42", 1: "42"} and sl.session.holding([0, 1]) == []
+
+
+@pytest.mark.parametrize("make_slice", ["local"], indirect=True)
+def test_the_managers_stop_button_interrupts_running_and_waiting_background_cells(make_slice):
+    """What the kernel's stop button calls between cells (the SliceManager's handler): every held
+    slice's background cells are interrupted, the one running and the one waiting its turn, which
+    then never runs. Outside a Jupyter kernel the manager installs no handler."""
+    from tpunb import manager
+
+    sl = make_slice(2)
+    running = sl.run("import time\ndef resting():\n    time.sleep(60)\nresting()", background=True, output=None)
+    waiting = sl.run("'never'", background=True, output=None, queue=True)
+    wait_for(lambda: all(w.endswith("resting") for w in running.stacks().where().values()), 60, "both hosts resting")
+    assert manager.MANAGER.stop_button is None  # no kernel here: Ctrl-C belongs to the prompt
+    manager.MANAGER.interrupt_background(2, None)
+    assert {h: r.status for h, r in running.result(30).items()} == {0: "interrupted", 1: "interrupted"}
+    assert waiting.wait(30) and re.search(r"interrupted before it started", str(waiting.exception()))

@@ -286,10 +286,10 @@ class Session:
                        on_tick=on_tick, on_stuck=on_stuck, body=body)
 
     def holding(self, hosts: Iterable[int]) -> list[Request]:
-        """Requests in flight that take the main thread of any of these hosts (a running cell):
-        a second cell there would wait behind them."""
-        hosts = set(hosts)
-        return [r for r in self.requests.running() if r.exclusive and r.holds(hosts)]
+        """Requests that hold the main thread of any of these hosts (a running cell, a push, a cell
+        that claimed them and is reviving them), oldest first: a second cell there would wait
+        behind them. The one answer to "are these hosts busy" (``Requests.claim`` takes them)."""
+        return self.requests.holding(hosts)
 
     # -- cells --------------------------------------------------------------------------------
     def cell(self, code: str, indices: list[int], timeout: float | None = None, sink: OutputSink | None = None,

@@ -71,11 +71,19 @@ class Route:
 
 
 class Requests:
-    """A session's requests in flight: where each one's frames go, and which hosts each holds."""
+    """A session's requests in flight: where each one's frames go, and which hosts each holds.
+
+    A request that takes its hosts' main thread (``exclusive``: a cell, a push) holds them from
+    the moment it is sent, or earlier, from its ``claim`` (a cell claims its hosts before it
+    revives them, so no other cell starts there meanwhile); ``holding`` is the one answer to
+    "are these hosts busy". Claims that wait (``--queue``) take their turns in the order they
+    lined up."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._open: dict[int, Request] = {}
+        self._claims: dict[int, Request] = {}  # claimed their hosts, not sent yet: no frames for them
+        self._line: list[Request] = []  # waiting for their hosts, first come first
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._since = time.monotonic()  # when a request was last added or removed
@@ -85,13 +93,17 @@ class Requests:
 
     def add(self, request: Request) -> None:
         with self._lock:
+            self._claims.pop(request.rid, None)
             self._open[request.rid] = request
+            request.held = True
             self._since = time.monotonic()
             self._changed.notify_all()
 
     def remove(self, request: Request) -> None:
         with self._lock:
             self._open.pop(request.rid, None)
+            self._claims.pop(request.rid, None)
+            request.held = False
             self._since = time.monotonic()
             self._changed.notify_all()
 
@@ -124,6 +136,52 @@ class Requests:
     def running(self) -> list[Request]:
         with self._lock:
             return list(self._open.values())
+
+    def holding(self, hosts: Iterable[int]) -> list[Request]:
+        """Requests (sent or claimed) that hold the main thread of any of these hosts, oldest first."""
+        with self._lock:
+            return self._holding(set(hosts))
+
+    def _holding(self, hosts: set[int], but: Request | None = None) -> list[Request]:
+        held = [r for r in (*self._open.values(), *self._claims.values()) if r is not but and r.exclusive
+                and r.holds(hosts)]
+        return sorted(held, key=lambda r: r.rid)
+
+    def line_up(self, request: Request) -> None:
+        """Put ``request`` in line for its hosts now; its ``claim(queue=True)`` comes later."""
+        with self._lock:
+            if request not in self._line:
+                self._line.append(request)
+
+    def in_flight(self) -> list[Request]:
+        """Every request sent, claimed or in line, as it stands. Takes no lock: a signal handler asks
+        (the stop button), maybe while its own thread holds it."""
+        return [*self._open.values(), *self._claims.values(), *self._line]
+
+    def claim(self, request: Request, queue: bool = False, given_up: Callable[[], bool] | None = None) -> list[Request]:
+        """Take ``request``'s hosts before it is sent: [] once taken (``holding`` counts it from then
+        until it ends or is ``release``d). If other requests hold them: those requests; with
+        ``queue``, only after waiting in line until they are free (asked again at least every half
+        second), or until ``given_up()``."""
+        hosts = set(request.hosts)
+        with self._changed:
+            if queue and request not in self._line:
+                self._line.append(request)
+            try:
+                while True:
+                    ahead = self._line[:self._line.index(request)] if queue else []
+                    blocking = self._holding(hosts, but=request) + [r for r in ahead if hosts & set(r.hosts)]
+                    if not blocking:
+                        self._claims[request.rid] = request
+                        request.held = True
+                        return []
+                    if not queue or (given_up is not None and given_up()):
+                        return blocking
+                    self._changed.wait(0.5)
+            finally:
+                if request in self._line:
+                    self._line.remove(request)
+                    self._changed.notify_all()  # the next in line may go
 
 
 class Request:
@@ -188,6 +246,10 @@ class Request:
         self._thread: threading.Thread | None = None
         self._outcome: tuple[bool, Any] | None = None
         self._ended: threading.Event | None = None  # made by start(): a cell's many requests need none
+        #: it holds its hosts (claimed or sent, not ended): set by its session's ``Requests``
+        self.held = False
+        #: what the user knows it by (a background cell's ``Run``), named when its hosts are asked for
+        self.owner: Any = None
 
     # -- lifetime -----------------------------------------------------------------------------
     def __enter__(self) -> Request:
@@ -205,6 +267,11 @@ class Request:
             self._meter.close()
         if self.ctrl_c is not None:
             self.ctrl_c.__exit__(*exc)
+
+    def release(self) -> None:
+        """Let go of its hosts if it claimed them and was never run (after it ran: nothing to do)."""
+        if not self._open:
+            self._table.remove(self)
 
     def run(self) -> Any:
         """Run ``body`` here, inside the request: its value, or its exception."""
@@ -266,8 +333,8 @@ class Request:
         self.inbox.ring()  # SimpleQueue.put: safe in a signal handler
 
     def holds(self, hosts: Iterable[int]) -> bool:
-        """It still runs on one of ``hosts``."""
-        if not self._open:
+        """It still runs (or has claimed to run) on one of ``hosts``."""
+        if not self.held:
             return False
         running = set(self.hosts) - set(self.finished)
         return bool(running.intersection(hosts))
@@ -462,4 +529,5 @@ class Request:
         for i in sorted(self.pending):
             connection, agent = self._reached.get(i, (None, None))
             if connection is not None and connection.process is not agent:
-                self._died(i, {"op": "died", "id": self.rid, "reason": connection.died_reason or "its agent ended"}, b"")
+                why = connection.died_reason or "its agent ended"
+                self._died(i, {"op": "died", "id": self.rid, "reason": why}, b"")
