@@ -114,7 +114,8 @@ class Run(concurrent.futures.Future):
         tokens = _route_output_here(parent)
         request = self._cell.request
         try:
-            if queue and not self.slice.hold(self._cell, queue=True, given_up=lambda: request.presses > 0):
+            if queue and (not self.slice.hold(self._cell, queue=True, given_up=lambda: request.presses > 0)
+                          or request.presses):  # interrupted while its turn came: it never runs
                 raise CellInterrupted(f"cell {self.label} was interrupted before it started")
             self._turn.set()
             self._outcome = self.slice.execute(self.code, self.hosts, request.timeout, output, None, shell=False,
