@@ -137,3 +137,95 @@ def test_the_handle_is_a_future_also_while_it_waits_its_turn(make_slice):
         return await asyncio.wrap_future(sl.run("6 * 7", background=True, output=None))
 
     assert asyncio.run(awaited()).reprs == {0: "42", 1: "42"}
+
+
+
+HOLDS_THE_GIL = """import ctypes, os
+if os.environ['TPUNB_HOST_INDEX'] == '1':
+    open({flag!r}, 'w').close()
+    nothing_comes = os.open({fifo!r}, os.O_RDWR)
+    ctypes.PyDLL(None).read(nothing_comes, ctypes.create_string_buffer(1), 1)  # in C with the GIL held, for good
+else:
+    import time
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("make_slice", ["local"], indirect=True)
+def test_a_restart_during_an_interrupts_grace_says_the_restart_ended_the_cell(make_slice, cell, flags, capsys,
+                                                                               monkeypatch):
+    """Host 1 holds the GIL (a read in C), so an interrupt cannot stop it; %tpu_restart of host 1
+    comes during the interrupt's grace, and the grace ends (a second press) while the restart waits
+    for host 1's agent to exit (its watchdog ends it). The cell says the restart ended it there, not
+    where a host that no longer runs it "was"; its handle's result says the same."""
+    import os
+    import threading
+
+    from tpunb.stuck import restart
+
+    # host 1's agent ends by its watchdog (2 s after its input closes), not by the restart's kill at
+    # EXIT_GRACE: the second press falls in that window
+    monkeypatch.setattr(restart, "EXIT_GRACE", 60.0)
+    sl = make_slice(2)
+    sl.heartbeat_timeout = 0  # host 1 cannot beat while it holds the GIL
+    sl.session.interrupt_grace = 60.0  # the grace ends when the second press ends it
+    os.mkfifo(flags / "never")
+    run = sl.run(HOLDS_THE_GIL.format(flag=str(flags / "in"), fifo=str(flags / "never")), background=True)
+    wait_for(lambda: (flags / "in").exists(), 60, "host 1 in its read")
+    agent = sl.session.hosts[1]
+    run.interrupt()
+
+    def second_press() -> None:
+        wait_for(lambda: not agent.alive, 60, "the restart to end host 1's agent")
+        run.interrupt()  # the grace ends while the restart still waits for host 1 to exit
+
+    pressing = threading.Thread(target=second_press, daemon=True)
+    pressing.start()
+    restarted = cell("%tpu_restart --hosts 1")
+    pressing.join(60)
+    assert "[tpunb] restarted host 1 of" in restarted.stdout, restarted.shown
+    result = run.result(timeout=60)
+    assert {h: r.status for h, r in result.items()} == {0: "interrupted", 1: "died"}, result.notes()
+    restart_line = "host 1 was restarted (%tpu_restart) while the cell ran: the cell's work there is lost"
+    assert result.notes() == [restart_line], result.notes()
+    # the cell's output and its error (outside a kernel, in whatever captures output as they come: the restart's cell)
+    said = restarted.shown + "".join(capsys.readouterr())
+    assert restart_line in said and "was at" not in said and "not started" not in said, said
+    assert "Out[0-1]: 2" in cell("%%on_tpu\n1 + 1").shown
+
+
+@pytest.mark.parametrize("make_slice", ["local"], indirect=True)
+def test_a_request_made_outside_background_cells_holds_its_hosts_by_the_same_rule(make_slice, cell):
+    """Session.holding is the one answer to "are these hosts busy": a request opened on the session
+    itself (on this thread, no background cell) makes a background cell, a cell and a push on its
+    host refuse in one line, leaves the other host free, and a --queue cell waits for it."""
+    sl = make_slice(2)
+    with sl.session.request([1], kind="exec") as held:
+        assert sl.session.holding([0, 1]) == [held] and sl.session.holding([0]) == []
+        busy = r"host 1 is busy with another exec request \(running for \d+ s\): wait for it to end, or add --queue"
+        with pytest.raises(UsageError, match=busy):
+            sl.run("1", background=True)
+        assert re.search(busy, str(cell("%%on_tpu\n1").error))
+        with pytest.raises(UsageError, match=busy):
+            sl.push({"x": 1}, hosts=[1])
+        assert sl.run("'free'", hosts=[0], output=None).reprs == {0: "'free'"}
+        queued = sl.run("6 * 7", background=True, output=None, queue=True)
+        assert queued.request is None and not queued.done()
+    assert queued.result(30).reprs == {0: "42", 1: "42"} and sl.session.holding([0, 1]) == []
+
+
+@pytest.mark.parametrize("make_slice", ["local"], indirect=True)
+def test_the_managers_stop_button_interrupts_running_and_waiting_background_cells(make_slice):
+    """What the kernel's stop button calls between cells (the SliceManager's handler): every held
+    slice's background cells are interrupted, the one running and the one waiting its turn, which
+    then never runs. Outside a Jupyter kernel the manager installs no handler."""
+    from tpunb import manager
+
+    sl = make_slice(2)
+    running = sl.run("import time\ndef resting():\n    time.sleep(60)\nresting()", background=True, output=None)
+    waiting = sl.run("'never'", background=True, output=None, queue=True)
+    wait_for(lambda: all(w.endswith("resting") for w in running.stacks().where().values()), 60, "both hosts resting")
+    assert manager.MANAGER.stop_button is None  # no kernel here: Ctrl-C belongs to the prompt
+    manager.MANAGER.interrupt_background(2, None)
+    assert {h: r.status for h, r in running.result(30).items()} == {0: "interrupted", 1: "interrupted"}
+    assert waiting.wait(30) and re.search(r"interrupted before it started", str(waiting.exception()))

@@ -446,7 +446,7 @@ THREADS_ALLOWED = {
     ("engine/connection.py", "self._ended"): "one per host connection: reaps its agent when it ends",
     ("engine/routes.py", "self._stream"): "the engine's route: one sender per host of a request's parts",
     ("engine/request.py", "go"): "the engine: a request started in the background waits on its own thread",
-    ("engine/request.py", "self._connections[i].signal"): "the engine's escalation: SIGTERM/SIGKILL one host",
+    ("engine/request.py", "self.connection(i).signal"): "the engine's escalation: SIGTERM/SIGKILL one host",
     ("session.py", "_watch"): "one per session: liveness (heartbeats and deaths)",
     ("transport/ssh.py", "self._drain_stderr"): "one per SSH agent process: its stderr",
     ("transport/ssh.py", "self._transport.kill_from_new_connection"): "one per SSH kill: a frozen connection",

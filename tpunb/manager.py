@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import time
 from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog, colab, provision, report
+from tpunb.engine.background import interrupt_all
 from tpunb.engine.masking import MIN_LENGTH, Masker
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
 from tpunb.provision import LaunchRequest, Made, interrupts, warm
@@ -115,6 +117,8 @@ class SliceManager:
         self.last_profile: Profile | None = None
         #: the handle of the last %%on_tpu --bg cell started in this kernel, on any slice
         self.last_run: Run | None = None
+        #: the kernel's stop button between cells, once this manager made it interrupt background cells
+        self.stop_button: Any = None
         #: secrets named with %tpu_secret: every slice's hosts get them; memory only, never stored
         self.secrets: dict[str, str] = {}
         #: every secret value this kernel knows, masked in all that hosts send back
@@ -364,6 +368,30 @@ class SliceManager:
 
     def _ran(self, run: Run) -> None:
         self.last_run = run
+        self._stop_button_interrupts_background()
+
+    def _stop_button_interrupts_background(self) -> None:
+        """In a Jupyter kernel, SIGINT while no cell runs is ignored; from the first background cell
+        on, it interrupts every held slice's background cells instead (while a cell runs,
+        ipykernel's own handler is in place and interrupts that cell). Outside a kernel (a terminal,
+        where Ctrl-C belongs to the prompt) nothing changes: use the handle's interrupt()."""
+        if self.stop_button is not None:
+            return
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        kernel = getattr(get_ipython(), "kernel", None)
+        # ipykernel puts its own handler in place while it runs a cell and restores the one it saved
+        # (SIG_IGN) after: ours is what it restores from now on
+        if getattr(kernel, "saved_sigint_handler", None) is signal.SIG_IGN:
+            kernel.saved_sigint_handler = self.stop_button = self.interrupt_background
+
+    def interrupt_background(self, signum: int | None = None, frame: Any = None) -> None:
+        """Interrupt every held slice's background cells, running or waiting their turn (the stop
+        button between cells; a signal handler)."""
+        for sl in list(self.attached.values()):
+            interrupt_all(sl.session)
 
     def _profiled(self, profile: Profile) -> None:
         self.last_profile = profile

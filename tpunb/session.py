@@ -164,9 +164,10 @@ class Session:
         """End these hosts' agents at once (end of input; killed if not gone within ``grace``), and
         tell requests still waiting on them why; the hosts that had to be killed."""
         def end(i: int) -> bool:
-            killed = self.hosts[i].close(grace)
+            process = self.hosts[i].detach(reason)
+            # a request still waiting on it (in an interrupt's grace, say) learns why now, not once it exited
             self._route(i, {"op": "died", "id": None, "reason": reason}, b"")
-            return killed
+            return process.close(grace) if process is not None else False
 
         return sorted(i for i, killed in fan_out(indices, end, name="tpunb-end").succeeded.items() if killed)
 
@@ -285,10 +286,10 @@ class Session:
                        on_tick=on_tick, on_stuck=on_stuck, body=body)
 
     def holding(self, hosts: Iterable[int]) -> list[Request]:
-        """Requests in flight that take the main thread of any of these hosts (a running cell):
-        a second cell there would wait behind them."""
-        hosts = set(hosts)
-        return [r for r in self.requests.running() if r.exclusive and r.holds(hosts)]
+        """Requests that hold the main thread of any of these hosts (a running cell, a push, a cell
+        that claimed them and is reviving them), oldest first: a second cell there would wait
+        behind them. The one answer to "are these hosts busy" (``Requests.claim`` takes them)."""
+        return self.requests.holding(hosts)
 
     # -- cells --------------------------------------------------------------------------------
     def cell(self, code: str, indices: list[int], timeout: float | None = None, sink: OutputSink | None = None,

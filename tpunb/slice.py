@@ -15,7 +15,8 @@ from tpunb import catalog, diagnose, report, stuck
 from tpunb.display import (CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
                            kernel_colors)
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
-from tpunb.engine.background import BackgroundCells
+from tpunb.engine.background import BackgroundCells, busy_error, refuse_if_busy
+from tpunb.stuck.held import Cell
 from tpunb.stuck.laggards import Laggards
 from tpunb.engine.standby import Standbys
 from tpunb.display.hosts import Layout
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     import numpy
     import pandas
 
+    from tpunb.engine.request import Request
     from tpunb.fetch.spread import FetchReport
 
 
@@ -210,17 +212,18 @@ class Slice:
         raise NoSliceError(f"slice {self.name!r} was deleted outside this notebook (the JupyterLab sidebar or "
                            f"another kernel's %tpu_down): launch a new one with %tpu_launch {self.launch_line}")
 
-    def revive(self, chosen: list[int] | None = None) -> list[int]:
+    def revive(self, chosen: list[int] | None = None, mine: "Request | None" = None) -> list[int]:
         """Restart hosts whose agent died; returns the restarted hosts.
 
         Hosts that joined jax.distributed cannot take a restarted peer back, so when JAX was
         started, every host restarts together. A host that stopped answering while no cell ran
         fails this call once, naming it; the next call restarts it. A host a restart could not
         reach is left to %tpu_restart, and a request for it (``chosen``) fails saying so, as does one
-        for hosts a background cell holds.
+        for hosts another request holds (``Session.holding``: a background cell; ``mine``, the
+        caller's own, aside).
         """
         if chosen is not None:
-            self.background.refuse_if_busy(self, chosen)
+            refuse_if_busy(self, chosen, mine)
         waiting = [i for i in self.needs_restart if chosen is None or i in chosen]
         if waiting:
             many = len(waiting) > 1
@@ -324,31 +327,52 @@ class Slice:
                         "(jit over the whole slice, psum, ...) would hang waiting for the other hosts")
         if background:
             return self.background.start(self, code, indices, timeout, output, queue)
-        if queue:
-            self.background.wait_for_hosts(indices)
-        return self.execute(code, indices, timeout, output, sink, shell=False)
+        return self.execute(code, indices, timeout, output, sink, shell=False, queue=queue)
 
-    def execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
-                 sink: OutputSink | None, shell: bool, started: Callable | None = None) -> RunResult:
-        """What cells and shell commands share: revive hosts, stream output, turn an interrupt into
-        one error. ``started(request)``: told the cell's request before it runs (background cells)."""
+    def prepare_cell(self, code: str, indices: list[int], timeout: float | None, output: str | None,
+                     sink: OutputSink | None = None, shell: bool = False) -> Cell:
+        """A cell's request, made (numbered as the notebook's cell, coloured as its tracebacks) and
+        not sent: ``hold`` takes its hosts, ``execute`` runs it."""
         if timeout is not None and not (0 < timeout < math.inf):
             raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
-        self.revive(indices)
-        show_between_cells(self.session.backlog, self.cell_logs, self.layout.name)
-        self._say_jax_failures()
         if sink is None:
             sink = (CellOutput(indices, self.num_hosts, output, self.cell_logs, names=self.layout.names) if output
                     else LogOnly(self.cell_logs))
-        self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
         self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
-        self.idle.mark(True, tell_host=True)
         where: dict[int, str] = {}  # hosts that would not stop: where they were (tpunb.stuck)
         request = self.session.cell(code, indices, timeout, sink, shell=shell, count=kernel_cell_number(),
                                     on_stuck=lambda r, hosts: stuck.show_stuck(self, hosts, r.sink, where),
                                     on_tick=Laggards(self) if len(indices) > 1 else None)
-        if started is not None:
-            started(request)
+        return Cell(request, sink, where)
+
+    def hold(self, cell: Cell, queue: bool = False, given_up: Callable[[], bool] | None = None) -> bool:
+        """Take the cell's hosts (``Session.holding`` counts it from now on): refused in one line
+        naming what holds them, or with ``queue`` once they are free; False if ``given_up()`` first."""
+        held = self.session.requests.claim(cell.request, queue, given_up)
+        if held and not queue:
+            raise busy_error(self, held[0])
+        return not held
+
+    def execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
+                sink: OutputSink | None, shell: bool, queue: bool = False, cell: Cell | None = None) -> RunResult:
+        """What cells and shell commands share: take the hosts (``hold``; ``queue``: wait for them),
+        revive them, stream output, turn an interrupt into one error. ``cell``: prepared already, its
+        hosts held (a background cell)."""
+        if cell is None:
+            cell = self.prepare_cell(code, indices, timeout, output, sink, shell)
+            self.hold(cell, queue)
+        try:
+            return self._run_cell(code, indices, timeout, shell, cell)
+        finally:
+            cell.request.release()
+
+    def _run_cell(self, code: str, indices: list[int], timeout: float | None, shell: bool, cell: Cell) -> RunResult:
+        request, sink, where = cell.request, cell.sink, cell.where
+        self.revive(indices, mine=request)
+        show_between_cells(self.session.backlog, self.cell_logs, self.layout.name)
+        self._say_jax_failures()
+        self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
+        self.idle.mark(True, tell_host=True)
         try:
             results = stuck.with_where(request.run(), where)
         except CellInterrupted as exc:

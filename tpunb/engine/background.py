@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import queue as queues
-import signal
 import sys
 import threading
 import time
-import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from tpunb import report
@@ -30,30 +28,39 @@ from tpunb.errors import CellInterrupted, TpunbError, UsageError
 if TYPE_CHECKING:
     from tpunb.engine.request import Request
     from tpunb.results import RunResult
-    from tpunb.stuck.held import HeldSlice
+    from tpunb.session import Session
+    from tpunb.stuck.held import Cell, HeldSlice
 
 
 class Run(concurrent.futures.Future):
     """A cell running in the background, as a Future of its per-host results: ``done()``,
     ``result(timeout)``, ``exception()``, ``add_done_callback``; and ``wait(timeout)`` (a bool),
     ``interrupt()``, ``stacks()``. It runs (or waits its turn, with --queue) from the start, so
-    ``cancel()`` is False: ``interrupt()`` stops it."""
+    ``cancel()`` is False: ``interrupt()`` stops it. Its cell's Request is made at once (the slice's
+    session counts it as holding the hosts, or as in line for them); ``request`` shows it once it
+    has its hosts."""
 
-    def __init__(self, sl: "HeldSlice", code: str, hosts: list[int], label: str) -> None:
+    def __init__(self, sl: "HeldSlice", code: str, cell: "Cell", label: str, has_hosts: bool = True) -> None:
         super().__init__()
         self.set_running_or_notify_cancel()
         self.slice = sl
         self.code = code
-        self.hosts = hosts
+        self._cell = cell
+        self.hosts = cell.request.hosts
         #: what the notebook calls the cell: ``In[7]``
         self.label = label
         self.started = time.monotonic()
-        self.request: Request | None = None  # set once the cell is sent (after a --queue wait)
+        self._turn = threading.Event()  # it has its hosts (at once, or after a --queue wait)
+        if has_hosts:
+            self._turn.set()
         self._outcome: RunResult | None = None
         self._failure: BaseException | None = None
-        self._interrupts = 0
-        self._interrupt_lock = threading.RLock()  # re-entered by the stop button's signal handler
-        self._worker: int | None = None  # the thread it runs on (its ident), once it runs
+        cell.request.owner = self
+
+    @property
+    def request(self) -> "Request | None":
+        """The cell's Request once it has its hosts (None while --queue waits its turn)."""
+        return self._cell.request if self._turn.is_set() else None
 
     # -- the handle ---------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> bool:
@@ -75,12 +82,9 @@ class Run(concurrent.futures.Future):
 
     def interrupt(self) -> None:
         """Interrupt it on every host, as the stop button does a foreground cell; each further call
-        moves on at once (SIGTERM, SIGKILL, give up)."""
-        with self._interrupt_lock:
-            self._interrupts += 1
-            request = self.request
-        if request is not None:
-            request.interrupt()
+        moves on at once (SIGTERM, SIGKILL, give up). Before it has its hosts (--queue), it never
+        runs. Safe in a signal handler (the stop button's)."""
+        self._cell.request.interrupt()
 
     def stacks(self, native: bool = False):
         """Where each of its hosts is now (``Slice.stacks`` of its hosts)."""
@@ -89,12 +93,10 @@ class Run(concurrent.futures.Future):
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def holds(self, hosts: list[int]) -> bool:
-        return not self.done() and bool(set(self.hosts) & set(hosts))
-
     def describe(self) -> str:
         first = (self.code.strip().splitlines() or [""])[0][:60]
-        return f"cell {self.label} ({first!r}), running in the background for {self.elapsed():.0f} s"
+        state = "running in the background" if self._turn.is_set() else "waiting its turn (--queue)"
+        return f"cell {self.label} ({first!r}), {state} for {self.elapsed():.0f} s"
 
     def __repr__(self) -> str:
         hosts = self.slice.layout.names(self.hosts)
@@ -108,104 +110,92 @@ class Run(concurrent.futures.Future):
         printer.text(repr(self))
 
     # -- the thread ---------------------------------------------------------------------------
-    def _run(self, parent: Any, queue: bool, timeout: float | None, output: str | None) -> None:
-        self._worker = threading.get_ident()
+    def _run(self, parent: Any, queue: bool, output: str | None) -> None:
         tokens = _route_output_here(parent)
+        request = self._cell.request
         try:
-            if queue:
-                self.slice.background.wait_for_hosts(self.hosts, self)
-            if self._interrupts:  # interrupted while it waited in the queue: it never ran
+            if queue and (not self.slice.hold(self._cell, queue=True, given_up=lambda: request.presses > 0)
+                          or request.presses):  # interrupted while its turn came: it never runs
                 raise CellInterrupted(f"cell {self.label} was interrupted before it started")
-            self._outcome = self.slice.execute(self.code, self.hosts, timeout, output, None, shell=False,
-                                               started=self._sent)
+            self._turn.set()
+            self._outcome = self.slice.execute(self.code, self.hosts, request.timeout, output, None, shell=False,
+                                               cell=self._cell)
             _show_end(self.slice, self._outcome, output)
         except BaseException as exc:  # kept for result(); said in the cell's own output area
             self._failure = exc
             self._outcome = getattr(exc, "results", None)
             _say(exc)
         finally:
-            self.slice.background.ended(self)
+            request.release()
             _unroute(tokens)
             if self._outcome is not None:  # a cell that failed on some hosts still has its results
                 self.set_result(self._outcome)
             else:
                 self.set_exception(self._failure or TpunbError(f"cell {self.label} ended without a result"))
 
-    def _sent(self, request: "Request") -> None:
-        """The cell's request exists: from now on interrupt() reaches it (also presses made before)."""
-        with self._interrupt_lock:
-            self.request = request
-            earlier = self._interrupts
-        for _ in range(earlier):
-            request.interrupt()
-
 
 class BackgroundCells:
-    """One slice's background cells: which run (and hold which hosts), the threads they run on.
-    ``on_start`` is told of each new one (the kernel's ``tpunb.last_run()``)."""
+    """One slice's background cells: the threads they run on, how they are numbered. Which hosts
+    they hold is the session's to say (``Session.holding``); ``on_start`` is told of each new one
+    (the kernel's ``tpunb.last_run()``)."""
 
     def __init__(self) -> None:
-        self._runs: list[Run] = []
         self._lock = threading.Lock()
         self._started = 0
         self._workers: _Workers | None = None
         self.on_start: Callable[[Run], None] | None = None
 
-    def running(self) -> list[Run]:
-        with self._lock:
-            return list(self._runs)
-
     def start(self, sl: "HeldSlice", code: str, indices: list[int], timeout: float | None, output: str | None,
               queue: bool) -> Run:
-        """Start ``code`` on these hosts of ``sl`` in the background; the Run at once."""
-        if not queue:
-            self.refuse_if_busy(sl, indices)
-            sl.revive(indices)  # its errors (hosts that need a restart, dead hosts) are said here, at once
+        """Start ``code`` on these hosts of ``sl`` in the background; the Run at once. Its hosts are
+        taken here (or it lines up for them, ``queue``), before anything else can ask for them."""
+        cell = sl.prepare_cell(code, indices, timeout, output)
+        if queue:
+            sl.session.requests.line_up(cell.request)
+        else:
+            sl.hold(cell)
+            try:
+                sl.revive(indices, mine=cell.request)  # its errors (hosts needing a restart, dead hosts): here, at once
+            except BaseException:
+                cell.request.release()
+                raise
         count = kernel_cell_number()
         with self._lock:
             self._started += 1
-            run = Run(sl, code, indices, f"In[{count}]" if count is not None else f"run {self._started}")
-            self._runs.append(run)
+            label = f"In[{count}]" if count is not None else f"run {self._started}"
             if self._workers is None:
                 self._workers = _Workers()
             workers = self._workers
+        run = Run(sl, code, cell, label, has_hosts=not queue)
         if self.on_start is not None:
             self.on_start(run)
-        _stop_button_interrupts(self)
-        workers.submit(run._run, _cell_parent(), queue, timeout, output)
+        workers.submit(run._run, _cell_parent(), queue, output)
         return run
 
-    def ended(self, run: Run) -> None:
-        with self._lock:
-            if run in self._runs:
-                self._runs.remove(run)
 
-    def busy(self, indices: list[int]) -> list[Run]:
-        """Background cells (other than the caller's own) that hold any of these hosts."""
-        me = threading.get_ident()
-        return [r for r in self.running() if r._worker != me and r.holds(indices)]
+def interrupt_all(session: "Session") -> None:
+    """Interrupt every background cell of a slice's session, running or in line (the stop button)."""
+    for request in session.requests.in_flight():
+        if isinstance(request.owner, Run):
+            request.owner.interrupt()
 
-    def refuse_if_busy(self, sl: "HeldSlice", indices: list[int]) -> None:
-        """One line naming the background cell that holds these hosts, and what to do."""
-        held = self.busy(indices)
-        if held:
-            run = held[0]
-            raise UsageError(f"host{'s' if len(run.hosts) > 1 else ''} {sl.layout.names(run.hosts)} "
-                             f"{'are' if len(run.hosts) > 1 else 'is'} busy with {run.describe()}: wait for it "
-                             "(tpunb.last_run().wait()), interrupt it (.interrupt()), or add --queue to run this "
-                             "cell after it")
 
-    def wait_for_hosts(self, indices: list[int], me: Run | None = None) -> None:
-        """Wait until no background cell started before this one holds these hosts (``--queue``)."""
-        while True:
-            ahead = [r for r in self.busy(indices) if me is None or r.started < me.started]
-            if not ahead:
-                return
-            ahead[0].wait(0.5)  # a press of Ctrl-C (foreground) ends this wait with KeyboardInterrupt
+def refuse_if_busy(sl: "HeldSlice", indices: list[int], mine: "Request | None" = None) -> None:
+    """One line naming what holds these hosts (``Session.holding``), ``mine`` aside, and what to do."""
+    held = [r for r in sl.session.holding(indices) if r is not mine]
+    if held:
+        raise busy_error(sl, held[0])
 
-    def interrupt_all(self) -> None:
-        for run in self.running():
-            run.interrupt()
+
+def busy_error(sl: "HeldSlice", holder: "Request") -> UsageError:
+    """The line that says ``holder`` holds hosts another request asked for, and what to do."""
+    many = len(holder.hosts) > 1
+    hosts = f"host{'s' if many else ''} {sl.layout.names(holder.hosts)} {'are' if many else 'is'}"
+    if isinstance(holder.owner, Run):
+        return UsageError(f"{hosts} busy with {holder.owner.describe()}: wait for it (tpunb.last_run().wait()), "
+                          "interrupt it (.interrupt()), or add --queue to run this cell after it")
+    return UsageError(f"{hosts} busy with another {holder.kind} request (running for {holder.elapsed():.0f} s): wait "
+                      "for it to end, or add --queue to run this cell after it")
 
 
 class _Workers:
@@ -296,37 +286,3 @@ def _say(exc: BaseException) -> None:
     lines = render() if render is not None else [f"{type(exc).__name__}: {exc}"]
     sys.stderr.write("\n".join(lines) + "\n")
     sys.stderr.flush()
-
-
-# -- the stop button -------------------------------------------------------------------------
-def _stop_button_interrupts(cells: BackgroundCells) -> None:
-    """In a Jupyter kernel, SIGINT while no cell runs is ignored; from the first background cell on,
-    it interrupts the background cells instead (while a cell runs, ipykernel's own handler is in
-    place and interrupts that cell). Outside a kernel (a terminal, where Ctrl-C belongs to the
-    prompt) nothing changes: use the handle's interrupt(). The handler the kernel restores holds
-    every slice's background cells (``handler.cells``)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    kernel = getattr(get_ipython(), "kernel", None)
-    saved = getattr(kernel, "saved_sigint_handler", None)
-    held = getattr(saved, "cells", None)
-    if held is not None:  # ours, installed by another slice's first background cell
-        held.add(cells)
-        return
-    # ipykernel puts its own handler in place while it runs a cell and restores the one it saved
-    # (SIG_IGN) after: ours is what it restores from now on
-    if saved is signal.SIG_IGN:
-        kernel.saved_sigint_handler = _Interrupter(cells)
-
-
-class _Interrupter:
-    """The stop button's handler between cells: interrupts every held slice's background cells."""
-
-    def __init__(self, cells: BackgroundCells) -> None:
-        self.cells: weakref.WeakSet[BackgroundCells] = weakref.WeakSet([cells])
-
-    def __call__(self, signum, frame) -> None:
-        for cells in list(self.cells):
-            cells.interrupt_all()

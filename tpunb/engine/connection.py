@@ -266,11 +266,19 @@ class HostConnection:
     def close(self, grace: float | None = None) -> bool:
         """End the agent: end of input, and a kill if it has not exited within ``grace`` seconds
         (its transport's default); True if it had to be killed."""
+        process = self.detach()
+        return process.close(grace) if process is not None else False
+
+    def detach(self, reason: str = "") -> AgentProcess | None:
+        """Stop using this host's agent, which is not ended yet (``close`` ends it): from now on it
+        is seen as not running, ``reason`` saying why. The agent's process, to end."""
         with self._life:
             process, self.process = self.process, None
             self.alive = False
+            if reason:
+                self.died_reason = reason
             self._stop_reading()
-        return process.close(grace) if process is not None else False
+        return process
 
 
 def describe_exit(process: AgentProcess, wait: float = 0.5) -> str:

@@ -71,11 +71,19 @@ class Route:
 
 
 class Requests:
-    """A session's requests in flight: where each one's frames go, and which hosts each holds."""
+    """A session's requests in flight: where each one's frames go, and which hosts each holds.
+
+    A request that takes its hosts' main thread (``exclusive``: a cell, a push) holds them from
+    the moment it is sent, or earlier, from its ``claim`` (a cell claims its hosts before it
+    revives them, so no other cell starts there meanwhile); ``holding`` is the one answer to
+    "are these hosts busy". Claims that wait (``--queue``) take their turns in the order they
+    lined up."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._open: dict[int, Request] = {}
+        self._claims: dict[int, Request] = {}  # claimed their hosts, not sent yet: no frames for them
+        self._line: list[Request] = []  # waiting for their hosts, first come first
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._since = time.monotonic()  # when a request was last added or removed
@@ -85,13 +93,17 @@ class Requests:
 
     def add(self, request: Request) -> None:
         with self._lock:
+            self._claims.pop(request.rid, None)
             self._open[request.rid] = request
+            request.held = True
             self._since = time.monotonic()
             self._changed.notify_all()
 
     def remove(self, request: Request) -> None:
         with self._lock:
             self._open.pop(request.rid, None)
+            self._claims.pop(request.rid, None)
+            request.held = False
             self._since = time.monotonic()
             self._changed.notify_all()
 
@@ -124,6 +136,52 @@ class Requests:
     def running(self) -> list[Request]:
         with self._lock:
             return list(self._open.values())
+
+    def holding(self, hosts: Iterable[int]) -> list[Request]:
+        """Requests (sent or claimed) that hold the main thread of any of these hosts, oldest first."""
+        with self._lock:
+            return self._holding(set(hosts))
+
+    def _holding(self, hosts: set[int], but: Request | None = None) -> list[Request]:
+        held = [r for r in (*self._open.values(), *self._claims.values()) if r is not but and r.exclusive
+                and r.holds(hosts)]
+        return sorted(held, key=lambda r: r.rid)
+
+    def line_up(self, request: Request) -> None:
+        """Put ``request`` in line for its hosts now; its ``claim(queue=True)`` comes later."""
+        with self._lock:
+            if request not in self._line:
+                self._line.append(request)
+
+    def in_flight(self) -> list[Request]:
+        """Every request sent, claimed or in line, as it stands. Takes no lock: a signal handler asks
+        (the stop button), maybe while its own thread holds it."""
+        return [*self._open.values(), *self._claims.values(), *self._line]
+
+    def claim(self, request: Request, queue: bool = False, given_up: Callable[[], bool] | None = None) -> list[Request]:
+        """Take ``request``'s hosts before it is sent: [] once taken (``holding`` counts it from then
+        until it ends or is ``release``d). If other requests hold them: those requests; with
+        ``queue``, only after waiting in line until they are free (asked again at least every half
+        second), or until ``given_up()``."""
+        hosts = set(request.hosts)
+        with self._changed:
+            if queue and request not in self._line:
+                self._line.append(request)
+            try:
+                while True:
+                    ahead = self._line[:self._line.index(request)] if queue else []
+                    blocking = self._holding(hosts, but=request) + [r for r in ahead if hosts & set(r.hosts)]
+                    if not blocking:
+                        self._claims[request.rid] = request
+                        request.held = True
+                        return []
+                    if not queue or (given_up is not None and given_up()):
+                        return blocking
+                    self._changed.wait(0.5)
+            finally:
+                if request in self._line:
+                    self._line.remove(request)
+                    self._changed.notify_all()  # the next in line may go
 
 
 class Request:
@@ -178,6 +236,8 @@ class Request:
         self.killed: list[int] = []
         self.unanswered: list[int] = []
         self._routes: list[Route] = []
+        #: host -> the connection it was sent on and the agent that had (a restart may replace both)
+        self._reached: dict[int, tuple[HostConnection, Any]] = {}
         self._meter: Meter | None = None
         self._interrupts = 0
         self._interrupt_count = itertools.count(1)  # next() is atomic: no lock a signal handler could meet
@@ -186,6 +246,10 @@ class Request:
         self._thread: threading.Thread | None = None
         self._outcome: tuple[bool, Any] | None = None
         self._ended: threading.Event | None = None  # made by start(): a cell's many requests need none
+        #: it holds its hosts (claimed or sent, not ended): set by its session's ``Requests``
+        self.held = False
+        #: what the user knows it by (a background cell's ``Run``), named when its hosts are asked for
+        self.owner: Any = None
 
     # -- lifetime -----------------------------------------------------------------------------
     def __enter__(self) -> Request:
@@ -203,6 +267,11 @@ class Request:
             self._meter.close()
         if self.ctrl_c is not None:
             self.ctrl_c.__exit__(*exc)
+
+    def release(self) -> None:
+        """Let go of its hosts if it claimed them and was never run (after it ran: nothing to do)."""
+        if not self._open:
+            self._table.remove(self)
 
     def run(self) -> Any:
         """Run ``body`` here, inside the request: its value, or its exception."""
@@ -264,8 +333,8 @@ class Request:
         self.inbox.ring()  # SimpleQueue.put: safe in a signal handler
 
     def holds(self, hosts: Iterable[int]) -> bool:
-        """It still runs on one of ``hosts``."""
-        if not self._open:
+        """It still runs (or has claimed to run) on one of ``hosts``."""
+        if not self.held:
             return False
         running = set(self.hosts) - set(self.finished)
         return bool(running.intersection(hosts))
@@ -284,12 +353,19 @@ class Request:
             self._routes.append(route)
         connections = self._connections
         reachable = [connections[i] for i in chosen if connections[i].alive]
+        for host in reachable:
+            self._reached.setdefault(host.index, (host, host.process))
         if len(reachable) < len(chosen):
             for i in chosen:  # died after the caller looked; its "died" may have gone to no request
                 if not connections[i].alive:
                     self.lost(i, connections[i].died_reason or "its agent ended")
         if reachable:
             route.send(self, reachable)
+
+    def connection(self, index: int) -> HostConnection:
+        """The connection this request reached host ``index`` on (the session's, before it was sent)."""
+        reached = self._reached.get(index)
+        return reached[0] if reached is not None else self._connections[index]
 
     def lost(self, index: int, reason: str) -> None:
         """A host this request cannot reach (a send failed): it died for this request."""
@@ -371,7 +447,7 @@ class Request:
     def _died(self, index: int, message: dict, blob: Any) -> None:
         reason = message.get("reason") or "its agent ended"
         self.died[index] = reason
-        host = self._connections[index]
+        host = self.connection(index)
         host.notice = None  # this request reports it
         if host.alive:  # a send to it failed: seen dead now, so the next request restarts it
             host.give_up(reason)
@@ -402,7 +478,7 @@ class Request:
         answer, then escalate or leave those that did not."""
         self.stopped = reason
         self.stopped_hosts = sorted(self.pending)
-        hosts = [self._connections[i] for i in self.stopped_hosts]
+        hosts = [self.connection(i) for i in self.stopped_hosts]
         never: set[int] = set()
         for route in self._routes:
             never |= route.stop(self, hosts, reason) & self.pending  # their request was never sent: no answer comes
@@ -421,6 +497,7 @@ class Request:
         """``on_stuck``, then SIGTERM, then SIGKILL, sent to every stuck host at once (a kill over a
         frozen connection takes seconds); hosts still pending after that are given up without
         waiting on them."""
+        self._ended_elsewhere()
         self.stuck = sorted(self.pending)
         if self.on_stuck is not None:
             try:
@@ -432,13 +509,25 @@ class Request:
                 self._wait(until, time.monotonic() + float(extra), running=False)
                 until += 1
         for step, sig in enumerate((signal.SIGTERM, signal.SIGKILL)):
+            self._ended_elsewhere()
             if not self.pending:
                 break
             for i in sorted(self.pending):
-                threading.Thread(target=self._connections[i].signal, args=(sig,), daemon=True,
+                threading.Thread(target=self.connection(i).signal, args=(sig,), daemon=True,
                                  name=f"tpunb-signal-{i}").start()
             self.killed = sorted(set(self.killed) | set(self.pending))
             self._wait(until + step, time.monotonic() + self.term_grace, running=False)
+        self._ended_elsewhere()
         for i in sorted(self.pending):  # unreachable even by SIGKILL (frozen, or its connection): give it up
-            self._connections[i].give_up("did not stop when interrupted and was killed")
+            self.connection(i).give_up("did not stop when interrupted and was killed")
             self._finish(i)
+
+    def _ended_elsewhere(self) -> None:
+        """Pending hosts whose agent someone else ended meanwhile (``Session.end_agents``: a restart)
+        are not stuck, and get no signal (their host may run a new agent by now): they died, for the
+        reason their connection gives."""
+        for i in sorted(self.pending):
+            connection, agent = self._reached.get(i, (None, None))
+            if connection is not None and connection.process is not agent:
+                why = connection.died_reason or "its agent ended"
+                self._died(i, {"op": "died", "id": self.rid, "reason": why}, b"")

@@ -2,13 +2,26 @@
 imports Slice (Slice imports it for its stacks and restarts)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from tpunb.display.sink import OutputSink
+    from tpunb.engine.request import Request
     from tpunb.display.hosts import Layout
     from tpunb.engine.standby import Standbys
     from tpunb.registry import SliceRecord
     from tpunb.session import Session
+
+
+@dataclass
+class Cell:
+    """A cell's request, made and not sent yet (``Slice.prepare_cell``), with the sink its output
+    goes to and, for hosts that would not stop, where each one was (``show_stuck`` fills it)."""
+
+    request: "Request"
+    sink: "OutputSink"
+    where: dict[int, str] = field(default_factory=dict)
 
 
 class HeldSlice(Protocol):
@@ -28,14 +41,19 @@ class HeldSlice(Protocol):
 
     def connect(self, hosts: list[int] | None = None, ready: dict | None = None) -> None: ...
 
-    def revive(self, chosen: list[int] | None = None) -> list[int]: ...
+    def revive(self, chosen: list[int] | None = None, mine: Any = None) -> list[int]: ...
 
     def save_hosts(self) -> None: ...
 
     def run(self, code: str, hosts: str | list[int] | None = None, timeout: float | None = None,
             output: str | None = "grouped", sink: Any = None, background: bool = False, queue: bool = False) -> Any: ...
 
+    def prepare_cell(self, code: str, indices: list[int], timeout: float | None, output: str | None,
+                     sink: Any = None, shell: bool = False) -> Cell: ...
+
+    def hold(self, cell: Cell, queue: bool = False, given_up: Any = None) -> bool: ...
+
     def execute(self, code: str, indices: list[int], timeout: float | None, output: str | None, sink: Any,
-                shell: bool, started: Any = None) -> Any: ...
+                shell: bool, queue: bool = False, cell: Cell | None = None) -> Any: ...
 
     def restart(self, hosts: str | list[int] | None = None) -> Any: ...
