@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -201,14 +202,21 @@ def _delete_from_sidebar(page, name: str, without_polls: bool = False) -> None:
     card.locator(".jp-tpunb-Delete").click()
     dialog = page.locator(".jp-Dialog")
     assert f"Delete {name}?" in dialog.inner_text()
-    if without_polls:
-        page.route("**/tpunb/api/slices", lambda route: route.abort())  # GETs only: a DELETE ends in /NAME
+    polls = []
+    if without_polls:  # the panel's GETs carry a cache-busting query; a DELETE's path ends in /NAME
+        page.route(_listing, lambda route: (polls.append(route.request.method), route.abort()))
     try:
         dialog.locator("button.jp-mod-warn").click()
         card.wait_for(state="detached")
     finally:
         if without_polls:
-            page.unroute("**/tpunb/api/slices")
+            page.unroute(_listing)
+    assert "DELETE" not in polls
+
+
+def _listing(url: str) -> bool:
+    """The panel's GET /tpunb/api/slices (its query aside)."""
+    return urllib.parse.urlsplit(url).path.endswith("/tpunb/api/slices")
 
 
 def _dead(pid: int) -> bool:
