@@ -233,6 +233,28 @@ async def test_the_dataframe_the_json_and_the_serve_listing_read_one_view(call, 
         manager.down("one")
 
 
+async def test_a_bucket_that_cannot_be_read_is_one_line_and_this_machines_snapshots_still_show(call, cell, monkeypatch,
+                                                                                                  isolated_home):
+    """No slice needed: the view lists snapshots on their own. A folder a snapshot left here stays
+    listed in %tpu_status and the JSON while the named bucket cannot be reached; each says why once."""
+    from tests.test_serve import free_port
+
+    folder = isolated_home / "snapshots" / "gone-slice" / "20261128-080000-000"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"names": {"step": {}}, "slice": "gone-slice", "time": time.time(),
+                                                      "accelerator": "v4-8", "hosts": 1, "size": 2048}))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("TPUNB_BUCKET", "snaps")
+    run = cell("%tpu_status")
+    why = "snapshots on Cloud Storage not listed: gs://snaps: Cloud Storage at http://127.0.0.1:"
+    assert run.error is None and run.stderr.count(why) == 1 and len(run.stderr.strip().splitlines()) == 1, run.shown
+    [row] = run.result.result.attrs["snapshots"].to_dict("records")
+    assert (row["uri"], row["names"], row["shape"], row["size_bytes"], row["where"]) == (
+        str(folder), "step", "v4-8 (1 host)", 2048, "local")
+    body = (await call("GET", "slices"))[1]
+    assert body["snapshots_error"].startswith(why) and [s["uri"] for s in body["snapshots"]] == [str(folder)]
+
+
 async def test_delete_ends_a_slice_another_kernel_owns(call, other_kernel):
     owner, name = other_kernel("v4-16")
     [row] = (await call("GET", "slices"))[1]["slices"]
