@@ -245,7 +245,7 @@ class StatusView:
         return [row for v in self.slices for row in v.host_rows()] + [o.host_row() for o in self.orphans]
 
     def frame(self) -> pandas.DataFrame:
-        """%tpu_status: one row per host; services and forwards in ``.attrs`` (shown below it)."""
+        """%tpu_status: one row per host; services, forwards and snapshots in ``.attrs`` (shown below it)."""
         return frame(self.host_rows(), [s for v in self.slices for s in v.services],
                      [f for v in self.slices for f in v.forwards], self.snapshots)
 
