@@ -575,3 +575,65 @@ def test_the_private_import_check_sees_one():
                                          "_probe_private_for_test_layout.py:3 _secret"]
     finally:
         path.unlink()
+
+
+# -- one status model: what a slice costs, when it idles out, which services hold it ------------------
+VIEW = PACKAGE / "status" / "view.py"
+#: the view's rules and rows: defined in status/view.py only, everyone else reads the view
+VIEW_RULES = {"usd_so_far", "idle_delete_in", "busy_services", "service_rows", "forward_rows", "snapshot_rows"}
+#: where a price over hours is computed for something that is not a slice's bill
+COST_ALLOWED = {"plan": "the planner's estimate of a job's cost before any slice exists"}
+
+
+def _mentions_price(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Name) and ("usd" in n.id or "price" in n.id) or
+               isinstance(n, ast.Attribute) and ("usd" in n.attr or "price" in n.attr) for n in ast.walk(node))
+
+
+def status_rules_outside_the_view(path: Path) -> list[str]:
+    """The idle rule, the cost rule or a status row made outside ``status/view.py``: a function of
+    that name, a dict key or keyword of that name given a value, the raw idle mark read
+    (``.idle_mark(...)``: whoever reads it counts down), or a price times seconds over 3600."""
+    if path == VIEW:
+        return []
+    where = str(path.relative_to(PACKAGE))
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        named = None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in VIEW_RULES:
+            named = f"def {node.name}"
+        elif isinstance(node, ast.Dict):
+            keys = [k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in VIEW_RULES]
+            named = f"{{{keys[0]!r}: ...}}" if keys else None
+        elif isinstance(node, ast.keyword) and node.arg in VIEW_RULES:
+            named = f"{node.arg}=..."
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "idle_mark":
+            named = "idle_mark(...)"
+        elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
+              and node.right.value == 3600 and _mentions_price(node.left) and where.split("/")[0] not in COST_ALLOWED):
+            named = ast.unparse(node)
+        if named:
+            found.append((node.lineno, f"{where}:{node.lineno} {named}"))
+    return [hit for _, hit in sorted(found)]
+
+
+def test_idle_cost_and_status_rows_are_computed_in_the_status_view_only():
+    found = [hit for p in _kernel_files() for hit in status_rules_outside_the_view(p)]
+    assert not found, "computed outside tpunb/status/view.py (read the view instead): " + ", ".join(found)
+
+
+def test_the_status_rule_check_sees_each_kind_of_copy():
+    path = PACKAGE / "_probe_status_for_test_layout.py"
+    path.write_text("def usd_so_far(row):\n    return row.usd_per_hour * row.running_s / 3600\n"
+                    "left = reg.idle_mark(name)\nrow = {'idle_delete_in': left}\nHostRow(busy_services=[])\n"
+                    "hours = seconds / 3600\n")
+    try:
+        assert status_rules_outside_the_view(path) == [
+            "_probe_status_for_test_layout.py:1 def usd_so_far",
+            "_probe_status_for_test_layout.py:2 row.usd_per_hour * row.running_s / 3600",
+            "_probe_status_for_test_layout.py:3 idle_mark(...)",
+            "_probe_status_for_test_layout.py:4 {'idle_delete_in': ...}",
+            "_probe_status_for_test_layout.py:5 busy_services=...",
+        ]
+    finally:
+        path.unlink()

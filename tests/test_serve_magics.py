@@ -32,9 +32,9 @@ def test_serve_forward_logs_and_stop_from_magics(make_slice, cell):
                           "[1] hi from 1\n[1] [tpunb] exited with code 0\n")
     assert cell("%tpu_logs hi --host 1 --tail 1").stdout == "[tpunb] exited with code 0\n"
     listed = cell("%tpu_serve").stdout.splitlines()
-    assert listed[0].split() == ["service", "host", "state", "exit", "restarts", "command"]
-    assert [line.split()[:3] for line in listed[1:]] == [["hi", "0", "exited"], ["hi", "1", "exited"],
-                                                         ["web", "0", "running"]]
+    assert listed[0].split() == ["service", "host", "port", "state", "restarts", "command"]
+    assert [line.split()[:4] for line in listed[1:]] == [["hi", "0", "exited", "with"], ["hi", "1", "exited", "with"],
+                                                         ["web", "0", str(port), "ready"]]  # the port --wait-http gave
     run = cell("%tpu_serve --stop web")
     assert run.error is None and run.stdout == "[tpunb] stopped 'web' on host 0\n"
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import tornado.httpclient
@@ -147,13 +148,111 @@ async def test_status_and_the_sidebar_show_the_same_numbers(call):
     assert card["usd_per_hour"] == 0.0 and card["idle_delete_in"] is None and "idle_delete_in" not in table.columns
 
 
-async def test_delete_ends_the_slice_and_its_host_processes(call):
+def _without_clocks(body: dict) -> dict:
+    """A listing without what moves between two reads of it (its time, ages, samples)."""
+    return {**{k: v for k, v in body.items() if k not in ("time", "deleted", "messages")},
+            "slices": [{**{k: v for k, v in row.items() if k not in ("age_s", "usd_so_far", "hosts")},
+                        "hosts": [h["index"] for h in row["hosts"]]} for row in body["slices"]]}
+
+
+async def test_delete_ends_the_slice_and_answers_with_the_fresh_view(call):
     sl = manager.launch("v4-16")
+    manager.launch("v4-8", name="kept")
     pids = _host_pids(sl)
     assert all(_alive(p) for p in pids)
-    assert await call("DELETE", "slices", "v4-16") == (200, {"deleted": ["v4-16"], "messages": []})
+    status, answer = await call("DELETE", "slices", "v4-16")
+    assert (status, answer["deleted"], answer["messages"]) == (200, ["v4-16"], [])
     assert not any(_alive(p) for p in pids)
-    assert (await call("GET", "slices"))[1]["slices"] == []
+    # the answer is the listing after the delete: the sidebar redraws from it, without another GET
+    assert [row["name"] for row in answer["slices"]] == ["kept"] and answer["orphans"] == []
+    assert _without_clocks(answer) == _without_clocks((await call("GET", "slices"))[1])
+
+
+async def test_the_dataframe_the_json_and_the_serve_listing_read_one_view(call, cell):
+    """One status view: %tpu_status's DataFrame, the server's JSON (what the sidebar draws) and
+    %tpu_serve's listing say the same cost, idle timer, services with their ports, and snapshots
+    of one slice; the JSON read from the registry and hosts' files, the others live."""
+    from tests.test_serve import free_port, http_server
+    from tpunb.snapshot import snapshot
+
+    sl = manager.launch("v4-16", name="one")
+    try:
+        port = free_port()
+        sl.serve("web", http_server(port), hosts=[1], wait_port=port)
+        sl.serve("once", "exit 3", hosts=[0], port=9009)
+        sl.run("n = 7", output=None).raise_for_status()
+        made = snapshot(sl, ["n"])
+        Registry().mark_idle("one", 600, busy=False)  # what a cloud slice's idle clock writes
+        wait_for(lambda: {s.name: s.state for s in sl.services()}.get("once") == "exited", 30, "once to exit")
+
+        def read() -> tuple:
+            table = cell("%tpu_status").result.result
+            listed = cell("%tpu_serve").stdout.splitlines()
+            return table, listed
+
+        started = time.monotonic()
+        table, listed = read()
+        body = (await call("GET", "slices"))[1]
+        between = time.monotonic() - started  # how far apart the DataFrame and the JSON were read
+        [card] = body["slices"]
+        # services: each host's, its state wording, port, whether it holds the slice, what that costs
+        framed = {(r.service, r.host): (r.state, r.port, r.busy, None if r.usd_per_hour != r.usd_per_hour else
+                                        r.usd_per_hour) for r in table.attrs["services"].itertuples()}  # NaN: none
+        served = {(s["service"], s["host"]): (s["state"], s["port"], s["busy"], s["usd_per_hour"])
+                  for s in card["services"]}
+        assert framed == served == {("web", 1): ("ready", port, True, 0.0), ("once", 0): ("exited with code 3", 9009,
+                                                                                            False, None)}
+        assert listed[0].split() == ["service", "host", "port", "state", "restarts", "command"]
+        rows = [(line[:16].strip(), line[17:21], line[22:27], line[29:49].strip()) for line in listed[1:]]  # columns
+        assert {(name, int(host)): (state, int(p)) for name, host, p, state in rows} == {
+            key: value[:2] for key, value in served.items()}
+        # the idle timer: held by the running service everywhere, then counting down everywhere
+        assert card["idle_held"] and card["idle_delete_in"] is None and "idle_delete_in" not in table.columns
+        assert card["usd_per_hour"] == 0.0 and card["usd_so_far"] == 0.0
+        # snapshots: the same rows in the DataFrame and the JSON
+        [snap] = body["snapshots"]
+        assert (snap["uri"], snap["slice"], snap["names"], snap["where"], snap["complete"]) == (
+            made.uri, "one", "n", "local", True)
+        assert snap["shape"] == "v4-16 (2 hosts)" and snap["size_bytes"] > 0  # no JAX ran: no devices counted
+        [framed_snap] = table.attrs["snapshots"].to_dict("records")
+        assert {k: framed_snap[k] for k in ("uri", "slice", "names", "shape", "size_bytes", "where")} == {
+            k: snap[k] for k in ("uri", "slice", "names", "shape", "size_bytes", "where")}
+        assert -0.2 <= snap["age_s"] - framed_snap["age_s"] <= between + 0.2
+
+        sl.stop_service("web")
+        started = time.monotonic()
+        table, listed = read()
+        [card] = (await call("GET", "slices"))[1]["slices"]
+        between = time.monotonic() - started
+        timer = set(table["idle_delete_in"])
+        assert len(timer) == 1 and not card["idle_held"] and 0 < card["idle_delete_in"] < 600
+        assert -0.2 <= timer.pop() - card["idle_delete_in"] <= between + 0.2  # counting down, the same clock
+        assert [line.split()[:4] for line in listed[1:]] == [["once", "0", "9009", "exited"],
+                                                             ["web", "1", str(port), "stopped"]]
+    finally:
+        manager.down("one")
+
+
+async def test_a_bucket_that_cannot_be_read_is_one_line_and_this_machines_snapshots_still_show(call, cell, monkeypatch,
+                                                                                                  isolated_home):
+    """No slice needed: the view lists snapshots on their own. A folder a snapshot left here stays
+    listed in %tpu_status and the JSON while the named bucket cannot be reached; each says why once."""
+    from tests.test_serve import free_port
+
+    folder = isolated_home / "snapshots" / "gone-slice" / "20261128-080000-000"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"names": {"step": {}}, "slice": "gone-slice", "time": time.time(),
+                                                      "accelerator": "v4-8", "hosts": 1, "size": 2048}))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("TPUNB_BUCKET", "snaps")
+    run = cell("%tpu_status")
+    why = "snapshots on Cloud Storage not listed: gs://snaps: Cloud Storage at http://127.0.0.1:"
+    assert run.error is None and run.stderr.count(why) == 1 and len(run.stderr.strip().splitlines()) == 1, run.shown
+    [row] = run.result.result.attrs["snapshots"].to_dict("records")
+    assert (row["uri"], row["names"], row["shape"], row["size_bytes"], row["where"]) == (
+        str(folder), "step", "v4-8 (1 host)", 2048, "local")
+    body = (await call("GET", "slices"))[1]
+    assert body["snapshots_error"].startswith(why) and [s["uri"] for s in body["snapshots"]] == [str(folder)]
 
 
 async def test_delete_ends_a_slice_another_kernel_owns(call, other_kernel):
@@ -163,7 +262,8 @@ async def test_delete_ends_a_slice_another_kernel_owns(call, other_kernel):
     from tpunb.registry import Registry
 
     pids = [h.info.pid for h in Registry().get_slice(name).hosts]
-    assert await call("DELETE", "slices", name) == (200, {"deleted": [name], "messages": []})
+    status, answer = await call("DELETE", "slices", name)
+    assert (status, answer["deleted"], answer["messages"], answer["slices"]) == (200, [name], [], [])
     assert not any(_alive(p) for p in pids)
     assert owner.poll() is None, "the owning kernel itself must keep running"
     assert (await call("GET", "slices"))[1]["slices"] == []
@@ -175,7 +275,8 @@ async def test_a_slice_whose_kernel_died_is_not_reported_running(call, other_ker
     owner.wait()
     [row] = (await call("GET", "slices"))[1]["slices"]
     assert row["state"].startswith("stopped: its kernel ended") and {h["state"] for h in row["hosts"]} == {"gone"}
-    assert await call("DELETE", "slices", name) == (200, {"deleted": [name], "messages": []})
+    status, answer = await call("DELETE", "slices", name)
+    assert (status, answer["deleted"], answer["messages"], answer["slices"]) == (200, [name], [], [])
 
 
 async def test_errors_are_json_with_a_message_to_act_on(call):
@@ -208,7 +309,8 @@ async def test_orphaned_cloud_nodes_are_listed_and_deleted(call, tpu_emulator, m
     assert status == 200 and body["slices"] == []
     assert orphan["name"] == "forgotten" and orphan["orphan"] and orphan["state"] == "READY"
     assert orphan["usd_per_hour"] > 0 and "still billed" in orphan["message"]
-    assert await call("DELETE", "slices", "forgotten") == (200, {"deleted": ["forgotten"], "messages": []})
+    status, answer = await call("DELETE", "slices", "forgotten")
+    assert (status, answer["deleted"], answer["messages"], answer["orphans"]) == (200, ["forgotten"], [], [])
     assert tpu_emulator.state()["nodes"] == []
 
 

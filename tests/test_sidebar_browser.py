@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -194,13 +195,28 @@ def _open_sidebar(page, lab: Lab, path: str = "lab", reset: bool = False) -> Non
     assert page.locator(f"{SIDEBAR} h2").inner_text() == "TPU slices"
 
 
-def _delete_from_sidebar(page, name: str) -> None:
+def _delete_from_sidebar(page, name: str, without_polls: bool = False) -> None:
+    """``without_polls``: the listing's GETs fail from the confirmation on, so the card can only
+    go by the panel redrawing from the DELETE's answer (the fresh view)."""
     card = page.locator(f'{SIDEBAR} [data-slice="{name}"]')
     card.locator(".jp-tpunb-Delete").click()
     dialog = page.locator(".jp-Dialog")
     assert f"Delete {name}?" in dialog.inner_text()
-    dialog.locator("button.jp-mod-warn").click()
-    card.wait_for(state="detached")
+    polls = []
+    if without_polls:  # the panel's GETs carry a cache-busting query; a DELETE's path ends in /NAME
+        page.route(_listing, lambda route: (polls.append(route.request.method), route.abort()))
+    try:
+        dialog.locator("button.jp-mod-warn").click()
+        card.wait_for(state="detached")
+    finally:
+        if without_polls:
+            page.unroute(_listing)
+    assert "DELETE" not in polls
+
+
+def _listing(url: str) -> bool:
+    """The panel's GET /tpunb/api/slices (its query aside)."""
+    return urllib.parse.urlsplit(url).path.endswith("/tpunb/api/slices")
 
 
 def _dead(pid: int) -> bool:
@@ -267,7 +283,7 @@ def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_p
         assert re.fullmatch(r"[0-9.]+ [KMG]iB", value["memory"].inner_text()), value["memory"].inner_text()
         assert value["memory"].get_attribute("title").startswith(f"Mem: {value['memory'].inner_text()} used of ")
     _screenshot(page, tmp_path, "sidebar.png")
-    _delete_from_sidebar(page, "demo")
+    _delete_from_sidebar(page, "demo", without_polls=True)
     assert all(_dead(pid) for pid in pids), "the slice's host processes must end"
     assert page.locator(f"{SIDEBAR} .jp-tpunb-Empty").is_visible()
     with pytest.raises(NoSliceError, match="'demo' was deleted outside this notebook"):
@@ -507,6 +523,10 @@ def test_the_launch_form_checks_slices_and_adds_them_to_the_launch_line(lab_home
 
 def test_the_card_lists_a_service_and_its_forward_link_opens_the_page_through_the_server_proxy(lab_home, page,
                                                                                                 tmp_path):
+    """Also: a snapshot of the slice is listed below the cards (what it holds, the shape it came
+    from, its size, age and folder), from the same JSON."""
+    from tpunb.snapshot import snapshot
+
     site = tmp_path / "site"
     site.mkdir()
     (site / "index.html").write_text("<h1>served from host 1</h1>")
@@ -517,11 +537,24 @@ def test_the_card_lists_a_service_and_its_forward_link_opens_the_page_through_th
                  wait_port=port)
         sl.serve("once", "exit 3", hosts=[0])
         sl.forward(port, host=1, local_port=local_port)
+        sl.run("step, loss = 7, 0.5", output=None).raise_for_status()
+        made = snapshot(sl, ["step", "loss"])
         _open_sidebar(page, lab_home)
         card = page.locator(f'{SIDEBAR} [data-slice="served"]')
         web = card.locator('.jp-tpunb-Service[data-service="web"]')
         web.wait_for()
-        assert web.inner_text().split() == ["web", "host", "1", "ready"]
+        assert web.inner_text().split() == ["web", "host", f"1:{port}", "ready"]  # the port it answers on
+        shot = page.locator(f'{SIDEBAR} .jp-tpunb-Snapshot[data-uri="{made.uri}"]')
+        shot.wait_for()
+        [listed] = lab_home.api("/tpunb/api/slices")["snapshots"]
+        size = shot.locator(".jp-tpunb-SnapshotSize").inner_text()
+        assert (shot.locator(".jp-tpunb-SnapshotNames").inner_text(), shot.locator(".jp-tpunb-SnapshotShape").inner_text(),
+                shot.get_attribute("data-where")) == ("loss, step", "v4-16 (2 hosts)", "local")
+        assert re.fullmatch(r"[0-9.]+ (bytes|KiB)", size) and listed["size_bytes"] > 0, size
+        assert re.fullmatch(r"\d+s ago", shot.locator(".jp-tpunb-SnapshotAge").inner_text())
+        place = made.uri.split("/")
+        assert shot.locator(".jp-tpunb-SnapshotWhere").inner_text() == f"…/{place[-2]}/{place[-1]}"
+        assert shot.get_attribute("title") == f"{made.uri} (from served)"
         once = card.locator('.jp-tpunb-Service[data-service="once"]')
         once.wait_for()
         assert once.locator(".jp-tpunb-ServiceState").inner_text() == "exited with code 3"
@@ -538,3 +571,4 @@ def test_the_card_lists_a_service_and_its_forward_link_opens_the_page_through_th
         assert served.locator("h1").inner_text() == "served from host 1"
     finally:
         manager.down("served")
+        shutil.rmtree(lab_home.home / "snapshots", ignore_errors=True)  # the module's lab lists no snapshot after

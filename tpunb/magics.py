@@ -11,7 +11,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from tpunb import provision, report, manager
 from tpunb.display import MODES, render_values
 from tpunb.errors import CellInterrupted, UsageError
-from tpunb.snapshot import preempt, store as snapshot_store
+from tpunb.serve import seen
+from tpunb.snapshot import preempt
 
 
 def parse_line(magic, line: str):
@@ -259,7 +260,7 @@ class TpuMagics(Magics):
     def tpu_status(self, line: str):
         """Slices and their hosts as a DataFrame (--versions: each host's package versions)."""
         args = parse_line(self.tpu_status, line)
-        return manager.versions() if args.versions else snapshot_store.add_to_status(manager.status())
+        return manager.versions() if args.versions else manager.status()
 
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send")
@@ -372,7 +373,8 @@ class TpuMagics(Magics):
                 raise UsageError("give the service to stop: %tpu_serve --stop NAME")
             sl.stop_service(args.name)
         elif args.name is None and not dashes:
-            report.info(_services_table(sl.services()) or f"no services on {sl.name!r}: start one with {usage}")
+            listed = seen.listing(manager.services(sl.name))  # the status view's rows, with their ports
+            report.info(listed or f"no services on {sl.name!r}: start one with {usage}")
         elif not args.name or not command.strip():
             raise UsageError(f"give a NAME and, after --, the command. Usage: {usage}")
         else:
@@ -456,11 +458,3 @@ def _labelled(texts: dict[int, str], name, label: bool) -> str:
     if not label:
         return "".join(texts.values())
     return "".join(f"[{name(h)}] {line}\n" for h, text in sorted(texts.items()) for line in text.splitlines())
-
-
-def _services_table(rows: list) -> str:
-    lines = [f"{'service':<16} {'host':>4}  {'state':<10} {'exit':>4} {'restarts':>8}  command"] if rows else []
-    for s in rows:
-        code = "" if s.exit_code is None else str(s.exit_code)
-        lines.append(f"{s.name:<16} {s.host:>4}  {s.state:<10} {code:>4} {s.restarts:>8}  {s.command[:60]}")
-    return "\n".join(lines)

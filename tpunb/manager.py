@@ -24,7 +24,7 @@ from tpunb.provision import LaunchRequest, Made, interrupts, warm
 from tpunb.registry import Registry
 from tpunb.results import RunResult
 from tpunb.slice import Slice
-from tpunb.status import HostRow, versions_frame
+from tpunb.status import HostRow, ServiceRow, versions_frame
 from tpunb.status.view import StatusView
 
 if TYPE_CHECKING:
@@ -494,11 +494,22 @@ class SliceManager:
 
     def host_rows(self) -> list[HostRow]:
         """%tpu_status's rows: every known slice's hosts, and tpunb nodes the registry does not know."""
-        return StatusView.build(registry(), self.attached, self.current_name, ask_services=False).host_rows()
+        return StatusView.build(registry(), self.attached, self.current_name, ask_services=False,
+                                snapshots=False).host_rows()
 
     def status(self) -> pandas.DataFrame:
-        """%tpu_status as a pandas DataFrame: one row per host; services and forwards in ``.attrs``."""
-        return self.view().frame()
+        """%tpu_status as a pandas DataFrame: one row per host; services, forwards and snapshots in
+        ``.attrs``. A bucket that cannot be read is one warning, never a failed status."""
+        view = self.view()
+        if view.snapshots_error:
+            report.warn(f"[tpunb] {view.snapshots_error}")
+        return view.frame()
+
+    def services(self, name: str | None = None) -> list[ServiceRow]:
+        """The services of slice ``name`` (default: the current one), asked of its hosts, as the
+        status view shows them (with the port each answers on): what %tpu_serve lists."""
+        sl = self.current(name)
+        return StatusView.of_slice(registry(), sl, sl.name == self.current_name).services
 
     def versions(self) -> pandas.DataFrame:
         """%tpu_status --versions as a pandas DataFrame: Python, jax, jaxlib, libtpu and flax of every
@@ -524,6 +535,7 @@ down = MANAGER.down
 detach_all = MANAGER.detach_all
 host_rows = MANAGER.host_rows
 status = MANAGER.status
+services = MANAGER.services
 versions = MANAGER.versions
 last_result = MANAGER.last_result
 secret = MANAGER.secret

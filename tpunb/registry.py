@@ -137,6 +137,16 @@ class SliceRecord:
         return f"{self.num_slices} x {self.accelerator}" if self.num_slices > 1 else self.accelerator
 
 
+@dataclass(frozen=True)
+class IdleMark:
+    """A slice's last idle mark, as its owning kernel wrote it: the limit, whether a request was
+    running, and when (the file's mtime)."""
+
+    seconds: float
+    busy: bool
+    since: float
+
+
 class Registry:
     """sqlite-backed store; each call opens its own short transaction so kernels can share it."""
 
@@ -232,21 +242,16 @@ class Registry:
         path.parent.mkdir(mode=0o700, exist_ok=True)
         path.write_text(json.dumps({"seconds": seconds, "busy": busy}))
 
-    def idle_delete_in(self, name: str, owner_alive: bool) -> float | None:
-        """Seconds until the slice's watchdog deletes its node if nothing runs; None without idle
-        autodelete. A busy slice whose owning kernel died counts from when its request began."""
+    def idle_mark(self, name: str) -> IdleMark | None:
+        """The slice's last idle mark (None: no idle autodelete, or never marked); the countdown
+        from it is the status view's idle rule (``tpunb.status.view.idle_delete_in``)."""
         path = self._idle_path(name)
         try:
             mark = json.loads(path.read_text())
             since = path.stat().st_mtime
         except (OSError, ValueError):
             return None
-        seconds = float(mark.get("seconds") or 0)
-        if not seconds:
-            return None
-        if mark.get("busy") and owner_alive:
-            return seconds
-        return round(max(0.0, seconds - (time.time() - since)), 1)
+        return IdleMark(float(mark.get("seconds") or 0), bool(mark.get("busy")), since)
 
     # Cloud nodes a failed launch could not delete: listed by %tpu_status and the sidebar until gone.
     def save_orphan(self, project: str, zone: str, name: str, reason: str) -> None:

@@ -194,10 +194,6 @@ class Slice:
         host 0's agent, busy since it armed the watchdog, is not any more."""
         self.idle.mark(False, tell_host=True)
 
-    def idle_delete_in(self) -> float | None:
-        """Seconds until the watchdog deletes the node if nothing runs (None: no idle autodelete)."""
-        return self.idle.delete_in()
-
     def _deleted_elsewhere(self) -> None:
         self._gone = True
 

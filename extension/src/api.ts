@@ -24,6 +24,8 @@ export interface IService {
   restarts: number;
   exit_code: number | null;
   command: string;
+  /** Where it answers (--port, --wait-port or --wait-http), or null. */
+  port: number | null;
   /** It runs: it keeps the slice busy (no idle delete) and billing. */
   busy: boolean;
   usd_per_hour: number | null;
@@ -67,9 +69,36 @@ export interface ISlice {
   message?: string;
 }
 
+/** A snapshot this machine knows (tpunb.status.SnapshotRow): it outlives the slice it came from. */
+export interface ISnapshot {
+  /** The slice it was taken from. */
+  slice: string | null;
+  /** The variables it holds: 'params, step'. */
+  names: string;
+  /** The slice it came from: 'v4-16 (2 hosts, 8 devices)'. */
+  shape: string;
+  size_bytes: number | null;
+  age_s: number | null;
+  /** 'local' (a folder on the notebook's machine) or 'gs' (Cloud Storage: it costs money while it exists). */
+  where: string;
+  complete: boolean;
+  /** The folder, or gs://BUCKET/PATH. */
+  uri: string;
+}
+
+/** GET /tpunb/api/slices: the status view as JSON (tpunb.status.view.StatusView.to_json). */
 export interface ISlices {
   slices: ISlice[];
   orphans: ISlice[];
+  snapshots?: ISnapshot[];
+  /** Why snapshots on Cloud Storage are missing (a bucket that cannot be read), one line. */
+  snapshots_error?: string | null;
+}
+
+/** DELETE /tpunb/api/slices/NAME: the fresh view after the delete, and what was deleted. */
+export interface IDeleted extends ISlices {
+  deleted: string[];
+  messages: string[];
 }
 
 /** GET /tpunb/api/slices/NAME/stacks?hosts=H: where the hosts are (tpunb.server.model.stacks). */

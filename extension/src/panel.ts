@@ -5,7 +5,7 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { ICatalog, IForward, IHost, ISlice, ISlices, IStacks, requestAPI } from './api';
+import { ICatalog, IDeleted, IForward, IHost, ISlice, ISlices, ISnapshot, IStacks, requestAPI } from './api';
 import { tpuIcon } from './icon';
 import { fillDatalist, launchCommand, launchInNotebook, parseAccelerator, parseSlices } from './launch';
 
@@ -124,7 +124,7 @@ function servingList(slice: ISlice): HTMLElement {
     row.title = service.command;
     row.append(
       el('span', 'jp-tpunb-ServiceName', service.service),
-      el('span', 'jp-tpunb-ServiceHost', `host ${service.host}`),
+      el('span', 'jp-tpunb-ServiceHost', `host ${service.host}${service.port ? `:${service.port}` : ''}`),
       el('span', 'jp-tpunb-ServiceState', service.state)
     );
     list.append(row);
@@ -143,7 +143,45 @@ function servingList(slice: ISlice): HTMLElement {
   return box;
 }
 
-/** The left-sidebar panel: a card per slice, orphans in red, and a launch form. */
+/** Where a snapshot is stored, shortly: its folder's last parts, or its gs:// URI (the whole in the title). */
+export function snapshotPlace(snapshot: ISnapshot): string {
+  if (snapshot.where === 'gs') {
+    return snapshot.uri;
+  }
+  const parts = snapshot.uri.split('/').filter(part => part);
+  return parts.length > 2 ? `…/${parts.slice(-2).join('/')}` : snapshot.uri;
+}
+
+/** The snapshots this machine knows, newest first: what they hold, the slice shape they came from,
+ * their size, age and where they are stored (a local folder, or Cloud Storage, which bills). */
+function snapshotList(snapshots: ISnapshot[], problem: string | null | undefined): HTMLElement {
+  const box = el('section', 'jp-tpunb-Snapshots');
+  box.append(el('h3', '', 'Snapshots'));
+  if (problem) {
+    box.append(el('div', 'jp-tpunb-Error', problem));
+  }
+  const list = el('ul', 'jp-tpunb-SnapshotList');
+  for (const snapshot of [...snapshots].reverse()) {
+    const row = el('li', 'jp-tpunb-Snapshot');
+    row.dataset.uri = snapshot.uri;
+    row.dataset.where = snapshot.where;
+    row.title = `${snapshot.uri}${snapshot.slice ? ` (from ${snapshot.slice})` : ''}`;
+    const size = snapshot.size_bytes === null ? '' : formatBytes(snapshot.size_bytes);
+    const age = snapshot.age_s === null ? '' : `${formatDuration(snapshot.age_s)} ago`;
+    row.append(
+      el('span', 'jp-tpunb-SnapshotNames', snapshot.names || (snapshot.complete ? '?' : 'incomplete')),
+      el('span', 'jp-tpunb-SnapshotShape', snapshot.shape),
+      el('span', 'jp-tpunb-SnapshotSize', size),
+      el('span', 'jp-tpunb-SnapshotAge', age),
+      el('span', 'jp-tpunb-SnapshotWhere', snapshotPlace(snapshot))
+    );
+    list.append(row);
+  }
+  box.append(list);
+  return box;
+}
+
+/** The left-sidebar panel: a card per slice, orphans in red, the snapshots, and a launch form. */
 export class SlicesPanel extends Widget {
   constructor(
     private tracker: INotebookTracker,
@@ -159,7 +197,7 @@ export class SlicesPanel extends Widget {
     header.append(el('h2', '', 'TPU slices'), this.statusLine);
     this.cards.className = 'jp-tpunb-Cards';
     this.errorLine.className = 'jp-tpunb-Error';
-    this.node.append(header, this.errorLine, this.cards, this.buildLaunchForm());
+    this.node.append(header, this.errorLine, this.cards, this.snapshots, this.buildLaunchForm());
 
     this.poll = new Poll({
       factory: () => this.refresh(),
@@ -190,6 +228,10 @@ export class SlicesPanel extends Widget {
 
   private render(data: ISlices): void {
     const all = [...data.slices, ...data.orphans];
+    const snapshots = data.snapshots ?? [];
+    this.snapshots.replaceChildren(
+      ...(snapshots.length || data.snapshots_error ? [snapshotList(snapshots, data.snapshots_error)] : [])
+    );
     if (!all.length) {
       this.cards.replaceChildren(
         el('p', 'jp-tpunb-Empty', 'No slices. Launch one below, or run %tpu_launch v4-16 in a notebook.')
@@ -322,11 +364,13 @@ export class SlicesPanel extends Widget {
       return;
     }
     try {
-      await requestAPI(`slices/${encodeURIComponent(slice.name)}`, { method: 'DELETE' });
+      // the answer is the view after the delete: draw it, no second request
+      this.render(await requestAPI<IDeleted>(`slices/${encodeURIComponent(slice.name)}`, { method: 'DELETE' }));
+      this.statusLine.textContent = `updated ${new Date().toLocaleTimeString()}`;
     } catch (error) {
       await showErrorMessage(`Cannot delete ${slice.name}`, (error as Error).message);
+      await this.poll.refresh();
     }
-    await this.poll.refresh();
   }
 
   private buildLaunchForm(): HTMLElement {
@@ -402,6 +446,7 @@ export class SlicesPanel extends Widget {
 
   private readonly poll: Poll;
   private readonly cards = el('div');
+  private readonly snapshots = el('div', 'jp-tpunb-SnapshotsBox');
   private readonly errorLine = el('div');
   private readonly statusLine = el('span', 'jp-tpunb-Updated');
   private readonly acceleratorList = el('datalist');

@@ -1,5 +1,5 @@
-"""Services and forwards as %tpu_status and the sidebar show them, also in processes that do not
-hold the slice (the Jupyter server, another kernel).
+"""What is known of a slice's services and forwards, also in processes that do not hold the slice
+(the Jupyter server, another kernel): the status view (``tpunb.status.view``) makes their rows.
 
 Forwards live in the kernel that made them: it records them in a file per slice and kernel
 (``$TPUNB_HOME/forwards/<slice>/<pid>.json``), which readers skip once that kernel is gone.
@@ -9,18 +9,14 @@ hosts with a service folder), a remote slice's services are what a kernel last l
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
 from pathlib import Path
 
 from tpunb.registry import tpunb_home
-from tpunb.status import ForwardRow, ServiceRow
+from tpunb.status import ServiceRow
 from tpunb.transport.procs import alive
-
-#: states in which a service keeps its slice busy (and billing): the idle timer does not run
-BUSY = ("starting", "running", "restarting")
 
 
 @dataclasses.dataclass
@@ -64,25 +60,14 @@ def describe(service: ServiceState) -> str:
     return service.state
 
 
-def service_rows(slice_name: str, states: list[ServiceState], usd_per_hour: float | None) -> list[ServiceRow]:
-    """The status rows of a slice's services; a running one carries the slice's $/h: it keeps it billing."""
-    return [ServiceRow(slice=slice_name, service=s.name, host=s.host, state=describe(s), restarts=s.restarts,
-                       exit_code=s.exit_code, pid=s.pid, command=s.command, busy=s.state in BUSY,
-                       usd_per_hour=usd_per_hour if s.state in BUSY else None) for s in states]
-
-
-def kept_busy(services: list[ServiceRow]) -> set[str]:
-    """Slices with a service running on any host: their idle watchdog keeps them (host 0's own
-    services through its host dir, the others' through their guest attributes)."""
-    return {s.slice for s in services if s.busy}
-
-
-def forward_rows(slice_name: str) -> list[ForwardRow]:
-    """The status rows of the slice's forwards; with jupyter-server-proxy installed, each also
-    names its path under the Jupyter server's base URL (a link that works from another machine)."""
-    proxied = importlib.util.find_spec("jupyter_server_proxy") is not None
-    return [ForwardRow(slice=slice_name, **f, proxy=f"proxy/{f['local_port']}/" if proxied else None)
-            for f in forwards(slice_name)]
+def listing(rows: list[ServiceRow]) -> str:
+    """%tpu_serve's listing of a slice's services (rows from the status view): one line per service
+    and host, with the port it answers on; '' when there are none."""
+    lines = [f"{'service':<16} {'host':>4} {'port':>5}  {'state':<20} {'restarts':>8}  command"] if rows else []
+    for s in rows:
+        port = "" if s.port is None else str(s.port)
+        lines.append(f"{s.service:<16} {s.host:>4} {port:>5}  {s.state:<20} {s.restarts:>8}  {s.command[:60]}")
+    return "\n".join(lines)
 
 
 # -- forwards ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ what the Cloud TPU API says. Four functions, plain JSON-ready dicts out:
 
 - ``list_slices()``: every slice (with hosts, state, cost) and orphaned cloud nodes, from the
   one status model %tpu_status renders too
-- ``delete_slice(name)``: end a slice, whoever launched it
+- ``delete_slice(name)``: end a slice, whoever launched it; answers with the fresh listing
 - ``stacks(name, hosts)``: where its hosts are (every thread's stack), read from here
 - ``catalog()``: what the launch form offers
 """
@@ -33,18 +33,20 @@ def list_slices() -> dict[str, Any]:
 
 def delete_slice(name: str) -> dict[str, Any]:
     """End the slice: a cloud node is deleted (and waited for), a local slice's host processes end,
-    and the registry forgets it. An orphan node (in the configured project) is deleted too."""
+    and the registry forgets it. An orphan node (in the configured project) is deleted too. The
+    answer is the fresh view (``list_slices()`` after the delete), so the sidebar redraws from it,
+    with what was deleted and what %tpu_down would have printed."""
     reg = Registry()
     record = reg.get_slice(name)
     if record is not None and owner_alive(record):  # another live kernel holds it: its backend ends it from here
         provision.backend(record.backend).delete(record, force=True)
         reg.delete_slice(name)
-        return {"deleted": [name], "messages": []}
+        return {**list_slices(), "deleted": [name], "messages": []}
     with report.captured() as messages:  # what %tpu_down would print goes back to the panel
         deleted = manager.down(name)
     if not deleted:
         raise NoSliceError(f"no slice named {name!r}: it may already be deleted (refresh the list)")
-    return {"deleted": deleted, "messages": [m.text for m in messages]}
+    return {**list_slices(), "deleted": deleted, "messages": [m.text for m in messages]}
 
 
 # -- stacks ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpunb.errors import TpunbError, UsageError
+from tpunb.errors import UsageError
 from tpunb.host import gcs
 from tpunb.host.snapshot import MANIFEST
 from tpunb.provision.cache import cached
@@ -226,39 +226,8 @@ def latest(slice_name: str | None = None) -> Snapshot | None:
     return complete[-1] if complete else None
 
 
-def cloud_rows() -> Any:
-    """%tpu_status's snapshots on Cloud Storage (they cost money while they exist): one row each
-    with its size, or None when no bucket is named and none was written with --to gs://."""
-    import pandas as pd
-
-    if not bucket() and not any(uri.startswith("gs://") for uri in _index()):
-        return None
-    rows = [s for s in snapshots() if s.uri.startswith("gs://")]
-    return pd.DataFrame([{"uri": s.uri, "size_bytes": s.size, "names": ", ".join(s.names), "from": s.shape if s.complete else "",
-                          "state": "complete" if s.complete else "incomplete",
-                          "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.time)) if s.time else ""}
-                         for s in rows], columns=["uri", "size_bytes", "names", "from", "state", "time"])
-
-
-def add_to_status(frame: Any) -> Any:
-    """%tpu_status's frame with the snapshots on Cloud Storage below it (``.attrs["snapshots"]``);
-    a bucket that cannot be read is one warning, never a failed status."""
-    from tpunb import report
-
-    try:
-        rows = cloud_rows()
-    except (TpunbError, gcs.GcsError, OSError, ValueError) as exc:
-        report.warn(f"[tpunb] snapshots on Cloud Storage not listed: {exc}")
-        return frame
-    if rows is not None and len(rows):
-        frame.attrs["snapshots"] = rows
-    return frame
-
-
 def table(rows: list[Snapshot]) -> Any:
     """%tpu_snapshot --list as a DataFrame: time, size, names, source slice shape, where."""
-    import pandas as pd
-
     from tpunb.units import format_bytes
 
     records = [{"time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.time)) if s.time else "",

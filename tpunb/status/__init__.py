@@ -1,5 +1,6 @@
 """Status records as dataclasses: rows per host of every slice (and per orphaned cloud node),
-services and forwards, a backend's word on a recorded slice; and the DataFrame %tpu_status shows.
+services, forwards and snapshots, a backend's word on a recorded slice; and the DataFrame
+%tpu_status shows.
 
 Nothing here fetches anything: ``status.view`` builds the one status model per slice from the
 slices, the registry and the backends, and renders it as these rows or as the sidebar's JSON.
@@ -93,6 +94,7 @@ class ServiceRow:
     command: str
     busy: bool  # it runs: it keeps the slice busy (no idle delete) and billing
     usd_per_hour: float | None = None  # what the slice it keeps busy costs
+    port: int | None = None  # where it answers (--port, --wait-port or --wait-http)
 
 
 @dataclass
@@ -107,6 +109,21 @@ class ForwardRow:
     proxy: str | None = None  # the path under the Jupyter server's base URL (jupyter-server-proxy), or None
 
 
+@dataclass
+class SnapshotRow:
+    """One snapshot this machine knows (it outlives its slice): %tpu_status's snapshots table and
+    the sidebar's snapshot list show these."""
+
+    slice: str | None  # the slice it was taken from
+    names: str  # the variables it holds: 'params, step'
+    shape: str  # the slice it came from: 'v4-16 (2 hosts, 8 devices)'
+    size_bytes: int | None
+    age_s: float | None
+    where: str  # 'local' (a folder) or 'gs' (Cloud Storage: it costs money while it exists)
+    complete: bool
+    uri: str  # the folder, or gs://BUCKET/PATH
+
+
 #: latest metrics: dropped from the DataFrame when no host has reported any
 METRIC_COLUMNS = ("cpu_percent", "rss_bytes", "memory_used_bytes", "hbm_used_bytes")
 COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_delete_in", "idle_delete_failing",
@@ -115,7 +132,7 @@ COLUMNS = ["slice", "current", "accelerator", "backend", *CLOUD_COLUMNS, "idle_d
 
 #: columns %tpu_status shows in human units (the returned DataFrame keeps the numbers)
 BYTE_COLUMNS = ("rss_bytes", "memory_used_bytes", "hbm_used_bytes", "size_bytes")
-SECOND_COLUMNS = ("uptime_s", "idle_delete_in")
+SECOND_COLUMNS = ("uptime_s", "idle_delete_in", "age_s")
 
 
 def readable(table: "pandas.DataFrame") -> "pandas.DataFrame":
@@ -162,16 +179,16 @@ def _status_frame_class():
         def _extra(self) -> list:
             """The services, forwards and snapshots tables (``.attrs``), when there are any."""
             return [(title, readable(self.attrs[key])) for key, title in (
-                ("services", "services"), ("forwards", "forwards"), ("snapshots", "snapshots on Cloud Storage"))
+                ("services", "services"), ("forwards", "forwards"), ("snapshots", "snapshots"))
                 if key in self.attrs and len(self.attrs[key])]
 
     return StatusFrame
 
 
-def frame(rows: Iterable[HostRow], services: Iterable[ServiceRow] = (), forwards: Iterable[ForwardRow] = ()
-          ) -> "pandas.DataFrame":
+def frame(rows: Iterable[HostRow], services: Iterable[ServiceRow] = (), forwards: Iterable[ForwardRow] = (),
+          snapshots: Iterable[SnapshotRow] = ()) -> "pandas.DataFrame":
     """The rows as %tpu_status shows them: the current slice starred, cloud columns only if needed;
-    the services and forwards, when any, as tables of their own in ``.attrs`` (shown below it)."""
+    the services, forwards and snapshots, when any, as tables of their own in ``.attrs`` (shown below it)."""
     import pandas as pd
 
     records = []
@@ -184,13 +201,13 @@ def frame(rows: Iterable[HostRow], services: Iterable[ServiceRow] = (), forwards
         table = table.drop(columns=list(CLOUD_COLUMNS))
     table["slice_index"] = table["slice_index"].astype("Int64")  # 0, 1 (not 0.0) beside single slices' blanks
     failing = table["idle_delete_failing"].notna()
-    table.loc[failing, "idle_delete_in"] = None  # no countdown to a delete that cannot happen
     empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "idle_delete_failing", "slice_index")
              if table[c].isna().all()]
     if failing.any() and "idle_delete_in" in empty:
         empty.remove("idle_delete_in")  # readable() shows the failure in this column
     shown = _status_frame_class()(table.drop(columns=empty))
-    for key, made, cls in (("services", list(services), ServiceRow), ("forwards", list(forwards), ForwardRow)):
+    for key, made, cls in (("services", list(services), ServiceRow), ("forwards", list(forwards), ForwardRow),
+                           ("snapshots", list(snapshots), SnapshotRow)):
         if made:
             extra = pd.DataFrame([dataclasses.asdict(r) for r in made], columns=[f.name for f in dataclasses.fields(cls)])
             shown.attrs[key] = extra.dropna(axis="columns", how="all")

@@ -1,6 +1,6 @@
 """A slice's side of the idle watchdog on host 0 (cloud slices with ``--idle-delete``): a request
-that starts or ends is activity. The kernel mirrors it in the registry, for the countdown in
-%tpu_status and the sidebar, and tells host 0's agent, which touches the watchdog's activity file
+that starts or ends is activity. The kernel mirrors it in the registry (the status view counts down from
+it for %tpu_status and the sidebar), and tells host 0's agent, which touches the watchdog's activity file
 (tpunb/host/standalone/idle.py). Made from narrow inputs: the registry, the slice's name, the
 idle limit and a way to reach host 0."""
 from __future__ import annotations
@@ -43,7 +43,3 @@ class IdleClock:
             yield
         finally:
             self.mark(False, tell_host=True)
-
-    def delete_in(self) -> float | None:
-        """Seconds until the watchdog deletes the node if nothing runs (None: no idle autodelete)."""
-        return self._registry.idle_delete_in(self._name, owner_alive=True) if self._seconds else None
