@@ -234,16 +234,12 @@ class SliceManager:
                              f"the data-centre network from v4 on): launch one {accel.name}, or a v4, v5e, v5p or v6e "
                              "type")
         backend = backend or provision.default_backend(options.get("project"))
-        hub_token = os.environ.get(HF_TOKEN, "")  # a launched slice gets the Hub token without asking
         if backend not in BACKENDS:
             raise UsageError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)} "
                              "(hosts you bring: %tpu_connect HOST,HOST)")
         maker = provision.backend(backend)
         opts = maker.options(**options)
-        values = parse_env(env)
-        if len(hub_token) >= MIN_LENGTH and HF_TOKEN not in values:
-            self.masker.add(hub_token)
-            values[HF_TOKEN] = hub_token
+        values = self._with_hub_token(parse_env(env))
         reg = registry()
         base = maker.default_name(accel) + (f"-x{count}" if count > 1 else "")
         name = self._claim_name(name, base, reg)
@@ -336,6 +332,16 @@ class SliceManager:
         sl.background.on_start = self._ran
         return sl
 
+    def _with_hub_token(self, values: dict[str, str]) -> dict[str, str]:
+        """A launched slice's environment gets the Hub's token from the kernel's without asking (as
+        a secret: masked), at its launch and whenever a kernel attaches it again; hosts brought with
+        %tpu_connect get it only when %tpu_secret names it."""
+        hub_token = os.environ.get(HF_TOKEN, "")
+        if len(hub_token) >= MIN_LENGTH and HF_TOKEN not in values:
+            self.masker.add(hub_token)
+            values[HF_TOKEN] = hub_token
+        return values
+
     def secret(self, *names: str) -> list[str]:
         """Put secrets in every slice's hosts' environment (now, and whenever hosts start again):
         each from this kernel's environment, else Colab's secrets, else a prompt that echoes
@@ -388,6 +394,8 @@ class SliceManager:
             hint = f"known slices: {', '.join(known)}" if known else "launch one with %tpu_launch v4-16"
             raise NoSliceError(f"no slice named {name!r}: {hint}")
         values = self.env.get(name, {})
+        if record.backend in BACKENDS:  # a new kernel: the token as the launch gave it
+            values = self._with_hub_token(values)
         backend = provision.backend(record.backend)
         sl = self.start(backend.attach(record, reg, values), reg, values, quiet=True)
         report.warn(f"[tpunb] started {len(record.hosts)} new host session{'s' if len(record.hosts) > 1 else ''} for "
