@@ -101,6 +101,24 @@ def _name_own_tpu(sl: Slice) -> catalog.Accelerator:
     return named
 
 
+def _compile_cache(place: str | None) -> str | None:
+    """``--compile-cache``: a Cloud Storage place, gs://BUCKET/PATH, or a one-line UsageError."""
+    if place is None:
+        return None
+    if not re.fullmatch(r"gs://[a-z0-9][-_.a-z0-9]{1,220}[a-z0-9](/\S*)?", str(place)):
+        raise UsageError(f"--compile-cache {place}: give a Cloud Storage place, gs://BUCKET/PATH (each host "
+                         "already keeps a cache on its own disk; only one in Cloud Storage outlives the slice)")
+    return str(place).rstrip("/")
+
+
+def _with_cache(made: Made, cache: str | None) -> Made:
+    """The launch's shared compile cache, in its record's spec: every start of its hosts (the
+    launch, restarts, %tpu_use from another kernel, --recover) points JAX there."""
+    if cache:
+        made.record.spec["compile_cache"] = cache
+    return made
+
+
 class SliceManager:
     """This kernel's slices. One per process (``MANAGER``); tests may make their own."""
 
@@ -202,7 +220,8 @@ class SliceManager:
             return self.start(maker.create(request), reg, values, since)
 
     def launch(self, accelerator: str | None = None, name: str | None = None, backend: str | None = None, env: Any = None,
-               recover: str | None = None, slices: int | None = None, **options: Any) -> Slice:
+               recover: str | None = None, slices: int | None = None, compile_cache: str | None = None,
+               **options: Any) -> Slice:
         """Create a slice and connect to every host; it becomes the current slice.
 
         ``backend`` is local (simulated on this machine) or gcp (Cloud TPU; options are the fields of
@@ -210,24 +229,27 @@ class SliceManager:
         ``slices=N`` makes a multislice: N slices of ``accelerator`` in one JAX job, one slice in
         tpunb (status, cost, down), its hosts numbered slice by slice.
         ``recover=NAME`` relaunches a preempted cloud slice with its recorded spec.
+        ``compile_cache="gs://BUCKET/PATH"``: JAX's compilation cache in Cloud Storage, shared with
+        every slice given the same place (by default each host keeps its own, on its disk).
         """
+        cache = _compile_cache(compile_cache)
         with interrupts.latched():  # a Ctrl-C that Python drops (in a gc callback) still stops the launch
-            return self._launch(accelerator, name, env, backend, slices, recover, options)
+            return self._launch(accelerator, name, env, backend, slices, recover, options, cache)
 
     def _launch(self, accelerator: str | None, name: str | None, env: Any, backend: str | None, slices: Any,
-                recover: str | None, options: dict) -> Slice:
+                recover: str | None, options: dict, cache: str | None = None) -> Slice:
         count = _slice_count(slices)
         if recover:
             if slices is not None:
                 raise UsageError("--recover relaunches the recorded number of slices: give no --slices with it")
-            return self._recover(recover, env)
+            return self._recover(recover, env, cache)
         if not accelerator:
             raise UsageError("name an accelerator, e.g. v4-16, or --recover NAME")
         if accelerator == colab.OWN_TPU:  # this machine's own TPU chips, e.g. a Colab TPU runtime
             if count > 1:
                 raise UsageError(f"%tpu_launch {colab.OWN_TPU} is this machine's own TPU, one slice: give no --slices "
                                  "(a simulated multislice: %tpu_launch v4-16 --slices 2 --backend local)")
-            return self._launch_own_tpu(name, env, backend, options)
+            return self._launch_own_tpu(name, env, backend, options, cache)
         accel = catalog.lookup(accelerator)
         if count > 1 and accel.generation in NO_MULTISLICE:
             raise UsageError(f"--slices {count}: {accel.generation} has no multislice (Cloud TPU joins slices over "
@@ -246,9 +268,11 @@ class SliceManager:
         with _interrupt_says_one_line(name, reg):
             warm.ready("ipywidgets", "tpunb.widgets.launch")  # imported on a side thread, where Ctrl-C cannot cut it
             since = time.perf_counter()
-            return self.start(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), reg, values, since)
+            made = _with_cache(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), cache)
+            return self.start(made, reg, values, since)
 
-    def _launch_own_tpu(self, name: str | None, env: Any, backend: str | None, options: dict) -> Slice:
+    def _launch_own_tpu(self, name: str | None, env: Any, backend: str | None, options: dict,
+                        cache: str | None) -> Slice:
         """``%tpu_launch local``: a one-host slice whose host process runs on this machine's own TPU."""
         if backend not in (None, provision.THIS_MACHINE) or options:
             raise UsageError(f"%tpu_launch {colab.OWN_TPU} runs on this machine's own TPU and takes only --name and "
@@ -260,7 +284,7 @@ class SliceManager:
         name = self._claim_name(name, colab.OWN_TPU, reg)
         maker = provision.backend(provision.THIS_MACHINE)
         request = LaunchRequest(name, accel, reg, values, maker.options(own_tpu=True))
-        sl = self.start(maker.create(request), reg, values)
+        sl = self.start(_with_cache(maker.create(request), cache), reg, values)
         if accel is None:  # JAX on the chips says what they are (it starts there now, as a first cell would)
             try:
                 named = _name_own_tpu(sl)
@@ -271,7 +295,7 @@ class SliceManager:
                         "from jax.devices() on it)")
         return sl
 
-    def _recover(self, name: str, env: Any) -> Slice:
+    def _recover(self, name: str, env: Any, cache: str | None) -> Slice:
         """Relaunch a lost (preempted, terminated) slice with the spec it was launched with, where
         its backend can."""
         values = parse_env(env) or self.env.get(name, {})
@@ -286,9 +310,10 @@ class SliceManager:
         if held is not None:
             self.detach(name)
             held.close()
+        cache = cache or record.spec.get("compile_cache")  # a shared cache outlives the lost node
         accel, opts, env_keys, count = maker.recover(record, reg)
         request = LaunchRequest(self._claim_name(name, name, reg), accel, reg, values, opts, count)
-        recovered = self.start(maker.create(request), reg, values)
+        recovered = self.start(_with_cache(maker.create(request), cache), reg, values)
         _unset_env_note(name, env_keys, values, "pass them again with --env when recovering")
         return recovered
 

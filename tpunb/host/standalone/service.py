@@ -32,6 +32,8 @@ from collections.abc import Callable
 STOP_GRACE = 3.0
 #: states in which a supervisor is still at work
 ACTIVE = ("starting", "running", "restarting")
+#: the compile cache's variables (as tpunb/host/jax_start.py's, which this standalone program cannot import)
+CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "VLLM_XLA_CACHE_PATH")
 #: this worker's guest attribute that says when its services last ran (read by tpunb/host/standalone/idle.py)
 SERVING_ATTRIBUTE = "tpunb/serving"
 
@@ -283,6 +285,9 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     env = {**os.environ, **request.get("env", {})}
+    for key in CACHE_VARIABLES:  # the compile cache: the kernel says ~ for this host's home
+        if env.get(key, "").startswith("~"):
+            env[key] = os.path.expanduser(env[key])
     masked = MaskedLog(log, [env[k] for k in request.get("secret_keys", []) if k in env])
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
