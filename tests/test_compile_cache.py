@@ -1,10 +1,12 @@
 """JAX's persistent compilation cache on every host: on by default (small, quick programs too),
-found again by %tpu_restart, named to services for JAX and vLLM; ``--compile-cache gs://...`` is
+found again by %tpu_restart, named to cells and services for JAX and vLLM (~ is the host's home); ``--compile-cache gs://...`` is
 shared with a new slice of the same shape (Cloud Storage here: gcp-storage-emulator, a real HTTP
 server of the JSON API that gcsfs, JAX's path to gs://, talks to). A hit is JAX's own
 monitoring event (``/jax/compilation_cache/cache_hits``), never a timing. One-host slices: JAX writes
 entries from process 0 only, and on CPU each process of a simulated slice computes its own key."""
 from __future__ import annotations
+
+import ast
 
 import pytest
 
@@ -24,7 +26,7 @@ PROGRAM = ("%%on_tpu\nimport jax, jax.numpy as jnp\nfrom jax.sharding import Nam
            "sorted({e.rsplit('/', 1)[1] for e in events if e.startswith('/jax/compilation_cache/cache_')})")
 
 
-def test_restart_hits_the_default_cache_and_services_are_told_where_it_is(cell, isolated_home):
+def test_restart_hits_the_default_cache(cell, isolated_home):
     assert cell("%tpu_launch v4-8 --name warm").error is None
     first = cell(PROGRAM)
     assert first.error is None and "['cache_misses']" == first.shown.strip(), first.shown
@@ -33,8 +35,16 @@ def test_restart_hits_the_default_cache_and_services_are_told_where_it_is(cell, 
     assert cell("%tpu_restart").error is None
     again = cell(PROGRAM)
     assert again.error is None and "['cache_hits']" == again.shown.strip(), again.shown
-    told = cell("%tpu_serve where -- echo $JAX_COMPILATION_CACHE_DIR $VLLM_XLA_CACHE_PATH")
-    assert told.error is None, told.shown
+
+
+@pytest.mark.parametrize("make_slice", ["ssh"], indirect=True)
+def test_cells_and_services_of_a_remote_host_find_the_cache_in_its_home(make_slice, cell):
+    make_slice(1)
+    where = cell("%%on_tpu\nimport os\nplace = os.path.expanduser('~/.tpunb/jax-cache')\n"
+                 "place, os.environ['JAX_COMPILATION_CACHE_DIR'] == os.environ['VLLM_XLA_CACHE_PATH'] == place")
+    place, same = ast.literal_eval(where.shown.strip())
+    assert same and place.startswith("/"), where.shown  # each test host has a home of its own
+    assert cell("%tpu_serve where -- echo $JAX_COMPILATION_CACHE_DIR $VLLM_XLA_CACHE_PATH").error is None
     wait_for(lambda: {s.state for s in manager.current().services() if s.name == "where"} == {"exited"},
              what="the service to exit")
     assert f"{place} {place}\n" in cell("%tpu_logs where").stdout
