@@ -4,6 +4,7 @@ HF_TOKEN goes to launched slices without asking; too short a value is refused in
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,8 @@ def test_secret_on_every_host_masked_in_output_tracebacks_results_and_logs(make_
     wait_for(lambda: {s.state for s in sl.services() if s.name == "echo"} == {"exited"}, what="echo to exit")
     logs = cell("%tpu_logs echo")
     assert f"the token is {MASK}" in logs.stdout and SECRET not in logs.stdout, logs.stdout
+    files = [Path(s.log).read_bytes() for s in sl.services() if s.name == "echo"]  # on the host's disk
+    assert len(files) == 2 and all(f"the token is {MASK}".encode() in f and SECRET.encode() not in f for f in files)
     assert SECRET.encode() not in (isolated_home / "registry.db").read_bytes()
     assert cell("%tpu_restart").error is None  # new agents start with it too
     again = cell("%%on_tpu\nimport os\nlen(os.environ['MY_TOKEN'])")
