@@ -57,7 +57,7 @@ def storage(monkeypatch):
         yield server
 
 
-def test_a_gs_cache_serves_a_new_slice_of_the_same_shape(cell, storage, isolated_home):
+def test_a_gs_cache_serves_use_from_a_new_kernel_and_a_new_slice_of_the_same_shape(cell, storage, isolated_home):
     for bad in ("/tmp/cache", "gs://", "s3://bucket/jax"):
         refused = cell(f"%tpu_launch v4-8 --compile-cache {bad}")
         assert type(refused.error).__name__ == "UsageError" and "give a Cloud Storage place, gs://BUCKET/PATH" in \
@@ -66,6 +66,9 @@ def test_a_gs_cache_serves_a_new_slice_of_the_same_shape(cell, storage, isolated
     first = cell(PROGRAM)
     assert "['cache_misses']" == first.shown.strip() and not first.stderr, first.shown
     assert any(name.startswith("jax/jit_") for name, _ in gcs.Bucket("shared-cache").list("jax/"))
+    manager.detach_all()  # a kernel restart: %tpu_use reads the place from the slice's record
+    assert cell("%tpu_use first").error is None
+    assert "['cache_hits']" == cell(PROGRAM).shown.strip()
     assert cell("%tpu_down first").error is None
     assert cell("%tpu_launch v4-8 --name second --compile-cache gs://shared-cache/jax").error is None
     second = cell(PROGRAM)
