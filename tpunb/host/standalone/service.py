@@ -510,7 +510,7 @@ class MaskedLog:
         if self.read_end is None:
             return
         data = self.held
-        while True:
+        for _ in range(64):  # at most 4 MiB a call: a command that writes without pause cannot hold the loop
             try:
                 chunk = os.read(self.read_end, 1 << 16)
             except BlockingIOError:
