@@ -13,6 +13,7 @@ from IPython.utils.capture import capture_output
 
 from tpunb import manager
 from tpunb.engine import connection
+from tpunb.engine.masking import Masker
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
@@ -40,6 +41,8 @@ def isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
     yield home
     manager.detach_all()
+    manager.MANAGER.secrets.clear()  # a kernel's secrets (%tpu_secret) are not the next test's
+    manager.MANAGER.masker = Masker()
 
 
 @pytest.fixture

@@ -3,10 +3,14 @@ hosts send back (a value split across frames, tracebacks, last_result, service l
 HF_TOKEN goes to launched slices without asking; too short a value is refused in one line."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from tpunb import manager
 from tpunb.engine.masking import MASK, Masker
+from tpunb.host.standalone.service import MaskedLog
 from tpunb.registry import Registry
 from tests.conftest import wait_for
 
@@ -48,6 +52,8 @@ def test_secret_on_every_host_masked_in_output_tracebacks_results_and_logs(make_
     wait_for(lambda: {s.state for s in sl.services() if s.name == "echo"} == {"exited"}, what="echo to exit")
     logs = cell("%tpu_logs echo")
     assert f"the token is {MASK}" in logs.stdout and SECRET not in logs.stdout, logs.stdout
+    files = [Path(s.log).read_bytes() for s in sl.services() if s.name == "echo"]  # on the host's disk
+    assert len(files) == 2 and all(f"the token is {MASK}".encode() in f and SECRET.encode() not in f for f in files)
     assert SECRET.encode() not in (isolated_home / "registry.db").read_bytes()
     assert cell("%tpu_restart").error is None  # new agents start with it too
     again = cell("%%on_tpu\nimport os\nlen(os.environ['MY_TOKEN'])")
@@ -64,3 +70,56 @@ def test_too_short_a_secret_is_refused_and_hf_token_needs_no_asking(cell, monkey
     run = cell("%%on_tpu\nimport os\nprint(os.environ['HF_TOKEN'])")
     assert run.error is None and run.stdout.strip() == MASK, run.shown
     assert Registry().get_slice("hub") is not None and SECRET.encode() not in (isolated_home / "registry.db").read_bytes()
+
+
+def test_the_supervisor_masks_a_value_split_across_two_writes_before_the_log_file(tmp_path):
+    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    masked = MaskedLog(log, [SECRET, "short"])
+    os.write(masked.out, f"token={SECRET[:5]}".encode())
+    masked.drain()
+    assert (tmp_path / "log").read_bytes() == b"token="  # the start of the value is held back
+    os.write(masked.out, f"{SECRET[5:]} ok\nends with {SECRET[:4]}".encode())
+    masked.drain()
+    masked.flush()  # the command ended: a held tail that was no secret goes to the log
+    assert (tmp_path / "log").read_bytes() == f"token={MASK} ok\nends with {SECRET[:4]}".encode()
+    plain = MaskedLog(log, [])
+    assert plain.out == log and plain.read_end is None  # no secret: the command writes the file itself
+
+
+def test_no_value_on_disk_after_services_restart_and_use_in_a_new_kernel(cell, monkeypatch, isolated_home):
+    """A secret and the Hub's token used by cells, a service (its log file read on the host, not
+    through tpunb), a restart onto standbys prepared before the secret was set, and %tpu_use after
+    a kernel restart (the token again without asking, a secret once named): then no file under
+    $TPUNB_HOME (registry, cell logs, the hosts' service logs and compile cache) holds either."""
+    hub = "hf_hub_token_ABCDEFGH12345"
+    monkeypatch.setenv("HF_TOKEN", hub)
+    monkeypatch.setenv("MY_TOKEN", SECRET)
+    assert cell("%tpu_launch v4-8 --name vault").error is None
+    sl = manager.current()
+    sl.standbys.prepare(wait=True)  # agents started before the secret exists
+    standbys = wait_for(lambda: (lambda s: s.process.pid if s and s.process else None)(sl.standbys.ready().get(0)),
+                        what="a standby")
+    assert cell("%tpu_secret MY_TOKEN").error is None
+    served = cell("%tpu_serve split -- python3 -c \"import os, sys; v = os.environ['MY_TOKEN']; "
+                  "sys.stdout.write('is ' + v[:6]); sys.stdout.flush(); sys.stdout.write(v[6:] + '\\n')\"")
+    assert served.error is None, served.shown
+    wait_for(lambda: {s.state for s in sl.services() if s.name == "split"} == {"exited"}, what="split to exit")
+    log = isolated_home / "services" / "vault" / "host-0" / "split" / "log"
+    assert f"is {MASK}\n".encode() in log.read_bytes() and SECRET.encode() not in log.read_bytes()
+    assert cell("%tpu_restart").error is None
+    assert sl.session.hosts[0].info["pid"] == standbys  # the standby took the host's place, with the secret
+    again = cell("%%on_tpu\nimport os\nprint(os.environ['MY_TOKEN'], os.environ['HF_TOKEN'])")
+    assert again.stdout.strip() == f"{MASK} {MASK}", again.shown
+    manager.detach_all()  # a kernel restart: this kernel's secrets are gone with it
+    monkeypatch.setattr(manager.MANAGER, "secrets", {})
+    monkeypatch.setattr(manager.MANAGER, "masker", Masker())
+    monkeypatch.delenv("MY_TOKEN")  # (local hosts inherit the kernel's environment)
+    assert cell("%tpu_use vault").error is None
+    probe = "%%on_tpu\nimport os\nprint(os.environ.get('MY_TOKEN', 'unset'), os.environ['HF_TOKEN'])"
+    assert cell(probe).stdout.strip() == f"unset {MASK}"  # the token without asking (masked); a secret once named
+    monkeypatch.setenv("MY_TOKEN", SECRET)
+    assert cell("%tpu_secret MY_TOKEN").error is None
+    assert cell(probe).stdout.strip() == f"{MASK} {MASK}"
+    found = [p for p in isolated_home.rglob("*") if p.is_file() and (SECRET.encode() in p.read_bytes()
+                                                                      or hub.encode() in p.read_bytes())]
+    assert not found and (isolated_home / "registry.db").exists() and log.exists()

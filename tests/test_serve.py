@@ -165,6 +165,8 @@ def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
     from tpunb.engine.bundle import SERVICE_CONTROL
     from tpunb.transport.local import LocalTransport
 
+    monkeypatch.setenv("TPUNB_STANDBY", "0")  # a quiet slice's standby agents would start mid-count
+
     sl = manager.launch("v4-32", name=unique("plain"))
     sl.serve("one", "exec sleep 300", hosts=[2])
     asked = []

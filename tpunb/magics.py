@@ -61,6 +61,9 @@ class TpuMagics(Magics):
     @argument("--slices", type=int, default=None, metavar="N",
               help="a multislice: N slices of ACCELERATOR joined in one JAX job (Cloud TPU: one queued resource)")
     @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
+    @argument("--compile-cache", metavar="gs://BUCKET/PATH", default=None,
+              help="JAX's compilation cache in Cloud Storage, shared by every slice given it (default: on each "
+                   "host's disk); whoever can write there can run code on the hosts")
     @cloud_arguments
     @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had (and restore its last snapshot)")
     @argument("--snapshot-on-preempt", metavar="NAME[,NAME]", default=None,
@@ -77,7 +80,7 @@ class TpuMagics(Magics):
                                  f"Usage: {usage_of(self.tpu_launch)}")
             armed = preempt.names_list(args.snapshot_on_preempt)
             sl = manager.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env,
-                               recover=args.recover, slices=args.slices, **cloud)
+                               recover=args.recover, slices=args.slices, compile_cache=args.compile_cache, **cloud)
         except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)
             raise CellInterrupted("%tpu_launch interrupted before it started anything: nothing is left running") \
                 from None

@@ -103,6 +103,24 @@ def _name_own_tpu(sl: Slice) -> catalog.Accelerator:
     return named
 
 
+def _compile_cache(place: str | None) -> str | None:
+    """``--compile-cache``: a Cloud Storage place, gs://BUCKET/PATH, or a one-line UsageError."""
+    if place is None:
+        return None
+    if not re.fullmatch(r"gs://[a-z0-9][-_.a-z0-9]{1,220}[a-z0-9](/\S*)?", str(place)):
+        raise UsageError(f"--compile-cache {place}: give a Cloud Storage place, gs://BUCKET/PATH (each host "
+                         "already keeps a cache on its own disk; only one in Cloud Storage outlives the slice)")
+    return str(place).rstrip("/")
+
+
+def _with_cache(made: Made, cache: str | None) -> Made:
+    """The launch's shared compile cache, in its record's spec: every start of its hosts (the
+    launch, restarts, %tpu_use from another kernel, --recover) points JAX there."""
+    if cache:
+        made.record.spec["compile_cache"] = cache
+    return made
+
+
 class SliceManager:
     """This kernel's slices. One per process (``MANAGER``); tests may make their own."""
 
@@ -206,7 +224,8 @@ class SliceManager:
             return self.start(maker.create(request), reg, values, since)
 
     def launch(self, accelerator: str | None = None, name: str | None = None, backend: str | None = None, env: Any = None,
-               recover: str | None = None, slices: int | None = None, **options: Any) -> Slice:
+               recover: str | None = None, slices: int | None = None, compile_cache: str | None = None,
+               **options: Any) -> Slice:
         """Create a slice and connect to every host; it becomes the current slice.
 
         ``backend`` is local (simulated on this machine) or gcp (Cloud TPU; options are the fields of
@@ -214,49 +233,50 @@ class SliceManager:
         ``slices=N`` makes a multislice: N slices of ``accelerator`` in one JAX job, one slice in
         tpunb (status, cost, down), its hosts numbered slice by slice.
         ``recover=NAME`` relaunches a preempted cloud slice with its recorded spec.
+        ``compile_cache="gs://BUCKET/PATH"``: JAX's compilation cache in Cloud Storage, shared with
+        every slice given the same place (by default each host keeps its own, on its disk).
         """
+        cache = _compile_cache(compile_cache)
         with interrupts.latched():  # a Ctrl-C that Python drops (in a gc callback) still stops the launch
-            return self._launch(accelerator, name, env, backend, slices, recover, options)
+            return self._launch(accelerator, name, env, backend, slices, recover, options, cache)
 
     def _launch(self, accelerator: str | None, name: str | None, env: Any, backend: str | None, slices: Any,
-                recover: str | None, options: dict) -> Slice:
+                recover: str | None, options: dict, cache: str | None = None) -> Slice:
         count = _slice_count(slices)
         if recover:
             if slices is not None:
                 raise UsageError("--recover relaunches the recorded number of slices: give no --slices with it")
-            return self._recover(recover, env)
+            return self._recover(recover, env, cache)
         if not accelerator:
             raise UsageError("name an accelerator, e.g. v4-16, or --recover NAME")
         if accelerator == colab.OWN_TPU:  # this machine's own TPU chips, e.g. a Colab TPU runtime
             if count > 1:
                 raise UsageError(f"%tpu_launch {colab.OWN_TPU} is this machine's own TPU, one slice: give no --slices "
                                  "(a simulated multislice: %tpu_launch v4-16 --slices 2 --backend local)")
-            return self._launch_own_tpu(name, env, backend, options)
+            return self._launch_own_tpu(name, env, backend, options, cache)
         accel = catalog.lookup(accelerator)
         if count > 1 and accel.generation in NO_MULTISLICE:
             raise UsageError(f"--slices {count}: {accel.generation} has no multislice (Cloud TPU joins slices over "
                              f"the data-centre network from v4 on): launch one {accel.name}, or a v4, v5e, v5p or v6e "
                              "type")
         backend = backend or provision.default_backend(options.get("project"))
-        hub_token = os.environ.get(HF_TOKEN, "")  # a launched slice gets the Hub token without asking
         if backend not in BACKENDS:
             raise UsageError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)} "
                              "(hosts you bring: %tpu_connect HOST,HOST)")
         maker = provision.backend(backend)
         opts = maker.options(**options)
-        values = parse_env(env)
-        if len(hub_token) >= MIN_LENGTH and HF_TOKEN not in values:
-            self.masker.add(hub_token)
-            values[HF_TOKEN] = hub_token
+        values = self._with_hub_token(parse_env(env))
         reg = registry()
         base = maker.default_name(accel) + (f"-x{count}" if count > 1 else "")
         name = self._claim_name(name, base, reg)
         with _interrupt_says_one_line(name, reg):
             warm.ready("ipywidgets", "tpunb.widgets.launch")  # imported on a side thread, where Ctrl-C cannot cut it
             since = time.perf_counter()
-            return self.start(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), reg, values, since)
+            made = _with_cache(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), cache)
+            return self.start(made, reg, values, since)
 
-    def _launch_own_tpu(self, name: str | None, env: Any, backend: str | None, options: dict) -> Slice:
+    def _launch_own_tpu(self, name: str | None, env: Any, backend: str | None, options: dict,
+                        cache: str | None) -> Slice:
         """``%tpu_launch local``: a one-host slice whose host process runs on this machine's own TPU."""
         if backend not in (None, provision.THIS_MACHINE) or options:
             raise UsageError(f"%tpu_launch {colab.OWN_TPU} runs on this machine's own TPU and takes only --name and "
@@ -268,7 +288,7 @@ class SliceManager:
         name = self._claim_name(name, colab.OWN_TPU, reg)
         maker = provision.backend(provision.THIS_MACHINE)
         request = LaunchRequest(name, accel, reg, values, maker.options(own_tpu=True))
-        sl = self.start(maker.create(request), reg, values)
+        sl = self.start(_with_cache(maker.create(request), cache), reg, values)
         if accel is None:  # JAX on the chips says what they are (it starts there now, as a first cell would)
             try:
                 named = _name_own_tpu(sl)
@@ -279,7 +299,7 @@ class SliceManager:
                         "from jax.devices() on it)")
         return sl
 
-    def _recover(self, name: str, env: Any) -> Slice:
+    def _recover(self, name: str, env: Any, cache: str | None) -> Slice:
         """Relaunch a lost (preempted, terminated) slice with the spec it was launched with, where
         its backend can."""
         values = parse_env(env) or self.env.get(name, {})
@@ -294,9 +314,10 @@ class SliceManager:
         if held is not None:
             self.detach(name)
             held.close()
+        cache = cache or record.spec.get("compile_cache")  # a shared cache outlives the lost node
         accel, opts, env_keys, count = maker.recover(record, reg)
         request = LaunchRequest(self._claim_name(name, name, reg), accel, reg, values, opts, count)
-        recovered = self.start(maker.create(request), reg, values)
+        recovered = self.start(_with_cache(maker.create(request), cache), reg, values)
         _unset_env_note(name, env_keys, values, "pass them again with --env when recovering")
         return recovered
 
@@ -339,6 +360,16 @@ class SliceManager:
         sl.profiler.on_collected = self._profiled
         sl.background.on_start = self._ran
         return sl
+
+    def _with_hub_token(self, values: dict[str, str]) -> dict[str, str]:
+        """A launched slice's environment gets the Hub's token from the kernel's without asking (as
+        a secret: masked), at its launch and whenever a kernel attaches it again; hosts brought with
+        %tpu_connect get it only when %tpu_secret names it."""
+        hub_token = os.environ.get(HF_TOKEN, "")
+        if len(hub_token) >= MIN_LENGTH and HF_TOKEN not in values:
+            self.masker.add(hub_token)
+            values[HF_TOKEN] = hub_token
+        return values
 
     def secret(self, *names: str) -> list[str]:
         """Put secrets in every slice's hosts' environment (now, and whenever hosts start again):
@@ -416,6 +447,8 @@ class SliceManager:
             hint = f"known slices: {', '.join(known)}" if known else "launch one with %tpu_launch v4-16"
             raise NoSliceError(f"no slice named {name!r}: {hint}")
         values = self.env.get(name, {})
+        if record.backend in BACKENDS:  # a new kernel: the token as the launch gave it
+            values = self._with_hub_token(values)
         backend = provision.backend(record.backend)
         sl = self.start(backend.attach(record, reg, values), reg, values, quiet=True)
         report.warn(f"[tpunb] started {len(record.hosts)} new host session{'s' if len(record.hosts) > 1 else ''} for "

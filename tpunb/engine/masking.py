@@ -35,6 +35,10 @@ class Masker:
         with self._lock:
             self._values = tuple(sorted(set(self._values) | {value}, key=len, reverse=True))
 
+    def secret_names(self, env: dict[str, str]) -> list[str]:
+        """The names in ``env`` whose values are secrets: what a host is told to mask (never the values)."""
+        return sorted(k for k, v in env.items() if v in self._values)
+
     def text(self, text: str) -> str:
         """``text`` with every secret value replaced by ``****``."""
         for value in self._values:

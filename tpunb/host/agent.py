@@ -24,7 +24,7 @@ import time
 from . import diagnose, preempt, protocol, shards, stacks, transfer, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
-from .jax_start import JaxStarter
+from .jax_start import JaxStarter, settle_cache
 from .metrics import Sampler, install_log_shim
 from .profiler import OPS as PROFILE_OPS, Profiler
 from .relay import OPS as RELAY_OPS, Relay, RelayError
@@ -118,6 +118,7 @@ class Agent:
         self.relay = Relay(init.get("relay_secret"))  # the slice's secret: in this frame only, over SSH
         self.fetches = Fetches(self.send, self.relay)
         os.environ.update({k: str(v) for k, v in (init.get("env") or {}).items()})
+        settle_cache()
         if init.get("cwd"):
             try:
                 os.chdir(os.path.expanduser(init["cwd"]))

@@ -16,6 +16,21 @@ from . import diagnose
 from .io import quiet_thread
 
 
+#: where JAX's persistent compilation cache (and vLLM's, on TPU) is: the kernel sets both, ~ for the home
+CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "VLLM_XLA_CACHE_PATH")
+
+
+def settle_cache(environ=os.environ) -> None:
+    """The compile cache's place as this host spells it (neither JAX nor vLLM expands ~). Against
+    a Cloud Storage stand-in (the sandbox), gcsfs skips its bucket-layout lookup, an API the
+    stand-in lacks, which would warn at every cache access."""
+    for key in CACHE_VARIABLES:
+        if environ.get(key, "").startswith("~"):
+            environ[key] = os.path.expanduser(environ[key])
+    if environ.get("STORAGE_EMULATOR_HOST"):
+        environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
 def tpu_env(timeout: float = 2.0) -> dict:
     """The VM's ``tpu-env`` metadata (``KEY: 'value'`` lines), read as JAX's cloud_tpu_cluster
     does, from $GCE_METADATA_IP (else metadata.google.internal); {} when there is none."""

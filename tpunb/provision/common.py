@@ -21,13 +21,25 @@ DROP_NOISE = {"drop_output": GLOO_CHATTER, "drop_fragments": GLOO_FRAGMENTS}
 MEGASCALE_PORT = 8080
 
 
-def host_env(record: SliceRecord, index: int) -> dict[str, str]:
+def compile_cache_env(record: SliceRecord, home: str) -> dict[str, str]:
+    """JAX's persistent compilation cache, on for every host: the slice's ``--compile-cache
+    gs://...`` (shared by every slice given it), else ``jax-cache`` in the host's tpunb folder
+    (``home``: ~ is the host's own home), which a restart finds again. Programs are cached however
+    quickly they compile and however small (JAX's defaults skip those under a second). vLLM on TPU
+    reads its own variable for the same cache."""
+    place = record.spec.get("compile_cache") or f"{home}/jax-cache"
+    return {"JAX_COMPILATION_CACHE_DIR": place, "VLLM_XLA_CACHE_PATH": place,
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+
+
+def host_env(record: SliceRecord, index: int, home: str = "~/.tpunb") -> dict[str, str]:
     """What every host gets in its environment: where it sits in the slice (and in a multislice,
-    which slice, plus what JAX's multislice runtime reads), plus --env values."""
+    which slice, plus what JAX's multislice runtime reads), the compile cache (``home``: where the
+    host keeps tpunb's files), plus --env values."""
     slices = int(record.spec.get("slices") or 1)
     slice_index = index // max(1, len(record.hosts) // slices)
     env = {"TPUNB_HOST_INDEX": str(index), "TPUNB_NUM_HOSTS": str(len(record.hosts)), "TPUNB_SLICE": record.name,
-           "TPUNB_SLICE_INDEX": str(slice_index)}
+           "TPUNB_SLICE_INDEX": str(slice_index), **compile_cache_env(record, home)}
     if record.accelerator:
         env["TPUNB_ACCELERATOR"] = record.accelerator
     if slices > 1:

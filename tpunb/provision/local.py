@@ -19,7 +19,7 @@ from tpunb.errors import OwnedElsewhere, TpunbError, UsageError
 from tpunb.transport import procs
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, owner_running
-from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
+from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord, tpunb_home
 from tpunb.serve.cleanup import stop_recorded
 from tpunb.units import parse_duration
 from tpunb.status import SliceStatus
@@ -105,7 +105,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
         jax_env = host_environment(accelerator)
 
     def host_init(index: int, coordinator_port: int) -> dict:
-        variables = {**host_env(record, index), **jax_env, **env}
+        variables = {**host_env(record, index, str(tpunb_home())), **jax_env, **env}  # this machine is the hosts' disk
         return {"env": variables, "cwd": os.getcwd(), "jax": jax_settings(num_hosts, index, coordinator_port),
                 **DROP_NOISE}
 

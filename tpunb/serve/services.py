@@ -73,10 +73,11 @@ class Serving:
         indices = self.layout.parse(hosts)
         inits = {h: self.environment(h) for h in indices}
         started = time.perf_counter()
-        replies = self._on_hosts(indices, lambda h: {
+        envs = {h: {**inits[h].get("env", {}), **values} for h in indices}
+        replies = self._on_hosts(indices, lambda h: {  # the supervisor masks the secrets' values in the log it writes
             "op": "start", "name": name, "command": command, "restart": restart, "max_restarts": int(max_restarts),
-            "backoff": float(backoff), "env": {**inits[h].get("env", {}), **values}, "env_keys": sorted(values),
-            "cwd": inits[h].get("cwd"), "port": port or waited})
+            "backoff": float(backoff), "env": envs[h], "env_keys": sorted(values),
+            "secret_keys": self.masker.secret_names(envs[h]), "cwd": inits[h].get("cwd"), "port": port or waited})
         started_on = [h for h, r in replies.items() if "error" not in r]
         if len(started_on) < len(indices) and started_on:  # all or nothing: end what this call started
             self._on_hosts(started_on, lambda h: {"op": "stop", "name": name})

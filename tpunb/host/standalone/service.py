@@ -6,7 +6,10 @@ session of its own, so the watchdog that ends the agent's session with the kerne
 it. The supervisor runs the command with its output appended to a log file, restarts it on
 failure with a bounded back-off, and keeps a state file (pid, state, exit code, restarts) that a
 later kernel's control process reads again. Environment values given by the kernel live only in
-the supervisor's memory and the command's environment: never in a file.
+the supervisor's memory and the command's environment: never in a file. The variables the kernel
+names as secrets (``secret_keys``: names only) are masked (``****``) in the log as it is written:
+the command's output then passes through the supervisor (``MaskedLog``), so no value reaches the
+host's disk, even one split across two writes.
 
 Shipped to hosts: standard library only.
 """
@@ -29,6 +32,8 @@ from collections.abc import Callable
 STOP_GRACE = 3.0
 #: states in which a supervisor is still at work
 ACTIVE = ("starting", "running", "restarting")
+#: the compile cache's variables (as tpunb/host/jax_start.py's, which this standalone program cannot import)
+CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "VLLM_XLA_CACHE_PATH")
 #: this worker's guest attribute that says when its services last ran (read by tpunb/host/standalone/idle.py)
 SERVING_ATTRIBUTE = "tpunb/serving"
 
@@ -279,6 +284,11 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
+    env = {**os.environ, **request.get("env", {})}
+    for key in CACHE_VARIABLES:  # the compile cache: the kernel says ~ for this host's home
+        if env.get(key, "").startswith("~"):
+            env[key] = os.path.expanduser(env[key])
+    masked = MaskedLog(log, [env[k] for k in request.get("secret_keys", []) if k in env])
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -286,7 +296,6 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up pipe hears the command end
-    env = {**os.environ, **request.get("env", {})}
     state = {"name": request["name"], "host": request["host"], "command": request["command"],
              "env_keys": request.get("env_keys", []), "restart": request.get("restart", "no"), "port": request.get("port"),
              "supervisor": os.getpid(), "pid": None, "state": "starting", "exit_code": None, "restarts": 0,
@@ -296,11 +305,13 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     heartbeat = None if serving else _publish_serving()
 
     def say(line: str) -> None:
+        masked.flush()
         os.write(log, f"[tpunb] {line}\n".encode())
 
     while True:
         try:
-            child = subprocess.Popen(["/bin/sh", "-c", request["command"]], stdin=devnull, stdout=log, stderr=log,
+            child = subprocess.Popen(["/bin/sh", "-c", request["command"]], stdin=devnull, stdout=masked.out,
+                                     stderr=masked.out,
                                      env=env, cwd=request.get("cwd") or None, start_new_session=True)
         except OSError as exc:
             say(f"cannot start the command: {exc}")
@@ -313,7 +324,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
             os.write(report_fd, json.dumps(state).encode())
             os.close(report_fd)
             report_fd = None
-        code = _wait_child(child, stopping, wake_r)
+        code = _wait_child(child, stopping, wake_r, masked)
         state["exit_code"] = code
         if stopping:
             state.update(state="stopped", message="stopped")
@@ -334,7 +345,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
         _write_state(directory, state)
         until = time.monotonic() + delay
         while not stopping and time.monotonic() < until:  # the last run's SIGCHLD may wake a pause at once
-            _pause(until - time.monotonic(), stopping, wake_r)
+            _pause(until - time.monotonic(), stopping, wake_r, masked)
         if stopping:
             state.update(state="stopped", message="stopped")
             break
@@ -444,27 +455,89 @@ def _publish_serving() -> Callable[[], None] | None:
     return end
 
 
-def _wait_child(child: subprocess.Popen, stopping: list, wake_r: int) -> int:
+def _wait_child(child: subprocess.Popen, stopping: list, wake_r: int, masked: "MaskedLog") -> int:
     """Wait for the command; on SIGTERM end its group (SIGTERM, then SIGKILL after STOP_GRACE)."""
     killed_at = None
     while True:
         code = child.poll()
         if code is not None:
+            masked.flush()
             return code
         if stopping and killed_at is None:
             killed_at = time.monotonic()
             _signal(child.pid, signal.SIGTERM, group=True)
         if killed_at is not None and time.monotonic() - killed_at > STOP_GRACE:
             _signal(child.pid, signal.SIGKILL, group=True)
-        _pause(0.1, stopping, wake_r)
+        _pause(0.1, stopping, wake_r, masked)
 
 
-def _pause(seconds: float, stopping: list, wake_r: int) -> None:
-    """Sleep, but wake at once on a signal (SIGTERM: stop; SIGCHLD: the command ended)."""
+def _pause(seconds: float, stopping: list, wake_r: int, masked: "MaskedLog") -> None:
+    """Sleep, but wake at once on a signal (SIGTERM: stop; SIGCHLD: the command ended), and copy
+    the command's output to the log as it comes (when it is masked)."""
     if stopping and seconds > 0.1:
         return
+    watched = [wake_r] + ([masked.read_end] if masked.read_end is not None else [])
     try:
-        if select.select([wake_r], [], [], seconds)[0]:
-            os.read(wake_r, 512)
+        ready = select.select(watched, [], [], seconds)[0]
     except InterruptedError:
-        pass
+        return
+    if wake_r in ready:
+        os.read(wake_r, 512)
+    if masked.read_end in ready:
+        masked.drain()
+
+
+class MaskedLog:
+    """The log as the command writes it, with each secret value replaced by ``****`` first.
+
+    With no secret, the command writes the log file itself (``out`` is the log). Otherwise ``out``
+    is a pipe that ``drain`` copies to the log, masked; a tail that could begin a value is held
+    back until the next read says whether it does (a value split across two writes), and let go
+    at the command's end."""
+
+    def __init__(self, log: int, values: list[str]) -> None:
+        self.log = log
+        self.values = sorted({v.encode() for v in values if len(v) >= 8}, key=len, reverse=True)
+        self.held = b""
+        self.read_end: int | None = None
+        self.out = log
+        if self.values:
+            self.read_end, self.out = os.pipe()
+            os.set_blocking(self.read_end, False)
+
+    def drain(self) -> None:
+        """Copy what the command wrote so far to the log, masked."""
+        if self.read_end is None:
+            return
+        data = self.held
+        for _ in range(64):  # at most 4 MiB a call: a command that writes without pause cannot hold the loop
+            try:
+                chunk = os.read(self.read_end, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        for value in self.values:
+            data = data.replace(value, b"****")
+        keep = self._partial(data)
+        self.held = data[len(data) - keep:] if keep else b""
+        data = data[:len(data) - keep]
+        self._write(data)
+
+    def flush(self) -> None:
+        """The command ended (or the supervisor speaks): what it wrote goes to the log, a held tail too."""
+        self.drain()
+        held, self.held = self.held, b""
+        self._write(held)
+
+    def _write(self, data: bytes) -> None:
+        while data:
+            data = data[os.write(self.log, data):]
+
+    def _partial(self, data: bytes) -> int:
+        """How many bytes at the end of ``data`` could begin a secret value (0: none)."""
+        for size in range(min(len(data), max(len(v) for v in self.values) - 1), 0, -1):
+            if any(v.startswith(data[len(data) - size:]) for v in self.values):
+                return size
+        return 0
