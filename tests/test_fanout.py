@@ -1,4 +1,4 @@
-"""tpunb.fanout: one deadline, one Ctrl-C rule and one partial-failure result for every fan-out."""
+"""tpunb.engine.fanout: one deadline, one Ctrl-C rule and one partial-failure result for every fan-out."""
 from __future__ import annotations
 
 import _thread
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tpunb.fanout import FanOutTimeout, fan_out
+from tpunb.engine.fanout import FanOutTimeout, fan_out
 
 
 def test_values_come_in_key_order_whatever_order_they_finish_in():
