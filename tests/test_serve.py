@@ -194,17 +194,18 @@ def test_down_of_a_slice_this_kernel_has_not_attached_stops_its_services(make_sl
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 
-def service_programs() -> set[int]:
-    """Processes running the service control program here (local and loopback sshd hosts alike),
-    its services' supervisors (forked from it) included."""
-    found = set()
-    for entry in Path("/proc").iterdir():
+def readers(paths: dict[str, int]) -> dict[int, int]:
+    """{pid: host} of processes here (local and loopback sshd hosts alike) that have one of these
+    files ({path: host}) open for reading only: following it (its service writes it, append-only)."""
+    found = {}
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
         try:
-            if entry.name.isdigit() and b"tpunb_host_service" in (entry / "cmdline").read_bytes():
-                found.add(int(entry.name))
-        except OSError:
+            host = paths.get(os.readlink(fd))
+            if host is not None and int((fd.parent.parent / "fdinfo" / fd.name).read_text().split()[3], 8) & 3 == 0:
+                found[int(fd.parent.parent.name)] = host
+        except (OSError, ValueError, IndexError):
             pass
-    return {pid for pid in found if alive(pid)}
+    return {pid: host for pid, host in found.items() if alive(pid)}
 
 
 def test_follow_streams_every_hosts_lines_masked_names_a_host_that_drops_and_ctrl_c_ends_it_all(make_slice, tmp_path):
@@ -225,7 +226,7 @@ def test_follow_streams_every_hosts_lines_masked_names_a_host_that_drops_and_ctr
     sl.serve("talk", script, env={"TOKEN": secret})
     (tmp_path / "go.1").touch()
     wait_for(lambda: all("line 1" in text for text in sl.logs("talk").values()), what="line 1 on both hosts")
-    before = service_programs()  # the supervisors
+    logs = {s.log: s.host for s in sl.services()}
     seen: dict[int, list[str]] = {0: [], 1: []}
     dropped: list[int] = []
     with report.captured() as said:
@@ -241,14 +242,15 @@ def test_follow_streams_every_hosts_lines_masked_names_a_host_that_drops_and_ctr
                 if not (tmp_path / "go.2").exists():
                     (tmp_path / "go.2").touch()
                 if all(any(line.startswith("line 2") for line in seen[h]) for h in seen) and not dropped:
-                    followers = service_programs() - before
-                    assert len(followers) == 2, followers
-                    dropped.append(min(followers))
-                    os.kill(dropped[0], signal.SIGKILL)  # one host's follow dies
+                    followers = readers(logs)
+                    assert sorted(followers.values()) == [0, 1], followers  # one program per host
+                    pid = min(followers)
+                    dropped.append(followers[pid])
+                    os.kill(pid, signal.SIGKILL)  # one host's follow dies
                     (tmp_path / "go.3").touch()
     assert time.perf_counter() - sent["at"] < 5  # Ctrl-C ends the follow at once
-    assert service_programs() - before == set()  # no follow left on any host
+    assert readers(logs) == {}  # no follow left on any host
     assert all(seen[h][:2] == [f"line 1 on {h} key={MASK}", f"line 2 on {h} key={MASK}"] for h in seen), seen
-    (went_on,) = [h for h in seen if f"line 3 on {h} key={MASK}" in seen[h]]
+    assert [h for h in seen if f"line 3 on {h} key={MASK}" in seen[h]] == [1 - dropped[0]]  # the other went on
     (line,) = [m.text for m in said if "dropped out" in m.text]
-    assert line.startswith(f"[tpunb] host {1 - went_on} dropped out of the follow (") and "\n" not in line
+    assert line.startswith(f"[tpunb] host {dropped[0]} dropped out of the follow (") and "\n" not in line
