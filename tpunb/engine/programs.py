@@ -181,8 +181,7 @@ class _Reader:
         except (ValueError, OSError) as exc:  # a torn frame: the connection broke mid-write
             why = f"its output broke off ({exc})"
         else:
-            tail = self.process.stderr_tail().strip().splitlines()[-1:]
-            why = tail[0] if tail else f"its connection to {self.program.transport.address} closed"
+            why = _why_ended(self.process, self.program)
         self.into.put((self.key, {"ended": why}))
 
 
@@ -190,3 +189,14 @@ def follow_hosts(programs: Mapping[K, Program], deadline: float, name: str = "tp
     """Start a long-lived program on every host (each answers a first frame within ``deadline``
     seconds) and merge what they write; use it in a ``with`` block, which ends them all."""
     return Follow(programs, deadline, name)
+
+
+def _why_ended(process: AgentProcess, program: Program) -> str:
+    """One line on why a program's output ended: its last word on stderr, else how it ended, if known."""
+    tail = process.stderr_tail().strip().splitlines()[-1:]
+    code = process.exit_status()
+    if tail:
+        return tail[0]
+    if code is not None:
+        return f"{program.what} was killed (signal {-code})" if code < 0 else f"{program.what} ended (exit status {code})"
+    return f"{program.what} or its connection to {program.transport.address} ended"
