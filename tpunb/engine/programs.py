@@ -92,31 +92,53 @@ def ask_hosts(programs: Mapping[K, Program], deadline: float | None, name: str =
               ) -> GroupResult[K, dict]:
     """Every host's reply at once: ``succeeded`` {key: reply}, ``failed`` {key: TransportError or
     FanOutTimeout}; the programs of hosts that did not answer in time (or at all, on Ctrl-C) are ended."""
+    got = _first_frames(programs, deadline, name, keep=False)
+    return GroupResult(got.keys, {key: first for key, (_, first) in got.succeeded.items()}, got.failed)
+
+
+def _first_frames(programs: Mapping[K, Program], deadline: float | None, name: str, keep: bool
+                  ) -> GroupResult[K, tuple[AgentProcess | None, dict]]:
+    """Every host's program started and its first frame read, at once: {key: (its process if
+    ``keep`` (else it is closed), first frame)}. Programs still running when the caller stops
+    waiting (the deadline, Ctrl-C) are ended at once, and so is one kept but got too late."""
     running: dict[K, AgentProcess] = {}
     lock = threading.Lock()
+    stopped = threading.Event()  # the caller no longer waits (set under ``lock``)
 
-    def one(key: K) -> dict:
+    def one(key: K) -> tuple[AgentProcess | None, dict]:
         program = programs[key]
         if program.here is not None and program.transport.same_machine:
-            return program.here()
+            return None, program.here()
         process = start(program)
         with lock:
             running[key] = process
+            late = stopped.is_set()
+        if late:  # started after the caller stopped waiting: ended at once
+            process.close(grace=0)
         try:
-            return first_reply(program, process)
+            first = first_reply(program, process)
+        except BaseException:
+            process.close(grace=0)
+            raise
         finally:
             with lock:
                 running.pop(key, None)
+        if not keep:
             process.close()
+        return (process if keep else None), first
+
+    def got_late(got: tuple[AgentProcess | None, dict]) -> None:
+        if got[0] is not None:
+            got[0].close(grace=0)
 
     try:
-        result = fan_out(list(programs), one, deadline=deadline, name=name)
+        return fan_out(list(programs), one, deadline=deadline, name=name, late=got_late)
     finally:  # a deadline or Ctrl-C: what still runs is ended, without holding the caller
         with lock:
+            stopped.set()
             left = list(running.values())
         if left:
             fan_out(left, lambda process: process.close(grace=0), deadline=0, name=f"{name}-end")
-    return result
 
 
 class Follow(Generic[K]):
@@ -125,25 +147,14 @@ class Follow(Generic[K]):
     host's first frame (or why it did not start)."""
 
     def __init__(self, programs: Mapping[K, Program], deadline: float, name: str) -> None:
-        self._programs, self._name = programs, name
+        self._name = name
         self._frames: queue.SimpleQueue = queue.SimpleQueue()
-        self._processes: dict[K, AgentProcess] = {}
-
-        def begin(key: K) -> tuple[AgentProcess, dict]:
-            process = start(programs[key])
-            try:
-                return process, first_reply(programs[key], process)
-            except BaseException:
-                process.close(grace=0)
-                raise
-
-        begun = fan_out(list(programs), begin, deadline=deadline, name=name,
-                        late=lambda got: got[0].close(grace=0))  # started too late: ended, never leaked
-        self.started: GroupResult[K, dict] = GroupResult(begun.keys, failed=begun.failed)
-        for key, (process, first) in begun.succeeded.items():
-            self.started.succeeded[key] = first
-            self._processes[key] = process
-        self._open = {key for key, first in self.started.succeeded.items() if "error" not in first}
+        begun = _first_frames(programs, deadline, name, keep=True)
+        self.started: GroupResult[K, dict] = GroupResult(
+            begun.keys, {key: first for key, (_, first) in begun.succeeded.items()}, begun.failed)
+        self._processes = {key: process for key, (process, _) in begun.succeeded.items() if process is not None}
+        self._open = {key for key, first in self.started.succeeded.items() if "error" not in first
+                      and key in self._processes}  # (a program done in this process has nothing to read)
         for key in self._open:
             _Reader(key, self._processes[key], programs[key], self._frames, name)
 
