@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from tpunb import manager
+from tpunb.errors import ProvisionError
 from tpunb.registry import Registry
 from tests.test_cloud import cloud, launch, tpu_emulator_options  # noqa: F401 - fixtures
 
@@ -25,7 +27,10 @@ def test_os_login_project_launches_four_hosts_as_the_profiles_user(cloud, cell, 
     assert all(f"[{i}] user_example_com {i}" in shown.stdout for i in range(4)), shown.stdout
     node = cloud.state()["nodes"][0]
     assert "ssh-keys" not in node["metadata"] and json.loads(node["metadata"]["tpunb-slice"])["os_login"] is True
-    assert cloud.accounts()["os_login_profiles"][USER] == {"username": "user_example_com", "keys": 1}
+    profile = cloud.accounts()["os_login_profiles"][USER]
+    assert (profile["username"], profile["keys"]) == ("user_example_com", 1)
+    [expiry] = profile["expiry_usec"]  # the key expires (a profile holds at most 32 KiB of keys)
+    assert abs(expiry / 1e6 - time.time() - 30 * 24 * 3600) < 600, expiry
     assert all(list(sshd.logins(a)) == ["user_example_com"] for a in sshd.addresses)
     cell("%tpu_down ol")
     assert cloud.state()["nodes"] == []
@@ -80,7 +85,7 @@ def test_a_node_outlives_a_wiped_notebook_machine(cloud, sshd, launch, tmp_path)
     manager.detach_all()  # this kernel goes away; the nodes run on
     env = {k: v for k, v in os.environ.items() if k not in ("CLOUDSDK_COMPUTE_ZONE", "CLOUDSDK_COMPUTE_REGION")}
     env.update(TPUNB_HOME=str(tmp_path / "wiped"), CLOUDSDK_CONFIG=str(tmp_path / "no-gcloud"))
-    manager, client = start_new_kernel(kernel_name="python3", env=env)
+    kernel_manager, client = start_new_kernel(kernel_name="python3", env=env)
 
     def run(code: str) -> str:
         reply, outputs = execute(client, code)
@@ -100,6 +105,22 @@ def test_a_node_outlives_a_wiped_notebook_machine(cloud, sshd, launch, tmp_path)
         assert "deleted spare" in run("%tpu_down spare")  # never attached here: found in its zone and deleted
     finally:
         client.stop_channels()
-        manager.shutdown_kernel(now=True)
+        kernel_manager.shutdown_kernel(now=True)
     state = cloud.state()
     assert state["nodes"] == [] and state["queuedResources"] == []
+
+
+def test_an_account_that_may_not_act_as_the_vms_service_account_is_told_before_any_node(cloud, isolated_home, launch):
+    """OS Login on: logging in to a VM that runs as a service account needs actAs on it. Without
+    roles/iam.serviceAccountUser: one line naming the role, the account and the grant command."""
+    cloud.faults(os_login=True)
+    cloud.accounts(permissions={USER: ["roles/tpu.admin", "compute.projects.get", "roles/compute.osLogin"]})
+    wire = cloud.record()
+    run = launch("--name actas", accel="v4-8")
+    text = str(run.error)
+    assert isinstance(run.error, ProvisionError) and "\n" not in text and "Traceback" not in run.shown, run.shown
+    assert "the VMs run as proj-compute@developer.gserviceaccount.com, which user@example.com may not act as" in text
+    assert ("gcloud iam service-accounts add-iam-policy-binding proj-compute@developer.gserviceaccount.com "
+            "--member=user:user@example.com --role=roles/iam.serviceAccountUser") in text, text
+    assert not [e for e in wire if e.method == "POST" and "/nodes" in e.path] and cloud.state()["nodes"] == []
+    assert Registry(isolated_home / "registry.db").list_slices() == []

@@ -238,19 +238,22 @@ def test_the_ops_table_is_what_the_agent_dispatches():
     from tpunb.host import agent as host_agent
     from tpunb.host.profiler import OPS as PROFILE_OPS
     from tpunb.host.relay import OPS as RELAY_OPS
+    from tpunb.host.spread import OPS as FETCH_OPS
 
     requests = {name[3:] for name in vars(host_agent.Agent) if name.startswith("op_")}
     assert requests == protocol.MAIN_THREAD_OPS
-    assert set(PROFILE_OPS) | set(RELAY_OPS) <= {op for op, thread in protocol.OPS.items() if thread == protocol.SIDE}
+    assert set(PROFILE_OPS) | set(RELAY_OPS) | set(FETCH_OPS) <= {op for op, thread in protocol.OPS.items() if thread == protocol.SIDE}
     seen: list = []
     stub = SimpleNamespace(
         arriving={}, lent=set(), jax=None, send=seen.append, channel=SimpleNamespace(heartbeat=seen.append),
-        profiler=SimpleNamespace(handle=seen.append), relay=SimpleNamespace(handle=lambda m: seen.append(m) or None),
+        profiler=SimpleNamespace(handle=seen.append), fetches=SimpleNamespace(handle=lambda m, b: seen.append(m)),
+        relay=SimpleNamespace(handle=lambda m: seen.append(m) or None),
         _take_part=lambda message, blob: seen.append(message), _interrupt_cell=seen.append,
         _set_metrics_interval=seen.append)
     for op in protocol.MAIN_THREAD_OPS | {"no_such_op"}:
         assert host_agent.Agent._dispatch(stub, {"op": op, "id": 1}, b"") is True, op
     assert not seen  # a request is left to the main loop, untouched
-    for op in ("part", "interrupt", "heartbeat", "metrics_interval", "start_jax", "release", *PROFILE_OPS, *RELAY_OPS):
+    for op in ("part", "interrupt", "heartbeat", "metrics_interval", "start_jax", "release", *PROFILE_OPS, *RELAY_OPS,
+               *FETCH_OPS):
         assert host_agent.Agent._dispatch(stub, {"op": op, "id": 1}, b"") is False, op
-    assert len(seen) == 4 + len(PROFILE_OPS) + len(RELAY_OPS)  # part, interrupt, heartbeat, metrics_interval
+    assert len(seen) == 4 + len(PROFILE_OPS) + len(RELAY_OPS) + len(FETCH_OPS)  # part, interrupt, heartbeat, metrics_interval

@@ -189,6 +189,21 @@ def test_status_lists_orphans_and_down_deletes_them(cloud, cell, ip):
     assert cloud.state()["nodes"] == []
 
 
+def test_a_zone_the_wildcard_list_cannot_reach_is_asked_on_its_own(cloud):
+    """A locations/- list names the zones it could not reach (AIP-217 `unreachable`) and leaves
+    their nodes out: the survey lists each of those zones itself, so an orphan there is still found."""
+    from tpunb.provision.gcp import api as gcp
+    from tpunb.provision.gcp.adopt import everywhere
+
+    gcp.create(gcp.NodeSpec(name="far", accelerator="v4-8", project="proj", zone=ZONE))
+    cloud.faults(unreachable=[ZONE])
+    wire = cloud.record()
+    assert [info.name for info in everywhere("proj")] == ["far"]
+    lists = [e.path for e in wire if e.method == "GET" and e.path.endswith("/nodes")]
+    assert lists == ["/v2/projects/proj/locations/-/nodes", f"/v2/projects/proj/locations/{ZONE}/nodes"], lists
+    gcp.delete("proj", ZONE, "far")
+
+
 def test_use_reattaches_a_cloud_slice_after_a_kernel_restart(cloud, cell, launch):
     assert launch("--name kept").error is None
     manager.detach_all()

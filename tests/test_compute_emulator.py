@@ -318,7 +318,7 @@ def test_a_quota_error_names_the_compute_engine_tpu_metric(sandbox, ce):
         sandbox.emulator.clear_faults()
     assert [(e.code, e.message.split(" exceeded")[0]) for e in done.error.errors] == [
         ("QUOTA_EXCEEDED", "Quota 'TPUS-PER-TPU-FAMILY-per-project-region'")]
-    assert "PREEMPTIBLE-TPU-CT6E-per-project-region" in spot.error.errors[0].message
+    assert "PREEMPTIBLE-TPU-V6E-per-project-region" in spot.error.errors[0].message
     with pytest.raises(exceptions.NotFound):
         ce.instances.get(project=P, zone=V6E_ZONE, instance="q")
 

@@ -8,12 +8,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from google.api_core.client_options import ClientOptions
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import compute_v1
 
-from tpunb import catalog, manager
-from tpunb.emulator.sandbox import start_sandbox
+from tests.compute_fixture import Google, cloud, sandbox  # noqa: F401 - cloud is a fixture
+from tpunb import catalog
 from tpunb.status import readable
 
 TPU7X_ZONE, V6E_ZONE = "us-central1-c", "us-east5-b"
@@ -21,39 +18,7 @@ TPU7X_ZONE, V6E_ZONE = "us-central1-c", "us-east5-b"
 
 @pytest.fixture(scope="module")
 def box():
-    sandbox = start_sandbox(hosts=5, create_seconds=0.3)
-    sandbox.emulator.timings(delete_seconds=0.1, queue_seconds=0.1)
-    yield sandbox
-    sandbox.stop()
-
-
-@pytest.fixture
-def cloud(box, isolated_home, monkeypatch):
-    """tpunb pointed at the sandbox (both APIs), a project configured; after the test, no VM is left."""
-    monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", box.url)
-    monkeypatch.setenv("TPUNB_COMPUTE_API_ENDPOINT", box.compute_url)
-    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", box.project)
-    yield box
-    manager.detach_all()
-
-
-class Google:
-    """What Google's own client sees in the sandbox."""
-
-    def __init__(self, box) -> None:
-        kw = {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=box.compute_url)}
-        self.project = box.project
-        self.instances = compute_v1.InstancesClient(**kw)
-        self.migs = compute_v1.InstanceGroupManagersClient(**kw)
-        self.templates = compute_v1.RegionInstanceTemplatesClient(**kw)
-        self.policies = compute_v1.ResourcePoliciesClient(**kw)
-
-    def everything(self, zone: str) -> dict[str, list[str]]:
-        region = catalog.region_of(zone)
-        return {"instances": [i.name for i in self.instances.list(project=self.project, zone=zone)],
-                "migs": [m.name for m in self.migs.list(project=self.project, zone=zone)],
-                "templates": [t.name for t in self.templates.list(project=self.project, region=region)],
-                "policies": [p.name for p in self.policies.list(project=self.project, region=region)]}
+    yield from sandbox(5, 0.3, 0.1, 0.1)
 
 
 def test_a_tpu7x_32_is_a_bulk_mig_whose_cell_sees_32_devices_and_goes_whole(cloud, cell, ip):

@@ -194,9 +194,10 @@ def test_a_cloud_multislice_is_one_queued_resource_and_one_slice_in_tpunb(patien
     first = nodes["pair-0"]["hosts"][0]  # host 0 of slice 0 coordinates the slices
     assert [h.address.split(":")[0] for h in sl.record.hosts] == nodes["pair-0"]["hosts"] + nodes["pair-1"]["hosts"]
     env = cell("%%on_tpu\nimport os\nprint(os.environ['MEGASCALE_COORDINATOR_ADDRESS'], "
-               "os.environ['MEGASCALE_SLICE_ID'], os.environ['TPUNB_SLICE_INDEX'])\nimport jax\njax.process_index()")
+               "os.environ['MEGASCALE_SLICE_ID'], os.environ['TPUNB_SLICE_INDEX'], os.environ.get('MEGASCALE_PORT'))"
+               "\nimport jax\njax.process_index()")
     assert env.error is None, env.shown
-    assert env.stdout == f"[s0] {first} 0 0\n[s1] {first} 1 1\n"  # the VMs' own tpu-env values
+    assert env.stdout == f"[s0] {first} 0 0 None\n[s1] {first} 1 1 None\n"  # the VMs' own tpu-env values, no port of ours
     assert "Out[s1/1]: 3" in env.shown  # one JAX job over both slices, processes numbered slice by slice
 
     cell("%tpu_status")

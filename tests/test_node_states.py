@@ -50,6 +50,7 @@ def test_a_queued_request_is_given_its_wait_and_the_api_ends_it(cloud, launch, m
     assert ("queued resource patient was still WAITING_FOR_RESOURCES after 2 s (--timeout, its "
             "valid_until_duration)") in str(run.error)
     assert "WAITING_FOR_RESOURCES, waited" in run.shown  # the state and how long, while it waits
+    assert "waits at most" not in run.shown  # the limit given is the one the error names
     [create] = [e for e in wire if e.method == "POST" and e.path.endswith("/queuedResources")]
     assert json.loads(create.request)["queueingPolicy"] == {"validUntilDuration": "2s"}
     state = cloud.state()
@@ -63,6 +64,7 @@ def test_ctrl_c_while_queued_deletes_the_request_and_says_so(cloud, launch):
     run = launch("--name waiting --queued")
     assert isinstance(run.error, CellInterrupted), run.shown
     assert "its queued resource request" in str(run.error) and "was deleted, nothing is left running" in str(run.error)
+    assert "the queued resource waits at most 20m for capacity (its valid_until_duration)" in run.stdout, run.stdout
     assert cloud.state()["queuedResources"] == []
 
 
@@ -74,6 +76,7 @@ def test_ctrl_c_while_queued_deletes_the_request_and_says_so(cloud, launch):
     ("DELETING", "It is going away: %tpu_down lost forgets it"),
     ("HIDDEN", "Relaunch it with %tpu_launch --recover lost"),
     ("REPAIRING", "Google is repairing it: run the cell again in a few minutes"),
+    ("UNKNOWN", "Google cannot tell its state (its hosts may come back): run the cell again in a few minutes"),
 ])
 def test_each_lost_node_state_is_one_line_at_the_next_cell(cloud, cell, launch, state, words):
     assert launch("--name lost").error is None
@@ -108,6 +111,7 @@ def test_internal_ip_from_a_vm_in_the_network_connects_to_internal_addresses(clo
     assert run.error is None, run.shown
     node = next(n for n in cloud.nodes() if n["name"].endswith("/inside"))
     assert not node["networkConfig"].get("enableExternalIps")
+    assert "--internal-ip: the hosts have no external address" in run.stdout and "Cloud NAT on network default" in run.stdout
     assert cell("%%on_tpu --slice inside\n1").error is None
     cell("%tpu_down inside")
     cell("%tpu_down notebook-vm")

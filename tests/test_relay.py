@@ -224,16 +224,16 @@ def test_a_relay_cut_off_mid_stream_fails_its_subtree_naming_it():
     one, two = host_relay.Relay(secret.hex()), host_relay.Relay(secret.hex())
     (a1, p1), (a2, p2) = [(r["address"], r["port"]) for r in (one.listen(), two.listen())]
     tree = [[1, a1, p1, [[2, a2, p2, []]]]]
-    children = host_relay._open_children(secret, tree, 5, 4 << 20, [0, "the-root"])
-    host_relay._forward(children, memoryview(b"x" * (2 << 20)))
+    children = host_relay.open_children(secret, tree, 5, 4 << 20, [0, "the-root"])
+    host_relay.forward(children, memoryview(b"x" * (2 << 20)))
     children[0][1].close()
     with pytest.raises(RelayError, match=r"relay from host 0 \(the-root\) ended after 2,097,152 of 4,194,304"):
         one.wait(5, 10)
     with pytest.raises(RelayError, match=rf"relay from host 1 \({a1}\) ended"):
         two.wait(5, 10)
     assert one.refused == two.refused == 0
-    good = host_relay._open_children(secret, tree, 6, 3, [0, "the-root"])  # the next transfer works
-    host_relay._forward(good, memoryview(b"abc"))
+    good = host_relay.open_children(secret, tree, 6, 3, [0, "the-root"])  # the next transfer works
+    host_relay.forward(good, memoryview(b"abc"))
     assert bytes(one.wait(6, 10)) == bytes(two.wait(6, 10)) == b"abc"
     for child in good:
         child[1].close()

@@ -34,7 +34,8 @@ def test_where_the_api_cannot_be_asked_the_catalog_decides(cloud, launch):
     assert isinstance(refused.error, ProvisionError) and "zones with v4-16: us-central2-b" in str(refused.error)
 
 
-def test_tpu7x_is_launched_through_compute_engine_only(cloud, cell, ip, launch):
+def test_tpu7x_is_launched_through_compute_engine_only(cloud, cell, ip, launch, monkeypatch):
+    monkeypatch.setenv("TPUNB_COMPUTE_API_ENDPOINT", cloud.url)  # its zones are Compute Engine's answer
     table = catalog.table("tpu7x")
     assert all(z == "us-central1-ai1a, us-central1-c" for z in table["zones"])  # Compute Engine's zones
     plan = cell("%tpu_plan llama3-8b --tpu tpu7x").shown

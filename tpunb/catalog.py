@@ -12,6 +12,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -386,8 +387,13 @@ def zones_near(acc: Accelerator | str, region: str | None = None) -> list[str]:
     """The zones offering ``acc``, nearest to ``region`` first: the same region, then the same
     area (us-central*), then the same continent (us-*); the catalog's order otherwise."""
     acc = lookup(acc) if isinstance(acc, str) else acc
+    return nearest(acc.zones, region)
+
+
+def nearest(zones: Sequence[str], region: str | None = None) -> list[str]:
+    """``zones`` nearest to ``region`` first (their order otherwise, and where equally near)."""
     if not region:
-        return list(acc.zones)
+        return list(zones)
 
     def distance(zone: str) -> int:
         theirs = region_of(zone)
@@ -397,7 +403,7 @@ def zones_near(acc: Accelerator | str, region: str | None = None) -> list[str]:
             return 1
         return 2 if theirs.split("-")[0] == region.split("-")[0] else 3
 
-    return sorted(acc.zones, key=distance)
+    return sorted(zones, key=distance)
 
 
 def zones() -> list[str]:

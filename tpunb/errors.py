@@ -141,6 +141,15 @@ class SnapshotError(TpunbError):
     pickle, a spec that does not fit the new slice, no space left); nothing half-done is left."""
 
 
+class FetchFailed(TpunbError):
+    """A %tpu_fetch that could not put the files on every host; ``kind`` names the cause (disk,
+    verify, source, network, host, cancelled). Nothing that looks complete is left half-written."""
+
+    def __init__(self, message: str, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class CellInterrupted(TpunbError):
     """A cell was interrupted (kernel interrupt or --timeout) on every host; ``results`` has what ran."""
 

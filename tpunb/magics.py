@@ -382,6 +382,31 @@ class TpuMagics(Magics):
                          timeout=args.timeout, port=args.port)
 
     @magic_arguments()
+    @argument("source", help="hf://ORG/NAME, gs://BUCKET/PREFIX or https://...")
+    @argument("--to", required=True, metavar="PATH", help="where the files go on every host (~ is each host's home)")
+    @argument("--include", nargs="+", action="extend", default=[], metavar="GLOB",
+              help="only the files these patterns match (as huggingface_hub's allow_patterns)")
+    @argument("--revision", default=None, metavar="R", help="a branch, tag or commit of an hf:// repository")
+    @argument("--hosts", default=None, help="only these hosts (default: all)")
+    @argument("--slice", dest="slice_name", default=None)
+    @line_magic
+    def tpu_fetch(self, line: str):
+        """The same files at PATH on every host, each byte from the source once per slice:
+        %tpu_fetch SOURCE --to PATH [--include GLOB ...] [--revision R] [--hosts H]."""
+        args = parse_line(self.tpu_fetch, line)
+        from tpunb.fetch.source import parse_source
+
+        try:
+            parse_source(args.source, args.revision, args.include)
+        except UsageError as exc:
+            raise UsageError(f"{exc}. Usage: {usage_of(self.tpu_fetch)}") from None
+        sl = manager.current(args.slice_name)
+        with one_line_interrupt():
+            done = sl.fetch(args.source, args.to, args.include, args.revision, args.hosts)
+        report.info(f"[tpunb] fetched {done}")
+        return None
+
+    @magic_arguments()
     @argument("name", nargs="?", default=None, help="the service")
     @argument("--file", default=None, metavar="PATH", help="instead of a service: this file on every host (from the home)")
     @argument("--host", default=None, help="only this host (default: every host that runs it)")

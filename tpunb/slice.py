@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     import numpy
     import pandas
 
+    from tpunb.fetch.spread import FetchReport
+
 
 
 class Node:
@@ -437,6 +439,24 @@ class Slice:
         self.revive(indices)
         self.idle.mark(False, tell_host=True)
         return assemble(name, self.session.gather(name, indices))
+
+    def fetch(self, source: str, to: str, include: tuple[str, ...] | list[str] = (), revision: str | None = None,
+              hosts: str | list[int] | None = None) -> FetchReport:
+        """Put SOURCE's files (``hf://ORG/NAME``, ``gs://BUCKET/PREFIX`` or ``https://...``) at ``to``
+        on every chosen host, each byte from the source once per slice (``tpunb.fetch.spread``):
+        resumable, verified, and a second fetch of the same revision moves nothing. A FetchReport."""
+        from tpunb.fetch.manifest import manifest
+        from tpunb.fetch.source import parse_source
+        from tpunb.fetch.spread import fetch
+
+        if not isinstance(to, str) or not to.strip():
+            raise UsageError("say where the files go on the hosts: --to PATH, e.g. --to ~/models/gemma")
+        wanted = parse_source(source, revision, (include,) if isinstance(include, str) else tuple(include or ()))
+        indices = self.layout.parse(hosts)
+        listed = manifest(wanted)
+        self.revive()  # not only these hosts': a background cell may hold them, the fetch runs beside it
+        with self.idle.busy():
+            return fetch(self.session, listed, to.strip(), indices, self.layout.names)
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self, since: Any = None) -> "pandas.DataFrame":

@@ -24,6 +24,7 @@ import base64
 import fnmatch
 import hashlib
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ ROLES = {
     "roles/tpu.viewer": ["tpu.*.get", "tpu.*.list"],
     "roles/compute.osLogin": ["compute.instances.osLogin"],
     "roles/compute.osAdminLogin": ["compute.instances.osLogin", "compute.instances.osAdminLogin"],
+    "roles/iam.serviceAccountUser": ["iam.serviceAccounts.actAs"],
 }
 LOGIN_PERMISSIONS = ("compute.instances.osLogin", "compute.instances.osAdminLogin")
 #: what each Cloud TPU v2 call needs (IAM permission names as Google spells them)
@@ -77,6 +79,12 @@ class Profile:
     email: str
     uid: int
     keys: dict[str, str] = field(default_factory=dict)
+    expiry: dict[str, int] = field(default_factory=dict)  # fingerprint -> expirationTimeUsec, where given
+
+    def live_keys(self) -> dict[str, str]:
+        """The keys not expired now (OS Login drops an expired key from what VMs accept)."""
+        now = time.time() * 1e6
+        return {fp: key for fp, key in self.keys.items() if self.expiry.get(fp, now + 1) > now}
 
     @property
     def username(self) -> str:
@@ -89,7 +97,8 @@ class Profile:
                                    "name": f"users/{self.email}/projects/{project}" if project else ""}
         profile: dict[str, Any] = {"name": self.email, "posixAccounts": [{k: v for k, v in account.items() if v}]}
         if self.keys:
-            profile["sshPublicKeys"] = {fp: {"key": key, "fingerprint": fp, "name": f"users/{self.email}/sshPublicKeys/{fp}"}
+            profile["sshPublicKeys"] = {fp: {"key": key, "fingerprint": fp, "name": f"users/{self.email}/sshPublicKeys/{fp}",
+                                             **({"expirationTimeUsec": str(self.expiry[fp])} if fp in self.expiry else {})}
                                         for fp, key in self.keys.items()}
         return profile
 
@@ -132,7 +141,8 @@ class Accounts:
     def snapshot(self) -> dict:
         return {"user": self.user, "permissions": dict(self.permissions),
                 "project_metadata": {p: dict(m) for p, m in self.metadata_of_all().items()},
-                "os_login_profiles": {e: {"username": p.username, "keys": len(p.keys)} for e, p in self.profiles.items()}}
+                "os_login_profiles": {e: {"username": p.username, "keys": len(p.keys),
+                                          "expiry_usec": sorted(p.expiry.values())} for e, p in self.profiles.items()}}
 
     # -- IAM -----------------------------------------------------------------------------------
 
@@ -169,10 +179,11 @@ class Accounts:
         return {p: self.metadata(p) for p in self.project_metadata}
 
     def compute_project(self, principal: str, project: str) -> dict:
-        """compute v1 projects.get, the part tpunb reads: commonInstanceMetadata."""
+        """compute v1 projects.get, the parts tpunb reads: commonInstanceMetadata, defaultServiceAccount."""
         self.require(principal, "compute.projects.get", f"projects/{project}", "compute.googleapis.com")
         items = [{"key": k, "value": v} for k, v in sorted(self.metadata(project).items())]
-        return {"kind": "compute#project", "name": project, "commonInstanceMetadata": {"items": items} if items else {}}
+        return {"kind": "compute#project", "name": project, "commonInstanceMetadata": {"items": items} if items else {},
+                "defaultServiceAccount": default_service_account(project)}
 
     def os_login_on(self, project: str, node_metadata: dict[str, str]) -> bool:
         """An instance's value overrides the project's (Google's OS Login page)."""
@@ -197,7 +208,12 @@ class Accounts:
         profile = self._own_profile(principal, email)
         if project and not any(self.allowed(email, p) for p in LOGIN_PERMISSIONS):
             self.require(email, LOGIN_PERMISSIONS[0], f"projects/{project}", "compute.googleapis.com")
+        expiry = body.get("expirationTimeUsec")
+        if expiry is not None and not re.fullmatch(r"\d+", str(expiry)):  # int64: a string of digits
+            raise ApiError(400, "INVALID_ARGUMENT", f"Invalid value at 'ssh_public_key.expiration_time_usec' ({expiry!r})")
         profile.keys[fingerprint(key)] = key
+        if expiry is not None:
+            profile.expiry[fingerprint(key)] = int(expiry)
         return {"loginProfile": profile.to_json(project)}
 
     def login_profile(self, principal: str, email: str, project: str) -> dict:
@@ -205,8 +221,8 @@ class Accounts:
 
     def login_keys(self, project: str) -> dict[str, list[str]]:
         """POSIX user -> the keys a VM under OS Login in ``project`` accepts for it now."""
-        return {p.username: list(p.keys.values()) for p in self.profiles.values()
-                if p.keys and any(self.allowed(p.email, perm) for perm in LOGIN_PERMISSIONS)}
+        return {p.username: list(p.live_keys().values()) for p in self.profiles.values()
+                if p.live_keys() and any(self.allowed(p.email, perm) for perm in LOGIN_PERMISSIONS)}
 
     def tokeninfo(self, principal: str) -> dict:
         """oauth2 tokeninfo for the caller: its email (what tpunb asks to name the account)."""

@@ -80,7 +80,8 @@ class AdminClient:
 
     def compute_faults(self, **changes: Any) -> dict:
         """Compute Engine faults: unstable=True|[zones] (MIGs never fill; unstable_code and
-        unstable_message say what listErrors shows), allowlisted=True (TPU7x Spot/Flex-start allowed)."""
+        unstable_message say what listErrors shows), allowlisted=True (TPU7x Spot/Flex-start allowed),
+        reservations=[names] (the project's reservations a VM may name)."""
         return self.admin("POST", "/_emulator/compute/faults", changes)
 
     def recreate(self, instance: str) -> dict:

@@ -49,6 +49,7 @@ class Faults:
     offered: dict[str, list[str]] | None = None  # {zone: [type, ...]}: what those zones offer, not the catalog's
     slow_create: float = 0.0  # extra seconds a node stays CREATING
     preempt_after: float | None = None  # spot nodes are preempted this long after READY
+    unreachable: list[str] | None = None  # zones a locations/- list cannot reach: left out, named in `unreachable`
 
     def update(self, changes: dict) -> None:
         known = {f.name for f in fields(self)}
@@ -89,7 +90,7 @@ def _coerce_fault(key: str, value: Any) -> Any:
         if isinstance(value, str):
             return [z for z in value.split(",") if z] or False
         return list(value) if isinstance(value, (list, tuple)) else bool(value)
-    if key == "quota_regions":
+    if key in ("quota_regions", "unreachable"):
         return None if value is None else [z for z in (value.split(",") if isinstance(value, str) else value) if z]
     if key in ("api_disabled", "delete_denied", "os_login"):
         return bool(value)

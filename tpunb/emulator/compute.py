@@ -18,9 +18,14 @@ from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, 
 from tpunb.emulator.compute_migs import MigSide
 from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, short
 
-TPU_FAMILIES = {"tpu7x": "TPU7X", "v6e": "CT6E", "v5p": "CT5P"}
+#: the preemptible (Spot, Flex-start) TPU quota metric's generation part: V6E as field reports quote
+#: it (PREEMPTIBLE-TPU-V6E-per-project-region); TPU7X and V5P by analogy (synthetic)
+PREEMPTIBLE = {"tpu7x": "TPU7X", "v6e": "V6E", "v5p": "V5P"}
 #: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist
-FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted")
+FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations")
+#: a flex-start VM's requestValidForDuration bounds, as field reports quote the refusal
+FLEX_WAIT = (90, 7200)
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 
 
 def compute_zones() -> list[str]:
@@ -102,21 +107,35 @@ class ComputeEngine(MigSide):
         return found
 
     def _check_capacity_rules(self, project: str, machine: catalog.MachineType, properties: dict) -> None:
-        """TPU7x Spot and Flex-start need the project on Google's allowlist (tpu-machines' footnote)."""
-        model = (properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
+        """TPU7x Spot and Flex-start need the project on Google's allowlist (tpu-machines' footnote);
+        Flex-start needs maxRunDuration, and a named reservation must exist (the admin's
+        ``reservations`` fault lists the project's)."""
+        scheduling = properties.get("scheduling") or {}
+        model = scheduling.get("provisioningModel", "STANDARD")
         if machine.generation == "tpu7x" and model in ("SPOT", "FLEX_START") and not self.faults.get("allowlisted"):
             raise ComputeError(403, "forbidden", f"{model} provisioning of {machine.name} is restricted by an "
                                f"allowlist; project {project} is not on it. Contact your account team.")
+        if model == "FLEX_START" and not scheduling.get("maxRunDuration"):
+            raise invalid("Invalid value for field 'resource.scheduling.maxRunDuration': ''. FLEX_START instances "
+                          "require maxRunDuration.")
+        affinity = properties.get("reservationAffinity") or {}
+        if affinity.get("consumeReservationType") == "SPECIFIC_RESERVATION":
+            names = [short(v) for v in affinity.get("values") or []]
+            if affinity.get("key") != RESERVATION_KEY or not names:
+                raise invalid(f"Invalid value for field 'resource.reservationAffinity': a specific reservation is "
+                              f"named with key {RESERVATION_KEY} and its name in values.")
+            if names[0] not in (self.faults.get("reservations") or []):
+                raise invalid(f"Invalid value for field 'resource.reservationAffinity.values[0]': '{names[0]}'. "
+                              f"The reservation does not exist in project {project}.")
 
     def _quota_error(self, zone: str, machine: catalog.MachineType, properties: dict) -> ComputeError | None:
         if not self.emu.faults.quota_in(zone):
             return None
         model = (properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
-        family = TPU_FAMILIES[machine.generation]
-        metric = (f"PREEMPTIBLE-TPU-{family}-per-project-region" if model in ("SPOT", "FLEX_START")
+        metric = (f"PREEMPTIBLE-TPU-{PREEMPTIBLE[machine.generation]}-per-project-region" if model in ("SPOT", "FLEX_START")
                   else "TPUS-PER-TPU-FAMILY-per-project-region")
-        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded (tpu_family={family}). "
-                            f"Limit: 0.0 in region {catalog.region_of(zone)}.")
+        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded. Limit: 0.0 in region "
+                            f"{catalog.region_of(zone)}.")
 
     # -- instances --------------------------------------------------------------------------
 
@@ -137,6 +156,8 @@ class ComputeEngine(MigSide):
         op = self._operation(project, f"zones/{zone}", "insert", vm.path, vm.id)
         quota = self._quota_error(zone, machine, body)
         endpoint = None if quota or self.emu.faults.stockout(zone) else self._allocate(vm, machine)
+        if endpoint is None and not quota and (body.get("scheduling") or {}).get("provisioningModel") == "FLEX_START":
+            return self._pending(vm, machine, op)
         if endpoint is None:
             error = quota or ComputeError(503, "ZONE_RESOURCE_POOL_EXHAUSTED", f"The zone 'projects/{project}/"
                                           f"zones/{zone}' does not have enough resources available to fulfill "
@@ -146,6 +167,35 @@ class ComputeEngine(MigSide):
         self.instances[vm.path] = vm
         self._start(vm, op)
         return op.to_json()
+
+    def _pending(self, vm: Vm, machine: catalog.MachineType, op: ComputeOperation) -> dict:
+        """A flex-start VM without capacity: PENDING (its insert accepted), tried again every
+        queue_seconds, gone without an error once requestValidForDuration passes (field reports)."""
+        wait = int(((vm.properties.get("params") or {}).get("requestValidForDuration") or {}).get("seconds") or FLEX_WAIT[1])
+        if not FLEX_WAIT[0] <= wait <= FLEX_WAIT[1]:
+            del self.operations[op.path]
+            raise invalid(f"Invalid value for field 'resource.params.requestValidForDuration': '{wait}s'. Request "
+                          f"valid for duration must be at least {FLEX_WAIT[0]} and less or equal to {FLEX_WAIT[1]} seconds.")
+        vm.status, vm.current_action = "PENDING", "CREATING"
+        self.instances[vm.path] = vm
+        self._finish(op)
+        self.emu.at(self.emu.timings.queue_seconds, self._grant, vm, machine)
+        self.emu.at(wait, self._expire, vm)
+        return op.to_json()
+
+    def _grant(self, vm: Vm, machine: catalog.MachineType) -> None:
+        if self.instances.get(vm.path) is not vm or vm.status != "PENDING":
+            return
+        if self.emu.faults.stockout(vm.zone) or self._allocate(vm, machine) is None:
+            self.emu.at(self.emu.timings.queue_seconds, self._grant, vm, machine)
+            return
+        vm.status = "PROVISIONING"
+        self._start(vm)
+
+    def _expire(self, vm: Vm) -> None:
+        if self.instances.get(vm.path) is vm and vm.status == "PENDING":
+            del self.instances[vm.path]
+            self._changed.notify_all()
 
     def _allocate(self, vm: Vm, machine: catalog.MachineType):
         found = self.emu.hosts.allocate(vm.path, 1, bool(_nic(vm.properties).get("accessConfigs")))

@@ -113,7 +113,7 @@ class Hub:
         #: where LFS answers redirect to: another origin, as the Hub's CDN is (so clients drop the token)
         self.cdn_url: str | None = None
         self._cuts: dict[str, int] = {}
-        self._busy: dict[str, tuple[int, int]] = {}
+        self._busy: dict[str, tuple[int, int, bool]] = {}
         self._secret = secrets.token_bytes(16)
         self._lock = threading.Lock()
 
@@ -131,18 +131,19 @@ class Hub:
         repo.refs[revision] = sha
         return sha
 
-    def busy(self, path: str, times: int, retry_after: int = 0) -> None:
-        """The next ``times`` GETs of ``path`` answer 429 with this Retry-After, as a throttling Hub does."""
+    def busy(self, path: str, times: int, retry_after: int = 0, ranged: bool = False) -> None:
+        """The next ``times`` GETs of ``path`` answer 429 with this Retry-After, as a throttling Hub
+        does (``ranged``: only GETs that resume with a Range, so a first GET can be cut first)."""
         with self._lock:
-            self._busy[path] = (times, retry_after)
+            self._busy[path] = (times, retry_after, ranged)
 
-    def take_busy(self, path: str) -> int | None:
+    def take_busy(self, path: str, ranged: bool = False) -> int | None:
         """The Retry-After to answer this GET of ``path`` with, or None to serve it."""
         with self._lock:
-            times, after = self._busy.get(path, (0, 0))
-            if not times:
+            times, after, only_ranged = self._busy.get(path, (0, 0, False))
+            if not times or (only_ranged and not ranged):
                 return None
-            self._busy[path] = (times - 1, after)
+            self._busy[path] = (times - 1, after, only_ranged)
             return after
 
     def cut(self, path: str, after: int) -> None:
@@ -348,7 +349,7 @@ class _Handler(BaseHTTPRequestHandler):
         if head:
             self._send(status, b"", {**headers, "Content-Length": str(len(data))}, head=True)
             return
-        after = self.server.hub.take_busy(found.path)
+        after = self.server.hub.take_busy(found.path, ranged=bool(span))
         if after is not None:
             raise HubError(429, None, "You have been rate-limited; retry later", {"Retry-After": str(after)})
         self.server.hub.count(repo_id, found.path)

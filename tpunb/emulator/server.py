@@ -12,6 +12,7 @@ Beside it, what tpunb asks other Google APIs (the same base URL stands for each 
   POST /v1/users/U:importSshPublicKey (?projectId=)   OS Login: add a key, get the login profile
   GET  /v1/users/U/loginProfile (?projectId=)          OS Login: the profile (its POSIX user)
   POST /v1/projects/P:testIamPermissions               Cloud Resource Manager: which permissions the caller has
+  POST /v1/projects/P/serviceAccounts/SA:testIamPermissions   IAM: the same, on a service account (actAs)
   GET  /compute/v1/projects/P                          Compute Engine: the project's commonInstanceMetadata
   GET  /tokeninfo                                      OAuth2: the caller's email
 Admin (JSON in and out):
@@ -76,6 +77,8 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("POST", re.compile(r"/v1/users/(?P<user>[^/:]+):importSshPublicKey$"), "import_ssh_key"),
     ("GET", re.compile(r"/v1/users/(?P<user>[^/:]+)/loginProfile$"), "login_profile"),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):testIamPermissions$"), "test_iam_permissions"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+)/serviceAccounts/(?P<account>[^/:]+):testIamPermissions$"),
+     "test_iam_permissions"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/:]+)$"), "compute_project"),
     ("GET", re.compile(r"/tokeninfo$"), "tokeninfo"),
     ("GET", re.compile(r"/_emulator/health$"), "admin_health"),

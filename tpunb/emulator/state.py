@@ -38,7 +38,7 @@ from tpunb.emulator.resources import (
 
 RESOURCE_EXHAUSTED, ABORTED = 8, 10
 #: what a READY node can be made to become (the admin's preempt): its VMs stop answering
-LOST_STATES = ("PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN", "REPAIRING")
+LOST_STATES = ("PREEMPTED", "TERMINATED", "STOPPED", "STOPPING", "DELETING", "HIDDEN", "REPAIRING", "UNKNOWN")
 
 
 class Emulator(RequestChecks, VmSide):
@@ -233,8 +233,8 @@ class Emulator(RequestChecks, VmSide):
 
     def list_nodes(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> dict:
         self._check_location(project, zone, wildcard=True)
-        items = [n.to_json(self._ssh_port()) for n in _in_location(self.nodes, project, zone)]
-        return _page(items, "nodes", page_size, page_token)
+        items = [n.to_json(self._ssh_port()) for n in self._reachable(_in_location(self.nodes, project, zone), zone)]
+        return self._unreachable(_page(items, "nodes", page_size, page_token), project, zone)
 
     def delete_node(self, project: str, zone: str, node_id: str) -> dict:
         self._check_location(project, zone)
@@ -396,8 +396,19 @@ class Emulator(RequestChecks, VmSide):
 
     def list_queued(self, project: str, zone: str, page_size: int = 0, page_token: str = "") -> dict:
         self._check_location(project, zone, wildcard=True)
-        items = [q.to_json() for q in _in_location(self.queued, project, zone)]
-        return _page(items, "queuedResources", page_size, page_token)
+        items = [q.to_json() for q in self._reachable(_in_location(self.queued, project, zone), zone)]
+        return self._unreachable(_page(items, "queuedResources", page_size, page_token), project, zone)
+
+    def _reachable(self, found: list, zone: str) -> list:
+        """A wildcard list leaves out what lives in a zone it cannot reach (the unreachable fault)."""
+        cut = set(self.faults.unreachable or ()) if zone == "-" else set()
+        return [r for r in found if r.zone not in cut]
+
+    def _unreachable(self, page: dict, project: str, zone: str) -> dict:
+        """AIP-217: a wildcard list names the locations it could not reach."""
+        if zone == "-" and self.faults.unreachable:
+            page["unreachable"] = [f"projects/{project}/locations/{z}" for z in self.faults.unreachable]
+        return page
 
     def delete_queued(self, project: str, zone: str, qr_id: str, force: bool = False) -> dict:
         self._check_location(project, zone)

@@ -28,6 +28,7 @@ from .jax_start import JaxStarter
 from .metrics import Sampler, install_log_shim
 from .profiler import OPS as PROFILE_OPS, Profiler
 from .relay import OPS as RELAY_OPS, Relay, RelayError
+from .spread import OPS as FETCH_OPS, Fetches
 from .runners import PlainRunner, cap_bundle, cap_text, flush_figures, make_ipython_runner, prefer_inline_matplotlib
 from .standalone import idle
 
@@ -55,6 +56,7 @@ class Agent:
         self.sampler = None
         self.profiler = Profiler(self)
         self.relay = Relay(None)
+        self.fetches = Fetches(self.send, self.relay)  # %tpu_fetch: on side threads, beside cells
         self.arriving: dict = {}  # request id -> transfer.Assembly of a value coming in parts
         self.lent: set[int] = set()  # memfds of pulled values the kernel has not mapped yet
 
@@ -114,6 +116,7 @@ class Agent:
         # marshal frames when the kernel runs this same Python (it decides the same from our hello)
         self.channel.fast = bool(init.get("marshal")) and init.get("magic", protocol.MAGIC) == protocol.MAGIC
         self.relay = Relay(init.get("relay_secret"))  # the slice's secret: in this frame only, over SSH
+        self.fetches = Fetches(self.send, self.relay)
         os.environ.update({k: str(v) for k, v in (init.get("env") or {}).items()})
         if init.get("cwd"):
             try:
@@ -218,6 +221,8 @@ class Agent:
             os.environ.update({str(k): str(v) for k, v in (message.get("values") or {}).items()})
         elif op == "metrics_interval":
             self._set_metrics_interval(float(message.get("seconds", 1.0)))
+        elif op in FETCH_OPS:  # a fetch's parts: its request, a chunk through the kernel, a cancel
+            self.fetches.handle(message, blob)
         elif op in RELAY_OPS:  # the listener's address, or a transfer given up
             reply = self.relay.handle(message)
             if reply is not None:

@@ -153,8 +153,12 @@ class JaxStarter(importlib.abc.MetaPathFinder):
     @staticmethod
     def megascale_from_metadata() -> dict:
         """A Cloud TPU VM's own MEGASCALE_* values (its ``tpu-env`` metadata), which JAX and libtpu
-        read there too: set in this process's environment where the VM has them."""
+        read there too: set in this process's environment where the VM has them, replacing every
+        MEGASCALE_* the kernel set (its port is a guess for hosts without tpu-env)."""
         found = {k: v for k, v in tpu_env().items() if k.startswith("MEGASCALE_")}
+        if found:  # the VM says: none of the kernel's guesses (a port) stays beside its values
+            for key in [k for k in os.environ if k.startswith("MEGASCALE_") and k not in found]:
+                del os.environ[key]
         os.environ.update(found)
         return found
 

@@ -19,6 +19,8 @@ Shipped to hosts: standard library only, and it must run on the image's Python 3
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import hashlib
 import json
@@ -33,6 +35,7 @@ import sys
 import sysconfig
 import threading
 import time
+from typing import Iterator
 
 from . import protocol
 
@@ -43,8 +46,15 @@ MARKER = "tpunb-env.json"
 STEPS = ("uv", "python", "venv", "packages", "versions")
 #: a frame at least this often while a step runs: the kernel counts it as a sign of life
 BEAT_SECONDS = 1.0
-#: the TPU's device files: a TPU VM gets jax[tpu] (libtpu), any other host plain jax
-TPU_DEVICES = ("/dev/accel*", "/dev/vfio/[0-9]*")
+#: where a TPU shows itself as JAX looks for it (jax/_src/hardware_utils.py): a PCI device of
+#: Google's vendor id with a TPU's device id (Google's gVNIC shares the vendor id). Device files
+#: under /dev differ by generation (accel*, vfio/N) and by image.
+PCI_DEVICES = "/sys/bus/pci/devices"
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICE_IDS = {"0x0027": "v2/v3", "0x0056": "plc", "0x005e": "v4", "0x0062": "v5p", "0x0063": "v5e",
+                      "0x006f": "v6e", "0x0076": "tpu7x"}
+#: libtpu for jax 0.5.0 and older is a libtpu-nightly wheel that only JAX's own index has
+LIBTPU_FIND_LINKS = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
 
 
 class SetupError(Exception):
@@ -121,15 +131,59 @@ def _watch_stdin() -> threading.Event:
     return done
 
 
-def digest(spec: dict) -> str:
-    """What the environment was made from (same digest: nothing to do)."""
+def has_tpu(root: str = PCI_DEVICES) -> bool:
+    """Whether this machine has a TPU chip, decided as JAX decides it: a PCI device of Google's
+    vendor and a TPU's device id (a TPU VM gets jax[tpu] and libtpu; any other host plain jax)."""
+    def read(path: str) -> str:
+        try:
+            with open(path) as f:
+                return f.read().strip().lower()
+        except OSError:
+            return ""
+
+    return any(read(os.path.join(device, "vendor")) == GOOGLE_PCI_VENDOR
+               and read(os.path.join(device, "device")) in TPU_PCI_DEVICE_IDS
+               for device in glob.glob(os.path.join(root, "*")))
+
+
+def digest(spec: dict, tpu: bool | None = None) -> str:
+    """What the environment was made from (same digest: nothing to do). Whether the host has a TPU
+    is part of it: an environment made without libtpu is made again once chips are found."""
     wanted = {k: spec.get(k) for k in ("python", "jax", "jax_pinned", "jax_python", "packages", "pip", "requirements")}
+    wanted["tpu"] = has_tpu() if tpu is None else tpu
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def ensure(spec: dict, say) -> dict:
-    """The environment ``spec`` asks for, made or checked; its python, path and versions."""
+    """The environment ``spec`` asks for, made or checked; its python, path and versions. Under a
+    lock: a second kernel attaching at the same time waits, then finds it made, not made twice."""
     env_dir = os.path.expanduser(spec.get("dir") or DEFAULT_DIR)
+    with _env_lock(env_dir, say):
+        return _ensure(spec, say, env_dir)
+
+
+@contextlib.contextmanager
+def _env_lock(env_dir: str, say) -> Iterator[None]:
+    """An exclusive lock beside the environment, held while it is checked and made; while another
+    process holds it, beats say so (the kernel counts frames as signs of life)."""
+    os.makedirs(os.path.dirname(env_dir.rstrip("/")) or ".", exist_ok=True)
+    fd = os.open(env_dir.rstrip("/") + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        step = _Steps(say)
+        step.current = STEPS[0]
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                step.note("another process is preparing this environment: waiting", force=False)
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def _ensure(spec: dict, say, env_dir: str) -> dict:
     python = os.path.join(env_dir, "bin", "python")
     want = digest(spec)
     recorded = _read_marker(env_dir)
@@ -158,6 +212,23 @@ def _read_marker(env_dir: str) -> dict:
         return {}
 
 
+#: the idle watchdog's state and activity files (standalone/idle.py STATE, ACTIVITY; not shipped
+#: with the launcher, so named here, and a test holds the two equal)
+IDLE_FILES = ("idle.json", "activity")
+
+
+def touch_idle_activity() -> None:
+    """A first environment build can outlast the boot watchdog's grace for the launching kernel:
+    while steps run, mark activity as an attached agent would (only where a watchdog is armed)."""
+    folder = os.environ.get("TPUNB_HOST_DIR") or "/var/tmp/tpunb-host"
+    state, activity = (os.path.join(folder, name) for name in IDLE_FILES)
+    if os.path.exists(state):
+        try:
+            os.utime(activity, None)
+        except OSError:
+            pass  # not marked yet, or not ours to touch: the watchdog keeps its own clock
+
+
 class _Steps:
     """Says each step as it starts, beats while it runs, and what it printed last."""
 
@@ -180,6 +251,7 @@ class _Steps:
         now = time.monotonic()
         if force or now - self.last >= BEAT_SECONDS:
             self.last = now
+            touch_idle_activity()
             self.say({"op": "prepare", "state": "step", "step": self.current, "index": STEPS.index(self.current),
                       "note": text[:60]})
 
@@ -290,10 +362,10 @@ def _python_version(python: str) -> tuple:
     return tuple(int(p) for p in out.stdout.split()) if out.returncode == 0 else sys.version_info[:3]
 
 
-def jax_requirement(spec: dict, version: tuple) -> list:
+def jax_requirement(spec: dict, version: tuple, tpu: bool | None = None) -> list:
     """jax[tpu] on a TPU VM (libtpu and requests come with it), plain jax and requests elsewhere
     (the sandbox: no chips to find); at the kernel's version when this Python can have it."""
-    tpu = any(glob.glob(pattern) for pattern in TPU_DEVICES)
+    tpu = has_tpu() if tpu is None else tpu
     name = "jax[tpu]" if tpu else "jax"
     pinned = spec.get("jax")
     if pinned and (spec.get("jax_pinned") or satisfies(version, spec.get("jax_python") or "")):
@@ -316,9 +388,19 @@ def satisfies(version: tuple, specifier: str) -> bool:
     return True
 
 
+def index_options(requirements: list) -> list:
+    """uv's extra index options: JAX's libtpu page when jax[tpu] is pinned at 0.5.0 or older (its
+    libtpu-nightly is not on PyPI, so the install would fail with no such distribution)."""
+    for requirement in requirements:
+        found = re.fullmatch(r"jax\[tpu\]==(\d+)\.(\d+)\.(\d+)\S*", requirement)
+        if found and tuple(int(p) for p in found.groups()) <= (0, 5, 0):
+            return ["--find-links", LIBTPU_FIND_LINKS]
+    return []
+
+
 def install(uv: str, python: str, spec: dict, version: tuple, env_dir: str, step: _Steps) -> list:
     requirements = jax_requirement(spec, version) + list(spec.get("packages") or ()) + list(spec.get("pip") or ())
-    argv = [uv, "pip", "install", "--python", python, "--no-build", *requirements]
+    argv = [uv, "pip", "install", "--python", python, "--no-build", *index_options(requirements), *requirements]
     if spec.get("requirements"):
         path = os.path.join(env_dir, "tpunb-requirements.txt")
         with open(path, "w") as f:

@@ -57,7 +57,7 @@ def _mac(secret: bytes, label: bytes, first: bytes, second: bytes) -> bytes:
     return hmac.new(secret, label + first + second, hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
         piece = sock.recv(n - len(data))
@@ -71,8 +71,8 @@ def accept_auth(sock: socket.socket, secret: bytes) -> bool:
     """Listener side: the peer proves the secret over our nonce, then we prove it over theirs."""
     mine = secrets.token_bytes(NONCE)
     sock.sendall(mine)
-    theirs = _recv_exact(sock, NONCE)
-    proof = _recv_exact(sock, 32)
+    theirs = recv_exact(sock, NONCE)
+    proof = recv_exact(sock, 32)
     if not hmac.compare_digest(proof, _mac(secret, b"connect", mine, theirs)):
         return False
     sock.sendall(_mac(secret, b"accept", theirs, mine))
@@ -81,10 +81,10 @@ def accept_auth(sock: socket.socket, secret: bytes) -> bool:
 
 def connect_auth(sock: socket.socket, secret: bytes) -> None:
     """Connecting side of ``accept_auth``; RelayError if the listener does not prove the secret."""
-    theirs = _recv_exact(sock, NONCE)
+    theirs = recv_exact(sock, NONCE)
     mine = secrets.token_bytes(NONCE)
     sock.sendall(mine + _mac(secret, b"connect", theirs, mine))
-    if not hmac.compare_digest(_recv_exact(sock, 32), _mac(secret, b"accept", mine, theirs)):
+    if not hmac.compare_digest(recv_exact(sock, 32), _mac(secret, b"accept", mine, theirs)):
         raise RelayError("the peer did not prove the slice's secret")
 
 
@@ -122,6 +122,8 @@ class Relay:
         self._cond = threading.Condition()
         self._transfers: dict[int, Transfer] = {}
         self._cancelled: set[int] = set()
+        #: handlers of streams other than pushed values, by the header's ``kind``: (socket, header)
+        self.kinds: dict = {}
 
     # -- side-thread ops ----------------------------------------------------------------
     def handle(self, message: dict) -> dict | None:
@@ -171,7 +173,10 @@ class Relay:
             if not accept_auth(conn, self.secret):
                 self.refused += 1
                 return
-            header = json.loads(_recv_exact(conn, _LENGTH.unpack(_recv_exact(conn, _LENGTH.size))[0]))
+            header = json.loads(recv_exact(conn, _LENGTH.unpack(recv_exact(conn, _LENGTH.size))[0]))
+            if header.get("kind") in self.kinds:  # a fetch's stream: its handler reads the rest
+                self.kinds[header["kind"]](conn, header)
+                return
             rid, size, parent = header["rid"], int(header["size"]), header["from"]
             lo, hi = header.get("stripe", [0, size])
             stripes = int(header.get("stripes", 1))
@@ -182,7 +187,7 @@ class Relay:
                 if not found.claim(lo, size, stripes):
                     return
                 transfer = found
-            children = _open_children(self.secret, header["tree"], rid, size, header["me"], [lo, hi], stripes)
+            children = open_children(self.secret, header["tree"], rid, size, header["me"], [lo, hi], stripes)
             self._receive(conn, transfer, children, parent, lo, hi)
         except (OSError, RelayError, ValueError, KeyError) as exc:
             if transfer is None:
@@ -215,7 +220,7 @@ class Relay:
                                      f"{got - lo:,} of {hi - lo:,} bytes (that host died or was cut off)")
                 return
             heard = time.monotonic()
-            _forward(children, view[got:got + n])
+            forward(children, view[got:got + n])
             got += n
         with self._cond:
             transfer.arrive()
@@ -263,13 +268,13 @@ class Relay:
                 transfer.data[lo:hi] = memoryview(blob)[lo:hi]
             transfer.arrive()
             self._cond.notify_all()
-        children = _open_children(self.secret, tree, rid, len(blob), me, [lo, hi], stripes)
+        children = open_children(self.secret, tree, rid, len(blob), me, [lo, hi], stripes)
         try:
             view = memoryview(transfer.data)
             for start in range(lo, hi, CHUNK):
                 if rid in self._cancelled:
                     break
-                _forward(children, view[start:min(hi, start + CHUNK)])
+                forward(children, view[start:min(hi, start + CHUNK)])
         finally:
             for child in children:
                 child[1].close()
@@ -282,9 +287,10 @@ class Relay:
             self._cond.notify_all()
 
 
-def _open_children(secret: bytes, tree: list, rid, size: int, me: list, stripe: list | None = None,
-                   stripes: int = 1) -> list:
-    """Connect to each child ([index, address, port, subtree]), prove the secret, send its header."""
+def open_children(secret: bytes, tree: list, rid, size: int, me: list, stripe: list | None = None,
+                  stripes: int = 1, kind: str | None = None) -> list:
+    """Connect to each child ([index, address, port, subtree]), prove the secret, send its header
+    (``kind``: a stream other than a pushed value, which the child's ``kinds`` handler takes)."""
     children = []
     try:
         for index, address, port, subtree in tree:
@@ -296,7 +302,8 @@ def _open_children(secret: bytes, tree: list, rid, size: int, me: list, stripe: 
             connect_auth(sock, secret)
             sock.settimeout(IDLE_TIMEOUT)
             header = json.dumps({"rid": rid, "size": size, "tree": subtree, "from": me, "me": [index, address],
-                                 "stripe": stripe or [0, size], "stripes": stripes}).encode()
+                                 "stripe": stripe or [0, size], "stripes": stripes,
+                                 **({"kind": kind} if kind else {})}).encode()
             sock.sendall(_LENGTH.pack(len(header)) + header)
     except BaseException:
         for child in children:
@@ -305,7 +312,7 @@ def _open_children(secret: bytes, tree: list, rid, size: int, me: list, stripe: 
     return children
 
 
-def _forward(children: list, chunk: memoryview) -> None:
+def forward(children: list, chunk: memoryview) -> None:
     """Send a chunk to every child still reachable; a child that fails is dropped (its host, and
     the hosts below it, report the broken stream to the kernel themselves)."""
     for child in list(children):

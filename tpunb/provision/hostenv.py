@@ -19,9 +19,10 @@ from tpunb.errors import UsageError
 #: kernel's version when the host's Python can have it. cloudpickle loads what the notebook pushes;
 #: ipython runs cells as the notebook does (!cmd, %timeit); tpu-info reads libtpu's metrics;
 #: orbax-checkpoint saves snapshots, and gcsfs lets it write them to gs:// (orbax's metadata goes
-#: through etils.epath, which needs it); py-spy reads native stacks of a stuck host.
+#: through etils.epath, which needs it); py-spy reads native stacks of a stuck host; huggingface_hub
+#: reads what %tpu_fetch put there (and the Hub, with the HF_ENDPOINT and HF_HUB_* settings it applies).
 HOST_PACKAGES: list[str] = ["jax", "flax", "cloudpickle", "numpy", "ipython", "tpu-info", "orbax-checkpoint",
-                            "gcsfs", "py-spy"]
+                            "gcsfs", "py-spy", "huggingface_hub"]
 _VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 
 

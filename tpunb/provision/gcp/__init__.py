@@ -26,6 +26,7 @@ from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp import adopt as adoption
 from tpunb.provision.gcp import compute, failover, logins, lookups, rest
+from tpunb.provision.gcp.compute import found as on_compute
 from tpunb.provision.gcp.prepare import host_setup
 from tpunb.provision.gcp.adopt import adopt, host_records  # noqa: F401 - adopt is this backend's re-attach
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
@@ -89,6 +90,9 @@ def create(request: LaunchRequest) -> Made:
     opts: CloudOptions = request.options or CloudOptions()
     if compute.uses_compute(accel, opts):  # TPU7x, v6e, v5p (or --api compute): instances and MIGs
         return compute.create(request)
+    if opts.flex or opts.reservation:
+        raise UsageError(f"--{'flex' if opts.flex else 'reservation'} is for Compute Engine, which makes TPU7x, v6e and "
+                         "v5p: launch one of those without --api tpu (the Cloud TPU API waits with --queued)")
     warm.ready()  # the SSH and Cloud TPU clients, imported where Ctrl-C cannot cut them
     from tpunb.transport import keys
     from tpunb.widgets.launch import LaunchProgress
@@ -102,7 +106,7 @@ def create(request: LaunchRequest) -> Made:
     opts = _colab_idle_default(opts, slices)
     if opts.internal_ip:
         _check_reaches_vpc(opts.network)
-    access = logins.login(project, public_key, opts.user)  # before any node exists: a refusal costs nothing
+    access = logins.login(project, public_key, opts.user, service_account=opts.service_account)  # before any node exists: a refusal costs nothing
     opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=access.user,
                                queued=opts.queued or opts.race is not None)
     prepared = host_setup(opts)
@@ -121,6 +125,9 @@ def create(request: LaunchRequest) -> Made:
     where = _either([p.zone for p in dict.fromkeys(places)]) if len(places) > 1 else places[0].zone
     progress = LaunchProgress(f"Launching {record.kind} {'spot ' if opts.spot else ''}{kind} {name!r} in "
                               f"{project}/{where} (backend gcp)", price)
+    if (opts.queued or slices > 1) and opts.timeout is None:  # the request carries a limit either way: say which
+        report.info(f"[tpunb] the queued resource waits at most {format_duration(api.DEFAULT_TIMEOUT)} for capacity "
+                    f"(its valid_until_duration), then it is deleted: --timeout S changes that")
     started = time.perf_counter()
     search = failover.Search(spec, places, opts.race or 1, progress.state, opts.timeout or api.DEFAULT_TIMEOUT)
     try:
@@ -212,6 +219,9 @@ def _check_reaches_vpc(network: str | None) -> None:
         raise ProvisionError(f"--internal-ip: this machine is in network {own.rsplit('/', 1)[-1]}, the nodes would be in "
                              f"{wanted}: pass --network {own.rsplit('/', 1)[-1]}, or launch without --internal-ip",
                              "network")
+    report.info(f"[tpunb] --internal-ip: the hosts have no external address, so preparing them reaches PyPI and "
+                f"uv's Python downloads only through Cloud NAT on network {wanted} (or use an image whose "
+                f"environment is already made)")
 
 
 def _say_idle_problem(project: str, zone: str, name: str, wait: float = 5.0) -> None:
@@ -367,7 +377,8 @@ class Survey:
     """The configured project's nodes in every zone at once (adopt.everywhere: a node whose
     registry was wiped, as Colab's is, is found wherever it runs), and one list call per other
     project and zone in use; nodes a failed launch could not delete are re-checked here and
-    forgotten once they are gone."""
+    forgotten once they are gone. The project's Compute Engine instances and MIGs are surveyed
+    the same way (compute/found.py), which deletes the templates and policies left without a MIG."""
 
     def __init__(self, records: list[SliceRecord], reg: Registry | None = None) -> None:
         self.registry = reg or Registry()
@@ -376,6 +387,13 @@ class Survey:
         places |= {(p, z) for p, z, _ in self.recorded}
         project, _ = resolve_project_zone(None, None)
         self.nodes: Nodes = {}
+        self.compute = None
+        if project and on_compute.surveyed():  # instances and MIGs of every zone: their own four calls
+            try:
+                self.compute = on_compute.ComputeSurvey(project, {r.name: r.state for r in records if _on_compute(r)
+                                                             and r.spec.get("project") == project})
+            except TpunbError as exc:
+                report.warn(f"[tpunb] cannot list the Compute Engine resources of {project}: {exc}")
         if project:
             try:
                 for info in adoption.everywhere(project):
@@ -411,6 +429,8 @@ class Survey:
                            f"not in this registry and still billed: %tpu_use {node_name} re-attaches it, "
                            f"%tpu_down {node_name} deletes it")
                 found.append(self._orphan(project, zone, node_name, info, message))
+        if self.compute is not None:
+            found += self.compute.orphans(known)
         for (project, zone, node_name), why in self.recorded.items():
             if (project, zone) not in self.nodes:  # not listed now: say what is known, check again later
                 found.append(self._orphan(project, zone, node_name, None, f"{why}; %tpu_down {node_name} deletes it"))
@@ -450,4 +470,4 @@ def delete_orphan(name: str, reg: Registry | None = None) -> bool:
             return True
         if info is None:
             reg.forget_orphan(*place, name)
-    return False
+    return bool(project and on_compute.surveyed() and on_compute.delete_orphan(project, name))  # instances, MIGs, leftovers

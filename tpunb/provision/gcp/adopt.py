@@ -33,14 +33,9 @@ KEY_ADDED = "key_added_at"  # in a record's spec: when adopt added the key
 
 def everywhere(project: str, label_filter: Mapping[str, str] | None = TPUNB_LABELS) -> list[NodeInfo]:
     """Nodes in every zone of ``project``: one call on ``locations/-`` (the wildcard location of
-    Google's AIP-159, docs/cloud-facts.md); if the API refuses it, every TPU zone of the catalog
-    at once, each its own call (a zone the project cannot use lists nothing)."""
-    try:
-        return api.list_nodes(project, None, label_filter)
-    except ProvisionError as e:
-        if e.reason not in ("invalid_zone", "invalid", "not_found"):
-            raise
-
+    Google's AIP-159, docs/cloud-facts.md), then each zone it says it could not reach (AIP-217's
+    ``unreachable``) on its own; if the API refuses the wildcard, every TPU zone of the catalog at
+    once, each its own call (a zone the project cannot use lists nothing)."""
     def one(zone: str) -> list[NodeInfo]:
         try:
             return api.list_nodes(project, zone, label_filter)
@@ -49,7 +44,17 @@ def everywhere(project: str, label_filter: Mapping[str, str] | None = TPUNB_LABE
                 return []
             raise
 
-    return [info for found in fan_out(catalog.zones(), one, workers=8, name="tpunb-survey").values() for info in found]
+    def each(zones: list[str]) -> list[NodeInfo]:
+        return [info for found in fan_out(zones, one, workers=8, name="tpunb-survey").values() for info in found]
+
+    unreachable: set[str] = set()
+    try:
+        found = api.list_nodes(project, None, label_filter, unreachable)
+    except ProvisionError as e:
+        if e.reason not in ("invalid_zone", "invalid", "not_found"):
+            raise
+        return each(catalog.zones())
+    return found + each(sorted(unreachable))  # what the wildcard missed, asked of each zone itself
 
 
 def find(project: str, name: str) -> NodeInfo | None:
@@ -114,7 +119,7 @@ def adopt(name: str, reg: Registry) -> SliceRecord | None:
                              f"%tpu_down {name} deletes it", "lost")
     saved = json.loads(info.metadata.get(SLICE_METADATA) or "{}")
     key_path, public_key = keys.default_key()
-    access = logins.login(project, public_key, saved.get("user"), info.metadata)
+    access = logins.login(project, public_key, saved.get("user"), info.metadata, saved.get("service_account"))
     node_ids = [name] if info.slices == 1 else [f"{name}-{i}" for i in range(info.slices)]
     added = not access.os_login and add_ssh_key(project, info.zone, node_ids, access.user, public_key)
     internal = all(h.external_ip is None for h in info.hosts)

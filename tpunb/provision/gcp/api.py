@@ -548,24 +548,39 @@ def _wait_gone(api: Any, node_names: list[str], qr_name: str | None, deadline: f
             ) from None
 
 
+def _every_page(pager: Any, field: str, unreachable: set[str]) -> list:
+    """Every item of a list call, and the zones its pages say they could not reach (AIP-217:
+    location names, ``projects/P/locations/Z``; the zone is the last part)."""
+    items: list = []
+    for page in pager.pages:
+        items += list(getattr(page, field))
+        unreachable.update(str(where).rsplit("/", 1)[-1] for where in getattr(page, "unreachable", ()))
+    return items
+
+
 def list_nodes(
-    project: str, zone: str | None = None, label_filter: Mapping[str, str] | None = TPUNB_LABELS
+    project: str, zone: str | None = None, label_filter: Mapping[str, str] | None = TPUNB_LABELS,
+    unreachable: set[str] | None = None,
 ) -> list[NodeInfo]:
     """Nodes in ``zone`` (every zone if None) whose labels include ``label_filter``, plus queued
-    resources whose node does not exist yet. ``label_filter=None`` lists everything."""
+    resources whose node does not exist yet. ``label_filter=None`` lists everything. Zones a
+    wildcard list could not reach (its responses' ``unreachable``) are added to ``unreachable``."""
     api = client()
     parent = f"projects/{project}/locations/{zone or '-'}"
     ctx = gcp_errors.Context("nodes", project, zone or "-")
     from google.api_core.exceptions import PermissionDenied
 
+    missed: set[str] = set()
     try:
-        nodes = list(api.list_nodes(parent=parent))
+        nodes = _every_page(api.list_nodes(parent=parent), "nodes", missed)
         try:
-            queued = list(api.list_queued_resources(parent=parent))
+            queued = _every_page(api.list_queued_resources(parent=parent), "queued_resources", missed)
         except PermissionDenied:  # a role with only tpu.nodes.*: its nodes are all it can have made
             queued = []
     except _api_errors() as e:
         raise _translate(e, ctx) from None
+    if unreachable is not None:
+        unreachable.update(missed)
     states = {q.name: enum_name(q.state.state) for q in queued}
     multislices = {q.name: q for q in queued if len(queued_node_ids(q)) > 1}
     infos = [info_from_node(n, states.get(n.queued_resource)) for n in nodes if n.queued_resource not in multislices]

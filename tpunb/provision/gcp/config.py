@@ -58,6 +58,10 @@ class CloudOptions:
     spot: bool = _option("spot capacity: cheaper, may be preempted", default=False)
     runtime: str | None = _option("TPU runtime version (default: the generation's usual one)", default=None)
     queued: bool = _option("create through a queued resource (waits for capacity)", default=False)
+    flex: float | None = _option("Compute Engine flex-start: wait for capacity (up to --timeout, else 2 h), then run "
+                                 "at most HOURS (10 minutes to 7 days); deleted after", default=None)
+    reservation: str | None = _option("Compute Engine: use the capacity of reservation NAME in the zone",
+                                      default=None)
     network: str | None = _option("VPC network", default=None)
     subnetwork: str | None = _option("VPC subnetwork", default=None)
     service_account: str | None = _option("service account email for the TPU VMs", default=None)
@@ -100,6 +104,17 @@ class CloudOptions:
                 self.race = 0
             if self.race < 1 or isinstance(given, bool):
                 raise UsageError(f"--race takes how many zones to wait in at once, e.g. --race 3, not {given!r}")
+        if self.flex is not None:
+            try:
+                hours = float(self.flex)
+            except (TypeError, ValueError):
+                hours = 0.0
+            if not 1 / 6 <= hours <= 168 or isinstance(self.flex, bool):
+                raise UsageError(f"--flex {self.flex}: give the hours a flex-start slice may run, from 0.17 (10 "
+                                 "minutes) to 168 (7 days)")
+            self.flex = hours
+        if self.flex is not None and (self.spot or self.reservation):
+            raise UsageError(f"--flex is its own capacity: launch it without --{'spot' if self.spot else 'reservation'}")
         if self.idle_delete is not None or os.environ.get(IDLE_DELETE_ENV, "").strip():
             self.idle_delete_given = True
         if self.idle_delete is None:

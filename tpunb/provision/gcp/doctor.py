@@ -123,7 +123,7 @@ def zone_offers_machine_type(ctx: Context) -> tuple[str, str] | None:
     """The zone has the accelerator's TPU machine type (Compute Engine's own answer: machineTypes.get)."""
     from google.api_core import exceptions
 
-    from tpunb.provision.gcp.compute import clients
+    from tpunb.provision.gcp.compute import clients, zones
 
     if not (ctx.memo.get("compute") and ctx.accelerator):
         return None
@@ -132,8 +132,11 @@ def zone_offers_machine_type(ctx: Context) -> tuple[str, str] | None:
         clients.call("read the machine type", clients.clients().machine_types.get, project=ctx.project,
                      zone=ctx.zone, machine_type=shape.machine_type)
     except exceptions.NotFound:
-        return FAILED, f"{ctx.zone} has no {shape.machine_type} ({ctx.accelerator}): zones with it: " \
-                       f"{', '.join(shape.zones)}"
+        try:
+            have = ", ".join(zones.offered(ctx.project, shape.machine_type))
+        except ProvisionError:
+            have = ", ".join(shape.zones) + " (the catalog's)"
+        return FAILED, f"{ctx.zone} has no {shape.machine_type} ({ctx.accelerator}): zones with it: {have}"
     except ProvisionError as e:
         return FAILED, str(e)
     return OK, f"{ctx.zone} offers {shape.machine_type} ({shape.vms} VM{'s' if shape.vms > 1 else ''} for " \

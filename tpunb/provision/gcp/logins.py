@@ -19,6 +19,8 @@ from tpunb.provision.gcp import rest
 DEFAULT_USER = "tpunb"
 OS_LOGIN_KEY = "enable-oslogin"
 LOGIN_PERMISSIONS = ["compute.instances.osLogin", "compute.instances.osAdminLogin"]
+#: how long an imported key stays in the OS Login profile; each launch and attach imports it again
+KEY_TTL = 30 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -56,9 +58,10 @@ def grant_command(project: str, email: str, role: str = "roles/compute.osLogin")
 
 
 def login(project: str, public_key: str, user: str | None = None,
-          node_metadata: dict[str, str] | None = None) -> Login:
+          node_metadata: dict[str, str] | None = None, service_account: str | None = None) -> Login:
     """How tpunb logs in to a node of ``project``: through OS Login when it is on (the key is
-    imported now), else as ``user`` or ``tpunb`` with the key in the node's metadata."""
+    imported now, for KEY_TTL), else as ``user`` or ``tpunb`` with the key in the node's metadata.
+    Under OS Login a VM that runs as ``service_account`` also needs actAs on it from whoever logs in."""
     if not os_login_enabled(project, node_metadata):
         return Login(user or DEFAULT_USER)
     email = rest.account_email()
@@ -74,8 +77,9 @@ def login(project: str, public_key: str, user: str | None = None,
         raise ProvisionError(f"OS Login is on in project {project} and {email} may not log in to its VMs: it needs "
                              f"roles/compute.osLogin (or roles/compute.osAdminLogin); ask a project owner to run "
                              f"`{grant_command(project, email)}`", "permission")
+    _check_act_as(project, email, service_account)
     try:
-        name = rest.import_key(email, public_key, project)
+        name = rest.import_key(email, public_key, project, KEY_TTL)
     except ProvisionError:
         raise
     except Exception as exc:  # google.api_core's errors from the OS Login client
@@ -92,3 +96,24 @@ def login(project: str, public_key: str, user: str | None = None,
     if user and user != name:
         report.warn(f"[tpunb] OS Login is on in {project}: logging in as {name}, your account's POSIX user, not {user}")
     return Login(name, os_login=True, account=email)
+
+
+def _check_act_as(project: str, email: str, account: str | None) -> None:
+    """OS Login lets an account onto a VM that runs as a service account (``account``, else the
+    project's default) only with iam.serviceAccounts.actAs on it: refused before any node exists,
+    naming the role."""
+    try:
+        account = account or rest.default_service_account(project)
+        if account is None:
+            return
+        allowed = rest.may_act_as(account)
+    except rest.ApiFailure as exc:
+        report.warn(f"[tpunb] cannot check that {email} may act as {account or 'the default service account'} "
+                    f"({exc}); launching anyway")
+        return
+    if not allowed:
+        member = f"serviceAccount:{email}" if email.endswith(".gserviceaccount.com") else f"user:{email}"
+        raise ProvisionError(f"OS Login is on in project {project} and the VMs run as {account}, which {email} may not "
+                             f"act as: it needs roles/iam.serviceAccountUser on it; ask an owner to run `gcloud iam "
+                             f"service-accounts add-iam-policy-binding {account} --member={member} "
+                             f"--role=roles/iam.serviceAccountUser`", "permission")

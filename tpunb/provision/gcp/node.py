@@ -99,6 +99,9 @@ class CloudNode(Node):
         if state in ("STOPPED", "STOPPING"):
             return (f"Start it again with `gcloud compute tpus tpu-vm start {self.name} --zone {self.zone} "
                     f"--project {self.project}` and then %tpu_use {self.name}, or delete it with {down}")
+        if state == "UNKNOWN":
+            return (f"Google cannot tell its state (its hosts may come back): run the cell again in a few minutes, "
+                    f"or relaunch it with {recover}")
         if state == "REPAIRING":
             return f"Google is repairing it: run the cell again in a few minutes, or relaunch it with {recover}"
         if state == "DELETING":

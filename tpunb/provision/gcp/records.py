@@ -16,6 +16,7 @@ TPUNB_LABELS: Mapping[str, str] = {"created-by": "tpunb"}
 UNUSABLE_STATES: Mapping[str, str] = {
     "PREEMPTED": "preempted", "TERMINATED": "terminated", "STOPPED": "stopped", "STOPPING": "being stopped",
     "DELETING": "being deleted", "HIDDEN": "hidden", "REPAIRING": "being repaired by Google",
+    "UNKNOWN": "in a state Google cannot tell",
 }
 SSH_PORT_LABEL = "tpunb-ssh-port"  # set by the emulator when its sshd is not on port 22
 

@@ -19,8 +19,10 @@ from tpunb.provision.gcp.config import cached, endpoint
 from tpunb.provision.gcp import errors as gcp_errors
 
 HOSTS = {"compute": "https://compute.googleapis.com", "crm": "https://cloudresourcemanager.googleapis.com",
-         "oauth2": "https://oauth2.googleapis.com", "oslogin": "https://oslogin.googleapis.com"}
+         "oauth2": "https://oauth2.googleapis.com", "oslogin": "https://oslogin.googleapis.com",
+         "iam": "https://iam.googleapis.com"}
 TIMEOUT = 30.0
+ACT_AS = "iam.serviceAccounts.actAs"
 
 
 
@@ -86,10 +88,23 @@ def project_metadata(project: str) -> dict[str, str]:
     return {str(i.get("key")): str(i.get("value", "")) for i in items}
 
 
+def default_service_account(project: str) -> str | None:
+    """The service account a VM runs as when none is named (Compute Engine ``projects.get``)."""
+    return call("GET", "compute", f"/compute/v1/projects/{project}").get("defaultServiceAccount") or None
+
+
 def held_permissions(project: str, permissions: list[str]) -> set[str]:
     """Which of ``permissions`` the caller holds in ``project`` (Cloud Resource Manager)."""
     answer = call("POST", "crm", f"/v1/projects/{project}:testIamPermissions", {"permissions": permissions})
     return set(answer.get("permissions") or [])
+
+
+def may_act_as(account: str) -> bool:
+    """Whether the caller holds iam.serviceAccounts.actAs on the service account ``account`` (granted
+    on it or inherited from its project: the resource's own test sees both)."""
+    answer = call("POST", "iam", f"/v1/projects/-/serviceAccounts/{account}:testIamPermissions",
+                  {"permissions": [ACT_AS]})
+    return ACT_AS in (answer.get("permissions") or [])
 
 
 def known_account() -> str | None:
@@ -132,12 +147,15 @@ def os_login_client() -> Any:
     return oslogin_v1.OsLoginServiceClient(transport="rest", credentials=credentials(), client_options=options)
 
 
-def import_key(email: str, public_key: str, project: str) -> str:
-    """Add ``public_key`` to the account's OS Login profile; the profile's primary POSIX user name."""
+def import_key(email: str, public_key: str, project: str, ttl: float) -> str:
+    """Add ``public_key`` to the account's OS Login profile for ``ttl`` seconds (a profile holds at
+    most 32 KiB of keys: keys that never expire would fill it); the primary POSIX user name."""
+    import time
+
     from google.cloud.oslogin_v1 import common
 
-    answer = os_login_client().import_ssh_public_key(parent=f"users/{email}", project_id=project,
-                                                     ssh_public_key=common.SshPublicKey(key=public_key.strip()))
+    key = common.SshPublicKey(key=public_key.strip(), expiration_time_usec=int((time.time() + ttl) * 1e6))
+    answer = os_login_client().import_ssh_public_key(parent=f"users/{email}", project_id=project, ssh_public_key=key)
     accounts = list(answer.login_profile.posix_accounts)
     primary = [a for a in accounts if a.primary] or accounts
     if not primary or not primary[0].username:

@@ -8,6 +8,12 @@ slice is up (docs/cloud-facts.md: the MIG stable, its topology ACTIVE, every VM 
 current action), reaches every VM over SSH and numbers the hosts by the worker id each VM's
 metadata gives (never the MIG's list order); JAX gets its process id and coordinator from tpunb.
 Whatever fails or is interrupted deletes what was made, in order: MIG, template, policy.
+
+The zones are Compute Engine's own answer (zones.py); with several, each is tried in turn and a
+zone that refuses for capacity, quota or time is left empty first. ``--flex HOURS`` waits for
+flex-start capacity (a PENDING VM, or a BULK MIG made empty and resized), ``--reservation NAME``
+consumes a reservation. make.py makes one zone's resources and waits until they are up, found.py
+finds tpunb's resources for the survey, delete.py deletes them.
 """
 from __future__ import annotations
 
@@ -16,16 +22,20 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from tpunb import catalog, diagnose, report
+from tpunb import catalog, diagnose
 from tpunb.errors import CellInterrupted, ProvisionError, TpunbError, UsageError
 from tpunb.engine import programs
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.gcp import api, logins
 from tpunb.provision.gcp.compute import clients
-from tpunb.provision.gcp.compute.bodies import Names, VmSpec, instance, mig, template, workload_policy
+from tpunb.provision.gcp.compute.bodies import VmSpec
+from tpunb.provision.gcp.compute.delete import teardown
+from tpunb.provision.gcp.compute.make import WAITING, make_resources
 from tpunb.provision.gcp.compute.node import ComputeNode
-from tpunb.provision.gcp.config import CloudOptions, require_project_zone
+from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_failed, outcome
+from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.failover import Candidate, Outcome
 from tpunb.provision.gcp.prepare import host_setup
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
@@ -50,7 +60,7 @@ def uses_compute(accel: catalog.Accelerator, opts: CloudOptions) -> bool:
     return chosen == API
 
 
-def check_options(opts: CloudOptions, slices: int, zone: str) -> None:
+def check_options(opts: CloudOptions, slices: int) -> None:
     """What means nothing (or nothing yet) under Compute Engine is refused before anything is made."""
     given = [what for field, what in TPU_API_ONLY.items() if getattr(opts, field)]
     if slices > 1:
@@ -58,8 +68,6 @@ def check_options(opts: CloudOptions, slices: int, zone: str) -> None:
     if given:
         raise UsageError(f"{given[0]} is for the Cloud TPU API: add --api tpu (for a type it makes: v2-v5e, v4, v5p, "
                          "v6e), or launch without it")
-    if "," in zone or zone.strip().lower() == "any":
-        raise UsageError(f"--zone {zone}: through Compute Engine tpunb launches in one zone so far; name one")
 
 
 def create(request: LaunchRequest) -> Made:
@@ -70,35 +78,44 @@ def create(request: LaunchRequest) -> Made:
     from tpunb.transport import keys
     from tpunb.widgets.launch import LaunchProgress
 
-    project, zone = require_project_zone(opts.project, opts.zone)
-    check_options(opts, request.slices, zone)
+    project, default_zone = resolve_project_zone(opts.project, None)
+    if project is None:
+        require_project_zone(None, "-")  # the one line saying how to set a project
+    check_options(opts, request.slices)
     shape = catalog.compute_shape(accel)
-    if zone not in shape.zones:
-        raise UsageError(f"{zone} has no {shape.machine_type} ({accel.name}): zones with it: {', '.join(shape.zones)}")
+    zones = choose(project, shape, opts.zone, default_zone)
     key_path, public_key = keys.default_key()
-    access = logins.login(project, public_key, opts.user)
+    access = logins.login(project, public_key, opts.user, service_account=opts.service_account)
     prepared = host_setup(opts)
     user = access.user or "tpunb"
-    vm = VmSpec(name, shape, zone, access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
-                opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()))
+    vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
+                opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()),
+                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation)
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
-                         spec={**fields, **prepared, "api": API, "project": project, "zone": zone, "user": user,
+                         spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
                                "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms,
                                **({"os_login": True} if access.os_login else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
     what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology})" if shape.multi_host \
         else f"one {shape.machine_type}"
-    progress = LaunchProgress(f"Launching {accel.name} {'spot ' if opts.spot else ''}{name!r} through Compute Engine "
-                              f"in {project}/{zone}: {what}", None)
+    where = zones[0] if len(zones) == 1 else ", ".join(zones[:-1]) + " or " + zones[-1]
+    how = "spot " if opts.spot else f"flex-start ({opts.flex:g} h) " if opts.flex else ""
+    using = f", from reservation {opts.reservation}" if opts.reservation else ""
+    progress = LaunchProgress(f"Launching {accel.name} {how}{name!r} through Compute Engine in {project}/{where}: "
+                              f"{what}{using}", None)
     started = time.perf_counter()
-    deadline = time.monotonic() + (opts.timeout or api.DEFAULT_TIMEOUT)
     try:
-        _make(project, vm, progress.state, deadline)
-        hosts = made_hosts(project, zone, name, shape.multi_host, opts.internal_ip)
+        hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
     except BaseException as exc:
-        left = teardown(project, zone, name)
+        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name, vms=shape.vms)
         reg.delete_slice(name)
+        if isinstance(exc, KeyboardInterrupt) and opts.flex:  # as --queued says it: the request that waited is gone
+            waited = " (it was waiting for capacity)" if progress.steps and WAITING in progress.steps[-1][0] else ""
+            message = (f"launch of {name} interrupted after {format_duration(time.perf_counter() - started)}: its "
+                       f"flex-start request{waited} was deleted{left or ', nothing is left running or waiting'}")
+            progress.failed(message)
+            raise CellInterrupted(message) from None
         if isinstance(exc, KeyboardInterrupt):
             message = f"launch of {name} interrupted: what it had created was deleted{left or ', nothing is left'}"
             progress.failed(message)
@@ -106,61 +123,61 @@ def create(request: LaunchRequest) -> Made:
         progress.failed(f"failed: {(str(exc) or repr(exc)).splitlines()[0]}{left}")
         raise
     record.hosts, record.state = hosts, "running"
-    return _reach(record, reg, env, opts, progress, started)
+    return _reach(record, reg, env, opts, progress, started, "; ".join(str(o) for o in tried))
 
 
-def _make(project: str, vm: VmSpec, say, deadline: float) -> None:
-    """The resources, in order, each waited for; then until the slice is up (whatever stops it part
-    way, ``teardown`` deletes what exists)."""
-    c, region = clients.clients(), catalog.region_of(vm.zone)
+def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecord, reg: Registry, say,
+                   opts: CloudOptions) -> tuple[list[HostRecord], list]:
+    """Make the slice in each zone in turn until one grants it; a zone that refuses for capacity,
+    quota or time is left with nothing in it (a quota refusal skips its region's other zones:
+    quotas are regional). The hosts, and each zone's outcome when there were several."""
+    outcomes, skipped = [], set()
+    for zone in zones:
+        if catalog.region_of(zone) in skipped:
+            outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "skipped",
+                                    f"the quota of {catalog.region_of(zone)} is exhausted"))
+            continue
+        record.spec["zone"], here = zone, dataclasses.replace(vm, zone=zone)
+        reg.save_slice(record)  # where its resources are now: %tpu_down from another kernel finds them
+        prefixed = _changes(say, "" if len(zones) == 1 else f"{zone}: ")
+        try:
+            make_resources(project, here, prefixed, time.monotonic() + _wait_limit(vm, opts))
+            hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip)
+        except BaseException as exc:
+            left = teardown(project, zone, vm.name, vms=vm.shape.vms)  # whatever stopped it: nothing stays here
+            if left and isinstance(exc, TpunbError):
+                exc.args = (f"{exc}{left}",)
+            if left or len(zones) == 1 or not isinstance(exc, ProvisionError) or exc.reason not in ZONE_FAILURES:
+                raise  # never a second zone while this one still holds something
+            outcomes.append(outcome(vm.shape.accelerator, zone, exc))
+            say(str(outcomes[-1]), 0.0)
+            if exc.reason == "quota":
+                skipped.add(catalog.region_of(zone))
+            continue
+        if len(zones) > 1:
+            outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "granted"))
+        return hosts, outcomes
+    raise everywhere_failed(vm.name, project, outcomes, vm.spot)
 
-    def create(what: str, insert, **where) -> None:
-        say(f"creating its {what}", 0.0)
-        clients.wait(project, clients.call(f"create the {what}", insert, project=project, **where), f"create the {what}",
-                     deadline)
 
-    if vm.shape.multi_host:
-        create("workload policy", c.policies.insert_unary, region=region, resource_policy_resource=workload_policy(vm))
-        create("instance template", c.templates.insert_unary, region=region, instance_template_resource=template(vm))
-        create(f"MIG of {vm.shape.vms} VMs", c.migs.insert_unary, zone=vm.zone,
-               instance_group_manager_resource=mig(vm, project))
-        _wait_up(project, vm.zone, vm.name, say, deadline)
-    else:
-        create("VM", c.instances.insert_unary, zone=vm.zone, instance_resource=instance(vm))
-        _wait_running(project, vm.zone, vm.name, say, deadline)
+def _wait_limit(vm: VmSpec, opts: CloudOptions) -> float:
+    """How long one zone may take: --timeout, else 20 minutes, or for flex-start 2 hours (a single
+    VM's requestValidForDuration, and a minute for its expiry to show)."""
+    if vm.flex_hours and not vm.shape.multi_host:
+        return vm.flex_wait + 60.0
+    return opts.timeout or (7200.0 if vm.flex_hours else api.DEFAULT_TIMEOUT)
 
 
-def _wait_running(project: str, zone: str, name: str, say, deadline: float) -> None:
-    c = clients.clients()
-    for delay in api.poll_delays():
-        status = clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name).status
-        say(f"VM {status}", 0.0)
-        if status == "RUNNING":
-            return
-        if status in ("TERMINATED", "STOPPED", "SUSPENDED") or time.monotonic() > deadline:
-            raise ProvisionError(f"the VM {name} is {status}, not RUNNING", reason="failed")
-        api.pause(delay)
+def _changes(say, prefix: str):
+    """``say`` for each new state only (polls repeat them), with the seconds since the first."""
+    started, last = time.monotonic(), []
 
+    def tell(text: str, _elapsed: float = 0.0) -> None:
+        if not last or last[-1] != text:
+            last.append(text)
+            say(prefix + text, time.monotonic() - started)
 
-def _wait_up(project: str, zone: str, name: str, say, deadline: float) -> None:
-    """Until the MIG is stable, its topology ACTIVE and every VM RUNNING with no current action;
-    past the deadline, one line with what the MIG's listErrors say."""
-    c = clients.clients()
-    for delay in api.poll_delays():
-        group = clients.call("read the MIG", c.migs.get, project=project, zone=zone, instance_group_manager=name)
-        vms = list(clients.call("list the MIG's VMs", c.migs.list_managed_instances, project=project, zone=zone,
-                                instance_group_manager=name))
-        topology = [t.state for t in group.status.applied_accelerator_topologies]
-        running = sum(v.instance_status == "RUNNING" and v.current_action == "NONE" for v in vms)
-        say(f"{running}/{group.target_size} VMs running, topology {'/'.join(topology) or 'pending'}", 0.0)
-        if group.status.is_stable and topology == ["ACTIVE"] and running == group.target_size == len(vms):
-            return
-        if time.monotonic() > deadline:
-            errors = list(clients.call("read the MIG's errors", c.migs.list_errors, project=project, zone=zone,
-                                       instance_group_manager=name))
-            why = "; ".join(e.error.message for e in errors[:3] if e.error) or "no errors listed"
-            raise ProvisionError(f"the MIG {name} did not become stable in time: {why}", reason="timeout")
-        api.pause(delay)
+    return tell
 
 
 def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip: bool) -> list[HostRecord]:
@@ -185,14 +202,16 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
     return hosts
 
 
-def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudOptions, progress, started: float) -> Made:
+def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudOptions, progress, started: float,
+           tries: str = "") -> Made:
     """SSH to every VM, number the hosts by their worker ids, and hand the slice to the manager;
-    a failure on the way deletes what the launch made."""
+    a failure on the way deletes what the launch made. ``tries``: each zone's outcome, for the
+    ready line."""
     project, zone, name = record.spec["project"], record.spec["zone"], record.name
 
     def failed(exc: BaseException) -> None:
         reg.delete_slice(name)
-        left = teardown(project, zone, name)
+        left = teardown(project, zone, name, vms=record.spec.get("vms"))
         progress.failed(f"could not reach or start the hosts, so {name} was deleted{left}: {exc}")
 
     try:
@@ -208,7 +227,8 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
         raise
 
     def ready() -> None:
-        progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s through Compute Engine: "
+        progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s through Compute Engine"
+                      f"{f' ({tries})' if tries else ''}: "
                       f"{len(record.hosts)} host{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu; it "
                       f"bills until %tpu_down {name}")
 
@@ -255,44 +275,9 @@ def delete(record: SliceRecord) -> None:
     """Delete the slice's resources in order and wait until they are gone; what could not be
     deleted is one error listing the gcloud commands for it."""
     spec = record.spec
-    left = teardown(spec["project"], spec["zone"], record.name, quiet=True)
+    left = teardown(spec["project"], spec["zone"], record.name, quiet=True, vms=spec.get("vms"))
     if left:
         raise ProvisionError(f"could not delete all of {record.name}{left}", reason="delete")
-
-
-def teardown(project: str, zone: str, name: str, quiet: bool = False) -> str:
-    """Delete whatever exists of slice ``name``: the MIG (or the instance), then the template, then the
-    policy (a template or policy in use cannot go before its MIG). "" when nothing is left, else
-    the text that says what is left and the gcloud commands that delete it."""
-    from google.api_core import exceptions
-
-    c, names, region = clients.clients(), Names(name), catalog.region_of(zone)
-    steps = [
-        (f"gcloud compute instance-groups managed delete {name} --zone {zone}",
-         lambda: c.migs.delete_unary(project=project, zone=zone, instance_group_manager=name)),
-        (f"gcloud compute instances delete {name} --zone {zone}",
-         lambda: c.instances.delete_unary(project=project, zone=zone, instance=name)),
-        (f"gcloud compute instance-templates delete {names.template} --region {region}",
-         lambda: c.templates.delete_unary(project=project, region=region, instance_template=names.template)),
-        (f"gcloud compute resource-policies delete {names.policy} --region {region}",
-         lambda: c.policies.delete_unary(project=project, region=region, resource_policy=names.policy)),
-    ]
-    left: list[str] = []
-    for command, delete_it in steps:
-        if left:  # an earlier step failed: what depends on it cannot go either
-            left.append(command)
-            continue
-        try:
-            clients.wait(project, clients.call(f"delete ({command})", delete_it), f"delete ({command})")
-        except exceptions.NotFound:
-            continue
-        except TpunbError as exc:
-            left.append(command)
-            if not quiet:
-                report.warn(f"[tpunb] {exc}")
-    if not left:
-        return ""
-    return "; still there, delete with: " + "; ".join(left)
 
 
 def slice_state(record: SliceRecord) -> str:
@@ -311,4 +296,4 @@ def slice_state(record: SliceRecord) -> str:
         return f"unknown ({type(exc).__name__})"
 
 
-__all__ = ["API", "attach", "create", "delete", "slice_state", "teardown", "uses_compute"]
+__all__ = ["API", "VmSpec", "attach", "create", "delete", "first_granted", "slice_state", "teardown", "uses_compute"]

@@ -55,6 +55,9 @@ class VmSpec:
     subnetwork: str | None = None
     service_account: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    flex_hours: float | None = None  # FLEX_START: it runs at most this long, then is deleted
+    flex_wait: int = 7200  # a single flex-start VM's requestValidForDuration (90-7200 s)
+    reservation: str | None = None  # consume this specific reservation
 
 
 def labels(spec: VmSpec) -> dict[str, str]:
@@ -74,6 +77,10 @@ def metadata(spec: VmSpec) -> Any:
 def _scheduling(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
+    if spec.flex_hours:  # capacity from the Dynamic Workload Scheduler, for at most maxRunDuration
+        return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="FLEX_START",
+                                     instance_termination_action="DELETE", automatic_restart=False,
+                                     max_run_duration=compute_v1.Duration(seconds=round(spec.flex_hours * 3600)))
     if spec.spot:  # Google's spot TPU VMs: SPOT, deleted (not stopped) when reclaimed
         return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="SPOT",
                                      instance_termination_action="DELETE", automatic_restart=False)
@@ -104,16 +111,34 @@ def _account(spec: VmSpec) -> Any:
     return compute_v1.ServiceAccount(email=spec.service_account or "default", scopes=[SCOPE])
 
 
+def _affinity(spec: VmSpec) -> Any:
+    """A named reservation (gcloud's --reservation: the reservation-name key), none for flex-start."""
+    from google.cloud import compute_v1
+
+    if spec.reservation:
+        return compute_v1.ReservationAffinity(consume_reservation_type="SPECIFIC_RESERVATION",
+                                              key="compute.googleapis.com/reservation-name", values=[spec.reservation])
+    if spec.flex_hours:
+        return compute_v1.ReservationAffinity(consume_reservation_type="NO_RESERVATION")
+    return None
+
+
 def instance(spec: VmSpec) -> Any:
-    """A single-host slice: one instance of the TPU machine type."""
+    """A single-host slice: one instance of the TPU machine type (a flex-start one waits for
+    capacity up to its requestValidForDuration)."""
     from google.cloud import compute_v1
 
     zone = spec.zone
-    return compute_v1.Instance(
+    made = compute_v1.Instance(
         name=spec.name, machine_type=f"zones/{zone}/machineTypes/{spec.shape.machine_type}",
         disks=[_disk(spec, f"zones/{zone}/diskTypes/{spec.shape.disk_type}")], network_interfaces=[_nic(spec)],
         scheduling=_scheduling(spec), service_accounts=[_account(spec)], labels=labels(spec), metadata=metadata(spec),
         description=Names(spec.name).description())
+    if spec.flex_hours:
+        made.params = compute_v1.InstanceParams(request_valid_for_duration=compute_v1.Duration(seconds=spec.flex_wait))
+    if _affinity(spec) is not None:
+        made.reservation_affinity = _affinity(spec)
+    return made
 
 
 def template(spec: VmSpec) -> Any:
@@ -125,7 +150,8 @@ def template(spec: VmSpec) -> Any:
         properties=compute_v1.InstanceProperties(
             machine_type=spec.shape.machine_type, disks=[_disk(spec, spec.shape.disk_type)],
             network_interfaces=[_nic(spec)], scheduling=_scheduling(spec), service_accounts=[_account(spec)],
-            labels=labels(spec), metadata=metadata(spec)))
+            labels=labels(spec), metadata=metadata(spec),
+            **({"reservation_affinity": _affinity(spec)} if _affinity(spec) is not None else {})))
 
 
 def workload_policy(spec: VmSpec) -> Any:
@@ -140,12 +166,14 @@ def workload_policy(spec: VmSpec) -> Any:
 
 def mig(spec: VmSpec, project: str) -> Any:
     """A zonal MIG of the slice's VMs, all made at once (BULK), left as they are on failure
-    (DO_NOTHING: tpunb deletes the slice rather than have a VM recreated under JAX)."""
+    (DO_NOTHING: tpunb deletes the slice rather than have a VM recreated under JAX). Flex-start:
+    made empty and resized to the slice (resize requests are refused for TPU MIGs)."""
     from google.cloud import compute_v1
 
     names, region = Names(spec.name), catalog.region_of(spec.zone)
     return compute_v1.InstanceGroupManager(
-        name=spec.name, base_instance_name=spec.name, target_size=spec.shape.vms, description=names.description(),
+        name=spec.name, base_instance_name=spec.name, target_size=0 if spec.flex_hours else spec.shape.vms,
+        description=names.description(),
         instance_template=f"projects/{project}/regions/{region}/instanceTemplates/{names.template}",
         target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK"),
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(

@@ -29,6 +29,7 @@ def endpoint() -> str | None:
 class Clients:
     instances: Any
     templates: Any  # regional instance templates
+    all_templates: Any  # instance templates of every region (aggregatedList)
     policies: Any  # resource policies (workload policies)
     migs: Any  # zonal managed instance groups
     zone_ops: Any
@@ -53,6 +54,7 @@ def _make(url: str | None) -> Clients:
     else:
         kw = {"credentials": api.default_credentials()}
     return Clients(compute_v1.InstancesClient(**kw), compute_v1.RegionInstanceTemplatesClient(**kw),
+                   compute_v1.InstanceTemplatesClient(**kw),
                    compute_v1.ResourcePoliciesClient(**kw), compute_v1.InstanceGroupManagersClient(**kw),
                    compute_v1.ZoneOperationsClient(**kw), compute_v1.RegionOperationsClient(**kw),
                    compute_v1.MachineTypesClient(**kw))
@@ -72,26 +74,35 @@ def call(what: str, fn, *args: Any, **kwargs: Any) -> Any:
 
 
 def _reason(exc: Any) -> str:
-    """A short reason for the error tree: quota, capacity, permission, invalid or api."""
-    text = str(getattr(exc, "message", "") or exc).lower()
+    """A short reason for the error tree: quota, no_capacity, permission, invalid or api."""
+    text = str(getattr(exc, "message", "") or exc)
     code = getattr(exc, "code", None)
-    if "quota" in text:
-        return "quota"
-    if "resource_exhausted" in text or "does not have enough resources" in text or "stockout" in text:
-        return "capacity"
+    found = reason_of(text)
+    if found != "api":
+        return found
     if code == 403:
         return "permission"
     return "invalid" if code == 400 else "api"
+
+
+def reason_of(text: str) -> str:
+    """What an error code or message of Compute Engine's means: quota, no_capacity, else api."""
+    lowered = text.lower()
+    if "quota" in lowered:
+        return "quota"
+    if any(s in lowered for s in ("resource_pool_exhausted", "does not have enough resources", "stockout")):
+        return "no_capacity"
+    return "api"
 
 
 def wait(project: str, operation: Any, what: str, deadline: float | None = None) -> None:
     """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``."""
     from google.cloud import compute_v1
 
-    c = clients()
     while True:
         if operation.status == compute_v1.Operation.Status.DONE:
             break
+        c = clients()
         if deadline is not None and time.monotonic() > deadline:
             raise ProvisionError(f"Compute Engine did not finish to {what} in time", reason="timeout")
         scope = (operation.zone or operation.region).rsplit("/", 1)[-1]
@@ -104,6 +115,13 @@ def wait(project: str, operation: Any, what: str, deadline: float | None = None)
     errors = list(operation.error.errors) if operation.error else []
     if errors:
         first = errors[0]
-        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code})",
-                             reason="quota" if "QUOTA" in first.code else "capacity" if "RESOURCE" in first.code
-                             else "api")
+        reason = reason_of(first.code)
+        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code}){more(reason, project)}",
+                             reason=reason)
+
+
+def more(reason: str, project: str) -> str:
+    """Where a quota refusal is fixed (Compute Engine's TPU quotas are their own, per region)."""
+    if reason != "quota":
+        return ""
+    return f"; request more at https://console.cloud.google.com/iam-admin/quotas?project={project}"

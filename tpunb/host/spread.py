@@ -1,0 +1,313 @@
+"""A fetch (``%tpu_fetch``) on the hosts of a slice, each byte from the source once: one host
+downloads (``fetch.download``) and hands each chunk on as it lands, over the slice's own network
+(a relay tree rooted on it, peers proving the slice's secret as ``relay`` does) and, for hosts
+that cannot be reached that way, as ``fetch_chunk`` frames through the kernel. Every receiver
+writes ``PATH.partial`` at offsets on a writer thread (``receive.Receiver``), verifies and renames.
+All of it runs off the agent's main thread, so cells run meanwhile.
+
+Shipped to hosts: standard library only (see the package docstring).
+
+The downloader alone gets the entries' headers (a token), inside its request; nothing here
+prints, logs or writes them.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+
+from .fetch import CHUNK, Entry, FetchError, already_there, download, target_of
+from .io import quiet_thread
+from .receive import Receiver
+from .relay import UNREACHABLE, RelayError, forward, open_children
+
+#: the frames a fetch answers on a side thread
+OPS = ("fetch", "fetch_probe", "fetch_chunk", "fetch_cancel")
+#: a chunk on a peer stream: file index, offset, length (then the bytes); END as the index ends it
+RECORD = struct.Struct("!IQI")
+END = 0xFFFFFFFF
+#: seconds between two progress frames of a host
+PROGRESS_EVERY = 0.25
+#: seconds a peer's stream waits for its fetch to be known here (its request may come later)
+REGISTER_WAIT = 60.0
+#: seconds a receiver waits without a byte before it gives up (the kernel cancels sooner on failures)
+IDLE = 600.0
+
+
+class Job:
+    """One fetch on this host: what it receives (``need``: file indices), its receivers, and how it ends."""
+
+    def __init__(self, rid, message: dict, send) -> None:
+        self.rid, self.send = rid, send
+        self.root = message["root"]
+        self.entries = [Entry.from_wire(w) for w in message["entries"]]
+        self.need = set(message.get("need") or ())
+        self.cond = threading.Condition()
+        self.receivers: dict[int, Receiver] = {}
+        self.landed: dict[int, int] = {}
+        self.ready: list[int] = []
+        self.ended = False
+        self.error: FetchError | None = None
+        self.bytes = 0
+        self.heard = time.monotonic()
+        self._said = 0.0
+
+    def put(self, index: int, offset: int, data) -> None:
+        """A chunk of file ``index`` (ignored unless this host needs it); FetchError once failed."""
+        if index not in self.need:
+            return
+        with self.cond:
+            if self.error is not None:
+                raise self.error
+            receiver = self.receivers.get(index)
+            if receiver is None:
+                receiver = self.receivers[index] = Receiver(self.entries[index], self.root)
+        receiver.put(offset, bytes(data))
+        with self.cond:
+            self.bytes += len(data)
+            self.heard = time.monotonic()
+            self.landed[index] = self.landed.get(index, 0) + len(data)
+            if self.landed[index] >= self.entries[index].size:
+                self.ready.append(index)
+                self.cond.notify_all()
+        self.progress()
+
+    def end(self) -> None:
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
+
+    def fail(self, error: FetchError) -> None:
+        with self.cond:
+            self.error = self.error or error
+            self.cond.notify_all()
+
+    @property
+    def stopped(self) -> bool:
+        return self.error is not None
+
+    def progress(self, force: bool = False) -> None:
+        """Bytes so far to the kernel (its bar), at most every PROGRESS_EVERY seconds."""
+        now = time.monotonic()
+        if force or now - self._said >= PROGRESS_EVERY:
+            self._said = now
+            self.send({"op": "fetch_progress", "id": self.rid, "bytes": self.bytes})
+
+    def answer(self, reply: dict) -> None:
+        self.progress(force=True)
+        self.send({"op": "done", "id": self.rid, **reply})
+
+
+class Fetches:
+    """This host's fetches by request id: the ops, the peer streams, the downloader and receivers."""
+
+    def __init__(self, send, relay) -> None:
+        self.send = send
+        self.relay = relay
+        self.jobs: dict = {}
+        self._cond = threading.Condition()
+        relay.kinds["fetch"] = self.serve_peer
+
+    def handle(self, message: dict, blob) -> None:
+        op, rid = message.get("op"), message.get("id")
+        if op == "fetch_probe":
+            quiet_thread(self._probe, "tpunb-fetch-probe", message)
+        elif op == "fetch":
+            job = Job(rid, message, self.send)
+            with self._cond:
+                self.jobs[rid] = job
+                self._cond.notify_all()
+            work = self._download if message.get("role") == "download" else self._receive
+            quiet_thread(work, "tpunb-fetch", job, message)
+        elif op == "fetch_chunk":
+            job = self.jobs.get(rid)
+            if job is None:
+                return
+            try:
+                if message.get("end"):
+                    job.end()
+                else:
+                    job.put(int(message["file"]), int(message["at"]), blob)
+            except FetchError as exc:
+                job.fail(exc)
+        elif op == "fetch_cancel":
+            job = self.jobs.get(rid)
+            if job is not None:
+                job.fail(FetchError("cancelled by the kernel (the fetch failed elsewhere)", "cancelled"))
+
+    def _wait_job(self, rid) -> Job | None:
+        deadline = time.monotonic() + REGISTER_WAIT
+        with self._cond:
+            while rid not in self.jobs and time.monotonic() < deadline:
+                self._cond.wait(0.5)
+            return self.jobs.get(rid)
+
+    # -- the probe: where the files go on this host, and what is there already ------------------
+    def _probe(self, message: dict) -> None:
+        root = os.path.abspath(os.path.expanduser(message["root"]))
+        try:
+            os.makedirs(root, exist_ok=True)
+            stat, disk = os.stat(root), os.statvfs(root)
+            entries = [Entry.from_wire(w) for w in message["entries"]]
+            have = [i for i, entry in enumerate(entries) if already_there(root, entry)]
+            partial = sum(_size(target_of(root, e) + ".partial") for i, e in enumerate(entries) if i not in have)
+            reply = {"status": "ok", "root": root, "dev": stat.st_dev, "ino": stat.st_ino,
+                     "free": disk.f_bavail * disk.f_frsize, "have": have, "partial": partial}
+        except FetchError as exc:
+            reply = {"status": "error", "error": str(exc), "kind": exc.kind}
+        except OSError as exc:
+            reply = {"status": "error", "error": f"cannot use {root}: {exc.strerror or exc}", "kind": "disk"}
+        self.send({"op": "done", "id": message.get("id"), **reply})
+
+    # -- receiving ----------------------------------------------------------------------------
+    def serve_peer(self, conn: socket.socket, header: dict) -> None:
+        """A peer's stream (on the relay's peer thread): each record passed on to this host's
+        children in the tree, then written here."""
+        job = self._wait_job(header.get("rid"))
+        if job is None:
+            return
+        parent = header.get("from") or ["?", "?"]
+        children: list = []
+        got = 0
+        try:
+            children = open_children(self.relay.secret, header.get("tree") or [], job.rid, 0, header["me"],
+                                     kind="fetch")
+            conn.settimeout(IDLE)
+            while not job.stopped:
+                head = _read(conn, RECORD.size)
+                index, at, size = RECORD.unpack(head)
+                forward(children, memoryview(head))
+                if index == END:
+                    job.end()
+                    return
+                data = _read(conn, size)
+                forward(children, memoryview(data))
+                job.put(index, at, data)
+                got += size
+        except FetchError as exc:
+            job.fail(exc)
+        except (OSError, RelayError, ValueError) as exc:
+            job.fail(FetchError(f"the stream from host {parent[0]} ({parent[1]}) ended after {got:,} bytes "
+                                f"({type(exc).__name__}: {exc}): that host died or was cut off", "network"))
+        finally:
+            for child in children:
+                child[1].close()
+
+    def _receive(self, job: Job, message: dict) -> None:
+        """Finish each file as its last byte lands; done once the stream ended and every file is in place."""
+        finished: set[int] = set()
+        try:
+            while True:
+                with job.cond:
+                    while not job.ready and not job.ended and job.error is None:
+                        if time.monotonic() - job.heard > IDLE:
+                            raise FetchError(f"no byte came for {IDLE:.0f} s: fetch again, it resumes", "network")
+                        job.cond.wait(1.0)
+                    if job.error is not None:
+                        raise job.error
+                    ready, job.ready, ended = job.ready, [], job.ended
+                for index in ready:
+                    job.receivers[index].finish()
+                    finished.add(index)
+                if ended and not ready:
+                    break
+            for index in sorted(job.need - finished):
+                entry = job.entries[index]
+                if entry.size:
+                    raise FetchError(f"{entry.path}: {job.landed.get(index, 0):,} of {entry.size:,} bytes arrived: "
+                                     "fetch again", "network")
+                Receiver(entry, job.root).finish()  # an empty file: no chunk ever comes
+            job.answer({"status": "ok", "files": len(job.need), "moved": job.bytes, "from_source": 0})
+        except FetchError as exc:
+            for receiver in job.receivers.values():
+                receiver.abort()
+            job.answer({"status": "error", "error": str(exc), "kind": exc.kind})
+        finally:
+            self.jobs.pop(job.rid, None)
+
+    # -- downloading ----------------------------------------------------------------------------
+    def _download(self, job: Job, message: dict) -> None:
+        """Every file not in place downloaded, and each one another host needs handed on as it lands."""
+        os.environ.update({str(k): str(v) for k, v in (message.get("settings") or {}).items()})
+        timeout = float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 60.0)
+        others = set(message.get("forward") or ())
+        via_kernel = bool(message.get("via_kernel"))
+        children: list = []
+        from_source = already = 0
+        try:
+            if message.get("tree"):
+                children = open_children(self.relay.secret, message["tree"], job.rid, 0, message["me"], kind="fetch")
+
+            def handing(index: int):
+                def hand(at: int, data) -> None:
+                    if children:
+                        forward(children, memoryview(RECORD.pack(index, at, len(data))))
+                        forward(children, memoryview(data))
+                    if via_kernel:
+                        self.send({"op": "fetch_chunk", "id": job.rid, "file": index, "at": at}, bytes(data))
+                    job.bytes += len(data)
+                    job.progress()
+                return hand
+
+            for index, entry in enumerate(job.entries):
+                if job.stopped:
+                    raise job.error
+                hand = handing(index) if index in others else None
+                if hand is not None and already_there(job.root, entry):
+                    _stream_file(target_of(job.root, entry), hand, lambda: job.stopped)
+                    already += 1
+                    continue
+                counted = hand or (lambda at, data: _count(job, data))
+                outcome = download(entry, job.root, on_chunk=counted, stop=lambda: job.stopped, timeout=timeout)
+                from_source += outcome.moved
+                already += outcome.already
+            if children:
+                forward(children, memoryview(RECORD.pack(END, 0, 0)))
+            job.answer({"status": "ok", "files": len(job.entries), "moved": from_source, "from_source": from_source,
+                        "already": already})
+        except FetchError as exc:
+            job.answer({"status": "error", "error": str(exc), "kind": exc.kind, "from_source": from_source})
+        except (RelayError, OSError) as exc:
+            kind = "unreachable" if UNREACHABLE in str(exc) else "network"
+            job.answer({"status": "error", "error": str(exc), "kind": kind, "from_source": from_source})
+        finally:
+            for child in children:
+                child[1].close()
+            self.jobs.pop(job.rid, None)
+
+
+def _count(job: Job, data) -> None:
+    job.bytes += len(data)
+    job.progress()
+
+
+def _stream_file(path: str, hand, stopped) -> None:
+    """A file already in place handed on chunk by chunk, as a download would hand it."""
+    with open(path, "rb") as held:
+        at = 0
+        for piece in iter(lambda: held.read(CHUNK), b""):
+            if stopped():
+                raise FetchError(f"{path}: stopped", "cancelled")
+            hand(at, piece)
+            at += len(piece)
+
+
+def _read(conn: socket.socket, n: int) -> bytearray:
+    """Exactly ``n`` bytes from a peer; RelayError if it closes first."""
+    data = bytearray(n)
+    view, got = memoryview(data), 0
+    while got < n:
+        count = conn.recv_into(view[got:])
+        if not count:
+            raise RelayError("the peer closed the connection")
+        got += count
+    return data
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,0 +1,230 @@
+"""tpunb's resources in a project's Compute Engine, every zone and region in one look: the survey
+that finds slices no registry knows (Colab wipes the registry with its runtime), and %tpu_down of
+them.
+
+Instances carry tpunb's labels, so one aggregatedList filtered on the label finds them. MIGs,
+instance templates and workload policies have no labels in the API: each carries ``MARKER`` at the
+start of its description, followed by the slice's name (bodies.py), and each kind's aggregatedList
+is filtered on it; a BULK MIG still waiting for capacity, with no instances yet, is found that way
+too. A template or policy without its MIG (the idle watchdog deletes only the MIG, worker 0 dying
+with it; a kernel that died between the creates) is a leftover, which the survey deletes.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tpunb import catalog, report
+from tpunb.errors import ProvisionError, TpunbError
+from tpunb.fanout import fan_out
+from tpunb.provision.gcp import api
+from tpunb.provision.gcp.compute import clients
+from tpunb.provision.gcp.compute.bodies import MARKER
+from tpunb.provision.gcp.compute.delete import teardown
+from tpunb.provision.gcp.records import TPUNB_LABELS
+from tpunb.provision.gcp.spec import NAME_LABEL
+from tpunb.status import OrphanStatus
+
+#: a leftover of a slice this registry does not know is deleted only once this old: younger, it may
+#: be another kernel's launch between its template and its MIG
+LEFTOVER_AGE = 120.0
+_SLICE = re.compile(re.escape(MARKER) + r" slice=(\S+)")
+#: each kind's aggregatedList: the client, the scoped list's field, the filter
+KINDS = {"instances": ("instances", "instances", " AND ".join(f"labels.{k} = {v}" for k, v in TPUNB_LABELS.items())),
+         "migs": ("migs", "instance_group_managers", f'description eq "{MARKER}.*"'),
+         "templates": ("all_templates", "instance_templates", f'description eq "{MARKER}.*"'),
+         "policies": ("policies", "resource_policies", f'description eq "{MARKER}.*"')}
+
+
+def surveyed() -> bool:
+    """Whether a survey asks Compute Engine: always against Google; against a sandbox only when
+    Compute Engine is pointed at it too (an emulated Cloud TPU API beside the real Compute Engine
+    would mix a made-up project with a real one)."""
+    return clients.endpoint() is not None or api.endpoint() is None
+
+
+@dataclass
+class Found:
+    """One slice's resources in Compute Engine (the protos google-cloud-compute returned)."""
+
+    name: str
+    project: str
+    region: str
+    zone: str | None = None  # None: only regional leftovers were found
+    instances: list = field(default_factory=list)
+    mig: Any = None
+    template: Any = None
+    policy: Any = None
+
+    @property
+    def vms(self) -> int | None:
+        """2 for a MIG (its size does not matter to deleting it), 1 for an instance alone."""
+        return 2 if self.mig is not None else 1 if self.instances else None
+
+    @property
+    def leftover(self) -> bool:
+        """A template or policy with no MIG or instance: nothing runs, nothing is waited for."""
+        return self.mig is None and not self.instances
+
+    @property
+    def age(self) -> float:
+        """Seconds since its newest resource was made."""
+        made = [_epoch(r.creation_timestamp) for r in (self.mig, self.template, self.policy, *self.instances) if r]
+        return time.time() - max(made, default=time.time())
+
+    def accelerator(self) -> str:
+        """Its accelerator as users name it (``tpu7x-32``), from the machine type and the policy's
+        topology; "" when neither says."""
+        machine = (self.template.properties.machine_type if self.template else
+                   self.instances[0].machine_type if self.instances else "")
+        mt = catalog.machine_types().get(machine.rsplit("/", 1)[-1])
+        if mt is None:
+            return ""
+        topology = self.policy.workload_policy.accelerator_topology if self.policy else mt.topology
+        try:
+            return catalog.from_topology(mt.generation, topology).name
+        except TpunbError:
+            return f"{mt.name} {topology}"
+
+    def state(self) -> str:
+        if self.mig is not None:
+            if self.mig.status.is_stable and self.instances:
+                return "READY"
+            return "WAITING_FOR_RESOURCES" if not self.instances else "CHANGING"
+        if self.instances:
+            return self.instances[0].status
+        return "LEFTOVER"
+
+    def spot(self) -> bool:
+        scheduling = (self.template.properties.scheduling if self.template else
+                      self.instances[0].scheduling if self.instances else None)
+        return bool(scheduling and scheduling.provisioning_model == "SPOT")
+
+    def orphan(self) -> OrphanStatus:
+        """The row %tpu_status and the sidebar show for it."""
+        from tpunb.provision.gcp.node import price_per_hour
+
+        accel, state = self.accelerator(), self.state()
+        if self.leftover:
+            what = " and ".join(k for k, r in (("instance template", self.template), ("workload policy", self.policy)) if r)
+            message = f"its {what} without a MIG (a launch under way, or left behind): %tpu_down {self.name} deletes it"
+        elif state == "WAITING_FOR_RESOURCES":
+            message = (f"a BULK MIG waiting for capacity, in no registry here: %tpu_down {self.name} deletes it "
+                       "(and its request)")
+        else:
+            message = f"not in this registry and still billed (Compute Engine): %tpu_down {self.name} deletes it"
+        try:
+            price = price_per_hour(catalog.lookup(accel), self.spot(), 1) if accel and not self.leftover else None
+        except TpunbError:
+            price = None
+        uptime = None if self.leftover else self.age
+        return OrphanStatus(name=self.name, accelerator=accel, num_slices=1, project=self.project,
+                            zone=self.zone or self.region, state=state, spot=self.spot(), usd_per_hour=price,
+                            uptime_s=uptime, message=message, backend="gcp",
+                            cloud={"cloud_state": state, "usd_per_hour": price, "uptime_s": uptime})
+
+
+def _epoch(stamp: str) -> float:
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
+
+
+def slice_name(resource: Any) -> str | None:
+    """Whose slice a MIG, template or policy is: the name after tpunb's marker in its description."""
+    found = _SLICE.match(resource.description or "")
+    return found[1] if found else None
+
+
+def _owner(vm: Any) -> str:
+    """The slice an instance belongs to: tpunb's name label (a Compute Engine name is its own label
+    value), else the MIG its ``created-by`` metadata names, else itself (a one-host slice is an
+    instance named after it)."""
+    made_by = next((i.value for i in vm.metadata.items if i.key == "created-by"), "")
+    mig = made_by.rsplit("/", 1)[-1] if "/instanceGroupManagers/" in made_by else None
+    return vm.labels.get(NAME_LABEL) or mig or vm.name
+
+
+def everything(project: str) -> dict[str, Found]:
+    """tpunb's slices in ``project`` by name, from four aggregatedList calls made at once."""
+    c = clients.clients()
+
+    def listed(kind: str) -> list[tuple[str, Any]]:
+        attr, field_name, wanted = KINDS[kind]
+        pager = lambda: [(scope, item) for scope, scoped in  # noqa: E731 - every page, inside the one error seam
+                         getattr(c, attr).aggregated_list(request={"project": project, "filter": wanted})
+                         for item in getattr(scoped, field_name)]
+        return clients.call(f"list the {kind} of {project}", pager)
+
+    lists = fan_out(list(KINDS), listed, deadline=120.0, name="tpunb-compute-survey").by_key()
+    found: dict[str, Found] = {}
+
+    def entry(name: str, scope: str) -> Found:
+        where = scope.split("/", 1)[-1]
+        zone = where if scope.startswith("zones/") else None
+        f = found.setdefault(name, Found(name, project, catalog.region_of(zone) if zone else where))
+        f.zone = f.zone or zone
+        return f
+
+    for scope, mig in lists["migs"]:
+        if (name := slice_name(mig)) is not None:
+            entry(name, scope).mig = mig
+    for scope, vm in lists["instances"]:
+        entry(_owner(vm), scope).instances.append(vm)
+    for kind in ("templates", "policies"):
+        for scope, item in lists[kind]:
+            if (name := slice_name(item)) is not None and scope.startswith("regions/"):
+                setattr(entry(name, scope), kind[:-1] if kind == "templates" else "policy", item)
+    return found
+
+
+class ComputeSurvey:
+    """One look at a project's Compute Engine for %tpu_status: the slices there that no record
+    holds (orphans), and the leftovers deleted on the way (those of a recorded slice whose launch
+    is not under way at once, others once ``LEFTOVER_AGE`` old)."""
+
+    def __init__(self, project: str, recorded: dict[str, str]) -> None:
+        """``recorded``: the registry's compute slices in this project, name -> state."""
+        self.project = project
+        self.found = everything(project)
+        self.failed: dict[str, str] = {}
+        for name, f in list(self.found.items()):
+            if not f.leftover or recorded.get(name) == "creating":
+                continue
+            if name not in recorded and f.age < LEFTOVER_AGE:
+                continue
+            left = teardown(project, f.zone, name, quiet=True, region=f.region, vms=f.vms)
+            if not left:
+                del self.found[name]
+            elif name in recorded:
+                report.warn(f"[tpunb] the leftovers of {name} could not be deleted{left}")
+            else:
+                self.failed[name] = left
+
+    def orphans(self, known: set[str]) -> list[OrphanStatus]:
+        out = []
+        for name, f in sorted(self.found.items()):
+            if name in known:
+                continue
+            row = f.orphan()
+            if name in self.failed:
+                row.message = f"leftovers of a launch, which could not be deleted{self.failed[name]}"
+            out.append(row)
+        return out
+
+
+def delete_orphan(project: str, name: str) -> bool:
+    """%tpu_down of a slice no record holds: whatever of it Compute Engine has, deleted in order;
+    False when it has nothing of that name; what could not go is one error with its gcloud commands."""
+    f = everything(project).get(name)
+    if f is None:
+        return False
+    left = teardown(project, f.zone, name, quiet=True, region=f.region, vms=f.vms)
+    if left:
+        raise ProvisionError(f"could not delete all of {name}{left}", reason="delete")
+    report.info(f"[tpunb] deleted {name}'s Compute Engine resources in {project}/{f.zone or f.region}")
+    return True

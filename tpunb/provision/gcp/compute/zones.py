@@ -1,0 +1,67 @@
+"""Where a Compute Engine launch goes: the zones that offer the slice's machine type, as Compute
+Engine itself answers (``machineTypes.aggregatedList`` filtered on the name, asked once per
+session), and the order a launch tries them in. A zone that refuses for capacity or quota is
+left with nothing in it, and the next one is tried (``--zone Z1,Z2``, ``--zone any``, or no
+zone where the configured one lacks the type), as the Cloud TPU path's failover does."""
+from __future__ import annotations
+
+from tpunb import catalog
+from tpunb.errors import ProvisionError, UsageError
+from tpunb.provision.cache import cached
+from tpunb.provision.gcp.compute import clients
+from tpunb.provision.gcp.config import user_region
+from tpunb.provision.gcp.failover import ANY, Candidate, Outcome
+
+#: failures another zone may not have: the launch moves on (with nothing left in the zone)
+ZONE_FAILURES = frozenset({"no_capacity", "quota", "timeout"})
+
+
+def offered(project: str, machine_type: str) -> tuple[str, ...]:
+    """The zones whose Compute Engine offers ``machine_type`` (one call, kept for the session)."""
+    def ask() -> tuple[str, ...]:
+        c = clients.clients()
+        pages = lambda: [scope.split("/", 1)[-1] for scope, scoped in  # noqa: E731 - every page inside the seam
+                         c.machine_types.aggregated_list(request={"project": project, "filter": f"name = {machine_type}"})
+                         if any(m.name == machine_type for m in scoped.machine_types)]
+        return tuple(sorted(clients.call(f"list the zones with {machine_type}", pages)))
+
+    return cached(("compute zones", clients.endpoint(), project, machine_type), ask)
+
+
+def choose(project: str, shape: catalog.ComputeShape, given: str | None, default: str | None) -> list[str]:
+    """The zones to try, in order: ``--zone`` (Z, Z1,Z2 or any), else the configured zone, else (no
+    zone anywhere, as in Colab) every zone that offers the machine type, nearest first. A named or
+    configured zone without it is one line naming the zones that have it."""
+    have = offered(project, shape.machine_type)
+    what = f"{shape.machine_type} ({shape.accelerator})"
+    if not have:
+        raise ProvisionError(f"no zone of {project} offers {what} through Compute Engine", reason="invalid_zone")
+    given = given or default
+    if not given or given.strip().lower() == ANY:
+        return catalog.nearest(have, user_region())
+    named = list(dict.fromkeys(z.strip() for z in given.split(",") if z.strip()))
+    lacking = [z for z in named if z not in have]
+    if lacking:
+        raise UsageError(f"{', '.join(lacking)} {'has' if len(lacking) == 1 else 'have'} no {what}: zones with it: "
+                         f"{', '.join(have)}")
+    return named
+
+
+def everywhere_failed(name: str, project: str, outcomes: list[Outcome], spot: bool) -> ProvisionError:
+    """One line per zone tried, then one line saying what to try."""
+    kinds = {o.kind for o in outcomes}
+    tips = []
+    if kinds & {"no_capacity", "timeout"}:
+        tips += [*([] if spot else ["--spot"]), "--flex HOURS to wait for capacity", "more zones (--zone any)"]
+    if "quota" in kinds:
+        tips.append(f"more quota (https://console.cloud.google.com/iam-admin/quotas?project={project})")
+    lines = [f"{name} was granted nowhere ({len(outcomes)} tries):", *(f"  {o}" for o in outcomes),
+             f"try: {'; '.join(tips) or '%tpu_doctor to check the project, then retry'}"]
+    return ProvisionError("\n".join(lines), reason=kinds.pop() if len(kinds) == 1 else "failover")
+
+
+def outcome(accelerator: str, zone: str, error: ProvisionError) -> Outcome:
+    return Outcome(Candidate(accelerator, zone), error.reason or "other", str(error))
+
+
+__all__ = ["ZONE_FAILURES", "choose", "everywhere_failed", "offered", "outcome"]
