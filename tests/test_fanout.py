@@ -1,4 +1,4 @@
-"""tpunb.fanout: one deadline, one Ctrl-C rule and one partial-failure result for every fan-out."""
+"""tpunb.engine.fanout: one deadline, one Ctrl-C rule and one partial-failure result for every fan-out."""
 from __future__ import annotations
 
 import _thread
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tpunb.fanout import FanOutTimeout, fan_out
+from tpunb.engine.fanout import FanOutTimeout, fan_out
 
 
 def test_values_come_in_key_order_whatever_order_they_finish_in():
@@ -43,6 +43,8 @@ def test_a_key_past_the_deadline_fails_and_its_late_value_is_handed_over():
     def one(key: str) -> str:
         if key == "slow":
             release.wait(10)
+        if key == "broken":
+            raise ConnectionRefusedError("refused")
         return f"connection to {key}"
 
     def late(value: str) -> None:
@@ -50,10 +52,11 @@ def test_a_key_past_the_deadline_fails_and_its_late_value_is_handed_over():
         handed_event.set()
 
     started = time.monotonic()
-    result = fan_out(["fast", "slow"], one, deadline=0.3, late=late)
+    result = fan_out(["fast", "slow", "broken"], one, deadline=0.3, late=late)
     assert time.monotonic() - started < 5
     assert result.succeeded == {"fast": "connection to fast"}
     assert isinstance(result.failed["slow"], FanOutTimeout) and "within 0.3 s" in str(result.failed["slow"])
+    assert str(result.failed["broken"]) == "refused"  # (a failure beside it does not change what the timeout says)
     release.set()
     assert handed_event.wait(5) and handed == ["connection to slow"]  # closed by the caller's rule, not leaked
 

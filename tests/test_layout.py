@@ -439,11 +439,12 @@ def test_the_backend_check_sees_a_branch_an_import_and_an_attribute(tmp_path):
 
 
 # -- one way to fan out -----------------------------------------------------------------------------
-#: where kernel code may start a thread besides tpunb/fanout.py: long-lived threads, one per
+#: where kernel code may start a thread besides tpunb/engine/fanout.py: long-lived threads, one per
 #: connection, feed or process, and the engine's own request machinery. (file, target) -> why
 THREADS_ALLOWED = {
     ("engine/connection.py", "self._read_loop"): "one per host connection: reads its frames",
     ("engine/connection.py", "self._ended"): "one per host connection: reaps its agent when it ends",
+    ("engine/programs.py", "self._run"): "one per followed host: reads its long-lived program's frames",
     ("engine/routes.py", "self._stream"): "the engine's route: one sender per host of a request's parts",
     ("engine/request.py", "go"): "the engine: a request started in the background waits on its own thread",
     ("engine/request.py", "self.connection(i).signal"): "the engine's escalation: SIGTERM/SIGKILL one host",
@@ -469,17 +470,16 @@ THREADS_ALLOWED = {
     ("stuck/laggards.py", "self._read"): "one per slow request: reads the late hosts' stacks",
     ("serve/bench.py", "work"): "one per %tpu_bench run: its asyncio client, which the notebook's Ctrl-C stops",
 }
-#: sleep-poll loops kernel code may keep outside tpunb/fanout.py and tpunb/engine/: (file, function) -> why
+#: sleep-poll loops kernel code may keep outside tpunb/engine/: (file, function) -> why
 SLEEPS_ALLOWED = {
     ("provision/ssh.py", "connect_hosts"): "backoff between SSH tries while fresh VMs start their sshd",
     ("provision/local.py", "end_hosts"): "another kernel's host processes: only their state can be read",
-    ("serve/services.py", "follow"): "a service's log on another machine (issue 38: to become a stream)",
 }
 
 
 def _kernel_files() -> list[Path]:
     return [p for p in sorted(PACKAGE.rglob("*.py"))
-            if p.relative_to(PACKAGE).parts[0] not in ("host", "emulator") and p.name != "fanout.py"]
+            if p.relative_to(PACKAGE).parts[0] not in ("host", "emulator") and str(p.relative_to(PACKAGE)) != "engine/fanout.py"]
 
 
 def threads_started(path: Path) -> list[tuple[str, str, bool]]:
@@ -518,14 +518,14 @@ def sleep_polls(path: Path) -> list[tuple[str, str]]:
 
 
 def test_threads_fan_out_in_one_place():
-    """Work on N hosts (or zones) at once goes through tpunb/fanout.py: one deadline, one Ctrl-C rule,
+    """Work on N hosts (or zones) at once goes through tpunb/engine/fanout.py: one deadline, one Ctrl-C rule,
     one partial-failure result. Other threads are long-lived, one per connection, feed or process,
     each listed with its reason; none is started in a loop outside the engine."""
     found = [t for p in _kernel_files() for t in threads_started(p)]
     unlisted = [f"{file}: {target}" for file, target, _ in found if (file, target) not in THREADS_ALLOWED]
-    assert not unlisted, "threads started outside tpunb/fanout.py: " + ", ".join(unlisted)
+    assert not unlisted, "threads started outside tpunb/engine/fanout.py: " + ", ".join(unlisted)
     loops = [f"{file}: {target}" for file, target, looped in found if looped and not file.startswith("engine/")]
-    assert not loops, "a thread per host in a loop (use tpunb.fanout.fan_out): " + ", ".join(loops)
+    assert not loops, "a thread per host in a loop (use tpunb.engine.fanout.fan_out): " + ", ".join(loops)
     stale = set(THREADS_ALLOWED) - {(file, target) for file, target, _ in found}
     assert not stale, f"listed but gone: {sorted(stale)}"
 

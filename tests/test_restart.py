@@ -174,6 +174,7 @@ def test_a_prepared_restart_hands_the_hosts_to_standby_agents(make_slice, cell):
     sl = make_slice(2)
     cell("%%on_tpu\nkept = 1")
     sl.standbys.prepare(wait=True)
+    assert sl.standbys.wait_ready(30) and all(s.greeted for s in sl.standbys.ready().values())  # hello waited on
     standbys = wait_for(lambda: (lambda pids: pids if all(pids) else None)(
         [sl.standbys.ready()[i].process.pid for i in range(2)]), 30, "the standbys' pids")
     run = cell("%tpu_restart")

@@ -2,9 +2,12 @@
 Over local hosts and real sshd hosts; the services are real HTTP servers asked by a real client."""
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 import socket
 import sys
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -191,3 +194,64 @@ def test_down_of_a_slice_this_kernel_has_not_attached_stops_its_services(make_sl
     assert not any(alive(p) for p in pids)
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def readers(paths: dict[str, int]) -> dict[int, int]:
+    """{pid: host} of processes here (local and loopback sshd hosts alike) that have one of these
+    files ({path: host}) open for reading only: following it (its service writes it, append-only)."""
+    found = {}
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            host = paths.get(os.readlink(fd))
+            if host is not None and int((fd.parent.parent / "fdinfo" / fd.name).read_text().split()[3], 8) & 3 == 0:
+                found[int(fd.parent.parent.name)] = host
+        except (OSError, ValueError, IndexError):
+            pass
+    return {pid: host for pid, host in found.items() if alive(pid)}
+
+
+def test_follow_streams_every_hosts_lines_masked_names_a_host_that_drops_and_ctrl_c_ends_it_all(make_slice, tmp_path):
+    """%tpu_logs --follow's engine: each host's control process streams its log; lines written on
+    two hosts after the follow began arrive, labelled, whole (a secret written in two parts is still
+    masked); a host whose follow dies is named in one line while the other goes on; Ctrl-C returns at
+    once with no follow left running on any host."""
+    from tests.conftest import interrupt_kernel_when
+    from tpunb import report
+    from tpunb.engine.masking import MASK
+
+    sl = make_slice(2, name=unique("svc"))
+    secret = "hush-" + uuid.uuid4().hex
+    sl.serving.masker.add(secret)
+    script = (f"for i in 1 2 3; do while [ ! -e {tmp_path}/go.$i ]; do sleep 0.02; done; "
+              'printf "line $i on $TPUNB_HOST_INDEX key=%s" "${TOKEN%????????}"; sleep 0.3; '
+              'printf "%s\\n" "${TOKEN#"${TOKEN%????????}"}"; done; exec sleep 300')
+    sl.serve("talk", script, env={"TOKEN": secret})
+    logs = {s.log: s.host for s in sl.services()}
+    (tmp_path / "go.1").touch()  # line 1 comes in the tail or live, once either way
+    seen: dict[int, list[str]] = {0: [], 1: []}
+    dropped: list[int] = []
+    with report.captured() as said:
+        def stopped_and_went_on() -> bool:
+            return any("dropped out of the follow" in m.text for m in said) and any(
+                line.startswith("line 3") for lines in seen.values() for line in lines)
+
+        sent = interrupt_kernel_when(stopped_and_went_on)
+        with pytest.raises(KeyboardInterrupt):
+            for host, text in sl.serving.follow("talk", tail=1):
+                assert text.endswith("\n") and secret not in text
+                seen[host] += text.splitlines()
+                if not (tmp_path / "go.2").exists():
+                    (tmp_path / "go.2").touch()
+                if all(any(line.startswith("line 2") for line in seen[h]) for h in seen) and not dropped:
+                    followers = readers(logs)
+                    assert sorted(followers.values()) == [0, 1], followers  # one program per host
+                    pid = min(followers)
+                    dropped.append(followers[pid])
+                    os.kill(pid, signal.SIGKILL)  # one host's follow dies
+                    (tmp_path / "go.3").touch()
+    assert time.perf_counter() - sent["at"] < 5  # Ctrl-C ends the follow at once
+    assert readers(logs) == {}  # no follow left on any host
+    assert all(seen[h][:2] == [f"line 1 on {h} key={MASK}", f"line 2 on {h} key={MASK}"] for h in seen), seen
+    assert [h for h in seen if f"line 3 on {h} key={MASK}" in seen[h]] == [1 - dropped[0]]  # the other went on
+    (line,) = [m.text for m in said if "dropped out" in m.text]
+    assert line.startswith(f"[tpunb] host {dropped[0]} dropped out of the follow (") and "\n" not in line

@@ -93,6 +93,9 @@ def test_logs_tail_and_follow_a_file_on_every_host(make_slice, cell, monkeypatch
     missing = cell(f"%tpu_logs --file {path}.9")  # no host has it: said, host by host, in one line
     assert type(missing.error).__name__ == "UsageError", missing.shown
     assert f"host 0: no file {path}.9 on this host; host 1: no file" in str(missing.error)
+    missing = cell(f"%tpu_logs --file {path}.9 --follow")  # followed: the same one line
+    assert type(missing.error).__name__ == "UsageError" and "\n" not in str(missing.error), missing.shown
+    assert f"host 0: no file {path}.9 on this host; host 1: no file" in str(missing.error)
     both = tmp_path / "both.log"
     both.write_text("one\ntwo\n")
     assert cell(f"%tpu_logs --file {both} --tail 1").stdout == "[0] two\n[1] two\n"

@@ -69,9 +69,9 @@ def test_status_asks_hosts_for_services_only_once_the_slice_has_some(make_slice,
     from tpunb.serve import control
 
     asked = []
-    real_ask = control.ask
-    monkeypatch.setattr(control, "ask", lambda transport, request: asked.append(request["host"]) or
-                        real_ask(transport, request))
+    real_program = control.program
+    monkeypatch.setattr(control, "program", lambda transport, request, *more: asked.append(request["host"]) or
+                        real_program(transport, request, *more))
     sl = make_slice(2, name=unique("quiet"))
     manager.status()
     manager.status()

@@ -430,10 +430,11 @@ class TpuMagics(Magics):
             texts = {sl.layout.parse(args.host)[0]: texts} if isinstance(texts, str) else texts
             report.info(_labelled(texts, sl.layout.name, len(texts) > 1).rstrip("\n"))
             return
+        lines = sl.serving.follow(args.name, args.host, 10 if args.tail is None else args.tail, file=args.file)
         try:
-            for host, text in sl.serving.follow(args.name, args.host, 10 if args.tail is None else args.tail,
-                                                file=args.file):
-                report.info(_labelled({host: text}, sl.layout.name, args.host is None and sl.num_hosts > 1).rstrip("\n"))
+            with contextlib.closing(lines):  # however it ends, every host's follow ends with it
+                for host, text in lines:
+                    report.info(_labelled({host: text}, sl.layout.name, args.host is None and sl.num_hosts > 1).rstrip("\n"))
         except KeyboardInterrupt:
             report.info(f"[tpunb] stopped following {args.name or args.file!r}")
 

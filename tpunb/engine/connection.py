@@ -100,6 +100,10 @@ class HostConnection:
         """Its agent said hello (or ended): a handshake would not wait for it to start."""
         return self._handshake.greeted.is_set()
 
+    def wait_greeted(self, timeout: float) -> bool:
+        """Until its agent says hello (or ends); False at ``timeout`` seconds."""
+        return self._handshake.greeted.wait(timeout)
+
     def handshake(self, init: dict, timeout: float) -> None:
         """Check the protocol version, send the host's settings, wait until it is ready. While
         the host's environment is made, its steps count as signs of life (``timeout`` is silence)."""

@@ -127,12 +127,12 @@ class Standbys:
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every standby being prepared has started (said hello); False at ``timeout``."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            preparing = self._preparing
-            if (preparing is None or not preparing.is_alive()) and all(s.greeted for s in self.ready().values()):
-                return True
-            time.sleep(0.02)  # polling the standbys' state
-        return False
+        preparing = self._preparing
+        if preparing is not None:
+            preparing.join(timeout)  # their start, then each one's hello: waited on, never polled
+            if preparing.is_alive():
+                return False
+        return all(s.wait_greeted(max(0.0, deadline - time.monotonic())) for s in self.ready().values())
 
     def take(self, indices: list[int]) -> dict[int, HostConnection]:
         """The live standbys of these hosts, handed over (they are no longer kept here)."""

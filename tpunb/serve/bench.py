@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Callable
 
 from tpunb import manager
-from tpunb.engine.bundle import HOST, SERVICE_CONTROL
+from tpunb.engine import programs
+from tpunb.engine.bundle import HOST
 from tpunb.errors import CellInterrupted, ServiceError, TransportError, UsageError
 from tpunb.host.standalone import bench_client
+from tpunb.serve import control
 from tpunb.serve import forward as forwards
 from tpunb.serve.bench_result import BenchResult
 from tpunb.serve.prompts import prompts
 from tpunb.serve.services import NAME
-from tpunb.transport.base import ask_program
 
 HOST_PORT = re.compile(r"\[?([A-Za-z0-9.:-]+?)\]?:(\d{1,5})")
 #: round trips timed for the figure shown beside the results (their median)
@@ -242,9 +243,8 @@ def _run_on_host(where: Target, config: dict) -> list[dict]:
     its ``control(request)``, which answers with one frame."""
     transport = where.transport
     try:
-        reply = ask_program(transport, [transport.prepared_python or transport.python, "-c", SERVICE_CONTROL],
-                            {"source": (HOST / "standalone" / "bench_client.py").read_text(), "request": config},
-                            "the benchmark client")
+        reply = programs.ask(control.program(transport, config, (HOST / "standalone" / "bench_client.py").read_text(),
+                                             "the benchmark client"))
     except KeyboardInterrupt:
         raise CellInterrupted("interrupted: the benchmark stopped on the host (no figures)") from None
     except TransportError as exc:

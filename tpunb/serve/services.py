@@ -16,7 +16,8 @@ from tpunb import report
 from tpunb.engine.masking import Masker
 from tpunb.errors import ServiceError, UsageError
 from tpunb.serve import seen
-from tpunb.serve.control import ask_hosts, may_have_services
+from tpunb.serve.control import DEADLINE as CONTROL_DEADLINE
+from tpunb.serve.control import ask_hosts, follow_hosts, may_have_services
 from tpunb.serve.seen import ServiceState
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class Serving:
         what = f"HTTP GET {path} on port {port}" if path else f"port {port}"
         report.info(f"[tpunb] waiting for {name!r} to answer {what} on {where} (up to {timeout:g} s)")
         waits = self._on_hosts(indices, lambda h: {"op": "wait", "name": name, "port": port, "path": path,
-                                                   "timeout": float(timeout), "tail": TAIL})
+                                                   "timeout": float(timeout), "tail": TAIL}, CONTROL_DEADLINE + timeout)
         bad = {h: r for h, r in waits.items() if not r.get("ready")}
         if not bad:
             return
@@ -110,9 +111,9 @@ class Serving:
         raise ServiceError(f"service {name!r} is not ready ({why}); {still}; its last log lines on host "
                            f"{self.layout.name(first)}:", first, bad[first].get("tail", ""))
 
-    def _on_hosts(self, indices: list[int], make) -> dict[int, dict]:
-        """A request per host (``make(host)``), all at once."""
-        return ask_hosts(self.transports, {h: {**make(h), "slice": self.name} for h in indices})
+    def _on_hosts(self, indices: list[int], make, deadline: float = CONTROL_DEADLINE) -> dict[int, dict]:
+        """A request per host (``make(host)``), all at once, each answered within ``deadline`` seconds."""
+        return ask_hosts(self.transports, {h: {**make(h), "slice": self.name} for h in indices}, deadline)
 
     def _raise_failures(self, name: str, replies: dict[int, dict], what: str) -> None:
         failed = {h: r["error"] for h, r in replies.items() if "error" in r}
@@ -151,30 +152,36 @@ class Serving:
         texts = {h: self.masker.text(r["text"]) for h, r in replies.items()}
         return texts[indices[0]] if host is not None else texts
 
-    def follow(self, name: str | None, host=None, tail: int | None = 10, poll: float = 0.5,
-               file: str | None = None) -> Iterator[tuple[int, str]]:
+    def follow(self, name: str | None, host=None, tail: int | None = 10, file: str | None = None
+               ) -> Iterator[tuple[int, str]]:
         """(host, text) as the service's logs (or ``file`` on every host) grow, starting with their last
-        ``tail`` lines; runs until the caller stops iterating (a KeyboardInterrupt in a notebook)."""
+        ``tail`` lines, whole lines only (a secret is masked whole); runs until the caller stops
+        iterating (a KeyboardInterrupt in a notebook), which ends every host's follow. Each host's
+        control process streams its log as it grows; a host that stops is named in one line."""
         source = _source(name, file)
         indices = self._hosts_with(name, host, file)
-        offsets: dict[int, int] = {}
-        first = self._on_hosts(indices, lambda h: {"op": "logs", **source, "tail": tail or 0})
-        if file and any("error" in r for r in first.values()):
-            raise UsageError(f"{file}: " + "; ".join(f"host {self.layout.name(h)}: {r['error']}"
-                                                     for h, r in sorted(first.items()) if "error" in r))
-        for h, r in sorted(first.items()):
-            offsets[h] = r.get("offset", 0)
-            if r.get("text"):
-                yield h, self.masker.text(r["text"])
-        pending = {h: "" for h in indices}  # a line the service is still writing: shown once it is whole
-        while True:
-            for h in indices:
-                r = self._on_hosts([h], lambda _: {"op": "logs", **source, "offset": offsets[h]})[h]
-                offsets[h] = r.get("offset", offsets[h])
-                whole, cut, pending[h] = (pending[h] + r.get("text", "")).rpartition("\n")
-                if cut:
-                    yield h, self.masker.text(whole + cut)  # a whole line: a secret never straddles it
-            time.sleep(poll)  # the log is a file on another machine: nothing tells us it grew
+        with follow_hosts(self.transports, {h: {"op": "follow", **source, "tail": tail or 0, "slice": self.name}
+                                            for h in indices}) as stream:
+            first = {**{h: {"error": str(e)} for h, e in stream.started.failed.items()}, **stream.started.succeeded}
+            failed = {h: r["error"] for h, r in sorted(first.items()) if "error" in r}
+            if file and failed:  # as %tpu_logs --file without --follow: every host has it, or say which lacks it
+                raise UsageError(f"{file}: " + "; ".join(f"host {self.layout.name(h)}: {e}" for h, e in failed.items()))
+            for h, error in failed.items():
+                report.warn(f"[tpunb] host {self.layout.name(h)} is not followed: {error}")
+            pending = {h: "" for h in indices}  # a line still being written: shown once it is whole
+            for h in sorted(set(indices) - set(failed)):
+                yield from self._whole_lines(h, first[h]["text"], pending)
+            for h, message in stream:
+                if "ended" in message:
+                    report.warn(f"[tpunb] host {self.layout.name(h)} dropped out of the follow ({message['ended']}); "
+                                "the others go on")
+                else:
+                    yield from self._whole_lines(h, message["text"], pending)
+
+    def _whole_lines(self, host: int, text: str, pending: dict[int, str]) -> Iterator[tuple[int, str]]:
+        whole, cut, pending[host] = (pending[host] + text).rpartition("\n")
+        if cut:
+            yield host, self.masker.text(whole + cut)  # a whole line: a secret never straddles it
 
     def _hosts_with(self, name: str | None, host, file: str | None = None) -> list[int]:
         if host is not None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpunb.engine import programs
+from tpunb.engine.fanout import FanOutTimeout
 from tpunb.errors import TransportError
-from tpunb.fanout import fan_out
 from tpunb.host import stacks as host_stacks
 from tpunb.engine.bundle import STACKS_READER, stacks_source
-from tpunb.transport.base import Transport, ask_program
+from tpunb.transport.base import Transport
 
 #: seconds a remote reader may take beyond the dump itself (its SSH channel, a login shell, Python)
 REMOTE_SLACK = 15.0
@@ -46,28 +47,27 @@ def read_hosts(targets: list[Target], native: bool = False, bound: float | None 
             readable[target.host] = target
     if bound is None:
         bound = host_stacks.ANSWER + 3.0 + (host_stacks.PYSPY_TIMEOUT if native else 0.0) + REMOTE_SLACK
-    read = fan_out(list(readable), lambda host: _answer(readable[host], native), deadline=bound, name="tpunb-stacks")
+    read = programs.ask_hosts({host: _program(target, native) for host, target in readable.items()}, bound,
+                              name="tpunb-stacks")
     for host in readable:
-        replies[host] = read.succeeded.get(host) or {
-            "error": f"did not answer within {bound:g} s (its connection may be frozen)", "state": "unreachable"}
+        replies[host] = read.succeeded.get(host) or _failure(read.failed[host], bound)
     return replies
 
 
-def _answer(target: Target, native: bool) -> dict:
-    """The host's reply, or why there is none: one host's failure is never the others'."""
+def _failure(error: BaseException, bound: float) -> dict:
+    """Why a host has no stacks: one host's failure is never the others'."""
+    if isinstance(error, FanOutTimeout):
+        return {"error": f"did not answer within {bound:g} s (its connection may be frozen)", "state": "unreachable"}
+    if isinstance(error, TransportError):
+        return {"error": f"unreachable ({error})", "state": "unreachable"}
+    return {"error": f"{type(error).__name__}: {error}", "state": "unreachable"}  # a broken reply is this host's
+
+
+def _program(target: Target, native: bool) -> programs.Program:
+    """The stacks reader on the host; on this machine, the agent is signalled and read from here."""
     request = {"pid": target.pid, "signal": target.dump_at["signal"], "path": target.dump_at["path"],
                "native": native}
-    try:
-        reply = _read(target.transport, request)
-    except TransportError as exc:
-        reply = {"error": f"unreachable ({exc})", "state": "unreachable"}
-    except Exception as exc:  # a broken reply is this host's answer, never the others' failure
-        reply = {"error": f"{type(exc).__name__}: {exc}", "state": "unreachable"}
-    return reply
-
-
-def _read(transport: Transport, request: dict) -> dict:
-    if transport.same_machine:  # this machine: signal and read it from here
-        return host_stacks.read(request)
-    return ask_program(transport, [transport.python, "-S", "-c", STACKS_READER],
-                       {"source": stacks_source(), "request": request}, "the stacks reader")
+    transport = target.transport
+    return programs.Program(transport, [transport.python, "-S", "-c", STACKS_READER],
+                            {"source": stacks_source(), "request": request}, "the stacks reader",
+                            here=lambda: host_stacks.read(request))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tpunb.errors import TransportError
-from tpunb.fanout import fan_out
+from tpunb.engine.fanout import fan_out
 from tpunb.results import RESTARTED
 
 if TYPE_CHECKING:

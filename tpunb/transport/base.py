@@ -7,7 +7,6 @@ Everything else (interrupts, output, values) travels as frames over these two st
 """
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from typing import Callable
 
@@ -106,22 +105,3 @@ class Transport(ABC):
 
     def close(self) -> None:
         """Release connections held for this host; idempotent."""
-
-
-def ask_program(transport: Transport, argv: list[str], message: dict, what: str) -> dict:
-    """Start ``argv`` on the host (a one-shot helper: the service control, the stacks reader), send
-    it one length-prefixed JSON message on stdin and return the one it writes back on stdout;
-    TransportError naming ``what`` (and its last line on stderr) if it answers nothing."""
-    transport.connect()
-    process = transport.spawn(argv)
-    try:
-        body = json.dumps(message).encode()
-        process.send(b"%012d" % len(body) + body)
-        head = process.recv_exact(12)
-        data = process.recv_exact(int(head)) if len(head) == 12 and head.isdigit() else b""
-        if not data:
-            why = process.stderr_tail().strip().splitlines()[-1:] or ["no reply"]
-            raise TransportError(f"{what} on {transport.address} failed: {why[0]}")
-        return json.loads(data)
-    finally:
-        process.close()

@@ -15,6 +15,7 @@ Shipped to hosts: standard library only.
 """
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import select
@@ -30,6 +31,8 @@ from collections.abc import Callable
 
 #: how long a stopped service's process group gets to end before it is killed
 STOP_GRACE = 3.0
+#: seconds a follow waits on the kernel's end of input between looks at the file it follows
+FOLLOW_POLL = 0.1
 #: states in which a supervisor is still at work
 ACTIVE = ("starting", "running", "restarting")
 #: the compile cache's variables (as tpunb/host/jax_start.py's, which this standalone program cannot import)
@@ -53,7 +56,8 @@ def control(request: dict) -> None:
         reply = OPS[request["op"]](request)
     except Exception as exc:  # noqa: BLE001 - every failure goes back to the kernel as one line
         reply = {"error": f"{type(exc).__name__}: {exc}"}
-    os.write(1, frame(reply))
+    if reply is not None:  # (a follow wrote its own frames)
+        os.write(1, frame(reply))
 
 
 # -- files ------------------------------------------------------------------------------------------
@@ -116,13 +120,15 @@ def tail_lines(path: str, lines: int) -> str:
     """The last ``lines`` lines of a file (read from its end: logs grow large)."""
     try:
         with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 256 * (lines + 1) - 65536))
-            data = f.read()
+            return _tail(f, lines, os.fstat(f.fileno()).st_size)
     except OSError:
         return ""
-    text = data.decode(errors="replace")
+
+
+def _tail(f, lines: int, size: int) -> str:
+    """The last ``lines`` lines of the first ``size`` bytes of the open file ``f``."""
+    f.seek(max(0, size - 256 * (lines + 1) - 65536))
+    text = f.read(size - f.tell()).decode(errors="replace")
     return "".join(text.splitlines(keepends=True)[-lines:]) if lines else ""
 
 
@@ -159,28 +165,61 @@ def op_list(request: dict) -> dict:
     return {"services": [s for s in (_current(os.path.join(root, n)) for n in names) if s]}
 
 
-def op_logs(request: dict) -> dict:
-    """The log's last lines (``tail``), or its bytes from ``offset`` on (for following it): a
-    service's log (``name``), or any file on the host (``file``, from the home directory)."""
+def _log_path(request: dict) -> tuple[str, str | None]:
+    """(the path a logs or follow request reads, why it cannot): a service's log (``name``), or any
+    file on the host (``file``, from the home directory)."""
     if request.get("file"):
         path = os.path.join(os.path.expanduser("~"), os.path.expanduser(request["file"]))
-        if not os.path.isfile(path):
-            return {"error": f"no file {path} on this host"}
-    else:
-        path = os.path.join(_service_dir(request), "log")
-        if not os.path.exists(path):
-            return {"error": f"no service {request['name']!r} on this host"}
-    if request.get("offset") is not None:
-        with open(path, "rb") as f:
-            f.seek(request["offset"])
-            data = f.read(4 << 20)
-        return {"text": data.decode(errors="replace"), "offset": request["offset"] + len(data)}
+        return path, None if os.path.isfile(path) else f"no file {path} on this host"
+    path = os.path.join(_service_dir(request), "log")
+    return path, None if os.path.exists(path) else f"no service {request['name']!r} on this host"
+
+
+def op_logs(request: dict) -> dict:
+    """The log's last lines (``tail``), or all of it."""
+    path, error = _log_path(request)
+    if error:
+        return {"error": error}
     tail = request.get("tail")
     if tail is None:
         with open(path, "rb") as f:
             data = f.read()
         return {"text": data.decode(errors="replace"), "offset": len(data)}
     return {"text": tail_lines(path, tail), "offset": os.path.getsize(path)}
+
+
+def op_follow(request: dict) -> None:
+    """The log's last ``tail`` lines as a first frame, then its bytes as they are written, a frame
+    each, until the kernel closes this program's input (or its connection goes): it waits on that
+    input, FOLLOW_POLL seconds at a time, between looks at the file."""
+    path, error = _log_path(request)
+    if error:
+        os.write(1, frame({"error": error}))
+        return None
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # a character split across reads
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            _write_all(frame({"text": _tail(f, request.get("tail") or 0, size), "pid": os.getpid()}))
+            f.seek(size)  # what was written since the tail was read comes next, once
+            while True:
+                data = f.read(1 << 20)
+                if data:
+                    _write_all(frame({"text": decode(data)}))
+                    continue
+                if os.stat(path).st_size < f.tell():  # truncated (a log started afresh): from its start
+                    f.seek(0)
+                    continue
+                if select.select([0], [], [], FOLLOW_POLL)[0] and not os.read(0, 4096):
+                    return None  # the kernel stopped following
+    except OSError:  # the kernel is gone (a broken pipe), or the file went
+        return None
+
+
+def _write_all(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
 
 
 def op_stop(request: dict) -> dict:
@@ -263,7 +302,7 @@ def _answers(port: int, path: str | None) -> bool:
         return False
 
 
-OPS = {"start": op_start, "list": op_list, "logs": op_logs, "stop": op_stop, "wait": op_wait}
+OPS = {"start": op_start, "list": op_list, "logs": op_logs, "follow": op_follow, "stop": op_stop, "wait": op_wait}
 
 
 # -- the supervisor ---------------------------------------------------------------------------------

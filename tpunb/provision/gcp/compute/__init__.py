@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from tpunb import catalog, diagnose
 from tpunb.errors import CellInterrupted, ProvisionError, TpunbError, UsageError
-from tpunb.fanout import fan_out
+from tpunb.engine import programs
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.gcp import api, logins
@@ -38,7 +38,6 @@ from tpunb.provision.gcp.config import CloudOptions, format_duration, require_pr
 from tpunb.provision.gcp.failover import Candidate, Outcome
 from tpunb.provision.gcp.prepare import host_setup
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
-from tpunb.transport.base import ask_program
 
 if TYPE_CHECKING:
     from tpunb.transport.base import Transport
@@ -240,15 +239,15 @@ def worker_order(transports: list["Transport"]) -> list[int]:
     """The transports' positions sorted by the worker id each VM's metadata gives."""
     from tpunb.engine.bundle import worker_source
 
-    def ask(i: int) -> int:
-        t = transports[i]
-        reply = ask_program(t, [t.python, "-c", worker_source()], {}, "reading the VM's worker id")
+    def worker(reply: dict, t: "Transport") -> int:
         if reply.get("worker") is None:
             raise ProvisionError(f"the VM at {t.address} has no worker-id (nor TPU_WORKER_ID in tpu-env) in its "
                                  "metadata: is it a TPU VM?", reason="failed")
         return int(reply["worker"])
 
-    ids = fan_out(range(len(transports)), ask, deadline=60.0, name="tpunb-worker-ids").values()
+    asked = programs.ask_hosts({i: programs.Program(t, [t.python, "-c", worker_source()], {}, "reading the VM's worker id")
+                                for i, t in enumerate(transports)}, deadline=60.0, name="tpunb-worker-ids")
+    ids = [worker(reply, transports[i]) for i, reply in enumerate(asked.values())]
     if sorted(ids) != list(range(len(ids))):
         raise ProvisionError(f"the VMs' worker ids are {sorted(ids)}, not 0-{len(ids) - 1}: the slice is not whole",
                              reason="failed")

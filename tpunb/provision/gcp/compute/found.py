@@ -19,7 +19,7 @@ from typing import Any
 
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, TpunbError
-from tpunb.fanout import fan_out
+from tpunb.engine.fanout import fan_out
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.compute.bodies import MARKER

@@ -132,8 +132,8 @@ def fan_out(keys: Sequence[K], fn: Callable[[K], T], deadline: float | None = No
         raise
     for key in keys:
         if key not in done:
-            result.failed[key] = FanOutTimeout(f"no answer within {deadline:g} s" if not result.failed else
-                                               f"not done {after_failure:g} s after another failed")
+            result.failed[key] = FanOutTimeout(f"no answer within {deadline:g} s" if after_failure is None or
+                                               not result.failed else f"not done {after_failure:g} s after another failed")
     result.succeeded = {k: result.succeeded[k] for k in keys if k in result.succeeded}  # key order, not finish order
     result.failed = {k: result.failed[k] for k in keys if k in result.failed}
     return result
