@@ -159,12 +159,15 @@ def test_a_press_python_drops_in_a_gc_callback_still_stops_the_launch(cloud, cel
             pressed.append(True)
             signal.raise_signal(signal.SIGINT)  # its handler raises KeyboardInterrupt here, inside the callback
 
+    def arm() -> None:
+        wait_for(lambda: cloud.state()["nodes"], 30, "the node")
+        gc.set_threshold(50)  # from now on collections (and so the press) come within a poll or two
+        armed.set()
+
     cloud.faults(slow_create=60)
-    threading.Thread(target=lambda: (wait_for(lambda: cloud.state()["nodes"], 30, "the node"), armed.set()),
-                     daemon=True).start()
-    threshold = gc.get_threshold()
+    threshold = gc.get_threshold()  # kept until the node exists: a launch under threshold 50 takes 25 s
     gc.callbacks.append(press_inside_gc)
-    gc.set_threshold(50)  # collections (and so the press) come within a poll or two
+    threading.Thread(target=arm, daemon=True).start()
     try:
         run = launch("--name dropped")
     finally:
