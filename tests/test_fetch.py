@@ -95,11 +95,16 @@ def test_a_fetch_cut_short_resumes_from_its_partial(cell, hub, tmp_path):
     assert not (target / "model.safetensors").exists()
     assert (target / "model.safetensors.partial").stat().st_size == CHUNK + 100
     hub.hub.busy("model.safetensors", times=0)
+    resumes_from(cell, hub, target, CHUNK + 100)
+
+
+def resumes_from(cell, hub, target, offset: int) -> None:
+    """Fetch again: the files come out whole, the weights asked for only from ``offset`` on (a Range)."""
     mark = len(hub.hub.log)
     resumed = cell(f"%tpu_fetch hf://org/open --to {target}")
     assert resumed.error is None, resumed.shown
     same_files(target)
-    assert [s for _, p, s in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [f"bytes={CHUNK + 100}-"]
+    assert [s for _, p, s in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [f"bytes={offset}-"]
 
 
 def test_ctrl_c_stops_a_fetch_on_the_hosts_and_the_next_one_resumes(cell, hub, tmp_path):
@@ -120,11 +125,7 @@ def test_ctrl_c_stops_a_fetch_on_the_hosts_and_the_next_one_resumes(cell, hub, t
     assert one_line(stopped) == "the fetch was interrupted: fetch again, it resumes from what arrived"
     kept = partial.stat().st_size  # the host stopped (it answered within the grace): nothing writes it now
     assert 0 < kept < len(WEIGHTS) and not (target / "model.safetensors").exists()
-    mark = len(hub.hub.log)
-    resumed = cell(f"%tpu_fetch hf://org/open --to {target}")
-    assert resumed.error is None, resumed.shown
-    same_files(target)
-    assert [s for _, p, s in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [f"bytes={kept}-"]
+    resumes_from(cell, hub, target, kept)
 
 
 def test_hosts_without_a_route_to_the_source_get_it_from_the_kernel_which_downloads_it_once(cell, hub, tmp_path):
