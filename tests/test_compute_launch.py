@@ -28,10 +28,17 @@ def test_a_single_host_v6e_is_one_instance_and_runs_a_cell_also_after_a_reset(cl
     assert vm.machine_type.rsplit("/", 1)[-1] == "ct6e-standard-8t" and vm.scheduling.on_host_maintenance == "TERMINATE"
     out = cell("%%on_tpu\nimport jax\njax.device_count()")
     assert out.error is None and out.shown.strip() == "8", out.shown  # one host: its value, unlabelled
+    image = cell("%%on_tpu\nimport subprocess\nsubprocess.run(['bash', '-c', 'python3 -c \"import sys; "
+                 "print(sys.version_info[:2])\"'], capture_output=True, text=True).stdout.strip()")
+    assert image.shown.strip() == "'(3, 10)'", image.shown  # Ubuntu 22.04's Python on a v6e image (TPU7x: 3.12)
 
     manager.detach_all()  # a Colab reset: no registry, no key; no OS Login, so the key goes into the VM's metadata
     monkeypatch.setenv("TPUNB_HOME", str(tmp_path / "reset"))
-    used = cell("%tpu_use trillium")
+    cloud.emulator.faults(api_disabled=True)  # a project that uses only Compute Engine: the Cloud TPU API is off
+    try:
+        used = cell("%tpu_use trillium")
+    finally:
+        cloud.emulator.faults(api_disabled=False)
     assert used.error is None and "in its instances' ssh-keys metadata, as tpunb" in used.stdout, used.shown
     keys = next(i.value for i in google.instances.get(project=cloud.project, zone=V6E_ZONE, instance="trillium")
                 .metadata.items if i.key == "ssh-keys").splitlines()

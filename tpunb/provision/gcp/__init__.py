@@ -298,8 +298,21 @@ def _on_compute(record: SliceRecord) -> bool:
 
 def adopt(name: str, reg: Registry) -> SliceRecord | None:
     """A slice of this project no record here holds (a Colab reset): a Cloud TPU node's, else a
-    Compute Engine slice's record rebuilt and saved; None when neither API has it."""
-    return adoption.adopt(name, reg) or (compute.adopt(name, reg) if on_compute.surveyed() else None)
+    Compute Engine slice's record rebuilt and saved; None when neither API has it. A Cloud TPU API
+    that cannot be asked (not enabled in a project that uses only Compute Engine) is said only when
+    Compute Engine has no such slice either."""
+    try:
+        record = adoption.adopt(name, reg)
+    except ProvisionError as exc:
+        if exc.reason == "lost" or not on_compute.surveyed():
+            raise
+        record = compute.adopt(name, reg)
+        if record is None:
+            raise
+        return record
+    if record is None and on_compute.surveyed():
+        record = compute.adopt(name, reg)
+    return record
 
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
