@@ -13,7 +13,8 @@ The zones are Compute Engine's own answer (zones.py); with several, each is trie
 zone that refuses for capacity, quota or time is left empty first. ``--flex HOURS`` waits for
 flex-start capacity (a PENDING VM, or a BULK MIG made empty and resized), ``--reservation NAME``
 consumes a reservation. make.py makes one zone's resources and waits until they are up, found.py
-finds tpunb's resources for the survey, delete.py deletes them.
+finds tpunb's resources for the survey, delete.py deletes them, adopt.py re-attaches a slice no
+registry here holds (a Colab reset).
 """
 from __future__ import annotations
 
@@ -104,7 +105,7 @@ def create(request: LaunchRequest) -> Made:
     vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
                 opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()),
                 opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation,
-                json.dumps({"user": user, "os_login": access.os_login, "python": opts.python,
+                json.dumps({"user": user, "os_login": access.os_login, "python": opts.python, "network": opts.network,
                             "service_account": opts.service_account, **prepared}, sort_keys=True))
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),

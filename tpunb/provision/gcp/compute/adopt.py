@@ -52,6 +52,7 @@ def adopt(name: str, reg: Registry, api: str, made_hosts) -> SliceRecord | None:
         prepared = dict(zip(("interpreter", "setup"), ssh.setup_spec(saved.get("python"), None, None, None)))
     multi_host = f.mig is not None
     spec = {"api": api, "project": project, "zone": f.zone, "user": access.user, "python": saved.get("python"),
+            "network": saved.get("network"), "service_account": saved.get("service_account"),
             **prepared, "spot": f.spot(), "internal_ip": internal, "key": str(key_path), "env_keys": [],
             "vms": len(f.instances), UNORDERED: multi_host, **({"os_login": True} if access.os_login else {}),
             **({KEY_ADDED: time.time()} if added else {})}
