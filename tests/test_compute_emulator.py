@@ -174,6 +174,18 @@ def test_a_single_v6e_instance_runs_and_goes(sandbox, ce):
     address = vm.network_interfaces[0].network_i_p
     assert attribute(sandbox, address, "worker-id") == "0"
     assert "TOPOLOGY: '2x4'" in attribute(sandbox, address, "tpu-env")
+    # setMetadata: only with the fingerprint just read (optimistic locking); the guest agent applies ssh-keys
+    stale = compute_v1.Metadata(fingerprint="not-the-current-one", items=[compute_v1.Items(key="k", value="v")])
+    with pytest.raises(exceptions.PreconditionFailed, match="fingerprint"):
+        ce.instances.set_metadata_unary(project=P, zone=V6E_ZONE, instance="v6e-one", metadata_resource=stale)
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone"
+    fresh = compute_v1.Metadata(fingerprint=vm.metadata.fingerprint, items=[
+        *vm.metadata.items, compute_v1.Items(key="ssh-keys", value=f"late:{key}")])
+    assert ce.wait(ce.instances.set_metadata_unary(project=P, zone=V6E_ZONE, instance="v6e-one",
+                                                   metadata_resource=fresh)).error.errors == []
+    now = ce.instances.get(project=P, zone=V6E_ZONE, instance="v6e-one").metadata
+    assert now.fingerprint != vm.metadata.fingerprint and {i.key: i.value for i in now.items}["ssh-keys"] == f"late:{key}"
+    assert key in sandbox.sshd.logins(address)["late"]
     ce.wait(ce.instances.delete_unary(project=P, zone=V6E_ZONE, instance="v6e-one"))
     with pytest.raises(exceptions.NotFound, match="was not found"):
         ce.instances.get(project=P, zone=V6E_ZONE, instance="v6e-one")
@@ -500,6 +512,7 @@ ANSWERS = [  # (method, path under projects/P/, the compute_v1 message of the an
     ("POST", r"(zones|regions)/[^/]+/\w+(/[^/]+/resize(Requests)?)?|global/instanceTemplates", compute_v1.Operation),
     ("DELETE", r".*", compute_v1.Operation),
     ("POST", r".*/operations/[^/]+/wait", compute_v1.Operation),
+    ("POST", r"zones/[^/]+/instances/[^/]+/setMetadata", compute_v1.Operation),
     ("GET", r".*/operations/[^/]+", compute_v1.Operation),
     ("GET", r"zones/[^/]+/instances", compute_v1.InstanceList),
     ("GET", r"zones/[^/]+/instances/[^/]+", compute_v1.Instance),

@@ -1,8 +1,8 @@
-"""TPUs through Compute Engine, end to end: %tpu_launch of a TPU7x slice with no --api makes a
-workload policy, an instance template and a BULK MIG on the sandbox's Compute Engine API (Google's
-own google-cloud-compute client looks at them), its hosts are bare images with their machine
-type's Python and device count, numbered by the worker id in each VM's metadata; a cell sees the
-whole slice; %tpu_down leaves nothing. A single-host v6e is one instance."""
+"""TPUs through Compute Engine: a single-host v6e is one instance (Google's own google-cloud-compute
+client looks at it) that runs a cell, and after a Colab reset %tpu_use gives the new kernel's key
+to it through its ssh-keys metadata; what Compute Engine cannot do is one line that makes nothing;
+%tpu_doctor asks Compute Engine for the types it makes. The TPU7x slice (a BULK MIG) and everything
+else on it is tests/test_compute_slice.py, on one shared launch."""
 from __future__ import annotations
 
 import re
@@ -10,53 +10,17 @@ import re
 import pytest
 
 from tests.compute_fixture import Google, cloud, sandbox  # noqa: F401 - cloud is a fixture
-from tpunb import catalog
-from tpunb.status import readable
+from tpunb import manager
 
 TPU7X_ZONE, V6E_ZONE = "us-central1-c", "us-east5-b"
 
 
 @pytest.fixture(scope="module")
 def box():
-    yield from sandbox(5, 0.3, 0.1, 0.1)
+    yield from sandbox(1, 0.3, 0.1, 0.1)
 
 
-def test_a_tpu7x_32_is_a_bulk_mig_whose_cell_sees_32_devices_and_goes_whole(cloud, cell, ip):
-    google = Google(cloud)
-    run = cell(f"%tpu_launch tpu7x-32 --name iron --zone {TPU7X_ZONE}")
-    assert run.error is None, run.shown
-    assert "through Compute Engine" in run.stdout and "4 x tpu7x-standard-4t" in run.stdout, run.stdout
-    group = google.migs.get(project=cloud.project, zone=TPU7X_ZONE, instance_group_manager="iron")
-    assert group.target_size == 4 and group.target_size_policy.mode == "BULK"
-    assert group.instance_lifecycle_policy.default_action_on_failure == "DO_NOTHING"
-    policy = google.policies.get(project=cloud.project, region=catalog.region_of(TPU7X_ZONE),
-                                 resource_policy=group.resource_policies.workload_policy.rsplit("/", 1)[-1])
-    assert (policy.workload_policy.type_, policy.workload_policy.accelerator_topology) == ("HIGH_THROUGHPUT", "2x2x4")
-    vms = [google.instances.get(project=cloud.project, zone=TPU7X_ZONE, instance=v.instance.rsplit("/", 1)[-1])
-           for v in google.migs.list_managed_instances(project=cloud.project, zone=TPU7X_ZONE,
-                                                       instance_group_manager="iron")]
-    assert sorted(v.machine_type.rsplit("/", 1)[-1] for v in vms) == ["tpu7x-standard-4t"] * 4
-    assert all(v.labels["created-by"] == "tpunb" for v in vms)
-
-    cell("%tpu_status")
-    shown = readable(ip.user_ns["_"])
-    assert list(shown["usd_per_hour"]) == ["price unknown"] * 4  # Google publishes no TPU7x price: never $0
-    assert list(shown["cloud_state"]) == ["READY"] * 4
-    jax = cell("%%on_tpu\nimport os, jax\nprint(jax.device_count(), jax.local_device_count())\n"
-               "jax.process_index() == int(os.environ['TPUNB_HOST_INDEX'])")
-    assert jax.error is None, jax.shown
-    assert "[0-3] 32 8" in jax.stdout and "Out[0-3]: True" in jax.shown, jax.shown
-    ids = cell("%%on_tpu\nimport json, os, urllib.request\nurllib.request.urlopen(urllib.request.Request("
-               "f\"http://{os.environ['GCE_METADATA_HOST']}/computeMetadata/v1/instance/attributes/worker-id\", "
-               "headers={'Metadata-Flavor': 'Google'})).read().decode()")
-    assert all(re.search(fr"Out\[{i}\]: '{i}'", ids.shown) for i in range(4)), ids.shown  # host i is worker i
-
-    down = cell("%tpu_down iron")
-    assert down.error is None, down.shown
-    assert google.everything(TPU7X_ZONE) == {"instances": [], "migs": [], "templates": [], "policies": []}
-
-
-def test_a_single_host_v6e_is_one_instance_and_runs_a_cell(cloud, cell):
+def test_a_single_host_v6e_is_one_instance_and_runs_a_cell_also_after_a_reset(cloud, cell, monkeypatch, tmp_path):
     google = Google(cloud)
     run = cell(f"%tpu_launch v6e-8 --name trillium --zone {V6E_ZONE}")
     assert run.error is None, run.shown
@@ -64,6 +28,23 @@ def test_a_single_host_v6e_is_one_instance_and_runs_a_cell(cloud, cell):
     assert vm.machine_type.rsplit("/", 1)[-1] == "ct6e-standard-8t" and vm.scheduling.on_host_maintenance == "TERMINATE"
     out = cell("%%on_tpu\nimport jax\njax.device_count()")
     assert out.error is None and out.shown.strip() == "8", out.shown  # one host: its value, unlabelled
+    image = cell("%%on_tpu\nimport subprocess\nsubprocess.run(['bash', '-c', 'python3 -c \"import sys; "
+                 "print(sys.version_info[:2])\"'], capture_output=True, text=True).stdout.strip()")
+    assert image.shown.strip() == "'(3, 10)'", image.shown  # Ubuntu 22.04's Python on a v6e image (TPU7x: 3.12)
+
+    manager.detach_all()  # a Colab reset: no registry, no key; no OS Login, so the key goes into the VM's metadata
+    monkeypatch.setenv("TPUNB_HOME", str(tmp_path / "reset"))
+    cloud.emulator.faults(api_disabled=True)  # a project that uses only Compute Engine: the Cloud TPU API is off
+    try:
+        used = cell("%tpu_use trillium")
+    finally:
+        cloud.emulator.faults(api_disabled=False)
+    assert used.error is None and "in its instances' ssh-keys metadata, as tpunb" in used.stdout, used.shown
+    keys = next(i.value for i in google.instances.get(project=cloud.project, zone=V6E_ZONE, instance="trillium")
+                .metadata.items if i.key == "ssh-keys").splitlines()
+    assert len(keys) == 2 and all(k.startswith("tpunb:ssh-ed25519 ") for k in keys)  # the launch's, and the new one
+    again = cell("%%on_tpu\nimport jax\njax.device_count()")
+    assert again.error is None and again.shown.strip() == "8", again.shown
     assert cell("%tpu_down trillium").error is None
     assert google.everything(V6E_ZONE)["instances"] == []
 
@@ -71,7 +52,13 @@ def test_a_single_host_v6e_is_one_instance_and_runs_a_cell(cloud, cell):
 @pytest.mark.parametrize("line, message", [
     (f"v4-8 --api compute --zone {TPU7X_ZONE}", r"^v4-8 is made only through the Cloud TPU API"),
     (f"tpu7x-32 --api tpu --zone {TPU7X_ZONE}", r"^tpu7x-32 is made only through Compute Engine .*: launch it without --api tpu$"),
-    (f"tpu7x-32 --queued --zone {TPU7X_ZONE}", r"^--queued \(queued resources\) is for the Cloud TPU API: add --api tpu"),
+    (f"tpu7x-32 --queued --zone {TPU7X_ZONE}", r"^--queued \(queued resources\) is for the Cloud TPU API: under "
+                                               r"Compute Engine --flex HOURS waits for flex-start capacity instead$"),
+    (f"v6e-16 --race 2 --zone {V6E_ZONE}", r"^--race .* is for the Cloud TPU API: under Compute Engine zones are tried one "
+                                         r"at a time.* --zone Z1,Z2 \(or --zone any\); or add --api tpu"),
+    (f"v6e-8 --runtime v2-alpha-tpuv6e --zone {V6E_ZONE}", r"^--runtime .*: drop --runtime \(--jax V picks"),
+    (f"tpu7x-32 --slices 2 --zone {TPU7X_ZONE}", r"^--slices \(a multislice\) is for the Cloud TPU API: under Compute "
+                                                r"Engine launch one slice$"),
     (f"tpu7x-32 --zone {V6E_ZONE}", fr"^{V6E_ZONE} has no tpu7x-standard-4t \(tpu7x-32\): zones with it: "),
     ("v6e-8 --api cloud", r"^--api cloud: give tpu \(the Cloud TPU API\) or compute \(Compute Engine\)$"),
 ])

@@ -283,6 +283,22 @@ class ComputeEngine(MigSide):
         path = f"projects/{project}/aggregated/{kind}"
         return {"kind": f"compute#{kind[:-1]}AggregatedList", "id": path, "items": items, "selfLink": link(path)}
 
+    def set_metadata(self, project: str, zone: str, name: str, body: dict) -> dict:
+        """instances.setMetadata: the instance's own metadata replaced, if the caller read the
+        current one (its fingerprint); a RUNNING VM's guest agent applies ``ssh-keys`` at once."""
+        check_body("Metadata", body)
+        vm = self._vm(project, zone, name)
+        if body.get("fingerprint") != vm.fingerprint:
+            raise ComputeError(412, "conditionNotMet", "Supplied fingerprint does not match current metadata "
+                               "fingerprint.")
+        items = [i for i in body.get("items") or [] if i.get("key") != "created-by"]  # the MIG's, not the VM's own
+        vm.properties = {**vm.properties, "metadata": {"items": items}}  # a MIG's VMs share their template's
+        op = self._operation(project, f"zones/{zone}", "setMetadata", vm.path, vm.id)
+        if vm.status == "RUNNING":
+            self.emu.sync_vm_logins(vm.path, vm)
+        self._finish(op)
+        return op.to_json()
+
     def delete_instance(self, project: str, zone: str, name: str) -> dict:
         vm = self._vm(project, zone, name)
         op = self._operation(project, f"zones/{zone}", "delete", vm.path, vm.id)

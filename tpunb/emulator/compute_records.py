@@ -162,6 +162,13 @@ class Vm:
         own = {str(i.get("key")): str(i.get("value", "")) for i in items}
         return {**own, "created-by": self.mig} if self.mig else own
 
+    @property
+    def fingerprint(self) -> str:
+        """The metadata's fingerprint: setMetadata must send the one it read (optimistic locking)."""
+        import hashlib
+
+        return hashlib.sha256(repr(sorted(self.metadata.items())).encode()).hexdigest()[:16]
+
     def to_json(self, ssh_port: int = 22) -> dict:
         """The instance as instances.get answers; ``ssh_port``: the sandbox's sshd, when not 22, in
         the label ``tpunb-ssh-port`` (as the Cloud TPU side's nodes carry it)."""
@@ -181,7 +188,7 @@ class Vm:
             "machineType": link(f"projects/{self.project}/zones/{self.zone}/machineTypes/{self.machine_type}"),
             "status": self.status, "zone": link(f"projects/{self.project}/zones/{self.zone}"),
             "networkInterfaces": nics, "selfLink": link(self.path),
-            "metadata": {"kind": "compute#metadata", "fingerprint": "sandbox", **({"items": [
+            "metadata": {"kind": "compute#metadata", "fingerprint": self.fingerprint, **({"items": [
                 {"key": k, "value": v} for k, v in self.metadata.items()]} if self.metadata else {})},
         }
         for key in ("description", "labels", "scheduling", "serviceAccounts", "resourcePolicies",

@@ -3,6 +3,7 @@ calls; every path starts with /compute/v1/projects/P/):
 
   zones/Z/instances[/I]                   GET list (filter) | POST insert | GET | DELETE
   zones/Z/instances/I/getGuestAttributes  GET (queryPath | variableKey)
+  zones/Z/instances/I/setMetadata         POST (the fingerprint read, the items)
   aggregated/instances                    GET (filter)
   aggregated/instanceGroupManagers|instanceTemplates|resourcePolicies   GET (filter)
   global|regions/R/instanceTemplates[/T]  GET list | POST insert | GET | DELETE
@@ -43,6 +44,7 @@ def _routes(ce: ComputeEngine, p: str, q: dict[str, str], body: dict) -> list[tu
         ("POST", _ZONE + r"/instances", lambda zone: ce.insert_instance(p, zone, body)),
         ("GET", _ZONE + r"/instances/(?P<i>[^/]+)", lambda zone, i: ce.get_instance(p, zone, i)),
         ("DELETE", _ZONE + r"/instances/(?P<i>[^/]+)", lambda zone, i: ce.delete_instance(p, zone, i)),
+        ("POST", _ZONE + r"/instances/(?P<i>[^/]+)/setMetadata", lambda zone, i: ce.set_metadata(p, zone, i, body)),
         ("GET", _ZONE + r"/instances/(?P<i>[^/]+)/getGuestAttributes",
          lambda zone, i: ce.guest_attributes(p, zone, i, q.get("queryPath", ""), q.get("variableKey", ""))),
         ("GET", r"aggregated/instances", lambda: ce.aggregated_instances(p, f)),
@@ -73,7 +75,7 @@ _STORED = re.compile(r"^(?P<scope>(?:regions/[^/]+|global))/(?P<kind>instanceTem
 
 _VERBS = {"GET": "get", "POST": "create", "DELETE": "delete"}
 _ACTIONS = {"listManagedInstances": "get", "listErrors": "get", "resize": "update", "resizeRequests": "update",
-            "getGuestAttributes": "getGuestAttributes", "wait": "get"}
+            "getGuestAttributes": "getGuestAttributes", "wait": "get", "setMetadata": "setMetadata"}
 
 
 def permission(method: str, rest: str) -> str:

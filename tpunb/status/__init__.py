@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Iterable
 if TYPE_CHECKING:
     import pandas
 
-#: the cloud columns: dropped from the DataFrame when no row is on Cloud TPU (empty noise)
-CLOUD_COLUMNS = ("cloud_state", "health", "usd_per_hour")
+#: the cloud columns: dropped from the DataFrame when no row is on Cloud TPU (empty noise). ``api``: which
+#: Google API made it (``tpu``: the Cloud TPU API; ``compute``: Compute Engine, whose VMs have a ``machine_type``)
+CLOUD_COLUMNS = ("api", "machine_type", "cloud_state", "health", "usd_per_hour")
 
 
 @dataclass
@@ -29,6 +30,8 @@ class HostRow:
     state: str
     current: bool = False
     slice_index: int | None = None  # which slice of a multislice the host is in (None: a single slice)
+    api: str | None = None
+    machine_type: str | None = None
     cloud_state: str | None = None
     health: str | None = None
     usd_per_hour: float | None = None
@@ -201,8 +204,8 @@ def frame(rows: Iterable[HostRow], services: Iterable[ServiceRow] = (), forwards
         table = table.drop(columns=list(CLOUD_COLUMNS))
     table["slice_index"] = table["slice_index"].astype("Int64")  # 0, 1 (not 0.0) beside single slices' blanks
     failing = table["idle_delete_failing"].notna()
-    empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "idle_delete_failing", "slice_index")
-             if table[c].isna().all()]
+    empty = [c for c in (*METRIC_COLUMNS, "idle_delete_in", "idle_delete_failing", "slice_index", "machine_type")
+             if c in table.columns and table[c].isna().all()]
     if failing.any() and "idle_delete_in" in empty:
         empty.remove("idle_delete_in")  # readable() shows the failure in this column
     shown = _status_frame_class()(table.drop(columns=empty))

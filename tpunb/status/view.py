@@ -183,6 +183,7 @@ class SliceView:
             "usd_per_hour": self.usd_per_hour, "usd_so_far": self.usd_so_far,
             "list_usd_per_hour": seen_.list_usd_per_hour, "idle_delete_in": self.idle_delete_in,
             "idle_delete_failing": self.cloud.get("idle_delete_failing"),
+            "api": self.cloud.get("api"), "machine_type": self.cloud.get("machine_type"),
             "owner_pid": record.owner_pid, "current": self.current, "orphan": False,
             "hosts": [{"index": h.index, "slice_index": h.slice_index or 0, "label": h.label, "address": h.address,
                        "state": h.state, "metrics": {**h.bars(seen_), **h.metrics}} for h in self.hosts],
@@ -201,6 +202,7 @@ def orphan_json(orphan: OrphanStatus) -> dict[str, Any]:
         "age_s": round(uptime, 1) if uptime is not None else None, "spot": orphan.spot, "usd_per_hour": price,
         "usd_so_far": usd_so_far(price, uptime),
         "hosts": [], "orphan": True, "message": orphan.message,
+        "api": orphan.cloud.get("api"), "machine_type": orphan.cloud.get("machine_type"),
     }
 
 

@@ -28,7 +28,7 @@ from tpunb.provision.gcp import adopt as adoption
 from tpunb.provision.gcp import compute, failover, logins, lookups, rest
 from tpunb.provision.gcp.compute import found as on_compute
 from tpunb.provision.gcp.prepare import host_setup
-from tpunb.provision.gcp.adopt import adopt, host_records  # noqa: F401 - adopt is this backend's re-attach
+from tpunb.provision.gcp.adopt import host_records
 from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
 from tpunb.registry import Registry, SliceRecord
@@ -296,6 +296,25 @@ def _on_compute(record: SliceRecord) -> bool:
     return record.spec.get("api") == compute.API
 
 
+def adopt(name: str, reg: Registry) -> SliceRecord | None:
+    """A slice of this project no record here holds (a Colab reset): a Cloud TPU node's, else a
+    Compute Engine slice's record rebuilt and saved; None when neither API has it. A Cloud TPU API
+    that cannot be asked (not enabled in a project that uses only Compute Engine) is said only when
+    Compute Engine has no such slice either."""
+    try:
+        record = adoption.adopt(name, reg)
+    except ProvisionError as exc:
+        if exc.reason == "lost" or not on_compute.surveyed():
+            raise
+        record = compute.adopt(name, reg)
+        if record is None:
+            raise
+        return record
+    if record is None and on_compute.surveyed():
+        record = compute.adopt(name, reg)
+    return record
+
+
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
     """The node's workers over SSH (agents not started); a lost node is said before any SSH error."""
     if _on_compute(record):
@@ -342,10 +361,10 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
         state = CREATING
     elif _on_compute(record):
         state = compute.slice_state(record)
-        cloud = {"cloud_state": state}
+        cloud = {"api": compute.API, "machine_type": compute.machine_type(record), "cloud_state": state}
     elif place in nodes:
         info = nodes[place].get(record.name)
-        cloud = _node(record, info, watch=False).status()
+        cloud = {"api": api.API, **_node(record, info, watch=False).status()}
         state = cloud["cloud_state"] or "UNKNOWN"
         running_s = cloud["uptime_s"] if cloud["uptime_s"] is not None else running_s
     else:
@@ -443,9 +462,9 @@ class Survey:
         if info is None:
             return OrphanStatus(name=name, accelerator="", num_slices=1, project=project, zone=zone, state="UNKNOWN",
                                 spot=False, usd_per_hour=None, uptime_s=None, message=message,
-                                cloud={"cloud_state": "UNKNOWN"}, backend=NAME)
+                                cloud={"api": api.API, "cloud_state": "UNKNOWN"}, backend=NAME)
         node = CloudNode(name, info.accelerator, project, zone, info.spot, info, watch=False, slices=info.slices)
-        cloud = node.status()
+        cloud = {"api": api.API, **node.status()}
         return OrphanStatus(name=name, accelerator=info.kind, num_slices=info.slices, project=project, zone=zone,
                             state=cloud["cloud_state"], spot=info.spot, usd_per_hour=cloud["usd_per_hour"],
                             uptime_s=cloud["uptime_s"], message=message, cloud=cloud, backend=NAME)

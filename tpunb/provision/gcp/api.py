@@ -58,6 +58,8 @@ __all__ = [
     "require_project_zone",
 ]
 
+#: the registry's and %tpu_status's name for slices made through this API (Compute Engine's is ``compute``)
+API = "tpu"
 DEFAULT_TIMEOUT = 1200.0
 QUEUE_GRACE = 60.0  # after its valid_until_duration, how long a queued resource may take to be failed
 DELETE_TIMEOUT = 600.0

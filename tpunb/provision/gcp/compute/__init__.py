@@ -13,11 +13,13 @@ The zones are Compute Engine's own answer (zones.py); with several, each is trie
 zone that refuses for capacity, quota or time is left empty first. ``--flex HOURS`` waits for
 flex-start capacity (a PENDING VM, or a BULK MIG made empty and resized), ``--reservation NAME``
 consumes a reservation. make.py makes one zone's resources and waits until they are up, found.py
-finds tpunb's resources for the survey, delete.py deletes them.
+finds tpunb's resources for the survey, delete.py deletes them, adopt.py re-attaches a slice no
+registry here holds (a Colab reset).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import TYPE_CHECKING
@@ -28,7 +30,7 @@ from tpunb.engine import programs
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.gcp import api, logins
-from tpunb.provision.gcp.compute import clients
+from tpunb.provision.gcp.compute import adopt as adoption, clients
 from tpunb.provision.gcp.compute.bodies import VmSpec
 from tpunb.provision.gcp.compute.delete import teardown
 from tpunb.provision.gcp.compute.make import WAITING, make_resources
@@ -43,10 +45,18 @@ if TYPE_CHECKING:
     from tpunb.transport.base import Transport
 
 API = "compute"
-#: options that only the Cloud TPU API has: under Compute Engine each is one line saying so
-TPU_API_ONLY = {"queued": "--queued (queued resources)", "race": "--race (queued resources in several zones)",
-                "runtime": "--runtime (Compute Engine VMs boot an image family, not a TPU runtime)",
-                "alternatives": "--alternatives", "idle_delete": "--idle-delete (so far)"}
+#: options that mean nothing (or nothing yet) under Compute Engine: what each is, and what to do there instead
+TPU_API_ONLY = {
+    "queued": ("--queued (queued resources)", "--flex HOURS waits for flex-start capacity instead"),
+    "race": ("--race (queued resources raced in several zones at once)",
+             "zones are tried one at a time, each left empty before the next: drop --race and name them with "
+             "--zone Z1,Z2 (or --zone any)"),
+    "runtime": ("--runtime (a TPU software version)",
+                "Compute Engine VMs boot Google's TPU image for the type and tpunb makes the JAX environment: drop "
+                "--runtime (--jax V picks the jax version)"),
+    "alternatives": ("--alternatives (other types to try)", "launch the other type yourself if this one fails"),
+    "idle_delete": ("--idle-delete (so far)", "end it with %tpu_down"),
+}
 SSH_PORT_LABEL = "tpunb-ssh-port"  # the sandbox's sshd, when not on port 22 (as on the Cloud TPU side)
 
 
@@ -60,14 +70,18 @@ def uses_compute(accel: catalog.Accelerator, opts: CloudOptions) -> bool:
     return chosen == API
 
 
-def check_options(opts: CloudOptions, slices: int) -> None:
-    """What means nothing (or nothing yet) under Compute Engine is refused before anything is made."""
-    given = [what for field, what in TPU_API_ONLY.items() if getattr(opts, field)]
+def check_options(opts: CloudOptions, slices: int, accel: catalog.Accelerator | None = None) -> None:
+    """What means nothing (or nothing yet) under Compute Engine is refused before anything is made,
+    in one line: what the option is, what to do under Compute Engine, and ``--api tpu`` where the
+    Cloud TPU API makes the type (never for TPU7x)."""
+    given = [TPU_API_ONLY[name] for name in TPU_API_ONLY if getattr(opts, name)]
     if slices > 1:
-        given.insert(0, "--slices (a multislice)")
+        given.insert(0, ("--slices (a multislice)", "launch one slice"))
     if given:
-        raise UsageError(f"{given[0]} is for the Cloud TPU API: add --api tpu (for a type it makes: v2-v5e, v4, v5p, "
-                         "v6e), or launch without it")
+        what, instead = given[0]
+        other = "" if accel is not None and accel.no_tpu_api else \
+            "; or add --api tpu (the Cloud TPU API makes v2-v5e, v4, v5p, v6e)"
+        raise UsageError(f"{what} is for the Cloud TPU API: under Compute Engine {instead}{other}")
 
 
 def create(request: LaunchRequest) -> Made:
@@ -81,7 +95,7 @@ def create(request: LaunchRequest) -> Made:
     project, default_zone = resolve_project_zone(opts.project, None)
     if project is None:
         require_project_zone(None, "-")  # the one line saying how to set a project
-    check_options(opts, request.slices)
+    check_options(opts, request.slices, accel)
     shape = catalog.compute_shape(accel)
     zones = choose(project, shape, opts.zone, default_zone)
     key_path, public_key = keys.default_key()
@@ -90,7 +104,9 @@ def create(request: LaunchRequest) -> Made:
     user = access.user or "tpunb"
     vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
                 opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()),
-                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation)
+                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation,
+                json.dumps({"user": user, "os_login": access.os_login, "python": opts.python, "network": opts.network,
+                            "service_account": opts.service_account, **prepared}, sort_keys=True))
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
@@ -255,13 +271,30 @@ def worker_order(transports: list["Transport"]) -> list[int]:
 
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
-    """The slice's VMs again (agents not started), in the worker order the launch recorded."""
+    """The slice's VMs again (agents not started), in the worker order the launch recorded (an
+    adopted slice's: read from the VMs' metadata now, and recorded)."""
+    from tpunb.provision.gcp.adopt import connect_wait
+
     if record.state == "creating" or not record.hosts:
         raise ProvisionError(f"{record.name!r} has no hosts yet: its launch did not finish. %tpu_down {record.name} "
                              "deletes whatever it created", reason="creating")
     coordinator = None if clients.endpoint() else diagnose.COORDINATOR_PORT
-    return ssh.attach(record, reg, env, wait=30.0, coordinator_port=coordinator, network=record.spec.get("network"),
-                      node=node(record))
+    wait, transports = max(30.0, connect_wait(record)), None
+    if record.spec.get(adoption.UNORDERED):
+        transports = ssh.connect_hosts(record, reg, wait)
+        order = worker_order(transports)
+        record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
+        transports = [transports[i] for i in order]
+        record.spec.pop(adoption.UNORDERED)
+        reg.save_slice(record)
+    return ssh.attach(record, reg, env, wait=wait, coordinator_port=coordinator, network=record.spec.get("network"),
+                      node=node(record), transports=transports)
+
+
+def adopt(name: str, reg: Registry) -> SliceRecord | None:
+    """Slice ``name`` when Compute Engine has it and no record here does (a Colab reset): its record
+    rebuilt from the VMs, this kernel's key given to them (adopt.py)."""
+    return adoption.adopt(name, reg, API, made_hosts)
 
 
 def node(record: SliceRecord) -> ComputeNode:
@@ -280,6 +313,14 @@ def delete(record: SliceRecord) -> None:
         raise ProvisionError(f"could not delete all of {record.name}{left}", reason="delete")
 
 
+def machine_type(record: SliceRecord) -> str | None:
+    """The machine type of the slice's VMs (``tpu7x-standard-4t``), for %tpu_status and the sidebar."""
+    try:
+        return catalog.compute_shape(catalog.lookup(record.accelerator)).machine_type
+    except TpunbError:
+        return None
+
+
 def slice_state(record: SliceRecord) -> str:
     """The slice's state as Compute Engine has it: its MIG's (or instance's), or GONE."""
     from google.api_core import exceptions
@@ -296,4 +337,4 @@ def slice_state(record: SliceRecord) -> str:
         return f"unknown ({type(exc).__name__})"
 
 
-__all__ = ["API", "VmSpec", "attach", "create", "delete", "first_granted", "slice_state", "teardown", "uses_compute"]
+__all__ = ["API", "VmSpec", "adopt", "attach", "create", "delete", "first_granted", "machine_type", "slice_state", "teardown", "uses_compute"]

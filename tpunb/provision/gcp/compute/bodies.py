@@ -13,7 +13,7 @@ from typing import Any
 
 from tpunb import catalog
 from tpunb.provision.gcp.records import TPUNB_LABELS
-from tpunb.provision.gcp.spec import NAME_LABEL, OWNER_LABEL, label_value
+from tpunb.provision.gcp.spec import NAME_LABEL, OWNER_LABEL, SLICE_METADATA, label_value
 
 #: in the description of every MIG, template and policy tpunb makes (they have no labels)
 MARKER = "created-by=tpunb"
@@ -58,6 +58,7 @@ class VmSpec:
     flex_hours: float | None = None  # FLEX_START: it runs at most this long, then is deleted
     flex_wait: int = 7200  # a single flex-start VM's requestValidForDuration (90-7200 s)
     reservation: str | None = None  # consume this specific reservation
+    saved: str = ""  # JSON for the VMs' ``tpunb-slice`` metadata: what %tpu_use needs to rebuild the record
 
 
 def labels(spec: VmSpec) -> dict[str, str]:
@@ -69,6 +70,8 @@ def metadata(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
     items = {"enable-guest-attributes": "TRUE"}  # the idle watchdog reads the other workers' there
+    if spec.saved:
+        items[SLICE_METADATA] = spec.saved
     if not spec.os_login:  # under OS Login VMs ignore metadata keys
         items["ssh-keys"] = f"{spec.user}:{spec.public_key.strip()}"
     return compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in items.items()])

@@ -78,9 +78,7 @@ class Found:
     def accelerator(self) -> str:
         """Its accelerator as users name it (``tpu7x-32``), from the machine type and the policy's
         topology; "" when neither says."""
-        machine = (self.template.properties.machine_type if self.template else
-                   self.instances[0].machine_type if self.instances else "")
-        mt = catalog.machine_types().get(machine.rsplit("/", 1)[-1])
+        mt = catalog.machine_types().get(self.machine_type() or "")
         if mt is None:
             return ""
         topology = self.policy.workload_policy.accelerator_topology if self.policy else mt.topology
@@ -97,6 +95,11 @@ class Found:
         if self.instances:
             return self.instances[0].status
         return "LEFTOVER"
+
+    def machine_type(self) -> str | None:
+        machine = (self.template.properties.machine_type if self.template else
+                   self.instances[0].machine_type if self.instances else "")
+        return machine.rsplit("/", 1)[-1] or None
 
     def spot(self) -> bool:
         scheduling = (self.template.properties.scheduling if self.template else
@@ -115,7 +118,8 @@ class Found:
             message = (f"a BULK MIG waiting for capacity, in no registry here: %tpu_down {self.name} deletes it "
                        "(and its request)")
         else:
-            message = f"not in this registry and still billed (Compute Engine): %tpu_down {self.name} deletes it"
+            message = (f"not in this registry and still billed (Compute Engine): %tpu_use {self.name} re-attaches it, "
+                       f"%tpu_down {self.name} deletes it")
         try:
             price = price_per_hour(catalog.lookup(accel), self.spot(), 1) if accel and not self.leftover else None
         except TpunbError:
@@ -124,7 +128,8 @@ class Found:
         return OrphanStatus(name=self.name, accelerator=accel, num_slices=1, project=self.project,
                             zone=self.zone or self.region, state=state, spot=self.spot(), usd_per_hour=price,
                             uptime_s=uptime, message=message, backend="gcp",
-                            cloud={"cloud_state": state, "usd_per_hour": price, "uptime_s": uptime})
+                            cloud={"api": "compute", "machine_type": self.machine_type(), "cloud_state": state,
+                                   "usd_per_hour": price, "uptime_s": uptime})
 
 
 def _epoch(stamp: str) -> float:
