@@ -483,9 +483,10 @@ cells = [
     new_code_cell(f"%tpu_bench lm --model coriolanus --chat --concurrency 1,4,16 --requests 16 --input-len 24 "
                   "--output-len 16 --save $work/bench.json", metadata=IGNORE),  # this run's timings
     new_markdown_cell(
-        "This server makes one token at a time for all requests, so throughput stays flat while the time to "
-        "first token grows with concurrency; vLLM batches the requests in flight, which is what lifts "
-        "throughput with concurrency. What the saved file says about every level:"),
+        "This server makes one token at a time, however many requests are in flight: more at once do not raise "
+        "its throughput (16 threads contending for one lock can even lower it), and each request waits longer "
+        "for its first token. vLLM batches the requests in flight, which is what lifts throughput with "
+        "concurrency. What the saved file says about every level:"),
     new_code_cell(
         'for level in json.load(open(f"{work}/bench.json")):\n'
         "    print(f\"concurrency {level['concurrency']:2}: {level['completed']} completed, {level['failed']} failed, \"\n"
