@@ -241,7 +241,8 @@ SERVER = (
     'lora = {name.removeprefix("base_model.model.").removesuffix(".lora_A.weight"):\n'
     '        (jnp.asarray(a), jnp.asarray(tensors[name.replace("lora_A", "lora_B")]), scale)\n'
     '        for name, a in tensors.items() if name.endswith(".lora_A.weight")}\n'
-    "MODELS = {BASE: {}, lora_name: lora}   # the base model, and the adapter on it (--lora-modules NAME=PATH)\n"
+    "# the base model is the adapter at scale 0, so one compiled program serves both (--lora-modules NAME=PATH)\n"
+    "MODELS = {BASE: {name: (a, b, 0.0) for name, (a, b, _) in lora.items()}, lora_name: lora}\n"
     "lock = threading.Lock()   # one step at a time: this server does not batch requests (vLLM does)\n\n\n"
     "@jax.jit\n"
     "def next_token(lora, window, pad, temperature, key):\n"
