@@ -2,7 +2,7 @@
 PYTHONPATH=. python3 scripts/make_hf_notebook.py"""
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from notebook_kit import IGNORE, write
+from notebook_kit import IGNORE, JSON_REPLY, write
 
 PORT = 18100  # the server's port on host 0 (08_serve uses 18000 and 18080; local hosts share this machine's ports)
 
@@ -308,13 +308,7 @@ SERVER = (
     "    def event(self, value):\n"
     '        self.wfile.write(b"data: " + json.dumps(value).encode() + b"\\n\\n")\n'
     "        self.wfile.flush()\n\n"
-    "    def reply(self, answer, code=200):\n"
-    "        data = json.dumps(answer).encode()\n"
-    "        self.send_response(code)\n"
-    '        self.send_header("Content-Type", "application/json")\n'
-    '        self.send_header("Content-Length", str(len(data)))\n'
-    "        self.end_headers()\n"
-    "        self.wfile.write(data)\n\n"
+    + JSON_REPLY +
     "    def log_message(self, fmt, *args):   # the service's log: completions only, without the clock\n"
     '        if self.path.endswith("completions"):\n'
     "            print(self.command, self.path, args[1], flush=True)\n\n\n"
