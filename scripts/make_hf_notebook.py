@@ -385,8 +385,8 @@ cells = [
         "the real `huggingface_hub` client; it is not a mock that accepts anything. **On a real slice** skip the "
         "stand-in cell: launch with `%tpu_launch v4-16 --zone us-central2-b` (or a v6e-8), give your token with "
         "`%tpu_secret HF_TOKEN` (from the environment, Colab's secrets or a prompt; it never appears in outputs) "
-        "and fetch `hf://ORG/NAME` of a real model. The hosts need `safetensors` and `tokenizers` (`--pip` at "
-        "launch)."),
+        "and fetch `hf://ORG/NAME` of a real model. The hosts need `safetensors` and `tokenizers` too: "
+        "`%tpu_launch ... --pip \"safetensors tokenizers\"`."),
     new_code_cell("%load_ext tpunb\n%tpu_launch v4-16 --name hf"),
     new_markdown_cell(
         "## A tiny Llama in Hugging Face's format\n\n"
@@ -428,7 +428,9 @@ cells = [
         "A mesh of hosts x chips: `data` across the 2 hosts, `model` across each host's 4 chips. The attention "
         "and MLP matrices are split over `model` as Megatron splits them (q, k, v, gate, up by output rows; o and "
         "down by input columns), and `jax.make_array_from_callback` asks `safetensors` for just the slices a "
-        "host's own devices hold: no host ever holds the whole model."),
+        "host's own devices hold. No chip holds the whole model: here each host's 4 chips share one copy and the "
+        "2 hosts train on different data; on a slice whose `model` axis spans hosts, each host reads only its part "
+        "of the file."),
     new_code_cell(LOAD),
     new_markdown_cell(
         "## LoRA fine-tuning\n\n"
