@@ -2,7 +2,7 @@
 PYTHONPATH=. python3 scripts/make_serve_notebook.py"""
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from notebook_kit import BLOCK, IGNORE, write
+from notebook_kit import BLOCK, IGNORE, JSON_REPLY, write
 
 MODEL = (
     '"""A tiny character-level transformer LM and its jitted generate step: what the server serves."""\n'
@@ -69,13 +69,7 @@ SERVER = (
     '            event = {"object": "text_completion", "model": "charlm", "choices": [{"index": 0, "text": text}]}\n'
     '            self.wfile.write(b"data: " + json.dumps(event).encode() + b"\\n\\n")\n'
     '        self.wfile.write(b"data: [DONE]\\n\\n")\n\n'
-    "    def reply(self, answer, code=200):\n"
-    "        data = json.dumps(answer).encode()\n"
-    "        self.send_response(code)\n"
-    '        self.send_header("Content-Type", "application/json")\n'
-    '        self.send_header("Content-Length", str(len(data)))\n'
-    "        self.end_headers()\n"
-    "        self.wfile.write(data)\n\n"
+    + JSON_REPLY +
     "    def log_message(self, fmt, *args):   # the service's log: POSTs, without the clock\n"
     '        if self.command == "POST":\n'
     '            print(self.command, self.path, args[1], flush=True)\n\n\n'

@@ -33,6 +33,16 @@ BLOCK = (
     '        x = x + self.proj(jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores), v).reshape(b, t, d))\n'
     "        return x + self.down(jax.nn.gelu(self.up(self.norm2(x))))\n\n"
 )
+#: the JSON answer of both serving tutorials' servers (a method of their BaseHTTPRequestHandler)
+JSON_REPLY = (
+    "    def reply(self, answer, code=200):\n"
+    "        data = json.dumps(answer).encode()\n"
+    "        self.send_response(code)\n"
+    '        self.send_header("Content-Type", "application/json")\n'
+    '        self.send_header("Content-Length", str(len(data)))\n'
+    "        self.end_headers()\n"
+    "        self.wfile.write(data)\n\n"
+)
 KERNELSPEC = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
 
 
