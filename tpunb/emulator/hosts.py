@@ -26,6 +26,7 @@ import itertools
 import os
 import re
 import shutil
+import select
 import signal
 import subprocess
 import sys
@@ -95,6 +96,51 @@ def processes_of(host_dir: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _stop_then_kill(host_dir: str) -> None:
+    """SIGSTOP every process of the VM, with its whole process group (a fork keeps its parent's
+    group, and a signal to a group reaches a child being forked too), until a look finds none not
+    stopped already; then SIGKILL them all. A stopped process cannot fork, so when a look finds only
+    processes stopped by earlier looks, none is missing. Killing look by look missed a process that
+    forks its successor and exits faster than a look over /proc (a loaded CI run: it then forked
+    forever)."""
+    stopped: set[int] = set()
+    groups: set[int] = set()
+    mine = {os.getpgrp(), 0, 1}
+    for _ in range(1000):
+        fresh = [pid for pid in processes_of(host_dir) if pid not in stopped]
+        if not fresh:
+            break
+        for pid in fresh:
+            try:
+                group = os.getpgid(pid)
+                if group not in mine and group not in groups:
+                    os.killpg(group, signal.SIGSTOP)
+                    groups.add(group)
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                pass
+            stopped.add(pid)
+    ending = []
+    for pid in stopped:
+        try:
+            ending.append(os.pidfd_open(pid))
+        except OSError:
+            continue
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            continue
+    for pid in stopped:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            continue
+    for fd in ending:  # readable once that process has ended: gone from a look, as a VM powered off is
+        select.select([fd], [], [], 5.0)
+        os.close(fd)
 
 
 def _sshd_session(pid: int) -> int | None:
@@ -233,14 +279,12 @@ class HostPool:
 
     def power_off(self, address: str) -> None:
         """End every process of ``address`` (those carrying its TPUNB_HOST_DIR) and empty that dir.
-        Killed again until none is left: a process forked between a look and the kills (a watchdog
-        being spawned) would outlive its VM, and hold the next node's host dir."""
-        host_dir = None
-        for _ in range(100):
-            host_dir, found = self._signal(address, signal.SIGKILL)
-            if not found:
-                break
+        Every one is stopped before any is killed (``_stop_then_kill``): a process forked between a
+        look and the kills (a watchdog being spawned) would outlive its VM, and hold the next node's
+        host dir."""
+        host_dir = self.host_environment.get(address, {}).get("TPUNB_HOST_DIR")
         if host_dir:
+            _stop_then_kill(host_dir)
             _wipe(host_dir)
             home = self.host_environment.get(address, {}).get("HOME", "")
             if home.startswith(host_dir.rstrip("/") + "/"):  # the next VM on this address has a fresh, empty home
