@@ -462,6 +462,7 @@ THREADS_ALLOWED = {
     ("serve/openssh.py", "self._run"): "one per OpenSSH ControlMaster: carries its mux socket",
     ("metrics/feed.py", "self._run"): "one per metrics feed",
     ("provision/gcp/node.py", "self._watch"): "one per cloud node: its preemption watch",
+    ("provision/gcp/compute/node.py", "self._watch"): "one per Compute Engine slice: its preemption and loss watch",
     ("provision/warm.py", "_import_all"): "one per kernel: imports what Ctrl-C must not cut, ahead of time",
     ("engine/standby.py", "self._prepare_when_quiet"): "one per slice: starts standby agents once quiet",
     ("engine/standby.py", "self._launch"): "one per slice: the standby agents' start",
