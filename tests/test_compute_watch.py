@@ -120,6 +120,7 @@ def test_a_slices_watchdog_checks_reads_and_deletes_through_compute_engine(watch
 
     # the MIG recreates worker 1 under the running slice: a lost host, said in one line
     box.emulator.recreate(worker1)
+    wait_for(lambda: sl.node.lost_reason(), 15, "the watch to see the recreated VM")
     lost = cell("%%on_tpu\n1")
     assert isinstance(lost.error, ProvisionError) and "\n" not in str(lost.error), lost.shown
     assert str(lost.error).startswith(f"slice pair cannot run cells: its MIG recreated VM {worker1} (host 1): a new VM "
@@ -140,3 +141,22 @@ def test_a_slices_watchdog_checks_reads_and_deletes_through_compute_engine(watch
     gone = cell("%%on_tpu\n1")
     assert "its MIG pair no longer exists in " in str(gone.error) and "idle autodelete" in str(gone.error)
     assert cell("%tpu_down pair").error is None
+
+
+def test_doctor_reads_the_compute_engine_tpu_quota_the_launch_spends(watched):
+    from tpunb.doctor import doctor
+
+    def quota_row() -> tuple[str, str]:
+        row = {r.check: r for r in doctor(accelerator="v6e-16", zone=V6E_ZONE)}["Compute Engine TPU quota"]
+        return row.status, row.why
+
+    family, limits = "TPUS-PER-TPU-FAMILY-per-project-region", f"https://console.cloud.google.com/iam-admin/quotas?project={watched.project}"
+    assert quota_row() == ("ok", f"{family} in us-east5: 2048 chips, v6e-16 needs 16")
+    try:
+        watched.emulator.compute_faults(quotas={family: {"us-east5": 8}})
+        assert quota_row() == ("failed", f"{family} in us-east5 is 8 chips, v6e-16 needs 16: request more at {limits}")
+        watched.emulator.compute_faults(quotas={family: {"us-east5": None}})
+        assert quota_row() == ("warning", f"{family} in us-east5 has no value set (launches have been refused so): "
+                                          f"request 16 chips at {limits}")
+    finally:
+        watched.emulator.compute_faults(quotas=None)
