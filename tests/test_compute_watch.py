@@ -6,7 +6,8 @@ line, and --recover relaunches it. Google's own client checks that nothing is le
 
 Two launches serve every check: a single-host v6e-8 (Spot, preempted, recovered, then idle-deleted)
 and the smallest multi-host shape, a v5p-16 of 2 VMs (its watchdog's checks, a recreated VM, then
-its idle deletion, last)."""
+its idle deletion, last); both with --no-setup (their cells need no JAX, and a fresh VM's environment
+build is what would cost most here). %tpu_doctor's quota check needs no launch."""
 from __future__ import annotations
 
 import json
@@ -51,7 +52,7 @@ def metadata(box, address: str, path: str, value: str | None = None) -> str:
 
 def test_a_preempted_spot_vm_is_said_recovered_and_idle_deleted(watched, cell):
     google, box = Google(watched), watched
-    run = cell(f"%tpu_launch v6e-8 --spot --name spotty --zone {V6E_ZONE} --idle-delete 4s")
+    run = cell(f"%tpu_launch v6e-8 --spot --name spotty --zone {V6E_ZONE} --idle-delete 4s --no-setup")
     assert run.error is None, run.shown
     assert "or 4s without a cell (--idle-delete)" in run.stdout, run.stdout
     vm = google.instances.get(project=box.project, zone=V6E_ZONE, instance="spotty")
@@ -84,7 +85,7 @@ def test_a_preempted_spot_vm_is_said_recovered_and_idle_deleted(watched, cell):
 def test_a_slices_watchdog_checks_reads_and_deletes_through_compute_engine(watched, cell, ip, monkeypatch, tmp_path):
     google, box = Google(watched), watched
     calls = box.emulator.record_compute()
-    run = cell(f"%tpu_launch v5p-16 --name pair --zone {V5P_ZONE} --idle-delete 15s")
+    run = cell(f"%tpu_launch v5p-16 --name pair --zone {V5P_ZONE} --idle-delete 10s --no-setup")
     assert run.error is None, run.shown
     sl = manager.current()
     worker0, worker1 = (h.info.extra["instance"] for h in sl.record.hosts)
@@ -98,7 +99,7 @@ def test_a_slices_watchdog_checks_reads_and_deletes_through_compute_engine(watch
     # as the VM: its permission check asks for Compute Engine's delete permission of the MIG
     monkeypatch.setenv("GCE_METADATA_HOST", box.sshd.host_environment(addresses[0])["GCE_METADATA_HOST"])
     monkeypatch.setenv("TPUNB_HOST_DIR", str(tmp_path))
-    state = {**config, "seconds": 15}
+    state = {**config, "seconds": 10}
     assert idle.permission_problem(state) is None
     account = metadata(box, addresses[0], "instance/service-accounts/default/email")
     box.emulator.accounts(permissions={account: ["roles/tpu.admin"]})
@@ -127,7 +128,7 @@ def test_a_slices_watchdog_checks_reads_and_deletes_through_compute_engine(watch
                                       "with a fresh disk"), str(lost.error)
 
     # no cell since the launch: worker 0's watchdog deletes the MIG, its own VM with it
-    wait_for(lambda: not google.everything(V5P_ZONE)["migs"], 15 + BOUND, "the watchdog to delete the MIG")
+    wait_for(lambda: not google.everything(V5P_ZONE)["migs"], 10 + BOUND, "the watchdog to delete the MIG")
     left = google.everything(V5P_ZONE)
     assert left == {"instances": [], "migs": [], "templates": ["pair-tpunb-t"], "policies": ["pair-tpunb-wp"]}, left
     mig = f"/zones/{V5P_ZONE}/instanceGroupManagers/pair"
