@@ -9,32 +9,31 @@ host's state, its agent and JAX's process, are gone). %tpu_launch --recover rela
 %tpu_down deletes in order: MIG, template, policy (or the instance)."""
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from tpunb import report
-from tpunb.errors import ProvisionError, TpunbError
 from tpunb.provision.gcp import api, errors as gcp_errors
 from tpunb.provision.gcp.config import format_duration
-from tpunb.provision.gcp.node import FRESH_SECONDS, watch_interval
+from tpunb.provision.gcp.node import FRESH_SECONDS, WatchedNode
 from tpunb.registry import SliceRecord
-from tpunb.slice import Node
 
 #: a VM in one of these is gone for the slice (a preempted Spot VM is TERMINATED, or deleted)
 LOST_STATES = ("STOPPING", "STOPPED", "TERMINATED", "SUSPENDING", "SUSPENDED")
 
 
-@dataclass(frozen=True)
-class Vm:
+class Vm(NamedTuple):
+    """One VM of the slice as Compute Engine reports it: name, status, id and current action."""
+
     name: str
-    status: str
-    id: str
-    action: str = "NONE"
+    status: str  # RUNNING, ... TERMINATED (LOST_STATES: gone for the slice)
+    id: str  # a new VM under the same name has a new one
+    action: str = "NONE"  # a MIG's currentAction (RECREATING...)
 
 
-class ComputeNode(Node):
+class ComputeNode(WatchedNode):
+    WATCHED = "its VMs"
+
     def __init__(self, record: SliceRecord, delete: Callable[[SliceRecord], None], price_per_hour: float | None,
                  watch: bool = True) -> None:
         self.record = record
@@ -46,13 +45,8 @@ class ComputeNode(Node):
         self._delete = delete
         self.price_per_hour = price_per_hour
         self.vms: list[Vm] | None = None  # None: the MIG (or instance) does not exist
-        self.checked_at = 0.0
-        self._reported = False
-        self._blind = False
         self._problem: tuple[float, str | None] = (float("-inf"), None)
-        self._stop = threading.Event()
-        if watch:
-            threading.Thread(target=self._watch, daemon=True, name=f"tpunb-watch-{self.name}").start()
+        self._start_watch(watch)
 
     # -- its state -------------------------------------------------------------------------
 
@@ -97,47 +91,6 @@ class ComputeNode(Node):
                 return (f"its MIG recreated VM {name} (host {index}): a new VM with a fresh disk, so that host's "
                         "processes and JAX's are gone")
         return None
-
-    def advice(self) -> str:
-        return f"Relaunch it with %tpu_launch --recover {self.name}, or delete it with %tpu_down {self.name}"
-
-    def check(self, fresh: bool = False) -> None:
-        if fresh or time.monotonic() - self.checked_at > FRESH_SECONDS:
-            try:
-                self.refresh()
-            except TpunbError:
-                return  # the API is unreachable: let the cell try the hosts themselves
-        reason = self.lost_reason()
-        if reason:
-            self._reported = True
-            raise ProvisionError(f"slice {self.name} cannot run cells: {reason}. {self.advice()}", "lost")
-
-    def explain_deaths(self) -> str | None:
-        try:
-            self.refresh()
-        except TpunbError:
-            return None
-        reason = self.lost_reason()
-        return f"slice {self.name}: {reason}; relaunch it with %tpu_launch --recover {self.name}" if reason else None
-
-    def _watch(self) -> None:
-        """Look every watch interval; say once that the slice is lost, once that it cannot be watched."""
-        while not self._stop.wait(watch_interval()):
-            try:
-                self.refresh()
-            except Exception as exc:  # permissions, API off, network: try again next round
-                if not self._blind:
-                    self._blind = True
-                    why = gcp_errors.one_line(str(exc) or type(exc).__name__, 160)
-                    report.warn(f"[tpunb] slice {self.name}: cannot watch its VMs ({why}); trying again every "
-                                f"{watch_interval():g} s, and before each cell")
-                continue
-            self._blind = False
-            reason = self.lost_reason()
-            if reason and not self._reported:
-                self._reported = True
-                report.warn(f"[tpunb] slice {self.name}: {reason}. %tpu_launch --recover {self.name} relaunches it; "
-                            f"%tpu_down {self.name} deletes it")
 
     # -- its idle watchdog -----------------------------------------------------------------
 
@@ -188,9 +141,6 @@ class ComputeNode(Node):
         problem = self.idle_problem()
         return {"health": None, "uptime_s": None, "usd_per_hour": self.price_per_hour,
                 "idle_delete_failing": f"idle delete failing: {problem}" if problem else None}
-
-    def close(self) -> None:
-        self._stop.set()
 
     def delete(self) -> None:
         self.close()
