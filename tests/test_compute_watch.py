@@ -11,6 +11,7 @@ build is what would cost most here). %tpu_doctor's quota check needs no launch."
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -161,3 +162,21 @@ def test_doctor_reads_the_compute_engine_tpu_quota_the_launch_spends(watched):
                                           f"request 16 chips at {limits}")
     finally:
         watched.emulator.compute_faults(quotas=None)
+
+
+@pytest.mark.parametrize("attributes, node, worker", [
+    ({"agent-worker-number": "2", "worker-id": "5"}, "projects/p/locations/z/nodes/n", "2"),  # a Cloud TPU VM
+    ({"worker-id": "1", "tpu-env": "TPU_WORKER_ID: '3'\n"}, "projects/p/zones/z/instanceGroupManagers/m", "1"),
+    ({"tpu-env": "TOPOLOGY: '2x2x2'\nTPU_WORKER_ID: '3'\n"}, "projects/p/zones/z/instanceGroupManagers/m", "3"),
+    ({}, "projects/p/zones/z/instances/i", "0"),  # a single instance is worker 0
+    ({}, "projects/p/zones/z/instanceGroupManagers/m", ""),  # a MIG's VM that says nothing: not worker 0
+])
+def test_the_boot_finds_worker_0_without_agent_worker_number(monkeypatch, attributes, node, worker):
+    def answer(path: str, timeout: float = 5.0) -> str:
+        key = path.removeprefix("instance/attributes/")
+        if key not in attributes:  # as the metadata server answers a key it does not have
+            raise urllib.error.HTTPError(path, 404, "Not Found", None, None)
+        return attributes[key]
+
+    monkeypatch.setattr(idle, "metadata", answer)
+    assert idle.worker_id({"node": node}) == worker
