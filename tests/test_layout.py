@@ -461,7 +461,7 @@ THREADS_ALLOWED = {
     ("serve/openssh.py", "ThreadPoolExecutor"): "the OpenSSH spawner: one thread forks every ssh ControlMaster",
     ("serve/openssh.py", "self._run"): "one per OpenSSH ControlMaster: carries its mux socket",
     ("metrics/feed.py", "self._run"): "one per metrics feed",
-    ("provision/gcp/node.py", "self._watch"): "one per cloud node: its preemption watch",
+    ("provision/gcp/node.py", "self._watch"): "one per cloud node or Compute Engine slice: its preemption watch",
     ("provision/warm.py", "_import_all"): "one per kernel: imports what Ctrl-C must not cut, ahead of time",
     ("engine/standby.py", "self._prepare_when_quiet"): "one per slice: starts standby agents once quiet",
     ("engine/standby.py", "self._launch"): "one per slice: the standby agents' start",

@@ -39,6 +39,8 @@ ROLES = {
     "roles/tpu.viewer": ["tpu.*.get", "tpu.*.list"],
     "roles/compute.osLogin": ["compute.instances.osLogin"],
     "roles/compute.osAdminLogin": ["compute.instances.osLogin", "compute.instances.osAdminLogin"],
+    "roles/compute.instanceAdmin.v1": ["compute.instances.*", "compute.instanceGroupManagers.*",
+                                       "compute.instanceTemplates.*", "compute.zoneOperations.*"],
     "roles/iam.serviceAccountUser": ["iam.serviceAccounts.actAs"],
 }
 LOGIN_PERMISSIONS = ("compute.instances.osLogin", "compute.instances.osAdminLogin")

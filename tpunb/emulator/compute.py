@@ -22,7 +22,7 @@ from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, 
 #: it (PREEMPTIBLE-TPU-V6E-per-project-region); TPU7X and V5P by analogy (synthetic)
 PREEMPTIBLE = {"tpu7x": "TPU7X", "v6e": "V6E", "v5p": "V5P"}
 #: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist
-FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations")
+FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations", "quotas")
 #: a flex-start VM's requestValidForDuration bounds, as field reports quote the refusal
 FLEX_WAIT = (90, 7200)
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"

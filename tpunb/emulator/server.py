@@ -14,6 +14,7 @@ Beside it, what tpunb asks other Google APIs (the same base URL stands for each 
   POST /v1/projects/P:testIamPermissions               Cloud Resource Manager: which permissions the caller has
   POST /v1/projects/P/serviceAccounts/SA:testIamPermissions   IAM: the same, on a service account (actAs)
   GET  /compute/v1/projects/P                          Compute Engine: the project's commonInstanceMetadata
+  GET  /v1/projects/P/locations/global/services/S/quotaInfos/Q   Cloud Quotas: a TPU quota's values (quotas.py)
   GET  /tokeninfo                                      OAuth2: the caller's email
 Admin (JSON in and out):
   GET  /_emulator/health               {"ok": true}
@@ -49,7 +50,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NamedTuple
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tpunb.emulator import catalog_api, compute_routes
+from tpunb.emulator import catalog_api, compute_routes, quotas
 from tpunb.emulator.accounts import API_PERMISSIONS
 from tpunb.emulator.admin import AdminClient
 from tpunb.emulator.hosts import HostPool
@@ -80,6 +81,8 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+)/serviceAccounts/(?P<account>[^/:]+):testIamPermissions$"),
      "test_iam_permissions"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/:]+)$"), "compute_project"),
+    ("GET", re.compile(r"/v1/projects/(?P<project>[^/:]+)/locations/global/services/(?P<service>[^/]+)/quotaInfos/"
+                       r"(?P<quota>[^/]+)$"), "quota_info"),
     ("GET", re.compile(r"/tokeninfo$"), "tokeninfo"),
     ("GET", re.compile(r"/_emulator/health$"), "admin_health"),
     ("GET", re.compile(r"/_emulator/accounts$"), "admin_accounts"),
@@ -131,6 +134,8 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
         "login_profile": lambda: emu.call(emu.accounts.login_profile, caller, m["user"], q.get("projectId", "")),
         "test_iam_permissions": lambda: emu.call(emu.accounts.test_permissions, caller, p, body),
         "compute_project": lambda: emu.call(emu.accounts.compute_project, caller, p),
+        "quota_info": lambda: emu.call(lambda: quotas.quota_info(p, m["service"], m["quota"], emu.compute.faults,
+                                                                 emu.faults.quota_regions, bool(emu.faults.quota))),
         "tokeninfo": lambda: emu.call(emu.accounts.tokeninfo, caller),
         "admin_accounts": lambda: emu.call(emu.accounts.snapshot),
         "admin_set_accounts": lambda: emu.call(emu.set_accounts, body),

@@ -25,6 +25,15 @@ guest attribute ``tpunb/serving`` every quarter of the idle limit while it runs,
 end. The workers of a slice cannot reach each other, but the TPU API sees them all: before it
 deletes, the watchdog reads them (``nodes.getGuestAttributes``) and counts the latest as use. A
 worker that died with its service stops writing, so its last time ages like any other activity.
+
+A Compute Engine slice (``node`` is ``projects/P/zones/Z/instanceGroupManagers/M`` or
+``.../instances/I``, ``endpoint`` Compute Engine's): the watchdog deletes the MIG (its VMs go with
+it, this one included) or the instance; the template and workload policy left behind are deleted
+by the next survey or %tpu_down as leftovers. It reads the other VMs' guest attributes with
+``listManagedInstances`` and ``instances.getGuestAttributes``, and checks at arming that it may
+delete the MIG or instance (``compute.instanceGroupManagers.delete`` / ``compute.instances.delete``).
+These VMs publish no ``agent-worker-number``: worker 0 is ``worker-id`` (or ``TPU_WORKER_ID`` in
+``tpu-env``), and a single instance is worker 0.
 The access token comes from the metadata server (``$GCE_METADATA_HOST``, as google-auth reads
 it, else metadata.google.internal) on every delete attempt and is kept in memory only.
 
@@ -53,6 +62,7 @@ SERVING_ATTRIBUTE = "tpunb/serving"  # a worker's guest attribute: when its serv
 ERROR_ATTRIBUTE = "tpunb/idle-error"  # worker 0's guest attribute: why the watchdog cannot delete ("": it can)
 ERROR = "idle.error"  # the same, in the host dir
 IAM_ENDPOINT = "https://cloudresourcemanager.googleapis.com"
+COMPUTE_PATH = "/zones/"  # a Compute Engine slice's ``node`` (a MIG or an instance) is zonal; a TPU node's is not
 CHECK_TIMEOUT = 5.0  # the permission check at arming: an API out of reach must not hold up a connect
 POLL = 5.0  # the watchdog looks at least this often (activity only moves the deadline later)
 RETRY = (15.0, 300.0)  # after a failed delete: first wait, doubling up to the last
@@ -241,15 +251,22 @@ def metadata(path: str, timeout: float = 5.0) -> str:
         return response.read().decode()
 
 
+def on_compute(state: dict) -> bool:
+    """The slice is Compute Engine's (a MIG or an instance), not a Cloud TPU node."""
+    return COMPUTE_PATH in str(state.get("node") or "")
+
+
 def _api(state: dict, method: str, path: str, body: dict | None = None) -> bytes:
-    """One TPU API call with the VM's own credentials; raises HTTPError as urllib does."""
+    """One TPU API (or Compute Engine API) call with the VM's own credentials; raises HTTPError as urllib does."""
     token = json.loads(metadata("instance/service-accounts/default/token"))["access_token"]
-    endpoint = (state.get("endpoint") or "https://tpu.googleapis.com").rstrip("/")
+    compute = on_compute(state)
+    endpoint = (state.get("endpoint") or ("https://compute.googleapis.com" if compute
+                                          else "https://tpu.googleapis.com")).rstrip("/")
     headers = {"Authorization": f"Bearer {token}"}
     if body is not None:
         headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(f"{endpoint}/v2/{path}", method=method, headers=headers,
-                                     data=None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(f"{endpoint}/{'compute/v1' if compute else 'v2'}/{path}", method=method,
+                                     headers=headers, data=None if body is None else json.dumps(body).encode())
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.read()
 
@@ -286,6 +303,8 @@ def permission_problem(state: dict) -> str | None:
     projects.testIamPermissions with the VM's own token (what its delete would send)."""
     project = state["node"].split("/")[1]
     needed = ["tpu.nodes.delete"] + (["tpu.queuedResources.delete"] if state.get("queued") else [])
+    if on_compute(state):  # Compute Engine names a delete's permission after the collection
+        needed = [f"compute.{state['node'].split('/')[-2]}.delete"]
     endpoint = (state.get("iam_endpoint") or IAM_ENDPOINT).rstrip("/")
     try:
         token = json.loads(metadata("instance/service-accounts/default/token", CHECK_TIMEOUT))["access_token"]
@@ -334,13 +353,38 @@ def delete_node(state: dict) -> str:
         raise RuntimeError(f"HTTP {e.code} {_message(e)}") from None
 
 
-def served_elsewhere(state: dict) -> tuple[float, int] | None:
+def _workers_attributes(state: dict) -> list[tuple[int | str, list[dict]]]:
+    """Each worker's ``tpunb/`` guest attributes: (worker, items). A Cloud TPU node answers for all
+    its workers in one call, in worker order; a Compute Engine MIG's VMs are each asked (named by
+    instance: the MIG's list is not in worker order), and a single instance has no other worker."""
+    if not on_compute(state):
+        answer = json.loads(_api(state, "POST", f"{state['node']}:getGuestAttributes", {"queryPath": "tpunb/"}) or b"{}")
+        return [(worker, (entry.get("queryValue") or {}).get("items") or [])
+                for worker, entry in enumerate(answer.get("guestAttributes") or [])]
+    if "/instanceGroupManagers/" not in state["node"]:
+        return []
+    listed = json.loads(_api(state, "POST", f"{state['node']}/listManagedInstances") or b"{}")
+    zone = state["node"].split("/instanceGroupManagers/")[0]
+    found = []
+    for vm in listed.get("managedInstances") or []:
+        name = str(vm.get("instance") or vm.get("name") or "").rsplit("/", 1)[-1]
+        try:
+            answer = json.loads(_api(state, "GET", f"{zone}/instances/{name}/getGuestAttributes?queryPath=tpunb%2F")
+                                or b"{}")
+        except urllib.error.HTTPError as e:
+            if e.code == 404:  # no attribute under the path yet (or the VM just went)
+                continue
+            raise
+        found.append((name, (answer.get("queryValue") or {}).get("items") or []))
+    return found
+
+
+def served_elsewhere(state: dict) -> tuple[float, int | str] | None:
     """(the latest time a worker's service said it ran, that worker), from the workers' guest
     attributes; None when none did. Raises when the API cannot be read."""
-    answer = json.loads(_api(state, "POST", f"{state['node']}:getGuestAttributes", {"queryPath": "tpunb/"}) or b"{}")
     latest = None
-    for worker, entry in enumerate(answer.get("guestAttributes") or []):  # in worker order
-        for item in (entry.get("queryValue") or {}).get("items") or []:
+    for worker, items in _workers_attributes(state):
+        for item in items:
             if (item.get("namespace"), item.get("key")) == tuple(SERVING_ATTRIBUTE.split("/")):
                 try:
                     at = float(item.get("value") or "")
@@ -435,7 +479,7 @@ def watch(lock: int | None = None) -> int:
         time.sleep(max(0.05, min(left, POLL)))
 
 
-def _served_elsewhere(state: dict, now: float) -> tuple[float, int] | None:
+def _served_elsewhere(state: dict, now: float) -> tuple[float, int | str] | None:
     """``served_elsewhere``, never later than ``now`` (another VM's clock), or None (and said
     in the log) when the API cannot be read: then host 0's own idle time decides."""
     try:
@@ -450,7 +494,7 @@ def boot() -> int:
     """The startup-script path: on worker 0 of a node created with idle autodelete, arm."""
     try:
         config = json.loads(metadata(f"instance/attributes/{METADATA_ATTRIBUTE}"))
-        worker = metadata("instance/attributes/agent-worker-number").strip()
+        worker = worker_id(config)
     except Exception as exc:  # no metadata server or no setting: nothing to arm
         print(f"tpunb idle autodelete: not armed ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 0
@@ -460,6 +504,27 @@ def boot() -> int:
         source = f.read()
     arm(config, source)
     return 0
+
+
+def worker_id(config: dict) -> str:
+    """This VM's worker number: a Cloud TPU VM's ``agent-worker-number``; a Compute Engine TPU VM's
+    ``worker-id``, else ``TPU_WORKER_ID`` in ``tpu-env`` (they publish no agent-worker-number), and
+    a single instance (``node`` names it) is worker 0."""
+    for key in ("agent-worker-number", "worker-id"):
+        try:
+            return metadata(f"instance/attributes/{key}").strip()
+        except urllib.error.HTTPError as e:
+            if e.code != 404:
+                raise
+    try:
+        for line in metadata("instance/attributes/tpu-env").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "TPU_WORKER_ID":
+                return value.strip().strip("'\"")
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+    return "0" if "/instances/" in str(config.get("node") or "") else ""
 
 
 def main(argv: list[str]) -> int:

@@ -29,7 +29,8 @@ from tpunb.provision.gcp import compute, failover, logins, lookups, rest
 from tpunb.provision.gcp.compute import found as on_compute
 from tpunb.provision.gcp.prepare import host_setup
 from tpunb.provision.gcp.adopt import host_records
-from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format_duration, require_project_zone,
+                                       resolve_project_zone)
 from tpunb.provision.gcp.node import CloudNode, list_price, price_per_hour
 from tpunb.registry import Registry, SliceRecord
 from tpunb.slice import Node, Slice
@@ -42,7 +43,6 @@ CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
 #: a failover's record, while it launches: every zone it may have made something in
 TRIED = "failover_zones"
 #: in Colab, a launch without --idle-delete deletes its node after this long without a cell
-COLAB_IDLE_DEFAULT = 3600.0
 
 
 def default_name(accelerator: catalog.Accelerator) -> str:
@@ -103,7 +103,7 @@ def create(request: LaunchRequest) -> Made:
     project, zone = require_project_zone(opts.project, opts.zone)
     places = _places(accel, project, zone, opts.alternatives)
     key_path, public_key = keys.default_key()
-    opts = _colab_idle_default(opts, slices)
+    opts = colab_idle_default(opts, slices)
     if opts.internal_ip:
         _check_reaches_vpc(opts.network)
     access = logins.login(project, public_key, opts.user, service_account=opts.service_account)  # before any node exists: a refusal costs nothing
@@ -237,19 +237,6 @@ def _say_idle_problem(project: str, zone: str, name: str, wait: float = 5.0) -> 
         report.warn(gcp_errors.idle_problem_message(name, project, problem))
 
 
-def _colab_idle_default(opts: CloudOptions, slices: int) -> CloudOptions:
-    """In Colab a runtime is recycled with the notebook machine's files: a node nobody runs cells on
-    is deleted after COLAB_IDLE_DEFAULT unless --idle-delete (or $TPUNB_IDLE_DELETE) said otherwise."""
-    from tpunb import colab
-
-    if opts.idle_delete or opts.idle_delete_given or slices > 1 or not colab.in_colab():
-        return opts
-    report.info(f"[tpunb] in Colab, idle autodelete is on by default: the node is deleted after "
-                f"{format_duration(COLAB_IDLE_DEFAULT)} without a cell (--idle-delete D changes it, --idle-delete off "
-                "keeps it)")
-    return dataclasses.replace(opts, idle_delete=COLAB_IDLE_DEFAULT, idle_delete_given=True)
-
-
 def _places(accel: catalog.Accelerator, project: str, zone: str, alternatives: str | None
             ) -> list[failover.Candidate]:
     """Where to try: one zone (checked against what the API lists there, else the catalog), or
@@ -360,8 +347,8 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
     if record.state == "creating":
         state = CREATING
     elif _on_compute(record):
-        state = compute.slice_state(record)
-        cloud = {"api": compute.API, "machine_type": compute.machine_type(record), "cloud_state": state}
+        cloud = {"api": compute.API, "machine_type": compute.machine_type(record), **compute.slice_cloud(record)}
+        state = cloud["cloud_state"]
     elif place in nodes:
         info = nodes[place].get(record.name)
         cloud = {"api": api.API, **_node(record, info, watch=False).status()}
@@ -380,8 +367,11 @@ def recover(record: SliceRecord, reg: Registry) -> tuple[catalog.Accelerator, Cl
     its accelerator, its options, the names of its --env values (never stored) and its slices."""
     name = record.name
     report.info(f"Recovering {name!r}: deleting its lost node, then launching {record.kind} again")
-    api.delete(record.spec["project"], record.spec["zone"], name, wait=True,
-               queued=bool(record.spec.get("queued")) or record.num_slices > 1)
+    if _on_compute(record):  # its MIG, template and policy (or its instance), in order
+        compute.delete(record)
+    else:
+        api.delete(record.spec["project"], record.spec["zone"], name, wait=True,
+                   queued=bool(record.spec.get("queued")) or record.num_slices > 1)
     reg.delete_slice(name)
     return (catalog.lookup(record.accelerator), recorded_options(record), record.spec.get("env_keys", []),
             record.num_slices)

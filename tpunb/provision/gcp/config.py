@@ -225,3 +225,20 @@ def require_project_zone(project: str | None = None, zone: str | None = None) ->
             "no zone: pass --zone, set CLOUDSDK_COMPUTE_ZONE, or run `gcloud config set compute/zone ZONE`"
         )
     return project, zone
+
+
+#: in Colab, a slice nobody runs cells on is deleted after this long unless --idle-delete says otherwise
+COLAB_IDLE_DEFAULT = 3600.0
+
+
+def colab_idle_default(opts: CloudOptions, slices: int) -> CloudOptions:
+    """In Colab a runtime is recycled with the notebook machine's files: a slice nobody runs cells on
+    is deleted after COLAB_IDLE_DEFAULT unless --idle-delete (or $TPUNB_IDLE_DELETE) said otherwise."""
+    from tpunb import colab, report
+
+    if opts.idle_delete or opts.idle_delete_given or slices > 1 or not colab.in_colab():
+        return opts
+    report.info(f"[tpunb] in Colab, idle autodelete is on by default: the node is deleted after "
+                f"{format_duration(COLAB_IDLE_DEFAULT)} without a cell (--idle-delete D changes it, --idle-delete off "
+                "keeps it)")
+    return dataclasses.replace(opts, idle_delete=COLAB_IDLE_DEFAULT, idle_delete_given=True)

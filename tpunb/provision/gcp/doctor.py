@@ -141,3 +141,27 @@ def zone_offers_machine_type(ctx: Context) -> tuple[str, str] | None:
         return FAILED, str(e)
     return OK, f"{ctx.zone} offers {shape.machine_type} ({shape.vms} VM{'s' if shape.vms > 1 else ''} for " \
                f"{ctx.accelerator})"
+
+
+@check(CHECKS, "Compute Engine TPU quota")
+def compute_quota(ctx: Context) -> tuple[str, str] | None:
+    """The quota the launch spends, in chips, in the zone's region (Cloud Quotas' quotaInfos.get)."""
+    from tpunb.provision.gcp.compute import quota
+
+    if not (ctx.memo.get("compute") and ctx.accelerator):
+        return None
+    spot = bool(ctx.slice is not None and (ctx.slice.record.spec.get("spot") or ctx.slice.record.spec.get("flex")))
+    need = catalog.lookup(ctx.accelerator).chips
+    limits = QUOTAS_URL.format(project=ctx.project)
+    try:
+        found = quota.read(ctx.project, ctx.accelerator, ctx.zone, spot)
+    except ProvisionError as e:
+        return WARNING, (f"cannot read Compute Engine's TPU quota through Cloud Quotas ({e}): enable "
+                         f"cloudquotas.googleapis.com, or see the limits at {limits}")
+    where = f"{found.quota_id} in {found.region}"
+    if found.value is None:
+        return WARNING, f"{where} has no value set (launches have been refused so): request {need} chips at {limits}"
+    if 0 <= found.value < need:
+        return FAILED, f"{where} is {found.value} chips, {ctx.accelerator} needs {need}: request more at {limits}"
+    shown = "unlimited" if found.value < 0 else f"{found.value} chips"
+    return OK, f"{where}: {shown}, {ctx.accelerator} needs {need}"

@@ -286,16 +286,19 @@ def os_login_message(name: str, project: str, user: str, key_path: str) -> str:
             "user name")
 
 
-def idle_problem_message(name: str, project: str, problem: str) -> str:
-    """The one warning at launch when the slice's idle watchdog cannot delete its node."""
+def idle_problem_message(name: str, project: str, problem: str, compute: bool = False) -> str:
+    """The one warning at launch when the slice's idle watchdog cannot delete its node (``compute``:
+    its MIG or instance, which roles/compute.instanceAdmin.v1 may delete)."""
     account = re.search(r"\S+@\S+\.gserviceaccount\.com", problem)
     if problem.startswith("cannot reach"):
         fix = ("give the node's subnetwork Private Google Access (`gcloud compute networks subnets update SUBNET "
                "--region REGION --enable-private-ip-google-access`) or launch without --internal-ip")
     else:
         member = f"serviceAccount:{account.group(0)}" if account else "serviceAccount:THE_VMS_SERVICE_ACCOUNT"
-        fix = (f"let the VMs' service account delete TPU nodes: `gcloud projects add-iam-policy-binding {project} "
-               f"--member={member} --role=roles/tpu.admin`")
+        what, role = ("Compute Engine VMs and MIGs", "roles/compute.instanceAdmin.v1") if compute \
+            else ("TPU nodes", "roles/tpu.admin")
+        fix = (f"let the VMs' service account delete {what}: `gcloud projects add-iam-policy-binding {project} "
+               f"--member={member} --role={role}`")
     return (f"[tpunb] --idle-delete cannot delete {name}: its watchdog says {problem}; {fix}, or delete it yourself "
             f"with %tpu_down {name}")
 

@@ -20,7 +20,7 @@ from tpunb.provision.gcp import errors as gcp_errors
 
 HOSTS = {"compute": "https://compute.googleapis.com", "crm": "https://cloudresourcemanager.googleapis.com",
          "oauth2": "https://oauth2.googleapis.com", "oslogin": "https://oslogin.googleapis.com",
-         "iam": "https://iam.googleapis.com"}
+         "iam": "https://iam.googleapis.com", "quotas": "https://cloudquotas.googleapis.com"}
 TIMEOUT = 30.0
 ACT_AS = "iam.serviceAccounts.actAs"
 
@@ -91,6 +91,11 @@ def project_metadata(project: str) -> dict[str, str]:
 def default_service_account(project: str) -> str | None:
     """The service account a VM runs as when none is named (Compute Engine ``projects.get``)."""
     return call("GET", "compute", f"/compute/v1/projects/{project}").get("defaultServiceAccount") or None
+
+
+def quota_info(project: str, quota_id: str, service: str = "compute.googleapis.com") -> dict:
+    """Cloud Quotas ``quotaInfos.get``: a quota's value per region and dimension (``dimensionsInfos``)."""
+    return call("GET", "quotas", f"/v1/projects/{project}/locations/global/services/{service}/quotaInfos/{quota_id}")
 
 
 def held_permissions(project: str, permissions: list[str]) -> set[str]:

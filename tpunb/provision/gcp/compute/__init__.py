@@ -36,7 +36,8 @@ from tpunb.provision.gcp.compute.delete import teardown
 from tpunb.provision.gcp.compute.make import WAITING, make_resources
 from tpunb.provision.gcp.compute.node import ComputeNode
 from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_failed, outcome
-from tpunb.provision.gcp.config import CloudOptions, format_duration, require_project_zone, resolve_project_zone
+from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format_duration, require_project_zone,
+                                       resolve_project_zone)
 from tpunb.provision.gcp.failover import Candidate, Outcome
 from tpunb.provision.gcp.prepare import host_setup
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
@@ -55,7 +56,6 @@ TPU_API_ONLY = {
                 "Compute Engine VMs boot Google's TPU image for the type and tpunb makes the JAX environment: drop "
                 "--runtime (--jax V picks the jax version)"),
     "alternatives": ("--alternatives (other types to try)", "launch the other type yourself if this one fails"),
-    "idle_delete": ("--idle-delete (so far)", "end it with %tpu_down"),
 }
 SSH_PORT_LABEL = "tpunb-ssh-port"  # the sandbox's sshd, when not on port 22 (as on the Cloud TPU side)
 
@@ -96,6 +96,7 @@ def create(request: LaunchRequest) -> Made:
     if project is None:
         require_project_zone(None, "-")  # the one line saying how to set a project
     check_options(opts, request.slices, accel)
+    opts = colab_idle_default(opts, request.slices)
     shape = catalog.compute_shape(accel)
     zones = choose(project, shape, opts.zone, default_zone)
     key_path, public_key = keys.default_key()
@@ -106,7 +107,8 @@ def create(request: LaunchRequest) -> Made:
                 opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()),
                 opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation,
                 json.dumps({"user": user, "os_login": access.os_login, "python": opts.python, "network": opts.network,
-                            "service_account": opts.service_account, **prepared}, sort_keys=True))
+                            "service_account": opts.service_account, **prepared}, sort_keys=True),
+                project, float(opts.idle_delete or 0), float(opts.connect_wait))
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
@@ -214,7 +216,7 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
         address = nic.network_i_p if internal_ip or not external else external
         port = int(vm.labels.get(SSH_PORT_LABEL, 22) or 22)
         hosts.append(HostRecord(i, address if port == 22 else f"{address}:{port}",
-                                HostInfo(internal_ip=nic.network_i_p, extra={"instance": vm_name})))
+                                HostInfo(internal_ip=nic.network_i_p, extra={"instance": vm_name, "id": str(vm.id)})))
     return hosts
 
 
@@ -225,7 +227,11 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
     ready line."""
     project, zone, name = record.spec["project"], record.spec["zone"], record.name
 
+    watched: list[ComputeNode] = []  # its node, once made: its watch ends with a launch that fails
+
     def failed(exc: BaseException) -> None:
+        for made_node in watched:
+            made_node.close()
         reg.delete_slice(name)
         left = teardown(project, zone, name, vms=record.spec.get("vms"))
         progress.failed(f"could not reach or start the hosts, so {name} was deleted{left}: {exc}")
@@ -236,19 +242,25 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
         record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
         transports = [transports[i] for i in order]
         reg.save_slice(record)
+        watched.append(node(record))
         made = ssh.attach(record, reg, env, coordinator_port=None if clients.endpoint() else diagnose.COORDINATOR_PORT,
-                          network=opts.network, transports=transports, node=node(record))
+                          network=opts.network, transports=transports, node=watched[0])
     except BaseException as exc:
         failed(exc)
         raise
 
+    def check(sl) -> None:
+        if opts.idle_delete:  # the watchdog armed as host 0 started: say at once if it may not delete
+            made.node.say_idle_problem()
+
     def ready() -> None:
+        idle = f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)" if opts.idle_delete else ""
         progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s through Compute Engine"
                       f"{f' ({tries})' if tries else ''}: "
                       f"{len(record.hosts)} host{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu; it "
-                      f"bills until %tpu_down {name}")
+                      f"bills until %tpu_down {name}{idle}")
 
-    return dataclasses.replace(made, failed=failed, ready=ready)
+    return dataclasses.replace(made, check=check, failed=failed, ready=ready)
 
 
 def worker_order(transports: list["Transport"]) -> list[int]:
@@ -287,8 +299,15 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
         transports = [transports[i] for i in order]
         record.spec.pop(adoption.UNORDERED)
         reg.save_slice(record)
-    return ssh.attach(record, reg, env, wait=wait, coordinator_port=coordinator, network=record.spec.get("network"),
-                      node=node(record), transports=transports)
+    watched = node(record)
+    try:
+        watched.check()  # a lost slice (gone, preempted, a VM recreated) is said before any SSH error
+        made = ssh.attach(record, reg, env, wait=wait, coordinator_port=coordinator, network=record.spec.get("network"),
+                          node=watched, transports=transports)
+    except BaseException:
+        watched.close()
+        raise
+    return dataclasses.replace(made, failed=lambda exc: watched.close())
 
 
 def adopt(name: str, reg: Registry) -> SliceRecord | None:
@@ -321,6 +340,16 @@ def machine_type(record: SliceRecord) -> str | None:
         return None
 
 
+def slice_cloud(record: SliceRecord) -> dict:
+    """The status view's cloud columns: the slice's state, and why its idle watchdog cannot delete it."""
+    state = slice_state(record)
+    cloud: dict = {"cloud_state": state}
+    if record.spec.get("idle_delete") and record.hosts and state != "GONE":
+        problem = ComputeNode(record, delete, None, watch=False).read_idle_problem()
+        cloud["idle_delete_failing"] = f"idle delete failing: {problem}" if problem else None
+    return cloud
+
+
 def slice_state(record: SliceRecord) -> str:
     """The slice's state as Compute Engine has it: its MIG's (or instance's), or GONE."""
     from google.api_core import exceptions
@@ -337,4 +366,5 @@ def slice_state(record: SliceRecord) -> str:
         return f"unknown ({type(exc).__name__})"
 
 
-__all__ = ["API", "VmSpec", "adopt", "attach", "create", "delete", "first_granted", "machine_type", "slice_state", "teardown", "uses_compute"]
+__all__ = ["API", "VmSpec", "adopt", "attach", "create", "delete", "first_granted", "machine_type", "slice_cloud",
+           "slice_state", "teardown", "uses_compute"]

@@ -8,16 +8,18 @@ after the slice (``NAME``, ``NAME-tpunb-t``, ``NAME-tpunb-wp``) and carries ``MA
 description."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from tpunb import catalog
 from tpunb.provision.gcp.records import TPUNB_LABELS
-from tpunb.provision.gcp.spec import NAME_LABEL, OWNER_LABEL, SLICE_METADATA, label_value
+from tpunb.provision.gcp.spec import IAM_ENDPOINT, IDLE_ATTRIBUTE, NAME_LABEL, OWNER_LABEL, SLICE_METADATA, label_value
 
 #: in the description of every MIG, template and policy tpunb makes (they have no labels)
 MARKER = "created-by=tpunb"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
+PUBLIC_ENDPOINT = "https://compute.googleapis.com"
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,19 @@ class VmSpec:
     flex_wait: int = 7200  # a single flex-start VM's requestValidForDuration (90-7200 s)
     reservation: str | None = None  # consume this specific reservation
     saved: str = ""  # JSON for the VMs' ``tpunb-slice`` metadata: what %tpu_use needs to rebuild the record
+    project: str = ""
+    idle_seconds: float = 0.0  # --idle-delete: worker 0's watchdog deletes the MIG (or instance) after this long idle
+    idle_grace: float = 0.0  # at boot, the launching kernel has this long to attach (its connect wait)
+
+
+def idle_config(project: str, zone: str, name: str, seconds: float, multi_host: bool) -> dict:
+    """What the slice's idle watchdog (tpunb/host/standalone/idle.py) needs: its limit, the APIs it
+    calls with the VM's token, and what it deletes: the MIG (its VMs go with it) or the instance."""
+    from tpunb.provision.gcp.compute.clients import endpoint
+
+    kind = "instanceGroupManagers" if multi_host else "instances"
+    return {"seconds": seconds, "endpoint": endpoint() or PUBLIC_ENDPOINT, "iam_endpoint": endpoint() or IAM_ENDPOINT,
+            "node": f"projects/{project}/zones/{zone}/{kind}/{name}"}
 
 
 def labels(spec: VmSpec) -> dict[str, str]:
@@ -74,6 +89,12 @@ def metadata(spec: VmSpec) -> Any:
         items[SLICE_METADATA] = spec.saved
     if not spec.os_login:  # under OS Login VMs ignore metadata keys
         items["ssh-keys"] = f"{spec.user}:{spec.public_key.strip()}"
+    if spec.idle_seconds:  # worker 0 arms the watchdog at boot, before any kernel attaches
+        from tpunb.engine.bundle import idle_script
+
+        config = idle_config(spec.project, spec.zone, spec.name, spec.idle_seconds, spec.shape.multi_host)
+        items[IDLE_ATTRIBUTE] = json.dumps({**config, "grace": spec.idle_grace})
+        items["startup-script"] = idle_script()
     return compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in items.items()])
 
 
