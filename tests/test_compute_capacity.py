@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - c
 from tests.conftest import interrupt_kernel_when
 from tpunb import catalog
 from tpunb.errors import CellInterrupted, ProvisionError
-from tpunb.provision.gcp.compute import VmSpec, clients, first_granted, teardown, zones
+from tpunb.provision.gcp.compute import VmSpec, bodies, clients, first_granted, teardown, zones
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.registry import Registry, SliceRecord
 
@@ -286,3 +287,20 @@ def test_ctrl_c_while_a_mig_fills_deletes_its_mig_template_and_policy(cloud, cel
     assert isinstance(run.error, CellInterrupted), run.shown
     assert str(run.error) == "launch of held interrupted: what it had created was deleted, nothing is left"
     assert nothing_in(google, zone) and Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_an_operation_outlasting_the_clients_timeout_is_asked_again_not_a_traceback(cloud, monkeypatch):
+    """Compute Engine holds operations.wait up to 2 minutes (zoneOperations.wait's reference page):
+    when the client's own timeout comes first, tpunb asks again instead of failing with requests'
+    ReadTimeout (a real TPU VM's insert outlasted the old 30 s)."""
+    monkeypatch.setattr(clients, "WAIT_SLICE", 0.3)
+    cloud.emulator.faults(slow_create=1.0)
+    vm = dataclasses.replace(spec("slowvm", "v6e-8"), zone=V6E_ZONES[0])
+    c = clients.clients()
+    try:
+        operation = c.instances.insert_unary(project=cloud.project, zone=vm.zone, instance_resource=bodies.instance(vm))
+        clients.wait(cloud.project, operation, "create the VM", deadline=time.monotonic() + 30)
+        assert c.instances.get(project=cloud.project, zone=vm.zone, instance="slowvm").status == "RUNNING"
+    finally:
+        cloud.emulator.faults(slow_create=0)
+        assert teardown(cloud.project, vm.zone, "slowvm", vms=1) == ""

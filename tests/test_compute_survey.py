@@ -10,7 +10,7 @@ import pytest
 from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - cloud is a fixture
 from tests.conftest import wait_for
 from tpunb import catalog
-from tpunb.provision.gcp.compute import found
+from tpunb.provision.gcp.compute import clients, found
 from tpunb.registry import Registry, SliceRecord
 
 ZONE, WAITING_ZONE, V6E_ZONE = "us-central1-c", "us-central1-ai1a", "us-east5-b"
@@ -76,3 +76,27 @@ def test_leftovers_no_registry_knows_go_once_no_launch_can_be_making_them(cloud,
     assert set(orphans(cell, ip)) == {"old"}  # young: maybe another kernel's launch between policy and MIG
     monkeypatch.setattr(found, "LEFTOVER_AGE", 0.0)  # as if LEFTOVER_AGE had passed
     assert orphans(cell, ip) == {} and all(not v for v in google.everything(ZONE).values())
+
+
+def test_a_status_view_reads_its_recorded_slices_states_from_the_survey(cloud, cell, ip, isolated_home, monkeypatch):
+    """The survey already lists every tpunb MIG and instance: a recorded slice's state is read there,
+    not asked of Compute Engine once more per slice (a status view then waits for one round)."""
+    google = Google(cloud)
+    made(google, "kept", "tpu7x-16", ZONE)  # 2 VMs
+    made(google, "single", "v6e-8", V6E_ZONE)  # one instance
+    wait_for(lambda: google.migs.get(project=cloud.project, zone=ZONE, instance_group_manager="kept").status.is_stable,
+             10, "the MIG to be stable")
+    reg = Registry(isolated_home / "registry.db")
+    for name, accelerator, zone, vms in (("kept", "tpu7x-16", ZONE, 2), ("single", "v6e-8", V6E_ZONE, 1)):
+        reg.save_slice(SliceRecord(name=name, accelerator=accelerator, backend="gcp", state="running",
+                                   spec={"api": "compute", "project": cloud.project, "zone": zone, "vms": vms}))
+    asked = []
+    c = clients.clients()
+    monkeypatch.setattr(c.migs, "get", lambda **kw: asked.append(("MIG", kw)))
+    monkeypatch.setattr(c.instances, "get", lambda **kw: asked.append(("instance", kw)))
+    cell("%tpu_status")
+    shown = {row["slice"]: row["cloud_state"] for _, row in ip.user_ns["_"].iterrows()}
+    assert shown == {"kept": "READY", "single": "RUNNING"} and asked == [], (shown, asked)
+    monkeypatch.undo()
+    assert cell("%tpu_down kept").error is None and cell("%tpu_down single").error is None
+    assert all(not v for v in google.everything(ZONE).values()) and not google.everything(V6E_ZONE)["instances"]

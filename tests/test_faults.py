@@ -38,18 +38,27 @@ import json, os, sys, threading
 from pathlib import Path
 where, info, home = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
 os.environ.update(TPUNB_HOME=str(home), CLOUDSDK_CONFIG=str(home / "gcloud"))
-for key in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "TPUNB_TPU_API_ENDPOINT"):
+for key in ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", "TPUNB_TPU_API_ENDPOINT", "TPUNB_COMPUTE_API_ENDPOINT"):
     os.environ.pop(key, None)
 from bench.faults import Harness
 h = Harness(where, home, info)  # %load_ext tpunb: the warm-up thread starts now
 if where == "cloud":
     h.start_emulator()
-first = []
+    os.environ["TPUNB_COMPUTE_API_ENDPOINT"] = os.environ["TPUNB_TPU_API_ENDPOINT"]  # its Compute Engine API too
+first, watching = [], [True]
 def watch(event, args):
-    if event == "import" and threading.current_thread() is threading.main_thread() and args[0] not in sys.modules:
+    if (watching[0] and event == "import" and threading.current_thread() is threading.main_thread()
+            and args[0] not in sys.modules):
         first.append(args[0])
 sys.addaudithook(watch)
 h.launch()
+watching[0] = False
+h.down()
+if where == "cloud":  # then a v5p-16, through Compute Engine: google-cloud-compute is imported too
+    watching[0] = True
+    error, shown, _ = h.cell(f"%tpu_launch v5p-16 --zone us-east5-a --name {h.name} --no-setup")
+    assert error is None, shown
+    watching[0] = False
 seen = list(first)
 h.down()
 print("FIRST IMPORTS " + json.dumps(seen), flush=True)
@@ -61,7 +70,8 @@ os._exit(0)
 def test_a_launch_imports_nothing_on_the_main_thread(where, sshd, ssh_key, tmp_path):
     """Ctrl-C lands on the main thread, and an import it cuts leaves broken modules behind (or the
     import lock held, so the next import on any other thread waits for ever): a launch's first
-    imports are done on the warm-up thread that %load_ext starts, the launch only waits for it."""
+    imports are done on the warm-up thread that %load_ext starts, the launch only waits for it. In
+    the cloud, a launch through the Cloud TPU API, then one through Compute Engine."""
     info = {"addresses": sshd.addresses, "port": sshd.port, "key": str(ssh_key), "emulator": sshd.emulator_options()}
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "-c", LAUNCH_WATCHING_IMPORTS, where, json.dumps(info), str(tmp_path)],

@@ -463,6 +463,8 @@ THREADS_ALLOWED = {
     ("metrics/feed.py", "self._run"): "one per metrics feed",
     ("provision/gcp/node.py", "self._watch"): "one per cloud node or Compute Engine slice: its preemption watch",
     ("provision/warm.py", "_import_all"): "one per kernel: imports what Ctrl-C must not cut, ahead of time",
+    ("provision/warm.py", "_import_compute"): "once per kernel: google-cloud-compute, when first needed and "
+                                              "not already on the warm-up thread",
     ("engine/standby.py", "self._prepare_when_quiet"): "one per slice: starts standby agents once quiet",
     ("engine/standby.py", "self._launch"): "one per slice: the standby agents' start",
     ("engine/standby.py", "standby.close"): "one per dropped standby: ended without holding the caller",

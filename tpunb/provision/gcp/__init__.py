@@ -18,6 +18,7 @@ import time
 
 from tpunb import catalog, diagnose, report
 from tpunb.errors import AuthenticationError, CellInterrupted, HostSetupError, ProvisionError, TpunbError, UsageError
+from tpunb.engine.fanout import fan_out
 from tpunb.provision import ssh
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import owner_alive
@@ -347,7 +348,8 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
     if record.state == "creating":
         state = CREATING
     elif _on_compute(record):
-        cloud = {"api": compute.API, "machine_type": compute.machine_type(record), **compute.slice_cloud(record)}
+        cloud = {"api": compute.API, "machine_type": compute.machine_type(record),
+                 **compute.slice_cloud(record, nodes.get((place[0], on_compute.PLACE)))}
         state = cloud["cloud_state"]
     elif place in nodes:
         info = nodes[place].get(record.name)
@@ -397,21 +399,30 @@ class Survey:
         project, _ = resolve_project_zone(None, None)
         self.nodes: Nodes = {}
         self.compute = None
-        if project and on_compute.surveyed():  # instances and MIGs of every zone: their own four calls
-            try:
-                self.compute = on_compute.ComputeSurvey(project, {r.name: r.state for r in records if _on_compute(r)
-                                                             and r.spec.get("project") == project})
-            except TpunbError as exc:
-                report.warn(f"[tpunb] cannot list the Compute Engine resources of {project}: {exc}")
-        if project:
-            try:
-                for info in adoption.everywhere(project):
-                    self.nodes.setdefault((project, info.zone), {})[info.name] = info
-                for place in [p for p in places if p[0] == project]:  # listed: none there is an answer too
-                    self.nodes.setdefault(place, {})
-                places = {p for p in places if p[0] != project}
-            except TpunbError as exc:
-                report.warn(f"[tpunb] cannot list the nodes of {project}: {exc}")
+        on_compute_here = {r.name: r.state for r in records if _on_compute(r) and r.spec.get("project") == project}
+
+        def look(part: str):
+            if part == "compute":  # instances and MIGs of every zone: their own four calls
+                return on_compute.ComputeSurvey(project, on_compute_here)
+            return list(adoption.everywhere(project))
+
+        # the two APIs are asked at once: a status view waits for the slower, not for both in turn
+        parts = (["compute"] if project and on_compute.surveyed() else []) + (["tpu"] if project else [])
+        seen = fan_out(parts, look, deadline=None, name="tpunb-survey")
+        for part, exc in seen.failed.items():
+            if not isinstance(exc, TpunbError):
+                raise exc
+            what = "Compute Engine resources" if part == "compute" else "nodes"
+            report.warn(f"[tpunb] cannot list the {what} of {project}: {exc}")
+        if "compute" in seen.succeeded:
+            self.compute = seen.succeeded["compute"]
+            self.nodes[(project, on_compute.PLACE)] = self.compute.found  # what slice_status reads: no call per slice
+        if "tpu" in seen.succeeded:
+            for info in seen.succeeded["tpu"]:
+                self.nodes.setdefault((project, info.zone), {})[info.name] = info
+            for place in [p for p in places if p[0] == project]:  # listed: none there is an answer too
+                self.nodes.setdefault(place, {})
+            places = {p for p in places if p[0] != project}
         for place in sorted(places):
             try:
                 self.nodes[place] = {info.name: info for info in api.list_nodes(*place)}
@@ -428,6 +439,8 @@ class Survey:
         """tpunb nodes the registry does not hold as slices: still billed, deletable here."""
         found = []
         for (project, zone), nodes in self.nodes.items():
+            if zone == on_compute.PLACE:  # Compute Engine's own, below
+                continue
             for node_name, info in sorted(nodes.items()):
                 if node_name in known or not info.tpunb_owned:
                     continue

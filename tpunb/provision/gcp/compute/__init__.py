@@ -39,7 +39,9 @@ from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_
 from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format_duration, require_project_zone,
                                        resolve_project_zone)
 from tpunb.provision.gcp.failover import Candidate, Outcome
+from tpunb.provision.gcp.node import price_per_hour
 from tpunb.provision.gcp.prepare import host_setup
+from tpunb.provision.gcp.spec import NAME_LABEL, label_value
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
 if TYPE_CHECKING:
@@ -88,7 +90,7 @@ def create(request: LaunchRequest) -> Made:
     """Make the slice's VMs through Compute Engine and reach them; see the module's docstring."""
     name, accel, env, reg = request.name, request.accelerator, request.env, request.registry
     opts: CloudOptions = request.options or CloudOptions()
-    warm.ready()
+    warm.ready(*warm.LAUNCH_MODULES, *warm.COMPUTE_MODULES)  # google-cloud-compute too, where Ctrl-C cannot cut it
     from tpunb.transport import keys
     from tpunb.widgets.launch import LaunchProgress
 
@@ -121,7 +123,7 @@ def create(request: LaunchRequest) -> Made:
     how = "spot " if opts.spot else f"flex-start ({opts.flex:g} h) " if opts.flex else ""
     using = f", from reservation {opts.reservation}" if opts.reservation else ""
     progress = LaunchProgress(f"Launching {accel.name} {how}{name!r} through Compute Engine in {project}/{where}: "
-                              f"{what}{using}", None)
+                              f"{what}{using}", price_per_hour(accel, opts.spot))  # TPU7x: none published
     started = time.perf_counter()
     try:
         hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
@@ -202,15 +204,22 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
     """The slice's VMs as host records, in the MIG's list order for now (``_reach`` renumbers them by
     worker id): the address to connect to, the sshd's port, the internal IP JAX's coordinator uses."""
     c = clients.clients()
-    if multi_host:
+    if multi_host:  # the MIG's VMs, then all of them in one list call (one get each took a round trip each)
         urls = [v.instance for v in clients.call("list the MIG's VMs", c.migs.list_managed_instances, project=project,
                                                  zone=zone, instance_group_manager=name)]
         names = [u.rsplit("/", 1)[-1] for u in urls]
+        listed = {vm.name: vm for vm in clients.call("list the MIG's VMs", lambda: list(c.instances.list(request={
+            "project": project, "zone": zone, "filter": f"labels.{NAME_LABEL} = {label_value(name)}"})))}
+        missing = [n for n in names if n not in listed]
+        if missing:
+            raise ProvisionError(f"the MIG {name} lists {', '.join(missing)}, which Compute Engine does not have: the "
+                                 "slice is not whole", reason="failed")
+        vms = [listed[n] for n in names]
     else:
-        names = [name]
+        vms = [clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name)]
     hosts = []
-    for i, vm_name in enumerate(names):
-        vm = clients.call("read a VM", c.instances.get, project=project, zone=zone, instance=vm_name)
+    for i, vm in enumerate(vms):
+        vm_name = vm.name
         nic = vm.network_interfaces[0]
         external = next((a.nat_i_p for a in nic.access_configs if a.nat_i_p), None)
         address = nic.network_i_p if internal_ip or not external else external
@@ -238,7 +247,7 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
 
     try:
         transports = ssh.connect_hosts(record, reg, opts.connect_wait)
-        order = worker_order(transports)
+        order = worker_order(transports) if len(transports) > 1 else [0]  # one VM is worker 0: no SSH round trip
         record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
         transports = [transports[i] for i in order]
         reg.save_slice(record)
@@ -340,9 +349,10 @@ def machine_type(record: SliceRecord) -> str | None:
         return None
 
 
-def slice_cloud(record: SliceRecord) -> dict:
-    """The status view's cloud columns: the slice's state, and why its idle watchdog cannot delete it."""
-    state = slice_state(record)
+def slice_cloud(record: SliceRecord, surveyed: dict | None = None) -> dict:
+    """The status view's cloud columns: the slice's state (``surveyed``: see slice_state), and why its
+    idle watchdog cannot delete it."""
+    state = slice_state(record, surveyed)
     cloud: dict = {"cloud_state": state}
     if record.spec.get("idle_delete") and record.hosts and state != "GONE":
         problem = ComputeNode(record, delete, None, watch=False).read_idle_problem()
@@ -350,11 +360,18 @@ def slice_cloud(record: SliceRecord) -> dict:
     return cloud
 
 
-def slice_state(record: SliceRecord) -> str:
-    """The slice's state as Compute Engine has it: its MIG's (or instance's), or GONE."""
+def slice_state(record: SliceRecord, surveyed: dict | None = None) -> str:
+    """The slice's state as Compute Engine has it: its MIG's (or instance's), or GONE. ``surveyed``:
+    what a survey of the slice's project found (found.Found by name), read instead of asking again."""
     from google.api_core import exceptions
 
     c, spec = clients.clients(), record.spec
+    if surveyed is not None:
+        seen = surveyed.get(record.name)
+        if seen is None or seen.leftover:
+            return "GONE"
+        if seen.zone == spec.get("zone"):
+            return seen.state()
     try:
         if int(spec.get("vms") or 1) > 1:
             group = c.migs.get(project=spec["project"], zone=spec["zone"], instance_group_manager=record.name)

@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpunb.errors import ProvisionError
+from tpunb.provision import warm
 from tpunb.provision.cache import cached
 from tpunb.provision.gcp import api
 
 ENDPOINT_ENV = "TPUNB_COMPUTE_API_ENDPOINT"
-#: how long one operations.wait call may hold (the API answers sooner when the operation ends)
-WAIT_SLICE = 30.0
+#: how long the client waits for one operations.wait answer: Compute Engine holds the call until the
+#: operation is DONE or for "no more than the 2 minutes" (zoneOperations.wait's reference page), so
+#: longer than that; a client timeout first (a slow network) asks again
+WAIT_SLICE = 150.0
 
 
 def endpoint() -> str | None:
@@ -44,6 +47,7 @@ def clients() -> Clients:
 
 
 def _make(url: str | None) -> Clients:
+    warm.ready(*warm.COMPUTE_MODULES)  # imported on a side thread since %load_ext: a Ctrl-C cannot cut it
     from google.api_core.client_options import ClientOptions
     from google.cloud import compute_v1
 
@@ -98,6 +102,7 @@ def reason_of(text: str) -> str:
 def wait(project: str, operation: Any, what: str, deadline: float | None = None) -> None:
     """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``."""
     from google.cloud import compute_v1
+    from requests.exceptions import Timeout
 
     while True:
         if operation.status == compute_v1.Operation.Status.DONE:
@@ -106,12 +111,11 @@ def wait(project: str, operation: Any, what: str, deadline: float | None = None)
         if deadline is not None and time.monotonic() > deadline:
             raise ProvisionError(f"Compute Engine did not finish to {what} in time", reason="timeout")
         scope = (operation.zone or operation.region).rsplit("/", 1)[-1]
-        if operation.zone:
-            operation = call(what, c.zone_ops.wait, project=project, zone=scope, operation=operation.name,
-                             timeout=WAIT_SLICE)
-        else:
-            operation = call(what, c.region_ops.wait, project=project, region=scope, operation=operation.name,
-                             timeout=WAIT_SLICE)
+        ops, where = (c.zone_ops, {"zone": scope}) if operation.zone else (c.region_ops, {"region": scope})
+        try:
+            operation = call(what, ops.wait, project=project, operation=operation.name, timeout=WAIT_SLICE, **where)
+        except Timeout:  # the answer took longer than the client waits: not an error, ask again
+            continue
     errors = list(operation.error.errors) if operation.error else []
     if errors:
         first = errors[0]

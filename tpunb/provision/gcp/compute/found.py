@@ -31,6 +31,8 @@ from tpunb.status import OrphanStatus
 #: a leftover of a slice this registry does not know is deleted only once this old: younger, it may
 #: be another kernel's launch between its template and its MIG
 LEFTOVER_AGE = 120.0
+#: where a survey's nodes (``Survey.nodes``) hold what Compute Engine has: (project, PLACE) -> {name: Found}
+PLACE = "compute-engine"
 _SLICE = re.compile(re.escape(MARKER) + r" slice=(\S+)")
 #: each kind's aggregatedList: the client, the scoped list's field, the filter
 KINDS = {"instances": ("instances", "instances", " AND ".join(f"labels.{k} = {v}" for k, v in TPUNB_LABELS.items())),
