@@ -148,9 +148,13 @@ class Hub:
 
     def cut(self, path: str, after: int, times: int = 1) -> None:
         """The next ``times`` GETs of ``path`` (any repository) end their connection at byte
-        ``after`` of the file (a GET that resumes there gets none), as a broken link does."""
+        ``after`` of the file (a GET that resumes there gets none), as a broken link does
+        (``times=0``: no more cuts)."""
         with self._lock:
-            self._cuts[path] = (after, times)
+            if times > 0:
+                self._cuts[path] = (after, times)
+            else:
+                self._cuts.pop(path, None)
 
     def take_cut(self, path: str) -> int | None:
         """Where this GET of ``path`` ends, as an offset in the file (None: it is served whole)."""
