@@ -2,11 +2,12 @@
 
 The kernel lists the manifest (``fetch.manifest``), asks every host where PATH is and what it
 holds already (``fetch_probe``; each leaves a marker there, and hosts that see one another's
-marker share the folder, a network folder too, so one of them writes for all), then one host downloads and hands each chunk on as it lands
-(``tpunb.host.spread``): over a relay tree rooted on it and backed by files when the hosts reach
-each other, else as frames through the kernel, which holds at most ``WINDOW`` bytes of them (the downloader
-waits for the kernel's ``fetch_ack``). The kernel downloads only when the downloader has
-no route to the source. The token travels inside the downloader's request alone, and is masked
+marker share the folder, a network folder too, so one of them writes for all), then one host
+downloads and hands each chunk on as it lands (``tpunb.host.spread``): over a relay tree rooted
+on it and backed by files when the hosts reach each other, else as frames through the kernel,
+which holds at most ``WINDOW`` bytes of them (the downloader waits for the kernel's
+``fetch_ack``). The kernel downloads only when the downloader has no route to the source: a
+network error before any byte of it arrived; after that, a failure is one line that resumes. The token travels inside the downloader's request alone, and is masked
 in everything hosts send back.
 """
 from __future__ import annotations

@@ -103,9 +103,10 @@ class Job:
             self.cond.notify_all()
 
     def room(self, size: int) -> None:
-        """Wait until ``size`` more bytes fit in the kernel's window (backpressure); FetchError once stopped."""
+        """Wait until ``size`` more bytes fit in the kernel's window (backpressure; a chunk larger than
+        the window goes once nothing is outstanding); FetchError once stopped."""
         with self.cond:
-            while self.sent and self.sent + size - self.acked > self.window and self.error is None:
+            while self.sent > self.acked and self.sent + size - self.acked > self.window and self.error is None:
                 self.cond.wait(1.0)
             if self.error is not None:
                 raise self.error
@@ -202,12 +203,14 @@ class Fetches:
                 pass
         except OSError:
             return None
-        self._markers.add(path)
+        with self._cond:
+            self._markers.add(path)
         return name
 
     def _look(self, message: dict) -> None:
-        """Which of the probe's markers this host sees in its folder; then its own are removed
-        (every host looked before any removes: the kernel asks all, then waits for all)."""
+        """Which of the probe's markers this host sees in its folder; then its own are removed.
+        Every marker was written before any host looks (the kernel waited for every probe), so of
+        two hosts that share the folder the first to look sees both: the kernel joins the groups."""
         root = os.path.abspath(os.path.expanduser(message["root"]))
         folder = os.path.join(root, MARKERS)
         try:
@@ -215,8 +218,10 @@ class Fetches:
         except OSError:
             present = set()
         seen = [name for name in message.get("markers") or () if name in present]
-        for path in [p for p in self._markers if os.path.dirname(p) == folder]:
-            self._markers.discard(path)
+        with self._cond:
+            mine = [p for p in self._markers if os.path.dirname(p) == folder]
+            self._markers.difference_update(mine)
+        for path in mine:
             try:
                 os.unlink(path)
             except OSError:
