@@ -4,6 +4,7 @@ JSON API: tpunb's client, gcsfs and tensorstore all talk to it). A spot slice ge
 preemption notice; its armed names are saved before it dies, and --recover restores them."""
 from __future__ import annotations
 
+import ast
 import threading
 
 import pytest
@@ -41,8 +42,10 @@ def cloud(tpu_emulator, storage, monkeypatch):
 
 
 def launch_line(sshd, storage, extra: str = "") -> str:
-    """A spot v4-16 on the bare image (tpunb prepares its hosts), its hosts told where Cloud Storage is."""
-    return f"%tpu_launch v4-16 --name spotty --spot --env STORAGE_EMULATOR_HOST={storage.url} {extra}"
+    """A spot v4-16 on the bare image (tpunb prepares its hosts), its hosts told where Cloud Storage is,
+    JAX's compilation cache in the bucket (the slice's record keeps it for --recover)."""
+    return (f"%tpu_launch v4-16 --name spotty --spot --env STORAGE_EMULATOR_HOST={storage.url} "
+            f"--compile-cache gs://{BUCKET}/jax {extra}")
 
 
 MAKE = ("%%on_tpu\nimport jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
@@ -53,6 +56,27 @@ MAKE = ("%%on_tpu\nimport jax, numpy as np\nfrom jax.sharding import NamedShardi
 TRAIN = ("%%on_tpu\nimport time, tpunb\nadd = jax.jit(lambda a: a + 1)\n"
          "for _ in range(400):\n    x = add(x)\n    step += 1\n    tpunb.log(step, loss=1.0 / step)\n"
          "    time.sleep(0.05)\n")
+
+
+#: one SPMD program over both hosts; per host, which of JAX's own cache events it raised
+#: (compile_requests_use_cache: it looked in the persistent cache) and the cache key it looked up
+CACHED = ("%%on_tpu\nimport jax, jax.numpy as jnp\nfrom jax._src import compilation_cache as cc\n"
+          "from jax.sharding import NamedSharding, PartitionSpec as P\nevents, keys = [], []\n"
+          "jax.monitoring.register_event_listener(lambda name, **kw: events.append(name))\n"
+          "key_of = cc.get_cache_key\ncc.get_cache_key = lambda *a, **k: keys.append(key_of(*a, **k)) or keys[-1]\n"
+          "whole = jax.make_mesh((jax.device_count(),), ('x',))\n"
+          "jax.jit(lambda: jnp.tanh(jnp.arange(4096.0).reshape(64, 64)) @ jnp.ones((64, 64)),\n"
+          "        out_shardings=NamedSharding(whole, P('x')))().block_until_ready()\ncc.get_cache_key = key_of\n"
+          "(sorted({e.rsplit('/', 1)[1] for e in events} & {'compile_requests_use_cache', 'cache_hits', 'cache_misses'}), "
+          "keys)")
+
+
+def cache_use(cell) -> list:
+    """Per host: (JAX's cache events, the keys it looked up)."""
+    run = cell(CACHED)
+    assert run.error is None, run.shown
+    reprs = manager.last_result().reprs
+    return [ast.literal_eval(reprs[i]) for i in sorted(reprs)]
 
 
 def preempt_during(cloud, cell, code: str, notice: float | None, after: float = 1.5):
@@ -83,6 +107,12 @@ def test_armed_names_are_saved_at_the_notice_and_recover_restores_them(cloud, ce
     assert "armed: on a preemption notice every host of 'spotty' snapshots x, step, n" in armed.stdout, armed.stdout
     assert "metadata" in armed.stdout
     assert cell(MAKE).error is None
+    # the compile cache in gs://: host 0 looks, misses and writes the entry there; host 1 looks too,
+    # under a key of its own (JAX on CPU keys each process apart, and only process 0 writes)
+    (events0, [key0]), (events1, [key1]) = cache_use(cell)
+    assert (events0, events1) == (["cache_misses", "compile_requests_use_cache"], ["compile_requests_use_cache"])
+    written = {name for name, _ in gcs.Bucket(BUCKET).list("jax/")}
+    assert f"jax/{key0}-cache" in written and key1 != key0 and f"jax/{key1}-cache" not in written, (key0, key1, written)
     # 15 s of the real 30 s window: two JAX hosts syncing a step and writing with orbax, on a loaded
     # 2-core CI machine beside the kernel and both emulators, missed an 8 s one (1 run in about 10)
     trained = preempt_during(cloud, cell, TRAIN, notice=15.0)
@@ -97,6 +127,9 @@ def test_armed_names_are_saved_at_the_notice_and_recover_restores_them(cloud, ce
     back = cell("%%on_tpu\nimport numpy as np\n"
                 "(n, all(bool((np.asarray(s.data) == step).all()) for s in x.addressable_shards), step > 0)")
     assert back.error is None and "Out[0-1]: (5, True, True)" in back.shown, back.shown
+    # a new slice of the same shape: host 0 reads the entry from gs:// (a hit); host 1 looks up its own key
+    assert cache_use(cell) == [(["cache_hits", "compile_requests_use_cache"], [key0]),
+                               (["compile_requests_use_cache"], [key1])]
     made = cell("%tpu_snapshot n step")  # no --to: the bucket named by TPUNB_BUCKET
     assert made.error is None and "gs://snaps/tpunb-snapshots/spotty/2" in made.stdout, made.shown
     assert cell("%%on_tpu\nn = 0").error is None

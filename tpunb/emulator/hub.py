@@ -112,7 +112,7 @@ class Hub:
         self.log: list[tuple[str, str, str | None]] = []
         #: where LFS answers redirect to: another origin, as the Hub's CDN is (so clients drop the token)
         self.cdn_url: str | None = None
-        self._cuts: dict[str, int] = {}
+        self._cuts: dict[str, tuple[int, int]] = {}
         self._busy: dict[str, tuple[int, int, bool]] = {}
         self._secret = secrets.token_bytes(16)
         self._lock = threading.Lock()
@@ -146,14 +146,23 @@ class Hub:
             self._busy[path] = (times - 1, after, only_ranged)
             return after
 
-    def cut(self, path: str, after: int) -> None:
-        """The next GET of ``path`` (any repository) ends its connection after ``after`` bytes."""
+    def cut(self, path: str, after: int, times: int = 1) -> None:
+        """The next ``times`` GETs of ``path`` (any repository) end their connection at byte
+        ``after`` of the file (a GET that resumes there gets none), as a broken link does
+        (``times=0``: no more cuts)."""
         with self._lock:
-            self._cuts[path] = after
+            if times > 0:
+                self._cuts[path] = (after, times)
+            else:
+                self._cuts.pop(path, None)
 
     def take_cut(self, path: str) -> int | None:
+        """Where this GET of ``path`` ends, as an offset in the file (None: it is served whole)."""
         with self._lock:
-            return self._cuts.pop(path, None)
+            after, times = self._cuts.pop(path, (None, 0))
+            if times > 1:
+                self._cuts[path] = (after, times - 1)
+            return after
 
     def record(self, method: str, path: str, span: str | None) -> None:
         with self._lock:
@@ -346,6 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {lo}-{max(lo, hi - 1)}/{len(data)}"
             data, status = data[lo:hi], 206
         headers.update({"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"})
+        start = int(headers["Content-Range"].split()[1].split("-")[0]) if status == 206 else 0
         if head:
             self._send(status, b"", {**headers, "Content-Length": str(len(data))}, head=True)
             return
@@ -353,7 +363,8 @@ class _Handler(BaseHTTPRequestHandler):
         if after is not None:
             raise HubError(429, None, "You have been rate-limited; retry later", {"Retry-After": str(after)})
         self.server.hub.count(repo_id, found.path)
-        self._send(status, data, headers, cut=self.server.hub.take_cut(found.path))
+        cut = self.server.hub.take_cut(found.path)
+        self._send(status, data, headers, cut=None if cut is None else max(0, cut - start))
 
     # -- writing ------------------------------------------------------------------------------
     def _base(self) -> str:

@@ -1,11 +1,13 @@
 """``%tpu_fetch`` on a slice: the same bytes at PATH on every host, each byte from the source once.
 
 The kernel lists the manifest (``fetch.manifest``), asks every host where PATH is and what it
-holds already (``fetch_probe``: hosts that share a file system answer the same folder, so one of
-them stands for all), then one host downloads and hands each chunk on as it lands
-(``tpunb.host.spread``): over a relay tree rooted on it and backed by files when the hosts reach
-each other, else as frames through the kernel. The kernel downloads only when the downloader has
-no route to the source. The token travels inside the downloader's request alone, and is masked
+holds already (``fetch_probe``; each leaves a marker there, and hosts that see one another's
+marker share the folder, a network folder too, so one of them writes for all), then one host
+downloads and hands each chunk on as it lands (``tpunb.host.spread``): over a relay tree rooted
+on it and backed by files when the hosts reach each other, else as frames through the kernel,
+which holds at most ``WINDOW`` bytes of them (the downloader waits for the kernel's
+``fetch_ack``). The kernel downloads only when the downloader has no route to the source: a
+network error before any byte of it arrived; after that, a failure is one line that resumes. The token travels inside the downloader's request alone, and is masked
 in everything hosts send back.
 """
 from __future__ import annotations
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
 CANCEL = {"op": "fetch_cancel"}
 #: seconds hosts get to say where PATH is and what it holds (hashing files already there)
 PROBE_TIMEOUT = 600.0
+#: bytes a downloader may have sent through the kernel that the kernel has not passed on yet:
+#: what a fetch through the kernel holds in its memory, however large the files
+WINDOW = 8 << 20
 #: seconds hosts get to stop once the fetch stopped (Ctrl-C, a failure elsewhere): a fetch started
 #: right after finds no download of the last one still writing its partials
 GRACE = 10.0
@@ -98,11 +103,9 @@ def fetch(session: Session, manifest: Manifest, root: str, indices: list[int],
                          manifest.total, names=names)
     bare = [{**entry.to_wire(), "headers": {}} for entry in manifest.entries]
     probes = _probe(session, bare, root, indices, names)
-    groups: dict[tuple, list[int]] = {}
-    for i in indices:
-        groups.setdefault((probes[i]["dev"], probes[i]["ino"]), []).append(i)
-    reps = [hosts[0] for hosts in groups.values()]
-    report.shared = {h: hosts[0] for hosts in groups.values() for h in hosts[1:]}
+    groups = _sharing(session, root, probes)
+    reps = [hosts[0] for hosts in groups]
+    report.shared = {h: hosts[0] for hosts in groups for h in hosts[1:]}
     need = {i: [k for k in range(len(bare)) if k not in set(probes[i]["have"])] for i in reps}
     _check_space(manifest, probes, need, names)
     wanting = [i for i in reps if need[i]]
@@ -139,9 +142,46 @@ def _probe(session: Session, bare: list[dict], root: str, indices: list[int], na
         raise FetchFailed(f"cannot fetch to {root}: {exc}", "host") from None
     failed = {i: r.get("error") for i, (r, _) in replies.items() if r.get("status") != "ok"}
     if failed:
+        _look(session, root, {i: r for i, (r, _) in replies.items() if i not in failed})  # their markers go
         i = min(failed)
         raise FetchFailed(f"host {names([i])}: {failed[i]}: choose another --to", "disk")
     return {i: r for i, (r, _) in replies.items()}
+
+
+def _look(session: Session, root: str, probes: dict[int, dict]) -> dict[int, list[str]]:
+    """Which of the probe's markers each host sees in its folder (each then removes its own)."""
+    markers = [probe["marker"] for probe in probes.values() if probe.get("marker")]
+    if not probes:
+        return {}
+    try:
+        replies = session.call(list(probes), {"op": "fetch_look", "root": root, "markers": markers},
+                               timeout=PROBE_TIMEOUT)
+    except TransportError as exc:
+        raise FetchFailed(f"cannot fetch to {root}: {exc}", "host") from None
+    return {i: list(r.get("seen") or ()) for i, (r, _) in replies.items()}
+
+
+def _sharing(session: Session, root: str, probes: dict[int, dict]) -> list[list[int]]:
+    """The hosts grouped by the folder they write: hosts that see one another's marker share it
+    (one machine's disk, or a network folder mounted on several), so one host writes for all.
+    Markers, not device and inode numbers: those differ across machines on one network folder,
+    and may match on machines made from one image."""
+    owner = {probe["marker"]: i for i, probe in probes.items() if probe.get("marker")}
+    leader = {i: i for i in probes}
+
+    def top(i: int) -> int:
+        while leader[i] != i:
+            i = leader[i]
+        return i
+
+    for i, seen in _look(session, root, probes).items():
+        for marker in seen:
+            a, b = sorted((top(i), top(owner[marker])))
+            leader[b] = a
+    groups: dict[int, list[int]] = {}
+    for i in sorted(probes):
+        groups.setdefault(top(i), []).append(i)
+    return list(groups.values())
 
 
 def _check_space(manifest: Manifest, probes: dict, need: dict, names) -> None:
@@ -215,8 +255,11 @@ def _run(session: Session, manifest: Manifest, bare: list[dict], root: str, down
                                    stop=CANCEL), [i])
             secret = {"op": "fetch", "role": "download", "root": root, "entries": [e.to_wire() for e in manifest.entries],
                       "need": need[downloader], "forward": forward, "tree": tree, "me": me,
-                      "via_kernel": through_kernel and bool(receivers), "settings": manifest.settings}
+                      "via_kernel": through_kernel and bool(receivers), "window": WINDOW,
+                      "settings": manifest.settings}
             request.send(Frame(secret, stop=CANCEL), [downloader])
+
+            passed = [0]
 
             def chunk(index: int, reply: dict, blob) -> None:
                 if reply.get("op") == "fetch_chunk" and index == downloader:
@@ -224,6 +267,8 @@ def _run(session: Session, manifest: Manifest, bare: list[dict], root: str, down
                     for i in receivers:
                         if reply["file"] in need[i]:
                             report.through_kernel += _send(session, i, {**reply, "id": request.rid}, blob)
+                    passed[0] += len(blob)  # passed on: the downloader may send that much more
+                    _send(session, downloader, {"op": "fetch_ack", "id": request.rid, "passed": passed[0]})
 
             def done(index: int, reply: dict) -> None:
                 if index == downloader and reply.get("status") == "ok" and through_kernel:

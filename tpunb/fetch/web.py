@@ -14,6 +14,17 @@ from tpunb.host.fetch import Entry
 TIMEOUT = 30.0
 
 
+class _HeadAfterRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects followed as HEADs: urllib turns them into GETs, so the source would start
+    sending the whole file once more for the listing alone."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and req.get_method() == "HEAD":
+            new.method = "HEAD"
+        return new
+
+
 def list_files(source: Source) -> Manifest:
     """The manifest of one URL; one-line UsageError when it cannot be read or gives no size."""
     url = source.location
@@ -23,7 +34,7 @@ def list_files(source: Source) -> Manifest:
         raise UsageError(f"{shown} names no file (it ends in '/'): give the URL of a file")
     request = urllib.request.Request(url, method="HEAD", headers={"Accept-Encoding": "identity"})
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+        with urllib.request.build_opener(_HeadAfterRedirects).open(request, timeout=TIMEOUT) as response:
             size, etag = response.headers.get("Content-Length"), response.headers.get("ETag") or ""
     except urllib.error.HTTPError as exc:
         raise UsageError(f"{shown} answered HTTP {exc.code} ({exc.reason}): check the URL") from None

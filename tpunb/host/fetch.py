@@ -43,9 +43,11 @@ class FetchError(Exception):
     """A file that cannot be fetched; one line naming the file, the cause and what to do.
     ``kind``: verify, disk, source, network, path or cancelled."""
 
-    def __init__(self, message: str, kind: str) -> None:
+    def __init__(self, message: str, kind: str, moved: int = 0) -> None:
         super().__init__(message)
         self.kind = kind
+        #: bytes that came from the source before it failed (some did: the source was reachable)
+        self.moved = moved
 
 
 @dataclass
@@ -412,8 +414,12 @@ def download(entry: Entry, root: str, on_chunk: Callable[[int, bytes], None] | N
     started = time.monotonic()
     if already_there(root, entry):
         return Outcome(target_of(root, entry), entry.size, 0, time.monotonic() - started, already=True)
+    job = _Download(entry, root, on_chunk, progress, stop, timeout)
     try:
-        return _Download(entry, root, on_chunk, progress, stop, timeout).run()
+        return job.run()
+    except FetchError as exc:
+        exc.moved = job.moved
+        raise
     except OSError as exc:  # making folders or opening the partial
         raise disk_error(entry, target_of(root, entry) + ".partial", exc, 0) from None
 

@@ -24,7 +24,7 @@ from .receive import Receiver
 from .relay import UNREACHABLE, RelayError, forward, open_children
 
 #: the frames a fetch answers on a side thread
-OPS = ("fetch", "fetch_probe", "fetch_chunk", "fetch_cancel")
+OPS = ("fetch", "fetch_probe", "fetch_look", "fetch_chunk", "fetch_ack", "fetch_cancel")
 #: a chunk on a peer stream: file index, offset, length (then the bytes); END as the index ends it
 RECORD = struct.Struct("!IQI")
 END = 0xFFFFFFFF
@@ -34,6 +34,12 @@ PROGRESS_EVERY = 0.25
 REGISTER_WAIT = 60.0
 #: seconds a receiver waits without a byte before it gives up (the kernel cancels sooner on failures)
 IDLE = 600.0
+#: bytes a downloader sends through the kernel before the kernel says it passed them on
+#: (``fetch_ack``): what the kernel holds for a fetch is bounded by it (the request may lower it)
+WINDOW = 8 << 20
+#: where each host leaves its marker during a probe, below the fetch's root: hosts that see each
+#: other's marker share the folder (a network folder too), so the files are written there once
+MARKERS = os.path.join(".cache", "tpunb", "hosts")
 
 
 class Job:
@@ -52,6 +58,9 @@ class Job:
         self.error: FetchError | None = None
         self.bytes = 0
         self.heard = time.monotonic()
+        #: through the kernel: bytes sent, and bytes the kernel said it passed on
+        self.sent = self.acked = 0
+        self.window = int(message.get("window") or WINDOW)
         self._said = 0.0
 
     def put(self, index: int, offset: int, data) -> None:
@@ -88,6 +97,21 @@ class Job:
     def stopped(self) -> bool:
         return self.error is not None
 
+    def ack(self, passed: int) -> None:
+        with self.cond:
+            self.acked = max(self.acked, passed)
+            self.cond.notify_all()
+
+    def room(self, size: int) -> None:
+        """Wait until ``size`` more bytes fit in the kernel's window (backpressure; a chunk larger than
+        the window goes once nothing is outstanding); FetchError once stopped."""
+        with self.cond:
+            while self.sent > self.acked and self.sent + size - self.acked > self.window and self.error is None:
+                self.cond.wait(1.0)
+            if self.error is not None:
+                raise self.error
+            self.sent += size
+
     def progress(self, force: bool = False) -> None:
         """Bytes so far to the kernel (its bar), at most every PROGRESS_EVERY seconds."""
         now = time.monotonic()
@@ -108,12 +132,19 @@ class Fetches:
         self.relay = relay
         self.jobs: dict = {}
         self._cond = threading.Condition()
+        self._markers: set[str] = set()  # this host's markers (their paths) still in place
         relay.kinds["fetch"] = self.serve_peer
 
     def handle(self, message: dict, blob) -> None:
         op, rid = message.get("op"), message.get("id")
         if op == "fetch_probe":
             quiet_thread(self._probe, "tpunb-fetch-probe", message)
+        elif op == "fetch_look":
+            quiet_thread(self._look, "tpunb-fetch-look", message)
+        elif op == "fetch_ack":
+            job = self.jobs.get(rid)
+            if job is not None:
+                job.ack(int(message.get("passed", 0)))
         elif op == "fetch":
             job = Job(rid, message, self.send)
             with self._cond:
@@ -149,17 +180,58 @@ class Fetches:
         root = os.path.abspath(os.path.expanduser(message["root"]))
         try:
             os.makedirs(root, exist_ok=True)
-            stat, disk = os.stat(root), os.statvfs(root)
+            disk = os.statvfs(root)
             entries = [Entry.from_wire(w) for w in message["entries"]]
             have = [i for i, entry in enumerate(entries) if already_there(root, entry)]
             partial = sum(_size(target_of(root, e) + ".partial") for i, e in enumerate(entries) if i not in have)
-            reply = {"status": "ok", "root": root, "dev": stat.st_dev, "ino": stat.st_ino,
-                     "free": disk.f_bavail * disk.f_frsize, "have": have, "partial": partial}
+            reply = {"status": "ok", "root": root, "free": disk.f_bavail * disk.f_frsize, "have": have, "partial": partial,
+                     "marker": self._mark(root)}
         except FetchError as exc:
             reply = {"status": "error", "error": str(exc), "kind": exc.kind}
         except OSError as exc:
             reply = {"status": "error", "error": f"cannot use {root}: {exc.strerror or exc}", "kind": "disk"}
         self.send({"op": "done", "id": message.get("id"), **reply})
+
+    def _mark(self, root: str) -> str | None:
+        """A marker of this host's own in ``root`` (its name, unique): whoever sees it shares the
+        folder. None if it cannot be written (a full disk: the space check then says so)."""
+        name = f"{socket.gethostname()}-{os.getpid()}-{os.urandom(8).hex()}"
+        path = os.path.join(root, MARKERS, name)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w"):
+                pass
+        except OSError:
+            return None
+        with self._cond:
+            self._markers.add(path)
+        return name
+
+    def _look(self, message: dict) -> None:
+        """Which of the probe's markers this host sees in its folder; then its own are removed.
+        Every marker was written before any host looks (the kernel waited for every probe), so of
+        two hosts that share the folder the first to look sees both: the kernel joins the groups."""
+        root = os.path.abspath(os.path.expanduser(message["root"]))
+        folder = os.path.join(root, MARKERS)
+        try:
+            present = set(os.listdir(folder))
+        except OSError:
+            present = set()
+        seen = [name for name in message.get("markers") or () if name in present]
+        with self._cond:
+            mine = [p for p in self._markers if os.path.dirname(p) == folder]
+            self._markers.difference_update(mine)
+        for path in mine:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        for empty in (folder, os.path.dirname(folder), os.path.dirname(os.path.dirname(folder))):
+            try:
+                os.rmdir(empty)  # only if empty: a fetch leaves no folder of its own behind
+            except OSError:
+                break
+        self.send({"op": "done", "id": message.get("id"), "status": "ok", "seen": seen})
 
     # -- receiving ----------------------------------------------------------------------------
     def serve_peer(self, conn: socket.socket, header: dict) -> None:
@@ -246,6 +318,7 @@ class Fetches:
                         forward(children, memoryview(RECORD.pack(index, at, len(data))))
                         forward(children, memoryview(data))
                     if via_kernel:
+                        job.room(len(data))  # the kernel holds at most a window of them
                         self.send({"op": "fetch_chunk", "id": job.rid, "file": index, "at": at}, bytes(data))
                     job.bytes += len(data)
                     job.progress()
@@ -260,7 +333,11 @@ class Fetches:
                     already += 1
                     continue
                 counted = hand or (lambda at, data: _count(job, data))
-                outcome = download(entry, job.root, on_chunk=counted, stop=lambda: job.stopped, timeout=timeout)
+                try:
+                    outcome = download(entry, job.root, on_chunk=counted, stop=lambda: job.stopped, timeout=timeout)
+                except FetchError as exc:
+                    from_source += exc.moved  # bytes came: the source is reachable, a resumable failure
+                    raise
                 from_source += outcome.moved
                 already += outcome.already
             if children:
