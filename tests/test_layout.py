@@ -637,3 +637,12 @@ def test_the_status_rule_check_sees_each_kind_of_copy():
         ]
     finally:
         path.unlink()
+
+
+def test_every_file_declared_light_is_a_test_file_here():
+    """tests/light.py's list names files that exist (a renamed file would otherwise turn heavy unseen;
+    whether a listed file is light, conftest.py checks at run time)."""
+    from tests.light import LIGHT_FILES
+
+    here = Path(__file__).resolve().parent
+    assert not [n for n in sorted(LIGHT_FILES) if not (here / n).is_file()], "rename it in tests/light.py"
