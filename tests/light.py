@@ -2,7 +2,8 @@
 scripts/test runs them on a second pytest-xdist worker beside the heavy ones. Every other test
 and every notebook is heavy and runs on one worker, in order, as a serial run would: two heavy
 files side by side on 2 cores (a first `import jax` on fresh hosts, an orbax write) starved hosts'
-heartbeats. A file not named here is heavy, so a new file is safe until someone measures it.
+heartbeats. A file not named here is heavy, so a new file is safe until someone measures it; so
+is one whose assertions time a few milliseconds (test_bench_serving.py: a TTFT within 10 ms).
 
 conftest.py keeps the list honest at run time, in serial runs too: a light test whose hosts load
 JAX or that starts a browser (in its call or any fixture set up for it) fails and says to move
@@ -18,7 +19,6 @@ LIGHT_FILES = frozenset({
     "test_backends.py",
     "test_background.py",
     "test_bad_input.py",
-    "test_bench_serving.py",
     "test_catalog.py",
     "test_catalog_compute.py",
     "test_cleanup.py",
