@@ -2,7 +2,8 @@
 scripts/test runs them on a second pytest-xdist worker beside the heavy ones. Every other test
 and every notebook is heavy and runs on one worker, in order, as a serial run would: two heavy
 files side by side on 2 cores (a first `import jax` on fresh hosts, an orbax write) starved hosts'
-heartbeats. A file not named here is heavy, so a new file is safe until someone measures it; so
+heartbeats. (scripts/test uses this with TPUNB_TEST_WORKERS=2; by default it runs serially.)
+A file not named here is heavy, so a new file is safe until someone measures it; so
 is one whose assertions time a few milliseconds (test_bench_serving.py: a TTFT within 10 ms).
 
 conftest.py keeps the list honest at run time, in serial runs too: a light test whose hosts load
