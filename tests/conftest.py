@@ -14,6 +14,7 @@ from IPython.utils.capture import capture_output
 from tpunb import manager
 from tpunb.engine import connection
 from tpunb.engine.masking import Masker
+from tests import light
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
 from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
@@ -28,6 +29,36 @@ def pytest_configure(config) -> None:
     would fail for the way the suite was started (it did, for a CI run started that way here)."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items) -> None:
+    """Every heavy test (and notebook cell) in one pytest-xdist group, each light file in its own:
+    scripts/test's --dist loadgroup runs the heavy ones in order on one worker (tests/light.py)."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(light.group_of(item.path)))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test in a file tests/light.py declares light loads no JAX on hosts and starts no browser
+    (in the fixtures set up for it either)."""
+    if not light.is_light(item.path):
+        return (yield)
+    with pytest.MonkeyPatch.context() as patch:
+        watch = light.HeavyWatch(patch)
+        item.stash[light.WATCH] = watch
+        return (yield)
+
+
+@pytest.fixture(autouse=True)
+def light_starts_no_process(request):
+    """Fails a light test that did what makes a test heavy (tests/light.py)."""
+    yield
+    watch = request.node.stash.get(light.WATCH, None)
+    if watch is not None and watch.seen:
+        pytest.fail(f"{request.node.path.name} is declared light in tests/light.py but {', '.join(watch.seen[:2])}: "
+                    "move it out of LIGHT_FILES")
 
 
 @pytest.fixture(autouse=True)

@@ -641,3 +641,23 @@ def test_the_status_rule_check_sees_each_kind_of_copy():
         ]
     finally:
         path.unlink()
+
+
+def test_every_file_declared_light_is_a_test_file_here():
+    """tests/light.py's list names files that exist (a renamed file would otherwise turn heavy unseen;
+    whether a listed file is light, conftest.py checks at run time)."""
+    from tests.light import LIGHT_FILES
+
+    here = Path(__file__).resolve().parent
+    assert not [n for n in sorted(LIGHT_FILES) if not (here / n).is_file()], "rename it in tests/light.py"
+
+
+def test_no_file_declared_light_names_jax_for_its_hosts():
+    """conftest.py sees the hosts of this process's slices load JAX; a kernel a test starts runs
+    slices of its own, out of its sight. So a light file's code never names JAX, orbax or flax."""
+    from tests.light import LIGHT_FILES
+
+    here = Path(__file__).resolve().parent
+    naming = re.compile(r"import (jax|orbax|flax)|from (jax|orbax|flax)\b|\bjax\.[A-Za-z_]")
+    found = [n for n in sorted(LIGHT_FILES) if (here / n).is_file() and naming.search((here / n).read_text())]
+    assert not found, f"move them out of LIGHT_FILES in tests/light.py (their hosts run JAX): {found}"
