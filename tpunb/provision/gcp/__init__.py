@@ -43,7 +43,6 @@ CAPABILITIES = frozenset({"survey", "orphans", "adopt", "recover", "cloud", "doc
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
 #: a failover's record, while it launches: every zone it may have made something in
 TRIED = "failover_zones"
-#: in Colab, a launch without --idle-delete deletes its node after this long without a cell
 
 
 def default_name(accelerator: catalog.Accelerator) -> str:

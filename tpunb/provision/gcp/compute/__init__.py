@@ -247,7 +247,7 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
 
     try:
         transports = ssh.connect_hosts(record, reg, opts.connect_wait)
-        order = worker_order(transports) if len(transports) > 1 else [0]  # one VM is worker 0: no SSH round trip
+        order = worker_order(transports)
         record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
         transports = [transports[i] for i in order]
         reg.save_slice(record)
@@ -273,8 +273,12 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
 
 
 def worker_order(transports: list["Transport"]) -> list[int]:
-    """The transports' positions sorted by the worker id each VM's metadata gives."""
+    """The transports' positions sorted by the worker id each VM's metadata gives (a single VM is
+    worker 0: no round trip to ask it)."""
     from tpunb.engine.bundle import worker_source
+
+    if len(transports) == 1:
+        return [0]
 
     def worker(reply: dict, t: "Transport") -> int:
         if reply.get("worker") is None:
