@@ -7,8 +7,8 @@ downloads and hands each chunk on as it lands (``tpunb.host.spread``): over a re
 on it and backed by files when the hosts reach each other, else as frames through the kernel,
 which holds at most ``WINDOW`` bytes of them (the downloader waits for the kernel's
 ``fetch_ack``). The kernel downloads only when the downloader has no route to the source: a
-network error before any byte of it arrived; after that, a failure is one line that resumes. The token travels inside the downloader's request alone, and is masked
-in everything hosts send back.
+network error before any byte of it arrived; after that, a failure is one line that resumes. The
+token travels inside the downloader's request alone, and is masked in everything hosts send back.
 """
 from __future__ import annotations
 
@@ -150,9 +150,9 @@ def _probe(session: Session, bare: list[dict], root: str, indices: list[int], na
 
 def _look(session: Session, root: str, probes: dict[int, dict]) -> dict[int, list[str]]:
     """Which of the probe's markers each host sees in its folder (each then removes its own)."""
-    markers = [probe["marker"] for probe in probes.values() if probe.get("marker")]
     if not probes:
         return {}
+    markers = [probe["marker"] for probe in probes.values() if probe.get("marker")]
     try:
         replies = session.call(list(probes), {"op": "fetch_look", "root": root, "markers": markers},
                                timeout=PROBE_TIMEOUT)
