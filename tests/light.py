@@ -2,11 +2,9 @@
 scripts/test runs them on a second pytest-xdist worker beside the heavy ones. Every other test
 and every notebook is heavy and runs on one worker, in order, as a serial run would: two heavy
 files side by side on 2 cores (a first `import jax` on fresh hosts, an orbax write) starved hosts'
-heartbeats. (scripts/test runs two workers; TPUNB_TEST_WORKERS=0 runs serially.)
+heartbeats. (scripts/test uses this with TPUNB_TEST_WORKERS=2; by default it runs serially.)
 A file not named here is heavy, so a new file is safe until someone measures it; so
-is one whose assertions time a few milliseconds (test_bench_serving.py: a TTFT within 10 ms), and
-one that moves tens of MB between hosts (test_relay.py, test_fetch.py: a relay host beside a heavy
-file went 5 s without a heartbeat on a loaded machine).
+is one whose assertions time a few milliseconds (test_bench_serving.py: a TTFT within 10 ms).
 
 conftest.py keeps the list honest at run time, in serial runs too: a light test whose hosts load
 JAX or that starts a browser (in its call or any fixture set up for it) fails and says to move
@@ -35,6 +33,7 @@ LIGHT_FILES = frozenset({
     "test_fanin.py",
     "test_fanout.py",
     "test_faults.py",
+    "test_fetch.py",
     "test_fetch_download.py",
     "test_fetch_hub.py",
     "test_fetch_manifest.py",
@@ -50,6 +49,7 @@ LIGHT_FILES = frozenset({
     "test_plan.py",
     "test_programs.py",
     "test_proto_strict.py",
+    "test_relay.py",
     "test_request.py",
     "test_secrets.py",
     "test_serve.py",
