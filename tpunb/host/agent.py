@@ -394,14 +394,22 @@ class Agent:
 
     def op_push(self, message: dict, blob: bytes) -> None:
         try:
-            values = self._arrived(message, blob)
-            self.runner.namespace.update(values)
-            self.send({"op": "done", "id": message["id"], "status": "ok"})
+            self._set_then_answer(message, self._arrived(message, blob))
         except OSError as exc:  # the kernel's memfd could not be mapped here: it sends parts instead
             self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{type(exc).__name__}: {exc}",
                        **({"unshared": True} if "shm" in message else {})})
         except Exception as exc:
             self.send({"op": "done", "id": message["id"], "status": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+    def _set_then_answer(self, message: dict, values: dict) -> None:
+        """Set pushed names, answer, and only then let go of the values they replace: freeing a
+        large one (unmapping a memfd the kernel lent, 64 MB of pages) took 15-20 ms of a 64 MB
+        push's 100 on 4 local hosts, and the kernel need not wait for it."""
+        namespace = self.runner.namespace
+        replaced = [namespace[name] for name in values if name in namespace]
+        namespace.update(values)
+        self.send({"op": "done", "id": message["id"], "status": "ok"})
+        del replaced
 
     def op_relay_push(self, message: dict, blob: bytes) -> None:
         """A pushed value that comes by relay (tpunb_host.relay): the root got it as parts and
@@ -419,8 +427,7 @@ class Agent:
                 buffer = self.relay.wait(message["id"], float(message.get("wait", 60.0)))
             finally:
                 self.inbox.cell_ended()
-            self.runner.namespace.update(transfer.loads(transfer.views(buffer, message["sizes"])))
-            self.send({"op": "done", "id": message["id"], "status": "ok"})
+            self._set_then_answer(message, transfer.loads(transfer.views(buffer, message["sizes"])))
         except Exception as exc:  # RelayError names the peer; anything else in one line too
             error = str(exc) if isinstance(exc, RelayError) else f"{type(exc).__name__}: {exc}"
             self.send({"op": "done", "id": message["id"], "status": "error", "error": error})
