@@ -12,7 +12,11 @@ Operations (``--op``, repeatable):
 - ``cell-ssh``: the same on 4 hosts reached over SSH (a real OpenSSH sshd on loopback addresses);
 - ``cell-64``: the same on 64 local hosts (v4-512);
 - ``push`` / ``pull``: a 64 MB numpy array to / from 4 local hosts;
-- ``stacks-64``: ``Slice.stacks()`` of 64 local hosts, each read from outside its agent.
+- ``cell-bg``: ``%%on_tpu --bg pass`` on 4 local hosts, until its handle is done (``.wait()``);
+- ``stacks-64`` / ``stacks-ssh``: ``Slice.stacks()`` of 64 local hosts / 4 SSH hosts, each read
+  from outside its agent;
+- ``restart-local``: ``%tpu_restart`` of a 4-host local slice (v4-16) after 3 s of quiet, so its
+  standby agents are ready: bench_hangs' "first restart of a quiet slice".
 
     git worktree add /tmp/base a4e9954
     python bench/bench_pair.py --base /tmp/base --rounds 40 --op cell-local --op push
@@ -29,7 +33,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 #: op -> (accelerator or "ssh", batch size, unit scale for the table)
 OPS = {"cell-local": ("v4-32", 100), "cell-ssh": ("ssh", 100), "cell-64": ("v4-512", 20),
-       "push": ("v4-32", 3), "pull": ("v4-32", 3), "stacks-64": ("v4-512", 3)}
+       "cell-bg": ("v4-32", 100), "push": ("v4-32", 3), "pull": ("v4-32", 3), "stacks-64": ("v4-512", 3),
+       "stacks-ssh": ("ssh", 3), "restart-local": ("v4-16", 1)}
 
 WORKER = r'''
 import contextlib, io, os, statistics, sys, tempfile, time
@@ -50,6 +55,7 @@ with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
     if where == "ssh":
         from tpunb.emulator.sshd import Sshd, write_ed25519
         server = Sshd(hosts=4)
+        os.makedirs(os.environ["TPUNB_HOME"], exist_ok=True)
         key = os.path.join(os.environ["TPUNB_HOME"], "pair_key")
         server.authorize(write_ed25519(Path(key)))
         sl = manager.connect([f"{a}:{server.port}" for a in server.addresses], key=key, python=server.python,
@@ -57,7 +63,10 @@ with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
     else:
         sl = manager.launch(where, name="pair")
     run = {"push": lambda: sl.push({"a": value}), "pull": lambda: sl.pull("a"),
-           "stacks-64": lambda: sl.stacks()}.get(op, lambda: shell.run_cell_magic("on_tpu", "", "pass"))
+           "stacks-64": lambda: sl.stacks(), "stacks-ssh": lambda: sl.stacks(),
+           "cell-bg": lambda: shell.run_cell_magic("on_tpu", "--bg", "pass").wait(),
+           "restart-local": lambda: shell.run_line_magic("tpu_restart", "")}.get(
+        op, lambda: shell.run_cell_magic("on_tpu", "", "pass"))
     if op == "pull":
         sl.push({"a": value})
     for _ in range(20 if op.startswith("cell") else 2):
@@ -67,6 +76,8 @@ for line in sys.stdin:
     samples = []
     with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
         for _ in range(int(line)):
+            if op == "restart-local":  # the first restart of a quiet slice: its standbys are ready
+                time.sleep(3)
             started = time.perf_counter()
             run()
             samples.append(time.perf_counter() - started)

@@ -161,6 +161,16 @@ class Harness:
         self.cell(f"%tpu_down {self.name}")
 
 
+def pid_line(kernel: subprocess.Popen) -> list[str]:
+    """The agents' pids a kernel script prints once its launch is done (the launch's own lines
+    come first; reading only the first line raced the launch). Empty if the script ended."""
+    for line in kernel.stdout:
+        words = line.split()
+        if words and all(w.isdigit() for w in words):
+            return words
+    return []
+
+
 def ours_in(shown: str) -> bool:
     """A traceback frame from tpunb's or paramiko's own code in what the user reads."""
     return any(marker in shown for marker in ("/tpunb/", "site-packages/paramiko", "Traceback (most recent"))
@@ -340,10 +350,7 @@ def kernel_dies_frozen(h: Harness) -> Outcome:
               f"from tpunb import manager\nsl = manager.current()\n"
               f"print(' '.join(str(h.info['pid']) for h in sl.session.hosts), flush=True)\nsys.stdin.read()")
     kernel = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    line = kernel.stdout.readline()
-    while line and not line.split()[0].isdigit():  # the launch's own lines come first
-        line = kernel.stdout.readline()
-    pids = [int(p) for p in line.split()]
+    pids = [int(p) for p in pid_line(kernel)]
     path = h.home / "sessions.json"
     path.write_text(json.dumps(pids))
     os.kill(pids[1], signal.SIGSTOP)
@@ -405,7 +412,8 @@ def down_all_other_owner(h: Harness) -> Outcome:
               "print(' '.join(str(h.info['pid']) for h in manager.current().session.hosts), flush=True)\n"
               "sys.stdin.read()")
     other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    other.stdout.readline()
+    if not pid_line(other):
+        return Outcome("", "", False, note="the other kernel's launch failed")
     h.launch(1)
     h.name = "mine2"
     h.launch(1)

@@ -1,9 +1,12 @@
 """Shared fixtures: an isolated $TPUNB_HOME, a real IPython shell with tpunb loaded, slices."""
 from __future__ import annotations
 
+import _thread
 import dataclasses
 import os
+import platform
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -193,6 +196,38 @@ def flags(tmp_path):
     d = tmp_path / "flags"
     d.mkdir()
     return d
+
+
+#: the futex system call's number by machine: a thread asleep in a lock, a condition or a C-level
+#: queue sits in it
+FUTEX = {"x86_64": 202, "aarch64": 98}
+
+
+def main_thread_asleep() -> bool:
+    """Whether the main thread is asleep in a futex wait: the moment a Ctrl-C can come and wake no
+    sleep. Read from /proc, never from the interpreter: CPython 3.11's ``sys._current_frames()``
+    can deadlock the whole process with the GIL held (python/cpython#106883, unfixed in 3.11), and
+    polling it froze a CI run until its 90 minutes ran out, pytest-timeout's signal never handled."""
+    try:
+        with open(f"/proc/self/task/{threading.main_thread().native_id}/syscall") as status:
+            number = status.read().split()[0]
+    except (OSError, IndexError):
+        return False
+    return number == str(FUTEX[platform.machine()])
+
+
+def interrupt_main_unseen_when(condition, timeout: float = 60.0) -> dict:
+    """Once condition holds, a Ctrl-C that wakes no sleep (``_thread.interrupt_main()``: the flag a
+    SIGINT's C handler sets when it ran on another thread, or just before the main thread slept)."""
+    sent: dict = {}
+
+    def watch():
+        wait_for(condition, timeout, "the main thread to wait")
+        sent["at"] = time.perf_counter()
+        _thread.interrupt_main()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return sent
 
 
 def interrupt_kernel_when(condition, timeout: float = 60.0) -> dict:

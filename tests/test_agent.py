@@ -160,6 +160,26 @@ def test_interleaved_runtime_chatter_is_dropped_and_user_lines_kept():
     assert pump._filter(1, "7\n\n", final=False) == "7\n\n"
 
 
+def test_a_print_between_the_pieces_of_a_runtime_line_is_kept():
+    """Gloo's C++ threads write a line in pieces; a print landing between them made one line with
+    the noise, and the filter dropped it whole (a notebook's '[s0]' line lost on a loaded machine).
+    Python's own output has pipes of its own now, so only the runtime's writes meet the filter."""
+    from tpunb.provision.common import DROP_NOISE
+
+    session = Session([LocalTransport("local:0")], lambda i: {"env": {}, "ipython": False, **DROP_NOISE})
+    session.start()
+    try:
+        result = session.execute("import os\nos.write(1, b'[Gloo] Rank 0 is connected to ')\n"
+                                 "print('kept', flush=True)\n"
+                                 "os.write(1, b'1 peer ranks. Expected number of connected peer ranks is : 1\\n')\n"
+                                 "print('after')\nos.system('echo from a subprocess')", [0])[0]
+        lines = result.stdout.splitlines()  # a subprocess writes to fd 1 as before (not ordered with a buffered print)
+        assert result.status == "ok" and lines.count("from a subprocess") == 1, result.stdout
+        assert [line for line in lines if line != "from a subprocess"] == ["kept", "after"], result.stdout
+    finally:
+        session.close()
+
+
 class _Gate(OutputSink):
     """Opens a file gate once a host's printed text has reached the kernel: a cell waiting on
     the gate ends only if its output streamed while it ran, never at its end."""

@@ -80,6 +80,7 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
                 transport.close()
     finally:
         sl.close()
+        manager.forks.close()  # this test's own manager: its fork server ends with it
 
     again = module.attach(record, reg, {})
     assert isinstance(again, Made) and again.record.name == name and len(again.transports) == 2

@@ -46,7 +46,9 @@ def started_children(cell) -> list[int]:
 
 
 def agents_of_this_kernel() -> list[int]:
-    """Running agent processes whose parent is this process (local hosts)."""
+    """Running agent processes whose parent is this process or its fork server (local hosts)."""
+    server = manager.MANAGER.forks.pid
+    parents = {os.getpid(), server}
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -56,7 +58,7 @@ def agents_of_this_kernel() -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == os.getpid() and b"_bundle" in cmdline and fields[0] not in ("Z", "X"):
+        if int(fields[1]) in parents and int(entry) != server and b"_bundle" in cmdline and fields[0] not in ("Z", "X"):
             found.append(int(entry))
     return found
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.conftest import interrupt_main_unseen_when, main_thread_asleep
 from tpunb.engine.fanout import FanOutTimeout, fan_out
 
 
@@ -96,6 +97,25 @@ def test_ctrl_c_stops_the_wait_and_hands_over_what_was_got_and_what_comes_later(
         fan_out(["quick", "interrupts"], one, late=late)
     release.set()
     assert all_handed.wait(5) and sorted(handed) == ["interrupts", "quick"]
+
+
+def test_a_ctrl_c_that_woke_no_sleep_still_stops_the_wait_at_once():
+    """A SIGINT whose C handler ran just before the waiting thread fell asleep, or on another thread,
+    wakes no sleep (``interrupt_main_unseen_when`` sends exactly that). The wait raises it within
+    WAKE, not once the slowest host answers (here 30 s later)."""
+    release, inside = threading.Event(), threading.Event()
+
+    def one(key: str) -> bool:
+        inside.set()  # the kernel's thread is in fan_out from here until it returns
+        return release.wait(30)
+
+    sent = interrupt_main_unseen_when(lambda: inside.is_set() and main_thread_asleep())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fan_out(["slow", "slower"], one)
+        assert time.perf_counter() - sent["at"] < 2
+    finally:
+        release.set()
 
 
 def test_ticks_run_on_the_waiting_thread_and_workers_are_capped():

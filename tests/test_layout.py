@@ -456,6 +456,7 @@ THREADS_ALLOWED = {
     ("transport/ssh.py", "old.close"): "one per dropped SSH connection: closed without holding the caller",
     ("transport/local.py", "self._drain_stderr"): "one per local host process: its stderr",
     ("transport/local.py", "self.close"): "one per local host process: reaped without holding the caller",
+    ("transport/forkserver.py", "self._read"): "one per fork server (one a kernel): its answers and its agents' ends",
     ("transport/fanin.py", "self._run"): "one per session: the selector that reads every local host's frames",
     ("transport/sftp.py", "self._read_replies"): "one per SFTP connection: its replies",
     ("serve/forward.py", "self._accept"): "one per port forward: its listener",

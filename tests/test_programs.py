@@ -4,14 +4,15 @@ processes through a real transport."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import interrupt_kernel_when, wait_for
+from tests.conftest import interrupt_kernel_when, interrupt_main_unseen_when, main_thread_asleep, wait_for
 from tpunb.engine.fanout import FanOutTimeout
-from tpunb.engine.programs import Program, ask_hosts
+from tpunb.engine.programs import Program, ask_hosts, follow_hosts
 from tpunb.host.standalone.service import alive
 from tpunb.transport.local import LocalTransport
 
@@ -20,6 +21,12 @@ ECHO = "import os; n = int(os.read(0, 12)); m = os.read(0, n); os.write(1, b'%01
 #: says its pid (a file) and never answers
 SILENT = ("import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
           "os.replace(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(300)")
+
+
+#: says its pid (a file), answers a first frame, then waits for the end of its input
+QUIET = ("import os, sys; open(sys.argv[1] + '.tmp', 'w').write(str(os.getpid())); "
+         "os.replace(sys.argv[1] + '.tmp', sys.argv[1]); n = int(os.read(0, 12)); os.read(0, n); "
+         "os.write(1, b'000000000002{}'); import select; select.select([0], [], [], 20)")
 
 
 def program(code: str, *args: str, message: dict | None = None) -> Program:
@@ -44,6 +51,25 @@ def test_ctrl_c_stops_the_wait_at_once_and_ends_every_hosts_program(tmp_path):
     sent = interrupt_kernel_when(lambda: all(p.exists() for p in paths))
     with pytest.raises(KeyboardInterrupt):
         ask_hosts({i: program(SILENT, str(p)) for i, p in enumerate(paths)}, None)
+    assert time.perf_counter() - sent["at"] < 2
+    for path in paths:
+        pid = pid_in(path)
+        wait_for(lambda: not alive(pid), 10, "every program to be ended")
+
+
+def test_a_ctrl_c_that_woke_no_sleep_still_ends_a_follow_and_every_hosts_program(tmp_path):
+    """A follow waits on the hosts' frames on the kernel's thread. A SIGINT whose C handler ran just
+    before that wait slept, or on another thread, wakes nothing: the last stop's CI sat 300 s in a
+    quiet ``%tpu_logs --follow`` so. It ends at once now (the programs here end by themselves 20 s on)."""
+    paths = [tmp_path / "a", tmp_path / "b"]
+    with follow_hosts({i: program(QUIET, str(p)) for i, p in enumerate(paths)}, 30.0) as stream:
+        assert stream.started.succeeded == {0: {}, 1: {}}
+        following = threading.Event()  # the kernel's thread runs bytecode from here to its wait in the follow
+        sent = interrupt_main_unseen_when(lambda: following.is_set() and main_thread_asleep())
+        with pytest.raises(KeyboardInterrupt):
+            following.set()
+            for _ in stream:
+                pass
     assert time.perf_counter() - sent["at"] < 2
     for path in paths:
         pid = pid_in(path)

@@ -4,6 +4,7 @@ ones did not stop before SIGTERM); and which hosts a running request holds."""
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from types import SimpleNamespace
@@ -111,3 +112,30 @@ def test_quiet_means_no_request_open_for_the_whole_time():
     assert requests.wait_quiet(0.0, lambda: False)
     asked.clear()  # quiet counted from a later moment (a restart that just ended): not yet
     assert not requests.wait_quiet(0.0, lambda: len(asked) > 2 or asked.append(1), since=time.monotonic() + 3600)
+
+
+def test_a_wait_wakes_for_the_frame_that_comes_not_for_a_token_an_earlier_frame_left():
+    """A frame that found the inbox empty rings its token; taken without a wait, it leaves the token
+    behind. The next wait used to wake to that token, find nothing and give up at once (a cell's
+    ``done`` then read as silence: the flake of the sigio inbox test under load). It waits on for
+    the frame, and a ring still ends a wait at once."""
+    from tpunb.engine.ctrl_c import CtrlC, Inbox
+
+    inbox, ctrl_c = Inbox(), CtrlC()
+    inbox.put((0, {"op": "error"}, b""))
+    assert inbox.get(10, ctrl_c)[1]["op"] == "error"  # taken without a wait: its token stays
+
+    def put_while_waiting() -> None:
+        given_up = time.monotonic() + 10
+        while not ctrl_c.waiting and time.monotonic() < given_up:  # the consumer is inside its wait
+            pass
+        inbox.put((0, {"op": "done"}, b""))
+
+    producer = threading.Thread(target=put_while_waiting, daemon=True)
+    producer.start()
+    assert inbox.get(10, ctrl_c)[1]["op"] == "done"
+    producer.join()
+
+    inbox.ring()
+    with pytest.raises(queue.Empty):  # a ring ends the wait without a frame, not after 10 s
+        inbox.get(10, ctrl_c)

@@ -26,6 +26,7 @@ from tpunb.results import RunResult
 from tpunb.slice import Slice
 from tpunb.status import HostRow, ServiceRow, versions_frame
 from tpunb.status.view import StatusView
+from tpunb.transport.forkserver import LocalForks
 
 if TYPE_CHECKING:
     import pandas
@@ -141,6 +142,8 @@ class SliceManager:
         self.secrets: dict[str, str] = {}
         #: every secret value this kernel knows, masked in all that hosts send back
         self.masker = Masker()
+        #: the fork server its local hosts' agents start from (tpunb.transport.forkserver)
+        self.forks = LocalForks()
 
     # -- names ------------------------------------------------------------------------------------
     def _taken(self, name: str, reg: Registry) -> bool:
@@ -332,7 +335,7 @@ class SliceManager:
         record = made.record
         values.update(self.secrets)  # the backend's host_init reads this same dict: hosts start with them
         sl = Slice(record, made.transports, made.host_init, reg, coordinator_port=made.coordinator_port, node=made.node,
-                   masker=self.masker)
+                   masker=self.masker, forks=self.forks)
         try:
             sl.connect(attaching=True)  # _attach ends it with mark_used
             if made.check is not None:

@@ -36,6 +36,7 @@ from tpunb.host.protocol import MAIN_THREAD_OPS
 from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
 from tpunb.transport.base import Transport
+from tpunb.transport.forkserver import LocalForks
 from tpunb.transport.fanin import FanIn
 
 #: how often the watch thread looks at every host's last frame
@@ -67,7 +68,7 @@ class Session:
     term_grace = 2.0
 
     def __init__(self, transports: list[Transport], init_for_host: Callable[[int], dict],
-                 start_timeout: float = 120.0, masker: Masker | None = None) -> None:
+                 start_timeout: float = 120.0, masker: Masker | None = None, forks: LocalForks | None = None) -> None:
         #: seconds without a frame after which a host is taken as frozen and ended (0: never)
         self.heartbeat_timeout = default_heartbeat_timeout()
         self.closed = False
@@ -79,7 +80,9 @@ class Session:
         self.start_timeout = start_timeout
         #: one thread reads every host whose frames arrive on a file descriptor
         self.fanin = FanIn()
-        self.hosts = [HostConnection(i, t, self._route, self.fanin) for i, t in enumerate(transports)]
+        #: the kernel's fork server of local agents (None: every agent starts as a fresh process)
+        self.forks = forks
+        self.hosts = [HostConnection(i, t, self._route, self.fanin, forks) for i, t in enumerate(transports)]
         #: the requests in flight, by id: where their frames go
         self.requests = Requests()
         self.backlog: queue.Queue = queue.Queue()  # frames outside any request (stray output)

@@ -31,6 +31,7 @@ from tpunb.engine.masking import Masker
 from tpunb.session import Session
 from tpunb.status.idle_clock import IdleClock
 from tpunb.transport.base import Transport
+from tpunb.transport.forkserver import LocalForks
 from tpunb.host.prepare import STEPS as SETUP_STEPS
 from tpunb.widgets.progress import SetupProgress
 
@@ -78,7 +79,8 @@ class Slice:
 
     def __init__(self, record: SliceRecord, transports: list[Transport],
                  host_init: Callable[[int, int], dict], registry: Registry,
-                 coordinator_port: Callable[[], int], node: Node | None = None, masker: Masker | None = None) -> None:
+                 coordinator_port: Callable[[], int], node: Node | None = None, masker: Masker | None = None,
+                 forks: LocalForks | None = None) -> None:
         self.record = record
         #: the catalog entry; None for hosts brought with %tpu_connect and no --accelerator
         self.accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
@@ -86,7 +88,7 @@ class Slice:
         self._host_init = host_init
         self._pick_port = coordinator_port
         self._coordinator_port = 0
-        self.session = Session(transports, self._init_for_host, masker=masker)
+        self.session = Session(transports, self._init_for_host, masker=masker, forks=forks)
         self.standbys = Standbys(self.session)  # agents started ahead of a restart (tpunb.engine.standby)
         self.background = BackgroundCells()  # its %%on_tpu --bg cells (tpunb.engine.background)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")

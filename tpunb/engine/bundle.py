@@ -17,7 +17,8 @@ PACKAGE = "tpunb_host"
 HOST = Path(__file__).resolve().parent.parent / "host"
 #: shipped in this order: each module's relative imports name only modules before it
 MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "metrics", "profiler",
-           "standalone.idle", "gcs", "snapshot", "preempt", "jax_start", "shards", "transfer", "relay", "fetch", "receive", "spread", "stacks", "agent")
+           "standalone.idle", "gcs", "snapshot", "preempt", "jax_start", "shards", "transfer", "relay", "fetch",
+           "receive", "spread", "stacks", "agent", "forkserver")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from
 #: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)
@@ -34,7 +35,8 @@ def _read(n):
     return data
 """
 
-BOOTSTRAP = READ + r"""_bundle = json.loads(_read(int(_read(12))))
+#: what follows READ in a program that runs the agent's bundle: its modules, read and made
+LOAD = r"""_bundle = json.loads(_read(int(_read(12))))
 _init = None
 if _FD:  # the launcher's memfd: the bundle, then this host's init frame (never on disk)
     _init = json.loads(_read(int(_read(12))))
@@ -52,8 +54,11 @@ for _name, _source in _bundle["modules"]:
         _module.__path__ = []
     else:
         exec(compile(_source, _module.__file__, "exec"), _module.__dict__)
-sys.modules[_bundle["package"] + ".agent"].main(_init)
 """
+BOOTSTRAP = READ + LOAD + """sys.modules[_bundle["package"] + ".agent"].main(_init)\n"""
+#: the fork server of a kernel's local hosts (``forkserver.py``): the same bundle on stdin, its
+#: control socket's fd in the environment
+FORK_SERVER = READ + LOAD + """sys.modules[_bundle["package"] + ".forkserver"].main(int(os.environ.pop("TPUNB_FORK_SERVER_FD")))\n"""
 
 #: a host tpunb prepares: the spec (with the modules ``prepare`` needs), then the agent's bundle
 LAUNCHER = READ + r"""_message = json.loads(_read(int(_read(12))))

@@ -10,13 +10,16 @@ import queue
 import signal
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tpunb.errors import HostSetupError, ProtocolError, TransportError
 from tpunb.host import protocol
 from tpunb.engine.bundle import BOOTSTRAP, LAUNCHER, agent_bundle, launcher_message
 from tpunb.transport.base import AgentProcess, Transport
 from tpunb.transport.fanin import FanIn, Frames, Stream
+
+if TYPE_CHECKING:
+    from tpunb.transport.forkserver import LocalForks
 
 _CHUNK = 1 << 20  # a large frame is read in pieces, each counting as a sign of life
 #: marshal frames with agents that run this same Python (False: JSON with every host, as with others)
@@ -42,9 +45,11 @@ class HostConnection:
     """One host's agent: started once per host session, then reused for every cell."""
 
     def __init__(self, index: int, transport: Transport, router: Callable[[int, dict, bytes], None],
-                 fanin: FanIn | None = None) -> None:
+                 fanin: FanIn | None = None, forks: LocalForks | None = None) -> None:
         self.index = index
         self.transport = transport
+        #: the kernel's fork server of local agents (``tpunb.transport.forkserver.LocalForks``), or None
+        self.forks = forks
         self.router = router
         #: reads this host's frames with every other host's on one thread, when its stream is an fd
         self.fanin = fanin
@@ -78,8 +83,11 @@ class HostConnection:
             self._handshake = Handshake()  # a fresh one: the previous agent may have left "died" in it
             self.transport.connect()  # after a lost connection, the next cell reconnects by itself
             prepare = getattr(self.transport, "prepare", None)  # a spec: make (or check) the environment first
-            program = LAUNCHER if prepare else BOOTSTRAP
-            self.process = process = self.transport.spawn([self.transport.python, "-c", program])
+            process = None if prepare else self.transport.spawn_agent(self.forks)  # bundle loaded already
+            shipped = process is not None
+            if process is None:
+                process = self.transport.spawn([self.transport.python, "-c", LAUNCHER if prepare else BOOTSTRAP])
+            self.process = process
             self.notice = None
             handshake = self._handshake
             fd = process.frames_fd() if self.fanin is not None else None
@@ -88,7 +96,8 @@ class HostConnection:
                                               lambda reason: self._on_end(process, handshake, reason))
         if prepare:
             process.send(launcher_message(prepare, self._init_frame(init) if init is not None else None))
-        process.send(agent_bundle())
+        if not shipped:
+            process.send(agent_bundle())
         if init is not None and not prepare:
             process.send(protocol.encode(self._init_frame(init)))
         if fd is None:

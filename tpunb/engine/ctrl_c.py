@@ -9,6 +9,7 @@ import collections
 import queue
 import signal
 import threading
+import time
 from typing import Any
 
 try:  # the C functions under signal.signal and signal.getsignal, which convert to and from enums
@@ -19,42 +20,60 @@ except ImportError:  # another Python: the same calls, slower
 
 #: what an inbox holds: (host index, message, blob)
 Frame = tuple[int, dict, bytes]
+#: the token of ``Inbox.ring``: the wait ends with or without a frame
+_RUNG = object()
 
 
 class Inbox:
     """The frames of one request: reader threads ``put``, the request's thread ``get``s.
 
     The wait is on a C-level queue of tokens, never on the frames themselves, so a Ctrl-C may end
-    a wait at once (CtrlC raises Wake inside it) without ever losing a frame."""
+    a wait at once (CtrlC raises Wake inside it) without ever losing a frame. A token is rung only
+    for a frame that finds the inbox empty (a burst of frames costs one), so a frame taken without
+    a wait leaves its token behind: a wait that wakes to such a token and no frame waits on, until
+    its timeout. Producers add under a lock, so exactly the first frame after the inbox emptied
+    rings: without it, two readers adding at once could both see a frame before theirs and neither
+    ring, and the wait slept through them."""
 
     def __init__(self) -> None:
         self._items: collections.deque[Frame] = collections.deque()
         self._bell: queue.SimpleQueue = queue.SimpleQueue()
+        self._adding = threading.Lock()
 
     def put(self, item: Frame) -> None:
-        ring = not self._items
-        self._items.append(item)
-        if ring:
+        with self._adding:
+            self._items.append(item)
+            first = len(self._items) == 1  # only the consumer takes frames, never while it waits
+        if first:
             self._bell.put(None)
 
     def ring(self) -> None:
-        """End a wait without a frame (``Request.interrupt`` from another thread)."""
-        self._bell.put(None)
+        """End a wait without a frame (``Request.interrupt``, also from a signal handler)."""
+        self._bell.put(_RUNG)
 
     def get(self, timeout: float, ctrl_c: CtrlC | None = None) -> Frame:
-        """The next frame, waiting up to ``timeout``; queue.Empty if none came."""
-        if not self._items:
+        """The next frame, waiting up to ``timeout``; queue.Empty if none came (or ``ring``)."""
+        items = self._items
+        deadline = None
+        while not items:
             if ctrl_c is not None:
                 ctrl_c.waiting = True
             try:
-                self._bell.get(timeout=timeout)
+                token = self._bell.get(timeout=timeout)
             except queue.Empty:
-                pass
+                token = _RUNG
             finally:
                 if ctrl_c is not None:
                     ctrl_c.waiting = False
+            if items or token is _RUNG:
+                break
+            if deadline is None:  # a token a frame taken without a wait left: wait on
+                deadline = time.monotonic() + timeout
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                break
         try:
-            return self._items.popleft()
+            return items.popleft()
         except IndexError:
             raise queue.Empty from None
 

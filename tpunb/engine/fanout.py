@@ -8,7 +8,10 @@ Fabric's ``GroupResult`` does. Every caller gets the same three rules:
   thread is left to finish, and whatever it returns after that goes to ``late`` (a connection
   made too late is closed there, never leaked);
 - **one Ctrl-C rule**: a KeyboardInterrupt in the waiting thread stops the wait at once and goes
-  on to the caller; what was got already, and what finishes afterwards, goes to ``late`` too;
+  on to the caller; what was got already, and what finishes afterwards, goes to ``late`` too. The
+  waiting thread never sleeps longer than ``WAKE`` at a time: a SIGINT whose C handler ran just
+  before the sleep began, or on another thread, wakes no sleep, and Python raises it only once the
+  thread runs bytecode again (without the bound, a Ctrl-C could wait for the slowest host);
 - **partial failure**: one key's exception never hides another's result; the caller decides
   whether some failures are fine (``.failed``) or all must succeed (``.raise_first()``).
 
@@ -28,6 +31,8 @@ from tpunb.errors import TpunbError
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
+#: the longest sleep of a thread that waits for hosts: a Ctrl-C its sleep missed is raised within it
+WAKE = 0.1
 
 
 class FanOutTimeout(TpunbError, TimeoutError):
@@ -105,23 +110,27 @@ def fan_out(keys: Sequence[K], fn: Callable[[K], T], deadline: float | None = No
             if error is None and late is not None:
                 _quietly(late, value)
 
+    every = tick if on_tick is not None else None
     try:
         for i in range(max(1, min(workers, len(keys)))):
             threading.Thread(target=work, daemon=True, name=f"{name}-{i}").start()
         with lock:
+            next_tick = None if every is None else time.monotonic() + every
             while len(done) < len(keys):
-                left = None if state["ends"] is None else state["ends"] - time.monotonic()
+                now = time.monotonic()
+                left = None if state["ends"] is None else state["ends"] - now
                 if left is not None and left <= 0:
                     break
-                if on_tick is not None and tick is not None and (left is None or tick < left):
-                    if not lock.wait(tick) and len(done) < len(keys):
-                        lock.release()  # the tick may take its time (a widget): the workers go on meanwhile
-                        try:
-                            on_tick()
-                        finally:
-                            lock.acquire()
+                if next_tick is not None and every is not None and on_tick is not None and now >= next_tick:
+                    lock.release()  # the tick may take its time (a widget): the workers go on meanwhile
+                    try:
+                        on_tick()
+                    finally:
+                        lock.acquire()
+                    next_tick = time.monotonic() + every
                     continue
-                lock.wait(left)
+                sleep = WAKE if left is None else min(WAKE, left)
+                lock.wait(sleep if next_tick is None else min(sleep, next_tick - now))
             state["waiting"] = False
     except BaseException:  # Ctrl-C: the caller never sees what was got, so it goes to ``late`` too
         with lock:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tpunb.engine.fanout import GroupResult, fan_out
+from tpunb.engine.fanout import WAKE, GroupResult, fan_out
 from tpunb.errors import TransportError
 from tpunb.transport.base import AgentProcess, Transport
 
@@ -160,7 +160,10 @@ class Follow(Generic[K]):
 
     def __iter__(self) -> Iterator[tuple[K, dict]]:
         while self._open:
-            key, message = self._frames.get()  # the hosts' readers wake this: no poll
+            try:  # the hosts' readers wake this; WAKE bounds a sleep a Ctrl-C missed (see fanout)
+                key, message = self._frames.get(timeout=WAKE)
+            except queue.Empty:
+                continue
             if "ended" in message:
                 self._open.discard(key)
             yield key, message

@@ -101,7 +101,8 @@ class Standbys:
         for i in indices:
             if self._closed:
                 break
-            standby = HostConnection(i, self.session.transports[i], _quiet, self.session.fanin)
+            standby = HostConnection(i, self.session.transports[i], _quiet, self.session.fanin,
+                                     self.session.forks)
             try:
                 standby.launch()
             except TransportError:

@@ -128,7 +128,7 @@ class Agent:
         os.dup2(devnull, 0)
         os.close(devnull)
         self.pump = OutputPump(self.channel, init.get("drop_output"), init.get("drop_fragments"))
-        self.flusher = Flusher(1, 2)
+        self.flusher = Flusher(*self.pump.python_fds)
         sys.stdout, sys.stderr = self.flusher.streams
         sys.stdin = NoStdin()
         signal.signal(signal.SIGINT, self._on_sigint)

@@ -250,7 +250,12 @@ NOISE_LINE_CHARS = 4096
 
 
 class OutputPump:
-    """Turns everything written to fds 1 and 2 into stream frames tagged with the running cell."""
+    """Turns everything written to fds 1 and 2 into stream frames tagged with the running cell.
+
+    With a noise filter, Python's own sys.stdout and sys.stderr write to pipes of their own
+    (``python_fds``), apart from fds 1 and 2 where the runtime's C++ threads write: a print that
+    landed between the pieces of a noise line made one line with it, dropped whole (a user's line
+    lost). The runtime and subprocesses still write to fds 1 and 2, and only those are filtered."""
 
     def __init__(self, channel: Channel, drop: str | None = None, fragments: str | None = None) -> None:
         self.channel = channel
@@ -263,15 +268,24 @@ class OutputPump:
         self._held: dict = {}
         self._dropping: dict = {}  # fd -> the rest of a dropped partial line is still to come
         self._lock = threading.Lock()
-        self._streams = {}
+        self._streams: dict[int, tuple[str, codecs.IncrementalDecoder]] = {}
+        #: where sys.stdout and sys.stderr write (registered first: read first when both have output)
+        self.python_fds = (1, 2) if self.drop is None else tuple(self._add(name)[1] for name in ("stdout", "stderr"))
+        self._filtered = set()  # the read ends of fds 1 and 2
         for fd, name in ((1, "stdout"), (2, "stderr")):
-            read_fd, write_fd = os.pipe()
+            read_fd, write_fd = self._add(name)
             os.dup2(write_fd, fd)
             os.close(write_fd)
-            os.set_blocking(read_fd, False)
-            self._streams[read_fd] = (name, codecs.getincrementaldecoder("utf-8")("replace"))
+            self._filtered.add(read_fd)
         self._ready = self._poller()  # drain's own, never waited on
         quiet_thread(self._run, "tpunb-pump")
+
+    def _add(self, name: str) -> tuple[int, int]:
+        """A pipe whose output is sent as ``name``: (its read end, its write end)."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        self._streams[read_fd] = (name, codecs.getincrementaldecoder("utf-8")("replace"))
+        return read_fd, write_fd
 
     def _poller(self) -> "select.poll":
         poller = select.poll()
@@ -335,7 +349,7 @@ class OutputPump:
                 parts.append(decoder.decode(data))
                 size += len(parts[-1])
             text = "".join(parts)
-            if self.drop is not None:
+            if fd in self._filtered and self.drop is not None:
                 text = self._filter(fd, text, final)
             for start in range(0, len(text), protocol.MAX_TEXT):
                 self.channel.send({"op": "stream", "id": self.cell_id, "name": name,

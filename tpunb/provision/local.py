@@ -126,12 +126,13 @@ def delete(record: SliceRecord, force: bool = False) -> None:
 
 def end_hosts(record: SliceRecord) -> None:
     """End a local slice's host processes that its (live) kernel started: each is its own process
-    group. Only processes whose parent is still the owner are signalled, never a reused pid."""
+    group. Only processes the owner still started (its children, or its fork server's) are
+    signalled, never a reused pid."""
     pids = [h.info.pid for h in record.hosts]
     if not all(pids):
         raise OwnedElsewhere(f"local slice {record.name!r} runs in another kernel (pid {record.owner_pid}) "
                              f"that did not publish its host processes: %tpu_down {record.name} there")
-    mine = [pid for pid in pids if procs.parent(pid) == record.owner_pid]
+    mine = [pid for pid in pids if procs.started_by(pid, record.owner_pid)]
     for sig, wait in ((signal.SIGTERM, HOST_EXIT_SECONDS), (signal.SIGKILL, HOST_EXIT_SECONDS)):
         for pid in mine:
             try:
@@ -140,7 +141,7 @@ def end_hosts(record: SliceRecord) -> None:
                 pass
         deadline = time.monotonic() + wait
         while mine and time.monotonic() < deadline:
-            mine = [pid for pid in mine if procs.parent(pid) == record.owner_pid]  # a zombie has ended
+            mine = [pid for pid in mine if procs.started_by(pid, record.owner_pid)]  # a zombie has ended
             if mine:
                 time.sleep(0.05)  # polling the processes' state, not a guessed delay
         if not mine:

@@ -12,6 +12,8 @@ import importlib
 import os
 import threading
 
+from tpunb.engine.fanout import WAKE
+
 #: in the order a launch needs them: the launch widget (every backend), paramiko and what it pulls
 #: in (invoke, yaml), the Cloud TPU client over REST (requests, urllib3, google-auth)
 LAUNCH_MODULES = (
@@ -93,4 +95,5 @@ def ready(*names: str) -> None:
     if set(names) & set(COMPUTE_MODULES):
         _start_compute(thread=True)  # unless the warm-up thread has them on its list already
     for name in names or LAUNCH_MODULES:
-        IMPORTED[name].wait()
+        while not IMPORTED[name].wait(WAKE):  # a Ctrl-C that woke no sleep is raised within WAKE (fanout)
+            pass

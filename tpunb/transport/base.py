@@ -103,5 +103,11 @@ class Transport(ABC):
     def spawn(self, argv: list[str]) -> AgentProcess:
         """Start ``argv`` on the host with its stdin/stdout as the agent's streams."""
 
+    def spawn_agent(self, forks) -> AgentProcess | None:
+        """An agent that holds its bundle already (forked from a process that loaded it, from
+        ``forks``: the kernel's ``tpunb.transport.forkserver.LocalForks``), waiting for its init
+        frame; None (here: always): ``spawn`` the bootstrap and ship the bundle."""
+        return None
+
     def close(self) -> None:
         """Release connections held for this host; idempotent."""

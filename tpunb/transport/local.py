@@ -11,6 +11,7 @@ import threading
 
 from tpunb.errors import TransportError
 from tpunb.transport.base import AgentProcess, Transport, read_exact
+from tpunb.transport.forkserver import ForkedAgent, LocalForks
 
 
 def _batch_scheduling(pid: int) -> None:
@@ -24,19 +25,25 @@ def _batch_scheduling(pid: int) -> None:
             pass
 
 
-class LocalAgentProcess(AgentProcess):
-    """A child process whose stdin/stdout carry frames and whose stderr is kept for diagnosis."""
+def _start(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # Ctrl-C in a terminal must reach the kernel only
+        bufsize=0,
+    )
 
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # Ctrl-C in a terminal must reach the kernel only
-            bufsize=0,
-        )
+
+class LocalAgentProcess(AgentProcess):
+    """A process on this machine whose stdin/stdout carry frames and whose stderr is kept for
+    diagnosis: a child of the kernel, or an agent its fork server made (``ForkedAgent``: the same
+    pipes, ``poll`` and ``wait``)."""
+
+    def __init__(self, child: subprocess.Popen | ForkedAgent) -> None:
+        self._proc = child
         self.pid = self._proc.pid
         _batch_scheduling(self.pid)
         self._stdout = self._proc.stdout
@@ -111,11 +118,26 @@ class LocalTransport(Transport):
         self.address = label
         self.python = python or sys.executable
 
-    def spawn(self, argv: list[str]) -> LocalAgentProcess:
+    @staticmethod
+    def _environment() -> dict[str, str]:
         env = dict(os.environ)
         env.pop("PYTHONSTARTUP", None)
         env["TPUNB_KERNEL_PYTHON"] = sys.executable  # a host on this Python has the kernel's package versions
+        return env
+
+    def spawn(self, argv: list[str]) -> LocalAgentProcess:
         try:
-            return LocalAgentProcess(argv, env)
+            return LocalAgentProcess(_start(argv, self._environment()))
         except OSError as exc:
             raise TransportError(f"cannot start a local host process: {exc}") from None
+
+    def spawn_agent(self, forks: LocalForks | None) -> LocalAgentProcess | None:
+        """An agent forked by the kernel's fork server (its bundle loaded, IPython imported), when
+        it runs the kernel's own Python; None: start one with ``spawn``."""
+        if forks is None or self.python != sys.executable:
+            return None
+        try:
+            child = forks.spawn(self._environment())
+        except OSError:
+            return None
+        return LocalAgentProcess(child) if child is not None else None

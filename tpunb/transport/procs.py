@@ -42,6 +42,23 @@ def parent(pid: int) -> int | None:
     return int(fields[1]) if fields is not None and alive(pid) else None
 
 
+def started_by(pid: int, owner: int | None) -> bool:
+    """``pid`` runs and ``owner`` started it: its parent is ``owner``, or the parent of its parent
+    (a local host's agent is a child of its kernel's fork server, itself the kernel's child)."""
+    above = parent(pid)
+    return owner is not None and above is not None and (above == owner or parent(above) == owner)
+
+
+def umask() -> int:
+    """This process's umask, read without setting it: ``os.umask`` can only swap, and between
+    the swap and the swap back every file another thread creates would get mode 0666."""
+    with open("/proc/self/status") as status:  # Linux (the fork server needs pidfd_open anyway)
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    raise OSError("no Umask in /proc/self/status")
+
+
 def start_token(pid: int | None) -> str | None:
     """When ``pid`` started, as a token that differs for a later process given the same pid
     (/proc/PID/stat field 22, clock ticks since boot; psutil elsewhere); None where unknown."""
