@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import _thread
 import dataclasses
-import faulthandler
 import os
 import platform
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,16 +31,6 @@ def pytest_configure(config) -> None:
     would fail for the way the suite was started (it did, for a CI run started that way here)."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    # the real stderr, before pytest captures it: where a hang's stacks go (pytest_runtest_protocol)
-    config.stash[HANG_REPORT] = os.fdopen(os.dup(sys.stderr.fileno()), "w")
-
-
-#: pytest-timeout's own SIGALRM is handled by the main thread only once it runs bytecode again: a
-#: main thread asleep in C (a lock, a queue) whose signal another thread took never sees it, and a
-#: CI run once sat so until its 90 minutes ran out, printing nothing. This much later than that
-#: timeout, a C-level watchdog prints every thread's stack and ends the run instead.
-HANG_GRACE = float(os.environ.get("TPUNB_TEST_HANG_GRACE", "120"))  # (its own test sets a short one)
-HANG_REPORT = pytest.StashKey()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -55,22 +43,14 @@ def pytest_collection_modifyitems(items) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Arms the hang watchdog above for each test (and notebook cell), setup to teardown. A test in
-    a file tests/light.py declares light loads no JAX on hosts and starts no browser (in the
-    fixtures set up for it either)."""
-    timeout = float(item.config.getini("timeout") or 0)
-    report = item.config.stash.get(HANG_REPORT, None)
-    if timeout and report is not None:
-        faulthandler.dump_traceback_later(timeout + HANG_GRACE, exit=True, file=report)
-    try:
-        if not light.is_light(item.path):
-            return (yield)
-        with pytest.MonkeyPatch.context() as patch:
-            watch = light.HeavyWatch(patch)
-            item.stash[light.WATCH] = watch
-            return (yield)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    """A test in a file tests/light.py declares light loads no JAX on hosts and starts no browser
+    (in the fixtures set up for it either)."""
+    if not light.is_light(item.path):
+        return (yield)
+    with pytest.MonkeyPatch.context() as patch:
+        watch = light.HeavyWatch(patch)
+        item.stash[light.WATCH] = watch
+        return (yield)
 
 
 @pytest.fixture(autouse=True)
