@@ -199,10 +199,10 @@ class Sshd:
         return self._proc is not None and self._proc.poll() is None
 
     def stop(self, sessions: bool = True) -> None:
-        """Kill sshd (and, with ``sessions``, every connection and process it started): a host dying."""
+        """Kill sshd (and, with ``sessions``, every connection and process its hosts run): a host dying."""
         if self._proc is None:
             return
-        victims = procs.descendants(self._proc.pid) if sessions else []
+        victims = self.processes() if sessions else []
         self._proc.kill()
         self._proc.wait()
         for pid in victims:
@@ -211,6 +211,13 @@ class Sshd:
             except ProcessLookupError:
                 pass
         self._proc = None
+
+    def processes(self) -> list[int]:
+        """Every process its hosts run: below sshd, and those that left its tree (a host's fork
+        server detaches to serve the next connection; its agents are its children)."""
+        below = procs.descendants(self._proc.pid) if self._proc is not None else []
+        left = procs.started_with(f"TPUNB_HOST_DIR={self.dir / 'hosts'}/")
+        return below + [pid for pid in left if pid not in below]
 
     def swap_host_key(self) -> str:
         """Give the hosts a new host key (a re-created VM); returns its public line."""

@@ -18,7 +18,7 @@ HOST = Path(__file__).resolve().parent.parent / "host"
 #: shipped in this order: each module's relative imports name only modules before it
 MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "metrics", "profiler",
            "standalone.idle", "gcs", "snapshot", "preempt", "jax_start", "shards", "transfer", "relay", "fetch",
-           "receive", "spread", "stacks", "agent", "forkserver")
+           "receive", "spread", "stacks", "agent", "standalone.forkclient", "forkserver")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from
 #: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)
@@ -59,6 +59,9 @@ BOOTSTRAP = READ + LOAD + """sys.modules[_bundle["package"] + ".agent"].main(_in
 #: the fork server of a kernel's local hosts (``forkserver.py``): the same bundle on stdin, its
 #: control socket's fd in the environment
 FORK_SERVER = READ + LOAD + """sys.modules[_bundle["package"] + ".forkserver"].main(int(os.environ.pop("TPUNB_FORK_SERVER_FD")))\n"""
+#: the fork server of an SSH host (``forkserver.serve``): the bundle on stdin, its socket's name as
+#: the second argument (the first is READ's file descriptor: 0, stdin)
+SSH_FORK_SERVER = READ + LOAD + """sys.modules[_bundle["package"] + ".forkserver"].serve(sys.argv[2])\n"""
 
 #: a host tpunb prepares: the spec (with the modules ``prepare`` needs), then the agent's bundle
 LAUNCHER = READ + r"""_message = json.loads(_read(int(_read(12))))
@@ -127,6 +130,12 @@ def idle_script() -> str:
 def stacks_source() -> str:
     """``stacks.py``, sent with each request to the stacks reader."""
     return (HOST / "stacks.py").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def fork_client_source() -> str:
+    """``forkclient.py``: an agent's start through an SSH host's fork server (run as ``python3 -c``)."""
+    return (HOST / "standalone" / "forkclient.py").read_text()
 
 
 @functools.lru_cache(maxsize=1)

@@ -25,23 +25,11 @@ import threading
 import weakref
 
 from tpunb.engine.bundle import FORK_SERVER, agent_bundle
+from tpunb.host.forkserver import startup_environment, supported
 from tpunb.transport import procs
 
-#: what a process reads from its environment only as it starts (Python's settings, the dynamic
-#: linker's paths, the locale, the time zone, the user site-packages under HOME): a forked agent is
-#: what a fresh one would be only where these are as they were when the server started
-STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_")
-STARTUP_NAMES = frozenset({"LANG", "LANGUAGE", "TZ", "HOME"})
 #: seconds a spawn waits for the server's answer (its first one waits for IPython's import too)
 ANSWER_SECONDS = 60.0
-
-
-def startup_environment(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) or k in STARTUP_NAMES}
-
-
-def supported() -> bool:
-    return hasattr(os, "fork") and hasattr(os, "pidfd_open") and hasattr(socket, "SCM_RIGHTS")
 
 
 class ForkedAgent:

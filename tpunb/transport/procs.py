@@ -94,3 +94,18 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def started_with(setting: str) -> list[int]:
+    """Every live process whose environment began with ``setting`` (``NAME=value``, or a prefix of
+    one): a host's processes that left its process tree, found by what every one of them inherited."""
+    wanted, found = setting.encode(), []
+    for entry in os.listdir(_PROC) if _PROC.is_dir() else ():
+        if entry.isdigit():
+            try:
+                environment = (_PROC / entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if any(item.startswith(wanted) for item in environment.split(b"\0")) and alive(int(entry)):
+                found.append(int(entry))
+    return found

@@ -31,9 +31,11 @@ from tpunb.errors import AuthenticationError, HostKeyError, TransportError, Usag
 from tpunb.engine.fanout import fan_out
 from tpunb.transport.keys import default_key, load_private_key
 from tpunb.registry import Registry
+from tpunb.transport import ssh_forks
 from tpunb.transport.base import AgentProcess, Transport, read_exact
 
 PID_MARK = "tpunb-pid "
+NO_FORK = "tpunb-nofork "  # a start through the host's fork server that it did not make (forkclient.py)
 CLOSE_GRACE = 2.0  # seconds an agent gets to exit on EOF before its group is killed
 KILL_TIMEOUT = 3.0  # seconds a kill command may take: a frozen connection must not hold escalation
 # sqlite answers concurrent writers with sleeps of up to 100 ms; connecting threads take turns instead
@@ -139,6 +141,8 @@ class SSHAgentProcess(AgentProcess):
         self._channel = channel
         self._stderr_lines: collections.deque[str] = collections.deque(maxlen=40)
         self._pid_known = threading.Event()
+        #: why the host's fork server did not make this agent (``forked``), if it did not
+        self.refused: str | None = None
         #: the remote pid (== its process group until the command makes its own), once reported
         self.pid: int | None = None
         self._closed = False
@@ -165,8 +169,16 @@ class SSHAgentProcess(AgentProcess):
         if self.pid is None and line.startswith(PID_MARK):
             self.pid = int(line[len(PID_MARK):])
             self._pid_known.set()
+        elif self.pid is None and line.startswith(NO_FORK):
+            self.refused = line[len(NO_FORK):]
+            self._pid_known.set()
         else:
             self._stderr_lines.append(line)
+
+    def forked(self, timeout: float) -> bool:
+        """A start through the host's fork server: whether it made the agent (its pid is known)."""
+        self._pid_known.wait(timeout)
+        return self.pid is not None
 
     def send(self, data) -> None:
         data = memoryview(data).cast("B")  # sendall re-slices what is left per packet: quadratic on bytes
@@ -260,6 +272,8 @@ class SSHTransport(Transport):
         self._pkey = _pkey
         self._transport: _Transport | None = None
         self._lock = threading.Lock()
+        self._forks_unsupported = False  # this host's Python cannot run a fork server
+        self._lock_forks = threading.Lock()  # one start of the host's fork server at a time
         self.connect()
 
     # -- connection ---------------------------------------------------------------------------
@@ -424,6 +438,29 @@ class SSHTransport(Transport):
         program's input may follow at once (no wait for sshd's reply to the exec)."""
         command = f"printf '{PID_MARK}%s\\n' $$ >&2; exec {shlex.join(argv)}"
         return SSHAgentProcess(self, self.open_command(command, wait=False))
+
+    def spawn_agent(self, forks=None) -> SSHAgentProcess | None:
+        """An agent forked by this host's fork server (``tpunb.transport.ssh_forks``: its bundle
+        loaded, IPython imported; started here with the first agent that finds none), or None:
+        ``spawn`` a fresh one."""
+        if self._forks_unsupported or not ssh_forks.enabled():
+            return None
+        process = self._forked()
+        if process is None:
+            with self._lock_forks:
+                try:
+                    self._forks_unsupported = not ssh_forks.start_server(self)
+                except TransportError:
+                    return None
+            process = None if self._forks_unsupported else self._forked()
+        return process
+
+    def _forked(self) -> SSHAgentProcess | None:
+        process = SSHAgentProcess(self, self.open_command(ssh_forks.client_command(self.python), wait=False))
+        if process.forked(ssh_forks.READY_SECONDS):
+            return process
+        process.close(0)
+        return None
 
     def kill_group(self, pgid: int, sig: int, timeout: float = KILL_TIMEOUT) -> None:
         """Send ``sig`` to process group ``pgid`` on the host (a stopped group is woken to take it);
