@@ -431,6 +431,21 @@ class Slice:
         target = remote_dir or Path(local_dir).resolve().name
         return sync_tree(transports, local_dir, target, exclude=exclude, progress=progress)
 
+    def reset(self, hosts: str | list[int] | None = None) -> dict[int, dict]:
+        """Empty every chosen host's namespace and put its environment and working directory back
+        as its session started, without a restart (JAX, once started, stays: imported modules are
+        kept). {host: what the host found}: ``environ``, the variables that had changed, and
+        ``folders``, what lies in tpunb's folders on a remote host (~/.tpunb, the host dir)."""
+        indices = self.layout.parse(hosts)
+        self.revive(indices)
+        remote = [i for i in indices if not self.session.transports[i].same_machine]  # local: the kernel's own files
+        local = [i for i in indices if i not in remote]
+        replies = self.session.call(local, {"op": "reset"}) if local else {}
+        if remote:
+            replies.update(self.session.call(remote, {"op": "reset", "folders": {"~/.tpunb": True, "$TPUNB_HOST_DIR": False}}))
+        return {i: {"environ": reply.get("environ", []), "folders": reply.get("folders", {})}
+                for i, (reply, _) in replies.items()}
+
     # -- data ---------------------------------------------------------------------------------
     def push(self, values: dict[str, Any], hosts: str | list[int] | None = None) -> None:
         """Set these names to these values in every chosen host's namespace."""

@@ -147,6 +147,7 @@ class Agent:
         self.channel.place_blobs(self._place)  # pushed values are read straight into place
         self.inbox = make_inbox(self.channel, self._dispatch, self._session_gone)
         error = self._make_runner(bool(init.get("ipython", True)), importing)
+        self.started_with = (dict(os.environ), os.getcwd())  # what op_reset goes back to
         self.send({"op": "ready", "runner": self.runner.kind, "runner_error": error, "inbox": self.inbox.kind})
         if float(init.get("heartbeat") or 0) > 0:
             self.channel.heartbeat(float(init["heartbeat"]))
@@ -345,6 +346,25 @@ class Agent:
                                                                            blob if message.get("compiled") else b"")},
                            figures=True)
 
+    def op_reset(self, message: dict, blob: bytes) -> None:
+        """Back to how this session started, without a restart: the namespace emptied, the
+        environment and working directory as the start left them. The reply names the variables
+        that had changed and lists what lies in the ``folders`` the kernel names (tpunb's own on
+        the host), so that whoever shares the host can tell what was left behind (tests/warm.py)."""
+        environment, cwd = self.started_with
+        if self.jax is not None:  # what importing jax set belongs to the session, as JAX does
+            environment = {**environment, **self.jax.set_by_jax}
+        changed = sorted(k for k in set(os.environ) | set(environment) if os.environ.get(k) != environment.get(k))
+        os.environ.clear()
+        os.environ.update(environment)
+        try:
+            os.chdir(cwd)
+        except OSError:
+            pass
+        self.runner.reset()
+        self.send({"op": "done", "id": message["id"], "status": "ok", "environ": changed,
+                   "folders": folders(message.get("folders") or {})})
+
     def op_shell(self, message: dict, blob: bytes) -> None:
         """A shell command with the host's environment; output streams, the exit code comes back."""
         import subprocess
@@ -534,6 +554,25 @@ def _pickler():
         return cloudpickle
     except ImportError:
         return pickle
+
+
+def folders(places: dict[str, bool], most: int = 200) -> dict[str, list[str]]:
+    """What lies in each place (``~`` and ``$VARIABLES`` expanded; one unset is left out):
+    relative paths, sorted, at most ``most`` a place; every file below it where its value is True
+    (but a compile cache's entries), else its own entries only."""
+    listed = {}
+    for place, below in places.items():
+        root = os.path.expanduser(os.path.expandvars(place))
+        if "$" in root:
+            continue
+        found = []
+        for top, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "jax-cache") if below else []
+            found += [os.path.relpath(os.path.join(top, name), root) for name in (files if below else dirs + files)]
+            if len(found) >= most:
+                break
+        listed[place] = sorted(found)[:most]
+    return listed
 
 
 def _jsonable(value):

@@ -92,6 +92,9 @@ class JaxStarter(importlib.abc.MetaPathFinder):
         self.agent, self.config = agent, config
         self.started = threading.Event()
         self.state = "not started"
+        #: the variables importing jax set (TF_CPP_MIN_LOG_LEVEL, ...): the session's, not a cell's
+        self.set_by_jax: dict[str, str] = {}
+        self._before: dict[str, str] = {}
 
     def find_spec(self, name, path=None, target=None):
         if name != "jax" or self.started.is_set():
@@ -105,6 +108,7 @@ class JaxStarter(importlib.abc.MetaPathFinder):
     def _initialize(self, jax_module) -> None:
         if self.started.is_set():
             return
+        self.set_by_jax = {k: v for k, v in os.environ.items() if self._before.get(k) != v}
         self.started.set()
         self.state = "initializing"
         self.agent.send_event("jax_starting")
@@ -141,6 +145,7 @@ class JaxStarter(importlib.abc.MetaPathFinder):
         nothing of JAX behind, so the same import starts it once the cause is gone."""
         if self.started.is_set():
             return
+        self._before = dict(os.environ)
         kwargs = self.config.get("kwargs") or {}
         host = kwargs.get("process_id", int(os.environ.get("TPUNB_HOST_INDEX") or 0))
         platforms = os.environ.get("JAX_PLATFORMS", "")

@@ -35,7 +35,7 @@ MAX_TEXT = 1 << 20
 #: and the kernel reads it; tests/test_agent.py checks the agent has a handler for each.
 MAIN, SIDE = "main", "side"
 OPS = {
-    "exec": MAIN, "shell": MAIN, "push": MAIN, "relay_push": MAIN, "pull": MAIN, "gather": MAIN,
+    "exec": MAIN, "shell": MAIN, "push": MAIN, "relay_push": MAIN, "pull": MAIN, "gather": MAIN, "reset": MAIN,
     "part": SIDE, "interrupt": SIDE, "release": SIDE, "start_jax": SIDE, "heartbeat": SIDE, "idle": SIDE,
     "metrics_interval": SIDE, "diagnose": SIDE, "profile_start": SIDE, "profile_stop": SIDE,
     "profile_status": SIDE, "relay_listen": SIDE, "relay_cancel": SIDE, "environ": SIDE,

@@ -124,6 +124,11 @@ class PlainRunner:
         self.namespace = {"__name__": "__main__", "__builtins__": __builtins__}
         self.count = 0
 
+    def reset(self) -> None:
+        """An empty namespace, as the session started with."""
+        self.namespace.clear()
+        self.namespace.update({"__name__": "__main__", "__builtins__": __builtins__})
+
     def run(self, code: str, count: int | None = None, colors: str | None = None, compiled: bytes = b"") -> str:
         """``compiled``: the cell as ``compile_cell`` made it in the kernel (marshal), for this
         same Python; compiling it here would cost a host more than the rest of a trivial cell."""
@@ -237,6 +242,10 @@ def make_ipython_runner(agent):
             self.shell = shell
             self.namespace = shell.user_ns
             self.colors: str | None = None
+
+        def reset(self) -> None:
+            """An empty namespace, as the session started with (IPython's %reset -f)."""
+            shell.reset(new_session=False)
 
         def run(self, code: str, count: int | None = None, colors: str | None = None, compiled: bytes = b"") -> str:
             if count is not None:  # every host names the cell alike, so equal tracebacks group
