@@ -20,8 +20,13 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def pytest_configure(config):
-    """Under pytest-xdist each worker keeps its own $TPUNB_HOME: a notebook's %tpu_status lists the
-    slices of its own registry, never those another worker's notebook launched at the same time."""
+    """The suite's settings (tests/markers.py: no standby agents, a heartbeat limit for a loaded
+    machine) reach every notebook's kernel. Under pytest-xdist each worker keeps its own
+    $TPUNB_HOME: a notebook's %tpu_status lists the slices of its own registry, never those another
+    worker's notebook launched at the same time."""
+    from tests.markers import SUITE_ENVIRONMENT
+
+    os.environ.update(SUITE_ENVIRONMENT)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker and os.environ.get("TPUNB_HOME"):
         home = os.path.join(os.environ["TPUNB_HOME"], worker)

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import platform
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,13 +17,16 @@ from IPython.utils.capture import capture_output
 from tpunb import manager
 from tpunb.engine import connection
 from tpunb.engine.masking import Masker
-from tests import light
+from tests import markers, warm
 from tests.emulator_fixture import tpu_emulator, tpu_emulator_options  # noqa: F401 - fixtures
-from tests.sshd import Sshd, alive, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
+from tests.sshd import Sshd, alive, host_key_restored, hosts, ssh_key, sshd, transports  # noqa: F401 - fixtures
 
 ACCELERATOR_FOR_HOSTS = {1: "v4-8", 2: "v4-16", 4: "v4-32"}
 #: on SSH test hosts (this machine's CPUs), what makes JAX look like one v4 host: 4 devices
 CPU_AS_TPU_HOST = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+
+
+SUITE_ENVIRONMENT = markers.SUITE_ENVIRONMENT
 
 
 def pytest_configure(config) -> None:
@@ -31,36 +35,67 @@ def pytest_configure(config) -> None:
     would fail for the way the suite was started (it did, for a CI run started that way here)."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name, meaning in markers.MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist's group (tests/markers.py), known where it is not installed")
+    os.environ.update(SUITE_ENVIRONMENT)
+    if "TPUNB_HOME" not in os.environ:  # what runs between tests (session fixtures' ends) stays off ~/.tpunb too
+        home = tempfile.mkdtemp(prefix="tpunb-suite-")
+        os.environ.update(TPUNB_HOME=home, CLOUDSDK_CONFIG=os.path.join(home, "gcloud"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items) -> None:
-    """Every heavy test (and notebook cell) in one pytest-xdist group, each light file in its own:
-    scripts/test's --dist loadgroup runs the heavy ones in order on one worker (tests/light.py)."""
+    """Markers given by what a test is, and pytest-xdist's groups (tests/markers.py).
+    ``TPUNB_TEST_REVERSE=1`` runs the tests in reverse order (warm slices must not care)."""
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(light.group_of(item.path)))
+        for marker in markers.given_markers(item):
+            item.add_marker(marker)
+        item.add_marker(pytest.mark.xdist_group(markers.xdist_group(item)))
+    if os.environ.get("TPUNB_TEST_REVERSE") == "1":
+        items.reverse()
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """A test in a file tests/light.py declares light loads no JAX on hosts and starts no browser
-    (in the fixtures set up for it either)."""
-    if not light.is_light(item.path):
-        return (yield)
-    with pytest.MonkeyPatch.context() as patch:
-        watch = light.HeavyWatch(patch)
-        item.stash[light.WATCH] = watch
-        return (yield)
+@pytest.fixture(scope="session")
+def warm_pool(tmp_path_factory):
+    """The session's warm slices (tests/warm.py)."""
+    pool = warm.Pool(tmp_path_factory.mktemp("warm"))
+    yield pool
+    pool.close()
 
 
 @pytest.fixture(autouse=True)
-def light_starts_no_process(request):
-    """Fails a light test that did what makes a test heavy (tests/light.py)."""
-    yield
-    watch = request.node.stash.get(light.WATCH, None)
-    if watch is not None and watch.seen:
-        pytest.fail(f"{request.node.path.name} is declared light in tests/light.py but {', '.join(watch.seen[:2])}: "
-                    "move it out of LIGHT_FILES")
+def markers_are_true(request, warm_pool):
+    """Fails a test that did what needs a marker it lacks (tests/markers.py): its hosts loaded
+    JAX, it drove a browser, reached sshd or an emulator, or started a slice of its own; or a host
+    of its was judged frozen by the suite's heartbeat limit, which it did not set."""
+    with pytest.MonkeyPatch.context() as patch:
+        watch = markers.Watch(request.node, patch, warm_pool)
+        judged = _watch_heartbeats(patch)
+        yield
+    complaint = watch.complaint(request.node.name)
+    if complaint:
+        pytest.fail(complaint)
+    if judged:
+        pytest.fail(f"host(s) {judged} were judged frozen after the suite's {SUITE_ENVIRONMENT['TPUNB_HEARTBEAT_TIMEOUT']} s "
+                    "heartbeat limit: set the limit this test relies on (sl.heartbeat_timeout = ...)")
+
+
+def _watch_heartbeats(patch: pytest.MonkeyPatch) -> list[int]:
+    """The hosts the liveness watch ended under the suite's own heartbeat limit (filled as it happens)."""
+    from tpunb.session import Session
+
+    judged: list[int] = []
+    check = Session.check_liveness
+
+    def watched(session, now=None):
+        ended = check(session, now)
+        if ended and session.heartbeat_timeout == float(SUITE_ENVIRONMENT["TPUNB_HEARTBEAT_TIMEOUT"]):
+            judged.extend(ended)
+        return ended
+
+    patch.setattr(Session, "check_liveness", watched)
+    return judged
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +108,9 @@ def isolated_home(tmp_path_factory, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(home / "gcloud"))
     yield home
+    for sl in list(manager.MANAGER.attached.values()):  # services outlive kernels: not the next test
+        if not sl.session.closed:
+            sl.serving.stop_all()
     manager.detach_all()
     manager.MANAGER.secrets.clear()  # a kernel's secrets (%tpu_secret) are not the next test's
     manager.MANAGER.masker = Masker()
@@ -91,36 +129,66 @@ def jp_server_cleanup():
     yield
 
 
+@pytest.fixture
+def user_defaults(monkeypatch):
+    """A user's own standby and heartbeat settings, for the tests that are about them (the suite
+    turns standbys off and lengthens the heartbeat limit: tests/markers.py's SUITE_ENVIRONMENT)."""
+    for name in SUITE_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(params=["local", "ssh"])
-def make_slice(request):
+def make_slice(request, warm_pool):
     """make_slice(hosts) -> a current slice with that many hosts, on each transport in turn:
     local host processes, and real OpenSSH sshd hosts on loopback addresses. The SSH hosts speak
     JSON frames, as hosts on another Python do (tests of tpunb.connect cover marshal over SSH).
-    ``make_slice.line(hosts, name)`` is the magic that makes the same slice, for tests of the magics."""
-    if request.param == "local":
-        def make(count: int = 2, name: str | None = None):
+
+    A warm slice (tests/warm.py), shared with other tests and reset between them, unless the test
+    is marked ``fresh_slice``: then a slice of its own each call, named ``name`` if given, and
+    ``make_slice.line(hosts, name)`` is the magic that makes the same slice (tests of the magics)."""
+    fresh = request.node.get_closest_marker("fresh_slice") is not None
+    jax = request.node.get_closest_marker("jax") is not None
+    if request.param == "ssh":
+        request.getfixturevalue("monkeypatch").setattr(connection, "MARSHAL_FRAMES", False)
+        server, key = request.getfixturevalue("sshd"), request.getfixturevalue("ssh_key")
+
+    def launch(count: int, name: str | None):
+        if request.param == "local":
             return manager.launch(ACCELERATOR_FOR_HOSTS[count], name=name)
-
-        make.line = lambda count=2, name=None: f"%tpu_launch {ACCELERATOR_FOR_HOSTS[count]}" + (
-            f" --name {name}" if name else "")
-        return make
-    request.getfixturevalue("monkeypatch").setattr(connection, "MARSHAL_FRAMES", False)
-    server = request.getfixturevalue("sshd")
-    key = request.getfixturevalue("ssh_key")
-
-    def make(count: int = 2, name: str | None = None):
         addresses = [f"{a}:{server.port}" for a in server.addresses[:count]]
         return manager.connect(addresses, key=str(key), python=server.python, name=name,
-                           accelerator=ACCELERATOR_FOR_HOSTS[count], env=CPU_AS_TPU_HOST)
+                               accelerator=ACCELERATOR_FOR_HOSTS[count], env=CPU_AS_TPU_HOST)
+
+    lent: list[warm.Key] = []
+
+    def make(count: int = 2, name: str | None = None):
+        if fresh:
+            return launch(count, name)
+        if name is not None or lent:
+            raise AssertionError("a warm slice has its own name and is one per test: mark the test "
+                                 "@pytest.mark.fresh_slice to make slices of its own")
+        key = warm.Key(request.param, count, jax)
+        sl = warm_pool.borrow(key, lambda: launch(count, f"warm-{key.folder}-{os.urandom(2).hex()}"))
+        lent.append(key)
+        return sl
 
     def line(count: int = 2, name: str | None = None) -> str:
+        assert fresh, "make_slice.line makes a slice of the test's own: mark it @pytest.mark.fresh_slice"
+        if request.param == "local":
+            return f"%tpu_launch {ACCELERATOR_FOR_HOSTS[count]}" + (f" --name {name}" if name else "")
         addresses = ",".join(f"{a}:{server.port}" for a in server.addresses[:count])
         env = " ".join(f"{k}={v}" for k, v in CPU_AS_TPU_HOST.items())
         return (f"%tpu_connect {addresses} --key {key} --python {server.python} "
                 f"--accelerator {ACCELERATOR_FOR_HOSTS[count]} --env {env}" + (f" --name {name}" if name else ""))
 
     make.line = line
-    return make
+    yield make
+    ends = request.node.get_closest_marker("ends_services") is not None
+    for key in lent:
+        left = warm_pool.give_back(key, ends)
+        if left:
+            pytest.fail(f"{request.node.name} left state on the shared (warm) slice: {'; '.join(left)}; clean up, "
+                        "or mark it @pytest.mark.fresh_slice (the slice was replaced)")
 
 
 @pytest.fixture(scope="session")

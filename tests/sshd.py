@@ -42,3 +42,16 @@ def transports(sshd: Sshd, ssh_key: Path, hosts: list[str]):
     yield connected
     for t in connected:
         t.close()
+
+
+@pytest.fixture
+def host_key_restored(sshd: Sshd):
+    """For a test that swaps the session sshd's host key (``sshd.swap_host_key()``): the old key
+    is back afterwards, so the connections other tests record or hold (warm slices among them:
+    tests/warm.py) still find the key they trusted."""
+    saved, public = sshd.host_key_path.read_bytes(), sshd.host_public_key
+    yield
+    sshd.host_key_path.write_bytes(saved)
+    sshd.stop(sessions=False)
+    sshd.start()
+    sshd.host_public_key = public

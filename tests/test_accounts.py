@@ -3,6 +3,7 @@ google-cloud-os-login clients speak HTTP to the emulator, whose accounts model (
 who may do what and whose hosts are real sshd hosts that accept only the users a VM would have."""
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import time
@@ -15,6 +16,7 @@ from tests.test_cloud import cloud, launch, tpu_emulator_options  # noqa: F401 -
 USER = "user@example.com"
 
 
+@pytest.mark.fresh_slice
 def test_os_login_project_launches_four_hosts_as_the_profiles_user(cloud, cell, sshd, launch):
     """enable-oslogin=TRUE in the project: the key goes through OS Login (no flag), every host
     logs in as the account's POSIX user, and the node carries no ssh-keys (the VMs would ignore them)."""
@@ -52,6 +54,8 @@ def test_an_account_that_may_not_log_in_is_told_before_any_node(cloud, cell, iso
     assert Registry(isolated_home / "registry.db").list_slices() == []
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_role_with_only_tpu_nodes_launches_lists_and_deletes(cloud, cell, ip, launch):
     """roles: tpu.nodes.* and nothing else (no operations, no queued resources, no project read):
     a plain node is launched, listed, used and deleted, and never asks for a queued resource by name."""
@@ -71,6 +75,7 @@ def test_a_role_with_only_tpu_nodes_launches_lists_and_deletes(cloud, cell, ip, 
     assert denied <= {("GET", "queuedResources"), ("GET", "acceleratorTypes")}, denied  # reads tpunb does without
 
 
+@pytest.mark.fresh_slice
 def test_a_node_outlives_a_wiped_notebook_machine(cloud, sshd, launch, tmp_path):
     """What a Colab reset leaves: a node running, and a new kernel in a new process with an empty
     $TPUNB_HOME (no registry, no key) and no gcloud zone. It sees the node in %tpu_status,

@@ -38,6 +38,7 @@ def backend(request, sshd, ssh_key):
     return gcp, gcp.options(project="proj", zone=ZONE), ("READY", ["connected", "connected"])
 
 
+@pytest.mark.fresh_slice
 def test_every_backend_satisfies_the_protocol_member_by_member(backend):
     module, opts, (live_state, live_hosts) = backend
     assert isinstance(module, Backend) and all(callable(getattr(module, m)) for m in MEMBERS)

@@ -53,6 +53,7 @@ class Outputs:
         return "\n".join(parts)
 
 
+@pytest.mark.fresh_slice
 def test_a_background_cell_in_a_notebook(kernel):  # noqa: F811 - the fixture
     manager, client = kernel
     out = Outputs(client)
@@ -152,6 +153,7 @@ else:
 
 
 @pytest.mark.parametrize("make_slice", ["local"], indirect=True)
+@pytest.mark.fresh_slice
 def test_a_restart_during_an_interrupts_grace_says_the_restart_ended_the_cell(make_slice, cell, flags, capsys,
                                                                                monkeypatch):
     """Host 1 holds the GIL (a read in C), so an interrupt cannot stop it; %tpu_restart of host 1

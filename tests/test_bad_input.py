@@ -2,6 +2,7 @@
 tpunb's own code, and never break the slice (real IPython shell, real host processes)."""
 from __future__ import annotations
 
+import pytest
 import logging
 import subprocess
 import sys
@@ -15,6 +16,7 @@ def no_tpunb_frames(run) -> None:
     assert "tpunb/" not in run.shown and "Traceback (most recent call last)" not in run.shown, run.shown
 
 
+@pytest.mark.parametrize("make_slice", ["local"], indirect=True)  # pickled in the kernel: one transport says it all
 def test_pushing_an_unpicklable_value_names_the_variable(make_slice, cell):
     make_slice(2)
     run = cell("import threading\nlock, n = threading.Lock(), 3\n%tpu_push n lock")
@@ -26,6 +28,7 @@ def test_pushing_an_unpicklable_value_names_the_variable(make_slice, cell):
     assert after.error is None and "Out[0-1]: 4" in after.shown  # the slice is unharmed
 
 
+@pytest.mark.fresh_slice
 def test_a_bad_port_in_tpu_connect_is_a_usage_error(cell):
     for spec in ("host:abc", "host:0", "host:70000", "me@:22"):
         run = cell(f"%tpu_connect {spec}")
@@ -34,6 +37,7 @@ def test_a_bad_port_in_tpu_connect_is_a_usage_error(cell):
         no_tpunb_frames(run)
 
 
+@pytest.mark.fresh_slice
 def test_a_repeated_env_flag_keeps_every_value(cell):
     run = cell("%tpu_launch v4-16 --name envs --env A=1 --env B=2 C=3")
     assert run.error is None, run.shown
@@ -63,6 +67,7 @@ def test_exit_on_a_host_ends_its_session_and_the_next_cell_starts_a_fresh_one(ma
     assert "host 1 had died and was restarted: its state was lost" in after.shown
 
 
+@pytest.mark.fresh_slice
 def test_nan_and_infinite_timeouts_are_refused(make_slice, cell):
     make_slice(1)
     for value in ("nan", "inf", "-1", "0"):
@@ -71,6 +76,7 @@ def test_nan_and_infinite_timeouts_are_refused(make_slice, cell):
         assert "positive number of seconds" in str(run.error)
 
 
+@pytest.mark.fresh_slice
 def test_a_timeout_that_kills_a_host_says_the_timeout(make_slice, cell):
     make_slice(2)
     run = cell("%%on_tpu --timeout 1\nimport signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
@@ -81,6 +87,7 @@ def test_a_timeout_that_kills_a_host_says_the_timeout(make_slice, cell):
     assert run.seconds < 30
 
 
+@pytest.mark.fresh_slice
 def test_syncing_a_missing_directory_fails_on_a_local_slice_too(cell, tmp_path):
     assert cell("%tpu_launch v4-8 --name lone").error is None
     run = cell(f"%tpu_sync {tmp_path / 'missing'}")
@@ -88,6 +95,7 @@ def test_syncing_a_missing_directory_fails_on_a_local_slice_too(cell, tmp_path):
     cell("%tpu_down lone")
 
 
+@pytest.mark.fresh_slice
 def test_use_of_a_cloud_slice_whose_launch_was_cut_off(cell, isolated_home):
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     reg = Registry(isolated_home / "registry.db")

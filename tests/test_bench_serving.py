@@ -46,6 +46,7 @@ def received(server: ToyLLM) -> list[float]:
     return sorted(s.t for s in server.log if s.kind == "received")
 
 
+@pytest.mark.fresh_slice
 def test_done_when_bench_a_service_on_a_local_slice(cell, tmp_path):
     """The issue's line: 12 requests at concurrency 1 of 16 tokens, first after 300 ms, then every 20 ms."""
     sl = manager.launch(ACCELERATOR_FOR_HOSTS[1], name=f"bench-{uuid.uuid4().hex[:6]}")
@@ -80,6 +81,7 @@ def test_done_when_bench_a_service_on_a_local_slice(cell, tmp_path):
         assert says in str(run.error) and "\n" not in str(run.error), (line, str(run.error))
 
 
+@pytest.mark.fresh_slice
 def test_through_a_forward_to_an_ssh_host_which_is_closed_afterwards(sshd, ssh_key, monkeypatch):
     monkeypatch.setattr(connection, "MARSHAL_FRAMES", False)
     sl = manager.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,

@@ -21,6 +21,7 @@ from tpunb import manager
 from tpunb.errors import NoSliceError, UsageError
 from tpunb.host import protocol
 from tpunb.registry import process_start
+from tests import warm
 from tests.conftest import CPU_AS_TPU_HOST, wait_for
 from tests.test_liveness import running
 
@@ -46,8 +47,10 @@ def started_children(cell) -> list[int]:
 
 
 def agents_of_this_kernel() -> list[int]:
-    """Running agent processes whose parent is this process or its fork server (local hosts)."""
+    """Running agent processes whose parent is this process or its fork server (local hosts), but
+    the warm slices' that other tests share (tests/warm.py)."""
     server = manager.MANAGER.forks.pid
+    shared = {h.info.get("pid") for w in warm.Pool.every_warm_slice() for h in w.session.hosts}
     parents = {os.getpid(), server}
     found = []
     for entry in os.listdir("/proc"):
@@ -58,11 +61,13 @@ def agents_of_this_kernel() -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) in parents and int(entry) != server and b"_bundle" in cmdline and fields[0] not in ("Z", "X"):
+        if (int(fields[1]) in parents and int(entry) != server and int(entry) not in shared and b"_bundle" in cmdline
+                and fields[0] not in ("Z", "X")):
             found.append(int(entry))
     return found
 
 
+@pytest.mark.fresh_slice
 def test_processes_a_cell_started_end_when_its_agent_is_killed(make_slice, cell):
     sl = make_slice(2)
     children = started_children(cell)
@@ -74,6 +79,7 @@ def test_processes_a_cell_started_end_when_its_agent_is_killed(make_slice, cell)
     assert "Out[0-1]: 1" in cell("%%on_tpu\n1").shown
 
 
+@pytest.mark.fresh_slice
 def test_processes_a_cell_started_end_with_the_slice(make_slice, cell):
     sl = make_slice(2)
     children = started_children(cell)
@@ -85,6 +91,7 @@ def test_processes_a_cell_started_end_with_the_slice(make_slice, cell):
 
 
 @pytest.mark.parametrize("transport", ["local", "ssh"])
+@pytest.mark.fresh_slice
 def test_host_frozen_when_its_kernel_dies_does_not_stay_frozen(transport, request, tmp_path):
     """A kernel process (a real Python running tpunb) starts a slice and a child on host 0; host 0's
     agent is frozen, then the kernel is killed: the agent and its child end within seconds."""
@@ -113,6 +120,7 @@ def test_host_frozen_when_its_kernel_dies_does_not_stay_frozen(transport, reques
         kernel.wait()
 
 
+@pytest.mark.fresh_slice
 def test_a_reused_owner_pid_does_not_lock_a_local_slice(cell):
     sl = manager.launch("v4-8", name="reused")
     sl.close()
@@ -135,6 +143,7 @@ def test_a_reused_owner_pid_does_not_lock_a_local_slice(cell):
         stranger.wait()
 
 
+@pytest.mark.fresh_slice
 def test_two_threads_reviving_a_dead_host_start_one_agent(monkeypatch):
     monkeypatch.setenv("TPUNB_STANDBY", "likely")  # every agent counted below is a host's: no standby ahead
     sl = manager.launch("v4-16", name="revived")
@@ -170,6 +179,7 @@ def test_two_threads_reviving_a_dead_host_start_one_agent(monkeypatch):
 
 
 @pytest.mark.parametrize("pause", ["before_launch", "after_launch"])
+@pytest.mark.fresh_slice
 def test_deleting_a_slice_while_another_thread_revives_it_leaves_no_agent(pause):
     """The revival is held at a point inside its agent start (before host 1's agent is spawned, or
     after it was spawned and before its handshake) until the deletion has begun closing the hosts:

@@ -39,6 +39,8 @@ def launch(cell, sshd):
     return lambda extra="", accel="v4-16": cell(f"%tpu_launch {accel} {extra}")
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
     cloud.timings(create_seconds=1.0)  # CREATING lasts long enough for a loaded machine's launch to see it
     run = launch("--name pod")
@@ -62,6 +64,7 @@ def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
     assert cell("%tpu_down pod").error is None  # idempotent
 
 
+@pytest.mark.fresh_slice
 def test_backend_defaults_to_gcp_with_a_project(cloud, cell, monkeypatch, launch):
     run = launch(accel="v4-8")
     assert run.error is None and "(backend gcp)" in run.stdout
@@ -72,6 +75,8 @@ def test_backend_defaults_to_gcp_with_a_project(cloud, cell, monkeypatch, launch
     assert "local simulated slice" in local.stdout
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_preemption_is_detected_and_recover_relaunches(cloud, cell, launch):
     assert launch("--name spotty --spot").error is None
     cloud.preempt("spotty")
@@ -104,6 +109,7 @@ def test_cloud_failures_are_one_line_and_leave_nothing(cloud, cell, isolated_hom
     assert Registry(isolated_home / "registry.db").list_slices() == []
 
 
+@pytest.mark.fresh_slice
 def test_os_login_ignoring_the_metadata_key_says_what_to_do(cloud, sshd, isolated_home):
     """Under OS Login a VM ignores the node's ssh-keys. An account that may not read the project's
     metadata (no compute.projects.get) cannot see that OS Login is on, so the key goes to metadata:
@@ -126,6 +132,7 @@ def test_stuck_in_creating_past_timeout_is_deleted(cloud, cell, launch):
     wait_for(lambda: cloud.state()["nodes"] == [], 10, "the node to be deleted")
 
 
+@pytest.mark.fresh_slice
 def test_bad_accelerator_and_zone(cloud, cell):
     bad = cell("%tpu_launch v4-17")
     assert isinstance(bad.error, UnknownAcceleratorError) and "did you mean" in str(bad.error)
@@ -207,6 +214,7 @@ def test_a_zone_the_wildcard_list_cannot_reach_is_asked_on_its_own(cloud):
     gcp.delete("proj", ZONE, "far")
 
 
+@pytest.mark.fresh_slice
 def test_use_reattaches_a_cloud_slice_after_a_kernel_restart(cloud, cell, launch):
     assert launch("--name kept").error is None
     manager.detach_all()

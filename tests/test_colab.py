@@ -51,6 +51,7 @@ def test_missing_credentials_in_colab_offer_colabs_sign_in(colab, tmp_path, monk
     assert colab == []  # offered, never called for the user: signing in opens Colab's dialog
 
 
+@pytest.mark.fresh_slice
 def test_no_project_in_colab_names_authenticate(colab, cell):
     run = cell("%tpu_launch v5litepod-8 --backend gcp")
     assert isinstance(run.error, ProvisionError)
@@ -91,6 +92,7 @@ def run_in_kernel(client, code: str, timeout: float = 120) -> tuple[dict, list[d
     return reply["content"], messages
 
 
+@pytest.mark.fresh_slice
 def test_core_widgets_render_without_colabs_custom_manager_in_a_real_kernel(isolated_home):
     """%tpu_metrics is a core ipywidgets HTML widget (7.7 in Colab, 8 elsewhere): it shows as a widget
     view in a real ipykernel, and Colab's custom widget manager is left alone until a custom widget asks."""
@@ -135,6 +137,7 @@ def test_core_widgets_render_without_colabs_custom_manager_in_a_real_kernel(isol
 # -- this machine's own TPU ----------------------------------------------------------------------
 
 
+@pytest.mark.fresh_slice
 def test_own_accelerator_from_the_variable_or_left_to_jax_on_the_chips(colab, tmp_path):
     dev = tmp_path / "dev"
     (dev / "vfio").mkdir(parents=True)
@@ -163,6 +166,8 @@ def test_a_device_kind_that_is_no_tpu_says_what_to_set():
         tpunb.colab.accelerator_from_devices("cpu", 8)
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_launch_local_names_the_type_from_what_jax_sees_on_the_chips(colab, cell, monkeypatch, tmp_path):
     """No TPU here: the host's jax is a stand-in package that answers as JAX on a v6e-4 VM does
     (``device_kind`` 'TPU v6 lite', 4 devices); this machine 'has' 4 chips."""
@@ -182,6 +187,8 @@ def test_launch_local_names_the_type_from_what_jax_sees_on_the_chips(colab, cell
     assert "'v6e-4'" in cell("%%on_tpu\nimport os\nos.environ['TPUNB_ACCELERATOR']").shown  # one host: no label
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_launch_local_puts_the_one_host_on_this_machines_own_chips(colab, cell, monkeypatch, tmp_path):
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-1")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # what a simulated slice's host gets; the own-TPU host must not
@@ -198,12 +205,15 @@ def test_launch_local_puts_the_one_host_on_this_machines_own_chips(colab, cell, 
     assert run.stdout.splitlines() == [f"'' --xla_dump_to={tmp_path}/dump", "v5litepod-1 1 1"]
 
 
+@pytest.mark.fresh_slice
 def test_launch_local_takes_no_cloud_flags(cell):
     run = cell("%tpu_launch local --backend gcp")
     assert isinstance(run.error, UsageError)
     assert "takes only --name and --env" in str(run.error)
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_kernel_whose_jax_holds_the_tpu_is_told_in_one_line(colab, cell, monkeypatch):
     """Only one process can open a TPU. Here the kernel's JAX really initializes (on this CPU); the
     one thing simulated is that its backend is Colab's chip: a "tpu" entry in JAX's backend table,

@@ -15,6 +15,8 @@ from tpunb.emulator.storage import StorageEmulator
 from tpunb.host import gcs
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.jax
+
 #: one SPMD program over every host's devices (the same cache entry for all processes), then which
 #: of JAX's cache events it raised on this host
 PROGRAM = ("%%on_tpu\nimport jax, jax.numpy as jnp\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
@@ -26,6 +28,7 @@ PROGRAM = ("%%on_tpu\nimport jax, jax.numpy as jnp\nfrom jax.sharding import Nam
            "sorted({e.rsplit('/', 1)[1] for e in events if e.startswith('/jax/compilation_cache/cache_')})")
 
 
+@pytest.mark.fresh_slice
 def test_restart_hits_the_default_cache(cell, isolated_home):
     assert cell("%tpu_launch v4-8 --name warm").error is None
     first = cell(PROGRAM)
@@ -38,6 +41,7 @@ def test_restart_hits_the_default_cache(cell, isolated_home):
 
 
 @pytest.mark.parametrize("make_slice", ["ssh"], indirect=True)
+@pytest.mark.fresh_slice
 def test_cells_and_services_of_a_remote_host_find_the_cache_in_its_home(make_slice, cell):
     make_slice(1)
     where = cell("%%on_tpu\nimport os\nplace = os.path.expanduser('~/.tpunb/jax-cache')\n"
@@ -57,6 +61,7 @@ def storage(monkeypatch):
         yield server
 
 
+@pytest.mark.fresh_slice
 def test_a_gs_cache_serves_use_from_a_new_kernel_and_a_new_slice_of_the_same_shape(cell, storage, isolated_home):
     for bad in ("/tmp/cache", "gs://", "s3://bucket/jax"):
         refused = cell(f"%tpu_launch v4-8 --compile-cache {bad}")

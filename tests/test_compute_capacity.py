@@ -64,6 +64,7 @@ def nothing_in(google: Google, *zone_list: str) -> bool:
     return all(not v for z in zone_list for v in google.everything(z).values())
 
 
+@pytest.mark.fresh_slice
 def test_zones_are_compute_engines_answer_asked_once_per_session(cloud, cell):
     calls = cloud.emulator.record_compute()
     before = len(calls)
@@ -99,6 +100,7 @@ def test_a_stockout_moves_a_mig_to_the_next_zone_leaving_nothing(cloud, isolated
     assert teardown(cloud.project, TPU7X_ZONES[1], "fo") == "" and nothing_in(google, *TPU7X_ZONES)
 
 
+@pytest.mark.fresh_slice
 def test_every_zone_failing_is_one_line_per_zone_then_what_to_try(cloud, cell, isolated_home):
     cloud.emulator.faults(no_capacity=[V6E_ZONES[0], V6E_ZONES[2]], quota="operation", quota_regions=["us-east1"])
     run = cell(f"%tpu_launch v6e-8 --name fo --zone {','.join(V6E_ZONES)}")
@@ -141,6 +143,7 @@ def test_a_flex_start_slice_is_an_empty_bulk_mig_sized_up(cloud, isolated_home):
     assert teardown(cloud.project, TPU7X_ZONES[1], "flexslice") == "" and nothing_in(google, TPU7X_ZONES[1])
 
 
+@pytest.mark.fresh_slice
 def test_ctrl_c_while_flex_start_waits_deletes_the_request_and_says_so(cloud, cell, isolated_home):
     google = Google(cloud)
     cloud.emulator.faults(no_capacity=[V6E_ZONES[0]])
@@ -153,6 +156,7 @@ def test_ctrl_c_while_flex_start_waits_deletes_the_request_and_says_so(cloud, ce
     assert nothing_in(google, V6E_ZONES[0]) and Registry(isolated_home / "registry.db").list_slices() == []
 
 
+@pytest.mark.fresh_slice
 def test_a_reservation_is_consumed_by_name_and_an_unknown_one_is_one_line(cloud, cell, isolated_home):
     google = Google(cloud)
     cloud.emulator.compute_faults(reservations=["team-res"])
@@ -276,6 +280,7 @@ def test_a_deletion_that_fails_halfway_lists_the_gcloud_commands_for_what_is_lef
     assert cell("%tpu_down stuck").error is None and nothing_in(google, zone)  # the record stayed: %tpu_down again
 
 
+@pytest.mark.fresh_slice
 def test_ctrl_c_while_a_mig_fills_deletes_its_mig_template_and_policy(cloud, cell, isolated_home):
     google, zone = Google(cloud), TPU7X_ZONES[1]
     cloud.emulator.compute_faults(unstable=[zone], unstable_code="CONDITION_NOT_MET")  # it waits, not a stockout

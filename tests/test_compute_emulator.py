@@ -147,6 +147,7 @@ def raw(sandbox, method: str, path: str, body: dict | None = None) -> tuple[int,
         return e.code, json.loads(e.read())
 
 
+@pytest.mark.sandbox
 def test_the_sandbox_points_tpunb_at_its_compute_api_and_back(monkeypatch):
     monkeypatch.setenv("TPUNB_COMPUTE_API_ENDPOINT", "http://127.0.0.1:1")
     box = start_sandbox(hosts=1, pythons=[])

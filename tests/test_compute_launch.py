@@ -20,6 +20,8 @@ def box():
     yield from sandbox(1, 0.3, 0.1, 0.1)
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_single_host_v6e_is_one_instance_and_runs_a_cell_also_after_a_reset(cloud, cell, monkeypatch, tmp_path):
     google = Google(cloud)
     run = cell(f"%tpu_launch v6e-8 --name trillium --zone {V6E_ZONE}")
@@ -62,6 +64,7 @@ def test_a_single_host_v6e_is_one_instance_and_runs_a_cell_also_after_a_reset(cl
     (f"tpu7x-32 --zone {V6E_ZONE}", fr"^{V6E_ZONE} has no tpu7x-standard-4t \(tpu7x-32\): zones with it: "),
     ("v6e-8 --api cloud", r"^--api cloud: give tpu \(the Cloud TPU API\) or compute \(Compute Engine\)$"),
 ])
+@pytest.mark.fresh_slice
 def test_what_compute_engine_cannot_do_is_one_line_and_makes_nothing(cloud, cell, line, message):
     run = cell(f"%tpu_launch {line}")
     assert run.error is not None and re.search(message, str(run.error)), (str(run.error), run.shown)

@@ -68,6 +68,7 @@ def launched(box, ip):
     return run_cell(ip, f"%tpu_launch tpu7x-32 --name {NAME} --zone {ZONE}")
 
 
+@pytest.mark.jax
 def test_a_tpu7x_32_is_a_bulk_mig_of_bare_images_prepared_with_uv_as_the_os_login_user(box, launched, cell):
     assert launched.error is None, launched.shown
     assert "through Compute Engine" in launched.stdout and "4 x tpu7x-standard-4t" in launched.stdout, launched.stdout
@@ -148,6 +149,7 @@ def test_stacks_of_a_background_cell(launched, cell, tmp_path):
     assert {h: r.status for h, r in handle.result().items()} == {i: "ok" for i in range(4)}
 
 
+@pytest.mark.jax
 def test_a_snapshot_goes_to_cloud_storage_and_comes_back(launched, cell):
     made = cell("%%on_tpu\nimport numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
                 "mesh = jax.make_mesh((32,), ('x',))\n"
@@ -176,6 +178,8 @@ def test_a_service_on_worker_0_is_reached_through_a_forward(launched, cell):
     assert cell("%tpu_serve --stop web").error is None
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_after_a_colab_reset_the_survey_finds_the_mig_and_use_attaches_it(box, cell, ip, tmp_path):
     manager.detach_all()  # the runtime was recycled: no kernel, no registry, no key
     os.environ["TPUNB_HOME"] = str(tmp_path / "new-home")  # the module's MonkeyPatch restores it
@@ -197,6 +201,7 @@ def test_after_a_colab_reset_the_survey_finds_the_mig_and_use_attaches_it(box, c
     assert profile["keys"] == 2  # the new kernel's key, through OS Login
 
 
+@pytest.mark.jax
 def test_restart_gives_fresh_sessions_on_the_same_slice(box, cell):
     sl = manager.current()
     assert cell("%%on_tpu\nkept = 1").error is None

@@ -51,6 +51,7 @@ def metadata(box, address: str, path: str, value: str | None = None) -> str:
         return response.read().decode()
 
 
+@pytest.mark.fresh_slice
 def test_a_preempted_spot_vm_is_said_recovered_and_idle_deleted(watched, cell):
     google, box = Google(watched), watched
     run = cell(f"%tpu_launch v6e-8 --spot --name spotty --zone {V6E_ZONE} --idle-delete 4s --no-setup")
@@ -83,6 +84,7 @@ def test_a_preempted_spot_vm_is_said_recovered_and_idle_deleted(watched, cell):
     assert google.everything(V6E_ZONE) == {"instances": [], "migs": [], "templates": [], "policies": []}
 
 
+@pytest.mark.fresh_slice
 def test_a_slices_watchdog_checks_reads_and_deletes_through_compute_engine(watched, cell, ip, monkeypatch, tmp_path):
     google, box = Google(watched), watched
     calls = box.emulator.record_compute()

@@ -27,6 +27,7 @@ def connect(cell, sshd, ssh_key):
     return run
 
 
+@pytest.mark.fresh_slice
 def test_connect_orders_hosts_as_given_and_sets_env_secretly(connect, cell, sshd, isolated_home):
     reversed_hosts = sshd.addresses[:3][::-1]
     run = connect(reversed_hosts, "--name mine --env HF_TOKEN=hf_s3cret_token")
@@ -45,6 +46,7 @@ def test_connect_orders_hosts_as_given_and_sets_env_secretly(connect, cell, sshd
     assert "hf_s3cret_token" not in run.shown + where.shown + status.shown
 
 
+@pytest.mark.fresh_slice
 def test_killing_sshd_and_agents_fails_the_cell_fast_then_reconnects(connect, cell, sshd, flags):
     assert connect(sshd.addresses[:2]).error is None
     cell("%%on_tpu\nkept = 1")
@@ -73,6 +75,8 @@ def test_killing_sshd_and_agents_fails_the_cell_fast_then_reconnects(connect, ce
     assert "Out[0-1]: False" in back.shown
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.usefixtures("host_key_restored")
 def test_changed_host_key_is_refused_until_accepted(connect, cell, sshd):
     assert connect(sshd.addresses[:1], "--name first").error is None
     cell("%tpu_down first")
@@ -87,6 +91,7 @@ def test_changed_host_key_is_refused_until_accepted(connect, cell, sshd):
     assert cell("%%on_tpu\n1 + 1").shown.strip() == "2"  # a one-host slice: no labels
 
 
+@pytest.mark.fresh_slice
 def test_wrong_user_key_gives_a_clear_authentication_error(cell, sshd, tmp_path):
     stranger = tmp_path / "stranger"
     _write_ed25519(stranger)
@@ -95,6 +100,7 @@ def test_wrong_user_key_gives_a_clear_authentication_error(cell, sshd, tmp_path)
     assert "rejected SSH key" in str(run.error) and "authorized_keys" in str(run.error)
 
 
+@pytest.mark.fresh_slice
 def test_unreachable_host_fails_within_the_connect_timeout(cell, sshd, ssh_key):
     started = time.perf_counter()
     run = cell(f"%tpu_connect 127.0.0.9:{sshd.port} --key {ssh_key}")
@@ -103,6 +109,7 @@ def test_unreachable_host_fails_within_the_connect_timeout(cell, sshd, ssh_key):
     assert "Traceback" not in run.shown
 
 
+@pytest.mark.fresh_slice
 def test_tpu_run_streams_labels_and_fails_if_any_host_fails(patient_grouping, connect, cell, sshd):
     connect(sshd.addresses[:2])
     ok = cell("%tpu_run echo hello from $TPUNB_HOST_INDEX")
@@ -123,6 +130,7 @@ def test_tpu_run_is_interruptible_and_works_on_local_slices(make_slice, cell, fl
     assert run.seconds < 10
 
 
+@pytest.mark.fresh_slice
 def test_sync_copies_changes_only_and_honours_gitignore(connect, cell, sshd, tmp_path):
     connect(sshd.addresses[:2])
     project = tmp_path / "proj"
@@ -149,12 +157,14 @@ def test_sync_copies_changes_only_and_honours_gitignore(connect, cell, sshd, tmp
     assert "Out[0-1]: 'SIZE = 2\\n'" in cell(f"%%on_tpu\nopen('{remote}/pkg/model.py').read()").shown
 
 
+@pytest.mark.fresh_slice
 def test_sync_on_a_local_slice_has_nothing_to_copy(cell):
     cell("%tpu_launch v4-8")
     run = cell("%tpu_sync")
     assert run.error is None and "share this machine's files" in run.stdout
 
 
+@pytest.mark.fresh_slice
 def test_use_reconnects_an_ssh_slice_after_a_kernel_restart(connect, cell, sshd):
     connect(sshd.addresses[:2], "--name remote --env SECRET=1")
     manager.detach_all()
@@ -165,6 +175,7 @@ def test_use_reconnects_an_ssh_slice_after_a_kernel_restart(connect, cell, sshd)
     assert "deleted remote" in cell("%tpu_down remote").stdout
 
 
+@pytest.mark.fresh_slice
 def test_hosts_you_bring_can_be_a_multislice(patient_grouping, connect, cell, sshd):
     run = connect(sshd.addresses[:4], "--name pair --slices 2")
     assert run.error is None, run.shown
@@ -177,6 +188,7 @@ def test_hosts_you_bring_can_be_a_multislice(patient_grouping, connect, cell, ss
     assert "deleted pair" in cell("%tpu_down pair").stdout
 
 
+@pytest.mark.fresh_slice
 def test_bad_connect_arguments(cell, sshd):
     assert "Usage: %tpu_connect" in cell("%tpu_connect").shown
     mismatch = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:3])} --accelerator v4-16")

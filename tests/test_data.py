@@ -37,6 +37,8 @@ def local_way(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_pushed_values_arrive_equal_writable_and_private_to_each_host(make_slice, cell):
     import jax.numpy as jnp
 
@@ -75,6 +77,7 @@ def test_pushed_values_arrive_equal_writable_and_private_to_each_host(make_slice
     assert {h: v.tolist() for h, v in sl.pull("frozen").items()} == {0: [9, 1, 2], 1: [9, 1, 2]}
 
 
+@pytest.mark.fresh_slice
 def test_local_push_and_pull_of_large_arrays_by_memfd_or_pipes(local_way, cell):
     from tpunb import manager
 
@@ -92,6 +95,7 @@ def test_local_push_and_pull_of_large_arrays_by_memfd_or_pipes(local_way, cell):
              "the hosts to close their pulled values' memfds once the kernel mapped them")
 
 
+@pytest.mark.fresh_slice
 def test_a_push_answers_before_the_value_it_replaces_is_let_go(make_slice, cell, tmp_path):
     """Freeing what a push replaces (unmapping 64 MB took 15-20 ms of a 100 ms push) comes after
     the host's answer: here a replaced value's finalizer blocks until the test opens a FIFO."""
@@ -113,6 +117,7 @@ def test_a_push_answers_before_the_value_it_replaces_is_let_go(make_slice, cell,
     assert [int(v.sum()) for v in sl.pull("x").values()] == [np.arange(1 << 18).sum()] * 2
 
 
+@pytest.mark.fresh_slice
 def test_a_local_host_that_cannot_map_the_kernels_memfd_is_sent_parts(monkeypatch):
     import subprocess
 
@@ -218,6 +223,7 @@ def _noting(method, event: threading.Event):
     return noted
 
 
+@pytest.mark.fresh_slice
 def test_heartbeats_pass_during_a_long_transfer_in_parts(make_slice, monkeypatch):
     monkeypatch.setattr(transfer.transfer, "can_share", lambda: False)  # local hosts too take parts
     sl = make_slice(2)

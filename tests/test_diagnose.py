@@ -36,6 +36,7 @@ def other_jax_python(tmp_path):
     return str(venv / "bin" / "python")
 
 
+@pytest.mark.fresh_slice
 def test_a_host_with_another_jax_is_named_in_one_warning(cell, sshd, ssh_key, other_jax_python):
     run = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:3])} --key {ssh_key} "
                f"--python {sshd.python},{other_jax_python},{sshd.python}")
@@ -57,6 +58,7 @@ def test_a_host_with_another_jax_is_named_in_one_warning(cell, sshd, ssh_key, ot
     assert rows["TPU free"].status == rows["coordinator port"].status == "ok"
 
 
+@pytest.mark.fresh_slice
 def test_hosts_that_agree_give_no_warning(cell, sshd, ssh_key):
     run = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:2])} --key {ssh_key} --python {sshd.python}")
     assert run.error is None, run.shown
@@ -64,6 +66,7 @@ def test_hosts_that_agree_give_no_warning(cell, sshd, ssh_key):
     assert manager.current().warn_version_skew() is None
 
 
+@pytest.mark.fresh_slice
 def test_hosts_on_the_kernels_python_do_not_read_their_versions_but_show_the_kernels(cell):
     """A local slice's hosts run this kernel's Python: their hello says so instead of reading
     package metadata (10 ms a process), and %tpu_status --versions shows this kernel's versions."""
@@ -104,6 +107,8 @@ def tpu_held(tmp_path):
     holder.wait()
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_process_holding_the_tpu_is_named_and_the_given_line_frees_it(cell, sshd, ssh_key, tpu_held):
     holder, env = tpu_held
     settings = " ".join(f"{k}={v}" for k, v in env.items())
@@ -127,6 +132,7 @@ def test_a_process_holding_the_tpu_is_named_and_the_given_line_frees_it(cell, ss
     assert "Out[0-1]: 2" in started.shown
 
 
+@pytest.mark.fresh_slice
 def test_jax_saying_the_tpu_is_in_use_gets_the_holder_named(cell, sshd, ssh_key, tpu_held):
     """What libtpu raises when our check could not see the holder (another user's process)."""
     holder, env = tpu_held
@@ -141,6 +147,8 @@ def test_jax_saying_the_tpu_is_in_use_gets_the_holder_named(cell, sshd, ssh_key,
     assert "[tpunb]" not in other.shown
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_stale_libtpu_lockfile_is_named_with_the_line_that_removes_it(cell, sshd, ssh_key, tmp_path):
     lock = tmp_path / "libtpu_lockfile"
     lock.write_text("")  # left by a run that was killed: no process has it open
@@ -156,12 +164,14 @@ def test_a_stale_libtpu_lockfile_is_named_with_the_line_that_removes_it(cell, ss
 
 def test_another_users_lockfile_is_not_called_stale():
     """Their processes are hidden from a user who is not root: the lock may be live. The check runs
-    as user nobody (the system's Python: pyenv's is under /root), on a lock file root made."""
+    as user nobody (the system's Python: pyenv's is under /root), on a lock file root made. The
+    module runs from a copy beside the lock: nobody may not be able to read the checkout (a clone
+    inside a 0700 folder, as ``mktemp -d`` makes them)."""
     where = Path(tempfile.mkdtemp())  # pytest's own temp dirs are root's alone
     where.chmod(0o755)
     (where / "libtpu_lockfile").write_text("")
-    code = (f"import sys; sys.path.insert(0, {str(Path(host_diagnose.__file__).parent)!r}); import diagnose; "
-            "print(diagnose.tpu_busy(0))")
+    shutil.copy(host_diagnose.__file__, where / "diagnose.py")
+    code = f"import sys; sys.path.insert(0, {str(where)!r}); import diagnose; print(diagnose.tpu_busy(0))"
     seen = subprocess.run(["/usr/bin/python3", "-I", "-c", code], capture_output=True, text=True, check=True,
                           user=65534, env={host_diagnose.DEVICES_ENV: f"{where}/accel*",
                                            host_diagnose.LOCKFILE_ENV: f"{where}/libtpu_lockfile"}).stdout
@@ -201,6 +211,8 @@ def dropping_port(sshd):
     listener.close()
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_coordinator_port_that_drops_packets_fails_the_cell_in_seconds(cell, sshd, ssh_key, dropping_port):
     run = cell(f"%tpu_connect {specs(sshd, sshd.addresses[:2])} --key {ssh_key} --python {sshd.python} "
                f"--coordinator-port {dropping_port} --env JAX_PLATFORMS=cpu")
@@ -221,6 +233,8 @@ def test_a_coordinator_port_that_drops_packets_fails_the_cell_in_seconds(cell, s
                      "(no answer in 1 s)" for h in (0, 1)]
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_fixed_coordinator_port_survives_a_restart(cell, sshd, ssh_key):
     with socket.socket() as s:
         s.bind((sshd.addresses[0], 0))
@@ -262,6 +276,7 @@ def test_probe_counts_a_refusal_as_reachable_and_silence_as_blocked(dropping_por
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.jax
 def test_cloud_slices_use_the_port_gcp_opens_and_the_emulator_a_random_one(monkeypatch):
     from tpunb.provision import gcp
     from tpunb.registry import SliceRecord
@@ -275,6 +290,7 @@ def test_cloud_slices_use_the_port_gcp_opens_and_the_emulator_a_random_one(monke
     assert gcp.jax_coordinator(record)["coordinator_port"] is None
 
 
+@pytest.mark.fresh_slice
 def test_bad_diagnosis_arguments_are_one_line(cell, sshd, ssh_key):
     wrong = cell("%tpu_status --bogus")
     assert "Usage: %tpu_status [--versions]" in wrong.shown and "Traceback" not in wrong.shown

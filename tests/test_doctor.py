@@ -34,6 +34,7 @@ def rows(report) -> dict[str, tuple[str, str]]:
     return {r.check: (r.status, r.why) for r in report}
 
 
+@pytest.mark.fresh_slice
 def test_a_healthy_cloud_slice_is_ok_on_every_row(cloud, cell, sshd):
     run = cell("%tpu_launch v4-8 --name well")
     assert run.error is None, run.shown
@@ -89,6 +90,7 @@ def test_missing_credentials_and_project_are_failed_rows(monkeypatch):
     assert "API enabled" not in got
 
 
+@pytest.mark.fresh_slice
 def test_host_checks_on_a_local_slice_and_a_full_disk(cell, monkeypatch):
     assert cell("%tpu_launch v4-16 --name here").error is None
     got = rows(doctor())

@@ -309,6 +309,7 @@ def test_queued_resource_fails_on_quota(api, tpu_emulator):
     assert failed.code == 8 and "exhausted" in failed.message
 
 
+@pytest.mark.sandbox
 def test_ssh_host_pool_and_authorized_keys(tmp_path):
     keys = tmp_path / "authorized_keys"
     keys.write_text("ssh-ed25519 AAAAkeep someone-else\n")

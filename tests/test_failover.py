@@ -42,6 +42,8 @@ def places(state: dict, kind: str = "nodes") -> list[str]:
     return sorted(item["name"].split("/")[3] for item in state[kind])
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_stockout_in_the_first_zone_ends_with_a_working_slice_in_the_second(cloud, cell, launch, isolated_home):
     cloud.faults(no_capacity=[Z1])
     run = launch(f"--zone {Z1},{Z2}")
@@ -54,6 +56,7 @@ def test_a_stockout_in_the_first_zone_ends_with_a_working_slice_in_the_second(cl
     assert record.spec["zone"] == Z2 and record.spec["race"] is None  # %tpu_down and --recover find it there
 
 
+@pytest.mark.fresh_slice
 def test_a_race_of_three_zones_leaves_one_node_and_no_other_queued_resource(cloud, cell, launch):
     cloud.faults(no_capacity=[Z1, Z2])  # both wait for capacity while the third is granted
     run = launch(f"--zone {Z1},{Z2},{Z3} --race 3")
@@ -65,6 +68,7 @@ def test_a_race_of_three_zones_leaves_one_node_and_no_other_queued_resource(clou
     assert cell("%%on_tpu\n6 * 7").shown.count("42") == 1
 
 
+@pytest.mark.fresh_slice
 def test_a_race_where_every_zone_is_granted_keeps_only_the_first(cloud, cell, launch):
     run = launch(f"--zone {Z1},{Z2},{Z3} --race 3")
     assert run.error is None, run.shown
@@ -84,6 +88,7 @@ def test_interrupting_a_race_deletes_every_queued_resource(cloud, launch, isolat
     assert Registry(isolated_home / "registry.db").list_slices() == []
 
 
+@pytest.mark.fresh_slice
 def test_every_zone_failing_gives_one_line_per_zone_then_what_to_try(cloud, sshd, isolated_home):
     cloud.faults(no_capacity=[Z1], quota="operation", quota_regions=[catalog.region_of(Z2)], permission_denied=[Z3])
     with pytest.raises(ProvisionError) as info:
@@ -157,6 +162,7 @@ def test_a_project_wide_failure_stops_at_the_first_zone(tpu_emulator):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.fresh_slice
 def test_a_kernel_killed_mid_race_leaves_what_tpu_down_deletes_in_every_zone(cloud, isolated_home):
     """SIGKILL gives the launching kernel no chance to clean up: its record names every zone it tried."""
     cloud.faults(no_capacity=True)
@@ -173,6 +179,7 @@ def test_a_kernel_killed_mid_race_leaves_what_tpu_down_deletes_in_every_zone(clo
     assert cloud.state()["queuedResources"] == [] and Registry(isolated_home / "registry.db").list_slices() == []
 
 
+@pytest.mark.fresh_slice
 def test_zone_any_with_one_zone_offering_the_type_launches_there(cloud, cell, sshd):
     run = cell("%tpu_launch v4-8 --name only --zone any")
     assert run.error is None, run.shown
@@ -183,6 +190,7 @@ def test_zone_any_with_one_zone_offering_the_type_launches_there(cloud, cell, ss
     ("--race 0", "--race takes how many zones to wait in at once, e.g. --race 3, not '0'"),
     ("--zone us-central1-a --alternatives v5p-16", "--alternatives v5p-16 has 2 hosts, v5p-8 has 1"),
 ])
+@pytest.mark.fresh_slice
 def test_bad_failover_flags_are_one_line(cloud, cell, flags, expected):
     run = cell(f"%tpu_launch v5p-8 --api tpu --backend gcp {flags}")
     assert isinstance(run.error, UsageError) and expected in str(run.error) and "\n" not in str(run.error)

@@ -111,6 +111,7 @@ def test_closing_ends_a_stream_still_registered_so_its_waiter_hears_at_once():
 
 
 @pytest.mark.parametrize("make_slice", ["local"], indirect=True)
+@pytest.mark.fresh_slice
 def test_local_hosts_share_one_reader_thread(make_slice, cell):
     before = set(threading.enumerate())
     sl = make_slice(4)
@@ -119,6 +120,7 @@ def test_local_hosts_share_one_reader_thread(make_slice, cell):
     assert new == [sl.session.fanin._thread]  # no thread of its own for any host
 
 
+@pytest.mark.fresh_slice
 def test_host_dying_inside_a_frame_fails_the_cell_and_others_are_read(patient_grouping, make_slice, cell, flags):
     make_slice(4)
     cell("%%on_tpu\nkept = 1")
@@ -130,6 +132,7 @@ def test_host_dying_inside_a_frame_fails_the_cell_and_others_are_read(patient_gr
     assert "Out[0,2-3]: True" in after.shown and "Out[1]: False" in after.shown
 
 
+@pytest.mark.fresh_slice
 def test_host_freezing_inside_a_frame_is_given_up_while_others_run(patient_grouping, make_slice, cell, flags):
     sl = make_slice(4)
     sl.heartbeat_timeout = 1.5

@@ -12,6 +12,8 @@ import pytest
 
 from bench.faults import CASES, Harness, Outcome, account, run_case
 
+pytestmark = pytest.mark.fault
+
 FAST = [(c, where) for c in CASES if c.fast for where in c.where]
 
 

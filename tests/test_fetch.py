@@ -59,6 +59,7 @@ def one_line(run) -> str:
     return text
 
 
+@pytest.mark.fresh_slice
 def test_a_local_slice_gets_the_files_written_once_and_a_second_fetch_moves_nothing(cell, hub, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     assert cell("%tpu_launch v4-16 --name fetchy").error is None
@@ -85,6 +86,7 @@ def test_a_local_slice_gets_the_files_written_once_and_a_second_fetch_moves_noth
                                                                                                   "tokenizer"]
 
 
+@pytest.mark.fresh_slice
 def test_a_fetch_cut_short_resumes_from_its_partial(cell, hub, tmp_path):
     assert cell("%tpu_launch v4-8 --name resumer").error is None
     target = tmp_path / "resume"
@@ -107,6 +109,7 @@ def resumes_from(cell, hub, target, offset: int) -> None:
     assert [s for _, p, s in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [f"bytes={offset}-"]
 
 
+@pytest.mark.fresh_slice
 def test_ctrl_c_stops_a_fetch_on_the_hosts_and_the_next_one_resumes(cell, hub, tmp_path):
     assert cell("%tpu_launch v4-8 --name pressed").error is None
     target = tmp_path / "pressed"
@@ -128,6 +131,7 @@ def test_ctrl_c_stops_a_fetch_on_the_hosts_and_the_next_one_resumes(cell, hub, t
     resumes_from(cell, hub, target, kept)
 
 
+@pytest.mark.fresh_slice
 def test_hosts_without_a_route_to_the_source_get_it_from_the_kernel_which_downloads_it_once(cell, hub, tmp_path):
     assert cell("%tpu_launch v4-8 --name walled --env http_proxy=http://127.0.0.1:9").error is None  # a dead proxy
     before = gets(hub, "org/open")
@@ -139,6 +143,7 @@ def test_hosts_without_a_route_to_the_source_get_it_from_the_kernel_which_downlo
     assert {p: n - before[p] for p, n in gets(hub, "org/open").items()} == ONE_GET_EACH
 
 
+@pytest.mark.fresh_slice
 def test_every_bad_input_is_one_line(cell, hub, tmp_path, monkeypatch):
     assert cell("%tpu_launch v4-8 --name bad").error is None
     usage = "Usage: %tpu_fetch --to PATH [--include GLOB [GLOB ...]] [--revision R]"
@@ -177,6 +182,7 @@ def host_files(cell, to: str) -> list:
     return [eval(result.reprs[i]) for i in sorted(result.reprs)]  # noqa: S307 - our own cell's repr
 
 
+@pytest.mark.fresh_slice
 def test_a_gated_repository_lands_identical_on_two_cloud_hosts_once_from_the_hub(tpu_emulator, cell, hub, monkeypatch,
                                                                                    isolated_home):
     configure(monkeypatch, "us-central2-b")

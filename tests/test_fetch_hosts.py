@@ -42,6 +42,7 @@ def url(hub, name: str) -> str:
     return f"{hub.url}/org/files/resolve/main/{name}"
 
 
+@pytest.mark.fresh_slice
 def test_hosts_whose_folder_is_one_shared_folder_write_it_once(cell, sshd, ssh_key, monkeypatch, hub, tmp_path):
     shared = tmp_path / "network-share"
     shared.mkdir()
@@ -80,6 +81,7 @@ def fill(folder: Path) -> Path:
     return filler
 
 
+@pytest.mark.fresh_slice
 def test_a_receivers_disk_filling_mid_transfer_is_one_line_naming_the_host(cell, sshd, ssh_key, monkeypatch, hub):
     home0, home1 = homes(sshd)
     connect(sshd, ssh_key, monkeypatch, "filling")
@@ -144,6 +146,7 @@ def hold(seconds: float, broken) -> None:
         threading.Event().wait(0.02)
 
 
+@pytest.mark.fresh_slice
 def test_a_fetch_through_the_kernel_holds_at_most_its_window(cell, sshd, ssh_key, monkeypatch, hub, kernel_holds):
     monkeypatch.setenv("TPUNB_RELAY", "never")  # the hosts' bytes go through the kernel
     monkeypatch.setattr(spread, "WINDOW", WINDOW)

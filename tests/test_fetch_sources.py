@@ -66,6 +66,7 @@ def one_line(run) -> str:
     return text
 
 
+@pytest.mark.fresh_slice
 def test_a_bucket_prefix_lands_identical_on_two_hosts_checked_by_md5(cell, sshd, ssh_key, monkeypatch, storage):
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.url)
     bucket = gcs.Bucket(BUCKET)
@@ -96,6 +97,7 @@ def test_a_bucket_prefix_lands_identical_on_two_hosts_checked_by_md5(cell, sshd,
     assert not any((home / "gs2").exists() and tree(home / "gs2") for home in homes(sshd))
 
 
+@pytest.mark.fresh_slice
 def test_an_https_file_lands_identical_checked_by_size_and_etag_and_a_404_is_one_line(cell, sshd, ssh_key,
                                                                                        monkeypatch, hub):
     connect(sshd, ssh_key, monkeypatch, "webby")
@@ -116,6 +118,7 @@ def test_an_https_file_lands_identical_checked_by_size_and_etag_and_a_404_is_one
     assert absent.startswith(f"{hub.url}/org/web/resolve/main/absent.bin answered HTTP 404"), absent
 
 
+@pytest.mark.fresh_slice
 def test_a_source_that_drops_mid_file_is_a_resumable_failure_not_a_switch_to_the_kernel(cell, sshd, ssh_key,
                                                                                         monkeypatch, hub):
     connect(sshd, ssh_key, monkeypatch, "dropped")

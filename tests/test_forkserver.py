@@ -4,6 +4,7 @@ that could differ is a fresh process, ends are said as before, and a server that
 replaced without touching the hosts it made."""
 from __future__ import annotations
 
+import pytest
 import os
 import signal
 
@@ -11,6 +12,8 @@ from tpunb import manager
 from tpunb.engine.connection import describe_exit
 from tpunb.transport import procs
 from tests.conftest import wait_for
+
+pytestmark = pytest.mark.fresh_slice
 
 
 def parents(sl) -> set[int | None]:

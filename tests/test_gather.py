@@ -3,8 +3,11 @@ one numpy array, each distinct shard sent once, by the host that owns it."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from tpunb.errors import RemoteError, UsageError
+
+pytestmark = pytest.mark.jax
 
 MAKE = ("%%on_tpu\nimport jax, numpy as np\nfrom jax.sharding import NamedSharding, PartitionSpec as P\n"
         "mesh = jax.make_mesh((4, 2), ('x', 'y'), devices=jax.devices())\n"
@@ -23,6 +26,7 @@ def sent(sl, name: str) -> dict[int, int]:
     return {host: len(part["shards"]) for host, part in sl.session.gather(name, [0, 1]).items()}
 
 
+@pytest.mark.fresh_slice
 def test_gather_assembles_each_sharding_once_per_distinct_shard(make_slice, cell, ip):
     sl = make_slice(2)
     made = cell(MAKE)
@@ -40,6 +44,7 @@ def test_gather_assembles_each_sharding_once_per_distinct_shard(make_slice, cell
     np.testing.assert_array_equal(ip.user_ns["tiles"], np.arange(48, dtype=np.int32).reshape(8, 6))
 
 
+@pytest.mark.fresh_slice
 def test_gather_says_what_is_missing_or_what_to_use(make_slice, cell):
     sl = make_slice(2)
     assert cell(MAKE).error is None

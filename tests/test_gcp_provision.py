@@ -369,6 +369,7 @@ def ssh_login(address: str, port: int, key: paramiko.PKey, user: str | None = No
     return ssh
 
 
+@pytest.mark.sandbox
 def test_emulated_hosts_are_real_ssh_hosts(tmp_path, monkeypatch, tpu_emulator_options):
     """ssh-keys metadata makes its user and key on every host, as the guest agent does: log in as
     that user while READY, not after delete (alice is no user of this machine)."""
@@ -465,6 +466,7 @@ def test_a_failed_cleanup_is_said_in_one_line_and_listed_as_an_orphan_until_gone
     assert leftovers(tpu_emulator) == ([], [])
 
 
+@pytest.mark.fresh_slice
 def test_the_preemption_watch_says_once_that_it_cannot_watch_and_why(tpu_emulator, monkeypatch, capsys):
     """The API is switched off under a watched node: one line says so (with the API's reason),
     however many rounds fail; when the API is back, a preemption is still said."""

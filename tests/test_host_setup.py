@@ -58,6 +58,8 @@ def env_dir(server: Sshd, host: int) -> Path:
     return server.home(server.addresses[host]) / ".tpunb" / "env"
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_first_cell_on_a_bare_v5litepod_16(cloud, cell, bare):
     """The issue's 'done when': no option; jax and flax come from the environment tpunb made on each
     host, 16 devices, and a lambda pushed from the notebook runs there."""
@@ -94,9 +96,13 @@ def kernel_python_marks() -> tuple:
         (stdlib / "EXTERNALLY-MANAGED").exists(),)
 
 
+@pytest.mark.fresh_slice
 def test_a_relaunch_onto_kept_disks_only_checks_and_status_shows_versions(cloud, cell, ip, bare):
     """The environment is there (this sandbox keeps disks between nodes): starting costs a file
     read per host, no bar is shown, and %tpu_status --versions lists what each host runs."""
+    if not all(env_dir(bare, host).exists() for host in range(4)):  # made here unless another test did
+        assert cell("%tpu_launch v5litepod-16 --name before").error is None
+        cell("%tpu_down before")
     run = cell("%tpu_launch v5litepod-16 --name again")
     assert run.error is None, run.shown
     assert "preparing" not in run.stdout + run.stderr
@@ -112,6 +118,7 @@ def test_a_relaunch_onto_kept_disks_only_checks_and_status_shows_versions(cloud,
     cell("%tpu_down again")
 
 
+@pytest.mark.fresh_slice
 def test_requirements_and_pip_add_the_users_packages(cloud, cell, bare, tmp_path):
     """--requirements FILE (read here) and --pip go into the same environment, recorded with it."""
     requirements = tmp_path / "requirements.txt"
@@ -136,6 +143,7 @@ def launch_fails(cell, cloud, line: str, isolated_home) -> str:
     return text
 
 
+@pytest.mark.fresh_slice
 def test_a_package_that_does_not_exist(cloud, cell, isolated_home):
     text = launch_fails(cell, cloud, "%tpu_launch v5litepod-4 --pip tpunb-no-such-package-xyz", isolated_home)
     assert text.startswith("cannot prepare host 0 (127.0.0.2:")
@@ -143,16 +151,19 @@ def test_a_package_that_does_not_exist(cloud, cell, isolated_home):
     assert "deleted again" in text
 
 
+@pytest.mark.fresh_slice
 def test_a_version_with_no_wheel_for_the_hosts_python(cloud, cell, isolated_home):
     text = launch_fails(cell, cloud, "%tpu_launch v5litepod-4 --pip pillow==9.0.0", isolated_home)
     assert f"pillow==9.0.0 has no wheel for this host's Python {kernel_python()}" in text and "host 0" in text
 
 
+@pytest.mark.fresh_slice
 def test_a_python_uv_cannot_provide(cloud, cell, isolated_home):
     text = launch_fails(cell, cloud, "%tpu_launch v5litepod-4 --python 3.99", isolated_home)
     assert "host 0" in text and "uv cannot provide Python cpython-3.99" in text
 
 
+@pytest.mark.fresh_slice
 def test_a_host_with_no_route_to_the_package_index(cloud, cell, bare, isolated_home):
     """Host 1 of two reaches no index (its uv config names one that refuses): only it is named."""
     config = bare.home(bare.addresses[1]) / ".config" / "uv" / "uv.toml"
@@ -166,6 +177,7 @@ def test_a_host_with_no_route_to_the_package_index(cloud, cell, bare, isolated_h
     assert "no route to the package index (http://127.0.0.1:9)" in text
 
 
+@pytest.mark.fresh_slice
 def test_keep_keeps_the_node_of_a_failed_preparation(cloud, cell, isolated_home):
     run = cell("%tpu_launch v5litepod-4 --name kept --keep --pip tpunb-no-such-package-xyz")
     assert isinstance(run.error, HostSetupError) and "kept was kept (--keep)" in str(run.error), run.shown
@@ -174,6 +186,7 @@ def test_keep_keeps_the_node_of_a_failed_preparation(cloud, cell, isolated_home)
     wait_for(lambda: cloud.state()["nodes"] == [], 10, "the node to be deleted")
 
 
+@pytest.mark.fresh_slice
 def test_ctrl_c_during_preparation_stops_every_host_and_deletes_the_node(cloud, cell, bare, isolated_home):
     """An index that accepts and never answers holds both hosts' uv; Ctrl-C ends the launch in one
     line, every host's uv within 3 s, and the node."""
@@ -218,6 +231,9 @@ def uv_installs(server: Sshd) -> list[int]:
     return found
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.sandbox
+@pytest.mark.jax
 def test_connect_setup_uses_the_same_environment_and_is_off_by_default(cell, bare, ssh_key_for):
     """%tpu_connect --setup checks (here: finds) the environment a cloud slice gets; without it the
     hosts' own Python runs the agent, and jax is not there."""
@@ -247,6 +263,8 @@ def ssh_key_for(tmp_path):
     return key
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.sandbox
 def test_python_mismatch_is_said_at_connect_and_refuses_pushing_code(cell, bare, ssh_key_for):
     """pyenv's 3.10 (the image's Python) against this kernel's: one warning at connect naming what
     breaks, and a push of a notebook function fails in one line before anything is sent."""
@@ -266,6 +284,7 @@ def test_python_mismatch_is_said_at_connect_and_refuses_pushing_code(cell, bare,
 
 
 @pytest.mark.parametrize("accel", ["v2-8", "v3-32"])
+@pytest.mark.fresh_slice
 def test_slices_on_a_generation_without_multislice_is_refused_before_any_api_call(cloud, cell, accel):
     exchanges = cloud.record()
     before = len(exchanges)

@@ -164,6 +164,7 @@ def test_default_comes_from_the_environment(monkeypatch):
         CloudOptions()
 
 
+@pytest.mark.fresh_slice
 def test_magic_flag_and_local_slices(cell, tpu_emulator, monkeypatch):
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
     bad = cell(f"%tpu_launch v4-8 --zone {ZONE} --idle-delete soon")
@@ -223,6 +224,7 @@ def test_the_boot_arming_just_after_a_kernel_armed_gives_no_grace(tmp_path, monk
         _end_watchdogs(tmp_path)
 
 
+@pytest.mark.fresh_slice
 def test_an_attaching_kernel_is_busy_until_it_says_its_launch_is_done(tmp_path, monkeypatch):
     """Host 0's agent arms as its kernel attaches: busy (its pid, as a running request), so the
     launch's steps after the hosts are up (its checks wait up to 5 s) cannot outlast a short idle
@@ -244,6 +246,7 @@ def test_an_attaching_kernel_is_busy_until_it_says_its_launch_is_done(tmp_path, 
         _end_watchdogs(tmp_path)
 
 
+@pytest.mark.fresh_slice
 def test_a_launch_holds_its_node_past_the_idle_limit_until_its_checks_end(cloud, sshd, cell, monkeypatch):
     """A launch waits for the watchdog's permission answer once its hosts are up: that wait (or a
     loaded machine) may pass the idle limit, and the node must still be there when the launch
@@ -270,6 +273,7 @@ def test_a_launch_holds_its_node_past_the_idle_limit_until_its_checks_end(cloud,
     manager.down("held")
 
 
+@pytest.mark.fresh_slice
 def test_ctrl_c_in_the_launchs_last_wait_deletes_its_node(cloud, sshd, cell, monkeypatch):
     """The hosts are up and host 0 holds the node for its attaching kernel: Ctrl-C in the launch's
     wait for the watchdog's answer deletes the node, as it does while the hosts start, and the
@@ -384,6 +388,7 @@ def test_killed_kernel_node_is_deleted_on_time(cloud, sshd):
     print(f"\nidle 3 s: node deleted {elapsed:.1f} s after the kernel was SIGKILLed mid-cell")
 
 
+@pytest.mark.fresh_slice
 def test_kernel_killed_mid_launch_still_gets_its_node_deleted(cloud, sshd):
     """The Python API this time; ``connect_wait`` (how long the launch may take to reach new VMs)
     is also how long a booted node waits for its first kernel before the idle clock may end it."""
@@ -407,6 +412,7 @@ def test_kernel_killed_mid_launch_still_gets_its_node_deleted(cloud, sshd):
           f"after the kill, {time.monotonic() - ready:.1f} s after READY")
 
 
+@pytest.mark.fresh_slice
 def test_activity_postpones_deletion_and_status_shows_the_timer(cloud, sshd, cell, ip):
     launched = cell(launch_line(sshd, "--name busy --idle-delete 4s"))
     assert launched.error is None and "or 4s without a cell (--idle-delete)" in launched.stdout
@@ -433,6 +439,7 @@ def test_activity_postpones_deletion_and_status_shows_the_timer(cloud, sshd, cel
     assert cell("%tpu_down busy").error is None  # the node is gone already: down forgets the slice
 
 
+@pytest.mark.fresh_slice
 def test_reattaching_arms_a_watchdog_that_was_lost(cloud, sshd, cell):
     assert cell(launch_line(sshd, "--name again --idle-delete 1h")).error is None
     host_dir = host0_dir(cloud, sshd, "again")
@@ -447,6 +454,7 @@ def test_reattaching_arms_a_watchdog_that_was_lost(cloud, sshd, cell):
     assert cloud.nodes() == [] and not watchdogs(host_dir)  # the VMs' processes ended with the node
 
 
+@pytest.mark.fresh_slice
 def test_off_leaves_the_node_alone(cloud, sshd, cell, ip, monkeypatch):
     monkeypatch.setenv("TPUNB_IDLE_DELETE", "2s")  # the user's default...
     assert cell(launch_line(sshd, "--name kept --idle-delete off")).error is None  # ...turned off for this one
@@ -504,6 +512,7 @@ def test_a_failed_delete_is_logged_without_the_token_and_retried(cloud, sshd):
 SERVICE_ACCOUNT = "proj-compute@developer.gserviceaccount.com"  # the emulator's default VM account in proj
 
 
+@pytest.mark.fresh_slice
 def test_a_watchdog_that_may_not_delete_says_so_at_launch_and_in_status(cloud, sshd, cell, ip):
     """The VMs' service account may only read TPUs: the watchdog learns it at arming (Cloud Resource
     Manager's testIamPermissions, with the VM's own token) and writes it as a guest attribute; the

@@ -1,9 +1,13 @@
 """Multi-host JAX on the local simulated slice: real processes joined by jax.distributed."""
 from __future__ import annotations
 
+import pytest
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.jax
 
+
+@pytest.mark.fresh_slice
 def test_first_cell_sees_the_whole_slice_and_computes_across_hosts(patient_grouping, make_slice, cell):
     make_slice(2)
     devices = cell("%%on_tpu\nimport jax\nprint(jax.device_count(), jax.local_device_count(), jax.process_count())\n"
@@ -25,6 +29,7 @@ def test_first_cell_sees_the_whole_slice_and_computes_across_hosts(patient_group
     assert "Gloo" not in total.stdout + total.stderr
 
 
+@pytest.mark.fresh_slice
 def test_jax_on_a_subset_warns_and_still_starts_every_host(make_slice, cell):
     make_slice(2)
     run = cell("%%on_tpu --hosts 0\nimport jax\njax.device_count()")
@@ -33,6 +38,7 @@ def test_jax_on_a_subset_warns_and_still_starts_every_host(make_slice, cell):
     assert "Out[1]: 8" in cell("%%on_tpu --hosts 1\nimport jax\njax.device_count()").shown
 
 
+@pytest.mark.fresh_slice
 def test_a_dead_host_restarts_the_whole_jax_slice(make_slice, cell):
     sl = make_slice(2)
     assert cell("%%on_tpu\nimport jax\nkept = jax.device_count()").error is None
@@ -43,6 +49,7 @@ def test_a_dead_host_restarts_the_whole_jax_slice(make_slice, cell):
     assert run.error is None and "Out[0-1]: (False, 8)" in run.shown
 
 
+@pytest.mark.fresh_slice
 def test_flax_data_parallel_step_across_hosts(make_slice, cell):
     make_slice(2)
     run = cell(
@@ -67,6 +74,7 @@ def test_flax_data_parallel_step_across_hosts(make_slice, cell):
     assert "Out[0-1]:" in run.shown  # the same global loss on both hosts
 
 
+@pytest.mark.fresh_slice
 def test_a_host_that_fails_to_start_jax_when_another_does_is_said_once(make_slice, cell):
     sl = make_slice(2)
     assert cell("%%on_tpu --hosts 1\nimport os\nos.environ['JAX_PLATFORMS'] = 'tpu'").error is None  # no TPU here

@@ -40,6 +40,7 @@ def execute(client, code: str, on_output=None, timeout: float = 120):
             return reply["content"], outputs
 
 
+@pytest.mark.fresh_slice
 def test_kernel_interrupt_reaches_every_host_within_a_second(kernel):
     manager, client = kernel
     reply, _ = execute(client, "%load_ext tpunb\n%tpu_launch v4-32")

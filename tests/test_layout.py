@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -644,21 +645,84 @@ def test_the_status_rule_check_sees_each_kind_of_copy():
         path.unlink()
 
 
-def test_every_file_declared_light_is_a_test_file_here():
-    """tests/light.py's list names files that exist (a renamed file would otherwise turn heavy unseen;
-    whether a listed file is light, conftest.py checks at run time)."""
-    from tests.light import LIGHT_FILES
+def _tests_and_their_markers() -> list[tuple[str, str, set[str]]]:
+    """(where, source, markers) of every test function in tests/: its own marks and its module's."""
+    found = []
+    for path in sorted(Path(__file__).resolve().parent.glob("test_*.py")):
+        if path.name == Path(__file__).name:  # its own planted examples
+            continue
+        text = path.read_text()
+        tree = ast.parse(text)
+        module = set()
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+                module |= set(re.findall(r"pytest\.mark\.(\w+)", ast.get_source_segment(text, node.value) or ""))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                own = {m for d in node.decorator_list for m in re.findall(r"pytest\.mark\.(\w+)", ast.unparse(d))}
+                found.append((f"{path.name}::{node.name}", ast.get_source_segment(text, node) or "", module | own))
+    return found
 
-    here = Path(__file__).resolve().parent
-    assert not [n for n in sorted(LIGHT_FILES) if not (here / n).is_file()], "rename it in tests/light.py"
+
+#: what a test's own code does when it takes a slice of its own (a launch, a connect, their magics)
+TAKES_A_SLICE = re.compile(r"\b(manager|tpunb|MANAGER)\.(launch|connect|use)\(|%tpu_(launch|connect|use)\b|"
+                           r"make_slice\.line\(")
+#: what a test's own code names when its hosts (or a kernel it starts) run JAX
+NAMES_JAX = re.compile(r"import (jax|orbax|flax)|from (jax|orbax|flax)\b|\bjax\.[A-Za-z_]")
 
 
-def test_no_file_declared_light_names_jax_for_its_hosts():
+def _unmarked(rule: re.Pattern, marker: str, tests=None) -> list[str]:
+    return [where for where, source, marks in (tests if tests is not None else _tests_and_their_markers())
+            if rule.search(source) and marker not in marks]
+
+
+def test_a_test_that_takes_a_slice_of_its_own_is_marked_fresh_slice():
+    """Warm slices are the default (tests/warm.py); a test that launches, connects or attaches a
+    slice itself says so, so the split is visible (conftest.py also catches it at run time, through
+    fixtures and helpers this cannot see)."""
+    assert not _unmarked(TAKES_A_SLICE, "fresh_slice"), "mark them @pytest.mark.fresh_slice"
+
+
+def test_a_test_that_names_jax_for_its_hosts_is_marked_jax():
     """conftest.py sees the hosts of this process's slices load JAX; a kernel a test starts runs
-    slices of its own, out of its sight. So a light file's code never names JAX, orbax or flax."""
-    from tests.light import LIGHT_FILES
+    slices of its own, out of its sight. So a test whose code names JAX, orbax or flax says so."""
+    assert not _unmarked(NAMES_JAX, "jax"), "mark them @pytest.mark.jax"
 
-    here = Path(__file__).resolve().parent
-    naming = re.compile(r"import (jax|orbax|flax)|from (jax|orbax|flax)\b|\bjax\.[A-Za-z_]")
-    found = [n for n in sorted(LIGHT_FILES) if (here / n).is_file() and naming.search((here / n).read_text())]
-    assert not found, f"move them out of LIGHT_FILES in tests/light.py (their hosts run JAX): {found}"
+
+def test_the_marker_rules_see_what_they_guard():
+    planted = [("t.py::test_a", "def test_a(cell):\n    cell('%tpu_launch v4-8')\n", set()),
+               ("t.py::test_b", "def test_b():\n    manager.connect(hosts)\n", {"jax"}),
+               ("t.py::test_c", "def test_c(make_slice):\n    make_slice(2)\n", set()),
+               ("t.py::test_d", "def test_d(cell):\n    cell('%%on_tpu\\nimport jax')\n", {"fresh_slice"})]
+    assert _unmarked(TAKES_A_SLICE, "fresh_slice", planted) == ["t.py::test_a", "t.py::test_b"]
+    assert _unmarked(NAMES_JAX, "jax", planted) == ["t.py::test_d"]
+
+
+def _packages_named(text: str) -> set[str]:
+    """The packages under tpunb/ a test module's code names (``tpunb.X.Y`` imports, ``from tpunb import X``)."""
+    named = set(re.findall(r"\btpunb((?:\.\w+)+)", text))
+    for names in re.findall(r"from tpunb import ([\w, ()\n]+)", text):
+        named |= {"." + n.strip() for n in re.split(r"[,\s()]+", names) if n.strip()}
+    found = set()
+    for dotted in named:
+        parts = dotted.strip(".").split(".")
+        for end in range(len(parts), 0, -1):  # the deepest package it reaches
+            if (PACKAGE.joinpath(*parts[:end]) / "__init__.py").is_file():
+                found.add("/".join(parts[:end]))
+                break
+    return found
+
+
+def test_the_fast_loop_selects_tests_of_every_package():
+    """./scripts/test --fast (tests/markers.py's FAST_EXPRESSION) is worth running: what it selects,
+    from pytest's own --collect-only, reaches every package under tpunb/."""
+    from tests.markers import FAST_EXPRESSION
+
+    root = Path(__file__).resolve().parent.parent
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "-m", FAST_EXPRESSION, "tests"], cwd=root, capture_output=True, text=True, timeout=300)
+    files = {line.split("::")[0] for line in listed.stdout.splitlines() if "::" in line}
+    assert files, listed.stdout[-2000:] + listed.stderr[-2000:]
+    reached = set().union(*(_packages_named((root / f).read_text()) for f in files))
+    packages = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    assert not packages - reached, f"no test the fast loop runs names these packages: {sorted(packages - reached)}"

@@ -23,6 +23,8 @@ from tests.conftest import wait_for, wait_for_files
 
 #: a frozen host's cell must fail within this many seconds (the heartbeat timeout, plus slack)
 BOUND = HEARTBEAT_TIMEOUT + 5.0
+#: every test here freezes or kills hosts, and times that against the heartbeat limit a user has
+pytestmark = [pytest.mark.fresh_slice, pytest.mark.usefixtures("user_defaults")]
 SLEEPING_CELL = "%%on_tpu\nimport os, time\nopen('{flags}/' + os.environ['TPUNB_HOST_INDEX'], 'w').close()\ntime.sleep(60)"
 
 
@@ -39,11 +41,31 @@ def running(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")
 
 
+def _pipes(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}").joinpath("fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("pipe:"):
+            found.add(target)
+    return found
+
+
 def sshd_session_of(agent_pid: int) -> int:
-    """The sshd process that carries an SSH host's agent (its parent: the shell exec'd python)."""
-    parent = int(stat(agent_pid)[1])
-    assert "sshd" in Path(f"/proc/{parent}/cmdline").read_text(), "the agent's parent should be its sshd session"
-    return parent
+    """The sshd process that carries an SSH host's agent: the one holding the other ends of its
+    streams' pipes (its parent for a fresh agent; for one its host's fork server made, the parent
+    of the client that asked for it)."""
+    streams = _pipes(agent_pid)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != agent_pid:
+            try:
+                if b"sshd" in (entry / "cmdline").read_bytes() and _pipes(int(entry.name)) & streams:
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise AssertionError(f"no sshd session holds agent {agent_pid}'s streams")
 
 
 def freeze_when(condition, pid_of) -> dict:
@@ -220,6 +242,7 @@ def test_a_host_that_died_just_before_the_cell_was_sent_is_reported_not_waited_o
     assert sl.run("'again'").reprs == {0: "'again'", 1: "'again'"}  # the next cell restarts host 1
 
 
+@pytest.mark.jax
 def test_a_host_loading_jax_may_hold_the_gil_past_the_heartbeat_timeout(make_slice):
     """jaxlib's load and the backend's start hold the GIL for seconds on a busy host, so no heartbeat
     leaves: a host that said it loads JAX is not judged frozen for that (here: the GIL held 4 s,

@@ -14,6 +14,7 @@ from tpunb.registry import Registry
 from tests.conftest import wait_for
 
 
+@pytest.mark.fresh_slice
 def test_status_lists_slices_and_hosts_as_a_dataframe(cell, ip):
     cell("%tpu_launch v4-16 --name alpha")
     cell("%tpu_launch v4-8 --name beta")
@@ -26,6 +27,7 @@ def test_status_lists_slices_and_hosts_as_a_dataframe(cell, ip):
     assert run.error is None
 
 
+@pytest.mark.fresh_slice
 def test_several_slices_and_slice_flag(cell):
     cell("%tpu_launch v4-16 --name alpha")
     cell("%tpu_launch v4-32 --name beta")
@@ -35,6 +37,7 @@ def test_several_slices_and_slice_flag(cell):
     assert "Out[0-1]: 2" in cell("%%on_tpu\nimport os\nint(os.environ['TPUNB_NUM_HOSTS'])").shown
 
 
+@pytest.mark.fresh_slice
 def test_registry_persists_under_tpunb_home_without_secrets(isolated_home):
     manager.launch("v4-16", name="kept", env={"TOKEN": "hunter2-secret"})
     path = isolated_home / "registry.db"
@@ -44,6 +47,7 @@ def test_registry_persists_under_tpunb_home_without_secrets(isolated_home):
     assert b"hunter2-secret" not in path.read_bytes()
 
 
+@pytest.mark.fresh_slice
 def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
     cell("%tpu_launch v4-16 --name survivor")
     cell("%%on_tpu\nkept = 1")
@@ -60,12 +64,14 @@ def test_use_after_kernel_restart_restarts_local_hosts(cell, ip):
     assert "Out[0-1]: False" in cell("%%on_tpu\n'kept' in globals()").shown
 
 
+@pytest.mark.fresh_slice
 def test_use_unknown_slice_says_what_exists(cell):
     cell("%tpu_launch v4-8 --name known")
     run = cell("%tpu_use nosuch")
     assert "no slice named 'nosuch': known slices: known" in run.shown
 
 
+@pytest.mark.fresh_slice
 def test_down_is_idempotent_and_all(cell, isolated_home):
     cell("%tpu_launch v4-16 --name one")
     cell("%tpu_launch v4-8 --name two")
@@ -81,6 +87,7 @@ def test_down_is_idempotent_and_all(cell, isolated_home):
     assert cell("%tpu_down --all").error is None
 
 
+@pytest.mark.fresh_slice
 def test_launch_name_clash_and_bad_names(cell):
     cell("%tpu_launch v4-8 --name taken")
     assert "a slice named 'taken' exists: attach with %tpu_use taken" in cell("%tpu_launch v4-8 --name taken").shown
@@ -90,6 +97,7 @@ def test_launch_name_clash_and_bad_names(cell):
     assert (second.name, third.name) == ("v4-8", "v4-8-2")
 
 
+@pytest.mark.fresh_slice
 def test_python_api_mirrors_the_magics():
     sl = tpunb.launch("v4-16", name="api")
     result = sl.run("import os\nprint('hi')\nint(os.environ['TPUNB_HOST_INDEX'])", output=None)
@@ -109,6 +117,7 @@ def test_python_api_mirrors_the_magics():
         tpunb.launch("v4-8", backend="nowhere")
 
 
+@pytest.mark.fresh_slice
 def test_down_all_deletes_every_slice_it_can_and_names_the_one_it_cannot(cell, isolated_home):
     import subprocess
     import sys
@@ -133,6 +142,7 @@ def test_down_all_deletes_every_slice_it_can_and_names_the_one_it_cannot(cell, i
         other_kernel.kill()
 
 
+@pytest.mark.fresh_slice
 def test_tpu_status_shows_human_units_and_returns_the_raw_numbers(cell, ip):
     """A notebook reads 50.6 MiB and 1h30m; the DataFrame %tpu_status returns keeps bytes and seconds."""
     from tpunb.status import HostRow, frame

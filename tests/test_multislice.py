@@ -88,6 +88,8 @@ def test_metrics_name_hosts_slice_by_slice():
     assert [line.split()[0] for line in text.splitlines()[2:]] == ["s0/0", "s0/1", "s1/0", "s1/1"]
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_local_multislice_is_one_jax_job_with_the_multislice_environment(patient_grouping, cell, ip):
     launched = cell("%tpu_launch v4-16 --slices 2")
     assert launched.error is None, launched.shown
@@ -180,6 +182,8 @@ def _launch(cell, sshd, line: str):
     return cell(f"%tpu_launch {line}")
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_cloud_multislice_is_one_queued_resource_and_one_slice_in_tpunb(patient_grouping, cloud, cell, ip, sshd):
     run = _launch(cell, sshd, "v4-16 --slices 2 --name pair")
     assert run.error is None, run.shown

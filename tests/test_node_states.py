@@ -78,6 +78,7 @@ def test_ctrl_c_while_queued_deletes_the_request_and_says_so(cloud, launch):
     ("REPAIRING", "Google is repairing it: run the cell again in a few minutes"),
     ("UNKNOWN", "Google cannot tell its state (its hosts may come back): run the cell again in a few minutes"),
 ])
+@pytest.mark.fresh_slice
 def test_each_lost_node_state_is_one_line_at_the_next_cell(cloud, cell, launch, state, words):
     assert launch("--name lost").error is None
     cloud.preempt("lost", state=state)
@@ -99,6 +100,7 @@ def test_internal_ip_from_outside_the_vpc_is_refused_before_any_node(cloud, laun
     assert Registry(isolated_home / "registry.db").list_slices() == []
 
 
+@pytest.mark.fresh_slice
 def test_internal_ip_from_a_vm_in_the_network_connects_to_internal_addresses(cloud, cell, launch, monkeypatch,
                                                                             sshd):
     """The notebook on a VM of the default network (here: a node's worker answers as its metadata
@@ -145,6 +147,7 @@ def test_a_call_refused_because_the_node_is_preempted_is_named_so():
     assert stopped.reason == "lost" and "demo-tpu is STOPPED" in str(stopped)
 
 
+@pytest.mark.fresh_slice
 def test_in_colab_a_launch_without_idle_delete_arms_the_default_and_says_so(cloud, launch, monkeypatch):
     """Colab recycles runtimes with the notebook machine's files: a node nobody uses must not bill on.
     (Colab itself cannot run here: tests/colab_stand_in.py stands in for google.colab.)"""

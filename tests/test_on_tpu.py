@@ -5,6 +5,7 @@ every way tpunb reaches hosts.
 """
 from __future__ import annotations
 
+import pytest
 import os
 import signal
 import time
@@ -63,6 +64,7 @@ def test_same_error_is_shown_once_after_a_cell_on_a_subset_of_hosts(make_slice, 
     assert text.count("[hosts 0-1]") == 1 and text.count("ValueError: bad config") == 1
 
 
+@pytest.mark.fresh_slice
 def test_host_tracebacks_use_the_kernels_colour_scheme(make_slice, cell, ip):
     make_slice(1)
     scheme = ip.colors
@@ -103,6 +105,7 @@ def test_timeout_interrupts_all_hosts(make_slice, cell):
     assert "Out[0-1]: 1" in cell("%%on_tpu\nstate").shown
 
 
+@pytest.mark.fresh_slice
 def test_killed_host_fails_cell_fast_and_restarts_with_lost_state(make_slice, cell, flags):
     sl = make_slice(2)
     cell("%%on_tpu\nkept = 'state'")
@@ -127,6 +130,7 @@ def test_killed_host_fails_cell_fast_and_restarts_with_lost_state(make_slice, ce
     assert sl.session.hosts[1].info["pid"] != victim
 
 
+@pytest.mark.fresh_slice
 def test_host_ignoring_interrupt_is_escalated_and_reported(make_slice, cell, flags):
     sl = make_slice(2)
     sl.session.interrupt_grace = 2.0  # room for host 0's interrupt round trip on a loaded machine
@@ -159,6 +163,7 @@ def test_output_modes(make_slice, cell):
     assert "[0] host 0" in first and "host 1" not in first
 
 
+@pytest.mark.fresh_slice
 def test_long_output_is_capped_and_logged(patient_grouping, make_slice, cell, isolated_home):
     sl = make_slice(2)
     run = cell("%%on_tpu\nimport os\nfor i in range(5000):\n    print(os.environ['TPUNB_HOST_INDEX'], i)")
@@ -230,6 +235,7 @@ def test_push_and_pull(make_slice, cell, ip):
     assert isinstance(missing.error, RemoteError) and "nothing_here" in str(missing.error)
 
 
+@pytest.mark.fresh_slice
 def test_host_environment_and_secret_env(make_slice, cell, isolated_home, request):
     run = cell(make_slice.line(2, name="envslice") + " --env API_TOKEN=s3cr3t-value")
     assert run.error is None, run.shown
@@ -244,6 +250,7 @@ def test_host_environment_and_secret_env(make_slice, cell, isolated_home, reques
     assert "s3cr3t-value" not in run.shown + values.shown + cell("%tpu_status").shown
 
 
+@pytest.mark.fresh_slice
 def test_bad_magic_arguments_give_usage(make_slice, cell):
     make_slice(2)
     run = cell("%%on_tpu --bogus\npass")
@@ -256,6 +263,7 @@ def test_bad_magic_arguments_give_usage(make_slice, cell):
     assert "did you mean" in unknown.shown and len(unknown.shown.strip().splitlines()) == 1
 
 
+@pytest.mark.fresh_slice
 def test_no_slice_yet_says_how_to_launch(cell):
     run = cell("%%on_tpu\nprint('hi')")
     assert "no slice yet: launch one with %tpu_launch" in run.shown

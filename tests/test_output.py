@@ -144,6 +144,7 @@ def _log_lines(sl, host: int) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
 
 
+@pytest.mark.fresh_slice
 def test_a_million_lines_per_host_reach_the_logs_with_the_kernel_bounded(patient_grouping, cell, isolated_home):
     sl = manager.launch("v4-16")
     kernel = psutil.Process()
@@ -213,6 +214,7 @@ def test_a_huge_display_or_error_does_not_break_the_stream(patient_grouping, mak
     assert cell("%%on_tpu\nprint('alive')").stdout == "[0-1] alive\n"
 
 
+@pytest.mark.fresh_slice
 def test_output_printed_between_cells_is_capped_before_the_next_cell(cell, flags):
     sl = manager.launch("v4-16")
     go = flags / "go"
@@ -234,6 +236,7 @@ def test_output_printed_between_cells_is_capped_before_the_next_cell(cell, flags
     assert _log_lines(sl, 1) >= 1000
 
 
+@pytest.mark.fresh_slice
 def test_output_printed_just_before_a_cell_is_not_that_cells(cell, flags):
     """Between cells a host's stdout is flushed only every second (an idle host stays asleep);
     what a background thread printed before a cell starts is still shown as between-cell output."""

@@ -15,6 +15,8 @@ from tpunb.profile import Profile, ProfileError
 from tpunb.profile.view import render
 from tests.conftest import interrupt_kernel_when, wait_for, wait_for_files
 
+pytestmark = pytest.mark.jax
+
 TRAIN = """import jax, jax.numpy as jnp
 @jax.jit
 def train_step(x):
@@ -31,6 +33,7 @@ def train_step_calls(profile: Profile) -> dict:
     return events[events["name"] == "PjitFunction(train_step)"].groupby("host").size().to_dict()
 
 
+@pytest.mark.fresh_slice
 def test_profiled_cell_on_every_host_files_parse_again_and_errors_stop_the_profiler(patient_grouping, make_slice, cell):
     sl = make_slice(2)
     assert cell("%%on_tpu\n" + TRAIN).error is None
@@ -88,6 +91,7 @@ def test_profiled_cell_on_every_host_files_parse_again_and_errors_stop_the_profi
     assert isinstance(cell("%tpu_profile stop").error, ProfileError)
 
 
+@pytest.mark.fresh_slice
 def test_capture_from_another_thread_while_a_cell_runs_and_an_interrupted_profile(make_slice, cell, flags):
     sl = make_slice(2)
     assert cell("%%on_tpu\n" + TRAIN).error is None
@@ -144,6 +148,7 @@ def test_capture_from_another_thread_while_a_cell_runs_and_an_interrupted_profil
     assert set(train_step_calls(tpunb.last_profile())) == {0, 1}
 
 
+@pytest.mark.fresh_slice
 def test_host_without_jax_gives_one_clear_line_and_a_host_dying_while_profiled(make_slice, cell, flags):
     sl = make_slice(1)
     hide = ("%%on_tpu\nimport sys\nkept_path = list(sys.path)\n"

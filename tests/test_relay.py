@@ -56,6 +56,7 @@ def _sent_bytes(sl, monkeypatch) -> dict[int, int]:
 
 
 @pytest.mark.parametrize("fanout", [1, 3])
+@pytest.mark.fresh_slice
 def test_a_value_pushed_by_relay_equals_the_one_pushed_directly(ssh_slice, monkeypatch, fanout):
     """numpy, nested Python and a cloudpickled closure: a chain (fanout 1) and one relay fanning out."""
     monkeypatch.setattr(relay, "FANOUT", fanout)
@@ -90,6 +91,7 @@ def test_stripe_trees_cover_every_host_and_spread_the_forwarding():
     assert set(forwards.values()) == {4}  # every host forwards 4 of the 16 stripes
 
 
+@pytest.mark.fresh_slice
 def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatch):
     """The hosts' first relay_listen times the link; under FAST_LINK one root, over it stripes
     (loopback's time is not asserted: a loaded machine may take it past 25 ms)."""
@@ -101,6 +103,7 @@ def test_a_fast_link_takes_one_root_and_a_slow_one_stripes(ssh_slice, monkeypatc
     assert relay.stripes(3 << 20, 16, 0.1) == 3 and relay.stripes(1 << 19, 16, 0.1) == 1  # 1 MB or more each
 
 
+@pytest.mark.fresh_slice
 def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypatch):
     monkeypatch.delenv("TPUNB_RELAY")
     hosts, size = list(range(4)), relay.MIN_TOTAL // 4
@@ -112,6 +115,7 @@ def test_the_kernel_relays_large_values_to_remote_hosts_only(ssh_slice, monkeypa
     assert not local.session.relay.wanted(1 << 30, hosts)  # hosts on this machine: nothing to save
 
 
+@pytest.mark.fresh_slice
 def test_a_peer_without_the_slice_secret_is_refused_and_the_host_keeps_working(ssh_slice):
     address, port = ssh_slice.session.relay.listen([2])[2]
     assert address == ssh_slice.session.hosts[2].transport.host  # its slice-internal address, not 0.0.0.0
@@ -131,6 +135,7 @@ def test_a_peer_without_the_slice_secret_is_refused_and_the_host_keeps_working(s
     assert ssh_slice.run("int(after.sum())").reprs == {i: str(sum(range(1 << 20))) for i in range(4)}
 
 
+@pytest.mark.fresh_slice
 def test_the_secret_never_shows(ssh_slice, sshd):
     secret = ssh_slice.session.relay.secret
     shown = ssh_slice.run("import os\nsorted(os.environ.items())").reprs
@@ -147,6 +152,7 @@ def _read_bytes(pid: int) -> int:
         return int(f.readline().split()[1])  # rchar
 
 
+@pytest.mark.fresh_slice
 def test_a_value_striped_over_every_host_equals_the_one_pushed_directly(ssh_slice, monkeypatch):
     """Stripes that do not divide the value evenly and cut across its arrays: each host is sent
     about a quarter, and every host ends with the whole value."""
@@ -181,6 +187,7 @@ def _push_killing(sl, index: int, begun, size: int, what: str) -> str:
     return message
 
 
+@pytest.mark.fresh_slice
 def test_a_stripe_root_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
     """Host 2 roots the third of four stripes; it is killed while its stripe arrives."""
     victim = ssh_slice.session.hosts[2]
@@ -193,6 +200,7 @@ def test_a_stripe_root_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice)
     assert ssh_slice.run("int(big.sum())").reprs == {i: str(32 << 20) for i in range(4)}
 
 
+@pytest.mark.fresh_slice
 def test_a_relay_host_killed_mid_push_fails_it_in_one_line_naming_it(ssh_slice):
     value = np.ones(64 << 20, dtype=np.uint8)
     root = ssh_slice.session.hosts[0]
@@ -239,6 +247,7 @@ def test_a_relay_cut_off_mid_stream_fails_its_subtree_naming_it():
         child[1].close()
 
 
+@pytest.mark.fresh_slice
 def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
     """A v4-32 from the Cloud TPU emulator (4 sshd hosts), no override: a 4 MB value goes by relay."""
     monkeypatch.delenv("TPUNB_RELAY", raising=False)
@@ -251,6 +260,7 @@ def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
     manager.down("relayed")
 
 
+@pytest.mark.fresh_slice
 def test_hosts_that_cannot_reach_each_other_get_the_value_directly(ssh_slice):
     """Host 2's listener is somewhere host 0 cannot reach: the push still lands everywhere, sent
     directly, and the session stops trying the relay."""
@@ -272,6 +282,7 @@ def _received(address: str, port: int) -> int:
     return sum(int(n) for n in re.findall(r"bytes_received:(\d+)", out)) if address in out else 0
 
 
+@pytest.mark.fresh_slice
 def test_a_relay_host_inside_the_chain_killed_mid_stream_is_named(ssh_slice, monkeypatch):
     """A chain 0 -> 1 -> 2 -> 3; host 1's agent is killed once it has received 16 MB from host 0:
     one line names host 1, the hosts below it say so rather than wait, and the next push works."""
@@ -287,6 +298,7 @@ def test_a_relay_host_inside_the_chain_killed_mid_stream_is_named(ssh_slice, mon
     assert ssh_slice.run("int(big.sum())").reprs == {i: str(4 << 20) for i in range(4)}
 
 
+@pytest.mark.fresh_slice
 def test_ctrl_c_stops_a_push_by_relay_within_3_s_and_no_host_dies(ssh_slice):
     root = ssh_slice.session.hosts[0]
     pid, before = root.info["pid"], _read_bytes(root.info["pid"])

@@ -35,6 +35,8 @@ if jax.process_index() == 1:
 """
 
 
+@pytest.mark.jax
+@pytest.mark.fresh_slice
 def test_a_host_stuck_in_a_collective_is_found_then_restarted(make_slice, cell):
     """The issue's whole story: host 1 alone enters a collective; the cell's --timeout returns with
     where host 1 is (its function and line); a second process sees the same while it runs; then
@@ -80,6 +82,8 @@ def test_a_host_stuck_in_a_collective_is_found_then_restarted(make_slice, cell):
     assert "Out[0-1]: (False, 8, 2)" in fresh.shown, fresh.shown
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_restart_keeps_the_slice_its_connections_and_services(make_slice, cell):
     sl = make_slice(2)
     cell("%%on_tpu\nkept = 1")
@@ -101,6 +105,8 @@ def test_restart_keeps_the_slice_its_connections_and_services(make_slice, cell):
     sl.stop_service("idle")
 
 
+@pytest.mark.jax
+@pytest.mark.fresh_slice
 def test_restarting_some_hosts_keeps_the_others_state_until_jax_runs(make_slice, cell):
     sl = make_slice(2)
     cell("%%on_tpu\nkept = 1")
@@ -112,6 +118,8 @@ def test_restarting_some_hosts_keeps_the_others_state_until_jax_runs(make_slice,
     assert "restarted hosts 0-1" in run.stdout and "every host, since JAX's distributed runtime" in run.stdout
 
 
+@pytest.mark.jax
+@pytest.mark.fresh_slice
 def test_a_host_that_does_not_exit_is_killed(make_slice, cell, flags):
     """Host 1 holds the GIL in C (a regex that never ends) in a cell still running on another
     thread: it cannot even read that it should end, so the restart kills it."""
@@ -132,6 +140,7 @@ def test_a_host_that_does_not_exit_is_killed(make_slice, cell, flags):
     assert "Out[0-1]: 2" in cell("%%on_tpu\n1 + 1").shown
 
 
+@pytest.mark.fresh_slice
 def test_an_unreachable_host_is_named_and_left_needing_a_restart(sshd, ssh_key, cell, tmp_path):
     """Host 1 behind an sshd of its own, which then goes away: the restart restarts host 0, names
     host 1, and leaves it marked; once its sshd is back, %tpu_restart restarts it too."""
@@ -168,6 +177,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.usefixtures("user_defaults")
 def test_a_prepared_restart_hands_the_hosts_to_standby_agents(make_slice, cell):
     """Standby agents (started ahead, past their imports) take the hosts' places: the restart starts
     no process of its own, and prepares the next restart's standbys after it."""
@@ -185,6 +195,7 @@ def test_a_prepared_restart_hands_the_hosts_to_standby_agents(make_slice, cell):
     assert not set(standbys) & {s.process.pid for s in sl.standbys.ready().values()}
 
 
+@pytest.mark.usefixtures("user_defaults")
 def test_a_quiet_slice_prepares_standbys_so_its_first_restart_starts_no_process(make_slice, cell):
     """By default a slice prepares its standby agents once no request has run for QUIET seconds,
     with nothing asking: its very first restart hands the hosts to them (no agent start)."""

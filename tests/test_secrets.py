@@ -33,6 +33,7 @@ def test_a_value_split_across_stream_frames_is_masked_and_a_held_tail_lets_go():
         masker.add("short12")
 
 
+@pytest.mark.fresh_slice
 def test_secret_on_every_host_masked_in_output_tracebacks_results_and_logs(make_slice, cell, monkeypatch, isolated_home):
     monkeypatch.setenv("MY_TOKEN", SECRET)
     sl = make_slice(2)
@@ -60,6 +61,7 @@ def test_secret_on_every_host_masked_in_output_tracebacks_results_and_logs(make_
     assert f"Out[0-1]: {len(SECRET)}" in again.shown, again.shown
 
 
+@pytest.mark.fresh_slice
 def test_too_short_a_secret_is_refused_and_hf_token_needs_no_asking(cell, monkeypatch, isolated_home):
     monkeypatch.setenv("PIN", "1234")
     refused = cell("%tpu_secret PIN")
@@ -86,6 +88,8 @@ def test_the_supervisor_masks_a_value_split_across_two_writes_before_the_log_fil
     assert plain.out == log and plain.read_end is None  # no secret: the command writes the file itself
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.usefixtures("user_defaults")
 def test_no_value_on_disk_after_services_restart_and_use_in_a_new_kernel(cell, monkeypatch, isolated_home):
     """A secret and the Hub's token used by cells, a service (its log file read on the host, not
     through tpunb), a restart onto standbys prepared before the secret was set, and %tpu_use after

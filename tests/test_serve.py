@@ -19,6 +19,8 @@ from tpunb import manager
 from tpunb.errors import ServiceError, UsageError
 from tpunb.host.standalone.service import alive
 
+pytestmark = pytest.mark.ends_services
+
 PYTHON = shlex.quote(sys.executable)
 
 
@@ -49,7 +51,7 @@ def unique(prefix: str) -> str:
 
 
 def test_a_service_answers_while_cells_run_and_logs_per_host(make_slice):
-    sl = make_slice(2, name=unique("svc"))
+    sl = make_slice(2)
     port = free_port()
     states = sl.serve("web", http_server(port), hosts=[0], wait_http=f"{port}/")
     assert [(s.host, s.state) for s in states] == [(0, "running")]
@@ -69,7 +71,7 @@ def test_a_service_answers_while_cells_run_and_logs_per_host(make_slice):
 
 
 def test_an_exiting_service_shows_its_code_and_on_failure_restarts_a_bounded_number_of_times(make_slice):
-    sl = make_slice(1, name=unique("svc"))
+    sl = make_slice(1)
     sl.serve("once", "echo bye; exit 3")
     wait_for(lambda: [s.state for s in sl.services() if s.name == "once"] == ["exited"], what="once to exit")
     (once,) = [s for s in sl.services() if s.name == "once"]
@@ -84,7 +86,7 @@ def test_an_exiting_service_shows_its_code_and_on_failure_restarts_a_bounded_num
 
 
 def test_wait_http_that_never_answers_times_out_with_the_log_tail(make_slice):
-    sl = make_slice(1, name=unique("svc"))
+    sl = make_slice(1)
     port = free_port()
     with pytest.raises(ServiceError) as caught:
         sl.serve("mute", f"echo loading weights; echo still loading; exec sleep 300", wait_http=f"{port}/health",
@@ -101,8 +103,9 @@ def test_wait_http_that_never_answers_times_out_with_the_log_tail(make_slice):
     assert [s.state for s in sl.services() if s.name == "mute"] == ["stopped"]
 
 
+@pytest.mark.fresh_slice
 def test_down_leaves_no_service_process(make_slice):
-    sl = make_slice(2, name=unique("svc"))
+    sl = make_slice(2)
     ports = [free_port(), free_port()]
     sl.serve("a", http_server(ports[0]), hosts=[0], wait_port=ports[0])
     sl.serve("b", f"sleep 300 & {http_server(ports[1])}", hosts=[1], wait_port=ports[1])  # a child of its own too
@@ -120,7 +123,7 @@ def test_down_leaves_no_service_process(make_slice):
 
 
 def test_secrets_given_with_env_reach_the_command_but_no_file_or_output(make_slice, capsys):
-    sl = make_slice(1, name=unique("svc"))
+    sl = make_slice(1)
     secret = "s3cr3t-" + uuid.uuid4().hex
     states = sl.serve("tok2", 'test "$HF_TOKEN" = "$EXPECTED" && echo token ok', env={"HF_TOKEN": secret, "EXPECTED": secret})
     assert secret not in repr(states)
@@ -138,7 +141,7 @@ def test_secrets_given_with_env_reach_the_command_but_no_file_or_output(make_sli
 
 
 def test_bad_arguments_are_one_line_usage_errors(make_slice):
-    sl = make_slice(1, name=unique("svc"))
+    sl = make_slice(1)
     with pytest.raises(UsageError, match="a service name is letters"):
         sl.serve("no spaces", "true")
     with pytest.raises(UsageError, match="restart is one of no, on-failure"):
@@ -157,13 +160,14 @@ def test_bad_arguments_are_one_line_usage_errors(make_slice):
 
 
 def test_a_start_that_fails_on_one_host_leaves_nothing_new_running(make_slice):
-    sl = make_slice(2, name=unique("svc"))
+    sl = make_slice(2)
     sl.serve("job", "exec sleep 300", hosts=[1])
     with pytest.raises(ServiceError, match=r"service 'job' did not start \(host 1: service 'job' already runs"):
         sl.serve("job", "exec sleep 300")
     assert {s.host: s.state for s in sl.services()} == {0: "stopped", 1: "running"}
 
 
+@pytest.mark.fresh_slice
 def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
     from tpunb.engine.bundle import SERVICE_CONTROL
     from tpunb.transport.local import LocalTransport
@@ -182,8 +186,9 @@ def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
     assert not alive(pid)
 
 
+@pytest.mark.fresh_slice
 def test_down_of_a_slice_this_kernel_has_not_attached_stops_its_services(make_slice):
-    sl = make_slice(2, name=unique("svc"))
+    sl = make_slice(2)
     port = free_port()
     sl.serve("web", http_server(port), hosts=[1], wait_port=port)
     sl.serve("job", "exec sleep 300")
@@ -219,7 +224,7 @@ def test_follow_streams_every_hosts_lines_masked_names_a_host_that_drops_and_ctr
     from tpunb import report
     from tpunb.engine.masking import MASK
 
-    sl = make_slice(2, name=unique("svc"))
+    sl = make_slice(2)
     secret = "hush-" + uuid.uuid4().hex
     sl.serving.masker.add(secret)
     script = (f"for i in 1 2 3; do while [ ! -e {tmp_path}/go.$i ]; do sleep 0.02; done; "

@@ -58,11 +58,23 @@ asyncio.run(main())
 '''
 
 
-@pytest.fixture(autouse=True, params=["openssh", "paramiko"])
+pytestmark = pytest.mark.ends_services
+#: a forward's modes ($TPUNB_FORWARD): SSH hosts take each; local hosts take neither (a relay)
+MODES = ["openssh", "paramiko"]
+#: a test on every way: over SSH in both modes, over local hosts once (they ignore the mode)
+EVERY_WAY = pytest.mark.parametrize("make_slice, forward_mode", [("local", None), *(("ssh", m) for m in MODES)],
+                                    indirect=True, ids=["local", *(f"{m}-ssh" for m in MODES)])
+#: a test of SSH hosts it connects itself, in both modes
+BOTH_MODES = pytest.mark.parametrize("forward_mode", MODES, indirect=True)
+
+
+@pytest.fixture(autouse=True)
 def forward_mode(request, monkeypatch):
-    """Every test in both modes ($TPUNB_FORWARD); local hosts take neither, and run twice alike."""
-    monkeypatch.setenv("TPUNB_FORWARD", request.param)
-    return request.param
+    """The test's forward mode ($TPUNB_FORWARD), None for local hosts."""
+    mode = getattr(request, "param", None)
+    if mode:
+        monkeypatch.setenv("TPUNB_FORWARD", mode)
+    return mode
 
 
 def ssh_children() -> list[int]:
@@ -96,8 +108,9 @@ def through(sl, port: int) -> str:
     return url
 
 
+@EVERY_WAY
 def test_a_hundred_concurrent_requests_through_one_forward_all_answer_unmixed(make_slice, tmp_path):
-    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     url = through(sl, start(sl, tmp_path, "echo", ECHO_HTTP))
 
     def ask(i: int) -> bytes:
@@ -109,8 +122,9 @@ def test_a_hundred_concurrent_requests_through_one_forward_all_answer_unmixed(ma
     assert bodies == [(f"/request-{i}" * 500).encode() for i in range(100)]
 
 
+@EVERY_WAY
 def test_bytes_flow_both_ways_and_a_half_close_reaches_the_host(make_slice, tmp_path):
-    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     url = through(sl, start(sl, tmp_path, "upper", ECHO_TCP))
     local = int(url.rsplit(":", 1)[1].strip("/"))
     with socket.create_connection(("127.0.0.1", local), timeout=30) as conn:
@@ -128,6 +142,7 @@ def test_bytes_flow_both_ways_and_a_half_close_reaches_the_host(make_slice, tmp_
         assert rest == b"X" * 3_000_000
 
 
+@EVERY_WAY
 def test_websockets_through_a_forward(make_slice, tmp_path):
     """A real WebSocket (tornado on the host and here): text and binary messages both ways, many
     at once on one connection, then a clean close handshake."""
@@ -135,7 +150,7 @@ def test_websockets_through_a_forward(make_slice, tmp_path):
 
     from tornado.websocket import websocket_connect
 
-    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     url = through(sl, start(sl, tmp_path, "ws", ECHO_WEBSOCKET)).replace("http://", "ws://") + "ws"
 
     async def talk():
@@ -153,8 +168,9 @@ def test_websockets_through_a_forward(make_slice, tmp_path):
     assert ended is None and code == 1000
 
 
+@EVERY_WAY
 def test_a_taken_local_port_names_a_free_one(make_slice, tmp_path):
-    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     with socket.create_server(("127.0.0.1", 0)) as taken:
         busy = taken.getsockname()[1]
         with pytest.raises(UsageError, match=rf"^port {busy} is taken on this machine: try --local-port (\d+) ") as caught:
@@ -163,8 +179,9 @@ def test_a_taken_local_port_names_a_free_one(make_slice, tmp_path):
     socket.create_server(("127.0.0.1", suggested)).close()  # the one it names is free
 
 
+@EVERY_WAY
 def test_a_forward_to_nothing_says_so_in_one_line_at_the_next_request(make_slice, capsys):
-    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     port = free_port()  # nothing listens on it
     url = through(sl, port)
     capsys.readouterr()
@@ -176,8 +193,9 @@ def test_a_forward_to_nothing_says_so_in_one_line_at_the_next_request(make_slice
     assert capsys.readouterr().err == f"[tpunb] {line}"
 
 
+@EVERY_WAY
 def test_a_client_retrying_a_forward_is_told_once_until_the_port_answers(make_slice, capsys):
-    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     port = free_port()
     url = through(sl, port)
     capsys.readouterr()
@@ -197,6 +215,8 @@ def test_a_client_retrying_a_forward_is_told_once_until_the_port_answers(make_sl
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.fresh_slice
+@BOTH_MODES
 def test_a_forward_to_an_ssh_host_that_died_says_so_at_the_next_request(sshd, ssh_key, tmp_path):
     sl = manager.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,
                         name=f"fwd-{uuid.uuid4().hex[:6]}")
@@ -215,8 +235,10 @@ def test_a_forward_to_an_ssh_host_that_died_says_so_at_the_next_request(sshd, ss
         sshd.start()
 
 
+@pytest.mark.fresh_slice
+@EVERY_WAY
 def test_down_leaves_no_listening_port(make_slice, tmp_path, forward_mode):
-    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     url = through(sl, start(sl, tmp_path, "echo", ECHO_HTTP))
     with urllib.request.urlopen(url + "a", timeout=30) as reply:
         assert reply.read() == b"/a" * 500
@@ -229,6 +251,8 @@ def test_down_leaves_no_listening_port(make_slice, tmp_path, forward_mode):
     assert ssh_children() == []  # no ControlMaster left
 
 
+@pytest.mark.fresh_slice
+@BOTH_MODES
 def test_a_host_that_stops_answering_gets_a_502_within_the_open_timeout(sshd, ssh_key, tmp_path, monkeypatch):
     """A frozen host (every sshd process stopped, as a VM that hangs): the next request waits at
     most the open timeout, then gets the one line; nothing hangs."""

@@ -3,6 +3,7 @@ service's supervisor lives on host 0 or says through its guest attribute that it
 End to end on the Cloud TPU API emulator, whose hosts are real sshd hosts (as test_idle_delete.py)."""
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from tpunb.host.standalone import idle
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.fresh_slice
 def test_a_running_service_keeps_an_idle_node_and_its_end_lets_the_watchdog_delete_it(cloud, sshd, cell, ip,
                                                                                      monkeypatch):
     from tpunb.provision import gcp

@@ -44,6 +44,7 @@ def jupyter_server(tmp_path, monkeypatch):
         proc.wait(timeout=30)
 
 
+@pytest.mark.fresh_slice
 def test_the_link_under_the_jupyter_servers_base_url_reaches_the_service(jupyter_server, cell):
     server, token = jupyter_server
     port, local_port = free_port(), free_port()
@@ -58,6 +59,7 @@ def test_the_link_under_the_jupyter_servers_base_url_reaches_the_service(jupyter
     manager.down("linked")
 
 
+@pytest.mark.fresh_slice
 def test_in_colab_the_link_is_colabs_proxy_for_the_forwards_port(colab, cell):  # noqa: F811
     port, local_port = free_port(), free_port()
     assert cell("%tpu_launch v4-8 --name incolab").error is None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import urllib.request
-import uuid
 
 import pytest
 
@@ -12,9 +11,11 @@ import tpunb.serve
 from tests.conftest import interrupt_kernel_when, wait_for
 from tests.test_serve import PYTHON, free_port, http_server, no_service_left  # noqa: F401 - autouse fixture
 
+pytestmark = pytest.mark.ends_services
+
 
 def test_serve_forward_logs_and_stop_from_magics(make_slice, cell):
-    sl = make_slice(2, name=f"mag-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(2)
     port = free_port()
     run = cell(f"%tpu_serve web --hosts 0 --wait-http {port}/ --env TOKEN=hush-123 -- {http_server(port)}")
     assert run.error is None, run.shown
@@ -51,15 +52,16 @@ def test_serve_forward_logs_and_stop_from_magics(make_slice, cell):
     ("%tpu_forward eighty", "argument port: invalid int value: 'eighty'"),
     ("%tpu_forward 70000", "a port is a number from 1 to 65535, not 70000"),
 ])
+@pytest.mark.parametrize("make_slice", ["local"], indirect=True)  # parsed in the kernel: one transport says it all
 def test_bad_arguments_give_one_line_usage_errors(make_slice, cell, line, says):
-    make_slice(1, name=f"mag-{uuid.uuid4().hex[:6]}")
+    make_slice(1)
     run = cell(line)
     assert type(run.error).__name__ == "UsageError", run.shown
     assert says in str(run.error) and "\n" not in str(run.error)
 
 
 def test_follow_prints_new_lines_and_ends_cleanly_on_interrupt(make_slice, cell, monkeypatch):
-    sl = make_slice(1, name=f"mag-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     script = "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.05; done"
     assert cell(f"%tpu_serve ticker -- {script}").error is None
     followed = threading.Event()
@@ -84,7 +86,7 @@ def test_follow_prints_new_lines_and_ends_cleanly_on_interrupt(make_slice, cell,
 def test_logs_tail_and_follow_a_file_on_every_host(make_slice, cell, monkeypatch, tmp_path):
     """%tpu_logs --file PATH: the same file on every host (each host's own), labelled, --tail and
     --follow as for a service; a host without it is named in one line."""
-    sl = make_slice(2, name=f"mag-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(2)
     path = tmp_path / "train.log"  # local hosts share this machine: each writes its own file
     run = cell(f"%%on_tpu\nimport os\nopen('{path}.' + os.environ['TPUNB_HOST_INDEX'], 'w')"
                ".write('step 1\\nstep 2 on ' + os.environ['TPUNB_HOST_INDEX'] + '\\n')")

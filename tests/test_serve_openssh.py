@@ -2,6 +2,7 @@
 that started it, even a SIGKILLed one, and a forward without ssh on PATH says nothing and works."""
 from __future__ import annotations
 
+import pytest
 import os
 import urllib.request
 import uuid
@@ -12,6 +13,8 @@ from tests.test_serve import free_port, http_server, no_service_left  # noqa: F4
 from tests.test_serve_forward import ssh_children
 from tpunb import report, manager
 from tpunb.serve import openssh
+
+pytestmark = pytest.mark.ends_services
 
 
 def masters_of(pid: int, port: int) -> list[int]:
@@ -31,6 +34,7 @@ def masters_of(pid: int, port: int) -> list[int]:
     return found
 
 
+@pytest.mark.fresh_slice
 def test_the_master_ends_with_a_killed_kernel(sshd, ssh_key):
     name = f"fwd-{uuid.uuid4().hex[:6]}"
     connect = f"%tpu_connect {sshd.addresses[0]}:{sshd.port} --key {ssh_key} --python {sshd.python} --name {name}"
@@ -52,7 +56,7 @@ def test_the_master_ends_with_a_killed_kernel(sshd, ssh_key):
 
 
 def test_without_ssh_on_path_forwards_use_paramiko_quietly(make_slice, monkeypatch, capsys):
-    sl = make_slice(1, name=f"fwd-{uuid.uuid4().hex[:6]}")
+    sl = make_slice(1)
     port = free_port()
     sl.serve("web", http_server(port), hosts=[0], wait_port=port)
     monkeypatch.setenv("PATH", "/nonexistent")
@@ -63,6 +67,7 @@ def test_without_ssh_on_path_forwards_use_paramiko_quietly(make_slice, monkeypat
     assert ssh_children() == [] and capsys.readouterr().err == ""
 
 
+@pytest.mark.fresh_slice
 def test_an_ssh_that_cannot_connect_is_said_once_and_forwards_still_work(sshd, ssh_key, tmp_path, monkeypatch, capsys):
     fake = tmp_path / "bin" / "ssh"
     fake.parent.mkdir()

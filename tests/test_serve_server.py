@@ -23,6 +23,7 @@ def no_service_left(isolated_home):
     manager.down(all=True)
 
 
+@pytest.mark.fresh_slice
 async def test_a_slice_row_lists_its_services_and_forwards_with_their_proxy_path(call, jp_fetch):
     sl = manager.launch("v4-16", name="served")
     port = free_port()

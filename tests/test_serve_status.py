@@ -9,6 +9,8 @@ from tests.test_serve import free_port, get, http_server, unique
 from tpunb import manager
 from tpunb.host.standalone.service import alive
 
+pytestmark = pytest.mark.ends_services
+
 
 @pytest.fixture(autouse=True)
 def no_service_left(isolated_home):
@@ -25,7 +27,7 @@ def _services(name: str) -> dict:
 
 
 def test_status_lists_each_service_per_host_and_each_forward(make_slice):
-    sl = make_slice(2, name=unique("svc"))
+    sl = make_slice(2)
     port = free_port()
     sl.serve("web", http_server(port), hosts=[0], wait_port=port)
     sl.serve("plain", "exec sleep 300", hosts=[1])
@@ -51,8 +53,9 @@ def test_status_lists_each_service_per_host_and_each_forward(make_slice):
     assert "<h4>forwards</h4>" in shown._repr_html_()
 
 
+@pytest.mark.fresh_slice
 def test_a_slice_no_kernel_holds_still_shows_its_services_and_no_stale_forward(make_slice):
-    sl = make_slice(1, name=unique("svc"))
+    sl = make_slice(1)
     port = free_port()
     sl.serve("web", http_server(port), wait_port=port)
     sl.forward(port, local_port=free_port())
@@ -72,7 +75,7 @@ def test_status_asks_hosts_for_services_only_once_the_slice_has_some(make_slice,
     real_program = control.program
     monkeypatch.setattr(control, "program", lambda transport, request, *more: asked.append(request["host"]) or
                         real_program(transport, request, *more))
-    sl = make_slice(2, name=unique("quiet"))
+    sl = make_slice(2)
     manager.status()
     manager.status()
     assert asked == []

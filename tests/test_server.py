@@ -78,6 +78,7 @@ def other_kernel(isolated_home):
         proc.wait()
 
 
+@pytest.mark.fresh_slice
 async def test_slices_lists_a_local_slice_with_its_hosts_and_cost(call):
     status, body = await call("GET", "slices")
     assert status == 200 and body["slices"] == [] and body["orphans"] == []
@@ -96,6 +97,7 @@ async def test_slices_lists_a_local_slice_with_its_hosts_and_cost(call):
         (0, 0, "0", "running"), (1, 0, "1", "running")]
 
 
+@pytest.mark.fresh_slice
 async def test_a_multislice_is_one_row_with_hosts_labelled_slice_by_slice(call):
     single = manager.launch("v4-16", name="one")
     manager.launch("v4-16", name="pair", slices=2)
@@ -108,6 +110,7 @@ async def test_a_multislice_is_one_row_with_hosts_labelled_slice_by_slice(call):
     assert single.name == "one" and rows["one"]["num_slices"] == 1
 
 
+@pytest.mark.fresh_slice
 async def test_hosts_carry_the_latest_metrics_their_kernel_published(call):
     manager.launch("v4-16")
     wait_for(lambda: {h for h, *_ in Registry().latest_metrics("v4-16")} == {0, 1}, 20, "published metrics")
@@ -118,6 +121,8 @@ async def test_hosts_carry_the_latest_metrics_their_kernel_published(call):
         assert metrics["rss_bytes"] > 10 * 2**20 and metrics["memory_total_bytes"] > metrics["rss_bytes"]
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 async def test_status_and_the_sidebar_show_the_same_numbers(call):
     """One status model per slice: %tpu_status's DataFrame (this kernel, live), the server's JSON
     (what the sidebar fetches, from what the kernel published) and the sidebar's bars agree on
@@ -155,6 +160,7 @@ def _without_clocks(body: dict) -> dict:
                         "hosts": [h["index"] for h in row["hosts"]]} for row in body["slices"]]}
 
 
+@pytest.mark.fresh_slice
 async def test_delete_ends_the_slice_and_answers_with_the_fresh_view(call):
     sl = manager.launch("v4-16")
     manager.launch("v4-8", name="kept")
@@ -168,6 +174,7 @@ async def test_delete_ends_the_slice_and_answers_with_the_fresh_view(call):
     assert _without_clocks(answer) == _without_clocks((await call("GET", "slices"))[1])
 
 
+@pytest.mark.fresh_slice
 async def test_the_dataframe_the_json_and_the_serve_listing_read_one_view(call, cell):
     """One status view: %tpu_status's DataFrame, the server's JSON (what the sidebar draws) and
     %tpu_serve's listing say the same cost, idle timer, services with their ports, and snapshots

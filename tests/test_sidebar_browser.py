@@ -33,6 +33,8 @@ from tpunb.errors import NoSliceError
 from tpunb.registry import Registry
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
@@ -258,6 +260,8 @@ def test_the_lab_serves_the_sidebar_built_in_this_checkout(lab):
     assert {sidebar["load"]} == _remote_entries(_built_sidebar()), "the lab must load tpunb/labextension"
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_path):
     sl = manager.launch("v4-16", name="demo")
     sl.run("import jax.numpy as jnp\nx = jnp.ones((1024, 256))", output=None).raise_for_status()  # 1 MiB on each host
@@ -292,6 +296,7 @@ def test_a_slice_appears_with_its_hosts_and_delete_ends_it(lab_home, page, tmp_p
         manager.current()
 
 
+@pytest.mark.fresh_slice
 def test_metric_bars_move_and_stacks_show_while_a_cell_runs(lab_home, page, flags, tmp_path):
     """Host 1 spins in a function: its CPU bar fills, and its row's stacks button shows where it is,
     read by the server while this kernel's cell still runs."""
@@ -328,6 +333,7 @@ def test_metric_bars_move_and_stacks_show_while_a_cell_runs(lab_home, page, flag
     manager.down("busy")
 
 
+@pytest.mark.fresh_slice
 def test_a_cloud_slice_shows_its_price_per_hour(lab_home, page):
     from tpunb.emulator.sandbox import start_sandbox
 
@@ -368,6 +374,7 @@ def _launch_form_in_a_new_notebook(page, lab: Lab, name: str):
     return page.locator(f"{SIDEBAR} .jp-tpunb-Launch")
 
 
+@pytest.mark.fresh_slice
 def test_the_launch_form_runs_tpu_launch_in_the_active_notebook(lab_home, page, tmp_path):
     form = _launch_form_in_a_new_notebook(page, lab_home, "launch.ipynb")
     form.locator("input[name=accelerator]").fill("v4-8")
@@ -406,6 +413,7 @@ def _launch_v4_8(page, form, tmp_path: Path, shot: str) -> list[int]:
     return [h.info.pid for h in Registry().get_slice("v4-8").hosts]
 
 
+@pytest.mark.fresh_slice
 def test_the_launch_form_runs_in_the_notebook_on_screen_not_a_hidden_tab_last_focused(lab_home, page, tmp_path):
     """A tab restored with the page can be the notebook last focused while another one is shown."""
     form = _launch_form_in_a_new_notebook(page, lab_home, "focused.ipynb")  # clicked into: last focused
@@ -430,6 +438,7 @@ def test_the_launch_form_runs_in_the_notebook_on_screen_not_a_hidden_tab_last_fo
     assert all(_dead(pid) for pid in pids)
 
 
+@pytest.mark.fresh_slice
 def test_the_launch_form_brings_the_last_focused_notebook_forward_when_none_is_on_screen(lab_home, page, tmp_path):
     form = _launch_form_in_a_new_notebook(page, lab_home, "behind.ipynb")
     page.evaluate("() => window.jupyterapp.commands.execute('launcher:create')")  # the notebook's tab goes behind
@@ -474,6 +483,7 @@ def _host_names(group) -> list[str]:
     return group.locator(".jp-tpunb-HostName").all_inner_texts()
 
 
+@pytest.mark.fresh_slice
 def test_a_multislice_shows_a_group_per_slice_with_hosts_named_as_in_the_notebook(lab_home, page, tmp_path):
     sl = manager.launch("v4-16", name="pair", slices=2, backend="local")
     pids = [h.info["pid"] for h in sl.session.hosts]
@@ -493,6 +503,7 @@ def test_a_multislice_shows_a_group_per_slice_with_hosts_named_as_in_the_noteboo
     assert all(_dead(pid) for pid in pids), "every host of every slice must end"
 
 
+@pytest.mark.fresh_slice
 def test_the_launch_form_checks_slices_and_adds_them_to_the_launch_line(lab_home, page):
     form = _launch_form_in_a_new_notebook(page, lab_home, "multislice.ipynb")
     assert form.locator("input[name=slices]").input_value() == "1"
@@ -521,6 +532,7 @@ def test_the_launch_form_checks_slices_and_adds_them_to_the_launch_line(lab_home
     assert all(_dead(pid) for pid in pids)
 
 
+@pytest.mark.fresh_slice
 def test_the_card_lists_a_service_and_its_forward_link_opens_the_page_through_the_server_proxy(lab_home, page,
                                                                                                 tmp_path):
     """Also: a snapshot of the slice is listed below the cards (what it holds, the shape it came

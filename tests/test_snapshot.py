@@ -3,6 +3,7 @@ from a v4-16 (2 hosts, 8 devices) comes back re-sharded on a v4-8 (1 host, 4 dev
 per-host values beside it; every bad input is one line and leaves nothing half-done."""
 from __future__ import annotations
 
+import pytest
 import contextlib
 import json
 import os
@@ -30,6 +31,8 @@ def one_line(run) -> str:
     return str(run.error)
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_snapshot_on_a_v4_16_restores_onto_a_v4_8_resharded(cell, tmp_path):
     assert cell("%tpu_launch v4-16").error is None
     made = cell(MAKE)
@@ -82,6 +85,8 @@ def small_disk(path: Path, size: str = "1m"):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_bad_inputs_are_one_line_and_leave_nothing_half_done(cell, tmp_path):
     assert cell("%tpu_launch v4-8").error is None
     assert cell(BAD).error is None
@@ -129,6 +134,7 @@ SLOW = ("%%on_tpu\nimport time, numpy as np\nclass Slow:\n    def __reduce__(sel
         "big = np.random.default_rng(0).random(24 * 2**20 // 8)")
 
 
+@pytest.mark.fresh_slice
 def test_ctrl_c_leaves_no_snapshot_that_looks_complete_and_big_ones_show_a_bar(cell, tmp_path):
     assert cell("%tpu_launch v4-16").error is None
     assert cell(SLOW).error is None
@@ -147,6 +153,7 @@ def test_ctrl_c_leaves_no_snapshot_that_looks_complete_and_big_ones_show_a_bar(c
     assert "snapshot big, n" in shown.stderr and "48.0M" in shown.stderr, shown.stderr  # tqdm's bar, 2 x 24 MiB
 
 
+@pytest.mark.fresh_slice
 def test_arming_a_slice_without_metadata_keeps_sigterm_ending_a_host(cell):
     """No metadata server confirms a notice here, so SIGTERM still ends a host as it always did
     (the last step of an escalating interrupt), armed or not."""

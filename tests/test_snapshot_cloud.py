@@ -101,6 +101,8 @@ def recover_after(cloud, cell, sshd, storage, notice: float | None = None):
     return recovered
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_armed_names_are_saved_at_the_notice_and_recover_restores_them(cloud, cell, sshd, storage):
     armed = cell(launch_line(sshd, storage, "--snapshot-on-preempt x,step,n"))
     assert armed.error is None, armed.shown

@@ -79,6 +79,7 @@ def test_known_host_key_is_checked_not_rerecorded(sshd, ssh_key):
     assert registry.get_host_key(sshd.addresses[0], sshd.port) == recorded
 
 
+@pytest.mark.usefixtures("host_key_restored")
 def test_changed_host_key_is_refused_until_forgotten(sshd, ssh_key):
     registry = Registry()
     connect(sshd, ssh_key).close()

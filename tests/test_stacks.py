@@ -3,6 +3,7 @@ handler while hosts are blocked in C (GIL held or not), grouped by identical sta
 frozen hosts said per host; native frames through py-spy; tpunb's own frames never shown."""
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import re
@@ -47,6 +48,7 @@ def run_in_background(sl, code: str) -> dict:
     return box
 
 
+@pytest.mark.fresh_slice
 def test_stacks_of_hosts_blocked_in_c_with_and_without_the_gil(make_slice, flags, cell):
     sl = make_slice(2)
     sl.heartbeat_timeout = 0  # host 1 holds its GIL: it cannot beat, and would count as frozen after 5 s
@@ -92,6 +94,7 @@ def test_stacks_of_hosts_blocked_in_c_with_and_without_the_gil(make_slice, flags
     assert re.search(r"^\[1\] its agent is not running \(killed by SIGKILL\)$", after.text(), re.M), after.text()
 
 
+@pytest.mark.fresh_slice
 def test_a_frozen_host_is_said_and_the_others_shown(make_slice):
     sl = make_slice(2)
     sl.heartbeat_timeout = 0  # the liveness watch would end it: here it stays frozen
@@ -194,6 +197,7 @@ def _settled(stacks: Stacks) -> Stacks | None:
     return stacks if where[0].endswith("waiting") and where[1].endswith("match") else None
 
 
+@pytest.mark.fresh_slice
 def test_bad_input_is_one_line(cell):
     from tpunb import manager
     from tpunb.errors import TpunbError
@@ -208,6 +212,7 @@ def test_bad_input_is_one_line(cell):
         assert "Traceback" not in run.shown and len(str(run.error).splitlines()) == 1
 
 
+@pytest.mark.fresh_slice
 def test_stacks_of_a_slice_another_kernel_holds(cell):
     """%tpu_stacks --slice NAME in a second notebook: read through the registry, never attached here."""
     code = ("import sys, tpunb; sl = tpunb.launch('v4-16', name='theirs'); "

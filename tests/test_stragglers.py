@@ -2,6 +2,7 @@
 updated in place in a notebook, plain text in a terminal, nothing at all for fast cells."""
 from __future__ import annotations
 
+import pytest
 import re
 
 from tpunb.display import HostsProgress
@@ -59,6 +60,7 @@ def test_a_straggler_is_shown_as_plain_text_in_a_terminal_shell(make_slice, cell
     assert "[tpunb]" not in fast.shown
 
 
+@pytest.mark.fresh_slice
 def test_straggler_and_laggard_lines_update_in_place_in_a_notebook(kernel):  # noqa: F811 - the fixture
     manager, client = kernel
     reply, _ = execute(client, "%load_ext tpunb\n%tpu_launch v4-16")
@@ -129,6 +131,7 @@ def test_laggards_are_the_hosts_far_behind_the_finished_ones():
     assert lagging(request({}, {0, 1}), 200.0) == [] and lagging(request({0: 101.0}, set()), 200.0) == []
 
 
+@pytest.mark.fresh_slice
 def test_a_laggard_is_shown_where_it_is_once_in_a_terminal(make_slice, cell, monkeypatch):
     from tpunb.stuck import laggards
 

@@ -13,6 +13,7 @@ def type_lists(wire) -> list:
     return [e for e in wire if e.method == "GET" and e.path.endswith("/acceleratorTypes")]
 
 
+@pytest.mark.fresh_slice
 def test_the_api_decides_what_a_zone_offers_and_is_asked_once(cloud, cell, launch):
     cloud.faults(offered={"us-central2-b": ["v4-8"], "us-central2-z": ["v4-8"]})
     wire = cloud.record()
@@ -34,6 +35,7 @@ def test_where_the_api_cannot_be_asked_the_catalog_decides(cloud, launch):
     assert isinstance(refused.error, ProvisionError) and "zones with v4-16: us-central2-b" in str(refused.error)
 
 
+@pytest.mark.fresh_slice
 def test_tpu7x_is_launched_through_compute_engine_only(cloud, cell, ip, launch, monkeypatch):
     monkeypatch.setenv("TPUNB_COMPUTE_API_ENDPOINT", cloud.url)  # its zones are Compute Engine's answer
     table = catalog.table("tpu7x")
@@ -50,6 +52,7 @@ def test_tpu7x_is_launched_through_compute_engine_only(cloud, cell, ip, launch, 
     assert "tpu7x-32" in model.catalog()["accelerators"]  # the sidebar's form offers it
 
 
+@pytest.mark.fresh_slice
 def test_alternatives_and_races_skip_tpu7x_with_a_note(cloud, cell, launch):
     """v5litepod-8 and tpu7x-8 are both one host: the race goes on without tpu7x, and says why."""
     run = launch("--name raced --zone us-central1-a,us-west4-a --alternatives tpu7x-8 --race 2", accel="v5litepod-8")
