@@ -8,6 +8,8 @@ ACTIVE. Deletes go STOPPING -> gone. The rules field reports show (docs/cloud-fa
 checked on the way in; compute_checks.py refuses what compute v1 does not define."""
 from __future__ import annotations
 
+import base64
+import secrets
 import signal
 import threading
 import time
@@ -21,8 +23,14 @@ from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, 
 #: the preemptible (Spot, Flex-start) TPU quota metric's generation part: V6E as field reports quote
 #: it (PREEMPTIBLE-TPU-V6E-per-project-region); TPU7X and V5P by analogy (synthetic)
 PREEMPTIBLE = {"tpu7x": "TPU7X", "v6e": "V6E", "v5p": "V5P"}
-#: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist
-FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations", "quotas")
+#: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist,
+#: inserts held until that many wait (overlapping launches), a topology that fails (everywhere or in zones; its
+#: code and message), topology activation that takes seconds after every VM runs, VMs that publish a host key
+#: their sshd does not present (not the VM Compute Engine says it is)
+FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations", "quotas", "hold_inserts",
+          "topology_failed", "topology_code", "topology_message", "activation_seconds", "forged_host_keys")
+#: a quota refusal's metric names (quotaInfo.metricName): synthetic, as no report quotes a TPU one
+QUOTA_METRICS = {"TPUS-PER-TPU-FAMILY-per-project-region": "compute.googleapis.com/tpus_per_tpu_family"}
 #: a flex-start VM's requestValidForDuration bounds, as field reports quote the refusal
 FLEX_WAIT = (90, 7200)
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
@@ -50,6 +58,7 @@ class ComputeEngine(MigSide):
         self.operations: dict[str, ComputeOperation] = {}
         self.faults: dict[str, Any] = {}
         self._changed = threading.Condition(emu._lock)
+        self._held = 0  # inserts waiting for the admin's hold_inserts
 
     def set_faults(self, changes: dict) -> dict:
         """Merge Compute Engine faults (``FAULTS``); a false or null value turns one off."""
@@ -59,7 +68,22 @@ class ComputeEngine(MigSide):
         self.faults.update(changes)
         for key in [k for k, v in self.faults.items() if v in (None, False)]:
             del self.faults[key]
+        if "hold_inserts" in changes:
+            self._held = 0
         return dict(self.faults)
+
+    def hold(self) -> None:
+        """The admin's ``hold_inserts`` N: each insert waits (the lock let go) until N inserts wait,
+        then all go on, one at a time as ever: launches that looked before either made anything."""
+        wanted = int(self.faults.get("hold_inserts") or 0)
+        if wanted < 2:
+            return
+        self._held += 1
+        self._changed.notify_all()
+        deadline = time.monotonic() + 30.0
+        while self._held < wanted and time.monotonic() < deadline:
+            self._changed.wait(min(0.5, deadline - time.monotonic()))
+        self.faults.pop("hold_inserts", None)  # the next inserts go at once
 
     # -- operations -------------------------------------------------------------------------
 
@@ -134,12 +158,16 @@ class ComputeEngine(MigSide):
         model = (properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
         metric = (f"PREEMPTIBLE-TPU-{PREEMPTIBLE[machine.generation]}-per-project-region" if model in ("SPOT", "FLEX_START")
                   else "TPUS-PER-TPU-FAMILY-per-project-region")
-        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded. Limit: 0.0 in region "
-                            f"{catalog.region_of(zone)}.")
+        region = catalog.region_of(zone)
+        info = {"metricName": QUOTA_METRICS.get(metric, f"compute.googleapis.com/{metric.split('-per-')[0].lower()}"),
+                "limitName": metric, "dimensions": {"region": region}, "limit": 0.0}
+        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded. Limit: 0.0 in region {region}.",
+                            [{"quotaInfo": info}])
 
     # -- instances --------------------------------------------------------------------------
 
     def insert_instance(self, project: str, zone: str, body: dict) -> dict:
+        self.hold()
         self.check_zone(project, zone)
         check_body("Instance", body)
         name = check_name(body.get("name"), "instance")
@@ -202,6 +230,7 @@ class ComputeEngine(MigSide):
         if not found:
             return None
         vm.endpoint = found[0]
+        vm.host_key = self.emu.hosts.rekey(vm.endpoint.internal_ip)  # a new VM: a host key of its own
         try:
             self.emu.hosts.configure(vm.endpoint.internal_ip, python=catalog.generation(machine.generation).compute["python"],
                                      devices=machine.jax_devices, names={**self.host_names(), vm.name: vm.endpoint.internal_ip})
@@ -228,6 +257,11 @@ class ComputeEngine(MigSide):
         if self.instances.get(vm.path) is not vm or vm.status not in ("PROVISIONING", "STAGING"):
             return
         vm.status, vm.current_action = "RUNNING", "NONE"
+        if vm.host_key and vm.metadata.get("enable-guest-attributes", "").upper() == "TRUE":
+            kind, key = vm.host_key.split()[:2]  # the guest agent publishes its host keys (gcloud's ssh reads them)
+            if self.faults.get("forged_host_keys"):
+                key = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0 " + secrets.token_bytes(32)).decode()
+            vm.guest_attributes[f"hostkeys/{kind}"] = key
         self.emu.sync_vm_logins(vm.path, vm)
         self.emu.hosts.boot(vm.endpoint.internal_ip, vm.metadata.get("startup-script", ""))
         if op is not None:
@@ -271,7 +305,7 @@ class ComputeEngine(MigSide):
         """aggregatedList of MIGs, templates (global ones under "global") or resource policies:
         ``{"items": {"zones/Z" | "regions/R" | "global": {kind: [...]}}}``, the scopes with a match only."""
         if kind == "instanceGroupManagers":
-            found = [(f"zones/{m.zone}", m.to_json(self._mig_vms(m))) for m in self.migs.values() if m.project == project]
+            found = [(f"zones/{m.zone}", self.mig_json(m)) for m in self.migs.values() if m.project == project]
         else:
             table = self.templates if kind == "instanceTemplates" else self.policies
             found = [("/".join(s.path.split("/")[2:4]) if s.path.split("/")[2] == "regions" else "global", s.to_json())
@@ -385,13 +419,16 @@ class ComputeEngine(MigSide):
             return {**out, "variableKey": key, "variableValue": vm.guest_attributes[key]}
         items = [{"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
                  for k, v in sorted(vm.guest_attributes.items()) if k.startswith(query_path.strip("/"))]
-        return {**out, "queryPath": query_path, **({"queryValue": {"items": items}} if items else {})}
+        if not items:  # as gcloud's ssh quotes it: nothing there is a 404
+            raise ComputeError(404, "notFound", f"The resource '{query_path}' of type 'Guest Attribute' was not found.")
+        return {**out, "queryPath": query_path, "queryValue": {"items": items}}
 
     # -- templates and resource policies ----------------------------------------------------
 
     def insert_stored(self, project: str, scope: str, kind: str, body: dict) -> dict:
         """instanceTemplates.insert (regional or global) and resourcePolicies.insert."""
         message = {"instanceTemplates": "InstanceTemplate", "resourcePolicies": "ResourcePolicy"}[kind]
+        self.hold()
         if scope != "global":
             self._check_region(project, scope.split("/")[1])
         check_body(message, body)

@@ -13,6 +13,10 @@ OS Login's NSS module make it, and the node's keys go when the node does. Withou
 (an sshd of another kind), the keys are appended to ``authorized_keys`` for whatever user logs
 in, each line marked ``tpunb-emulator:<instance>:<node>`` so exactly our lines are removed.
 
+With ``host_keys`` (address -> the key file and pid file of that address's own sshd, an ``Sshd``
+with ``host_keys``), every new VM on an address gets a host key of its own (``rekey``), which
+Compute Engine VMs publish as guest attributes under ``hostkeys/`` (compute.py).
+
 With ``host_environment`` (address -> the variables that host's processes see, as the sshd sets
 them), hosts also boot and power off: a READY node's ``startup-script`` runs once per worker
 with that host's environment (as a VM's boot runs it), and when the node is gone every process
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,8 +177,10 @@ class HostPool:
         host_environment: dict[str, dict[str, str]] | None = None,
         accounts: str | Path | None = None,
         vm_image: dict | None = None,
+        host_keys: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.addresses = list(addresses or [])
+        self.host_keys = {a: dict(v) for a, v in (host_keys or {}).items()}
         #: what Compute Engine VMs are made of (Sshd.emulator_options): {"pythons": {X.Y: bin dir},
         #: "nss_wrapper": its library, "hosts_file": the names every VM resolves}
         self.vm_image = dict(vm_image or {})
@@ -231,6 +238,30 @@ class HostPool:
                 if profile := self.host_environment.get(address, {}).get("BASH_ENV"):
                     Path(profile).unlink(missing_ok=True)  # a Compute Engine VM's settings go with it
             self._fake.pop(owner, None)
+
+    def rekey(self, address: str, timeout: float = 10.0) -> str | None:
+        """A new host key for ``address``'s sshd (a new VM there): the key file replaced, then
+        SIGHUP, on which sshd executes itself again and reads it (its open connections stay);
+        returns the key's public line once it listens again, None without ``host_keys``."""
+        from tpunb.emulator.sshd import write_ed25519
+
+        files = self.host_keys.get(address)
+        if not files:
+            return None
+        key, pid_file = Path(files["key"]), Path(files["pid_file"])
+        fresh = key.with_name(f".{key.name}.{os.urandom(3).hex()}")
+        line = write_ed25519(fresh)
+        os.replace(fresh, key)
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return line  # not running: it reads the new key when it starts
+        pid_file.unlink(missing_ok=True)
+        os.kill(pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while not pid_file.exists() and time.monotonic() < deadline:  # written once it listens again
+            time.sleep(0.005)
+        return line
 
     def owner_of(self, address: str) -> str | None:
         """The node holding ``address``, if any."""

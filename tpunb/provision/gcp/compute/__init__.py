@@ -25,14 +25,16 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb import catalog, diagnose
-from tpunb.errors import CellInterrupted, ProvisionError, TpunbError, UsageError
+from tpunb.errors import CellInterrupted, HostKeyError, ProvisionError, TpunbError, UsageError
 from tpunb.engine import programs
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.gcp import api, logins
-from tpunb.provision.gcp.compute import adopt as adoption, clients
+from tpunb.provision.gcp.common import LAUNCH_LABEL, new_launch, same_launch
+from tpunb.provision.gcp.compute import adopt as adoption, clients, hostkeys
 from tpunb.provision.gcp.compute.bodies import VmSpec
 from tpunb.provision.gcp.compute.delete import teardown
+from tpunb.provision.gcp.compute.bulk import activation_limit
 from tpunb.provision.gcp.compute.make import WAITING, make_resources
 from tpunb.provision.gcp.compute.node import ComputeNode
 from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_failed, outcome
@@ -60,6 +62,8 @@ TPU_API_ONLY = {
     "alternatives": ("--alternatives (other types to try)", "launch the other type yourself if this one fails"),
 }
 SSH_PORT_LABEL = "tpunb-ssh-port"  # the sandbox's sshd, when not on port 22 (as on the Cloud TPU side)
+#: what a flex-start slice's cost says: no source tpunb can cite gives the flex-start rate (docs/cloud-facts.md)
+FLEX_PRICE = "flex-start price not known"
 
 
 def uses_compute(accel: catalog.Accelerator, opts: CloudOptions) -> bool:
@@ -105,16 +109,17 @@ def create(request: LaunchRequest) -> Made:
     access = logins.login(project, public_key, opts.user, service_account=opts.service_account)
     prepared = host_setup(opts)
     user = access.user or "tpunb"
+    launch = new_launch()  # on every resource this launch makes: only those are ever deleted by it
     vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
                 opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()),
                 opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation,
                 json.dumps({"user": user, "os_login": access.os_login, "python": opts.python, "network": opts.network,
                             "service_account": opts.service_account, **prepared}, sort_keys=True),
-                project, float(opts.idle_delete or 0), float(opts.connect_wait))
+                project, float(opts.idle_delete or 0), boot_grace(shape, opts), launch)
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
-                               "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms,
+                               "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms, "launch": launch,
                                **({"os_login": True} if access.os_login else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
     what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology})" if shape.multi_host \
@@ -122,13 +127,15 @@ def create(request: LaunchRequest) -> Made:
     where = zones[0] if len(zones) == 1 else ", ".join(zones[:-1]) + " or " + zones[-1]
     how = "spot " if opts.spot else f"flex-start ({opts.flex:g} h) " if opts.flex else ""
     using = f", from reservation {opts.reservation}" if opts.reservation else ""
+    price = None if opts.flex else price_per_hour(accel, opts.spot)  # TPU7x, flex-start: no source gives one
     progress = LaunchProgress(f"Launching {accel.name} {how}{name!r} through Compute Engine in {project}/{where}: "
-                              f"{what}{using}", price_per_hour(accel, opts.spot))  # TPU7x: none published
+                              f"{what}{using}", price, FLEX_PRICE if opts.flex else "price unknown")
     started = time.perf_counter()
     try:
         hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
     except BaseException as exc:
-        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name, vms=shape.vms)
+        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name, vms=shape.vms,
+                                                              launch=launch)
         reg.delete_slice(name)
         if isinstance(exc, KeyboardInterrupt) and opts.flex:  # as --queued says it: the request that waited is gone
             waited = " (it was waiting for capacity)" if progress.steps and WAITING in progress.steps[-1][0] else ""
@@ -152,19 +159,22 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
     quota or time is left with nothing in it (a quota refusal skips its region's other zones:
     quotas are regional). The hosts, and each zone's outcome when there were several."""
     outcomes, skipped = [], set()
-    for zone in zones:
+    for i, zone in enumerate(zones):
         if catalog.region_of(zone) in skipped:
             outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "skipped",
                                     f"the quota of {catalog.region_of(zone)} is exhausted"))
             continue
-        record.spec["zone"], here = zone, dataclasses.replace(vm, zone=zone)
+        limit = _wait_limit(vm, opts)  # a MIG still waiting past its deadline is no launch's: a survey deletes it
+        here = dataclasses.replace(vm, zone=zone, deadline=time.time() + limit + activation_limit(vm.shape.vms)
+                                   + opts.connect_wait)
+        record.spec["zone"] = zone
         reg.save_slice(record)  # where its resources are now: %tpu_down from another kernel finds them
         prefixed = _changes(say, "" if len(zones) == 1 else f"{zone}: ")
         try:
-            make_resources(project, here, prefixed, time.monotonic() + _wait_limit(vm, opts))
-            hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip)
+            make_resources(project, here, prefixed, time.monotonic() + limit, more_zones=i < len(zones) - 1)
+            hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip, vm.launch)
         except BaseException as exc:
-            left = teardown(project, zone, vm.name, vms=vm.shape.vms)  # whatever stopped it: nothing stays here
+            left = teardown(project, zone, vm.name, vms=vm.shape.vms, launch=vm.launch)  # what it made: nothing stays
             if left and isinstance(exc, TpunbError):
                 exc.args = (f"{exc}{left}",)
             if left or len(zones) == 1 or not isinstance(exc, ProvisionError) or exc.reason not in ZONE_FAILURES:
@@ -178,6 +188,13 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
             outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "granted"))
         return hosts, outcomes
     raise everywhere_failed(vm.name, project, outcomes, vm.spot)
+
+
+def boot_grace(shape: catalog.ComputeShape, opts: CloudOptions) -> float:
+    """How long after boot worker 0's watchdog waits for the launching kernel to say its launch is
+    done: the slice's activation (its topology may become ACTIVE long after the VMs boot), then the
+    kernel's connect wait; a kernel preparing the hosts marks activity, which extends it."""
+    return activation_limit(shape.vms) + float(opts.connect_wait) if shape.multi_host else float(opts.connect_wait)
 
 
 def _wait_limit(vm: VmSpec, opts: CloudOptions) -> float:
@@ -200,16 +217,19 @@ def _changes(say, prefix: str):
     return tell
 
 
-def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip: bool) -> list[HostRecord]:
+def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip: bool,
+               launch: str | None = None) -> list[HostRecord]:
     """The slice's VMs as host records, in the MIG's list order for now (``_reach`` renumbers them by
-    worker id): the address to connect to, the sshd's port, the internal IP JAX's coordinator uses."""
+    worker id): the address to connect to, the sshd's port, the internal IP JAX's coordinator uses.
+    ``launch``: the slice's token; VMs of another launch of the same name are never taken."""
     c = clients.clients()
     if multi_host:  # the MIG's VMs, then all of them in one list call (one get each took a round trip each)
         urls = [v.instance for v in clients.call("list the MIG's VMs", c.migs.list_managed_instances, project=project,
                                                  zone=zone, instance_group_manager=name)]
         names = [u.rsplit("/", 1)[-1] for u in urls]
+        wanted = f"labels.{NAME_LABEL} = {label_value(name)}" + (f" AND labels.{LAUNCH_LABEL} = {launch}" if launch else "")
         listed = {vm.name: vm for vm in clients.call("list the MIG's VMs", lambda: list(c.instances.list(request={
-            "project": project, "zone": zone, "filter": f"labels.{NAME_LABEL} = {label_value(name)}"})))}
+            "project": project, "zone": zone, "filter": wanted})))}
         missing = [n for n in names if n not in listed]
         if missing:
             raise ProvisionError(f"the MIG {name} lists {', '.join(missing)}, which Compute Engine does not have: the "
@@ -217,6 +237,8 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
         vms = [listed[n] for n in names]
     else:
         vms = [clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name)]
+        if not same_launch(vms[0], launch):
+            raise ProvisionError(f"the VM {name} in {project}/{zone} is another launch's, not this slice's", reason="lost")
     hosts = []
     for i, vm in enumerate(vms):
         vm_name = vm.name
@@ -242,10 +264,11 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
         for made_node in watched:
             made_node.close()
         reg.delete_slice(name)
-        left = teardown(project, zone, name, vms=record.spec.get("vms"))
+        left = teardown(project, zone, name, vms=record.spec.get("vms"), launch=record.spec.get("launch"))
         progress.failed(f"could not reach or start the hosts, so {name} was deleted{left}: {exc}")
 
     try:
+        hostkeys.pin(record, reg, min(opts.connect_wait, hostkeys.PUBLISH_WAIT))  # each VM's own, as it published it
         transports = ssh.connect_hosts(record, reg, opts.connect_wait)
         order = worker_order(transports)
         record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
@@ -254,6 +277,10 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
         watched.append(node(record))
         made = ssh.attach(record, reg, env, coordinator_port=None if clients.endpoint() else diagnose.COORDINATOR_PORT,
                           network=opts.network, transports=transports, node=watched[0])
+    except HostKeyError as exc:
+        refused = hostkeys.refused(record, exc)
+        failed(refused)
+        raise refused from None
     except BaseException as exc:
         failed(exc)
         raise
@@ -305,7 +332,8 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
                              "deletes whatever it created", reason="creating")
     coordinator = None if clients.endpoint() else diagnose.COORDINATOR_PORT
     wait, transports = max(30.0, connect_wait(record)), None
-    if record.spec.get(adoption.UNORDERED):
+    if record.spec.get(adoption.UNORDERED):  # adopted: its hosts' keys pinned from what its VMs published
+        hostkeys.pin(record, reg, min(wait, hostkeys.PUBLISH_WAIT))
         transports = ssh.connect_hosts(record, reg, wait)
         order = worker_order(transports)
         record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
@@ -340,7 +368,7 @@ def delete(record: SliceRecord) -> None:
     """Delete the slice's resources in order and wait until they are gone; what could not be
     deleted is one error listing the gcloud commands for it."""
     spec = record.spec
-    left = teardown(spec["project"], spec["zone"], record.name, quiet=True, vms=spec.get("vms"))
+    left = teardown(spec["project"], spec["zone"], record.name, quiet=True, vms=spec.get("vms"), launch=spec.get("launch"))
     if left:
         raise ProvisionError(f"could not delete all of {record.name}{left}", reason="delete")
 
@@ -365,26 +393,41 @@ def slice_cloud(record: SliceRecord, surveyed: dict | None = None) -> dict:
 
 
 def slice_state(record: SliceRecord, surveyed: dict | None = None) -> str:
-    """The slice's state as Compute Engine has it: its MIG's (or instance's), or GONE. ``surveyed``:
-    what a survey of the slice's project found (found.Found by name), read instead of asking again."""
+    """The slice's state as Compute Engine has it: its MIG's (or instance's), GONE, or UNKNOWN with
+    why Compute Engine could not be asked (no credentials, the API down: a status view never fails
+    on one slice). ``surveyed``: what a survey of the slice's project found (found.Found by name and
+    launch), read instead of asking again; only the resources of the slice's own launch count."""
     from google.api_core import exceptions
 
-    c, spec = clients.clients(), record.spec
+    from tpunb.provision.gcp.compute import found
+
+    spec, launch = record.spec, record.spec.get("launch")
     if surveyed is not None:
-        seen = surveyed.get(record.name)
+        seen = next(iter(found.named(surveyed, record.name, launch)), None)
         if seen is None or seen.leftover:
             return "GONE"
         if seen.zone == spec.get("zone"):
             return seen.state()
     try:
+        c = clients.clients()
         if int(spec.get("vms") or 1) > 1:
             group = c.migs.get(project=spec["project"], zone=spec["zone"], instance_group_manager=record.name)
-            return "READY" if group.status.is_stable else "CHANGING"
-        return c.instances.get(project=spec["project"], zone=spec["zone"], instance=record.name).status
+            return "GONE" if not same_launch(group, launch) else "READY" if group.status.is_stable else "CHANGING"
+        vm = c.instances.get(project=spec["project"], zone=spec["zone"], instance=record.name)
+        return vm.status if same_launch(vm, launch) else "GONE"
     except exceptions.NotFound:
         return "GONE"
-    except Exception as exc:  # a status view never fails on one slice
-        return f"unknown ({type(exc).__name__})"
+    except TpunbError as exc:  # no credentials, most often: said once, in short
+        return unknown(str(exc))
+    except Exception as exc:
+        return unknown(f"{type(exc).__name__}: {exc}")
+
+
+def unknown(why: str) -> str:
+    """The state of a slice Compute Engine could not be asked about, with why, on one line."""
+    from tpunb.provision.gcp.errors import one_line
+
+    return f"UNKNOWN ({one_line(why, 160)})"
 
 
 __all__ = ["API", "VmSpec", "adopt", "attach", "create", "delete", "first_granted", "machine_type", "slice_cloud",

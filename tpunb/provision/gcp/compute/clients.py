@@ -11,10 +11,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.provision import warm
 from tpunb.provision.cache import cached
 from tpunb.provision.gcp import api
+from tpunb.provision.gcp.common import google_message
 
 ENDPOINT_ENV = "TPUNB_COMPUTE_API_ENDPOINT"
 #: how long the client waits for one operations.wait answer: Compute Engine holds the call until the
@@ -74,11 +76,11 @@ def call(what: str, fn, *args: Any, **kwargs: Any) -> Any:
         raise
     except exceptions.GoogleAPICallError as exc:
         reason = _reason(exc)
-        raise ProvisionError(f"Compute Engine refused to {what}: {exc.message or exc}", reason=reason) from None
+        raise ProvisionError(f"Compute Engine refused to {what}: {google_message(exc)}", reason=reason) from None
 
 
 def _reason(exc: Any) -> str:
-    """A short reason for the error tree: quota, no_capacity, permission, invalid or api."""
+    """A short reason for the error tree: quota, no_capacity, permission, exists, invalid or api."""
     text = str(getattr(exc, "message", "") or exc)
     code = getattr(exc, "code", None)
     found = reason_of(text)
@@ -86,6 +88,8 @@ def _reason(exc: Any) -> str:
         return found
     if code == 403:
         return "permission"
+    if code == 409:  # alreadyExists: the name is held (claims.py says by what)
+        return "exists"
     return "invalid" if code == 400 else "api"
 
 
@@ -99,8 +103,11 @@ def reason_of(text: str) -> str:
     return "api"
 
 
-def wait(project: str, operation: Any, what: str, deadline: float | None = None) -> None:
-    """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``."""
+def wait(project: str, operation: Any, what: str, deadline: float | None = None, accelerator: str | None = None,
+         flex: bool = False) -> None:
+    """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``
+    (``accelerator``: what a quota refusal of it may add, see ``more``; ``flex``: flex-start, whose
+    INTERNAL_ERROR field reports saw where other tries said stockout: no capacity)."""
     from google.cloud import compute_v1
     from requests.exceptions import Timeout
 
@@ -119,13 +126,18 @@ def wait(project: str, operation: Any, what: str, deadline: float | None = None)
     errors = list(operation.error.errors) if operation.error else []
     if errors:
         first = errors[0]
-        reason = reason_of(first.code)
-        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code}){more(reason, project)}",
-                             reason=reason)
+        reason = "no_capacity" if flex and first.code == "INTERNAL_ERROR" else reason_of(first.code)
+        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code})"
+                             f"{more(reason, project, accelerator)}", reason=reason)
 
 
-def more(reason: str, project: str) -> str:
-    """Where a quota refusal is fixed (Compute Engine's TPU quotas are their own, per region)."""
+def more(reason: str, project: str, accelerator: str | None = None) -> str:
+    """Where a quota refusal is fixed: Compute Engine's TPU quotas are their own, per region; for a
+    type the Cloud TPU API also makes (v6e, v5p), that API's TPU quota is a separate pool (field
+    reports: TRC and older projects hold theirs there), which ``--api tpu`` spends."""
     if reason != "quota":
         return ""
-    return f"; request more at https://console.cloud.google.com/iam-admin/quotas?project={project}"
+    text = f"; request more at https://console.cloud.google.com/iam-admin/quotas?project={project}"
+    if accelerator and not catalog.lookup(accelerator).no_tpu_api:
+        text += "; or add --api tpu: the Cloud TPU API's TPU quota is a separate pool (TRC and older projects hold it)"
+    return text
