@@ -132,3 +132,41 @@ def test_two_overlapping_launches_of_one_name_leave_one_slice_and_nothing_else(c
     assert len(vms) == shape.vms and all(v.labels["tpunb-launch"] == token for v in vms)
     assert teardown(cloud.project, zone, "same", vms=shape.vms, launch=token) == ""
     assert all(not v for v in google.everything(zone).values())
+
+
+def test_every_kind_of_resource_answers_409_to_a_second_create_of_its_name(cloud):
+    """What the look before creating cannot rule out, Compute Engine does: a name taken twice is a
+    409 for an instance, a MIG, a template (regional or global) and a workload policy alike."""
+    from google.api_core.client_options import ClientOptions
+    from google.api_core.exceptions import Conflict
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import compute_v1
+
+    from tests.compute_fixture import made
+    from tpunb.provision.gcp.compute import bodies
+
+    google, p, region = Google(cloud), cloud.project, catalog.region_of(ZONE)
+    made(google, "twice", "v5p-16", ZONE)
+    made(google, "twice", "v6e-8", ZONE)  # a VM and a MIG of one name do not collide
+    vm = VmSpec("twice", catalog.compute_shape("v5p-16"), ZONE, "someone@example.com", "tpunb",
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
+    one = VmSpec("twice", catalog.compute_shape("v6e-8"), ZONE, "someone@example.com", "tpunb",
+                 "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
+    global_templates = compute_v1.InstanceTemplatesClient(credentials=AnonymousCredentials(),
+                                                          client_options=ClientOptions(api_endpoint=cloud.compute_url))
+    global_templates.insert_unary(project=p, instance_template_resource=bodies.template(vm))
+    creates = {
+        "instance": lambda: google.instances.insert_unary(project=p, zone=ZONE, instance_resource=bodies.instance(one)),
+        "MIG": lambda: google.migs.insert_unary(project=p, zone=ZONE, instance_group_manager_resource=bodies.mig(vm, p)),
+        "template": lambda: google.templates.insert_unary(project=p, region=region,
+                                                          instance_template_resource=bodies.template(vm)),
+        "global template": lambda: global_templates.insert_unary(project=p,
+                                                                 instance_template_resource=bodies.template(vm)),
+        "policy": lambda: google.policies.insert_unary(project=p, region=region,
+                                                       resource_policy_resource=bodies.workload_policy(vm)),
+    }
+    for kind, create in creates.items():
+        with pytest.raises(Conflict):
+            create()
+    global_templates.delete_unary(project=p, instance_template="twice-tpunb-t")
+    assert teardown(p, ZONE, "twice") == "" and all(not v for v in google.everything(ZONE).values())
