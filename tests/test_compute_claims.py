@@ -85,6 +85,18 @@ def test_default_names_hold_the_user_so_only_the_same_user_meets_their_own(cloud
     assert cell(f"%tpu_down {name}").error is None
 
 
+def test_on_the_cloud_tpu_api_too_the_second_notebook_is_refused_and_the_first_keeps_its_node(cloud, cell,
+                                                                                               monkeypatch, tmp_path):
+    run = cell(f"%tpu_launch v5p-8 --api tpu --name duo --zone {ZONE} --no-setup")
+    assert run.error is None, run.shown
+    refused = other_notebook(monkeypatch, tmp_path, "v5p-8", api="tpu", name="duo", zone=ZONE)
+    assert str(refused) == (f"a TPU named duo already exists in {ZONE}: %tpu_use duo attaches it, %tpu_down duo "
+                            "deletes it, or pick another name"), str(refused)
+    assert [n["state"] for n in cloud.emulator.nodes()] == ["READY"]
+    assert cell("%%on_tpu\n6 * 7").shown.strip() == "42"
+    assert cell("%tpu_down duo").error is None and cloud.emulator.nodes() == []
+
+
 def launching(box, isolated_home, who: str, name: str, accelerator: str, zone: str, results: dict) -> threading.Thread:
     """One notebook's launch of ``name`` up to its hosts (its own registry and launch token), on a thread."""
     vm = VmSpec(name, catalog.compute_shape(accelerator), zone, f"{who}@example.com", "tpunb",

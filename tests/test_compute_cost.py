@@ -152,6 +152,9 @@ def test_status_without_credentials_lists_the_slice_and_why_its_state_is_unknown
     Registry(home / "registry.db").save_slice(SliceRecord(
         name="far", accelerator="tpu7x-16", backend="gcp", state="running", hosts=hosts,
         spec={"api": "compute", "project": "real-project", "zone": TPU7X_ZONE, "vms": 2, "launch": "ab12cd34"}))
+    Registry(home / "registry.db").save_slice(SliceRecord(  # and a Cloud TPU node: its API cannot be asked either
+        name="node", accelerator="v4-8", backend="gcp", state="running", hosts=hosts[:1],
+        spec={"project": "real-project", "zone": "us-central2-b"}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPUNB_", "GOOGLE_", "CLOUDSDK_", "GCE_"))}
     env.update(TPUNB_HOME=str(home), GOOGLE_CLOUD_PROJECT="real-project", CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
                NO_GCE_CHECK="true", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
@@ -160,6 +163,7 @@ def test_status_without_credentials_lists_the_slice_and_why_its_state_is_unknown
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     unknown = "UNKNOWN (no Google Cloud credentials: run `gcloud auth application-default login`"
-    assert [r["slice"] for r in seen["status"]] == ["far", "far"], seen  # one row a host
+    assert sorted(r["slice"] for r in seen["status"]) == ["far", "far", "node"], seen  # one row a host
     assert all(r["cloud_state"].startswith(unknown) for r in seen["status"]), seen
-    assert [name for name, _ in seen["sidebar"]] == ["far"] and seen["sidebar"][0][1].startswith(unknown), seen
+    assert sorted(name for name, _ in seen["sidebar"]) == ["far", "node"], seen
+    assert all(state.startswith(unknown) for _, state in seen["sidebar"]), seen

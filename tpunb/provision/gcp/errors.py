@@ -312,8 +312,8 @@ def preempted_message(name: str, state: str, spot: bool) -> str:
 
 def _already_exists(f: Failure, ctx: Context) -> str:
     return (
-        f"a TPU named {ctx.name} already exists in {ctx.zone}: "
-        f"pick another name, or delete it first (%tpu_down {ctx.name})"
+        f"a TPU named {ctx.name} already exists in {ctx.zone}: %tpu_use {ctx.name} attaches it, "
+        f"%tpu_down {ctx.name} deletes it, or pick another name"
     )
 
 
