@@ -61,11 +61,19 @@ def test_a_launch_abandoned_as_its_vms_came_up_loses_them_to_the_boot_watchdog(c
     assert all(not v for z in (V6E_ZONE, V5P_ZONE) for v in google.everything(z).values())
 
 
-def test_a_kernel_that_says_its_launch_is_done_ends_the_grace_only_watchdog(cloud, cell, monkeypatch):
+def test_a_kernel_that_says_its_launch_is_done_ends_the_grace_only_watchdog_which_says_what_it_may_not(
+        cloud, cell, monkeypatch):
     google = Google(cloud)
     monkeypatch.setattr(compute, "boot_grace", lambda shape, opts: 1.5)
-    run = cell(f"%tpu_launch v6e-8 --name kept --zone {V6E_ZONE} --no-setup")
+    account = f"{cloud.project}-compute@developer.gserviceaccount.com"  # the VMs' (the default service account)
+    cloud.emulator.accounts(permissions={account: ["roles/tpu.admin"]})  # it may not delete the VM: said at once
+    try:
+        run = cell(f"%tpu_launch v6e-8 --name kept --zone {V6E_ZONE} --no-setup")
+    finally:
+        cloud.emulator.accounts(permissions={account: None})
     assert run.error is None, run.shown
+    assert ("[tpunb] the boot watchdog (which deletes a slice whose launching kernel died) cannot delete kept: its "
+            f"watchdog says 403 {account} lacks compute.instances.delete in project {cloud.project}") in run.shown
     vm = google.instances.get(project=cloud.project, zone=V6E_ZONE, instance="kept")
     armed = next(i.value for i in vm.metadata.items if i.key == "tpunb-idle")
     assert '"seconds": 0.0' in armed and '"grace": 1.5' in armed  # grace-only, without --idle-delete

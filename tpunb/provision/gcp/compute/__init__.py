@@ -286,8 +286,9 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
         raise
 
     def check(sl) -> None:
-        if opts.idle_delete:  # the watchdog armed as host 0 started: say at once if it may not delete
-            made.node.say_idle_problem()
+        # the watchdog armed as host 0 started (--idle-delete), or at boot (grace-only: its check is
+        # written by now, else waited for briefly): say at once if it may not delete the slice
+        made.node.say_idle_problem(5.0 if opts.idle_delete else 2.0)
 
     def ready() -> None:
         idle = f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)" if opts.idle_delete else ""

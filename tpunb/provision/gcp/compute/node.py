@@ -161,7 +161,8 @@ class ComputeNode(WatchedNode):
         while (problem := self.read_idle_problem()) is None and time.monotonic() < deadline:
             api.pause(0.1)
         if problem:
-            report.warn(gcp_errors.idle_problem_message(self.name, self.project, problem, compute=True))
+            report.warn(gcp_errors.idle_problem_message(self.name, self.project, problem, compute=True,
+                                                        boot=not self.idle_seconds))
 
     # -- the rest --------------------------------------------------------------------------
 
