@@ -333,8 +333,7 @@ def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
                              "deletes whatever it created", reason="creating")
     coordinator = None if clients.endpoint() else diagnose.COORDINATOR_PORT
     wait, transports = max(30.0, connect_wait(record)), None
-    if record.spec.get(adoption.UNORDERED):  # adopted: its hosts' keys pinned from what its VMs published
-        hostkeys.pin(record, reg, min(wait, hostkeys.PUBLISH_WAIT))
+    if record.spec.get(adoption.UNORDERED):
         transports = ssh.connect_hosts(record, reg, wait)
         order = worker_order(transports)
         record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]

@@ -15,7 +15,7 @@ from tpunb.errors import ProvisionError
 from tpunb.provision import ssh
 from tpunb.provision.gcp import logins
 from tpunb.provision.gcp.adopt import KEY_ADDED
-from tpunb.provision.gcp.compute import clients, found
+from tpunb.provision.gcp.compute import clients, found, hostkeys
 from tpunb.provision.gcp.config import resolve_project_zone
 from tpunb.provision.gcp.spec import SLICE_METADATA
 from tpunb.registry import Registry, SliceRecord
@@ -64,6 +64,7 @@ def adopt(name: str, reg: Registry, api: str, made_hosts) -> SliceRecord | None:
                          owner_pid=os.getpid(), spec=spec,
                          hosts=made_hosts(project, f.zone, name, multi_host, internal, f.launch))
     record.created = time.time() - f.age
+    hostkeys.pin(record, reg)  # a new registry knows no key: each VM's own, as it published it
     reg.save_slice(record)
     how = "through OS Login" if access.os_login else "in its instances' ssh-keys metadata"
     report.info(f"[tpunb] {name} was in no registry here: found it in {project}/{f.zone} (Compute Engine) and gave "
