@@ -53,9 +53,9 @@ def test_a_mig_of_the_name_anothers_vm_holds_is_refused_and_the_vm_keeps_running
     before = google.instances.get(project=cloud.project, zone=ZONE, instance="team")
 
     calls = cloud.emulator.record_compute()
-    before = len(calls)
+    seen = len(calls)
     refused = other_notebook(monkeypatch, tmp_path, "v5p-16", name="team", zone=ZONE)  # a MIG team, same zone
-    assert [c.path for c in calls[before:] if c.method in ("POST", "DELETE") and "/operations/" not in c.path] == []
+    assert [c.path for c in calls[seen:] if c.method in ("POST", "DELETE") and "/operations/" not in c.path] == []
     assert str(refused).startswith(f"team is taken in {cloud.project}/{ZONE}: the instance team of another tpunb "
                                    "launch exists"), str(refused)
     assert "%tpu_use team attaches it, %tpu_down team deletes it" in str(refused)
@@ -112,7 +112,7 @@ def launching(box, isolated_home, who: str, name: str, accelerator: str, zone: s
         except ProvisionError as exc:
             results[who] = (vm.launch, exc)
 
-    thread = threading.Thread(target=run, name=f"launch-{who}")
+    thread = threading.Thread(target=run, name=f"launch-{who}", daemon=True)
     thread.start()
     return thread
 
