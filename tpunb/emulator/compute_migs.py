@@ -47,6 +47,10 @@ class MigSide:
         self.check_zone(project, zone)
         check_body("InstanceGroupManager", body)
         name = check_name(body.get("name"), "instanceGroupManager")
+        base = body.get("baseInstanceName")
+        if base is not None and len(str(base)) > 58:  # compute.proto: "The maximum character length is 58"
+            raise invalid(f"Invalid value for field 'resource.baseInstanceName': '{base}'. Must be at most 58 "
+                          "characters long.")
         template_path = ref(body.get("instanceTemplate"), project, "instanceTemplates", "resource.instanceTemplate")
         template = self.templates.get(template_path)
         if template is None:
@@ -66,7 +70,7 @@ class MigSide:
             if size not in (0, vms):
                 raise invalid(f"Invalid value for field 'resource.targetSize': {size}. Accelerator topology "
                               f"{topology} takes {vms} {machine.name} VMs (or 0, to resize later).")
-        self._check_capacity_rules(project, machine, properties)
+        self._check_capacity_rules(project, machine, properties, zone)
         mig = Mig(project, zone, name, body, template_path, policy_path, topology, size)
         if mig.path in self.migs:
             raise ComputeError(409, "alreadyExists", f"The resource '{mig.path}' already exists")
@@ -100,7 +104,7 @@ class MigSide:
             return
         template = self.templates[mig.template].body["properties"]
         machine = catalog.machine_type(template["machineType"].rsplit("/", 1)[-1])
-        error = self._quota_error(mig.zone, machine, template) or self._refusal(mig, need)
+        error = self._quota_error(mig.zone, machine, template, need) or self._refusal(mig, need)
         if error is not None:
             mig.waiting = True
             mig.errors = (mig.errors + [{"error": {"code": error.reason, "message": error.message},

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpunb import catalog
+from tpunb.provision.gcp.compute.network import network_path, subnetwork_path
 from tpunb.provision.gcp.records import TPUNB_LABELS
 from tpunb.provision.gcp.spec import IAM_ENDPOINT, IDLE_ATTRIBUTE, NAME_LABEL, OWNER_LABEL, SLICE_METADATA, label_value
 
@@ -64,6 +65,21 @@ class VmSpec:
     project: str = ""
     idle_seconds: float = 0.0  # --idle-delete: worker 0's watchdog deletes the MIG (or instance) after this long idle
     idle_grace: float = 0.0  # at boot, the launching kernel has this long to attach (its connect wait)
+    reservation_bound: bool = False  # RESERVATION_BOUND: the reservation came from a future reservation in calendar mode
+    disk_size: int = 200  # the boot disk, GB
+
+
+#: a MIG's topology activation after its VMs are made: at most this, plus ACTIVATION_PER_VM for each VM
+#: (field reports: bring-up of 7 to 40+ minutes; the split the audit proposed)
+ACTIVATION_BASE, ACTIVATION_PER_VM = 600.0, 30.0
+
+
+def boot_grace(shape: catalog.ComputeShape, connect_wait: float) -> float:
+    """How long after worker 0 boots the launching kernel has to attach before its idle watchdog
+    may delete the slice: a MIG's topology activation comes first (no SSH before it is ACTIVE),
+    then the connect wait; a short --idle-delete must not fire in between."""
+    activation = ACTIVATION_BASE + ACTIVATION_PER_VM * shape.vms if shape.multi_host else 0.0
+    return activation + connect_wait
 
 
 def idle_config(project: str, zone: str, name: str, seconds: float, multi_host: bool) -> dict:
@@ -105,6 +121,9 @@ def _scheduling(spec: VmSpec) -> Any:
         return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="FLEX_START",
                                      instance_termination_action="DELETE", automatic_restart=False,
                                      max_run_duration=compute_v1.Duration(seconds=round(spec.flex_hours * 3600)))
+    if spec.reservation_bound:  # a calendar-mode reservation's VMs: bound to it, deleted at its end
+        return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="RESERVATION_BOUND",
+                                     instance_termination_action="DELETE", automatic_restart=False)
     if spec.spot:  # Google's spot TPU VMs: SPOT, deleted (not stopped) when reclaimed
         return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="SPOT",
                                      instance_termination_action="DELETE", automatic_restart=False)
@@ -114,9 +133,9 @@ def _scheduling(spec: VmSpec) -> Any:
 def _nic(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
-    nic = compute_v1.NetworkInterface(network=f"global/networks/{spec.network or 'default'}", nic_type="GVNIC")
+    nic = compute_v1.NetworkInterface(network=network_path(spec.network), nic_type="GVNIC")
     if spec.subnetwork:
-        nic.subnetwork = f"regions/{catalog.region_of(spec.zone)}/subnetworks/{spec.subnetwork}"
+        nic.subnetwork = subnetwork_path(spec.subnetwork, catalog.region_of(spec.zone))
     if not spec.internal_ip:
         nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
     return nic
@@ -126,7 +145,7 @@ def _disk(spec: VmSpec, disk_type: str) -> Any:
     from google.cloud import compute_v1
 
     return compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-        source_image=spec.shape.source_image, disk_size_gb=200, disk_type=disk_type))
+        source_image=spec.shape.source_image, disk_size_gb=spec.disk_size, disk_type=disk_type))
 
 
 def _account(spec: VmSpec) -> Any:

@@ -46,17 +46,36 @@ def clients() -> Clients:
     return cached(("compute clients", url), lambda: _make(url))
 
 
-def _make(url: str | None) -> Clients:
+def _options(url: str | None) -> dict[str, Any]:
+    """The keyword arguments every client gets: anonymous against the sandbox, else the credentials."""
     warm.ready(*warm.COMPUTE_MODULES)  # imported on a side thread since %load_ext: a Ctrl-C cannot cut it
     from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
 
     if url:
         from google.auth.credentials import AnonymousCredentials
 
-        kw: dict[str, Any] = {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=url)}
-    else:
-        kw = {"credentials": api.default_credentials()}
+        return {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=url)}
+    return {"credentials": api.default_credentials()}
+
+
+def client(kind: str) -> Any:
+    """Another google-cloud-compute client (``RoutersClient``, ``ReservationsClient``...), made once
+    per kernel with the same options as the others."""
+    url = endpoint()
+
+    def make() -> Any:
+        kw = _options(url)
+        from google.cloud import compute_v1
+
+        return getattr(compute_v1, kind)(**kw)
+
+    return cached(("compute client", kind, url), make)
+
+
+def _make(url: str | None) -> Clients:
+    kw = _options(url)  # first: it readies the import where Ctrl-C cannot cut it
+    from google.cloud import compute_v1
+
     return Clients(compute_v1.InstancesClient(**kw), compute_v1.RegionInstanceTemplatesClient(**kw),
                    compute_v1.InstanceTemplatesClient(**kw),
                    compute_v1.ResourcePoliciesClient(**kw), compute_v1.InstanceGroupManagersClient(**kw),

@@ -156,19 +156,41 @@ def _owner(vm: Any) -> str:
     return vm.labels.get(NAME_LABEL) or mig or vm.name
 
 
-def everything(project: str) -> dict[str, Found]:
+class Everything(dict):
+    """tpunb's slices by name (Found), and the zones an aggregatedList could not reach (its
+    scope's ``warning.code`` UNREACHABLE): what lives there is not in the lists."""
+
+    unreachable: frozenset = frozenset()
+
+    def reached(self, zone: str | None, region: str | None = None) -> bool:
+        """Whether the lists saw everything of ``zone`` (or of every zone of ``region``)."""
+        if zone is not None:
+            return zone not in self.unreachable
+        return not any(catalog.region_of(z) == region for z in self.unreachable)
+
+
+def everything(project: str) -> Everything:
     """tpunb's slices in ``project`` by name, from four aggregatedList calls made at once."""
     c = clients.clients()
+    unreachable: set[str] = set()
 
     def listed(kind: str) -> list[tuple[str, Any]]:
         attr, field_name, wanted = KINDS[kind]
-        pager = lambda: [(scope, item) for scope, scoped in  # noqa: E731 - every page, inside the one error seam
-                         getattr(c, attr).aggregated_list(request={"project": project, "filter": wanted})
-                         for item in getattr(scoped, field_name)]
-        return clients.call(f"list the {kind} of {project}", pager)
+
+        def pages() -> list[tuple[str, Any]]:  # every page, inside the one error seam
+            out = []
+            for scope, scoped in getattr(c, attr).aggregated_list(request={"project": project, "filter": wanted}):
+                code = scoped.warning.code if "warning" in scoped else ""
+                if getattr(code, "name", code) == "UNREACHABLE" and scope.startswith("zones/"):
+                    unreachable.add(scope.split("/", 1)[1])
+                out += [(scope, item) for item in getattr(scoped, field_name)]
+            return out
+
+        return clients.call(f"list the {kind} of {project}", pages)
 
     lists = fan_out(list(KINDS), listed, deadline=120.0, name="tpunb-compute-survey").by_key()
-    found: dict[str, Found] = {}
+    found = Everything()
+    found.unreachable = frozenset(unreachable)
 
     def entry(name: str, scope: str) -> Found:
         where = scope.split("/", 1)[-1]
@@ -200,8 +222,8 @@ class ComputeSurvey:
         self.found = everything(project)
         self.failed: dict[str, str] = {}
         for name, f in list(self.found.items()):
-            if not f.leftover or recorded.get(name) == "creating":
-                continue
+            if not f.leftover or recorded.get(name) == "creating" or not self.found.reached(f.zone, f.region):
+                continue  # a template and policy whose MIG may be in a zone the lists could not reach stay
             if name not in recorded and f.age < LEFTOVER_AGE:
                 continue
             left = teardown(project, f.zone, name, quiet=True, region=f.region, vms=f.vms)
@@ -220,6 +242,11 @@ class ComputeSurvey:
             row = f.orphan()
             if name in self.failed:
                 row.message = f"leftovers of a launch, which could not be deleted{self.failed[name]}"
+            elif f.leftover and not self.found.reached(f.zone, f.region):
+                row.state = row.cloud["cloud_state"] = "UNKNOWN"
+                row.message = (f"its template and policy; its MIG may be in a zone of {f.region} that Compute Engine "
+                               f"could not reach now ({', '.join(sorted(self.found.unreachable))}): %tpu_status again "
+                               "later")
             out.append(row)
         return out
 

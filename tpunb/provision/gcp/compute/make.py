@@ -36,23 +36,44 @@ def make_resources(project: str, vm: VmSpec, say, deadline: float) -> None:
             create("flex-start request (the MIG resized)", c.migs.resize_unary, zone=vm.zone,
                    instance_group_manager=vm.name, size=vm.shape.vms)
         _wait_up(project, vm.zone, vm.name, say, deadline, bool(vm.flex_hours))
+    elif vm.flex_hours:  # its insert may stay RUNNING until capacity comes (up to 2 h): followed by the VM's status
+        say("creating its VM", 0.0)
+        op = clients.call("create the VM", c.instances.insert_unary, project=project, zone=vm.zone,
+                          instance_resource=instance(vm))
+        _wait_running(project, vm.zone, vm.name, say, deadline, op)
     else:
         create("VM", c.instances.insert_unary, zone=vm.zone, instance_resource=instance(vm))
         _wait_running(project, vm.zone, vm.name, say, deadline)
 
 
-def _wait_running(project: str, zone: str, name: str, say, deadline: float) -> None:
-    """Until the VM is RUNNING; a flex-start VM is PENDING while it waits for capacity, and gone
-    (without an error, field reports say) once its requestValidForDuration passes without any."""
+def _wait_running(project: str, zone: str, name: str, say, deadline: float, flex_op=None) -> None:
+    """Until the VM is RUNNING. A flex-start VM (``flex_op``: its insert, read without waiting on
+    it) is PENDING while it waits for capacity, and gone once its requestValidForDuration passes
+    without any (without an error, field reports say) or its provisioning failed (its insert's
+    error says why); an on-demand VM that disappears was deleted while it was being made."""
     from google.api_core import exceptions
+    from google.cloud import compute_v1
 
     c = clients.clients()
     for delay in api.poll_delays():
+        done = flex_op is not None and flex_op.status == compute_v1.Operation.Status.DONE
+        if flex_op is not None and not done:
+            flex_op = clients.call("read the VM's insert", c.zone_ops.get, project=project, zone=zone,
+                                   operation=flex_op.name)
+            done = flex_op.status == compute_v1.Operation.Status.DONE
+        if done:
+            clients.wait(project, flex_op, "create the VM")  # done: its error, if any, as one line
         try:
             status = clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name).status
         except exceptions.NotFound:
-            raise ProvisionError(f"no capacity came for {name} before its flex-start request expired (--timeout, at most "
-                                 "2 h for one VM)", reason="timeout") from None
+            if flex_op is not None and not done and time.monotonic() < deadline:
+                api.pause(delay)  # accepted, not listed yet
+                continue
+            if flex_op is not None:
+                raise ProvisionError(f"no capacity came for {name} before its flex-start request expired (--timeout, "
+                                     "at most 2 h for one VM)", reason="timeout") from None
+            raise ProvisionError(f"the VM {name} disappeared while it was being created: someone (or something) in "
+                                 f"project {project} deleted it", reason="failed") from None
         say(WAITING if status == "PENDING" else f"VM {status}", 0.0)
         if status == "RUNNING":
             return
