@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -221,6 +222,28 @@ def test_tpu7x_missing_from_a_project_names_the_allowlist(project, cell):
     text = str(cell("%tpu_launch tpu7x-8 --project hidden-project --no-setup").error)
     assert text == ("no zone of hidden-project offers tpu7x-standard-4t (tpu7x-8) through Compute Engine: Google "
                     "offers TPU7x to allowlisted projects (ask your account team to add this one)"), text
+
+
+def test_a_slow_first_boot_is_waited_for_until_compute_engine_says_the_vm_is_gone(isolated_home):
+    """A host that does not answer SSH at all (a first boot of minutes) is waited for far past the
+    connect wait, and Compute Engine is asked between tries: a VM gone ends the wait at once."""
+    from tpunb.provision import ssh
+    from tpunb.registry import HostRecord
+    from tpunb.transport import keys
+
+    key, _ = keys.default_key()
+    record = SliceRecord(name="booting", accelerator="v6e-4", backend="gcp", state="running",
+                         spec={"user": "tpunb", "key": str(key)}, hosts=[HostRecord(0, "127.0.0.1:9")])
+    asked = []
+
+    def gone() -> str | None:
+        asked.append(time.monotonic())
+        return "its VM booting is TERMINATED" if len(asked) == 2 else None
+
+    started = time.monotonic()
+    with pytest.raises(ProvisionError, match=r"^booting's hosts will not answer: its VM booting is TERMINATED$"):
+        ssh.connect_hosts(record, Registry(isolated_home / "registry.db"), 0.0, gone, boot_wait=900.0)
+    assert len(asked) == 2 and asked[0] - started >= 1.0  # retried past the connect wait (0 s), then asked again
 
 
 # -- the metadata server's address ------------------------------------------------------------------

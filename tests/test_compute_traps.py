@@ -226,3 +226,15 @@ def test_bad_minimums_and_options_are_one_line():
                            (dict(disk_size=5), "--disk-size 5: give the boot disk's size in GB")]:
         with pytest.raises(UsageError, match=message):
             CloudOptions(**given)
+
+
+def test_the_plan_counts_two_jax_devices_per_tpu7x_chip():
+    """jax.make_mesh over a TPU7x slice sees twice its chips: the plan says so where it gives a mesh."""
+    from tpunb.plan import plan
+    from tpunb.plan.result import render_text
+
+    p = plan("llama3-8b", batch_tokens=1e6, seq_len=8192, tokens=1e10, tpu="tpu7x,v6e")
+    table = p.table()
+    tpu7x, v6e = table[table["generation"] == "tpu7x"], table[table["generation"] == "v6e"]
+    assert len(tpu7x) and (tpu7x["devices"] == 2 * tpu7x["chips"]).all() and (v6e["devices"] == v6e["chips"]).all()
+    assert "(of chips: 2 JAX devices each)" in render_text(p)
