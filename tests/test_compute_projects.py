@@ -12,6 +12,7 @@ with launches that make no environment (``--no-setup``: the image's own Python r
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -193,6 +194,31 @@ def test_an_on_demand_vm_deleted_while_it_is_made_is_said_so(project, isolated_h
         first_granted(project.project, vm, [V6E_ZONE], record, Registry(isolated_home / "registry.db"),
                       lambda *_: None, CloudOptions())
     assert teardown(project.project, V6E_ZONE, "vanished", vms=1) == ""
+
+
+def test_a_flex_start_vm_is_followed_by_its_status_while_its_insert_still_runs(project, isolated_home):
+    """Google's insert of a flex-start VM may stay RUNNING until capacity comes (up to 2 h; the
+    sandbox holds it so): the launch says it waits for capacity from the VM's PENDING status meanwhile."""
+    project.emulator.faults(no_capacity=[V6E_ZONE])
+    vm = dataclasses.replace(VmSpec("queued", catalog.compute_shape("v6e-4"), V6E_ZONE, "someone@example.com",
+                                    "tpunb", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False), flex_hours=1)
+    record = SliceRecord(name="queued", accelerator="v6e-4", backend="gcp", state="creating",
+                         spec={"api": "compute", "project": project.project, "zone": V6E_ZONE})
+    running_inserts = []
+
+    def say(text: str, _: float) -> None:
+        if "waiting for capacity" in text and not running_inserts:
+            running_inserts.extend(project.emulator.state()["compute"]["pendingOperations"])
+            project.emulator.faults(no_capacity=False)  # capacity comes once the launch says it waits
+
+    try:
+        hosts, _ = first_granted(project.project, vm, [V6E_ZONE], record, Registry(isolated_home / "registry.db"), say,
+                                 CloudOptions(flex=1, timeout=600))
+    finally:
+        project.emulator.faults(no_capacity=False)
+    assert len(hosts) == 1 and any(path.startswith(f"projects/{project.project}/zones/{V6E_ZONE}/operations/")
+                                   for path in running_inserts), running_inserts
+    assert teardown(project.project, V6E_ZONE, "queued", vms=1) == ""
 
 
 def test_a_shared_vpc_slice_with_its_disk_size_and_an_idle_grace_through_activation(project, cell):
