@@ -54,6 +54,10 @@ class MigSide:
         self.check_zone(project, zone)
         check_body("InstanceGroupManager", body)
         name = check_name(body.get("name"), "instanceGroupManager")
+        base = body.get("baseInstanceName")
+        if base is not None and len(str(base)) > 58:  # compute.proto: "The maximum character length is 58"
+            raise invalid(f"Invalid value for field 'resource.baseInstanceName': '{base}'. Must be at most 58 "
+                          "characters long.")
         template_path = ref(body.get("instanceTemplate"), project, "instanceTemplates", "resource.instanceTemplate")
         template = self.templates.get(template_path)
         if template is None:
@@ -73,7 +77,7 @@ class MigSide:
             if size not in (0, vms):
                 raise invalid(f"Invalid value for field 'resource.targetSize': {size}. Accelerator topology "
                               f"{topology} takes {vms} {machine.name} VMs (or 0, to resize later).")
-        self._check_capacity_rules(project, machine, properties)
+        self._check_capacity_rules(project, machine, properties, zone)
         mig = Mig(project, zone, name, body, template_path, policy_path, topology, size,
                   flex=(properties.get("scheduling") or {}).get("provisioningModel") == "FLEX_START")
         if mig.path in self.migs:
@@ -111,7 +115,7 @@ class MigSide:
         base = mig.body.get("baseInstanceName") or mig.name
         while len(mig.planned) < need:  # named from the first try on: listed before they exist
             mig.planned.append(f"{base}-{''.join(random.choices(string.ascii_lowercase + string.digits, k=4))}")
-        error = self._quota_error(mig.zone, machine, template) or self._refusal(mig, need)
+        error = self._quota_error(mig.zone, machine, template, need) or self._refusal(mig, need)
         mig.checked = timestamp()
         if error is not None:
             mig.waiting, mig.bulk_error = True, error.errors()

@@ -176,8 +176,13 @@ class Vm:
         p = self.properties
         nics = []
         for i, nic in enumerate(p.get("networkInterfaces") or [{}]):
+            network = str(nic.get("network") or "global/networks/default")
+            owner = network.split("/")[1] if network.startswith("projects/") else self.project
             out = {**nic, "kind": "compute#networkInterface", "name": f"nic{i}",
-                   "network": link(f"projects/{self.project}/global/networks/{short(nic.get('network') or 'default')}")}
+                   "network": link(f"projects/{owner}/global/networks/{short(network)}")}
+            if nic.get("subnetwork"):
+                subnet = str(nic["subnetwork"])
+                out["subnetwork"] = link(subnet if subnet.startswith("projects/") else f"projects/{owner}/{subnet}")
             if self.endpoint is not None:
                 out["networkIP"] = self.endpoint.internal_ip
                 if nic.get("accessConfigs"):
@@ -198,7 +203,8 @@ class Vm:
                 body[key] = p[key]
         body["disks"] = [{"kind": "compute#attachedDisk", "type": "PERSISTENT", "mode": "READ_WRITE", "index": i,
                           "deviceName": f"persistent-disk-{i}", "boot": bool(d.get("boot")),
-                          "autoDelete": bool(d.get("autoDelete")), "interface": "NVME"}
+                          "autoDelete": bool(d.get("autoDelete")), "interface": "NVME",
+                          "diskSizeGb": str((d.get("initializeParams") or {}).get("diskSizeGb") or 10)}
                          for i, d in enumerate(p.get("disks") or [])]
         body.pop("params", None)  # input only: instances.get does not return it
         if ssh_port != 22:

@@ -166,6 +166,10 @@ def _sshd_session(pid: int) -> int | None:
     return None
 
 
+#: where a VM without a way out of its VPC sends HTTPS: the discard port, which refuses (as no route would)
+NO_EGRESS = "http://127.0.0.1:9"
+
+
 class HostPool:
     """Hands out worker addresses per node and keeps the authorized keys file in step."""
 
@@ -268,12 +272,15 @@ class HostPool:
         with self._lock:
             return self._owner.get(address)
 
-    def configure(self, address: str, python: str, devices: int, names: dict[str, str]) -> None:
+    def configure(self, address: str, python: str, devices: int, names: dict[str, str], egress: bool = True) -> None:
         """Make ``address`` the VM a Compute Engine machine type gives: the image's Python ``python``
         first on PATH, ``devices`` JAX devices, and every instance's bare name resolving to its address
         (nss_wrapper's hosts file, as the VMs' DNS resolves instance names). It lives in the host's
         BASH_ENV profile, which every command (bash -c) and boot script sources; releasing the host
-        removes it, so a Cloud TPU node's hosts stay the image the sandbox started with."""
+        removes it, so a Cloud TPU node's hosts stay the image the sandbox started with. Without
+        ``egress`` (no external IP, no Cloud NAT) HTTPS leaves only through a proxy that refuses
+        (``NO_EGRESS``), which urllib and uv both honour: PyPI is out of reach, the sandbox's own
+        plain-HTTP APIs and metadata server are not."""
         profile = self.host_environment.get(address, {}).get("BASH_ENV")
         if not profile or not self.vm_image:
             return
@@ -288,7 +295,8 @@ class HostPool:
             f"export PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n"
             f"export XLA_FLAGS=--xla_force_host_platform_device_count={devices}\n"
             f"export NSS_WRAPPER_HOSTS={hosts_file} LD_PRELOAD={self.vm_image['nss_wrapper']}\n"
-            "export GRPC_DNS_RESOLVER=native\n")  # gRPC's c-ares would skip nss_wrapper: names through getaddrinfo
+            "export GRPC_DNS_RESOLVER=native\n"  # gRPC's c-ares would skip nss_wrapper: names through getaddrinfo
+            + ("" if egress else f"export HTTPS_PROXY={NO_EGRESS} https_proxy={NO_EGRESS}\n"))
 
     def boot(self, address: str, script: str) -> None:
         """Run a startup-script as ``address``'s boot does: its environment, its own session."""

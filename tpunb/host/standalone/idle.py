@@ -233,15 +233,21 @@ def _detached(script: str, mode: str, wait: bool = False, lock: int | None = Non
         proc.wait(timeout=60)
 
 
-_KEEP_ENV = ("PATH", "HOME", "LANG", "TPUNB_HOST_DIR", "GCE_METADATA_HOST", "HTTPS_PROXY", "https_proxy",
-             "NO_PROXY", "no_proxy", "SSL_CERT_FILE")
+_KEEP_ENV = ("PATH", "HOME", "LANG", "TPUNB_HOST_DIR", "GCE_METADATA_HOST", "GCE_METADATA_IP", "HTTPS_PROXY",
+             "https_proxy", "NO_PROXY", "no_proxy", "SSL_CERT_FILE")
 
 
 # -- the cloud calls ------------------------------------------------------------------------
 
+def metadata_host() -> str:
+    """The metadata server: $GCE_METADATA_HOST or $GCE_METADATA_IP (google-auth reads both, JAX the
+    second), else metadata.google.internal."""
+    return os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP") or "metadata.google.internal"
+
+
 def metadata(path: str, timeout: float = 5.0) -> str:
     """One value from the GCE metadata server (``instance/attributes/...``)."""
-    host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    host = metadata_host()
     request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}",
                                      headers={"Metadata-Flavor": "Google"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -286,8 +292,7 @@ def say_problem(problem: str | None) -> None:
     if text:
         log(f"cannot delete the node: {text}")
     try:
-        host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
-        request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/guest-attributes/{ERROR_ATTRIBUTE}",
+        request = urllib.request.Request(f"http://{metadata_host()}/computeMetadata/v1/instance/guest-attributes/{ERROR_ATTRIBUTE}",
                                          data=text.encode(), method="PUT", headers={"Metadata-Flavor": "Google"})
         urllib.request.urlopen(request, timeout=CHECK_TIMEOUT).close()
     except Exception as exc:  # guest attributes off, or no metadata server: the log says it

@@ -28,7 +28,7 @@ from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp import adopt as adoption
 from tpunb.provision.gcp import common, compute, failover, logins, lookups, rest
 from tpunb.provision.gcp.compute import found as on_compute
-from tpunb.provision.gcp.prepare import host_setup
+from tpunb.provision.gcp.prepare import host_setup, kept
 from tpunb.provision.gcp.adopt import host_records
 from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format_duration, require_project_zone,
                                        resolve_project_zone)
@@ -94,9 +94,10 @@ def create(request: LaunchRequest) -> Made:
     _replace_gone(reg.get_slice(name))
     if compute.uses_compute(accel, opts):  # TPU7x, v6e, v5p (or --api compute): instances and MIGs
         return compute.create(request)
-    if opts.flex or opts.reservation:
-        raise UsageError(f"--{'flex' if opts.flex else 'reservation'} is for Compute Engine, which makes TPU7x, v6e and "
-                         "v5p: launch one of those without --api tpu (the Cloud TPU API waits with --queued)")
+    if opts.flex or opts.reservation or opts.disk_size:
+        flag = "flex" if opts.flex else "reservation" if opts.reservation else "disk-size"
+        raise UsageError(f"--{flag} is for Compute Engine, which makes TPU7x, v6e and v5p: launch one of those without "
+                         "--api tpu (the Cloud TPU API waits with --queued, and sizes the boot disk itself)")
     warm.ready()  # the SSH and Cloud TPU clients, imported where Ctrl-C cannot cut them
     from tpunb.transport import keys
     from tpunb.widgets.launch import LaunchProgress
@@ -113,7 +114,7 @@ def create(request: LaunchRequest) -> Made:
     access = logins.login(project, public_key, opts.user, service_account=opts.service_account)  # before any node exists: a refusal costs nothing
     opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=access.user,
                                queued=opts.queued or opts.race is not None)
-    prepared = host_setup(opts)
+    prepared = host_setup(opts, accel)
     spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=access.user,
                         ssh_public_key=public_key, slices=slices, owner=access.account or logins.owner(),
                         os_login=access.os_login, prepared=prepared)
@@ -165,12 +166,7 @@ def create(request: LaunchRequest) -> Made:
         deleted (or kept with --keep), and said on the progress line."""
         if node is not None:
             node.close()  # its watch, also when no Slice was made of it
-        if opts.keep and not isinstance(exc, KeyboardInterrupt):
-            record.state = "kept"
-            reg.save_slice(record)
-            if isinstance(exc, TpunbError):
-                exc.args = (f"{exc}; {name} was kept (--keep): it bills until %tpu_down {name}",)
-            progress.failed(str(exc))
+        if kept(opts, exc, record, reg, progress):
             return
         reg.delete_slice(name)
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
@@ -210,19 +206,8 @@ def create(request: LaunchRequest) -> Made:
 
 
 def _check_reaches_vpc(network: str | None) -> None:
-    """--internal-ip: the nodes get no external IP, so this machine must be in their VPC network to
-    reach them; say so before any node exists, not after SSH retries (network names only: a
-    Shared VPC host project's network of the same name passes)."""
-    wanted = (network or "default").rsplit("/", 1)[-1]
-    own = rest.own_network()
-    if own is None:
-        raise ProvisionError(f"--internal-ip: this machine is not a Google Cloud VM (no metadata server answered), so "
-                             f"it cannot reach the nodes' internal IPs: launch without --internal-ip, or run the "
-                             f"notebook on a VM in network {wanted}", "network")
-    if own.rsplit("/", 1)[-1] != wanted:
-        raise ProvisionError(f"--internal-ip: this machine is in network {own.rsplit('/', 1)[-1]}, the nodes would be in "
-                             f"{wanted}: pass --network {own.rsplit('/', 1)[-1]}, or launch without --internal-ip",
-                             "network")
+    """The Cloud TPU path's --internal-ip check, and where its hosts' packages then come from."""
+    wanted = rest.check_reaches_vpc(network)
     report.info(f"[tpunb] --internal-ip: the hosts have no external address, so preparing them reaches PyPI and "
                 f"uv's Python downloads only through Cloud NAT on network {wanted} (or use an image whose "
                 f"environment is already made)")

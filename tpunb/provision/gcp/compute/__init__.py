@@ -25,13 +25,14 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb import catalog, diagnose
-from tpunb.errors import CellInterrupted, HostKeyError, ProvisionError, TpunbError, UsageError
+from tpunb.errors import (AuthenticationError, CellInterrupted, HostKeyError, HostSetupError, ProvisionError,
+                          TpunbError, UsageError)
 from tpunb.engine import programs
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.gcp import api, logins
 from tpunb.provision.gcp.common import LAUNCH_LABEL, new_launch, same_launch
-from tpunb.provision.gcp.compute import adopt as adoption, clients, hostkeys
+from tpunb.provision.gcp.compute import adopt as adoption, clients, fallback, hostkeys, network, org_policy, preflight
 from tpunb.provision.gcp.compute.bodies import VmSpec
 from tpunb.provision.gcp.compute.delete import teardown
 from tpunb.provision.gcp.compute.bulk import activation_limit
@@ -42,7 +43,7 @@ from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format
                                        resolve_project_zone)
 from tpunb.provision.gcp.failover import Candidate, Outcome
 from tpunb.provision.gcp.node import price_per_hour
-from tpunb.provision.gcp.prepare import host_setup
+from tpunb.provision.gcp.prepare import host_setup, kept
 from tpunb.provision.gcp.spec import NAME_LABEL, label_value
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
@@ -61,6 +62,12 @@ TPU_API_ONLY = {
                 "--runtime (--jax V picks the jax version)"),
     "alternatives": ("--alternatives (other types to try)", "launch the other type yourself if this one fails"),
 }
+#: how long a new slice's VMs may take to answer SSH once Compute Engine says RUNNING: a first boot
+#: of 12 minutes is on record (marin#7030); a VM deleted or stopped meanwhile ends the wait at once
+FIRST_BOOT_WAIT = 15 * 60.0
+#: a MIG slice's resources are NAME, NAME-tpunb-t and NAME-tpunb-wp, each at most 63 characters
+#: (and the MIG's baseInstanceName at most 58, compute.proto)
+MAX_MIG_NAME = 63 - len("-tpunb-wp")
 SSH_PORT_LABEL = "tpunb-ssh-port"  # the sandbox's sshd, when not on port 22 (as on the Cloud TPU side)
 #: what a flex-start slice's cost says: no source tpunb can cite gives the flex-start rate (docs/cloud-facts.md)
 FLEX_PRICE = "flex-start price not known"
@@ -104,26 +111,33 @@ def create(request: LaunchRequest) -> Made:
     check_options(opts, request.slices, accel)
     opts = colab_idle_default(opts, request.slices)
     shape = catalog.compute_shape(accel)
+    if len(name) > MAX_MIG_NAME and (shape.multi_host or opts.flex):  # a flex v6e-8 may become a MIG (fallback.py)
+        raise UsageError(f"slice name {name!r} has {len(name)} characters: a multi-host slice's name has at most "
+                         f"{MAX_MIG_NAME} (its workload policy is NAME-tpunb-wp, at most 63): give a shorter --name")
     zones = choose(project, shape, opts.zone, default_zone)
     key_path, public_key = keys.default_key()
-    access = logins.login(project, public_key, opts.user, service_account=opts.service_account)
-    prepared = host_setup(opts)
+    pre = preflight.run(project, opts, zones, public_key)  # reservation, network, logins: before anything exists
+    zones, access = pre.zones, pre.access
+    prepared = host_setup(opts, accel)  # the generation's minimum jax and libtpu, or one line
     user = access.user or "tpunb"
     launch = new_launch()  # on every resource this launch makes: only those are ever deleted by it
     vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
-                opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()),
-                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation,
+                opts.internal_ip, opts.network, pre.subnetwork, opts.service_account, tuple(opts.labels.items()),
+                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)),
+                pre.reservation.affinity_value(project) if pre.reservation else None,
                 json.dumps({"user": user, "os_login": access.os_login, "python": opts.python, "network": opts.network,
                             "service_account": opts.service_account, **prepared}, sort_keys=True),
-                project, float(opts.idle_delete or 0), boot_grace(shape, opts), launch)
+                project, float(opts.idle_delete or 0), boot_grace(shape, opts), launch,
+                reservation_bound=bool(pre.reservation and pre.reservation.bound), disk_size=opts.disk_size or 200)
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
                                "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms, "launch": launch,
                                **({"os_login": True} if access.os_login else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
-    what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology})" if shape.multi_host \
-        else f"one {shape.machine_type}"
+    devices = f"{accel.chips} chips, {accel.devices} JAX devices"  # TPU7x: 2 per chip (catalog devices_per_chip)
+    what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology}, {devices})" if shape.multi_host \
+        else f"one {shape.machine_type} ({devices})"
     where = zones[0] if len(zones) == 1 else ", ".join(zones[:-1]) + " or " + zones[-1]
     how = "spot " if opts.spot else f"flex-start ({opts.flex:g} h) " if opts.flex else ""
     using = f", from reservation {opts.reservation}" if opts.reservation else ""
@@ -132,10 +146,20 @@ def create(request: LaunchRequest) -> Made:
                               f"{what}{using}", price, FLEX_PRICE if opts.flex else "price unknown")
     started = time.perf_counter()
     try:
-        hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
+        try:
+            hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
+        except ProvisionError as exc:
+            vm = fallback.flex_alternative(vm, exc)  # a flex-start v6e-8's 8t refused: its 8 chips as 2 x 4t
+            if vm is None:
+                raise
+            progress.state(f"{shape.machine_type} refused under flex-start ({str(exc).splitlines()[0]}): trying "
+                           f"{vm.shape.vms} x {vm.shape.machine_type} (a MIG, topology {vm.shape.topology})", 0.0)
+            record.spec["vms"] = vm.shape.vms
+            reg.save_slice(record)
+            hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
     except BaseException as exc:
-        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name, vms=shape.vms,
-                                                              launch=launch)
+        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name,
+                                                                vms=record.spec["vms"], launch=launch)
         reg.delete_slice(name)
         if isinstance(exc, KeyboardInterrupt) and opts.flex:  # as --queued says it: the request that waited is gone
             waited = " (it was waiting for capacity)" if progress.steps and WAITING in progress.steps[-1][0] else ""
@@ -147,10 +171,11 @@ def create(request: LaunchRequest) -> Made:
             message = f"launch of {name} interrupted: what it had created was deleted{left or ', nothing is left'}"
             progress.failed(message)
             raise CellInterrupted(message) from None
+        preflight.explain(exc, pre, accel.name, project, len(zones))
         progress.failed(f"failed: {(str(exc) or repr(exc)).splitlines()[0]}{left}")
         raise
     record.hosts, record.state = hosts, "running"
-    return _reach(record, reg, env, opts, progress, started, "; ".join(str(o) for o in tried))
+    return _reach(record, reg, env, opts, progress, started, "; ".join(str(o) for o in tried), pre)
 
 
 def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecord, reg: Registry, say,
@@ -252,10 +277,11 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
 
 
 def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudOptions, progress, started: float,
-           tries: str = "") -> Made:
+           tries: str = "", pre: preflight.Preflight | None = None) -> Made:
     """SSH to every VM, number the hosts by their worker ids, and hand the slice to the manager;
-    a failure on the way deletes what the launch made. ``tries``: each zone's outcome, for the
-    ready line."""
+    a failure on the way deletes what the launch made (``--keep`` keeps it to look at). ``tries``:
+    each zone's outcome, for the ready line; ``pre``: what the launch read before (why a host could
+    not reach PyPI, whether the organisation enforces OS Login)."""
     project, zone, name = record.spec["project"], record.spec["zone"], record.name
 
     watched: list[ComputeNode] = []  # its node, once made: its watch ends with a launch that fails
@@ -263,13 +289,35 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
     def failed(exc: BaseException) -> None:
         for made_node in watched:
             made_node.close()
+        if kept(opts, exc, record, reg, progress):
+            return
         reg.delete_slice(name)
         left = teardown(project, zone, name, vms=record.spec.get("vms"), launch=record.spec.get("launch"))
+        if isinstance(exc, AuthenticationError) and not record.spec.get("os_login"):  # metadata key refused
+            refused = AuthenticationError(org_policy.os_login_refusal(name, project, record.spec["user"],
+                                                                      record.spec["key"], pre and pre.org_os_login))
+            progress.failed(f"could not connect to the hosts, so {name} was deleted{left}: {refused}")
+            raise refused from None
+        if isinstance(exc, HostSetupError):
+            why = network.egress_hint(pre and pre.egress) if "no route to the package index" in str(exc) else ""
+            exc.args = (f"{exc}{why}; so {name} was deleted{left} (--keep keeps it to look at)",)
+            progress.failed(str(exc))
+            return
         progress.failed(f"could not reach or start the hosts, so {name} was deleted{left}: {exc}")
+
+    booting = ComputeNode(record, delete, None, watch=False)
+
+    def gone() -> str | None:
+        """While sshd is awaited through a slow first boot: a VM deleted or stopped ends the wait."""
+        try:
+            booting.refresh()
+        except ProvisionError:
+            return None  # cannot ask now: keep waiting
+        return booting.lost_reason()
 
     try:
         hostkeys.pin(record, reg, min(opts.connect_wait, hostkeys.PUBLISH_WAIT))  # each VM's own, as it published it
-        transports = ssh.connect_hosts(record, reg, opts.connect_wait)
+        transports = ssh.connect_hosts(record, reg, opts.connect_wait, gone, boot_wait=FIRST_BOOT_WAIT)
         order = worker_order(transports)
         record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
         transports = [transports[i] for i in order]
@@ -403,6 +451,8 @@ def slice_state(record: SliceRecord, surveyed: dict | None = None) -> str:
 
     spec, launch = record.spec, record.spec.get("launch")
     if surveyed is not None:
+        if spec.get("zone") in getattr(surveyed, "unreachable", ()):
+            return unknown(f"Compute Engine could not reach {spec['zone']} now")
         seen = next(iter(found.named(surveyed, record.name, launch)), None)
         if seen is None or seen.leftover:
             return "GONE"

@@ -15,6 +15,7 @@ from typing import Any
 
 from tpunb import catalog
 from tpunb.provision.gcp.common import LAUNCH_LABEL, Marker
+from tpunb.provision.gcp.compute.network import network_path, subnetwork_path
 from tpunb.provision.gcp.records import TPUNB_LABELS
 from tpunb.provision.gcp.spec import IAM_ENDPOINT, IDLE_ATTRIBUTE, NAME_LABEL, OWNER_LABEL, SLICE_METADATA, label_value
 
@@ -66,6 +67,8 @@ class VmSpec:
     idle_grace: float = 0.0  # at boot, the launching kernel has this long to say its launch is done
     launch: str = ""  # this launch's token (common.py): on every resource it makes
     deadline: float = 0.0  # a MIG's: after this (epoch seconds) no launch waits for it any more
+    reservation_bound: bool = False  # RESERVATION_BOUND: the reservation came from a future reservation in calendar mode
+    disk_size: int = 200  # the boot disk, GB
 
 
 def idle_config(project: str, zone: str, name: str, seconds: float, multi_host: bool, launch: str = "") -> dict:
@@ -113,6 +116,9 @@ def _scheduling(spec: VmSpec) -> Any:
         return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="FLEX_START",
                                      instance_termination_action="DELETE", automatic_restart=False,
                                      max_run_duration=compute_v1.Duration(seconds=round(spec.flex_hours * 3600)))
+    if spec.reservation_bound:  # a calendar-mode reservation's VMs: bound to it, deleted at its end
+        return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="RESERVATION_BOUND",
+                                     instance_termination_action="DELETE", automatic_restart=False)
     if spec.spot:  # Google's spot TPU VMs: SPOT, deleted (not stopped) when reclaimed
         return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="SPOT",
                                      instance_termination_action="DELETE", automatic_restart=False)
@@ -122,9 +128,9 @@ def _scheduling(spec: VmSpec) -> Any:
 def _nic(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
-    nic = compute_v1.NetworkInterface(network=f"global/networks/{spec.network or 'default'}", nic_type="GVNIC")
+    nic = compute_v1.NetworkInterface(network=network_path(spec.network), nic_type="GVNIC")
     if spec.subnetwork:
-        nic.subnetwork = f"regions/{catalog.region_of(spec.zone)}/subnetworks/{spec.subnetwork}"
+        nic.subnetwork = subnetwork_path(spec.subnetwork, catalog.region_of(spec.zone))
     if not spec.internal_ip:
         nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
     return nic
@@ -134,7 +140,7 @@ def _disk(spec: VmSpec, disk_type: str) -> Any:
     from google.cloud import compute_v1
 
     return compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-        source_image=spec.shape.source_image, disk_size_gb=200, disk_type=disk_type))
+        source_image=spec.shape.source_image, disk_size_gb=spec.disk_size, disk_type=disk_type))
 
 
 def _account(spec: VmSpec) -> Any:

@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.provision import warm
 from tpunb.provision.cache import cached
@@ -48,17 +47,36 @@ def clients() -> Clients:
     return cached(("compute clients", url), lambda: _make(url))
 
 
-def _make(url: str | None) -> Clients:
+def _options(url: str | None) -> dict[str, Any]:
+    """The keyword arguments every client gets: anonymous against the sandbox, else the credentials."""
     warm.ready(*warm.COMPUTE_MODULES)  # imported on a side thread since %load_ext: a Ctrl-C cannot cut it
     from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
 
     if url:
         from google.auth.credentials import AnonymousCredentials
 
-        kw: dict[str, Any] = {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=url)}
-    else:
-        kw = {"credentials": api.default_credentials()}
+        return {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=url)}
+    return {"credentials": api.default_credentials()}
+
+
+def client(kind: str) -> Any:
+    """Another google-cloud-compute client (``RoutersClient``, ``ReservationsClient``...), made once
+    per kernel with the same options as the others."""
+    url = endpoint()
+
+    def make() -> Any:
+        kw = _options(url)
+        from google.cloud import compute_v1
+
+        return getattr(compute_v1, kind)(**kw)
+
+    return cached(("compute client", kind, url), make)
+
+
+def _make(url: str | None) -> Clients:
+    kw = _options(url)  # first: it readies the import where Ctrl-C cannot cut it
+    from google.cloud import compute_v1
+
     return Clients(compute_v1.InstancesClient(**kw), compute_v1.RegionInstanceTemplatesClient(**kw),
                    compute_v1.InstanceTemplatesClient(**kw),
                    compute_v1.ResourcePoliciesClient(**kw), compute_v1.InstanceGroupManagersClient(**kw),
@@ -103,11 +121,10 @@ def reason_of(text: str) -> str:
     return "api"
 
 
-def wait(project: str, operation: Any, what: str, deadline: float | None = None, accelerator: str | None = None,
-         flex: bool = False) -> None:
+def wait(project: str, operation: Any, what: str, deadline: float | None = None, flex: bool = False) -> None:
     """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``
-    (``accelerator``: what a quota refusal of it may add, see ``more``; ``flex``: flex-start, whose
-    INTERNAL_ERROR field reports saw where other tries said stockout: no capacity)."""
+    (``flex``: flex-start, whose INTERNAL_ERROR field reports saw where other tries said stockout:
+    no capacity)."""
     from google.cloud import compute_v1
     from requests.exceptions import Timeout
 
@@ -128,16 +145,12 @@ def wait(project: str, operation: Any, what: str, deadline: float | None = None,
         first = errors[0]
         reason = "no_capacity" if flex and first.code == "INTERNAL_ERROR" else reason_of(first.code)
         raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code})"
-                             f"{more(reason, project, accelerator)}", reason=reason)
+                             f"{more(reason, project)}", reason=reason)
 
 
-def more(reason: str, project: str, accelerator: str | None = None) -> str:
-    """Where a quota refusal is fixed: Compute Engine's TPU quotas are their own, per region; for a
-    type the Cloud TPU API also makes (v6e, v5p), that API's TPU quota is a separate pool (field
-    reports: TRC and older projects hold theirs there), which ``--api tpu`` spends."""
+def more(reason: str, project: str) -> str:
+    """Where a quota refusal is fixed (Compute Engine's TPU quotas are their own, per region; the
+    launch adds the Cloud TPU API's pool where it applies: zones.other_pool)."""
     if reason != "quota":
         return ""
-    text = f"; request more at https://console.cloud.google.com/iam-admin/quotas?project={project}"
-    if accelerator and not catalog.lookup(accelerator).no_tpu_api:
-        text += "; or add --api tpu: the Cloud TPU API's TPU quota is a separate pool (TRC and older projects hold it)"
-    return text
+    return f"; request more at https://console.cloud.google.com/iam-admin/quotas?project={project}"

@@ -192,19 +192,41 @@ def _owner(vm: Any) -> str:
     return vm.labels.get(NAME_LABEL) or mig or vm.name
 
 
-def everything(project: str) -> dict[Key, Found]:
+class Everything(dict):
+    """tpunb's slices by name and launch token (Found), and the zones an aggregatedList could not
+    reach (its scope's ``warning.code`` UNREACHABLE): what lives there is not in the lists."""
+
+    unreachable: frozenset = frozenset()
+
+    def reached(self, zone: str | None, region: str | None = None) -> bool:
+        """Whether the lists saw everything of ``zone`` (or of every zone of ``region``)."""
+        if zone is not None:
+            return zone not in self.unreachable
+        return not any(catalog.region_of(z) == region for z in self.unreachable)
+
+
+def everything(project: str) -> Everything:
     """tpunb's slices in ``project`` by name and launch token, from four aggregatedList calls made at once."""
     c = clients.clients()
+    unreachable: set[str] = set()
 
     def listed(kind: str) -> list[tuple[str, Any]]:
         attr, field_name, wanted = KINDS[kind]
-        pager = lambda: [(scope, item) for scope, scoped in  # noqa: E731 - every page, inside the one error seam
-                         getattr(c, attr).aggregated_list(request={"project": project, "filter": wanted})
-                         for item in getattr(scoped, field_name)]
-        return clients.call(f"list the {kind} of {project}", pager)
+
+        def pages() -> list[tuple[str, Any]]:  # every page, inside the one error seam
+            out = []
+            for scope, scoped in getattr(c, attr).aggregated_list(request={"project": project, "filter": wanted}):
+                code = scoped.warning.code if "warning" in scoped else ""
+                if getattr(code, "name", code) == "UNREACHABLE" and scope.startswith("zones/"):
+                    unreachable.add(scope.split("/", 1)[1])
+                out += [(scope, item) for item in getattr(scoped, field_name)]
+            return out
+
+        return clients.call(f"list the {kind} of {project}", pages)
 
     lists = fan_out(list(KINDS), listed, deadline=120.0, name="tpunb-compute-survey").by_key()
-    found: dict[Key, Found] = {}
+    found = Everything()
+    found.unreachable = frozenset(unreachable)
 
     def entry(name: str, launch: str | None, scope: str) -> Found:
         where = scope.split("/", 1)[-1]
@@ -241,6 +263,8 @@ class ComputeSurvey:
         for key, f in list(self.found.items()):
             mine = self.holds(key)
             if f.leftover:
+                if not self.found.reached(f.zone, f.region):
+                    continue  # a template and policy whose MIG may be in a zone the lists could not reach stay
                 if (mine and recorded[key[0]][0] == "creating") or (not mine and f.age < LEFTOVER_AGE):
                     continue
             elif not f.broken() and (mine or not f.abandoned()):
@@ -273,6 +297,11 @@ class ComputeSurvey:
             row = f.orphan()
             if key in self.failed:
                 row.message = f"leftovers of a launch, which could not be deleted{self.failed[key]}"
+            elif f.leftover and not self.found.reached(f.zone, f.region):
+                row.state = row.cloud["cloud_state"] = "UNKNOWN"
+                row.message = (f"its template and policy; its MIG may be in a zone of {f.region} that Compute Engine "
+                               f"could not reach now ({', '.join(sorted(self.found.unreachable))}): %tpu_status again "
+                               "later")
             out.append(row)
         return out
 

@@ -25,7 +25,8 @@ def make_resources(project: str, vm: VmSpec, say, deadline: float, more_zones: b
     c, region = clients.clients(), catalog.region_of(vm.zone)
     claims.check_free(project, vm.zone, vm.name, vm.launch)
 
-    def create(what: str, insert, **where) -> None:
+    def create(what: str, insert, wait: bool = True, **where):
+        """The insert's operation, waited for unless ``wait`` is false."""
         say(f"creating its {what}", 0.0)
         try:
             operation = clients.call(f"create the {what}", insert, project=project, **where)
@@ -33,7 +34,9 @@ def make_resources(project: str, vm: VmSpec, say, deadline: float, more_zones: b
             if exc.reason == claims.TAKEN:  # another launch took the name since the look
                 raise claims.taken(project, vm.zone, vm.name, vm.launch) from None
             raise
-        clients.wait(project, operation, f"create the {what}", deadline, vm.shape.accelerator, bool(vm.flex_hours))
+        if wait:
+            clients.wait(project, operation, f"create the {what}", deadline, flex=bool(vm.flex_hours))
+        return operation
 
     if vm.shape.multi_host:
         create("workload policy", c.policies.insert_unary, region=region, resource_policy_resource=workload_policy(vm))
@@ -44,26 +47,45 @@ def make_resources(project: str, vm: VmSpec, say, deadline: float, more_zones: b
         if vm.flex_hours:  # made empty: sized up, it waits for capacity for all its VMs at once (BULK)
             create("flex-start request (the MIG resized)", c.migs.resize_unary, zone=vm.zone,
                    instance_group_manager=vm.name, size=vm.shape.vms)
-        wait_up(project, vm.zone, vm.name, say, deadline, bool(vm.flex_hours), more_zones,
-                clients.more("quota", project, vm.shape.accelerator))
+        wait_up(project, vm.zone, vm.name, say, deadline, bool(vm.flex_hours), more_zones, clients.more("quota", project))
+    elif vm.flex_hours:  # its insert may stay RUNNING until capacity comes (up to 2 h): followed by the VM's status
+        operation = create("VM", c.instances.insert_unary, wait=False, zone=vm.zone, instance_resource=instance(vm))
+        claims.check_alone(project, vm.zone, vm.name, vm.launch, multi_host=False)
+        _wait_running(project, vm.zone, vm.name, say, deadline, operation)
     else:
         create("VM", c.instances.insert_unary, zone=vm.zone, instance_resource=instance(vm))
         claims.check_alone(project, vm.zone, vm.name, vm.launch, multi_host=False)
         _wait_running(project, vm.zone, vm.name, say, deadline)
 
 
-def _wait_running(project: str, zone: str, name: str, say, deadline: float) -> None:
-    """Until the VM is RUNNING; a flex-start VM is PENDING while it waits for capacity, and gone
-    (without an error, field reports say) once its requestValidForDuration passes without any."""
+def _wait_running(project: str, zone: str, name: str, say, deadline: float, flex_op=None) -> None:
+    """Until the VM is RUNNING. A flex-start VM (``flex_op``: its insert, read without waiting on
+    it) is PENDING while it waits for capacity, and gone once its requestValidForDuration passes
+    without any (without an error, field reports say) or its provisioning failed (its insert's
+    error says why); an on-demand VM that disappears was deleted while it was being made."""
     from google.api_core import exceptions
+    from google.cloud import compute_v1
 
     c = clients.clients()
     for delay in api.poll_delays():
+        done = flex_op is not None and flex_op.status == compute_v1.Operation.Status.DONE
+        if flex_op is not None and not done:
+            flex_op = clients.call("read the VM's insert", c.zone_ops.get, project=project, zone=zone,
+                                   operation=flex_op.name)
+            done = flex_op.status == compute_v1.Operation.Status.DONE
+        if done:
+            clients.wait(project, flex_op, "create the VM", flex=True)  # done: its error, if any, as one line
         try:
             status = clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name).status
         except exceptions.NotFound:
-            raise ProvisionError(f"no capacity came for {name} before its flex-start request expired (--timeout, at most "
-                                 "2 h for one VM)", reason="timeout") from None
+            if flex_op is not None and not done and time.monotonic() < deadline:
+                api.pause(delay)  # accepted, not listed yet
+                continue
+            if flex_op is not None:
+                raise ProvisionError(f"no capacity came for {name} before its flex-start request expired (--timeout, "
+                                     "at most 2 h for one VM)", reason="timeout") from None
+            raise ProvisionError(f"the VM {name} disappeared while it was being created: someone (or something) in "
+                                 f"project {project} deleted it", reason="failed") from None
         say(WAITING if status == "PENDING" else f"VM {status}", 0.0)
         if status == "RUNNING":
             return
