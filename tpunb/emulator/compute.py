@@ -28,8 +28,6 @@ from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, 
 FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations", "quotas", "hold_inserts",
           "topology_failed", "topology_code", "topology_message", "activation_seconds", "forged_host_keys",
           "hidden_types", *compute_project.FAULTS)
-#: a quota refusal's metric names (quotaInfo.metricName): synthetic, as no report quotes a TPU one
-QUOTA_METRICS = {"TPUS-PER-TPU-FAMILY-per-project-region": "compute.googleapis.com/tpus_per_tpu_family"}
 #: a flex-start VM's requestValidForDuration bounds, as field reports quote the refusal
 FLEX_WAIT = (90, 7200)
 #: machine types flex-start never granted in field reports (tried 4 times, 2026-07)
@@ -164,8 +162,8 @@ class ComputeEngine(MigSide):
         if value is not None and (value < 0 or self._chips_spent(metric, region) + vms * machine.chips <= value):
             return None
         limit = float(value or 0)
-        info = {"metricName": QUOTA_METRICS.get(metric, f"compute.googleapis.com/{metric.split('-per-')[0].lower()}"),
-                "limitName": metric, "dimensions": {"region": region}, "limit": limit}
+        info = {"metricName": quotas.metric_name("compute.googleapis.com", metric), "limitName": metric,
+                "dimensions": {"region": region}, "limit": limit}
         return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded. Limit: {limit} in region {region}.",
                             [{"quotaInfo": info}])
 

@@ -36,6 +36,14 @@ def compute_quota_id(generation: str, model: str) -> str:
     return preemptible if model in ("SPOT", "FLEX_START") else on_demand
 
 
+def metric_name(service: str, quota_id: str) -> str:
+    """The metric a quota id counts (a quotaInfo's ``metric``, a QUOTA_EXCEEDED's ``metricName``):
+    synthetic, as no report quotes a TPU one."""
+    metric = quota_id.split("-per-")[0].lower() if service == "compute.googleapis.com" else \
+        re.sub(r"PerProject.*", "", quota_id).lower()
+    return f"{service}/{metric}"
+
+
 def limit(faults: dict, quota_id: str, place: str) -> int | None:
     """The pool's value at ``place`` (a region, or a zone for the Cloud TPU API) from the ``quotas``
     fault, else the default; None when it is set to no value."""
@@ -62,9 +70,8 @@ def quota_info(project: str, service: str, quota_id: str, faults: dict, quota_re
     if not (quota_on and compute) or quota_regions is not None:
         infos.append(_info(key, None, DEFAULT_CHIPS if compute else DEFAULT_CORES))
     family = quota_id.startswith("TPUS-PER-TPU-FAMILY")
-    metric = quota_id.split("-per-")[0].lower() if compute else re.sub(r"PerProject.*", "", quota_id).lower()
-    return {"name": name, "quotaId": quota_id, "metric": f"{service}/{metric}", "service": service, "isPrecise": True,
-            "containerType": "PROJECT", "dimensions": [key, "tpu_family"] if family else [key],
+    return {"name": name, "quotaId": quota_id, "metric": metric_name(service, quota_id), "service": service,
+            "isPrecise": True, "containerType": "PROJECT", "dimensions": [key, "tpu_family"] if family else [key],
             "dimensionsInfos": infos, "quotaDisplayName": quota_id, "refreshInterval": "minute"}
 
 
