@@ -240,16 +240,15 @@ _KEEP_ENV = ("PATH", "HOME", "LANG", "TPUNB_HOST_DIR", "GCE_METADATA_HOST", "GCE
 # -- the cloud calls ------------------------------------------------------------------------
 
 def metadata_host() -> str:
-    """The metadata server: $GCE_METADATA_HOST or $GCE_METADATA_IP (google-auth reads both, JAX the
-    second), else metadata.google.internal."""
+    """$GCE_METADATA_HOST or $GCE_METADATA_IP (google-auth reads both, JAX the second), else Google's."""
     return os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP") or "metadata.google.internal"
 
 
-def metadata(path: str, timeout: float = 5.0) -> str:
-    """One value from the GCE metadata server (``instance/attributes/...``)."""
-    host = metadata_host()
-    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}",
-                                     headers={"Metadata-Flavor": "Google"})
+def metadata(path: str, timeout: float = 5.0, value: str | None = None) -> str:
+    """One value from the GCE metadata server (``instance/attributes/...``); ``value``: PUT it instead."""
+    request = urllib.request.Request(f"http://{metadata_host()}/computeMetadata/v1/{path}",
+                                     headers={"Metadata-Flavor": "Google"}, method="GET" if value is None else "PUT",
+                                     data=None if value is None else value.encode())
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.read().decode()
 
@@ -265,9 +264,7 @@ def _api(state: dict, method: str, path: str, body: dict | None = None) -> bytes
     compute = on_compute(state)
     endpoint = (state.get("endpoint") or ("https://compute.googleapis.com" if compute
                                           else "https://tpu.googleapis.com")).rstrip("/")
-    headers = {"Authorization": f"Bearer {token}"}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
+    headers = {"Authorization": f"Bearer {token}", **({"Content-Type": "application/json"} if body is not None else {})}
     request = urllib.request.Request(f"{endpoint}/{'compute/v1' if compute else 'v2'}/{path}", method=method,
                                      headers=headers, data=None if body is None else json.dumps(body).encode())
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -292,9 +289,7 @@ def say_problem(problem: str | None) -> None:
     if text:
         log(f"cannot delete the node: {text}")
     try:
-        request = urllib.request.Request(f"http://{metadata_host()}/computeMetadata/v1/instance/guest-attributes/{ERROR_ATTRIBUTE}",
-                                         data=text.encode(), method="PUT", headers={"Metadata-Flavor": "Google"})
-        urllib.request.urlopen(request, timeout=CHECK_TIMEOUT).close()
+        metadata(f"instance/guest-attributes/{ERROR_ATTRIBUTE}", CHECK_TIMEOUT, text)
     except Exception as exc:  # guest attributes off, or no metadata server: the log says it
         log(f"cannot write guest attribute {ERROR_ATTRIBUTE} ({type(exc).__name__}: {exc})")
 
