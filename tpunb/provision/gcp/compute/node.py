@@ -134,8 +134,9 @@ class ComputeNode(WatchedNode):
 
     def idle_problem(self) -> str | None:
         """Why the watchdog cannot delete the slice ("": it can; None: not said), as worker 0 wrote it
-        in its guest attribute; read at most every FRESH_SECONDS."""
-        if not self.idle_seconds or self.vms is None or not self.record.hosts:
+        in its guest attribute; read at most every FRESH_SECONDS. Before the watch's first look the
+        slice is not known gone: the watchdog is asked (a status right after the launch says it)."""
+        if not self.idle_seconds or (self.checked_at and self.vms is None) or not self.record.hosts:
             return None
         read_at, said = self._problem
         if time.monotonic() - read_at > FRESH_SECONDS:
