@@ -31,7 +31,7 @@ from tpunb.engine import programs
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.gcp import api, logins
-from tpunb.provision.gcp.common import LAUNCH_LABEL, new_launch, same_launch
+from tpunb.provision.gcp.common import LAUNCH_LABEL, NAME_LIMIT, new_launch, same_launch
 from tpunb.provision.gcp.compute import adopt as adoption, clients, fallback, hostkeys, network, org_policy, preflight
 from tpunb.provision.gcp.compute.bodies import VmSpec
 from tpunb.provision.gcp.compute.delete import teardown
@@ -65,9 +65,6 @@ TPU_API_ONLY = {
 #: how long a new slice's VMs may take to answer SSH once Compute Engine says RUNNING: a first boot
 #: of 12 minutes is on record (marin#7030); a VM deleted or stopped meanwhile ends the wait at once
 FIRST_BOOT_WAIT = 15 * 60.0
-#: a MIG slice's resources are NAME, NAME-tpunb-t and NAME-tpunb-wp, each at most 63 characters
-#: (and the MIG's baseInstanceName at most 58, compute.proto)
-MAX_MIG_NAME = 63 - len("-tpunb-wp")
 SSH_PORT_LABEL = "tpunb-ssh-port"  # the sandbox's sshd, when not on port 22 (as on the Cloud TPU side)
 #: what a flex-start slice's cost says: no source tpunb can cite gives the flex-start rate (docs/cloud-facts.md)
 FLEX_PRICE = "flex-start price not known"
@@ -111,9 +108,9 @@ def create(request: LaunchRequest) -> Made:
     check_options(opts, request.slices, accel)
     opts = colab_idle_default(opts, request.slices)
     shape = catalog.compute_shape(accel)
-    if len(name) > MAX_MIG_NAME and (shape.multi_host or opts.flex):  # a flex v6e-8 may become a MIG (fallback.py)
+    if len(name) > NAME_LIMIT and (shape.multi_host or opts.flex):  # a flex v6e-8 may become a MIG (fallback.py)
         raise UsageError(f"slice name {name!r} has {len(name)} characters: a multi-host slice's name has at most "
-                         f"{MAX_MIG_NAME} (its workload policy is NAME-tpunb-wp, at most 63): give a shorter --name")
+                         f"{NAME_LIMIT} (its workload policy is NAME-tpunb-wp, at most 63): give a shorter --name")
     zones = choose(project, shape, opts.zone, default_zone)
     key_path, public_key = keys.default_key()
     pre = preflight.run(project, opts, zones, public_key)  # reservation, network, logins: before anything exists
