@@ -126,9 +126,9 @@ cells = [
         "cell runs, else at the next `tpunb.log` step of the running cell, at the same step on every host "
         "(JAX's preemption sync). `--recover` then brings the slice back with the last complete snapshot:\n\n"
         "```\n"
-        "%tpu_launch v5litepod-16 --spot --snapshot-on-preempt state,history,step\n"
+        "%tpu_launch v5litepod-16 --spot --name run --snapshot-on-preempt state,history,step\n"
         "...                                 # train; the slice is preempted\n"
-        "%tpu_launch --recover tpunb-v5litepod-16\n"
+        "%tpu_launch --recover run\n"
         "```\n\n"
         "`%tpu_snapshot --on-preempt NAMES` arms a running slice. `02_cloud_workflow.ipynb`'s sandbox "
         "(`start_sandbox(storage=True)`) models the notice, with Cloud Storage on this machine."),

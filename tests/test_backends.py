@@ -3,6 +3,8 @@ with real parts (local host processes, a real sshd, the Cloud TPU API emulator w
 that sshd), and what each returns checked."""
 from __future__ import annotations
 
+import getpass
+
 import pytest
 
 from tpunb import catalog, provision
@@ -48,7 +50,7 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
         module.options(no_such_option=1)
     accel = catalog.lookup("v4-16")
     name = module.default_name(accel)
-    assert name == {"local": "v4-16", "ssh": "hosts", "gcp": "tpunb-v4-16"}[module.NAME]
+    assert name == {"local": "v4-16", "ssh": "hosts", "gcp": f"tpunb-{getpass.getuser()}-v4-16"}[module.NAME]
 
     reg = Registry()
     made = module.create(LaunchRequest(name, accel, reg, dict(CPU_AS_TPU_HOST), opts))

@@ -6,6 +6,8 @@ The session's sshd keeps its hosts' homes between nodes (a kept disk), so only t
 here makes the environments; tests/test_host_setup.py prepares fresh hosts."""
 from __future__ import annotations
 
+import getpass
+
 import pytest
 
 from tpunb import manager
@@ -68,7 +70,7 @@ def test_launch_run_jax_status_and_down(cloud, cell, ip, sshd, launch):
 def test_backend_defaults_to_gcp_with_a_project(cloud, cell, monkeypatch, launch):
     run = launch(accel="v4-8")
     assert run.error is None and "(backend gcp)" in run.stdout
-    assert manager.current().name == "tpunb-v4-8"
+    assert manager.current().name == f"tpunb-{getpass.getuser()}-v4-8"  # the user: no other person's default name
     cell("%tpu_down")
     monkeypatch.delenv("GOOGLE_CLOUD_PROJECT")
     local = cell("%tpu_launch v4-8")

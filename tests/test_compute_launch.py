@@ -11,6 +11,7 @@ import pytest
 
 from tests.compute_fixture import Google, cloud, sandbox  # noqa: F401 - cloud is a fixture
 from tpunb import manager
+from tpunb.registry import Registry
 
 TPU7X_ZONE, V6E_ZONE = "us-central1-c", "us-east5-b"
 
@@ -42,6 +43,11 @@ def test_a_single_host_v6e_is_one_instance_and_runs_a_cell_also_after_a_reset(cl
     finally:
         cloud.emulator.faults(api_disabled=False)
     assert used.error is None and "in its instances' ssh-keys metadata, as tpunb" in used.stdout, used.shown
+    published = google.instances.get_guest_attributes(request={"project": cloud.project, "zone": V6E_ZONE,
+                                                               "instance": "trillium", "query_path": "hostkeys/"})
+    host = cloud.sshd.addresses[0]  # the new registry pins the VM's own key, as it published it, before connecting
+    assert Registry(tmp_path / "reset" / "registry.db").get_host_key(host, cloud.sshd.port) == (
+        "ssh-ed25519", {i.key: i.value for i in published.query_value.items}["ssh-ed25519"])
     keys = next(i.value for i in google.instances.get(project=cloud.project, zone=V6E_ZONE, instance="trillium")
                 .metadata.items if i.key == "ssh-keys").splitlines()
     assert len(keys) == 2 and all(k.startswith("tpunb:ssh-ed25519 ") for k in keys)  # the launch's, and the new one

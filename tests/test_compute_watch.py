@@ -106,12 +106,17 @@ def test_a_slices_watchdog_checks_reads_and_deletes_through_compute_engine(watch
     assert idle.permission_problem(state) is None
     account = metadata(box, addresses[0], "instance/service-accounts/default/email")
     box.emulator.accounts(permissions={account: ["roles/tpu.admin"]})
+    deletes = ["roles/compute.instanceAdmin.v1", "compute.resourcePolicies.delete"]  # MIGs, VMs, templates, policies
     try:
         problem = idle.permission_problem(state)
-    finally:
         box.emulator.accounts(permissions={account: ["roles/compute.instanceAdmin.v1"]})
-    assert problem == f"403 {account} lacks compute.instanceGroupManagers.delete in project {box.project}"
-    assert idle.permission_problem(state) is None  # the role that lets the watchdog delete MIGs and VMs
+        no_policies = idle.permission_problem(state)
+    finally:
+        box.emulator.accounts(permissions={account: deletes})
+    assert problem == (f"403 {account} lacks compute.instanceGroupManagers.delete, compute.instanceTemplates.delete, "
+                       f"compute.resourcePolicies.delete in project {box.project}")  # all three, in one line
+    assert no_policies == f"403 {account} lacks compute.resourcePolicies.delete in project {box.project}"
+    assert idle.permission_problem(state) is None
     idle.say_problem(problem)  # as the watchdog says it, in worker 0's guest attribute: the kernel shows it
     sl.node._problem = (float("-inf"), None)
     cell("%tpu_status")

@@ -226,8 +226,9 @@ def test_a_coordinator_port_that_drops_packets_fails_the_cell_in_seconds(cell, s
     assert f"port {dropping_port} is blocked" in failed.shown
     # host 0 would bind that port itself: the listener standing in for the firewall is this process
     assert f"port {dropping_port}, JAX's coordinator port, is taken on host 0 by pid {os.getpid()}" in failed.shown
-    assert f"gcloud compute firewall-rules create tpunb-jax-{dropping_port}" in failed.shown
-    assert f"--allow tcp:{dropping_port}" in failed.shown
+    assert "gcloud compute firewall-rules create tpunb-slice-tcp" in failed.shown and f"listens on {dropping_port}" \
+        in failed.shown
+    assert "--allow tcp --source-ranges" in failed.shown  # all TCP between the VMs: libtpu's 8471 too
     found = diagnose.problems(manager.current(), probe_seconds=1)
     assert found == [f"host {h} cannot reach the JAX coordinator at {sshd.addresses[0]}:{dropping_port} "
                      "(no answer in 1 s)" for h in (0, 1)]
@@ -285,7 +286,7 @@ def test_cloud_slices_use_the_port_gcp_opens_and_the_emulator_a_random_one(monke
     monkeypatch.delenv("TPUNB_TPU_API_ENDPOINT", raising=False)
     # process ids and the coordinator from the VM's metadata, as jax.distributed.initialize() reads them there
     assert gcp.jax_coordinator(record) == {"coordinator_port": 8476, "network": "my-vpc", "metadata": True}
-    assert "--network my-vpc --allow tcp:8476" in diagnose.firewall_fix(8476, "my-vpc")
+    assert "--network my-vpc --allow tcp --source-ranges" in diagnose.firewall_fix(8476, "my-vpc")  # all TCP: 8471 too
     monkeypatch.setenv("TPUNB_TPU_API_ENDPOINT", "http://127.0.0.1:1")
     assert gcp.jax_coordinator(record)["coordinator_port"] is None
 

@@ -56,6 +56,9 @@ class Generation:
     no_tpu_api: str = ""  # why the Cloud TPU API cannot make it (tpu7x: only Compute Engine and GKE do)
     default_api: str = "tpu"  # which API makes its slices by default: "tpu" (Cloud TPU) or "compute" (Compute Engine)
     compute: dict[str, Any] | None = None  # how Compute Engine makes them (catalog.json "compute"), None: it cannot
+    #: the oldest (jax, libtpu) known to drive this generation: {"jax", "libtpu", "python"} (its
+    #: sources under ``sources["jax"]``); None: no jax release a host's Python installs is known to fail it
+    jax_min: dict[str, Any] | None = None
 
     def name(self, size: int) -> str:
         return f"{self.prefix}-{size}"
@@ -158,6 +161,7 @@ def _generations() -> dict[str, Generation]:
             planning_only=g.get("planning_only", ""),
             no_tpu_api=g.get("no_tpu_api", ""),
             default_api=g.get("default_api", "tpu"),
+            jax_min=g.get("jax_min"),
             compute=g.get("compute"),
         )
     return gens

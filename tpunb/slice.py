@@ -50,6 +50,8 @@ class Node:
 
     #: seconds without activity after which a watchdog on host 0 deletes the node (0: never)
     idle_seconds = 0.0
+    #: host 0 runs a boot watchdog that deletes the node unless a kernel says its launch is done
+    boot_guard = False
 
     def host_init(self, index: int) -> dict:
         """What host ``index``'s agent is told at start beyond the backend's settings."""
@@ -108,7 +110,8 @@ class Slice:
         self.started_at = time.time()
         self.node = node or Node()
         #: activity for the node's idle watchdog (tpunb.status.idle_clock): mirrored here, told to host 0
-        self.idle = IdleClock(registry, record.name, self.node.idle_seconds, lambda: self.session.hosts[0])
+        self.idle = IdleClock(registry, record.name, self.node.idle_seconds, lambda: self.session.hosts[0],
+                              self.node.boot_guard)
         #: called with this slice once it is deleted (the kernel's list of slices forgets it)
         self.on_delete: list[Callable[["Slice"], None]] = []
         self._revive_lock = threading.Lock()  # threads reviving the same dead hosts take turns

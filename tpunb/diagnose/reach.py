@@ -11,9 +11,12 @@ PROBE_SECONDS = 5.0
 
 
 def firewall_fix(port: int, network: str | None = None) -> str:
-    """The one command that opens ``port`` between a network's VMs."""
-    return (f"Open it: gcloud compute firewall-rules create tpunb-jax-{port} --network {network or 'NETWORK'} "
-            f"--allow tcp:{port} --source-ranges SUBNET_RANGE (or pick an open port with --coordinator-port)")
+    """The one command that lets a slice's VMs talk: all TCP between them, not the coordinator's port
+    alone (libtpu's hosts talk on 8471 and others, field reports show TPU_PROCESS_PORT=8471; Compute
+    Engine, unlike the Cloud TPU API, makes no firewall rule for TPU VMs)."""
+    return (f"Open all TCP between the slice's VMs (JAX's coordinator listens on {port}, libtpu's hosts talk on 8471 "
+            f"and others): gcloud compute firewall-rules create tpunb-slice-tcp --network {network or 'NETWORK'} "
+            f"--allow tcp --source-ranges SUBNET_RANGE (or pick an open coordinator port with --coordinator-port)")
 
 
 def probe_settings(port: int, network: str | None = None, seconds: float = PROBE_SECONDS) -> dict:

@@ -42,8 +42,10 @@ ROLES = {
     "roles/compute.instanceAdmin.v1": ["compute.instances.*", "compute.instanceGroupManagers.*",
                                        "compute.instanceTemplates.*", "compute.zoneOperations.*"],
     "roles/iam.serviceAccountUser": ["iam.serviceAccounts.actAs"],
+    "roles/orgpolicy.policyViewer": ["orgpolicy.policy.get"],
 }
 LOGIN_PERMISSIONS = ("compute.instances.osLogin", "compute.instances.osAdminLogin")
+REQUIRE_OS_LOGIN = "constraints/compute.requireOsLogin"
 #: what each Cloud TPU v2 call needs (IAM permission names as Google spells them)
 API_PERMISSIONS = {
     "list_nodes": "tpu.nodes.list", "create_node": "tpu.nodes.create", "get_node": "tpu.nodes.get",
@@ -114,16 +116,21 @@ class Accounts:
         self.project_metadata: dict[str, dict[str, str]] = {}
         self.os_login_everywhere = False  # the os_login fault: every project has enable-oslogin=TRUE
         self.profiles: dict[str, Profile] = {}
+        #: the organisation's boolean policies enforced on every project (getEffectiveOrgPolicy)
+        self.enforced: set[str] = set()
 
     # -- settings (the admin endpoint) ---------------------------------------------------------
 
     def update(self, changes: dict) -> dict:
         """``{"user": EMAIL, "permissions": {principal: [role or pattern, ...] | null},
-        "project_metadata": {project: {key: value | null}}}``; null forgets (everything / the key)."""
-        unknown = set(changes) - {"user", "permissions", "project_metadata"}
+        "project_metadata": {project: {key: value | null}}, "org_policies": {constraint: bool}}``;
+        null forgets (everything / the key)."""
+        unknown = set(changes) - {"user", "permissions", "project_metadata", "org_policies"}
         if unknown:
             raise ApiError(400, "INVALID_ARGUMENT", f"unknown account setting {sorted(unknown)[0]!r}; known: "
-                           "user, permissions, project_metadata")
+                           "user, permissions, project_metadata, org_policies")
+        for constraint, on in (changes.get("org_policies") or {}).items():
+            (self.enforced.add if on else self.enforced.discard)(str(constraint))
         if changes.get("user"):
             self.user = str(changes["user"])
         for principal, granted in (changes.get("permissions") or {}).items():
@@ -188,9 +195,22 @@ class Accounts:
                 "defaultServiceAccount": default_service_account(project)}
 
     def os_login_on(self, project: str, node_metadata: dict[str, str]) -> bool:
-        """An instance's value overrides the project's (Google's OS Login page)."""
+        """An instance's value overrides the project's (Google's OS Login page); the organisation's
+        requireOsLogin overrides both (its constraint's description: metadata cannot turn it off)."""
+        if REQUIRE_OS_LOGIN in self.enforced:
+            return True
         value = node_metadata.get("enable-oslogin", self.metadata(project).get("enable-oslogin", ""))
         return value.strip().upper() == "TRUE"
+
+    def effective_policy(self, principal: str, project: str, body: dict) -> dict:
+        """cloudresourcemanager v1 projects.getEffectiveOrgPolicy of a boolean constraint (needs
+        orgpolicy.policy.get, which roles/orgpolicy.policyViewer grants)."""
+        self.require(principal, "orgpolicy.policy.get", f"projects/{project}", "cloudresourcemanager.googleapis.com")
+        constraint = str(body.get("constraint") or "")
+        if not constraint.startswith("constraints/"):
+            raise ApiError(400, "INVALID_ARGUMENT", f"Invalid constraint name {constraint!r}.")
+        enforced = {"booleanPolicy": {"enforced": True}} if constraint in self.enforced else {"booleanPolicy": {}}
+        return {"version": 1, "constraint": constraint, **enforced}
 
     # -- OS Login ------------------------------------------------------------------------------
 

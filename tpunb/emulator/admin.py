@@ -51,12 +51,14 @@ class AdminClient:
         return self.admin("POST", "/_emulator/faults", changes)
 
     def accounts(self, user: str | None = None, permissions: dict | None = None,
-                 project_metadata: dict | None = None) -> dict:
+                 project_metadata: dict | None = None, org_policies: dict | None = None) -> dict:
         """Who the kernel is (``user``), what each principal may do (``{principal: [role or
-        permission pattern, ...]}``, None: everything again) and each project's metadata
-        (``{project: {"enable-oslogin": "TRUE"}}``); the current settings without arguments."""
+        permission pattern, ...]}``, None: everything again), each project's metadata
+        (``{project: {"enable-oslogin": "TRUE"}}``) and the organisation's boolean policies
+        (``{"constraints/compute.requireOsLogin": True}``); the current settings without arguments."""
         changes = {k: v for k, v in (("user", user), ("permissions", permissions),
-                                     ("project_metadata", project_metadata)) if v is not None}
+                                     ("project_metadata", project_metadata), ("org_policies", org_policies))
+                   if v is not None}
         return self.admin("POST", "/_emulator/accounts", changes) if changes else self.admin("GET", "/_emulator/accounts")
 
     def clear_faults(self) -> dict:
@@ -81,7 +83,8 @@ class AdminClient:
     def compute_faults(self, **changes: Any) -> dict:
         """Compute Engine faults: unstable=True|[zones] (MIGs never fill; unstable_code and
         unstable_message say what listErrors shows), allowlisted=True (TPU7x Spot/Flex-start allowed),
-        reservations=[names] (the project's reservations a VM may name)."""
+        reservations={name: {"zone", "mode", "project", "shared_with"}}, quotas={id: {region: chips}},
+        and the VPC: subnets, routers (Cloud NAT), routers_denied (compute_project.py)."""
         return self.admin("POST", "/_emulator/compute/faults", changes)
 
     def recreate(self, instance: str) -> dict:

@@ -8,24 +8,32 @@ ACTIVE. Deletes go STOPPING -> gone. The rules field reports show (docs/cloud-fa
 checked on the way in; compute_checks.py refuses what compute v1 does not define."""
 from __future__ import annotations
 
+import base64
+import secrets
 import signal
 import threading
 import time
 from typing import Any
 
 from tpunb import catalog
+from tpunb.emulator import compute_project, quotas
 from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, in_use, invalid, matches, not_found
 from tpunb.emulator.compute_migs import MigSide
 from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, short
 
-#: the preemptible (Spot, Flex-start) TPU quota metric's generation part: V6E as field reports quote
-#: it (PREEMPTIBLE-TPU-V6E-per-project-region); TPU7X and V5P by analogy (synthetic)
-PREEMPTIBLE = {"tpu7x": "TPU7X", "v6e": "V6E", "v5p": "V5P"}
-#: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist
-FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations", "quotas")
+#: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist,
+#: inserts held until that many wait (overlapping launches), a topology that fails (everywhere or in zones; its
+#: code and message), topology activation that takes seconds after every VM runs, VMs that publish a host key
+#: their sshd does not present (not the VM Compute Engine says it is), machine types hidden from the project
+FAULTS = ("unstable", "unstable_code", "unstable_message", "allowlisted", "reservations", "quotas", "hold_inserts",
+          "topology_failed", "topology_code", "topology_message", "activation_seconds", "forged_host_keys",
+          "hidden_types", *compute_project.FAULTS)
 #: a flex-start VM's requestValidForDuration bounds, as field reports quote the refusal
 FLEX_WAIT = (90, 7200)
-RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+#: machine types flex-start never granted in field reports (tried 4 times, 2026-07)
+NEVER_FLEX = ("ct6e-standard-8t",)
+#: the organisation policy whose refusal of a VM without Secure Boot field reports quote (TPU images lack it)
+SHIELDED_VM = "constraints/compute.requireShieldedVm"
 
 
 def compute_zones() -> list[str]:
@@ -50,6 +58,7 @@ class ComputeEngine(MigSide):
         self.operations: dict[str, ComputeOperation] = {}
         self.faults: dict[str, Any] = {}
         self._changed = threading.Condition(emu._lock)
+        self._held = 0  # inserts waiting for the admin's hold_inserts
 
     def set_faults(self, changes: dict) -> dict:
         """Merge Compute Engine faults (``FAULTS``); a false or null value turns one off."""
@@ -59,7 +68,22 @@ class ComputeEngine(MigSide):
         self.faults.update(changes)
         for key in [k for k, v in self.faults.items() if v in (None, False)]:
             del self.faults[key]
+        if "hold_inserts" in changes:
+            self._held = 0
         return dict(self.faults)
+
+    def hold(self) -> None:
+        """The admin's ``hold_inserts`` N: each insert waits (the lock let go) until N inserts wait,
+        then all go on, one at a time as ever: launches that looked before either made anything."""
+        wanted = int(self.faults.get("hold_inserts") or 0)
+        if wanted < 2:
+            return
+        self._held += 1
+        self._changed.notify_all()
+        deadline = time.monotonic() + 30.0
+        while self._held < wanted and time.monotonic() < deadline:
+            self._changed.wait(min(0.5, deadline - time.monotonic()))
+        self.faults.pop("hold_inserts", None)  # the next inserts go at once
 
     # -- operations -------------------------------------------------------------------------
 
@@ -99,6 +123,8 @@ class ComputeEngine(MigSide):
     def _machine_type(self, project: str, zone: str, value: Any, field: str) -> catalog.MachineType:
         name = short(value or "")
         found = catalog.machine_types().get(name)
+        if name in (self.faults.get("hidden_types") or ()):
+            found = None  # not offered to this project at all
         if found is None or found not in machine_types_in(zone):
             offered = [z for z in compute_zones() if found in machine_types_in(z)] if found else []
             hint = f" It is offered in {', '.join(offered)}." if offered else ""
@@ -106,10 +132,11 @@ class ComputeEngine(MigSide):
                           f"exist in zone '{zone}'.{hint}")
         return found
 
-    def _check_capacity_rules(self, project: str, machine: catalog.MachineType, properties: dict) -> None:
+    def _check_capacity_rules(self, project: str, machine: catalog.MachineType, properties: dict,
+                              zone: str = "") -> None:
         """TPU7x Spot and Flex-start need the project on Google's allowlist (tpu-machines' footnote);
-        Flex-start needs maxRunDuration, and a named reservation must exist (the admin's
-        ``reservations`` fault lists the project's)."""
+        Flex-start needs maxRunDuration; a named reservation must take these VMs (compute_project.py);
+        an organisation that requires Shielded VM refuses them all (TPU images lack Secure Boot)."""
         scheduling = properties.get("scheduling") or {}
         model = scheduling.get("provisioningModel", "STANDARD")
         if machine.generation == "tpu7x" and model in ("SPOT", "FLEX_START") and not self.faults.get("allowlisted"):
@@ -118,28 +145,42 @@ class ComputeEngine(MigSide):
         if model == "FLEX_START" and not scheduling.get("maxRunDuration"):
             raise invalid("Invalid value for field 'resource.scheduling.maxRunDuration': ''. FLEX_START instances "
                           "require maxRunDuration.")
-        affinity = properties.get("reservationAffinity") or {}
-        if affinity.get("consumeReservationType") == "SPECIFIC_RESERVATION":
-            names = [short(v) for v in affinity.get("values") or []]
-            if affinity.get("key") != RESERVATION_KEY or not names:
-                raise invalid(f"Invalid value for field 'resource.reservationAffinity': a specific reservation is "
-                              f"named with key {RESERVATION_KEY} and its name in values.")
-            if names[0] not in (self.faults.get("reservations") or []):
-                raise invalid(f"Invalid value for field 'resource.reservationAffinity.values[0]': '{names[0]}'. "
-                              f"The reservation does not exist in project {project}.")
+        compute_project.check_consumption(self.faults, project, zone, properties)
+        if SHIELDED_VM in getattr(getattr(self.emu, "accounts", None), "enforced", ()):
+            raise ComputeError(412, "conditionNotMet", f"Constraint {SHIELDED_VM} violated for project "
+                               f"projects/{project}. Secure Boot is not enabled in the 'shielded_instance_config' "
+                               "field. See https://cloud.google.com/resource-manager/docs/organization-policy/"
+                               "org-policy-constraints for more information.")
 
-    def _quota_error(self, zone: str, machine: catalog.MachineType, properties: dict) -> ComputeError | None:
-        if not self.emu.faults.quota_in(zone):
-            return None
+    def _quota_error(self, zone: str, machine: catalog.MachineType, properties: dict,
+                     vms: int = 1) -> ComputeError | None:
+        """QUOTA_EXCEEDED when ``vms`` more VMs would pass Compute Engine's own TPU quota in the region
+        (quotas.py: its pool, not the Cloud TPU API's), or the quota fault is on there."""
         model = (properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
-        metric = (f"PREEMPTIBLE-TPU-{PREEMPTIBLE[machine.generation]}-per-project-region" if model in ("SPOT", "FLEX_START")
-                  else "TPUS-PER-TPU-FAMILY-per-project-region")
-        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded. Limit: 0.0 in region "
-                            f"{catalog.region_of(zone)}.")
+        metric, region = quotas.compute_quota_id(machine.generation, model), catalog.region_of(zone)
+        value = 0 if self.emu.faults.quota_in(zone) else quotas.limit(self.faults, metric, region)
+        if value is not None and (value < 0 or self._chips_spent(metric, region) + vms * machine.chips <= value):
+            return None
+        limit = float(value or 0)
+        info = {"metricName": quotas.metric_name("compute.googleapis.com", metric), "limitName": metric,
+                "dimensions": {"region": region}, "limit": limit}
+        return ComputeError(403, "QUOTA_EXCEEDED", f"Quota '{metric}' exceeded. Limit: {limit} in region {region}.",
+                            [{"quotaInfo": info}])
+
+    def _chips_spent(self, metric: str, region: str) -> int:
+        """The chips the region's VMs already spend of quota ``metric``."""
+        spent = 0
+        for vm in self.instances.values():
+            machine = catalog.machine_type(vm.machine_type)
+            model = (vm.properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
+            if catalog.region_of(vm.zone) == region and quotas.compute_quota_id(machine.generation, model) == metric:
+                spent += machine.chips
+        return spent
 
     # -- instances --------------------------------------------------------------------------
 
     def insert_instance(self, project: str, zone: str, body: dict) -> dict:
+        self.hold()
         self.check_zone(project, zone)
         check_body("Instance", body)
         name = check_name(body.get("name"), "instance")
@@ -149,15 +190,16 @@ class ComputeEngine(MigSide):
             if stored is not None and "workloadPolicy" in stored.body:
                 raise invalid("Resource policy must have one of [VmMaintenancePolicy, GroupPlacementPolicy, "
                               "InstanceSchedulePolicy]")
-        self._check_capacity_rules(project, machine, body)
+        self._check_capacity_rules(project, machine, body, zone)
+        compute_project.check_nic(self.faults, project, catalog.region_of(zone), _nic(body))
         vm = Vm(project, zone, name, machine.name, body)
         if vm.path in self.instances:
             raise ComputeError(409, "alreadyExists", f"The resource '{vm.path}' already exists")
         op = self._operation(project, f"zones/{zone}", "insert", vm.path, vm.id)
         quota = self._quota_error(zone, machine, body)
+        if not quota and (body.get("scheduling") or {}).get("provisioningModel") == "FLEX_START":
+            return self._pending(vm, machine, op)  # the Dynamic Workload Scheduler's queue, even when capacity is there
         endpoint = None if quota or self.emu.faults.stockout(zone) else self._allocate(vm, machine)
-        if endpoint is None and not quota and (body.get("scheduling") or {}).get("provisioningModel") == "FLEX_START":
-            return self._pending(vm, machine, op)
         if endpoint is None:
             error = quota or ComputeError(503, "ZONE_RESOURCE_POOL_EXHAUSTED", f"The zone 'projects/{project}/"
                                           f"zones/{zone}' does not have enough resources available to fulfill "
@@ -169,8 +211,9 @@ class ComputeEngine(MigSide):
         return op.to_json()
 
     def _pending(self, vm: Vm, machine: catalog.MachineType, op: ComputeOperation) -> dict:
-        """A flex-start VM without capacity: PENDING (its insert accepted), tried again every
-        queue_seconds, gone without an error once requestValidForDuration passes (field reports)."""
+        """A flex-start VM: PENDING (its insert accepted and RUNNING until the VM is, unverified: the
+        harsher reading of gcloud blocking until provisioning ends), tried every queue_seconds, gone
+        without an error once requestValidForDuration passes (field reports)."""
         wait = int(((vm.properties.get("params") or {}).get("requestValidForDuration") or {}).get("seconds") or FLEX_WAIT[1])
         if not FLEX_WAIT[0] <= wait <= FLEX_WAIT[1]:
             del self.operations[op.path]
@@ -178,33 +221,49 @@ class ComputeEngine(MigSide):
                           f"valid for duration must be at least {FLEX_WAIT[0]} and less or equal to {FLEX_WAIT[1]} seconds.")
         vm.status, vm.current_action = "PENDING", "CREATING"
         self.instances[vm.path] = vm
-        self._finish(op)
-        self.emu.at(self.emu.timings.queue_seconds, self._grant, vm, machine)
-        self.emu.at(wait, self._expire, vm)
+        self.emu.at(self.emu.timings.queue_seconds, self._grant, vm, machine, op)
+        self.emu.at(wait, self._expire, vm, op)
         return op.to_json()
 
-    def _grant(self, vm: Vm, machine: catalog.MachineType) -> None:
+    def _grant(self, vm: Vm, machine: catalog.MachineType, op: ComputeOperation) -> None:
+        """Capacity for a PENDING flex-start VM: its insert ends once it RUNs. A ct6e-standard-8t is
+        never granted so (field reports: 0 of 4 tries, each INTERNAL_ERROR after minutes in STAGING,
+        the VM gone): it goes STAGING, then fails."""
         if self.instances.get(vm.path) is not vm or vm.status != "PENDING":
             return
+        if machine.name in NEVER_FLEX:
+            vm.status = "STAGING"
+            self.emu.at(self.emu.timings.create_seconds, self._flex_failed, vm, op)
+            return
         if self.emu.faults.stockout(vm.zone) or self._allocate(vm, machine) is None:
-            self.emu.at(self.emu.timings.queue_seconds, self._grant, vm, machine)
+            self.emu.at(self.emu.timings.queue_seconds, self._grant, vm, machine, op)
             return
         vm.status = "PROVISIONING"
-        self._start(vm)
+        self._start(vm, op)
 
-    def _expire(self, vm: Vm) -> None:
+    def _flex_failed(self, vm: Vm, op: ComputeOperation) -> None:
+        if self.instances.get(vm.path) is vm:
+            del self.instances[vm.path]
+        self._finish(op, ComputeError(500, "INTERNAL_ERROR", "Internal error. Please try again or contact Google "
+                                      "Support. (Code: '-5712461278347811234')"))
+
+    def _expire(self, vm: Vm, op: ComputeOperation) -> None:
+        """requestValidForDuration passed without capacity: the VM is gone, its insert done without an
+        error (field reports: it "disappears without an error")."""
         if self.instances.get(vm.path) is vm and vm.status == "PENDING":
             del self.instances[vm.path]
-            self._changed.notify_all()
+            self._finish(op)
 
     def _allocate(self, vm: Vm, machine: catalog.MachineType):
         found = self.emu.hosts.allocate(vm.path, 1, bool(_nic(vm.properties).get("accessConfigs")))
         if not found:
             return None
         vm.endpoint = found[0]
+        vm.host_key = self.emu.hosts.rekey(vm.endpoint.internal_ip)  # a new VM: a host key of its own
         try:
             self.emu.hosts.configure(vm.endpoint.internal_ip, python=catalog.generation(machine.generation).compute["python"],
-                                     devices=machine.jax_devices, names={**self.host_names(), vm.name: vm.endpoint.internal_ip})
+                                     devices=machine.jax_devices, names={**self.host_names(), vm.name: vm.endpoint.internal_ip},
+                                     egress=compute_project.egress(self.faults, vm.project, vm.zone, _nic(vm.properties)))
         except ValueError as e:  # the sandbox lacks this image's Python: say so, keep the host free
             self.emu.hosts.release(vm.path)
             raise ComputeError(500, "internalError", f"The sandbox cannot make {machine.name} VMs: {e}") from None
@@ -226,8 +285,15 @@ class ComputeEngine(MigSide):
 
     def _running(self, vm: Vm, op: ComputeOperation | None) -> None:
         if self.instances.get(vm.path) is not vm or vm.status not in ("PROVISIONING", "STAGING"):
+            if op is not None:  # deleted while being made: its insert ends (unverified how; harsher: no error)
+                self._finish(op)
             return
         vm.status, vm.current_action = "RUNNING", "NONE"
+        if vm.host_key and vm.metadata.get("enable-guest-attributes", "").upper() == "TRUE":
+            kind, key = vm.host_key.split()[:2]  # the guest agent publishes its host keys (gcloud's ssh reads them)
+            if self.faults.get("forged_host_keys"):
+                key = base64.b64encode(b"\0\0\0\x0bssh-ed25519\0\0\0 " + secrets.token_bytes(32)).decode()
+            vm.guest_attributes[f"hostkeys/{kind}"] = key
         self.emu.sync_vm_logins(vm.path, vm)
         self.emu.hosts.boot(vm.endpoint.internal_ip, vm.metadata.get("startup-script", ""))
         if op is not None:
@@ -259,26 +325,33 @@ class ComputeEngine(MigSide):
                         [i for i in items if matches(i, filter)])
 
     def aggregated_instances(self, project: str, filter: str = "") -> dict:
-        items: dict[str, dict] = {}
+        items: dict[str, dict] = self._unreachable()
         for vm in self.instances.values():
             body = vm.to_json(self.emu.hosts.ssh_port)
-            if vm.project == project and matches(body, filter):
+            if vm.project == project and matches(body, filter) and "warning" not in items.get(f"zones/{vm.zone}", {}):
                 items.setdefault(f"zones/{vm.zone}", {"instances": []})["instances"].append(body)
         return {"kind": "compute#instanceAggregatedList", "id": f"projects/{project}/aggregated/instances",
                 "items": items, "selfLink": link(f"projects/{project}/aggregated/instances")}
+
+    def _unreachable(self) -> dict[str, dict]:
+        """The scopes an aggregatedList could not reach (the emulator's ``unreachable`` fault, zones):
+        each with a warning instead of its items (compute v1's ``Warning.code`` UNREACHABLE)."""
+        return {f"zones/{z}": {"warning": {"code": "UNREACHABLE", "message": f"Scope 'zones/{z}' is unreachable.",
+                                           "data": [{"key": "scope", "value": f"zones/{z}"}]}}
+                for z in self.emu.faults.unreachable or ()}
 
     def aggregated(self, project: str, kind: str, filter: str = "") -> dict:
         """aggregatedList of MIGs, templates (global ones under "global") or resource policies:
         ``{"items": {"zones/Z" | "regions/R" | "global": {kind: [...]}}}``, the scopes with a match only."""
         if kind == "instanceGroupManagers":
-            found = [(f"zones/{m.zone}", m.to_json(self._mig_vms(m))) for m in self.migs.values() if m.project == project]
+            found = [(f"zones/{m.zone}", self.mig_json(m)) for m in self.migs.values() if m.project == project]
         else:
             table = self.templates if kind == "instanceTemplates" else self.policies
             found = [("/".join(s.path.split("/")[2:4]) if s.path.split("/")[2] == "regions" else "global", s.to_json())
                      for s in table.values() if s.path.split("/")[1] == project]
-        items: dict[str, dict] = {}
+        items: dict[str, dict] = self._unreachable()
         for scope, body in found:
-            if matches(body, filter):
+            if matches(body, filter) and "warning" not in items.get(scope, {}):
                 items.setdefault(scope, {kind: []})[kind].append(body)
         path = f"projects/{project}/aggregated/{kind}"
         return {"kind": f"compute#{kind[:-1]}AggregatedList", "id": path, "items": items, "selfLink": link(path)}
@@ -385,13 +458,16 @@ class ComputeEngine(MigSide):
             return {**out, "variableKey": key, "variableValue": vm.guest_attributes[key]}
         items = [{"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v}
                  for k, v in sorted(vm.guest_attributes.items()) if k.startswith(query_path.strip("/"))]
-        return {**out, "queryPath": query_path, **({"queryValue": {"items": items}} if items else {})}
+        if not items:  # as gcloud's ssh quotes it: nothing there is a 404
+            raise ComputeError(404, "notFound", f"The resource '{query_path}' of type 'Guest Attribute' was not found.")
+        return {**out, "queryPath": query_path, "queryValue": {"items": items}}
 
     # -- templates and resource policies ----------------------------------------------------
 
     def insert_stored(self, project: str, scope: str, kind: str, body: dict) -> dict:
         """instanceTemplates.insert (regional or global) and resourcePolicies.insert."""
         message = {"instanceTemplates": "InstanceTemplate", "resourcePolicies": "ResourcePolicy"}[kind]
+        self.hold()
         if scope != "global":
             self._check_region(project, scope.split("/")[1])
         check_body(message, body)
@@ -401,6 +477,8 @@ class ComputeEngine(MigSide):
             _check_workload_policy(body.get("workloadPolicy"))
         elif not (body.get("properties") or {}).get("machineType"):
             raise invalid("Invalid value for field 'resource.properties.machineType': ''. A machine type is required.")
+        elif scope != "global":
+            compute_project.check_nic(self.faults, project, scope.split("/")[1], _nic(body["properties"]))
         if path in table:
             raise ComputeError(409, "alreadyExists", f"The resource '{path}' already exists")
         stored = table[path] = Stored(path, body, f"compute#{message[0].lower()}{message[1:]}")

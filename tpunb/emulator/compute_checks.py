@@ -25,18 +25,24 @@ _INTS = {"int32": 2**31, "uint32": 2**32, "int64": 2**63, "uint64": 2**64}
 class ComputeError(ApiError):
     """An error as Compute Engine answers it: ``{"error": {"code", "message", "errors": [...]}}``."""
 
-    def __init__(self, http: int, reason: str, message: str) -> None:
+    def __init__(self, http: int, reason: str, message: str, details: list[dict] | None = None) -> None:
         super().__init__(http, reason, message)
         self.reason = reason
+        self.details = details or []  # compute v1 ErrorDetails (a quota's quotaInfo)
 
     def body(self) -> dict:
         return {"error": {"code": self.http, "message": self.message,
                           "errors": [{"message": self.message, "domain": "global", "reason": self.reason}]}}
 
-    def operation_error(self) -> dict:
-        """The same error as an Operation's ``error`` carries it (``code`` is the reason there)."""
+    def errors(self) -> dict:
+        """The error as compute v1's ``Error`` (an Operation's ``error``, a MIG's bulk progress
+        check, a managed instance's last attempt): ``code`` is the reason there."""
         return {"errors": [{"code": self.reason.upper() if self.reason.islower() else self.reason,
-                            "message": self.message}]}
+                            "message": self.message, **({"errorDetails": self.details} if self.details else {})}]}
+
+    def operation_error(self) -> dict:
+        """The same error as an Operation's ``error`` carries it."""
+        return self.errors()
 
 
 def invalid(message: str) -> ComputeError:

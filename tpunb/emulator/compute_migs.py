@@ -4,13 +4,19 @@
 A MIG whose workload policy names an accelerator topology is a TPU slice: it must be BULK
 (field reports quote ``MIGs with TPU accelerator topology require BULK mode in target size
 policy``), its size is the topology's VMs (or 0, to be resized later: the flex path), and it
-makes every VM at once or none, retrying while the pool (or a fault) refuses; each try that
-fails leaves an entry in ``listErrors``. Worker ids are dealt at random against the VMs' names:
-only each VM's metadata says which worker it is, as on Compute Engine."""
+makes every VM at once or none, retrying while the pool (or a fault, or a quota) refuses: Google's
+BULK keeps waiting on QUOTA_EXCEEDED too. Each try that fails leaves an entry in ``listErrors`` and
+is the MIG's ``bulkInstanceOperation.lastProgressCheck.error``; meanwhile it lists the VMs it will
+make, each with a name and a URL but no status and no id (flex-start ones PENDING). Its applied
+topology is ACTIVATING until every VM runs (and the admin's ``activation_seconds`` more), then
+ACTIVE; INCOMPLETE once a VM it made is gone; FAILED when the admin says so (records.py, Mig).
+Worker ids are dealt at random against the VMs' names: only each VM's metadata says which worker
+it is, as on Compute Engine."""
 from __future__ import annotations
 
 import random
 import string
+import time
 from typing import Any
 
 from tpunb import catalog
@@ -44,9 +50,14 @@ class MigSide:
     faults: dict[str, Any]
 
     def insert_mig(self, project: str, zone: str, body: dict) -> dict:
+        self.hold()
         self.check_zone(project, zone)
         check_body("InstanceGroupManager", body)
         name = check_name(body.get("name"), "instanceGroupManager")
+        base = body.get("baseInstanceName")
+        if base is not None and len(str(base)) > 58:  # compute.proto: "The maximum character length is 58"
+            raise invalid(f"Invalid value for field 'resource.baseInstanceName': '{base}'. Must be at most 58 "
+                          "characters long.")
         template_path = ref(body.get("instanceTemplate"), project, "instanceTemplates", "resource.instanceTemplate")
         template = self.templates.get(template_path)
         if template is None:
@@ -66,8 +77,9 @@ class MigSide:
             if size not in (0, vms):
                 raise invalid(f"Invalid value for field 'resource.targetSize': {size}. Accelerator topology "
                               f"{topology} takes {vms} {machine.name} VMs (or 0, to resize later).")
-        self._check_capacity_rules(project, machine, properties)
-        mig = Mig(project, zone, name, body, template_path, policy_path, topology, size)
+        self._check_capacity_rules(project, machine, properties, zone)
+        mig = Mig(project, zone, name, body, template_path, policy_path, topology, size,
+                  flex=(properties.get("scheduling") or {}).get("provisioningModel") == "FLEX_START")
         if mig.path in self.migs:
             raise ComputeError(409, "alreadyExists", f"The resource '{mig.path}' already exists")
         self.migs[mig.path] = mig
@@ -100,9 +112,13 @@ class MigSide:
             return
         template = self.templates[mig.template].body["properties"]
         machine = catalog.machine_type(template["machineType"].rsplit("/", 1)[-1])
-        error = self._quota_error(mig.zone, machine, template) or self._refusal(mig, need)
+        base = mig.body.get("baseInstanceName") or mig.name
+        while len(mig.planned) < need:  # named from the first try on: listed before they exist
+            mig.planned.append(f"{base}-{''.join(random.choices(string.ascii_lowercase + string.digits, k=4))}")
+        error = self._quota_error(mig.zone, machine, template, need) or self._refusal(mig, need)
+        mig.checked = timestamp()
         if error is not None:
-            mig.waiting = True
+            mig.waiting, mig.bulk_error = True, error.errors()
             mig.errors = (mig.errors + [{"error": {"code": error.reason, "message": error.message},
                                          "instanceActionDetails": {"action": "CREATING"},
                                          "timestamp": timestamp()}])[-20:]
@@ -110,10 +126,8 @@ class MigSide:
             return
         free = sorted(set(range(mig.target_size)) - {self.instances[p].worker for p in mig.vms if p in self.instances})
         random.shuffle(free)
-        base = mig.body.get("baseInstanceName") or mig.name
         made: list[Vm] = []
-        for worker in free[:need]:
-            name = f"{base}-{''.join(random.choices(string.ascii_lowercase + string.digits, k=4))}"
+        for worker, name in zip(free[:need], mig.planned):
             vm = Vm(mig.project, mig.zone, name, machine.name, template, mig.path, worker)
             try:
                 self._allocate(vm, machine)
@@ -129,7 +143,7 @@ class MigSide:
             mig.vms.append(vm.path)
             self._start(vm)
         mig.vms.sort(key=lambda p: p.rsplit("/", 1)[-1])  # the API lists by name, not by worker
-        mig.waiting = False
+        mig.waiting, mig.bulk_error, mig.planned = False, None, mig.planned[len(made):]
 
     def _refusal(self, mig: Mig, need: int) -> ComputeError | None:
         unstable = self.faults.get("unstable")
@@ -152,13 +166,36 @@ class MigSide:
     def _mig_vms(self, mig: Mig) -> list[Vm]:
         return [self.instances[p] for p in mig.vms if p in self.instances]
 
+    def mig_json(self, mig: Mig) -> dict:
+        vms = self._mig_vms(mig)
+        return mig.to_json(vms, self._topology(mig, vms))
+
+    def _topology(self, mig: Mig, vms: list[Vm]) -> tuple[str, dict | None]:
+        """Its applied topology's state (and that state's error): see the module's docstring."""
+        failed = self.faults.get("topology_failed")
+        if failed is True or (isinstance(failed, list) and mig.zone in failed):
+            return "FAILED", {"errors": [{"code": str(self.faults.get("topology_code") or "TOPOLOGY_FAILED"),
+                                          "message": str(self.faults.get("topology_message") or
+                                                         "The accelerator topology could not be formed.")}]}
+        if mig.deleting:
+            return "DEACTIVATING", None
+        running = [v for v in vms if v.status == "RUNNING" and v.current_action == "NONE"]
+        if len(running) < mig.target_size or not mig.target_size:
+            mig.running_since = None
+            made = not mig.waiting and len(vms) == mig.target_size
+            settling = any(v.current_action in ("CREATING", "RECREATING") for v in vms)
+            return ("INCOMPLETE", None) if made and mig.target_size and not settling else ("ACTIVATING", None)
+        if mig.running_since is None:
+            mig.running_since = time.monotonic()
+        waited = time.monotonic() - mig.running_since
+        return ("ACTIVE", None) if waited >= float(self.faults.get("activation_seconds") or 0) else ("ACTIVATING", None)
+
     def get_mig(self, project: str, zone: str, name: str) -> dict:
-        mig = self._mig(project, zone, name)
-        return mig.to_json(self._mig_vms(mig))
+        return self.mig_json(self._mig(project, zone, name))
 
     def list_migs(self, project: str, zone: str, filter: str = "") -> dict:
         self.check_zone(project, zone)
-        items = [m.to_json(self._mig_vms(m)) for m in self.migs.values() if (m.project, m.zone) == (project, zone)]
+        items = [self.mig_json(m) for m in self.migs.values() if (m.project, m.zone) == (project, zone)]
         items = [i for i in items if matches(i, filter)]
         path = f"projects/{project}/zones/{zone}/instanceGroupManagers"
         return {"kind": "compute#instanceGroupManagerList", "id": path, "selfLink": link(path),
@@ -166,8 +203,7 @@ class MigSide:
 
     def list_managed_instances(self, project: str, zone: str, name: str) -> dict:
         mig = self._mig(project, zone, name)
-        items = [{"instance": link(v.path), "id": v.id, "name": v.name, "instanceStatus": v.status,
-                  "currentAction": v.current_action} for v in self._mig_vms(mig)]
+        items = mig.members(self._mig_vms(mig))
         return {"managedInstances": items} if items else {}
 
     def list_errors(self, project: str, zone: str, name: str) -> dict:

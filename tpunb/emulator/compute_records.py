@@ -151,6 +151,7 @@ class Vm:
     created: str = field(default_factory=timestamp)
     guest_attributes: dict[str, str] = field(default_factory=dict)
     noticed: bool = False  # its preemption notice has come (metadata instance/preempted is TRUE)
+    host_key: str | None = None  # the public line of its sshd's host key (published as guest attributes)
 
     @property
     def path(self) -> str:
@@ -175,8 +176,13 @@ class Vm:
         p = self.properties
         nics = []
         for i, nic in enumerate(p.get("networkInterfaces") or [{}]):
+            network = str(nic.get("network") or "global/networks/default")
+            owner = network.split("/")[1] if network.startswith("projects/") else self.project
             out = {**nic, "kind": "compute#networkInterface", "name": f"nic{i}",
-                   "network": link(f"projects/{self.project}/global/networks/{short(nic.get('network') or 'default')}")}
+                   "network": link(f"projects/{owner}/global/networks/{short(network)}")}
+            if nic.get("subnetwork"):
+                subnet = str(nic["subnetwork"])
+                out["subnetwork"] = link(subnet if subnet.startswith("projects/") else f"projects/{owner}/{subnet}")
             if self.endpoint is not None:
                 out["networkIP"] = self.endpoint.internal_ip
                 if nic.get("accessConfigs"):
@@ -197,7 +203,8 @@ class Vm:
                 body[key] = p[key]
         body["disks"] = [{"kind": "compute#attachedDisk", "type": "PERSISTENT", "mode": "READ_WRITE", "index": i,
                           "deviceName": f"persistent-disk-{i}", "boot": bool(d.get("boot")),
-                          "autoDelete": bool(d.get("autoDelete")), "interface": "NVME"}
+                          "autoDelete": bool(d.get("autoDelete")), "interface": "NVME",
+                          "diskSizeGb": str((d.get("initializeParams") or {}).get("diskSizeGb") or 10)}
                          for i, d in enumerate(p.get("disks") or [])]
         body.pop("params", None)  # input only: instances.get does not return it
         if ssh_port != 22:
@@ -208,7 +215,12 @@ class Vm:
 @dataclass
 class Mig:
     """A zonal managed instance group: its VMs come from ``template``; ``topology`` (from its
-    workload policy) makes it a TPU slice, whose VMs are made all at once (BULK)."""
+    workload policy) makes it a TPU slice, whose VMs are made all at once (BULK).
+
+    While it waits (BULK), it lists every VM it will make (``planned``) by name and URL, with no
+    ``instanceStatus`` and no ``id`` (a flex-start one PENDING), and its latest try's errors in
+    ``status.bulkInstanceOperation.lastProgressCheck`` and each such member's ``lastAttempt``
+    (docs/cloud-facts.md: Compute Engine, MIG status)."""
 
     project: str
     zone: str
@@ -222,6 +234,11 @@ class Mig:
     waiting: bool = False  # a BULK MIG still waiting for capacity for all its VMs
     deleting: bool = False
     errors: list[dict] = field(default_factory=list)  # what listErrors shows
+    planned: list[str] = field(default_factory=list)  # the names of the VMs it will make (listed before they exist)
+    bulk_error: dict | None = None  # its latest try's errors (compute v1 Error), while it waits
+    checked: str = ""  # when it last tried (lastProgressCheck.timestamp)
+    flex: bool = False  # its template is FLEX_START: members waiting for capacity are PENDING
+    running_since: float | None = None  # (monotonic) when every VM last became RUNNING: activation starts
     id: str = field(default_factory=new_id)
     created: str = field(default_factory=timestamp)
 
@@ -229,21 +246,42 @@ class Mig:
     def path(self) -> str:
         return f"projects/{self.project}/zones/{self.zone}/instanceGroupManagers/{self.name}"
 
-    def to_json(self, vms: list[Vm]) -> dict:
+    def members(self, vms: list[Vm]) -> list[dict]:
+        """listManagedInstances: its VMs, then the ones it will make (a name and a URL, no status, no id)."""
+        made = [{"instance": link(v.path), "id": v.id, "name": v.name, "instanceStatus": v.status,
+                 "currentAction": v.current_action} for v in vms]
+        missing = max(0, self.target_size - len(vms))
+        base = f"projects/{self.project}/zones/{self.zone}/instances/"
+        coming = [{"instance": link(base + n), "name": n, "currentAction": "CREATING",
+                   **({"instanceStatus": "PENDING"} if self.flex else {}),
+                   **({"lastAttempt": {"errors": self.bulk_error}} if self.bulk_error else {})}
+                  for n in self.planned[:missing]]
+        return made + coming
+
+    def to_json(self, vms: list[Vm], topology: tuple[str, dict | None] | None = None) -> dict:
+        """``topology``: its applied topology's state and that state's error (compute_migs.py decides)."""
         running = [v for v in vms if v.status == "RUNNING" and v.current_action == "NONE"]
         stable = (not self.waiting and not self.deleting and len(running) == self.target_size == len(vms))
-        actions = {"creating": (self.target_size - len(vms) if self.waiting else 0)
-                   + sum(v.current_action == "CREATING" for v in vms),
+        missing = max(0, self.target_size - len(vms))
+        actions = {"creating": (missing if self.waiting else 0) + sum(v.current_action == "CREATING" for v in vms),
                    "recreating": sum(v.current_action == "RECREATING" for v in vms),
                    "deleting": sum(v.current_action == "DELETING" for v in vms), "none": len(running)}
-        statuses: dict[str, int] = {}
+        statuses: dict[str, int] = {"nonExistent": missing} if missing else {}
         for v in vms:
-            statuses[v.status.lower()] = statuses.get(v.status.lower(), 0) + 1
+            key = v.status.lower() if v.status != "PENDING" else "pending"
+            statuses[key] = statuses.get(key, 0) + 1
+        if missing and self.flex:
+            statuses["pending"] = statuses.get("pending", 0) + missing
+        bulk: dict[str, Any] = {"inProgress": self.waiting or bool(missing)}  # over once every VM exists
+        if self.checked:
+            bulk["lastProgressCheck"] = {"timestamp": self.checked, **({"error": self.bulk_error} if self.bulk_error
+                                                                       else {})}
         status: dict[str, Any] = {"isStable": stable, "currentInstanceStatuses": statuses,
-                                  "bulkInstanceOperation": {"inProgress": self.waiting or not stable}}
-        if self.topology:
-            state = "ACTIVE" if stable else "DEACTIVATING" if self.deleting else "ACTIVATING"
-            status["appliedAcceleratorTopologies"] = [{"acceleratorTopology": self.topology, "state": state}]
+                                  "bulkInstanceOperation": bulk}
+        if self.topology and topology is not None:
+            state, error = topology
+            status["appliedAcceleratorTopologies"] = [{"acceleratorTopology": self.topology, "state": state, **(
+                {"stateDetails": {"error": error, "timestamp": timestamp()}} if error else {})}]
         out = {**self.body, "kind": "compute#instanceGroupManager", "id": self.id, "creationTimestamp": self.created,
                "zone": link(f"projects/{self.project}/zones/{self.zone}"), "selfLink": link(self.path),
                "instanceGroup": link(f"projects/{self.project}/zones/{self.zone}/instanceGroups/{self.name}"),

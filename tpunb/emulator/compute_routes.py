@@ -12,6 +12,8 @@ calls; every path starts with /compute/v1/projects/P/):
      .../M/listManagedInstances (POST), listErrors (GET), resize?size=N (POST), resizeRequests (POST)
   zones/Z|regions/R|global operations/O   GET | POST .../wait
   zones/Z/machineTypes[/MT], aggregated/machineTypes   the TPU machine types (tpunb's catalog)
+  regions/R/routers, regions/R/subnetworks[/S]          GET: the VPC a launch reads (compute_project.py)
+  aggregated/reservations|futureReservations            GET (filter): reservations and calendar-mode deliveries
 (``GET /compute/v1/projects/P``, the project's metadata, is server.py's.)"""
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
+from tpunb.emulator import compute_project
 from tpunb.emulator.compute import compute_zones, machine_types_in
 from tpunb.emulator.compute_checks import ComputeError, not_found
 from tpunb.emulator.compute_records import link
@@ -65,7 +68,14 @@ def _routes(ce: ComputeEngine, p: str, q: dict[str, str], body: dict) -> list[tu
         ("POST", _SCOPE + r"/operations/(?P<o>[^/]+)/wait", lambda scope, o: ce.wait_operation(p, scope, o)),
         ("GET", _ZONE + r"/machineTypes", lambda zone: machine_type_list(ce, p, zone)),
         ("GET", _ZONE + r"/machineTypes/(?P<mt>[^/]+)", lambda zone, mt: machine_type_get(ce, p, zone, mt)),
-        ("GET", r"aggregated/machineTypes", lambda: machine_types_aggregated(p, f)),
+        ("GET", r"aggregated/machineTypes", lambda: machine_types_aggregated(p, f, ce.faults.get("hidden_types"))),
+        ("GET", r"regions/(?P<r>[^/]+)/routers", lambda r: compute_project.list_routers(ce.faults, p, r, f)),
+        ("GET", r"regions/(?P<r>[^/]+)/subnetworks", lambda r: compute_project.list_subnetworks(ce.faults, p, r, f)),
+        ("GET", r"regions/(?P<r>[^/]+)/subnetworks/(?P<s>[^/]+)",
+         lambda r, s: compute_project.get_subnetwork(ce.faults, p, r, s)),
+        ("GET", r"aggregated/reservations", lambda: compute_project.aggregated_reservations(ce.faults, p, f)),
+        ("GET", r"aggregated/futureReservations",
+         lambda: compute_project.aggregated_future_reservations(ce.faults, p, f)),
     ]
 
 
@@ -153,13 +163,15 @@ def machine_type_get(ce: ComputeEngine, project: str, zone: str, name: str) -> d
     return _machine_type_json(project, zone, found[0])
 
 
-def machine_types_aggregated(project: str, filter: str = "") -> dict:
-    """machineTypes.aggregatedList: the TPU machine types of every zone (``filter`` as ``name = X``)."""
+def machine_types_aggregated(project: str, filter: str = "", hidden: list[str] | None = None) -> dict:
+    """machineTypes.aggregatedList: the TPU machine types of every zone (``filter`` as ``name = X``);
+    ``hidden``: types this project does not see (the ``hidden_types`` fault: TPU7x for a project off
+    Google's allowlist, unverified: the harsher reading)."""
     wanted = re.search(r"name\s*(?:=|eq)\s*\"?([\w-]+)\"?", filter or "")
     items = {}
     for zone in compute_zones():
         found = [_machine_type_json(project, zone, m) for m in machine_types_in(zone)
-                 if wanted is None or m.name == wanted[1]]
+                 if (wanted is None or m.name == wanted[1]) and m.name not in (hidden or ())]
         if found:
             items[f"zones/{zone}"] = {"machineTypes": found}
     path = f"projects/{project}/aggregated/machineTypes"

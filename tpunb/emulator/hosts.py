@@ -13,6 +13,10 @@ OS Login's NSS module make it, and the node's keys go when the node does. Withou
 (an sshd of another kind), the keys are appended to ``authorized_keys`` for whatever user logs
 in, each line marked ``tpunb-emulator:<instance>:<node>`` so exactly our lines are removed.
 
+With ``host_keys`` (address -> the key file and pid file of that address's own sshd, an ``Sshd``
+with ``host_keys``), every new VM on an address gets a host key of its own (``rekey``), which
+Compute Engine VMs publish as guest attributes under ``hostkeys/`` (compute.py).
+
 With ``host_environment`` (address -> the variables that host's processes see, as the sshd sets
 them), hosts also boot and power off: a READY node's ``startup-script`` runs once per worker
 with that host's environment (as a VM's boot runs it), and when the node is gone every process
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,6 +166,10 @@ def _sshd_session(pid: int) -> int | None:
     return None
 
 
+#: where a VM without a way out of its VPC sends HTTPS: the discard port, which refuses (as no route would)
+NO_EGRESS = "http://127.0.0.1:9"
+
+
 class HostPool:
     """Hands out worker addresses per node and keeps the authorized keys file in step."""
 
@@ -172,8 +181,10 @@ class HostPool:
         host_environment: dict[str, dict[str, str]] | None = None,
         accounts: str | Path | None = None,
         vm_image: dict | None = None,
+        host_keys: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.addresses = list(addresses or [])
+        self.host_keys = {a: dict(v) for a, v in (host_keys or {}).items()}
         #: what Compute Engine VMs are made of (Sshd.emulator_options): {"pythons": {X.Y: bin dir},
         #: "nss_wrapper": its library, "hosts_file": the names every VM resolves}
         self.vm_image = dict(vm_image or {})
@@ -232,17 +243,44 @@ class HostPool:
                     Path(profile).unlink(missing_ok=True)  # a Compute Engine VM's settings go with it
             self._fake.pop(owner, None)
 
+    def rekey(self, address: str, timeout: float = 10.0) -> str | None:
+        """A new host key for ``address``'s sshd (a new VM there): the key file replaced, then
+        SIGHUP, on which sshd executes itself again and reads it (its open connections stay);
+        returns the key's public line once it listens again, None without ``host_keys``."""
+        from tpunb.emulator.sshd import write_ed25519
+
+        files = self.host_keys.get(address)
+        if not files:
+            return None
+        key, pid_file = Path(files["key"]), Path(files["pid_file"])
+        fresh = key.with_name(f".{key.name}.{os.urandom(3).hex()}")
+        line = write_ed25519(fresh)
+        os.replace(fresh, key)
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return line  # not running: it reads the new key when it starts
+        pid_file.unlink(missing_ok=True)
+        os.kill(pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while not pid_file.exists() and time.monotonic() < deadline:  # written once it listens again
+            time.sleep(0.005)
+        return line
+
     def owner_of(self, address: str) -> str | None:
         """The node holding ``address``, if any."""
         with self._lock:
             return self._owner.get(address)
 
-    def configure(self, address: str, python: str, devices: int, names: dict[str, str]) -> None:
+    def configure(self, address: str, python: str, devices: int, names: dict[str, str], egress: bool = True) -> None:
         """Make ``address`` the VM a Compute Engine machine type gives: the image's Python ``python``
         first on PATH, ``devices`` JAX devices, and every instance's bare name resolving to its address
         (nss_wrapper's hosts file, as the VMs' DNS resolves instance names). It lives in the host's
         BASH_ENV profile, which every command (bash -c) and boot script sources; releasing the host
-        removes it, so a Cloud TPU node's hosts stay the image the sandbox started with."""
+        removes it, so a Cloud TPU node's hosts stay the image the sandbox started with. Without
+        ``egress`` (no external IP, no Cloud NAT) HTTPS leaves only through a proxy that refuses
+        (``NO_EGRESS``), which urllib and uv both honour: PyPI is out of reach, the sandbox's own
+        plain-HTTP APIs and metadata server are not."""
         profile = self.host_environment.get(address, {}).get("BASH_ENV")
         if not profile or not self.vm_image:
             return
@@ -257,7 +295,8 @@ class HostPool:
             f"export PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin\n"
             f"export XLA_FLAGS=--xla_force_host_platform_device_count={devices}\n"
             f"export NSS_WRAPPER_HOSTS={hosts_file} LD_PRELOAD={self.vm_image['nss_wrapper']}\n"
-            "export GRPC_DNS_RESOLVER=native\n")  # gRPC's c-ares would skip nss_wrapper: names through getaddrinfo
+            "export GRPC_DNS_RESOLVER=native\n"  # gRPC's c-ares would skip nss_wrapper: names through getaddrinfo
+            + ("" if egress else f"export HTTPS_PROXY={NO_EGRESS} https_proxy={NO_EGRESS}\n"))
 
     def boot(self, address: str, script: str) -> None:
         """Run a startup-script as ``address``'s boot does: its environment, its own session."""

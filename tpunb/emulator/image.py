@@ -5,7 +5,9 @@ Google's TPU VM images (tpu-ubuntu2204-base, v2-alpha-tpuv5-lite, v2-alpha-tpuv6
 image, "then install the framework"). So every sandbox host gets:
 
 - ``python3`` (and ``python3.10``, ``pip3``): a bare Python 3.10 with pip and the standard library
-  only, first on PATH; this machine's own Python and its bin dir are not reachable;
+  only, first on PATH; this machine's own Python and its bin dir are not reachable. A Compute
+  Engine VM's image (``ubuntu-accel-*``, an Ubuntu cloud image) gets its system Python without pip
+  instead (``vm_pythons``, ``pipless``): no source says python3-pip is on it;
 - its own home (``HOME``), as separate VMs have: what one host installs, no other host sees;
 - JAX on the CPU, each host's chips as devices (``JAX_PLATFORMS=cpu``, ``XLA_FLAGS``): there are
   no TPU chips here, so plain ``jax`` stands in for ``jax[tpu]`` (libtpu would find nothing).
@@ -85,20 +87,15 @@ class Image:
                 link.symlink_to(bare / "bin" / target)
 
     def vm_pythons(self) -> dict[str, str]:
-        """X.Y -> a bin dir like ``bin``'s with pyenv's X.Y as the system Python, for each image's
-        Python (3.10: Ubuntu 22.04's, v5p and v6e; 3.12: 24.04's, TPU7x) this machine has."""
-        found = {IMAGE_PYTHON: str(self.bin)}
+        """X.Y -> the bin dir of a Compute Engine TPU image's system Python (3.10: Ubuntu 22.04's, v5p
+        and v6e; 3.12: 24.04's, TPU7x), for each this machine has: pyenv's X.Y without pip
+        (``pipless``), as an Ubuntu cloud image without python3-pip has it."""
+        found = {}
         for version in VM_PYTHONS:
             prefix = pyenv_python(version)
-            if prefix is None or version in found:
-                continue
-            folder = self.dir / f"bin-{version}"
-            folder.mkdir(parents=True, exist_ok=True)
-            for name, target in {"python3": "python3", f"python{version}": "python3", "python": "python3",
-                                 "pip3": "pip3", "pip": "pip3"}.items():
-                if not (folder / name).exists():
-                    (folder / name).symlink_to(prefix / "bin" / target)
-            found[version] = str(folder)
+            if prefix is not None:
+                found[version] = str(pipless(prefix, self.dir / f"vm-python-{version}",
+                                             externally_managed=version == "3.12") / "bin")  # 24.04: PEP 668
         return found
 
     def add_python(self, python: str | Path) -> str:
@@ -134,6 +131,29 @@ class Image:
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def pipless(source: Path, target: Path, externally_managed: bool = False) -> Path:
+    """An installation at ``target`` that is ``source``'s Python without pip or ensurepip, as Ubuntu's
+    python3 without python3-pip and python3-venv: the interpreter copied (a symlink would lead
+    Python back to ``source`` as its prefix), the standard library linked file by file, an empty
+    site-packages. ``externally_managed``: PEP 668's marker, as Ubuntu 24.04 ships it."""
+    version = ".".join(source.name.split(".")[:2])
+    if (target / "bin" / "python3").exists():
+        return target
+    stdlib, own = source / "lib" / f"python{version}", target / "lib" / f"python{version}"
+    (target / "bin").mkdir(parents=True, exist_ok=True)
+    (own / "site-packages").mkdir(parents=True, exist_ok=True)
+    for child in stdlib.iterdir():
+        if child.name not in ("site-packages", "ensurepip"):
+            (own / child.name).symlink_to(child)
+    if externally_managed:
+        (own / "EXTERNALLY-MANAGED").write_text("[externally-managed]\nError=this is the system Python "
+                                                "(Ubuntu): use a virtual environment\n")
+    shutil.copy2(source / "bin" / f"python{version}", target / "bin" / f"python{version}")
+    for name in ("python3", "python"):
+        (target / "bin" / name).symlink_to(f"python{version}")
+    return target
 
 
 def _shadow(source: Path, target: Path, depth: int) -> None:

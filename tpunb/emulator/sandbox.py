@@ -83,7 +83,7 @@ def start_sandbox(hosts: int = 4, project: str = "sandbox-project", zone: str = 
     store = StorageEmulator((bucket,)) if storage else None
     try:
         image = Image(directory / "image", pythons, Path(cache) if cache else None, devices_per_host)
-        sshd = Sshd(hosts, directory=directory / "sshd", image=image,
+        sshd = Sshd(hosts, directory=directory / "sshd", image=image, host_keys=True,
                     environment={"STORAGE_EMULATOR_HOST": store.url} if store else None)
     except BaseException:
         if store:

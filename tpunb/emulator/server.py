@@ -12,6 +12,7 @@ Beside it, what tpunb asks other Google APIs (the same base URL stands for each 
   POST /v1/users/U:importSshPublicKey (?projectId=)   OS Login: add a key, get the login profile
   GET  /v1/users/U/loginProfile (?projectId=)          OS Login: the profile (its POSIX user)
   POST /v1/projects/P:testIamPermissions               Cloud Resource Manager: which permissions the caller has
+  POST /v1/projects/P:getEffectiveOrgPolicy            Cloud Resource Manager: a boolean org policy in force (accounts.py)
   POST /v1/projects/P/serviceAccounts/SA:testIamPermissions   IAM: the same, on a service account (actAs)
   GET  /compute/v1/projects/P                          Compute Engine: the project's commonInstanceMetadata
   GET  /v1/projects/P/locations/global/services/S/quotaInfos/Q   Cloud Quotas: a TPU quota's values (quotas.py)
@@ -78,6 +79,7 @@ _ROUTES: list[tuple[str, re.Pattern, str]] = [
     ("POST", re.compile(r"/v1/users/(?P<user>[^/:]+):importSshPublicKey$"), "import_ssh_key"),
     ("GET", re.compile(r"/v1/users/(?P<user>[^/:]+)/loginProfile$"), "login_profile"),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):testIamPermissions$"), "test_iam_permissions"),
+    ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+):getEffectiveOrgPolicy$"), "effective_org_policy"),
     ("POST", re.compile(r"/v1/projects/(?P<project>[^/:]+)/serviceAccounts/(?P<account>[^/:]+):testIamPermissions$"),
      "test_iam_permissions"),
     ("GET", re.compile(r"/compute/v1/projects/(?P<project>[^/:]+)$"), "compute_project"),
@@ -133,6 +135,7 @@ def _api(emu: Emulator, action: str, m: dict[str, str], q: dict[str, str], body:
         "import_ssh_key": lambda: emu.call(emu.import_ssh_key, caller, m["user"], body, q.get("projectId", "")),
         "login_profile": lambda: emu.call(emu.accounts.login_profile, caller, m["user"], q.get("projectId", "")),
         "test_iam_permissions": lambda: emu.call(emu.accounts.test_permissions, caller, p, body),
+        "effective_org_policy": lambda: emu.call(emu.accounts.effective_policy, caller, p, body),
         "compute_project": lambda: emu.call(emu.accounts.compute_project, caller, p),
         "quota_info": lambda: emu.call(lambda: quotas.quota_info(p, m["service"], m["quota"], emu.compute.faults,
                                                                  emu.faults.quota_regions, bool(emu.faults.quota))),
@@ -305,12 +308,14 @@ def build_emulator(
     host_environment: dict[str, dict[str, str]] | None = None,
     accounts: str | None = None,
     vm_image: dict | None = None,
+    host_keys: dict[str, dict[str, str]] | None = None,
 ) -> Emulator:
     """An Emulator from the same options the command line takes. With ``metadata_port``, a
     metadata server answers on every host address at that port; ``host_environment`` (address ->
     variables, as the sshd gives its sessions) is what the hosts' boot runs with (by default
     ``GCE_METADATA_HOST`` and a ``TPUNB_HOST_DIR`` per host under a temp dir); ``vm_image`` is what
-    a Compute Engine instance's host is made of (``HostPool.configure``)."""
+    a Compute Engine instance's host is made of (``HostPool.configure``); ``host_keys`` (address ->
+    its sshd's key file and pid file) gives each new VM on an address a host key of its own."""
     emu_faults = Faults()
     emu_faults.update(faults or {})
     hosts = list(ssh_hosts or [])
@@ -322,7 +327,7 @@ def build_emulator(
     emu = Emulator(
         Timings(create_seconds, delete_seconds, queue_seconds),
         emu_faults,
-        HostPool(hosts, ssh_port, authorized_keys, host_environment, accounts, vm_image),
+        HostPool(hosts, ssh_port, authorized_keys, host_environment, accounts, vm_image, host_keys),
     )
     if disks:
         emu.closers.append(lambda: shutil.rmtree(disks, ignore_errors=True))

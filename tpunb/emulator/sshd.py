@@ -21,6 +21,12 @@ effect here: bash only sources ~/.bashrc for sshd commands when it is a top-leve
 By default every host is a fresh Cloud TPU VM image (``tpunb.emulator.image``): a bare Python 3.10
 as ``python3``, a home of its own, JAX on the CPU. ``Sshd.python`` is this machine's own Python
 (absolute), for tests that bring hosts with an interpreter of their own (``--python``).
+
+Host keys. One sshd serves every address with one host key, unless ``host_keys``: then each
+address has an sshd process and a host key of its own (sshd's HostKey cannot differ per address),
+as every real VM has, and the emulator gives an address a new key whenever a new VM gets it
+(``HostPool.rekey``: the key file replaced, then SIGHUP, which makes sshd execute itself again and
+read it; open connections stay).
 """
 from __future__ import annotations
 
@@ -90,7 +96,7 @@ class Sshd:
     """One sshd serving ``hosts`` loopback addresses on one port, with its own keys and config."""
 
     def __init__(self, hosts: int = 4, directory: Path | None = None, environment: dict[str, str] | None = None,
-                 image: Image | bool = True, pythons: list | None = None) -> None:
+                 image: Image | bool = True, pythons: list | None = None, host_keys: bool = False) -> None:
         if not os.path.exists(SSHD):
             raise RuntimeError("sshd not found: apt-get install -y openssh-server")
         self.dir = Path(directory or tempfile.mkdtemp(prefix="tpunb-sshd-"))
@@ -109,6 +115,12 @@ class Sshd:
         self.metadata_port = _free_port(self.addresses, avoid=self.port)
         self.host_key_path = self.dir / "ssh_host_ed25519_key"
         self.host_public_key = write_ed25519(self.host_key_path)
+        #: an sshd and a host key per address (``host_keys``), else one for all: group -> its addresses
+        self.per_host = host_keys
+        self.groups = {a: [a] for a in self.addresses} if host_keys else {"": list(self.addresses)}
+        for group in self.groups if host_keys else ():
+            self.key_path(group).parent.mkdir(parents=True, exist_ok=True)
+            write_ed25519(self.key_path(group))
         self.authorized_keys = self.dir / "authorized_keys"
         self.authorized_keys.write_text("")
         #: the users this sshd knows besides the machine's own (nss_wrapper's passwd) and their keys
@@ -119,20 +131,38 @@ class Sshd:
         self.pid_file = self.dir / "sshd.pid"
         self.log_file = self.dir / "sshd.log"
         self.config = self.dir / "sshd_config"
-        self.config.write_text(self._config_text())
+        for group, addresses in self.groups.items():
+            self.config_path(group).write_text(self._config_text(addresses, group))
         for address in self.addresses if self.image else ():
             self.home(address).mkdir(parents=True, exist_ok=True)
-        self._proc: subprocess.Popen | None = None
+        self._procs: dict[str, subprocess.Popen] = {}
         atexit.register(self.stop)  # a test run that dies early must not leave sshd listening
         self.start()
 
-    def _config_text(self) -> str:
-        listen = "".join(f"ListenAddress {a}:{self.port}\n" for a in self.addresses)
+    def key_path(self, group: str) -> Path:
+        """The host key file of ``group`` (an address, or "" for the one sshd of every address)."""
+        return self.dir / "hostkeys" / group / "ssh_host_ed25519_key" if group else self.host_key_path
+
+    def config_path(self, group: str) -> Path:
+        return self.dir / f"sshd_config.{group}" if group else self.config
+
+    def pid_path(self, group: str) -> Path:
+        return self.dir / f"sshd.{group}.pid" if group else self.pid_file
+
+    def host_key(self, address: str) -> str:
+        """The public line of the host key ``address`` presents now."""
+        from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+
+        key = load_ssh_private_key(self.key_path(address if self.per_host else "").read_bytes(), None)
+        return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+    def _config_text(self, addresses: list[str], group: str = "") -> str:
+        listen = "".join(f"ListenAddress {a}:{self.port}\n" for a in addresses)
         return (
             f"{listen}"
-            f"HostKey {self.host_key_path}\n"
+            f"HostKey {self.key_path(group)}\n"
             f"AuthorizedKeysFile {self.authorized_keys}\n"
-            f"PidFile {self.pid_file}\n"
+            f"PidFile {self.pid_path(group)}\n"
             "UsePAM no\n"
             "StrictModes no\n"
             "PubkeyAuthentication yes\n"
@@ -150,7 +180,7 @@ class Sshd:
             + "".join(f"Match LocalAddress {a}\n    SetEnv "
                       f"{' '.join(f'{k}={v}' for k, v in self.host_environment(a).items())}\n"
                       f"    AuthorizedKeysFile {self.authorized_keys} {self.accounts}/keys/{a}/%u\n"
-                      for a in self.addresses)
+                      for a in addresses)
         )
 
     def host_environment(self, address: str) -> dict[str, str]:
@@ -171,51 +201,59 @@ class Sshd:
         return {"ssh_hosts": list(self.addresses), "ssh_port": self.port, "accounts": str(self.accounts),
                 "authorized_keys": str(self.authorized_keys), "metadata_port": self.metadata_port,
                 "host_environment": {a: self.host_environment(a) for a in self.addresses},
+                **({"host_keys": {a: {"key": str(self.key_path(a)), "pid_file": str(self.pid_path(a))}
+                                  for a in self.addresses}} if self.per_host else {}),
                 **({"vm_image": {"pythons": self.image.vm_pythons(), "nss_wrapper": nss_wrapper(),
                                  "hosts_file": str(self.dir / "vm" / "hosts")}} if self.image else {})}
 
     def start(self, timeout: float = 10.0) -> None:
         """Start (or restart after ``stop``) listening; returns once every address accepts."""
-        if self.running:
-            return
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation dir Debian's sshd wants
-        self.pid_file.unlink(missing_ok=True)
         env = {**os.environ, "LD_PRELOAD": nss_wrapper(), "NSS_WRAPPER_PASSWD": str(self.accounts / "passwd"),
                "NSS_WRAPPER_GROUP": str(self.accounts / "group")}
-        with open(self.log_file, "ab") as log:
-            self._proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(self.config)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
-            )
-        deadline = time.monotonic() + timeout
-        while not self.pid_file.exists():  # written once the listening sockets are bound
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                self._proc = None
-                raise RuntimeError(f"sshd did not start: {self.log_file.read_text()[-2000:]}")
-            time.sleep(0.005)
+        for group in self.groups:
+            proc = self._procs.get(group)
+            if proc is not None and proc.poll() is None:
+                continue
+            self.pid_path(group).unlink(missing_ok=True)
+            with open(self.log_file, "ab") as log:
+                proc = self._procs[group] = subprocess.Popen(
+                    [SSHD, "-D", "-e", "-f", str(self.config_path(group))],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
+                )
+            deadline = time.monotonic() + timeout
+            while not self.pid_path(group).exists():  # written once the listening sockets are bound
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    self._procs.pop(group, None)
+                    raise RuntimeError(f"sshd did not start: {self.log_file.read_text()[-2000:]}")
+                time.sleep(0.005)
+
+    @property
+    def _proc(self) -> subprocess.Popen | None:
+        """The (first) sshd process."""
+        return next(iter(self._procs.values()), None)
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return bool(self._procs) and all(p.poll() is None for p in self._procs.values())
 
     def stop(self, sessions: bool = True) -> None:
         """Kill sshd (and, with ``sessions``, every connection and process its hosts run): a host dying."""
-        if self._proc is None:
-            return
         victims = self.processes() if sessions else []
-        self._proc.kill()
-        self._proc.wait()
+        for proc in self._procs.values():
+            proc.kill()
+            proc.wait()
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self._proc = None
+        self._procs.clear()
 
     def processes(self) -> list[int]:
         """Every process its hosts run: below sshd, and those that left its tree (a host's fork
         server detaches to serve the next connection; its agents are its children)."""
-        below = procs.descendants(self._proc.pid) if self._proc is not None else []
+        below = [pid for proc in self._procs.values() for pid in procs.descendants(proc.pid)]
         left = procs.started_with(f"TPUNB_HOST_DIR={self.dir / 'hosts'}/")
         return below + [pid for pid in left if pid not in below]
 

@@ -16,9 +16,9 @@ PACKAGE = "tpunb_host"
 #: agent imports (tests/test_layout.py proves this list matches the folder)
 HOST = Path(__file__).resolve().parent.parent / "host"
 #: shipped in this order: each module's relative imports name only modules before it
-MODULES = ("protocol", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "metrics", "profiler",
-           "standalone.idle", "gcs", "snapshot", "preempt", "jax_start", "shards", "transfer", "relay", "fetch",
-           "receive", "spread", "stacks", "agent", "standalone.forkclient", "forkserver")
+MODULES = ("protocol", "uv_wheel", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "metrics",
+           "profiler", "standalone.idle", "gcs", "snapshot", "preempt", "jax_start", "shards", "transfer", "relay",
+           "fetch", "receive", "spread", "stacks", "agent", "standalone.forkclient", "forkserver")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from
 #: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)
@@ -114,7 +114,7 @@ def agent_bundle() -> bytes:
 def launcher_message(spec: dict, init: dict | None = None) -> bytes:
     """What ``LAUNCHER`` reads first: the spec, the modules it runs, the agent's bootstrap, and the
     host's init frame (handed to the agent with the bundle: no round trip waits for it)."""
-    modules = [(name, (HOST / f"{name}.py").read_text()) for name in ("protocol", "prepare")]
+    modules = [(name, (HOST / f"{name}.py").read_text()) for name in ("protocol", "uv_wheel", "prepare")]
     body = json.dumps({"spec": spec, "modules": modules, "bootstrap": BOOTSTRAP, "init": init}).encode()
     return b"%012d" % len(body) + body
 

@@ -217,6 +217,8 @@ class Agent:
         elif op == "idle":  # the kernel starts or ends a request: activity for the idle watchdog
             try:
                 idle.touch(bool(message.get("busy")))
+                if not message.get("busy"):
+                    idle.launched()  # a kernel is done launching or attaching: a boot-only watchdog ends
             except OSError:
                 pass
         elif op == "environ":  # secrets (%tpu_secret): in this process's environment from now on

@@ -33,10 +33,11 @@ def settle_cache(environ=os.environ) -> None:
 
 def tpu_env(timeout: float = 2.0) -> dict:
     """The VM's ``tpu-env`` metadata (``KEY: 'value'`` lines), read as JAX's cloud_tpu_cluster
-    does, from $GCE_METADATA_IP (else metadata.google.internal); {} when there is none."""
+    does, from $GCE_METADATA_IP (else $GCE_METADATA_HOST, which names the same server for google-auth,
+    else metadata.google.internal); {} when there is none."""
     import urllib.request
 
-    host = os.environ.get("GCE_METADATA_IP") or "metadata.google.internal"
+    host = os.environ.get("GCE_METADATA_IP") or os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
     request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/attributes/tpu-env",
                                      headers={"Metadata-Flavor": "Google"})
     try:
@@ -70,6 +71,32 @@ class _quiet_cluster_detection:
 class JaxStartError(RuntimeError):
     """JAX cannot start on this host, for a reason said in one line (a blocked coordinator
     port, a TPU another process holds): raised in the cell instead of a hang of minutes."""
+
+
+def check_backend(jax_module, tpu: bool | None = None, environ=os.environ) -> None:
+    """On a host with TPU chips (prepare.has_tpu, as JAX decides it), JAX must have started on them:
+    a jax and libtpu that cannot drive the chip fall back to the CPU with a warning, and every cell
+    would then "work" there. Unless JAX_PLATFORMS asks for the CPU first, that is one error naming
+    both versions."""
+    platforms = [p.strip().lower() for p in environ.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+    if platforms[:1] == ["cpu"]:
+        return
+    from .prepare import has_tpu
+
+    if not (has_tpu() if tpu is None else tpu):
+        return
+    backend = jax_module.default_backend()
+    if backend == "tpu":
+        return
+    import importlib.metadata
+
+    try:
+        libtpu = f"libtpu {importlib.metadata.version('libtpu')}"
+    except importlib.metadata.PackageNotFoundError:
+        libtpu = "no libtpu"
+    raise JaxStartError(f"this host has TPU chips, but JAX started on {backend}: jax {jax_module.__version__} with "
+                        f"{libtpu} cannot drive them; relaunch with a newer --jax (the generation's minimum is in "
+                        "docs/cloud-facts.md), or set JAX_PLATFORMS=cpu to run on the CPU on purpose")
 
 
 class _AfterImportLoader(importlib.abc.Loader):
@@ -134,6 +161,12 @@ class JaxStarter(importlib.abc.MetaPathFinder):
 
         initialize.__wrapped__ = original
         distributed.initialize = initialize
+        try:
+            check_backend(jax_module)
+        except JaxStartError as exc:
+            self.state = f"failed: {exc}"
+            self.agent.send_event("jax_failed", error=str(exc))
+            raise
         self.state = "ready"
         self.agent.send_event("jax_ready")
         from . import preempt

@@ -114,7 +114,7 @@ _probed: list = []  # whether metadata.google.internal answered, asked once
 
 def _metadata_host() -> str | None:
     """The metadata server, where one answers (a Cloud TPU VM; the emulator's hosts)."""
-    host = os.environ.get("GCE_METADATA_HOST")
+    host = os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP")
     if host:
         return host
     if not _probed:

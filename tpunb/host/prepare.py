@@ -9,11 +9,12 @@ execs the environment's Python with the agent. A host whose environment is alrea
 reconnect, a kernel restart, a kept disk) costs one file read here, no round trip.
 
 Steps, each said to the kernel as a ``prepare`` frame (one progress bar shows every host's):
-uv (pip-installed into the user's site when absent), the Python (``uv python install X.Y``),
-the venv, the packages (``uv pip install --no-build``: wheels only, never a compiler on a TPU VM),
-then the versions, recorded in the environment's ``tpunb-env.json``. A failure is one line that
-names the cause (a package that does not exist, a version with no wheel for this Python, no
-route to the package index, a Python uv cannot provide), sent as the last frame.
+uv (pip-installed into the user's site when absent; where the image's Python has no pip, PyPI's
+wheel, its sha256 checked: uv_wheel.py), the Python (``uv python install X.Y``), the venv, the
+packages (``uv pip install --no-build``: wheels only, never a compiler on a TPU VM), then the
+versions, recorded in the environment's ``tpunb-env.json``. A failure is one line that names the
+cause (a package that does not exist, a version with no wheel for this Python, no route to the
+package index, a Python uv cannot provide), sent as the last frame.
 
 Shipped to hosts: standard library only, and it must run on the image's Python 3.10.
 """
@@ -23,6 +24,7 @@ import contextlib
 import fcntl
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -37,7 +39,7 @@ import threading
 import time
 from typing import Iterator
 
-from . import protocol
+from . import protocol, uv_wheel
 
 #: where the environment lives on each host (one per user: a kept disk keeps it)
 DEFAULT_DIR = "~/.tpunb/env"
@@ -151,6 +153,8 @@ def digest(spec: dict, tpu: bool | None = None) -> str:
     is part of it: an environment made without libtpu is made again once chips are found."""
     wanted = {k: spec.get(k) for k in ("python", "jax", "jax_pinned", "jax_python", "packages", "pip", "requirements")}
     wanted["tpu"] = has_tpu() if tpu is None else tpu
+    if spec.get("libtpu"):  # only where asked: environments made before it keep their digest
+        wanted["libtpu"] = spec["libtpu"]
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -319,12 +323,15 @@ def _short(version) -> str:
 
 
 def find_uv(step: _Steps) -> str:
-    """uv on PATH or in the user's site, else pip-installed there (on a real VM, from PyPI)."""
+    """uv on PATH or in the user's site, else pip-installed there (on a real VM, from PyPI); an
+    image whose Python has no pip gets PyPI's uv wheel, checked and unpacked (uv_wheel.py)."""
     user_bin = os.path.join(site.getuserbase(), "bin", "uv")
     beside = os.path.join(sysconfig.get_path("scripts"), "uv")  # uv pip-installed into this Python itself
     for candidate in (shutil.which("uv"), user_bin, beside):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
+    if importlib.util.find_spec("pip") is None:  # Ubuntu's cloud images lack python3-pip
+        return bootstrap_uv(os.path.dirname(user_bin), step)
     in_venv = sys.prefix != getattr(sys, "base_prefix", sys.prefix)
     user = () if in_venv else ("--user",)
     if not in_venv and os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")):
@@ -337,6 +344,16 @@ def find_uv(step: _Steps) -> str:
     if not located or not os.access(located, os.X_OK):
         raise SetupError(f"pip installed uv, but it is not at {user_bin}")
     return located
+
+
+def bootstrap_uv(bin_dir: str, step: _Steps) -> str:
+    """uv from PyPI's wheel with the standard library alone (uv_wheel.py); its failures as one line."""
+    try:
+        return uv_wheel.install(bin_dir, lambda text: step.note(text, force=False))
+    except uv_wheel.Unreachable as exc:
+        raise SetupError(explain(str(exc), f"uv {uv_wheel.UV_VERSION} from PyPI (this Python has no pip)")) from None
+    except uv_wheel.BadWheel as exc:
+        raise SetupError(f"uv {uv_wheel.UV_VERSION} from PyPI (this Python has no pip): {exc}") from None
 
 
 def python_request(uv: str, python: str, step: _Steps) -> str:
@@ -363,13 +380,16 @@ def _python_version(python: str) -> tuple:
 
 
 def jax_requirement(spec: dict, version: tuple, tpu: bool | None = None) -> list:
-    """jax[tpu] on a TPU VM (libtpu and requests come with it), plain jax and requests elsewhere
-    (the sandbox: no chips to find); at the kernel's version when this Python can have it."""
+    """jax[tpu] on a TPU VM (libtpu and requests come with it; ``libtpu``: at least that one), plain
+    jax and requests elsewhere (the sandbox: no chips to find); at the kernel's version when this
+    Python can have it."""
     tpu = has_tpu() if tpu is None else tpu
     name = "jax[tpu]" if tpu else "jax"
     pinned = spec.get("jax")
     if pinned and (spec.get("jax_pinned") or satisfies(version, spec.get("jax_python") or "")):
         name += f"=={pinned}"
+    if tpu and spec.get("libtpu"):  # the generation's minimum: within jax[tpu]'s own pin, at least this
+        return [name, f"libtpu>={spec['libtpu']}"]
     return [name] if tpu else [name, "requests"]
 
 

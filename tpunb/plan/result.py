@@ -103,7 +103,7 @@ def option_row(o: SliceEstimate, p: Plan) -> dict[str, Any]:
     """One option as numbers (seconds, GiB, USD), for DataFrames that sort and plot."""
     row: dict[str, Any] = {
         "slice": o.accelerator, "generation": o.generation, "planning_only": _slice_name(o) != o.accelerator,
-        "chips": o.chips, "hosts": o.hosts,
+        "chips": o.chips, "devices": o.chips * _devices_per_chip(o), "hosts": o.hosts,
         "fits": o.fits, "mesh": str(o.mesh), "gib_per_chip": o.memory_per_chip / GIB,
         "hbm_gib_per_chip": o.hbm_per_chip / GIB, "bound": o.bound, "step_s": o.step_seconds,
         "tokens_per_s": o.tokens_per_second, "usd_per_hour": o.usd_per_hour,
@@ -114,6 +114,14 @@ def option_row(o: SliceEstimate, p: Plan) -> dict[str, Any]:
     else:
         row.update({"prefill_s": o.prefill_seconds, "max_batch": o.max_batch})
     return row
+
+
+def _devices_per_chip(o: SliceEstimate) -> int:
+    """JAX devices per chip: 2 on TPU7x (each chip's two TensorCores), so its mesh of chips is
+    twice as many devices for jax.make_mesh."""
+    from tpunb import catalog
+
+    return catalog.generation(o.generation).devices_per_chip
 
 
 def _slice_name(o: SliceEstimate) -> str:
@@ -131,7 +139,8 @@ def _slice_name(o: SliceEstimate) -> str:
 def _display_row(o: SliceEstimate, p: Plan) -> dict[str, str]:
     """One option as a person reads it."""
     row = {
-        "slice": _slice_name(o), "chips": str(o.chips), "hosts": str(o.hosts), "mesh": str(o.mesh),
+        "slice": _slice_name(o), "chips": str(o.chips), "hosts": str(o.hosts),
+        "mesh": str(o.mesh) + (f" (of chips: {_devices_per_chip(o)} JAX devices each)" if _devices_per_chip(o) > 1 else ""),
         "GiB/chip": f"{o.memory_per_chip / GIB:,.1f}/{o.hbm_per_chip / GIB:,.0f}" + ("" if o.fits else " (too big)"),
         "bound": o.bound,
     }

@@ -11,6 +11,7 @@ import functools
 import re
 from pathlib import Path
 
+from tpunb import report
 from tpunb.diagnose.pythons import kernel_python
 from tpunb.errors import UsageError
 
@@ -67,3 +68,31 @@ def host_spec(python: str | None = None, jax: str | None = None, pip=None, requi
     return {"python": python, "jax": str(jax) if jax else version, "jax_pinned": jax is not None,
             "jax_python": None if jax else requires, "packages": wanted, "pip": split_packages(pip),
             "requirements": text}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", str(text))[:4])
+
+
+def at_least(spec: dict, generation, explicit_jax: str | None = None) -> dict:
+    """``spec`` for a slice of ``generation`` (a catalog.Generation): a generation with a minimum
+    (jax, libtpu) pair (catalog ``jax_min``) gets at least that pair. A Python too old for it is a
+    one-line refusal with ``--python 3.12``; an older --jax is refused; an older jax of this
+    notebook's is raised to the minimum on the hosts, with one notice naming both versions."""
+    need = getattr(generation, "jax_min", None)
+    if not need:
+        return spec
+    name, python = "TPU7x" if generation.key == "tpu7x" else generation.key, str(spec["python"])
+    wanted = f"jax {need['jax']} or newer with libtpu {need['libtpu']} or newer"
+    if _VERSION.fullmatch(python) and _version(python) < _version(need["python"]):
+        raise UsageError(f"{name} needs {wanted}, which needs Python {need['python']} or newer, not {python}: add "
+                         "--python 3.12 (the hosts get it from uv)")
+    pinned = spec.get("jax")
+    if pinned and _version(pinned) < _version(need["jax"]):
+        if explicit_jax:
+            raise UsageError(f"--jax {explicit_jax}: {name} needs {wanted} (docs/cloud-facts.md): give --jax "
+                             f"{need['jax']} or newer, or leave --jax out")
+        report.info(f"[tpunb] {name} needs {wanted}: this notebook's jax {pinned} is older, so the hosts get jax "
+                    f"{need['jax']} (pushed and pulled arrays travel as numpy data, which both read)")
+        spec = {**spec, "jax": need["jax"], "jax_pinned": True, "jax_python": None}
+    return {**spec, "libtpu": need["libtpu"]}

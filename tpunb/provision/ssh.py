@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 from tpunb import diagnose, report
 from tpunb.catalog import Accelerator
-from tpunb.errors import HostKeyError, TpunbError, TransportError, UsageError
+from tpunb.errors import AuthenticationError, HostKeyError, ProvisionError, TpunbError, TransportError, UsageError
 from tpunb.engine.fanout import fan_out
 from tpunb.provision import hostenv, interrupts
 from tpunb.provision.base import LaunchRequest, Made, Nodes
@@ -61,14 +61,21 @@ def default_name(accelerator: Accelerator | None) -> str:
     return "hosts"
 
 
-def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list:
+def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0, gone=None,
+                  boot_wait: float | None = None) -> list:
     """SSH to every host of the record; for up to ``wait`` seconds, retry while they come up
-    (a new TPU VM answers READY before its sshd runs and its ssh-keys metadata is applied)."""
+    (a new TPU VM answers READY before its sshd runs and its ssh-keys metadata is applied).
+    ``boot_wait``: hosts that do not answer at all (a slow first boot) are waited for this long, a
+    refused login only ``wait``; ``gone()``: why the hosts will never answer (a VM deleted or
+    stopped), asked before each retry, so a long wait never hides a host that is gone."""
     from tpunb.transport.ssh import connect_all
 
     spec = record.spec
-    deadline, delay = time.monotonic() + wait, 1.0
+    started, delay = time.monotonic(), 1.0
     while True:
+        why = gone() if gone is not None and delay > 1.0 else None
+        if why:
+            raise ProvisionError(f"{record.name}'s hosts will not answer: {why}", reason="lost")
         try:
             return connect_all([h.address for h in record.hosts], user=spec.get("user"), key_path=spec.get("key"),
                                python=pythons(spec.get("interpreter") or spec.get("python") or "python3",
@@ -76,8 +83,9 @@ def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0) -> list
                                connect_timeout=spec.get("connect_timeout", 10.0), registry=reg)
         except HostKeyError:
             raise
-        except TransportError:
-            if time.monotonic() + delay > deadline:
+        except TransportError as exc:
+            limit = wait if isinstance(exc, AuthenticationError) or boot_wait is None else max(wait, boot_wait)
+            if time.monotonic() + delay > started + limit:
                 raise
             interrupts.check()
             time.sleep(delay)  # hosts still booting: back off and try again

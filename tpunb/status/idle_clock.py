@@ -17,23 +17,36 @@ if TYPE_CHECKING:
 class IdleClock:
     """Marks a slice's activity for its idle watchdog; a no-op without idle autodelete."""
 
-    def __init__(self, registry: "Registry", name: str, seconds: float | None, host0: Callable[[], Any]) -> None:
+    def __init__(self, registry: "Registry", name: str, seconds: float | None, host0: Callable[[], Any],
+                 boot_guard: bool = False) -> None:
+        """``boot_guard``: host 0 runs a boot watchdog without an idle limit (a Compute Engine slice),
+        which the first "not busy" told to host 0 (a launch or attach done) ends."""
         self._registry, self._name, self._seconds, self._host0 = registry, name, seconds, host0
+        self._guarded = boot_guard
 
     def mark(self, busy: bool, tell_host: bool = False) -> None:
         """A request starts (``busy``) or ends; ``tell_host``: host 0's agent marks it too."""
         if not self._seconds:
+            if self._guarded and tell_host and not busy:
+                self._guarded = not self._tell(busy)
             return
         try:
             self._registry.mark_idle(self._name, self._seconds, busy)
         except OSError:
             pass  # the timer in %tpu_status lags; the watchdog on the slice does not depend on it
+        if tell_host:
+            self._tell(busy)
+
+    def _tell(self, busy: bool) -> bool:
+        """Host 0's agent marks it (True if it was told)."""
         host = self._host0()
-        if tell_host and host.alive:
-            try:
-                host.send({"op": "idle", "busy": busy})
-            except TransportError:
-                pass  # a dead host 0: the next request restarts it, which is activity too
+        if not host.alive:
+            return False
+        try:
+            host.send({"op": "idle", "busy": busy})
+        except TransportError:
+            return False  # a dead host 0: the next request restarts it, which is activity too
+        return True
 
     @contextmanager
     def busy(self) -> Iterator[None]:

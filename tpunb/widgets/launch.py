@@ -10,9 +10,10 @@ from tpunb.widgets import in_widget_frontend
 class LaunchProgress:
     """``state(name, elapsed)`` on each transition; ``done(text)`` or ``failed(text)`` at the end."""
 
-    def __init__(self, title: str, price_per_hour: float | None) -> None:
+    def __init__(self, title: str, price_per_hour: float | None, unpriced: str = "price unknown") -> None:
+        """``unpriced``: what the cost says without a price (flex-start: "flex-start price not known")."""
         self.title = title
-        self.cost = f"${price_per_hour:,.2f}/hour" if price_per_hour is not None else "price unknown"
+        self.cost = f"${price_per_hour:,.2f}/hour" if price_per_hour is not None else unpriced
         self.steps: list[tuple[str, float]] = []
         self._widget = None
         if in_widget_frontend():

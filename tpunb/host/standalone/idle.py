@@ -3,45 +3,37 @@
 STANDARD LIBRARY ONLY, and no relative imports: this file is shipped with the agent *and* is,
 unchanged, the node's ``startup-script`` (a Python script), and the watchdog process itself.
 
-Why on the slice: a laptop that sleeps or a kernel that is killed mid-launch must not leave a
-node billing. The node is created with metadata ``tpunb-idle`` (JSON: seconds, endpoint, node,
-queued, grace) and this file as its startup script, so worker 0 arms the watchdog at boot even if
-no kernel ever attaches (and then gives the launching kernel ``grace`` seconds, its connect time,
-to attach). The agent on host 0 arms it too when a kernel attaches (in case the boot path did not
-run), and marks activity for every request the kernel sends.
+Why on the slice: a laptop that sleeps or a kernel killed mid-launch must not leave a node
+billing. The node is created with metadata ``tpunb-idle`` (JSON: seconds, endpoint, node, queued,
+grace, launch...) and this file as its startup script, so worker 0 arms the watchdog at boot even
+if no kernel ever attaches (giving the launching kernel ``grace`` seconds to attach). Host 0's
+agent arms it too as a kernel attaches, and marks activity for every request the kernel sends.
 
-Files, in the host dir (``$TPUNB_HOST_DIR``, else ``/var/tmp/tpunb-host``: the startup script
-runs as root, the agent as the SSH user, so both must reach it; no secrets are written):
-  idle.json      the armed configuration (written once by whoever arms)
-  activity       its mtime is the last activity; its content the pid of an agent running a
-                 request (busy), or empty. World-writable so the SSH user can touch root's file.
-  idle.lock      held (flock) by the running watchdog: at most one per host
-  idle.arm.lock  held while one arms (the boot's script and an agent may arm at once)
-  idle.log       what the watchdog did (never the token)
-  serving/PID    a service's supervisor (tpunb/host/standalone/service.py) runs on this host: while one
-                 lives, the node is in use
-Services on the other workers: a supervisor there (service.py) writes the time as its worker's
-guest attribute ``tpunb/serving`` every quarter of the idle limit while it runs, and once at its
-end. The workers of a slice cannot reach each other, but the TPU API sees them all: before it
-deletes, the watchdog reads them (``nodes.getGuestAttributes``) and counts the latest as use. A
-worker that died with its service stops writing, so its last time ages like any other activity.
+Files, in the host dir (``$TPUNB_HOST_DIR``, else ``/var/tmp/tpunb-host``, shared by root's boot
+and the SSH user's agent; no secrets): ``idle.json`` the armed configuration; ``activity`` (its
+mtime the last activity, its content the pid of an agent running a request; world-writable);
+``idle.lock`` held by the running watchdog; ``idle.arm.lock`` held while one arms; ``idle.log``
+what it did (never the token); ``serving/PID`` a live service supervisor (service.py): the node is
+in use; ``attached`` a kernel said its launch is done (grace-only, below). A supervisor on another
+worker writes the time as its guest attribute ``tpunb/serving`` while it runs: before it deletes,
+the watchdog reads the workers' attributes (the TPU API sees them all) and counts the latest as use.
 
-A Compute Engine slice (``node`` is ``projects/P/zones/Z/instanceGroupManagers/M`` or
-``.../instances/I``, ``endpoint`` Compute Engine's): the watchdog deletes the MIG (its VMs go with
-it, this one included) or the instance; the template and workload policy left behind are deleted
-by the next survey or %tpu_down as leftovers. It reads the other VMs' guest attributes with
-``listManagedInstances`` and ``instances.getGuestAttributes``, and checks at arming that it may
-delete the MIG or instance (``compute.instanceGroupManagers.delete`` / ``compute.instances.delete``).
-These VMs publish no ``agent-worker-number``: worker 0 is ``worker-id`` (or ``TPU_WORKER_ID`` in
-``tpu-env``), and a single instance is worker 0.
-The access token comes from the metadata server (``$GCE_METADATA_HOST``, as google-auth reads
-it, else metadata.google.internal) on every delete attempt and is kept in memory only.
+A Compute Engine slice (``node``: ``projects/P/zones/Z/instanceGroupManagers/M`` or
+``.../instances/I``): the watchdog deletes the MIG (its VMs, this one too) or the instance, only
+if it carries the launch token it was armed with (``launch``: never another notebook's slice of
+the name). A MIG's template and policy cannot go while it exists, and its end ends this VM: they
+are tried after it while this VM lives (``template``, ``policy``), the next survey deletes the
+rest. It reads the other VMs' guest attributes with ``listManagedInstances`` and
+``instances.getGuestAttributes``. Worker 0 is ``worker-id`` (or ``TPU_WORKER_ID`` in ``tpu-env``;
+no ``agent-worker-number`` there), a single instance worker 0. Every Compute Engine slice arms it,
+without idle autodelete grace-only (``seconds`` 0): the slice goes unless a kernel says its launch
+is done (``launched``) within ``grace`` of the boot or of the last activity.
 
-When it cannot act, it says so where a kernel can read it: at arming it asks Cloud Resource
-Manager's ``testIamPermissions``, with the VM's own token, whether the VM's service account may
-delete the node, and it writes the answer as worker 0's guest attribute ``tpunb/idle-error``
-(empty: it can; else why not, e.g. "403: ... lacks tpu.nodes.delete"); a delete that fails writes
-its error there too. %tpu_status and the sidebar show it instead of a countdown.
+The access token comes from the metadata server (``$GCE_METADATA_HOST``, else
+metadata.google.internal) on every delete attempt and stays in memory. At arming it asks Cloud
+Resource Manager's ``testIamPermissions``, with that token, for every permission its deletes need,
+and writes the answer as worker 0's guest attribute ``tpunb/idle-error`` (empty: it can; else why
+not, e.g. "403: ... lacks tpu.nodes.delete"), as does a failed delete: %tpu_status shows it.
 """
 from __future__ import annotations
 
@@ -55,6 +47,7 @@ import urllib.error
 import urllib.request
 
 STATE, ACTIVITY, LOCK, LOG, SCRIPT = "idle.json", "activity", "idle.lock", "idle.log", "idle_watchdog.py"
+ATTACHED = "attached"  # a kernel said its launch (or attach) is done: a grace-only watchdog ends
 ARM_LOCK = "idle.arm.lock"  # held while one arms: the boot and an agent may arm at the same moment
 SERVING = "serving"
 METADATA_ATTRIBUTE = "tpunb-idle"
@@ -97,6 +90,17 @@ def read_state() -> dict | None:
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) else None
+
+
+def grace_only(state: dict | None) -> bool:
+    return state is not None and not float(state.get("seconds") or 0) and float(state.get("grace") or 0) > 0
+
+
+def launched() -> None:
+    """A kernel is done launching or attaching: a grace-only watchdog ends, and a boot not yet run
+    does not arm one (a file: root's state is not the SSH user's to replace in the sticky dir)."""
+    if not os.path.exists(_path(ATTACHED)):
+        os.close(os.open(_path(ATTACHED), os.O_WRONLY | os.O_CREAT, 0o644))
 
 
 def touch(busy: bool = False) -> bool:
@@ -170,16 +174,10 @@ def watchdog_running() -> bool:
 
 def arm(config: dict, source: str, attaching: bool = False) -> bool:
     """Arm (or re-arm) this host: write the configuration, mark activity now, make sure one
-    watchdog runs. Returns True if a watchdog was started.
-
-    ``attaching``: a kernel's agent arms as the kernel attaches, and this process counts as busy
-    (as a running request does) until the kernel says its launch or connect is done: the steps
-    after the hosts are up (a launch's checks) may take longer than a short idle limit.
-
-    The boot's startup script and an attaching kernel's agent may arm at the same moment (a VM's
-    sshd answers before its startup scripts have run): one at a time, and a watchdog already
-    holds its lock when ``arm`` returns, so the later one only touches. Else the boot's state,
-    with its grace for a kernel still to come, could replace the agent's and hold the node."""
+    watchdog runs; True if one was started. ``attaching``: a kernel's agent arms, and counts as busy
+    until the kernel says its launch is done (its checks may outlast a short idle limit). The boot
+    and an attaching agent may arm at once (sshd answers before startup scripts run): one at a time,
+    the later only touches, else the boot's state (its grace) could replace the agent's."""
     guard = os.open(_path(ARM_LOCK), os.O_RDONLY | os.O_CREAT, 0o644)
     try:
         fcntl.flock(guard, fcntl.LOCK_EX)
@@ -196,7 +194,8 @@ def _arm(config: dict, source: str, attaching: bool) -> bool:
         return False
     # not running, or running for another node (a disk that outlived its node): its state is replaced,
     # and a running watchdog reads it at its next look
-    state = {k: config[k] for k in ("seconds", "node", "endpoint", "iam_endpoint", "queued", "grace") if k in config}
+    state = {k: config[k] for k in ("seconds", "node", "endpoint", "iam_endpoint", "queued", "grace", "launch",
+                                    "template", "policy") if k in config}
     _mark(attaching)
     state["armed_at"] = last_activity()[0]  # a later touch means a kernel attached (ends the grace)
     tmp = _path(f".{STATE}.{os.getpid()}")
@@ -214,16 +213,14 @@ def _arm(config: dict, source: str, attaching: bool) -> bool:
         _detached(script, "spawn", wait=True)  # takes the lock, starts the watchdog holding it, exits
         if watchdog_running():
             break
-    log(f"armed: delete {state['node']} after {state['seconds']:g} s idle")
+    log(f"armed: delete {state['node']} after {state['seconds']:g} s idle{' (grace-only)' * grace_only(state)}")
     say_problem(permission_problem(state))
     return not running
 
 
 def _detached(script: str, mode: str, wait: bool = False, lock: int | None = None) -> None:
-    """Run ``script mode`` in its own session, with only the environment it needs (no --env
-    secrets). Through a ``spawn`` step the watchdog is no descendant of the agent or of the boot's
-    script runner, so whatever ends those (their process group, their children) leaves it.
-    ``lock``: the watchdog's lock, taken by ``spawn`` and held on by the watchdog it starts."""
+    """Run ``script mode`` in its own session, with only the environment it needs (no --env secrets);
+    through ``spawn`` (which takes ``lock`` and hands it on) the watchdog descends from no agent or boot."""
     devnull = os.open(os.devnull, os.O_RDWR)
     try:
         proc = subprocess.Popen([sys.executable, script, mode] + ([] if lock is None else [str(lock)]),
@@ -236,17 +233,22 @@ def _detached(script: str, mode: str, wait: bool = False, lock: int | None = Non
         proc.wait(timeout=60)
 
 
-_KEEP_ENV = ("PATH", "HOME", "LANG", "TPUNB_HOST_DIR", "GCE_METADATA_HOST", "HTTPS_PROXY", "https_proxy",
-             "NO_PROXY", "no_proxy", "SSL_CERT_FILE")
+_KEEP_ENV = ("PATH", "HOME", "LANG", "TPUNB_HOST_DIR", "GCE_METADATA_HOST", "GCE_METADATA_IP", "HTTPS_PROXY",
+             "https_proxy", "NO_PROXY", "no_proxy", "SSL_CERT_FILE")
 
 
 # -- the cloud calls ------------------------------------------------------------------------
 
-def metadata(path: str, timeout: float = 5.0) -> str:
-    """One value from the GCE metadata server (``instance/attributes/...``)."""
-    host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
-    request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}",
-                                     headers={"Metadata-Flavor": "Google"})
+def metadata_host() -> str:
+    """$GCE_METADATA_HOST or $GCE_METADATA_IP (google-auth reads both, JAX the second), else Google's."""
+    return os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP") or "metadata.google.internal"
+
+
+def metadata(path: str, timeout: float = 5.0, value: str | None = None) -> str:
+    """One value from the GCE metadata server (``instance/attributes/...``); ``value``: PUT it instead."""
+    request = urllib.request.Request(f"http://{metadata_host()}/computeMetadata/v1/{path}",
+                                     headers={"Metadata-Flavor": "Google"}, method="GET" if value is None else "PUT",
+                                     data=None if value is None else value.encode())
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.read().decode()
 
@@ -262,9 +264,7 @@ def _api(state: dict, method: str, path: str, body: dict | None = None) -> bytes
     compute = on_compute(state)
     endpoint = (state.get("endpoint") or ("https://compute.googleapis.com" if compute
                                           else "https://tpu.googleapis.com")).rstrip("/")
-    headers = {"Authorization": f"Bearer {token}"}
-    if body is not None:
-        headers["Content-Type"] = "application/json"
+    headers = {"Authorization": f"Bearer {token}", **({"Content-Type": "application/json"} if body is not None else {})}
     request = urllib.request.Request(f"{endpoint}/{'compute/v1' if compute else 'v2'}/{path}", method=method,
                                      headers=headers, data=None if body is None else json.dumps(body).encode())
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -272,8 +272,7 @@ def _api(state: dict, method: str, path: str, body: dict | None = None) -> bytes
 
 
 def say_problem(problem: str | None) -> None:
-    """Tell kernels why the watchdog cannot delete the node ("" or None: it can), once per change:
-    the host dir's ``idle.error`` and worker 0's guest attribute ``tpunb/idle-error``."""
+    """Why it cannot delete the node (""/None: it can), once a change: ``idle.error``, ``tpunb/idle-error``."""
     text = problem or ""
     try:
         with open(_path(ERROR), encoding="utf-8") as f:
@@ -290,21 +289,17 @@ def say_problem(problem: str | None) -> None:
     if text:
         log(f"cannot delete the node: {text}")
     try:
-        host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
-        request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/guest-attributes/{ERROR_ATTRIBUTE}",
-                                         data=text.encode(), method="PUT", headers={"Metadata-Flavor": "Google"})
-        urllib.request.urlopen(request, timeout=CHECK_TIMEOUT).close()
+        metadata(f"instance/guest-attributes/{ERROR_ATTRIBUTE}", CHECK_TIMEOUT, text)
     except Exception as exc:  # guest attributes off, or no metadata server: the log says it
         log(f"cannot write guest attribute {ERROR_ATTRIBUTE} ({type(exc).__name__}: {exc})")
 
 
 def permission_problem(state: dict) -> str | None:
-    """Why the VM's service account cannot delete the node, or None: Cloud Resource Manager's
-    projects.testIamPermissions with the VM's own token (what its delete would send)."""
+    """Why the VM's service account cannot delete the node, or None: testIamPermissions with the VM's own token."""
     project = state["node"].split("/")[1]
     needed = ["tpu.nodes.delete"] + (["tpu.queuedResources.delete"] if state.get("queued") else [])
-    if on_compute(state):  # Compute Engine names a delete's permission after the collection
-        needed = [f"compute.{state['node'].split('/')[-2]}.delete"]
+    if on_compute(state):  # Compute Engine names a delete's permission after the collection (MIG, template, policy)
+        needed = [f"compute.{state[k].split('/')[-2]}.delete" for k in ("node", "template", "policy") if state.get(k)]
     endpoint = (state.get("iam_endpoint") or IAM_ENDPOINT).rstrip("/")
     try:
         token = json.loads(metadata("instance/service-accounts/default/token", CHECK_TIMEOUT))["access_token"]
@@ -337,8 +332,37 @@ def _message(error: urllib.error.HTTPError) -> str:
     return " ".join(str(body).split())[:300]
 
 
+def ours(state: dict) -> bool:
+    """The MIG (instance) carries this watchdog's launch token (label, or ``launch=`` in its description)."""
+    if not on_compute(state) or not state.get("launch"):
+        return True
+    try:
+        found = json.loads(_api(state, "GET", state["node"]) or b"{}")
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return True
+        raise RuntimeError(f"HTTP {e.code} {_message(e)}") from None
+    words = dict(w.split("=", 1) for w in str(found.get("description") or "").split() if "=" in w)
+    return ((found.get("labels") or {}).get("tpunb-launch") or words.get("launch")) == state["launch"]
+
+
+def delete_rest(state: dict, until: float) -> None:
+    """A deleted MIG's template, then its policy, tried while this VM lives (the MIG's end is its end)."""
+    for key in [k for k in ("template", "policy") if state.get(k)]:
+        while time.time() < until:
+            try:
+                _api(state, "DELETE", state[key])
+                break
+            except Exception as e:  # 404: gone; else (in use until the MIG is gone) again
+                if getattr(e, "code", None) == 404:
+                    break
+            time.sleep(2.0)
+
+
 def delete_node(state: dict) -> str:
-    """Delete the node with the VM's own credentials: 'deleted', 'gone' (404) or raise."""
+    """Delete the node with the VM's own credentials: 'deleted', 'gone' (404), 'not ours' or raise."""
+    if not ours(state):
+        return "not ours"  # another launch's slice holds the name now
     node = state["node"]
     if state.get("queued"):  # the queued resource (force: with its node), as the kernel deletes it
         path = f"{node.replace('/nodes/', '/queuedResources/')}?force=true"
@@ -432,6 +456,19 @@ def watch(lock: int | None = None) -> int:
     while True:
         state = read_state()
         seconds = float((state or {}).get("seconds") or 0)
+        if grace_only(state):
+            if os.path.exists(_path(ATTACHED)):
+                log("a kernel said its launch is done: the grace-only watchdog exits")
+                return 0
+            left = _grace_left(state)
+            if left > 0:
+                time.sleep(max(0.05, min(POLL, left)))
+                continue
+            outcome, retry = _try_delete(state, retry)
+            if outcome is not None:
+                log(f"{outcome}: {state['node']}: no kernel said its launch was done within {state['grace']:g} s")
+                return 0
+            continue
         if state is None or seconds <= 0:
             log("disarmed: watchdog exits")
             return 0
@@ -465,18 +502,35 @@ def watch(lock: int | None = None) -> int:
                 busy_seen = max(busy_seen, elsewhere[0])
                 continue
             kept_elsewhere = None
-            try:
-                outcome = delete_node(state)
-            except Exception as exc:  # the API or metadata server failed: say so, try again
-                log(f"delete failed ({type(exc).__name__}: {exc}); retrying in {retry:g} s")
-                say_problem(f"{str(exc).removeprefix('HTTP ')} (its delete failed)" if isinstance(exc, RuntimeError)
-                            else f"its delete failed ({type(exc).__name__}: {exc})")
-                time.sleep(retry)
-                retry = min(retry * 2, RETRY[1])
-                continue
-            log(f"{outcome}: {state['node']} after {seconds:g} s without activity")
-            return 0
+            outcome, retry = _try_delete(state, retry)
+            if outcome is not None:
+                log(f"{outcome}: {state['node']} after {seconds:g} s without activity")
+                return 0
+            continue
         time.sleep(max(0.05, min(left, POLL)))
+
+
+def _try_delete(state: dict, retry: float) -> tuple[str | None, float]:
+    """One delete (a MIG's template and policy after it): (outcome, next wait), None once a failure was said."""
+    try:
+        outcome = delete_node(state)
+    except Exception as exc:  # the API or metadata server failed: say so, try again
+        log(f"delete failed ({type(exc).__name__}: {exc}); retrying in {retry:g} s")
+        say_problem(f"{str(exc).removeprefix('HTTP ')} (its delete failed)" if isinstance(exc, RuntimeError)
+                    else f"its delete failed ({type(exc).__name__}: {exc})")
+        time.sleep(retry)
+        return None, min(retry * 2, RETRY[1])
+    if outcome == "deleted":
+        delete_rest(state, time.time() + 600.0)
+    return outcome, RETRY[0]
+
+
+def _grace_left(state: dict) -> float:
+    """Grace-only: seconds until the slice goes (from the arming or the last activity); inf while a request runs."""
+    mark = last_activity()
+    if mark[1] is not None and _alive(mark[1]):
+        return float("inf")
+    return max(float(state.get("armed_at") or 0), mark[0]) + float(state.get("grace") or 0) - time.time()
 
 
 def _served_elsewhere(state: dict, now: float) -> tuple[float, int | str] | None:
@@ -498,8 +552,10 @@ def boot() -> int:
     except Exception as exc:  # no metadata server or no setting: nothing to arm
         print(f"tpunb idle autodelete: not armed ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 0
-    if worker not in ("", "0") or not float(config.get("seconds") or 0) > 0:
+    if worker not in ("", "0") or not (float(config.get("seconds") or 0) > 0 or grace_only(config)):
         return 0
+    if grace_only(config) and os.path.exists(_path(ATTACHED)):
+        return 0  # a reboot of a slice a kernel took: its launch is long done
     with open(os.path.abspath(__file__), encoding="utf-8") as f:
         source = f.read()
     arm(config, source)

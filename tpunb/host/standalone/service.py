@@ -438,7 +438,7 @@ def _touch_activity() -> None:
 
 def _metadata(path: str, value: str | None = None) -> str:
     """GET (or, with ``value``, PUT) one path of the GCE metadata server."""
-    host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    host = os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP") or "metadata.google.internal"
     request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}", headers={"Metadata-Flavor": "Google"},
                                      method="GET" if value is None else "PUT",
                                      data=None if value is None else value.encode())
@@ -448,7 +448,7 @@ def _metadata(path: str, value: str | None = None) -> str:
 
 def _on_gce() -> bool:
     """A Google Compute Engine VM (a TPU VM) or our emulator's stand-in for one."""
-    if os.environ.get("GCE_METADATA_HOST"):
+    if os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP"):
         return True
     try:
         with open("/sys/class/dmi/id/product_name", encoding="utf-8") as f:

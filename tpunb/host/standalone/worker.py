@@ -15,7 +15,7 @@ import urllib.request
 
 
 def attribute(key: str) -> str | None:
-    host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
+    host = os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP") or "metadata.google.internal"
     request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/attributes/{key}",
                                      headers={"Metadata-Flavor": "Google"})
     try:

@@ -26,9 +26,9 @@ from tpunb.provision import warm
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp import adopt as adoption
-from tpunb.provision.gcp import compute, failover, logins, lookups, rest
+from tpunb.provision.gcp import common, compute, failover, logins, lookups, rest
 from tpunb.provision.gcp.compute import found as on_compute
-from tpunb.provision.gcp.prepare import host_setup
+from tpunb.provision.gcp.prepare import host_setup, kept
 from tpunb.provision.gcp.adopt import host_records
 from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format_duration, require_project_zone,
                                        resolve_project_zone)
@@ -43,10 +43,13 @@ CAPABILITIES = frozenset({"survey", "orphans", "adopt", "recover", "cloud", "doc
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
 #: a failover's record, while it launches: every zone it may have made something in
 TRIED = "failover_zones"
+#: in a survey's nodes, (project, UNREACHED) -> {"tpu" | "compute": why that API could not be listed}
+UNREACHED = "unreachable"
 
 
 def default_name(accelerator: catalog.Accelerator) -> str:
-    return f"tpunb-{accelerator.name}"
+    """``tpunb-USER-TYPE`` (common.default_name): two people in one project never share one."""
+    return common.default_name(accelerator.name, logins.owner())
 
 
 def options(**given) -> CloudOptions:
@@ -88,11 +91,13 @@ def create(request: LaunchRequest) -> Made:
     when all are; its workers are one slice here, numbered node by node."""
     name, accel, env, reg, slices = request.name, request.accelerator, request.env, request.registry, request.slices
     opts: CloudOptions = request.options or CloudOptions()
+    _replace_gone(reg.get_slice(name))
     if compute.uses_compute(accel, opts):  # TPU7x, v6e, v5p (or --api compute): instances and MIGs
         return compute.create(request)
-    if opts.flex or opts.reservation:
-        raise UsageError(f"--{'flex' if opts.flex else 'reservation'} is for Compute Engine, which makes TPU7x, v6e and "
-                         "v5p: launch one of those without --api tpu (the Cloud TPU API waits with --queued)")
+    if opts.flex or opts.reservation or opts.disk_size:
+        flag = "flex" if opts.flex else "reservation" if opts.reservation else "disk-size"
+        raise UsageError(f"--{flag} is for Compute Engine, which makes TPU7x, v6e and v5p: launch one of those without "
+                         "--api tpu (the Cloud TPU API waits with --queued, and sizes the boot disk itself)")
     warm.ready()  # the SSH and Cloud TPU clients, imported where Ctrl-C cannot cut them
     from tpunb.transport import keys
     from tpunb.widgets.launch import LaunchProgress
@@ -109,7 +114,7 @@ def create(request: LaunchRequest) -> Made:
     access = logins.login(project, public_key, opts.user, service_account=opts.service_account)  # before any node exists: a refusal costs nothing
     opts = dataclasses.replace(opts, project=project, zone=places[0].zone, user=access.user,
                                queued=opts.queued or opts.race is not None)
-    prepared = host_setup(opts)
+    prepared = host_setup(opts, accel)
     spec = api.NodeSpec(**_fields(opts), name=name, accelerator=accel.name, ssh_user=access.user,
                         ssh_public_key=public_key, slices=slices, owner=access.account or logins.owner(),
                         os_login=access.os_login, prepared=prepared)
@@ -161,12 +166,7 @@ def create(request: LaunchRequest) -> Made:
         deleted (or kept with --keep), and said on the progress line."""
         if node is not None:
             node.close()  # its watch, also when no Slice was made of it
-        if opts.keep and not isinstance(exc, KeyboardInterrupt):
-            record.state = "kept"
-            reg.save_slice(record)
-            if isinstance(exc, TpunbError):
-                exc.args = (f"{exc}; {name} was kept (--keep): it bills until %tpu_down {name}",)
-            progress.failed(str(exc))
+        if kept(opts, exc, record, reg, progress):
             return
         reg.delete_slice(name)
         deleted = api.delete_or_say(project, zone, name, "its launch could not connect to its hosts", opts.queued
@@ -206,19 +206,8 @@ def create(request: LaunchRequest) -> Made:
 
 
 def _check_reaches_vpc(network: str | None) -> None:
-    """--internal-ip: the nodes get no external IP, so this machine must be in their VPC network to
-    reach them; say so before any node exists, not after SSH retries (network names only: a
-    Shared VPC host project's network of the same name passes)."""
-    wanted = (network or "default").rsplit("/", 1)[-1]
-    own = rest.own_network()
-    if own is None:
-        raise ProvisionError(f"--internal-ip: this machine is not a Google Cloud VM (no metadata server answered), so "
-                             f"it cannot reach the nodes' internal IPs: launch without --internal-ip, or run the "
-                             f"notebook on a VM in network {wanted}", "network")
-    if own.rsplit("/", 1)[-1] != wanted:
-        raise ProvisionError(f"--internal-ip: this machine is in network {own.rsplit('/', 1)[-1]}, the nodes would be in "
-                             f"{wanted}: pass --network {own.rsplit('/', 1)[-1]}, or launch without --internal-ip",
-                             "network")
+    """The Cloud TPU path's --internal-ip check, and where its hosts' packages then come from."""
+    wanted = rest.check_reaches_vpc(network)
     report.info(f"[tpunb] --internal-ip: the hosts have no external address, so preparing them reaches PyPI and "
                 f"uv's Python downloads only through Cloud NAT on network {wanted} (or use an image whose "
                 f"environment is already made)")
@@ -334,8 +323,29 @@ def delete(record: SliceRecord, force: bool = False) -> None:
 
 
 def name_reusable(record: SliceRecord) -> bool:
-    """A recorded node may still exist (and bill): its name stays taken until %tpu_down."""
-    return False
+    """A recorded slice keeps its name while its resources may exist (and bill), until %tpu_down;
+    one whose resources are gone, as its API answers now, does not block a launch of its name."""
+    if record.state == "creating" and owner_alive(record):
+        return False  # its launch is under way
+    try:
+        if _on_compute(record):
+            return compute.slice_state(record) == "GONE"
+        return api.get(record.spec["project"], record.spec["zone"], record.name,
+                       queued=None if record.spec.get("queued") or record.num_slices > 1 else False) is None
+    except Exception:  # cannot tell: the name stays taken
+        return False
+
+
+def _replace_gone(old: SliceRecord | None) -> None:
+    """A launch takes the name of a recorded slice whose resources are gone (name_reusable): what
+    its own launch left without a MIG (a template, a policy) goes, and the launch says so."""
+    if old is None or old.backend != NAME:
+        return
+    spec = old.spec
+    if _on_compute(old) and spec.get("launch"):
+        compute.teardown(spec["project"], spec.get("zone"), old.name, quiet=True, vms=spec.get("vms"),
+                         launch=spec["launch"])
+    report.info(common.gone_record_notice(old.name, f"{spec.get('project')}/{spec.get('zone')}"))
 
 
 def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
@@ -350,6 +360,9 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
         cloud = {"api": compute.API, "machine_type": compute.machine_type(record),
                  **compute.slice_cloud(record, nodes.get((place[0], on_compute.PLACE)))}
         state = cloud["cloud_state"]
+    elif (place[0], UNREACHED) in nodes and "tpu" in nodes[(place[0], UNREACHED)]:  # its API could not be asked
+        state = f"UNKNOWN ({nodes[(place[0], UNREACHED)]['tpu']})"
+        cloud = {"api": api.API, "cloud_state": state}
     elif place in nodes:
         info = nodes[place].get(record.name)
         cloud = {"api": api.API, **_node(record, info, watch=False).status()}
@@ -398,7 +411,8 @@ class Survey:
         project, _ = resolve_project_zone(None, None)
         self.nodes: Nodes = {}
         self.compute = None
-        on_compute_here = {r.name: r.state for r in records if _on_compute(r) and r.spec.get("project") == project}
+        on_compute_here = {r.name: (r.state, r.spec.get("launch")) for r in records
+                           if _on_compute(r) and r.spec.get("project") == project}
 
         def look(part: str):
             if part == "compute":  # instances and MIGs of every zone: their own four calls
@@ -408,11 +422,13 @@ class Survey:
         # the two APIs are asked at once: a status view waits for the slower, not for both in turn
         parts = (["compute"] if project and on_compute.surveyed() else []) + (["tpu"] if project else [])
         seen = fan_out(parts, look, deadline=None, name="tpunb-survey")
-        for part, exc in seen.failed.items():
-            if not isinstance(exc, TpunbError):
+        for part, exc in seen.failed.items():  # a status view never fails on a cloud it cannot ask
+            if not isinstance(exc, Exception):
                 raise exc
             what = "Compute Engine resources" if part == "compute" else "nodes"
-            report.warn(f"[tpunb] cannot list the {what} of {project}: {exc}")
+            why = str(exc) if isinstance(exc, TpunbError) else f"{type(exc).__name__}: {exc}"
+            self.nodes.setdefault((project, UNREACHED), {})[part] = gcp_errors.one_line(why, 160)
+            report.warn(f"[tpunb] cannot list the {what} of {project}: {why}")
         if "compute" in seen.succeeded:
             self.compute = seen.succeeded["compute"]
             self.nodes[(project, on_compute.PLACE)] = self.compute.found  # what slice_status reads: no call per slice
@@ -438,7 +454,7 @@ class Survey:
         """tpunb nodes the registry does not hold as slices: still billed, deletable here."""
         found = []
         for (project, zone), nodes in self.nodes.items():
-            if zone == on_compute.PLACE:  # Compute Engine's own, below
+            if zone in (on_compute.PLACE, UNREACHED):  # Compute Engine's own, below; an API not listed
                 continue
             for node_name, info in sorted(nodes.items()):
                 if node_name in known or not info.tpunb_owned:

@@ -17,7 +17,6 @@ their conversion from API messages live in ``records``.
 from __future__ import annotations
 
 import itertools
-import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision import interrupts, warm
 from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp.common import launch_of, new_launch
 from tpunb.provision.gcp.config import cached, format_duration
 from tpunb.provision.gcp.config import ENDPOINT_ENV, endpoint, require_project_zone, resolve_project_zone  # noqa: F401
 from tpunb.provision.gcp.spec import IDLE_ATTRIBUTE, LAUNCH_LABEL, idle_config, node_body  # noqa: F401
@@ -256,7 +256,7 @@ class Attempt:
         self.watch = _Transitions(on_state, started)
         _, self.node_name, self.qr_name = _names(spec.project, spec.zone, spec.name)
         self.api = client()
-        launch = secrets.token_hex(4)
+        launch = new_launch()
         try:
             self.op = self._submit(node_body(_tpu(), spec, acc, launch))
         except _api_errors() as e:
@@ -429,14 +429,13 @@ def _delete_if_launched(spec: NodeSpec, launch: str) -> None:
     try:
         if queued:
             qr = _get_or_none(api.get_queued_resource, qr_name)
-            labels = qr.tpu.node_spec[0].node.labels if qr is not None and qr.tpu.node_spec else {}
+            made = qr.tpu.node_spec[0].node if qr is not None and qr.tpu.node_spec else None
         else:
-            node = _get_or_none(api.get_node, node_name)
-            labels = node.labels if node is not None else {}
+            made = _get_or_none(api.get_node, node_name)
     except Exception as e:  # cannot tell whether it exists: say how to check, while the interrupt goes up
         _say_left(spec.project, spec.zone, spec.name, queued, "its launch was interrupted", e)
         return
-    if labels.get(LAUNCH_LABEL) == launch:
+    if made is not None and launch_of(made) == launch:  # the token Compute Engine's resources carry too
         delete_or_say(spec.project, spec.zone, spec.name, "its launch was interrupted", queued)
 
 

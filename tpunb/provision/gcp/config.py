@@ -60,8 +60,13 @@ class CloudOptions:
     queued: bool = _option("create through a queued resource (waits for capacity)", default=False)
     flex: float | None = _option("Compute Engine flex-start: wait for capacity (up to --timeout, else 2 h), then run "
                                  "at most HOURS (10 minutes to 7 days); deleted after", default=None)
-    reservation: str | None = _option("Compute Engine: use the capacity of reservation NAME in the zone",
-                                      default=None)
+    reservation: str | None = _option("Compute Engine: use the capacity of reservation NAME, or of a shared one, "
+                                      "projects/OWNER/reservations/NAME (its zone is found)", default=None)
+    reservation_bound: bool = _option("with --reservation: consume it as RESERVATION_BOUND VMs (a future reservation "
+                                      "in calendar mode); default: asked of Compute Engine", default=False)
+    no_reservation_bound: bool = _option("with --reservation: consume it as standard VMs, without asking",
+                                         default=False)
+    disk_size: float | None = _option("Compute Engine: each VM's boot disk in GB (default 200)", default=None)
     network: str | None = _option("VPC network", default=None)
     subnetwork: str | None = _option("VPC subnetwork", default=None)
     service_account: str | None = _option("service account email for the TPU VMs", default=None)
@@ -115,6 +120,23 @@ class CloudOptions:
             self.flex = hours
         if self.flex is not None and (self.spot or self.reservation):
             raise UsageError(f"--flex is its own capacity: launch it without --{'spot' if self.spot else 'reservation'}")
+        if self.spot and self.reservation:  # compute/docs/instances/reservations-consume, "Limitations"
+            raise UsageError("--spot with --reservation: Compute Engine cannot consume a reservation with Spot VMs; drop "
+                             "--spot (the reservation's capacity is yours) or --reservation")
+        if (self.reservation_bound or self.no_reservation_bound) and not self.reservation:
+            raise UsageError(f"--{'no-' if self.no_reservation_bound else ''}reservation-bound goes with --reservation "
+                             "NAME: it says how to consume that reservation")
+        if self.reservation_bound and self.no_reservation_bound:
+            raise UsageError("--reservation-bound or --no-reservation-bound, not both")
+        if self.disk_size is not None:
+            try:
+                size = float(self.disk_size)
+            except (TypeError, ValueError):
+                size = 0.0
+            if not 10 <= size <= 65536 or isinstance(self.disk_size, bool) or size != int(size):
+                raise UsageError(f"--disk-size {self.disk_size}: give the boot disk's size in GB, a whole number from 10 "
+                                 "to 65536 (default 200)")
+            self.disk_size = int(size)
         if self.idle_delete is not None or os.environ.get(IDLE_DELETE_ENV, "").strip():
             self.idle_delete_given = True
         if self.idle_delete is None:

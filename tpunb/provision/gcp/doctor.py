@@ -156,8 +156,7 @@ def compute_quota(ctx: Context) -> tuple[str, str] | None:
     try:
         found = quota.read(ctx.project, ctx.accelerator, ctx.zone, spot)
     except ProvisionError as e:
-        return WARNING, (f"cannot read Compute Engine's TPU quota through Cloud Quotas ({e}): enable "
-                         f"cloudquotas.googleapis.com, or see the limits at {limits}")
+        return WARNING, _unreadable("Compute Engine's TPU quota", e, limits)
     where = f"{found.quota_id} in {found.region}"
     if found.value is None:
         return WARNING, f"{where} has no value set (launches have been refused so): request {need} chips at {limits}"
@@ -165,3 +164,37 @@ def compute_quota(ctx: Context) -> tuple[str, str] | None:
         return FAILED, f"{where} is {found.value} chips, {ctx.accelerator} needs {need}: request more at {limits}"
     shown = "unlimited" if found.value < 0 else f"{found.value} chips"
     return OK, f"{where}: {shown}, {ctx.accelerator} needs {need}"
+
+
+@check(CHECKS, "Cloud TPU API TPU quota (--api tpu)")
+def tpu_api_quota(ctx: Context) -> tuple[str, str] | None:
+    """The other pool: what the same slice would spend through the Cloud TPU API (--api tpu), per
+    zone in TensorCores, the quota TRC and older projects hold; Compute Engine's is separate."""
+    from tpunb.provision.gcp.compute import quota
+
+    if not (ctx.memo.get("compute") and ctx.accelerator):
+        return None
+    spot = bool(ctx.slice is not None and ctx.slice.record.spec.get("spot"))
+    limits = QUOTAS_URL.format(project=ctx.project)
+    try:
+        found = quota.read_tpu_api(ctx.project, ctx.accelerator, ctx.zone, spot)
+    except ProvisionError as e:
+        return WARNING, _unreadable("the Cloud TPU API's TPU quota", e, limits)
+    if found is None:
+        return None  # TPU7x: the Cloud TPU API does not make it
+    need, where = quota.needed(ctx.accelerator, found.unit), f"{found.quota_id} in {found.place}"
+    if found.value is None or 0 <= found.value < need:
+        held = "no value set" if found.value is None else f"{found.value} {found.unit}"
+        return OK, f"{where}: {held}, so --api tpu would not help ({ctx.accelerator} needs {need} {found.unit})"
+    shown = "unlimited" if found.value < 0 else f"{found.value} {found.unit}"
+    return OK, (f"{where}: {shown}, {ctx.accelerator} needs {need}: a separate pool from Compute Engine's; "
+                f"%tpu_launch {ctx.accelerator} --api tpu spends it")
+
+
+def _unreadable(what: str, error: ProvisionError, limits: str) -> str:
+    """Why a quota could not be read, and where to look: Cloud Quotas off (or refused), or an id this
+    project does not have (404: not a problem with Cloud Quotas)."""
+    if getattr(error, "status", None) == 404:
+        return f"Cloud Quotas does not know {what} here ({error}): see the limits at {limits}"
+    return f"cannot read {what} through Cloud Quotas ({error}): enable cloudquotas.googleapis.com, or see the limits " \
+           f"at {limits}"

@@ -286,9 +286,10 @@ def os_login_message(name: str, project: str, user: str, key_path: str) -> str:
             "user name")
 
 
-def idle_problem_message(name: str, project: str, problem: str, compute: bool = False) -> str:
+def idle_problem_message(name: str, project: str, problem: str, compute: bool = False, boot: bool = False) -> str:
     """The one warning at launch when the slice's idle watchdog cannot delete its node (``compute``:
-    its MIG or instance, which roles/compute.instanceAdmin.v1 may delete)."""
+    its MIG or instance, which roles/compute.instanceAdmin.v1 may delete; ``boot``: the grace-only
+    watchdog every Compute Engine slice has, which deletes a slice whose launch a kernel abandoned)."""
     account = re.search(r"\S+@\S+\.gserviceaccount\.com", problem)
     if problem.startswith("cannot reach"):
         fix = ("give the node's subnetwork Private Google Access (`gcloud compute networks subnets update SUBNET "
@@ -299,8 +300,9 @@ def idle_problem_message(name: str, project: str, problem: str, compute: bool = 
             else ("TPU nodes", "roles/tpu.admin")
         fix = (f"let the VMs' service account delete {what}: `gcloud projects add-iam-policy-binding {project} "
                f"--member={member} --role={role}`")
-    return (f"[tpunb] --idle-delete cannot delete {name}: its watchdog says {problem}; {fix}, or delete it yourself "
-            f"with %tpu_down {name}")
+    who = ("the boot watchdog (which deletes a slice whose launching kernel died) cannot delete" if boot
+           else "--idle-delete cannot delete")
+    return f"[tpunb] {who} {name}: its watchdog says {problem}; {fix}, or delete it yourself with %tpu_down {name}"
 
 
 def preempted_message(name: str, state: str, spot: bool) -> str:
@@ -312,8 +314,8 @@ def preempted_message(name: str, state: str, spot: bool) -> str:
 
 def _already_exists(f: Failure, ctx: Context) -> str:
     return (
-        f"a TPU named {ctx.name} already exists in {ctx.zone}: "
-        f"pick another name, or delete it first (%tpu_down {ctx.name})"
+        f"a TPU named {ctx.name} already exists in {ctx.zone}: %tpu_use {ctx.name} attaches it, "
+        f"%tpu_down {ctx.name} deletes it, or pick another name"
     )
 
 

@@ -31,7 +31,10 @@ def price_per_hour(accelerator: catalog.Accelerator, spot: bool, slices: int = 1
 
 
 def list_price(record: SliceRecord) -> float | None:
-    """What a recorded slice (every slice of a multislice) costs, or would cost, on Cloud TPU."""
+    """What a recorded slice (every slice of a multislice) costs, or would cost, on Cloud TPU; None
+    when no source gives it (TPU7x, flex-start)."""
+    if record.spec.get("flex"):  # no source gives flex-start's price: never the on-demand rate in its place
+        return None
     try:
         accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
     except TpunbError:

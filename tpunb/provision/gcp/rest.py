@@ -172,11 +172,12 @@ def import_key(email: str, public_key: str, project: str, ttl: float) -> str:
 def own_network(timeout: float = 1.0) -> str | None:
     """The VPC network this machine is in, from its own metadata server (a Google Cloud VM:
     ``projects/NUMBER/networks/NAME``), or None off Google Cloud (no metadata server answers).
-    ``$GCE_METADATA_HOST`` moves the server, as it does for google-auth; else its link-local IP."""
+    ``$GCE_METADATA_HOST`` (else ``$GCE_METADATA_IP``) moves the server, as they do for google-auth and
+    JAX; else its link-local IP."""
     import os
     import urllib.request
 
-    host = os.environ.get("GCE_METADATA_HOST") or "169.254.169.254"
+    host = os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP") or "169.254.169.254"
     request = urllib.request.Request(f"http://{host}/computeMetadata/v1/instance/network-interfaces/0/network",
                                      headers={"Metadata-Flavor": "Google"})
     try:
@@ -184,3 +185,20 @@ def own_network(timeout: float = 1.0) -> str | None:
             return response.read().decode().strip() or None
     except OSError:
         return None
+
+
+def check_reaches_vpc(network: str | None) -> str:
+    """--internal-ip: the nodes get no external IP, so this machine must be in their VPC network to
+    reach them; say so before any node exists, not after SSH retries (network names only: a
+    Shared VPC host project's network of the same name passes). Returns the network's name."""
+    wanted = (network or "default").rsplit("/", 1)[-1]
+    own = own_network()
+    if own is None:
+        raise ProvisionError(f"--internal-ip: this machine is not a Google Cloud VM (no metadata server answered), so "
+                             f"it cannot reach the nodes' internal IPs: launch without --internal-ip, or run the "
+                             f"notebook on a VM in network {wanted}", "network")
+    if own.rsplit("/", 1)[-1] != wanted:
+        raise ProvisionError(f"--internal-ip: this machine is in network {own.rsplit('/', 1)[-1]}, the nodes would be in "
+                             f"{wanted}: pass --network {own.rsplit('/', 1)[-1]}, or launch without --internal-ip",
+                             "network")
+    return wanted

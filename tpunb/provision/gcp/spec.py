@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
 from tpunb.errors import UsageError
+from tpunb.provision.gcp.common import LAUNCH_LABEL  # noqa: F401 - a node carries its launch's token
 from tpunb.provision.gcp.config import endpoint
 from tpunb.provision.gcp.records import TPUNB_LABELS, NodeSpec
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2
 
-LAUNCH_LABEL = "tpunb-launch"  # a per-create token: proves a node is ours after an interrupted call
 NAME_LABEL, OWNER_LABEL, IDLE_LABEL = "tpunb-name", "tpunb-owner", "tpunb-idle"
 SLICE_METADATA = "tpunb-slice"  # node metadata: what %tpu_use needs to rebuild the slice's record
 IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/standalone/idle.py)

@@ -25,14 +25,17 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb import catalog, diagnose
-from tpunb.errors import CellInterrupted, ProvisionError, TpunbError, UsageError
+from tpunb.errors import (AuthenticationError, CellInterrupted, HostKeyError, HostSetupError, ProvisionError,
+                          TpunbError, UsageError)
 from tpunb.engine import programs
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.gcp import api, logins
-from tpunb.provision.gcp.compute import adopt as adoption, clients
+from tpunb.provision.gcp.common import LAUNCH_LABEL, NAME_LIMIT, new_launch, same_launch
+from tpunb.provision.gcp.compute import adopt as adoption, clients, fallback, hostkeys, network, org_policy, preflight
 from tpunb.provision.gcp.compute.bodies import VmSpec
 from tpunb.provision.gcp.compute.delete import teardown
+from tpunb.provision.gcp.compute.bulk import activation_limit
 from tpunb.provision.gcp.compute.make import WAITING, make_resources
 from tpunb.provision.gcp.compute.node import ComputeNode
 from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_failed, outcome
@@ -40,7 +43,7 @@ from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format
                                        resolve_project_zone)
 from tpunb.provision.gcp.failover import Candidate, Outcome
 from tpunb.provision.gcp.node import price_per_hour
-from tpunb.provision.gcp.prepare import host_setup
+from tpunb.provision.gcp.prepare import host_setup, kept
 from tpunb.provision.gcp.spec import NAME_LABEL, label_value
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
@@ -59,7 +62,12 @@ TPU_API_ONLY = {
                 "--runtime (--jax V picks the jax version)"),
     "alternatives": ("--alternatives (other types to try)", "launch the other type yourself if this one fails"),
 }
+#: how long a new slice's VMs may take to answer SSH once Compute Engine says RUNNING: a first boot
+#: of 12 minutes is on record (marin#7030); a VM deleted or stopped meanwhile ends the wait at once
+FIRST_BOOT_WAIT = 15 * 60.0
 SSH_PORT_LABEL = "tpunb-ssh-port"  # the sandbox's sshd, when not on port 22 (as on the Cloud TPU side)
+#: what a flex-start slice's cost says: no source tpunb can cite gives the flex-start rate (docs/cloud-facts.md)
+FLEX_PRICE = "flex-start price not known"
 
 
 def uses_compute(accel: catalog.Accelerator, opts: CloudOptions) -> bool:
@@ -100,35 +108,55 @@ def create(request: LaunchRequest) -> Made:
     check_options(opts, request.slices, accel)
     opts = colab_idle_default(opts, request.slices)
     shape = catalog.compute_shape(accel)
+    if len(name) > NAME_LIMIT and (shape.multi_host or opts.flex):  # a flex v6e-8 may become a MIG (fallback.py)
+        raise UsageError(f"slice name {name!r} has {len(name)} characters: a multi-host slice's name has at most "
+                         f"{NAME_LIMIT} (its workload policy is NAME-tpunb-wp, at most 63): give a shorter --name")
     zones = choose(project, shape, opts.zone, default_zone)
     key_path, public_key = keys.default_key()
-    access = logins.login(project, public_key, opts.user, service_account=opts.service_account)
-    prepared = host_setup(opts)
+    pre = preflight.run(project, opts, zones, public_key)  # reservation, network, logins: before anything exists
+    zones, access = pre.zones, pre.access
+    prepared = host_setup(opts, accel)  # the generation's minimum jax and libtpu, or one line
     user = access.user or "tpunb"
+    launch = new_launch()  # on every resource this launch makes: only those are ever deleted by it
     vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
-                opts.internal_ip, opts.network, opts.subnetwork, opts.service_account, tuple(opts.labels.items()),
-                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)), opts.reservation,
+                opts.internal_ip, opts.network, pre.subnetwork, opts.service_account, tuple(opts.labels.items()),
+                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)),
+                pre.reservation.affinity_value(project) if pre.reservation else None,
                 json.dumps({"user": user, "os_login": access.os_login, "python": opts.python, "network": opts.network,
                             "service_account": opts.service_account, **prepared}, sort_keys=True),
-                project, float(opts.idle_delete or 0), float(opts.connect_wait))
+                project, float(opts.idle_delete or 0), boot_grace(shape, opts), launch,
+                reservation_bound=bool(pre.reservation and pre.reservation.bound), disk_size=opts.disk_size or 200)
     fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
     record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
                          spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
-                               "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms,
+                               "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms, "launch": launch,
                                **({"os_login": True} if access.os_login else {})})
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
-    what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology})" if shape.multi_host \
-        else f"one {shape.machine_type}"
+    devices = f"{accel.chips} chips, {accel.devices} JAX devices"  # TPU7x: 2 per chip (catalog devices_per_chip)
+    what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology}, {devices})" if shape.multi_host \
+        else f"one {shape.machine_type} ({devices})"
     where = zones[0] if len(zones) == 1 else ", ".join(zones[:-1]) + " or " + zones[-1]
     how = "spot " if opts.spot else f"flex-start ({opts.flex:g} h) " if opts.flex else ""
     using = f", from reservation {opts.reservation}" if opts.reservation else ""
+    price = None if opts.flex else price_per_hour(accel, opts.spot)  # TPU7x, flex-start: no source gives one
     progress = LaunchProgress(f"Launching {accel.name} {how}{name!r} through Compute Engine in {project}/{where}: "
-                              f"{what}{using}", price_per_hour(accel, opts.spot))  # TPU7x: none published
+                              f"{what}{using}", price, FLEX_PRICE if opts.flex else "price unknown")
     started = time.perf_counter()
     try:
-        hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
+        try:
+            hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
+        except ProvisionError as exc:
+            vm = fallback.flex_alternative(vm, exc)  # a flex-start v6e-8's 8t refused: its 8 chips as 2 x 4t
+            if vm is None:
+                raise
+            progress.state(f"{shape.machine_type} refused under flex-start ({str(exc).splitlines()[0]}): trying "
+                           f"{vm.shape.vms} x {vm.shape.machine_type} (a MIG, topology {vm.shape.topology})", 0.0)
+            record.spec["vms"] = vm.shape.vms
+            reg.save_slice(record)
+            hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
     except BaseException as exc:
-        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name, vms=shape.vms)
+        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name,
+                                                                vms=record.spec["vms"], launch=launch)
         reg.delete_slice(name)
         if isinstance(exc, KeyboardInterrupt) and opts.flex:  # as --queued says it: the request that waited is gone
             waited = " (it was waiting for capacity)" if progress.steps and WAITING in progress.steps[-1][0] else ""
@@ -140,10 +168,11 @@ def create(request: LaunchRequest) -> Made:
             message = f"launch of {name} interrupted: what it had created was deleted{left or ', nothing is left'}"
             progress.failed(message)
             raise CellInterrupted(message) from None
+        preflight.explain(exc, pre, accel.name, project, len(zones))
         progress.failed(f"failed: {(str(exc) or repr(exc)).splitlines()[0]}{left}")
         raise
     record.hosts, record.state = hosts, "running"
-    return _reach(record, reg, env, opts, progress, started, "; ".join(str(o) for o in tried))
+    return _reach(record, reg, env, opts, progress, started, "; ".join(str(o) for o in tried), pre)
 
 
 def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecord, reg: Registry, say,
@@ -152,19 +181,22 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
     quota or time is left with nothing in it (a quota refusal skips its region's other zones:
     quotas are regional). The hosts, and each zone's outcome when there were several."""
     outcomes, skipped = [], set()
-    for zone in zones:
+    for i, zone in enumerate(zones):
         if catalog.region_of(zone) in skipped:
             outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "skipped",
                                     f"the quota of {catalog.region_of(zone)} is exhausted"))
             continue
-        record.spec["zone"], here = zone, dataclasses.replace(vm, zone=zone)
+        limit = _wait_limit(vm, opts)  # a MIG still waiting past its deadline is no launch's: a survey deletes it
+        here = dataclasses.replace(vm, zone=zone, deadline=time.time() + limit + activation_limit(vm.shape.vms)
+                                   + opts.connect_wait)
+        record.spec["zone"] = zone
         reg.save_slice(record)  # where its resources are now: %tpu_down from another kernel finds them
         prefixed = _changes(say, "" if len(zones) == 1 else f"{zone}: ")
         try:
-            make_resources(project, here, prefixed, time.monotonic() + _wait_limit(vm, opts))
-            hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip)
+            make_resources(project, here, prefixed, time.monotonic() + limit, more_zones=i < len(zones) - 1)
+            hosts = made_hosts(project, zone, vm.name, vm.shape.multi_host, opts.internal_ip, vm.launch)
         except BaseException as exc:
-            left = teardown(project, zone, vm.name, vms=vm.shape.vms)  # whatever stopped it: nothing stays here
+            left = teardown(project, zone, vm.name, vms=vm.shape.vms, launch=vm.launch)  # what it made: nothing stays
             if left and isinstance(exc, TpunbError):
                 exc.args = (f"{exc}{left}",)
             if left or len(zones) == 1 or not isinstance(exc, ProvisionError) or exc.reason not in ZONE_FAILURES:
@@ -178,6 +210,13 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
             outcomes.append(Outcome(Candidate(vm.shape.accelerator, zone), "granted"))
         return hosts, outcomes
     raise everywhere_failed(vm.name, project, outcomes, vm.spot)
+
+
+def boot_grace(shape: catalog.ComputeShape, opts: CloudOptions) -> float:
+    """How long after boot worker 0's watchdog waits for the launching kernel to say its launch is
+    done: the slice's activation (its topology may become ACTIVE long after the VMs boot), then the
+    kernel's connect wait; a kernel preparing the hosts marks activity, which extends it."""
+    return activation_limit(shape.vms) + float(opts.connect_wait) if shape.multi_host else float(opts.connect_wait)
 
 
 def _wait_limit(vm: VmSpec, opts: CloudOptions) -> float:
@@ -200,16 +239,19 @@ def _changes(say, prefix: str):
     return tell
 
 
-def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip: bool) -> list[HostRecord]:
+def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip: bool,
+               launch: str | None = None) -> list[HostRecord]:
     """The slice's VMs as host records, in the MIG's list order for now (``_reach`` renumbers them by
-    worker id): the address to connect to, the sshd's port, the internal IP JAX's coordinator uses."""
+    worker id): the address to connect to, the sshd's port, the internal IP JAX's coordinator uses.
+    ``launch``: the slice's token; VMs of another launch of the same name are never taken."""
     c = clients.clients()
     if multi_host:  # the MIG's VMs, then all of them in one list call (one get each took a round trip each)
         urls = [v.instance for v in clients.call("list the MIG's VMs", c.migs.list_managed_instances, project=project,
                                                  zone=zone, instance_group_manager=name)]
         names = [u.rsplit("/", 1)[-1] for u in urls]
+        wanted = f"labels.{NAME_LABEL} = {label_value(name)}" + (f" AND labels.{LAUNCH_LABEL} = {launch}" if launch else "")
         listed = {vm.name: vm for vm in clients.call("list the MIG's VMs", lambda: list(c.instances.list(request={
-            "project": project, "zone": zone, "filter": f"labels.{NAME_LABEL} = {label_value(name)}"})))}
+            "project": project, "zone": zone, "filter": wanted})))}
         missing = [n for n in names if n not in listed]
         if missing:
             raise ProvisionError(f"the MIG {name} lists {', '.join(missing)}, which Compute Engine does not have: the "
@@ -217,6 +259,8 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
         vms = [listed[n] for n in names]
     else:
         vms = [clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name)]
+        if not same_launch(vms[0], launch):
+            raise ProvisionError(f"the VM {name} in {project}/{zone} is another launch's, not this slice's", reason="lost")
     hosts = []
     for i, vm in enumerate(vms):
         vm_name = vm.name
@@ -230,10 +274,11 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
 
 
 def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudOptions, progress, started: float,
-           tries: str = "") -> Made:
+           tries: str = "", pre: preflight.Preflight | None = None) -> Made:
     """SSH to every VM, number the hosts by their worker ids, and hand the slice to the manager;
-    a failure on the way deletes what the launch made. ``tries``: each zone's outcome, for the
-    ready line."""
+    a failure on the way deletes what the launch made (``--keep`` keeps it to look at). ``tries``:
+    each zone's outcome, for the ready line; ``pre``: what the launch read before (why a host could
+    not reach PyPI, whether the organisation enforces OS Login)."""
     project, zone, name = record.spec["project"], record.spec["zone"], record.name
 
     watched: list[ComputeNode] = []  # its node, once made: its watch ends with a launch that fails
@@ -241,12 +286,35 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
     def failed(exc: BaseException) -> None:
         for made_node in watched:
             made_node.close()
+        if kept(opts, exc, record, reg, progress):
+            return
         reg.delete_slice(name)
-        left = teardown(project, zone, name, vms=record.spec.get("vms"))
+        left = teardown(project, zone, name, vms=record.spec.get("vms"), launch=record.spec.get("launch"))
+        if isinstance(exc, AuthenticationError) and not record.spec.get("os_login"):  # metadata key refused
+            refused = AuthenticationError(org_policy.os_login_refusal(name, project, record.spec["user"],
+                                                                      record.spec["key"], pre and pre.org_os_login))
+            progress.failed(f"could not connect to the hosts, so {name} was deleted{left}: {refused}")
+            raise refused from None
+        if isinstance(exc, HostSetupError):
+            why = network.egress_hint(pre and pre.egress) if "no route to the package index" in str(exc) else ""
+            exc.args = (f"{exc}{why}; so {name} was deleted{left} (--keep keeps it to look at)",)
+            progress.failed(str(exc))
+            return
         progress.failed(f"could not reach or start the hosts, so {name} was deleted{left}: {exc}")
 
+    booting = ComputeNode(record, delete, None, watch=False)
+
+    def gone() -> str | None:
+        """While sshd is awaited through a slow first boot: a VM deleted or stopped ends the wait."""
+        try:
+            booting.refresh()
+        except ProvisionError:
+            return None  # cannot ask now: keep waiting
+        return booting.lost_reason()
+
     try:
-        transports = ssh.connect_hosts(record, reg, opts.connect_wait)
+        hostkeys.pin(record, reg, min(opts.connect_wait, hostkeys.PUBLISH_WAIT))  # each VM's own, as it published it
+        transports = ssh.connect_hosts(record, reg, opts.connect_wait, gone, boot_wait=FIRST_BOOT_WAIT)
         order = worker_order(transports)
         record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
         transports = [transports[i] for i in order]
@@ -254,13 +322,18 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
         watched.append(node(record))
         made = ssh.attach(record, reg, env, coordinator_port=None if clients.endpoint() else diagnose.COORDINATOR_PORT,
                           network=opts.network, transports=transports, node=watched[0])
+    except HostKeyError as exc:
+        refused = hostkeys.refused(record, exc)
+        failed(refused)
+        raise refused from None
     except BaseException as exc:
         failed(exc)
         raise
 
     def check(sl) -> None:
-        if opts.idle_delete:  # the watchdog armed as host 0 started: say at once if it may not delete
-            made.node.say_idle_problem()
+        # the watchdog armed as host 0 started (--idle-delete), or at boot (grace-only: its check is
+        # written by now, else waited for briefly): say at once if it may not delete the slice
+        made.node.say_idle_problem(5.0 if opts.idle_delete else 2.0)
 
     def ready() -> None:
         idle = f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)" if opts.idle_delete else ""
@@ -340,7 +413,7 @@ def delete(record: SliceRecord) -> None:
     """Delete the slice's resources in order and wait until they are gone; what could not be
     deleted is one error listing the gcloud commands for it."""
     spec = record.spec
-    left = teardown(spec["project"], spec["zone"], record.name, quiet=True, vms=spec.get("vms"))
+    left = teardown(spec["project"], spec["zone"], record.name, quiet=True, vms=spec.get("vms"), launch=spec.get("launch"))
     if left:
         raise ProvisionError(f"could not delete all of {record.name}{left}", reason="delete")
 
@@ -365,26 +438,43 @@ def slice_cloud(record: SliceRecord, surveyed: dict | None = None) -> dict:
 
 
 def slice_state(record: SliceRecord, surveyed: dict | None = None) -> str:
-    """The slice's state as Compute Engine has it: its MIG's (or instance's), or GONE. ``surveyed``:
-    what a survey of the slice's project found (found.Found by name), read instead of asking again."""
+    """The slice's state as Compute Engine has it: its MIG's (or instance's), GONE, or UNKNOWN with
+    why Compute Engine could not be asked (no credentials, the API down: a status view never fails
+    on one slice). ``surveyed``: what a survey of the slice's project found (found.Found by name and
+    launch), read instead of asking again; only the resources of the slice's own launch count."""
     from google.api_core import exceptions
 
-    c, spec = clients.clients(), record.spec
+    from tpunb.provision.gcp.compute import found
+
+    spec, launch = record.spec, record.spec.get("launch")
     if surveyed is not None:
-        seen = surveyed.get(record.name)
+        if spec.get("zone") in getattr(surveyed, "unreachable", ()):
+            return unknown(f"Compute Engine could not reach {spec['zone']} now")
+        seen = next(iter(found.named(surveyed, record.name, launch)), None)
         if seen is None or seen.leftover:
             return "GONE"
         if seen.zone == spec.get("zone"):
             return seen.state()
     try:
+        c = clients.clients()
         if int(spec.get("vms") or 1) > 1:
             group = c.migs.get(project=spec["project"], zone=spec["zone"], instance_group_manager=record.name)
-            return "READY" if group.status.is_stable else "CHANGING"
-        return c.instances.get(project=spec["project"], zone=spec["zone"], instance=record.name).status
+            return "GONE" if not same_launch(group, launch) else "READY" if group.status.is_stable else "CHANGING"
+        vm = c.instances.get(project=spec["project"], zone=spec["zone"], instance=record.name)
+        return vm.status if same_launch(vm, launch) else "GONE"
     except exceptions.NotFound:
         return "GONE"
-    except Exception as exc:  # a status view never fails on one slice
-        return f"unknown ({type(exc).__name__})"
+    except TpunbError as exc:  # no credentials, most often: said once, in short
+        return unknown(str(exc))
+    except Exception as exc:
+        return unknown(f"{type(exc).__name__}: {exc}")
+
+
+def unknown(why: str) -> str:
+    """The state of a slice Compute Engine could not be asked about, with why, on one line."""
+    from tpunb.provision.gcp.errors import one_line
+
+    return f"UNKNOWN ({one_line(why, 160)})"
 
 
 __all__ = ["API", "VmSpec", "adopt", "attach", "create", "delete", "first_granted", "machine_type", "slice_cloud",

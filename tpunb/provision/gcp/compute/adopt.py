@@ -15,7 +15,7 @@ from tpunb.errors import ProvisionError
 from tpunb.provision import ssh
 from tpunb.provision.gcp import logins
 from tpunb.provision.gcp.adopt import KEY_ADDED
-from tpunb.provision.gcp.compute import clients, found
+from tpunb.provision.gcp.compute import clients, found, hostkeys
 from tpunb.provision.gcp.config import resolve_project_zone
 from tpunb.provision.gcp.spec import SLICE_METADATA
 from tpunb.registry import Registry, SliceRecord
@@ -30,9 +30,13 @@ def adopt(name: str, reg: Registry, api: str, made_hosts) -> SliceRecord | None:
     project, _ = resolve_project_zone(None, None)
     if project is None or not found.surveyed():
         return None
-    f = found.everything(project).get(name)
-    if f is None or f.leftover:
+    every = [f for f in found.named(found.everything(project), name) if not f.leftover]
+    if not every:
         return None
+    if len(every) > 1:
+        raise ProvisionError(f"{len(every)} slices named {name} exist in {project} (launched from other notebooks): "
+                             f"%tpu_status lists them; %tpu_down {name} deletes them all", "lost")
+    f = every[0]
     state = f.state()
     if state not in ("READY", "RUNNING"):
         raise ProvisionError(f"{name} is {state} in {project}/{f.zone} (Compute Engine), so there is nothing to "
@@ -54,12 +58,13 @@ def adopt(name: str, reg: Registry, api: str, made_hosts) -> SliceRecord | None:
     spec = {"api": api, "project": project, "zone": f.zone, "user": access.user, "python": saved.get("python"),
             "network": saved.get("network"), "service_account": saved.get("service_account"),
             **prepared, "spot": f.spot(), "internal_ip": internal, "key": str(key_path), "env_keys": [],
-            "vms": len(f.instances), UNORDERED: multi_host, **({"os_login": True} if access.os_login else {}),
+            "vms": len(f.instances), UNORDERED: multi_host, "launch": f.launch, **({"os_login": True} if access.os_login else {}),
             **({KEY_ADDED: time.time()} if added else {})}
     record = SliceRecord(name=name, accelerator=f.accelerator(), backend="gcp", state="running",
                          owner_pid=os.getpid(), spec=spec,
-                         hosts=made_hosts(project, f.zone, name, multi_host, internal))
+                         hosts=made_hosts(project, f.zone, name, multi_host, internal, f.launch))
     record.created = time.time() - f.age
+    hostkeys.pin(record, reg)  # a new registry knows no key: each VM's own, as it published it
     reg.save_slice(record)
     how = "through OS Login" if access.os_login else "in its instances' ssh-keys metadata"
     report.info(f"[tpunb] {name} was in no registry here: found it in {project}/{f.zone} (Compute Engine) and gave "

@@ -2,10 +2,11 @@
 workload policy that names a multi-host slice's topology, and the BULK MIG that makes its VMs at
 once; every body as docs/cloud-facts.md's Compute Engine section gives it, with its source.
 
-Instances carry tpunb's labels (``created-by=tpunb``, ``tpunb-name``, ``tpunb-owner``): the survey
-finds them by label. MIGs, templates and policies have no labels in the API, so each is named
-after the slice (``NAME``, ``NAME-tpunb-t``, ``NAME-tpunb-wp``) and carries ``MARKER`` in its
-description."""
+Instances carry tpunb's labels (``created-by=tpunb``, ``tpunb-name``, ``tpunb-owner``, and the
+launch's token ``tpunb-launch``): the survey finds them by label. MIGs, templates and policies have
+no labels in the API, so each is named after the slice (``NAME``, ``NAME-tpunb-t``,
+``NAME-tpunb-wp``) and carries ``MARKER``, the slice's name and the launch's token in its
+description (common.py); a MIG also the time after which a survey may delete it while it waits."""
 from __future__ import annotations
 
 import json
@@ -13,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpunb import catalog
+from tpunb.provision.gcp.common import LAUNCH_LABEL, Marker
+from tpunb.provision.gcp.compute.network import network_path, subnetwork_path
 from tpunb.provision.gcp.records import TPUNB_LABELS
 from tpunb.provision.gcp.spec import IAM_ENDPOINT, IDLE_ATTRIBUTE, NAME_LABEL, OWNER_LABEL, SLICE_METADATA, label_value
 
-#: in the description of every MIG, template and policy tpunb makes (they have no labels)
-MARKER = "created-by=tpunb"
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 PUBLIC_ENDPOINT = "https://compute.googleapis.com"
 
@@ -36,8 +37,8 @@ class Names:
     def policy(self) -> str:
         return f"{self.slice}-tpunb-wp"
 
-    def description(self) -> str:
-        return f"{MARKER} slice={self.slice}"
+    def description(self, launch: str = "", deadline: float = 0.0) -> str:
+        return Marker(self.slice, launch or None, deadline or None).text()
 
 
 @dataclass(frozen=True)
@@ -63,38 +64,48 @@ class VmSpec:
     saved: str = ""  # JSON for the VMs' ``tpunb-slice`` metadata: what %tpu_use needs to rebuild the record
     project: str = ""
     idle_seconds: float = 0.0  # --idle-delete: worker 0's watchdog deletes the MIG (or instance) after this long idle
-    idle_grace: float = 0.0  # at boot, the launching kernel has this long to attach (its connect wait)
+    idle_grace: float = 0.0  # at boot, the launching kernel has this long to say its launch is done
+    launch: str = ""  # this launch's token (common.py): on every resource it makes
+    deadline: float = 0.0  # a MIG's: after this (epoch seconds) no launch waits for it any more
+    reservation_bound: bool = False  # RESERVATION_BOUND: the reservation came from a future reservation in calendar mode
+    disk_size: int = 200  # the boot disk, GB
 
 
-def idle_config(project: str, zone: str, name: str, seconds: float, multi_host: bool) -> dict:
-    """What the slice's idle watchdog (tpunb/host/standalone/idle.py) needs: its limit, the APIs it
-    calls with the VM's token, and what it deletes: the MIG (its VMs go with it) or the instance."""
+def idle_config(project: str, zone: str, name: str, seconds: float, multi_host: bool, launch: str = "") -> dict:
+    """What the slice's watchdog (tpunb/host/standalone/idle.py) needs: its idle limit (0: grace-only),
+    the APIs it calls with the VM's token, what it deletes (the MIG, its VMs with it, then its template
+    and policy; or the instance) and the launch token that proves them this launch's."""
     from tpunb.provision.gcp.compute.clients import endpoint
 
     kind = "instanceGroupManagers" if multi_host else "instances"
+    names, region = Names(name), catalog.region_of(zone)
+    rest = {"template": f"projects/{project}/regions/{region}/instanceTemplates/{names.template}",
+            "policy": f"projects/{project}/regions/{region}/resourcePolicies/{names.policy}"} if multi_host else {}
     return {"seconds": seconds, "endpoint": endpoint() or PUBLIC_ENDPOINT, "iam_endpoint": endpoint() or IAM_ENDPOINT,
-            "node": f"projects/{project}/zones/{zone}/{kind}/{name}"}
+            "node": f"projects/{project}/zones/{zone}/{kind}/{name}", **rest, **({"launch": launch} if launch else {})}
 
 
 def labels(spec: VmSpec) -> dict[str, str]:
     return {**dict(spec.labels), **TPUNB_LABELS, NAME_LABEL: label_value(spec.name),
-            OWNER_LABEL: label_value(spec.owner or "unknown")}
+            OWNER_LABEL: label_value(spec.owner or "unknown"), **({LAUNCH_LABEL: spec.launch} if spec.launch else {})}
 
 
 def metadata(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
-    items = {"enable-guest-attributes": "TRUE"}  # the idle watchdog reads the other workers' there
+    from tpunb.engine.bundle import idle_script
+
+    # guest attributes: the VMs' host keys (hostkeys/), the other workers' services for the watchdog
+    items = {"enable-guest-attributes": "TRUE"}
     if spec.saved:
         items[SLICE_METADATA] = spec.saved
     if not spec.os_login:  # under OS Login VMs ignore metadata keys
         items["ssh-keys"] = f"{spec.user}:{spec.public_key.strip()}"
-    if spec.idle_seconds:  # worker 0 arms the watchdog at boot, before any kernel attaches
-        from tpunb.engine.bundle import idle_script
-
-        config = idle_config(spec.project, spec.zone, spec.name, spec.idle_seconds, spec.shape.multi_host)
-        items[IDLE_ATTRIBUTE] = json.dumps({**config, "grace": spec.idle_grace})
-        items["startup-script"] = idle_script()
+    # worker 0 arms the watchdog at boot, before any kernel attaches; without --idle-delete grace-only:
+    # a launch abandoned while its VMs came up (a kernel killed, a laptop asleep) does not bill for long
+    config = idle_config(spec.project, spec.zone, spec.name, spec.idle_seconds, spec.shape.multi_host, spec.launch)
+    items[IDLE_ATTRIBUTE] = json.dumps({**config, "grace": spec.idle_grace})
+    items["startup-script"] = idle_script()
     return compute_v1.Metadata(items=[compute_v1.Items(key=k, value=v) for k, v in items.items()])
 
 
@@ -105,6 +116,9 @@ def _scheduling(spec: VmSpec) -> Any:
         return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="FLEX_START",
                                      instance_termination_action="DELETE", automatic_restart=False,
                                      max_run_duration=compute_v1.Duration(seconds=round(spec.flex_hours * 3600)))
+    if spec.reservation_bound:  # a calendar-mode reservation's VMs: bound to it, deleted at its end
+        return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="RESERVATION_BOUND",
+                                     instance_termination_action="DELETE", automatic_restart=False)
     if spec.spot:  # Google's spot TPU VMs: SPOT, deleted (not stopped) when reclaimed
         return compute_v1.Scheduling(on_host_maintenance="TERMINATE", provisioning_model="SPOT",
                                      instance_termination_action="DELETE", automatic_restart=False)
@@ -114,9 +128,9 @@ def _scheduling(spec: VmSpec) -> Any:
 def _nic(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
-    nic = compute_v1.NetworkInterface(network=f"global/networks/{spec.network or 'default'}", nic_type="GVNIC")
+    nic = compute_v1.NetworkInterface(network=network_path(spec.network), nic_type="GVNIC")
     if spec.subnetwork:
-        nic.subnetwork = f"regions/{catalog.region_of(spec.zone)}/subnetworks/{spec.subnetwork}"
+        nic.subnetwork = subnetwork_path(spec.subnetwork, catalog.region_of(spec.zone))
     if not spec.internal_ip:
         nic.access_configs = [compute_v1.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
     return nic
@@ -126,7 +140,7 @@ def _disk(spec: VmSpec, disk_type: str) -> Any:
     from google.cloud import compute_v1
 
     return compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=compute_v1.AttachedDiskInitializeParams(
-        source_image=spec.shape.source_image, disk_size_gb=200, disk_type=disk_type))
+        source_image=spec.shape.source_image, disk_size_gb=spec.disk_size, disk_type=disk_type))
 
 
 def _account(spec: VmSpec) -> Any:
@@ -157,7 +171,7 @@ def instance(spec: VmSpec) -> Any:
         name=spec.name, machine_type=f"zones/{zone}/machineTypes/{spec.shape.machine_type}",
         disks=[_disk(spec, f"zones/{zone}/diskTypes/{spec.shape.disk_type}")], network_interfaces=[_nic(spec)],
         scheduling=_scheduling(spec), service_accounts=[_account(spec)], labels=labels(spec), metadata=metadata(spec),
-        description=Names(spec.name).description())
+        description=Names(spec.name).description(spec.launch))
     if spec.flex_hours:
         made.params = compute_v1.InstanceParams(request_valid_for_duration=compute_v1.Duration(seconds=spec.flex_wait))
     if _affinity(spec) is not None:
@@ -170,7 +184,7 @@ def template(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
     return compute_v1.InstanceTemplate(
-        name=Names(spec.name).template, description=Names(spec.name).description(),
+        name=Names(spec.name).template, description=Names(spec.name).description(spec.launch),
         properties=compute_v1.InstanceProperties(
             machine_type=spec.shape.machine_type, disks=[_disk(spec, spec.shape.disk_type)],
             network_interfaces=[_nic(spec)], scheduling=_scheduling(spec), service_accounts=[_account(spec)],
@@ -183,7 +197,7 @@ def workload_policy(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
     return compute_v1.ResourcePolicy(
-        name=Names(spec.name).policy, description=Names(spec.name).description(),
+        name=Names(spec.name).policy, description=Names(spec.name).description(spec.launch),
         workload_policy=compute_v1.ResourcePolicyWorkloadPolicy(type_="HIGH_THROUGHPUT",
                                                                 accelerator_topology=spec.shape.topology))
 
@@ -197,7 +211,7 @@ def mig(spec: VmSpec, project: str) -> Any:
     names, region = Names(spec.name), catalog.region_of(spec.zone)
     return compute_v1.InstanceGroupManager(
         name=spec.name, base_instance_name=spec.name, target_size=0 if spec.flex_hours else spec.shape.vms,
-        description=names.description(),
+        description=names.description(spec.launch, spec.deadline),
         instance_template=f"projects/{project}/regions/{region}/instanceTemplates/{names.template}",
         target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK"),
         instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(

@@ -15,6 +15,7 @@ from tpunb.errors import ProvisionError
 from tpunb.provision import warm
 from tpunb.provision.cache import cached
 from tpunb.provision.gcp import api
+from tpunb.provision.gcp.common import google_message
 
 ENDPOINT_ENV = "TPUNB_COMPUTE_API_ENDPOINT"
 #: how long the client waits for one operations.wait answer: Compute Engine holds the call until the
@@ -46,17 +47,36 @@ def clients() -> Clients:
     return cached(("compute clients", url), lambda: _make(url))
 
 
-def _make(url: str | None) -> Clients:
+def _options(url: str | None) -> dict[str, Any]:
+    """The keyword arguments every client gets: anonymous against the sandbox, else the credentials."""
     warm.ready(*warm.COMPUTE_MODULES)  # imported on a side thread since %load_ext: a Ctrl-C cannot cut it
     from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
 
     if url:
         from google.auth.credentials import AnonymousCredentials
 
-        kw: dict[str, Any] = {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=url)}
-    else:
-        kw = {"credentials": api.default_credentials()}
+        return {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=url)}
+    return {"credentials": api.default_credentials()}
+
+
+def client(kind: str) -> Any:
+    """Another google-cloud-compute client (``RoutersClient``, ``ReservationsClient``...), made once
+    per kernel with the same options as the others."""
+    url = endpoint()
+
+    def make() -> Any:
+        kw = _options(url)
+        from google.cloud import compute_v1
+
+        return getattr(compute_v1, kind)(**kw)
+
+    return cached(("compute client", kind, url), make)
+
+
+def _make(url: str | None) -> Clients:
+    kw = _options(url)  # first: it readies the import where Ctrl-C cannot cut it
+    from google.cloud import compute_v1
+
     return Clients(compute_v1.InstancesClient(**kw), compute_v1.RegionInstanceTemplatesClient(**kw),
                    compute_v1.InstanceTemplatesClient(**kw),
                    compute_v1.ResourcePoliciesClient(**kw), compute_v1.InstanceGroupManagersClient(**kw),
@@ -74,11 +94,11 @@ def call(what: str, fn, *args: Any, **kwargs: Any) -> Any:
         raise
     except exceptions.GoogleAPICallError as exc:
         reason = _reason(exc)
-        raise ProvisionError(f"Compute Engine refused to {what}: {exc.message or exc}", reason=reason) from None
+        raise ProvisionError(f"Compute Engine refused to {what}: {google_message(exc)}", reason=reason) from None
 
 
 def _reason(exc: Any) -> str:
-    """A short reason for the error tree: quota, no_capacity, permission, invalid or api."""
+    """A short reason for the error tree: quota, no_capacity, permission, exists, invalid or api."""
     text = str(getattr(exc, "message", "") or exc)
     code = getattr(exc, "code", None)
     found = reason_of(text)
@@ -86,6 +106,8 @@ def _reason(exc: Any) -> str:
         return found
     if code == 403:
         return "permission"
+    if code == 409:  # alreadyExists: the name is held (claims.py says by what)
+        return "exists"
     return "invalid" if code == 400 else "api"
 
 
@@ -99,8 +121,10 @@ def reason_of(text: str) -> str:
     return "api"
 
 
-def wait(project: str, operation: Any, what: str, deadline: float | None = None) -> None:
-    """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``."""
+def wait(project: str, operation: Any, what: str, deadline: float | None = None, flex: bool = False) -> None:
+    """Until ``operation`` (zonal or regional) is DONE; its error as one line naming ``what``
+    (``flex``: flex-start, whose INTERNAL_ERROR field reports saw where other tries said stockout:
+    no capacity)."""
     from google.cloud import compute_v1
     from requests.exceptions import Timeout
 
@@ -119,13 +143,14 @@ def wait(project: str, operation: Any, what: str, deadline: float | None = None)
     errors = list(operation.error.errors) if operation.error else []
     if errors:
         first = errors[0]
-        reason = reason_of(first.code)
-        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code}){more(reason, project)}",
-                             reason=reason)
+        reason = "no_capacity" if flex and first.code == "INTERNAL_ERROR" else reason_of(first.code)
+        raise ProvisionError(f"Compute Engine could not {what}: {first.message} ({first.code})"
+                             f"{more(reason, project)}", reason=reason)
 
 
 def more(reason: str, project: str) -> str:
-    """Where a quota refusal is fixed (Compute Engine's TPU quotas are their own, per region)."""
+    """Where a quota refusal is fixed (Compute Engine's TPU quotas are their own, per region; the
+    launch adds the Cloud TPU API's pool where it applies: zones.other_pool)."""
     if reason != "quota":
         return ""
     return f"; request more at https://console.cloud.google.com/iam-admin/quotas?project={project}"

@@ -6,7 +6,14 @@ even while no cell runs, as a Cloud TPU node does: its MIG (or instance) no long
 watchdog deleted it, or someone else did), a VM is TERMINATED (Spot capacity reclaimed after its
 30 s notice), or the MIG recreated a VM under the slice (a new VM, another id, a fresh disk: that
 host's state, its agent and JAX's process, are gone). %tpu_launch --recover relaunches it.
-%tpu_down deletes in order: MIG, template, policy (or the instance)."""
+%tpu_down deletes in order: MIG, template, policy (or the instance).
+
+A Spot or flex-start MIG slice that loses a VM is deleted whole as soon as the loss is seen (MIG,
+template, policy; its launch's only): Google does not give a Spot MIG its VM back ("To restart a
+Spot VMs instance or MIG, you must delete and then recreate it"), and the survivors would bill.
+
+Compute Engine VMs run a boot watchdog even without idle autodelete (grace-only): the kernel
+tells host 0 when its launch or attach is done (``boot_guard``), which ends it."""
 from __future__ import annotations
 
 import time
@@ -33,6 +40,8 @@ class Vm(NamedTuple):
 
 class ComputeNode(WatchedNode):
     WATCHED = "its VMs"
+    #: host 0's boot watchdog waits for the kernel to say its launch is done (tpunb/host/standalone/idle.py)
+    boot_guard = True
 
     def __init__(self, record: SliceRecord, delete: Callable[[SliceRecord], None], price_per_hour: float | None,
                  watch: bool = True) -> None:
@@ -41,7 +50,9 @@ class ComputeNode(WatchedNode):
         self.name, self.project, self.zone = record.name, spec["project"], spec["zone"]
         self.multi_host = int(spec.get("vms") or 1) > 1
         self.spot = bool(spec.get("spot"))
+        self.flex = bool(spec.get("flex"))
         self.idle_seconds = float(spec.get("idle_delete") or 0)
+        self._ended: str | None = None  # a Spot or flex MIG slice that lost a VM: what deleting it whole said
         self._delete = delete
         self.price_per_hour = price_per_hour
         self.vms: list[Vm] | None = None  # None: the MIG (or instance) does not exist
@@ -72,7 +83,23 @@ class ComputeNode(WatchedNode):
         return vms
 
     def lost_reason(self) -> str | None:
-        """Why the slice's hosts are gone for good, or None if they are not."""
+        """Why the slice's hosts are gone for good, or None if they are not; a Spot or flex-start
+        MIG slice that lost a VM is deleted whole on the way (once), and the reason says so."""
+        if self._ended is not None:
+            return self._ended  # what was said when it was deleted, not "its MIG no longer exists"
+        reason = self._lost()
+        if reason and self.vms is not None and self.multi_host and (self.spot or self.flex):
+            kind = "Spot" if self.spot else "flex-start"
+            try:
+                self._delete(self.record)
+                self._ended = (f"{reason}; a {kind} slice that lost a VM cannot be whole again, so its MIG, template "
+                               "and policy were deleted (the other VMs no longer bill)")
+            except Exception as exc:  # the loss matters more: say what is left
+                self._ended = f"{reason}; deleting the rest of it failed ({gcp_errors.one_line(str(exc), 200)})"
+            return self._ended
+        return reason
+
+    def _lost(self) -> str | None:
         idle = (f" (its idle autodelete deletes it after {format_duration(self.idle_seconds)} without a cell)"
                 if self.idle_seconds else "")
         what = f"MIG {self.name}" if self.multi_host else f"VM {self.name}"
@@ -101,13 +128,15 @@ class ComputeNode(WatchedNode):
         from tpunb.engine.bundle import idle_script
         from tpunb.provision.gcp.compute.bodies import idle_config
 
-        config = idle_config(self.project, self.zone, self.name, self.idle_seconds, self.multi_host)
+        config = idle_config(self.project, self.zone, self.name, self.idle_seconds, self.multi_host,
+                             self.record.spec.get("launch") or "")
         return {"idle": {**config, "source": idle_script()}}
 
     def idle_problem(self) -> str | None:
         """Why the watchdog cannot delete the slice ("": it can; None: not said), as worker 0 wrote it
-        in its guest attribute; read at most every FRESH_SECONDS."""
-        if not self.idle_seconds or self.vms is None or not self.record.hosts:
+        in its guest attribute; read at most every FRESH_SECONDS. Before the watch's first look the
+        slice is not known gone: the watchdog is asked (a status right after the launch says it)."""
+        if not self.idle_seconds or (self.checked_at and self.vms is None) or not self.record.hosts:
             return None
         read_at, said = self._problem
         if time.monotonic() - read_at > FRESH_SECONDS:
@@ -133,7 +162,8 @@ class ComputeNode(WatchedNode):
         while (problem := self.read_idle_problem()) is None and time.monotonic() < deadline:
             api.pause(0.1)
         if problem:
-            report.warn(gcp_errors.idle_problem_message(self.name, self.project, problem, compute=True))
+            report.warn(gcp_errors.idle_problem_message(self.name, self.project, problem, compute=True,
+                                                        boot=not self.idle_seconds))
 
     # -- the rest --------------------------------------------------------------------------
 

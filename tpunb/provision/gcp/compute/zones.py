@@ -35,7 +35,10 @@ def choose(project: str, shape: catalog.ComputeShape, given: str | None, default
     have = offered(project, shape.machine_type)
     what = f"{shape.machine_type} ({shape.accelerator})"
     if not have:
-        raise ProvisionError(f"no zone of {project} offers {what} through Compute Engine", reason="invalid_zone")
+        allowlist = (": Google offers TPU7x to allowlisted projects (ask your account team to add this one)"
+                     if catalog.lookup(shape.accelerator).generation == "tpu7x" else "")
+        raise ProvisionError(f"no zone of {project} offers {what} through Compute Engine{allowlist}",
+                             reason="invalid_zone")
     given = given or default
     if not given or given.strip().lower() == ANY:
         return catalog.nearest(have, user_region())
@@ -54,14 +57,24 @@ def everywhere_failed(name: str, project: str, outcomes: list[Outcome], spot: bo
     if kinds & {"no_capacity", "timeout"}:
         tips += [*([] if spot else ["--spot"]), "--flex HOURS to wait for capacity", "more zones (--zone any)"]
     if "quota" in kinds:
-        tips.append(f"more quota (https://console.cloud.google.com/iam-admin/quotas?project={project})")
+        tips.append(f"more quota (https://console.cloud.google.com/iam-admin/quotas?project={project})"
+                    f"{other_pool(outcomes[0].candidate.accelerator) if outcomes else ''}")
     lines = [f"{name} was granted nowhere ({len(outcomes)} tries):", *(f"  {o}" for o in outcomes),
              f"try: {'; '.join(tips) or '%tpu_doctor to check the project, then retry'}"]
     return ProvisionError("\n".join(lines), reason=kinds.pop() if len(kinds) == 1 else "failover")
+
+
+def other_pool(accelerator: str) -> str:
+    """For a type the Cloud TPU API also makes (v6e, v5p): its quota is a pool of its own, the one
+    TRC and older projects hold (docs/cloud-facts.md); "" for TPU7x, which only Compute Engine makes."""
+    if catalog.lookup(accelerator).no_tpu_api:
+        return ""
+    return (" or --api tpu: the Cloud TPU API's TPU quota is a separate pool (the one TRC and older projects hold; "
+            "%tpu_doctor reads both)")
 
 
 def outcome(accelerator: str, zone: str, error: ProvisionError) -> Outcome:
     return Outcome(Candidate(accelerator, zone), error.reason or "other", str(error))
 
 
-__all__ = ["ZONE_FAILURES", "choose", "everywhere_failed", "offered", "outcome"]
+__all__ = ["ZONE_FAILURES", "choose", "everywhere_failed", "offered", "other_pool", "outcome"]
