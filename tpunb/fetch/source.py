@@ -45,17 +45,18 @@ class Manifest:
 
     def __str__(self) -> str:
         at = f"@{self.revision[:12]}" if self.revision else ""
-        return f"{self.source.text}{at}: {len(self.entries)} files, {self.total:,} bytes"
+        return f"{self.source.text.split('?', 1)[0]}{at}: {len(self.entries)} files, {self.total:,} bytes"
 
 
 def parse_source(text: str, revision: str | None = None, include: tuple[str, ...] | list[str] = ()) -> Source:
     """SOURCE (and --revision, --include) as a Source; UsageError (one line) for anything else."""
     text = (text or "").strip()
+    shown = text.split("?", 1)[0]  # a presigned URL's query is a credential
     kind = next((k for scheme, k in SCHEMES.items() if text.startswith(scheme)), None)
     if kind is None:
-        raise UsageError(f"cannot fetch {text or 'nothing'!r}: give hf://ORG/NAME, gs://BUCKET/PREFIX or https://...")
+        raise UsageError(f"cannot fetch {shown or 'nothing'!r}: give hf://ORG/NAME, gs://BUCKET/PREFIX or https://...")
     if revision is not None and kind != "hub":
-        raise UsageError(f"--revision is for hf:// sources only: {text} has one version (drop --revision)")
+        raise UsageError(f"--revision is for hf:// sources only: {shown} has one version (drop --revision)")
     location = text if kind == "web" else text.split("://", 1)[1].strip("/")
     if kind == "hub":
         parts = location.split("/")
@@ -83,7 +84,7 @@ def pick(source: Source, entries: list[Entry]) -> list[Entry]:
     if entries and not picked:
         sample = ", ".join(entry.path for entry in entries[:4]) + (", ..." if len(entries) > 4 else "")
         raise UsageError(f"--include {' '.join(source.include)} matches none of the {len(entries)} files of "
-                         f"{source.text} ({sample}): fix the pattern")
+                         f"{source.text.split('?', 1)[0]} ({sample}): fix the pattern")
     return picked
 
 

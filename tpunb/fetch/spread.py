@@ -24,6 +24,7 @@ from tpunb.errors import FetchFailed, TransportError
 from tpunb.fetch.source import Manifest
 from tpunb.host import protocol
 from tpunb.host.fetch import FetchError, download
+from tpunb.secrets import urls
 from tpunb.units import format_bytes
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class FetchReport:
 
     def __str__(self) -> str:
         at = f"@{self.revision[:12]}" if self.revision else ""
-        head = (f"{self.source}{at} at {self.root} on host{'s' if len(self.hosts) > 1 else ''} "
+        head = (f"{urls.bare(self.source)}{at} at {self.root} on host{'s' if len(self.hosts) > 1 else ''} "
                 f"{self.names(self.hosts)}: {self.files} file{'s' if self.files != 1 else ''}, {format_bytes(self.bytes)}")
         if self.route == "none":
             return f"{head}; already there: no bytes moved"
@@ -99,6 +100,9 @@ def fetch(session: Session, manifest: Manifest, root: str, indices: list[int],
             secret = str(value).removeprefix("Bearer ").strip()
             if len(secret) >= 8:
                 session.masker.add(secret)
+    query = urls.query(manifest.source.text)  # a presigned URL's signature: masked from now on
+    if query:
+        session.masker.add(query)
     report = FetchReport(manifest.source.text, manifest.revision, root, list(indices), len(manifest.entries),
                          manifest.total, names=names)
     bare = [{**entry.to_wire(), "headers": {}} for entry in manifest.entries]

@@ -9,12 +9,14 @@ later kernel's control process reads again. Environment values given by the kern
 the supervisor's memory and the command's environment: never in a file. The variables the kernel
 names as secrets (``secret_keys``: names only) are masked (``****``) in the log as it is written:
 the command's output then passes through the supervisor (``MaskedLog``), so no value reaches the
-host's disk, even one split across two writes.
+host's disk, even one split across two writes, nor any form it takes in output (``secret_forms``:
+the kernel's masker derives the same forms from the same function).
 
 Shipped to hosts: standard library only.
 """
 from __future__ import annotations
 
+import base64
 import codecs
 import json
 import os
@@ -26,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
+import urllib.parse
 from collections.abc import Callable
 
 #: how long a stopped service's process group gets to end before it is killed
@@ -39,6 +41,32 @@ ACTIVE = ("starting", "running", "restarting")
 CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "VLLM_XLA_CACHE_PATH")
 #: this worker's guest attribute that says when its services last ran (read by tpunb/host/standalone/idle.py)
 SERVING_ATTRIBUTE = "tpunb/serving"
+#: shorter values (and forms of them) would mask ordinary text: never masked
+MIN_SECRET = 8
+#: what a masked value becomes
+MASK = "****"
+
+
+def secret_forms(value: str) -> list[str]:
+    """The forms a secret takes in output, each to be masked, longest first: the value; each
+    trimmed line of a multi-line value; its JSON escaping (and with ``\\/``); its percent-encoding
+    (``%20`` and ``+`` for spaces); and the core of its base64 at each of the three byte alignments,
+    which is the base64 of its whole 3-byte groups (no padding, no partial last character, standard
+    and URL-safe alphabets), so the value is found inside a longer encoded stream
+    (``echo user:$TOKEN | base64``) whatever precedes it. Forms under MIN_SECRET characters are left
+    out. GitHub Actions' runner registers padded base64 forms (``HostContext``'s value encoders);
+    their cores are what survive the value being part of a longer encoding."""
+    found = {value}
+    found.update(line.strip() for line in value.splitlines())
+    escaped = json.dumps(value)[1:-1]
+    found.update({escaped, json.dumps(value, ensure_ascii=False)[1:-1], escaped.replace("/", "\\/")})
+    found.update({urllib.parse.quote(value, safe=""), urllib.parse.quote_plus(value, safe="")})
+    raw = value.encode()
+    for shift in range(3):
+        whole = raw[shift:][:(len(raw) - shift) // 3 * 3]
+        if whole:
+            found.update({base64.b64encode(whole).decode(), base64.urlsafe_b64encode(whole).decode()})
+    return sorted((form for form in found if len(form) >= MIN_SECRET), key=lambda form: (-len(form), form))
 
 
 def frame(value: dict) -> bytes:
@@ -335,7 +363,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up pipe hears the command end
-    state = {"name": request["name"], "host": request["host"], "command": request["command"],
+    state = {"name": request["name"], "host": request["host"], "command": masked.text(request["command"]),
              "env_keys": request.get("env_keys", []), "restart": request.get("restart", "no"), "port": request.get("port"),
              "supervisor": os.getpid(), "pid": None, "state": "starting", "exit_code": None, "restarts": 0,
              "started_at": time.time(), "log": os.path.join(directory, "log"), "message": ""}
@@ -438,6 +466,8 @@ def _touch_activity() -> None:
 
 def _metadata(path: str, value: str | None = None) -> str:
     """GET (or, with ``value``, PUT) one path of the GCE metadata server."""
+    import urllib.request  # only on a cloud VM: the kernel's masker imports this module too
+
     host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
     request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}", headers={"Metadata-Flavor": "Google"},
                                      method="GET" if value is None else "PUT",
@@ -536,13 +566,20 @@ class MaskedLog:
 
     def __init__(self, log: int, values: list[str]) -> None:
         self.log = log
-        self.values = sorted({v.encode() for v in values if len(v) >= 8}, key=len, reverse=True)
+        self.values = sorted({form.encode() for v in values if len(v) >= MIN_SECRET for form in secret_forms(v)},
+                             key=len, reverse=True)
         self.held = b""
         self.read_end: int | None = None
         self.out = log
         if self.values:
             self.read_end, self.out = os.pipe()
             os.set_blocking(self.read_end, False)
+
+    def text(self, text: str) -> str:
+        """``text`` (the command line, kept in the state file) with every secret form masked."""
+        for value in self.values:
+            text = text.replace(value.decode(errors="replace"), MASK)
+        return text
 
     def drain(self) -> None:
         """Copy what the command wrote so far to the log, masked."""
@@ -558,7 +595,7 @@ class MaskedLog:
                 break
             data += chunk
         for value in self.values:
-            data = data.replace(value, b"****")
+            data = data.replace(value, MASK.encode())
         keep = self._partial(data)
         self.held = data[len(data) - keep:] if keep else b""
         data = data[:len(data) - keep]
@@ -575,8 +612,20 @@ class MaskedLog:
             data = data[os.write(self.log, data):]
 
     def _partial(self, data: bytes) -> int:
-        """How many bytes at the end of ``data`` could begin a secret value (0: none)."""
-        for size in range(min(len(data), max(len(v) for v in self.values) - 1), 0, -1):
-            if any(v.startswith(data[len(data) - size:]) for v in self.values):
-                return size
-        return 0
+        """How many bytes at the end of ``data`` could begin a secret's form (0: none)."""
+        return held_tail(data, self.values)
+
+
+def held_tail(text, forms) -> int:
+    """How many characters (or bytes) at the end of ``text`` could begin one of ``forms``: the
+    tail to hold back until more of the stream says whether it does (0: none). The window is the
+    longest form's, and only places where a form's first character stands are tried."""
+    longest = 0
+    for form in forms:
+        at = text.find(form[:1], max(0, len(text) - len(form) + 1))
+        while at != -1 and len(text) - at > longest:  # the earliest match is this form's longest tail
+            if form.startswith(text[at:]):
+                longest = len(text) - at
+                break
+            at = text.find(form[:1], at + 1)
+    return longest
