@@ -476,18 +476,23 @@ cells = [
         "## Benchmark it\n\n"
         "`%tpu_bench` streams chat requests to the service, as vLLM's `bench serve` does, at 1, 4 and 16 at "
         "once, with prompts of 24 tokens counted by the server's `/tokenize`, and reports TTFT, TPOT, ITL and "
-        "throughput per level, with a plot of latency against throughput (`--save` writes vLLM's key names)."),
+        "throughput per level, with a plot of latency against throughput. Every prompt is distinct, in every "
+        "level, so a server's prefix cache answers none from another; the client runs on the service's host, "
+        "as published figures are taken (`--from-kernel`: from here, with the round trip beside the figures). "
+        "`--save` writes `vllm bench sweep`'s folder: a `run=0.json` per level with vLLM's keys, and "
+        "`summary.csv`."),
     new_code_cell(f"%tpu_bench lm --model coriolanus --chat --concurrency 1,4,16 --requests 16 --input-len 24 "
-                  "--output-len 16 --save $work/bench.json", metadata=IGNORE),  # this run's timings
+                  "--output-len 16 --save $work/bench", metadata=IGNORE),  # this run's timings
     new_markdown_cell(
         "This server makes one token at a time, however many requests are in flight: more at once do not raise "
         "its throughput (16 threads contending for one lock can even lower it), and each request waits longer "
         "for its first token. vLLM batches the requests in flight, which is what lifts throughput with "
         "concurrency. What the saved file says about every level:"),
     new_code_cell(
-        'for level in json.load(open(f"{work}/bench.json")):\n'
-        "    print(f\"concurrency {level['concurrency']:2}: {level['completed']} completed, {level['failed']} failed, \"\n"
-        "          f\"{level['total_output_tokens']} output tokens\")"),
+        "for c in (1, 4, 16):\n"
+        '    level = json.load(open(f"{work}/bench/BENCH--max_concurrency={c}/run=0.json"))\n'
+        "    print(f\"concurrency {level['max_concurrency']:2}: {level['completed']} completed, {level['failed']} failed, \"\n"
+        "          f\"{level['total_input_tokens']} prompt and {level['total_output_tokens']} output tokens\")"),
     new_markdown_cell("## Stop\n\n`%tpu_down` ends the service and the slice; then the stand-in and this "
                       "machine's files go."),
     new_code_cell("%tpu_down\nhub.stop()\nimport shutil\n\nshutil.rmtree(work)"),
