@@ -10,7 +10,7 @@ import pytest
 
 from tpunb import manager
 from tpunb.engine.masking import MASK, Masker
-from tpunb.host.standalone.service import MaskedLog
+from tpunb.host.standalone.log_mask import MaskedLog
 from tpunb.registry import Registry
 from tpunb.secrets.store import Secrets
 from tests.conftest import wait_for

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from tpunb.host.standalone.service import MASK, MIN_SECRET, held_tail, secret_forms
+from tpunb.host.standalone.log_mask import MASK, MIN_SECRET, held_tail, secret_forms
 
 #: shorter values would mask ordinary words: they are refused as secrets
 MIN_LENGTH = MIN_SECRET
