@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tpunb import catalog, colab, provision, report
 from tpunb.engine.background import interrupt_all
 from tpunb.engine.masking import MIN_LENGTH, Masker
+from tpunb.fetch import hub as fetch_hub
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
 from tpunb.provision import LaunchRequest, Made, interrupts, warm
 from tpunb.registry import Registry
@@ -562,6 +563,7 @@ class SliceManager:
 
 #: the kernel's slices: the magics, tpunb's functions, the Jupyter server and the tests share it
 MANAGER = SliceManager()
+fetch_hub.secret_lookup = MANAGER.secrets.get  # %tpu_fetch's Hub token may be one given to %tpu_secret
 connect = MANAGER.connect
 launch = MANAGER.launch
 use = MANAGER.use

@@ -462,23 +462,22 @@ class Slice:
         self.idle.mark(False, tell_host=True)
         return assemble(name, self.session.gather(name, indices))
 
-    def fetch(self, source: str, to: str, include: tuple[str, ...] | list[str] = (), revision: str | None = None,
-              hosts: str | list[int] | None = None) -> FetchReport:
-        """Put SOURCE's files (``hf://ORG/NAME``, ``gs://BUCKET/PREFIX`` or ``https://...``) at ``to``
-        on every chosen host, each byte from the source once per slice (``tpunb.fetch.spread``):
-        resumable, verified, and a second fetch of the same revision moves nothing. A FetchReport."""
-        from tpunb.fetch.manifest import manifest
-        from tpunb.fetch.source import parse_source
+    def fetch(self, source: str, to: str | None = None, include: tuple[str, ...] | list[str] = (),
+              revision: str | None = None, hosts: str | list[int] | None = None,
+              exclude: tuple[str, ...] | list[str] = ()) -> FetchReport:
+        """Put SOURCE's files (``hf://ORG/NAME``, ``hf://datasets/ORG/NAME``, ``gs://BUCKET/PREFIX``
+        or ``https://...``) on every chosen host, each byte from the source once per slice
+        (``tpunb.fetch.spread``): at ``to`` (as ``hf download --local-dir`` leaves it), or, for a Hub
+        repository without it, in each host's Hugging Face cache. A FetchReport."""
+        from tpunb.fetch.manifest import manifest, wanted
         from tpunb.fetch.spread import fetch
 
-        if not isinstance(to, str) or not to.strip():
-            raise UsageError("say where the files go on the hosts: --to PATH, e.g. --to ~/models/gemma")
-        wanted = parse_source(source, revision, (include,) if isinstance(include, str) else tuple(include or ()))
+        found, to = wanted(source, to, include, revision, exclude)
         indices = self.layout.parse(hosts)
-        listed = manifest(wanted)
+        listed = manifest(found)
         self.revive()  # not only these hosts': a background cell may hold them, the fetch runs beside it
         with self.idle.busy():
-            return fetch(self.session, listed, to.strip(), indices, self.layout.names)
+            return fetch(self.session, listed, to, indices, self.layout.names)
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self, since: Any = None) -> "pandas.DataFrame":
