@@ -559,6 +559,13 @@ class Slice:
             self._check_not_deleted()
             return restart(self, hosts)
 
+    def compile_cache_stats(self, hosts: str | list[int] | None = None) -> dict[int, dict]:
+        """Each host's compile-cache hits, misses and compiles that asked the cache in its current
+        Python session, as JAX's monitoring events (``/jax/compilation_cache/cache_hits``...) count them."""
+        from tpunb.fetch.jaxcache import stats
+
+        return stats(self.session, self.layout.parse(hosts))
+
     @property
     def needs_restart(self) -> list[int]:
         """Hosts a restart could not reach: only %tpu_restart starts them again."""

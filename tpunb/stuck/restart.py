@@ -37,6 +37,8 @@ class Restart:
     seconds: float = 0.0
     jax: bool = False
     widened: bool = False  # some hosts were asked for, but JAX needs every host restarted
+    #: what became of host 0's compile-cache entries (copied to the hosts that lacked them), if anything
+    cache: str | None = None
 
     def line(self, name: str, names) -> str:
         many = len(self.restarted) > 1
@@ -45,6 +47,8 @@ class Restart:
                  f"{'their' if many else 'its'} variables are gone"]
         if self.widened:
             parts.append("every host, since JAX's distributed runtime cannot take a restarted peer back")
+        if self.cache:
+            parts.append(self.cache)
         if self.jax:
             parts.append("JAX is starting again over the whole slice")
         if self.killed:
@@ -80,6 +84,7 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
             if not ready:
                 raise
             sl.connect(chosen)  # a standby ended meanwhile (its connection dropped): every host cold
+    cache = _share_cache(sl, fresh) if len(fresh) == sl.num_hosts > 1 else None
     if jax and len(fresh) == sl.num_hosts:
         session.start_jax_everywhere()
     elif fresh:
@@ -88,7 +93,21 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
         host.info.needs_restart = host.index in unreachable
     sl.save_hosts()
     sl.standbys.prepare_ahead(likely=True)  # the next restart's, once JAX's start and the next cell are done
-    return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened)
+    return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened, cache)
+
+
+def _share_cache(sl: "HeldSlice", hosts: list[int]) -> str | None:
+    """Host 0's new compile-cache entries to the other hosts, before JAX starts again (JAX writes
+    them from process 0 only): what was done, as the restart's line says it. A copy that fails
+    costs those hosts a compile, never the restart."""
+    from tpunb.errors import FetchFailed
+    from tpunb.fetch.jaxcache import share
+
+    try:
+        done = share(sl.session, hosts, sl.layout.names)
+    except (FetchFailed, TransportError) as exc:
+        return f"host 0's compile-cache entries were not copied ({exc}): the other hosts compile again"
+    return None if done is None or not done.entries else done.line(sl.layout.names)
 
 
 def _unreachable(session, indices: list[int]) -> dict[int, str]:
