@@ -405,7 +405,8 @@ class TpuMagics(Magics):
         args = parse_line(self.tpu_fetch, line)
         from tpunb.fetch.source import parse_source
 
-        try:
+        args.include, args.exclude = ([p.strip("'\"") for p in globs] for globs in (args.include, args.exclude))  # IPython
+        try:  # keeps the quotes a user types around a glob
             parse_source(args.source, args.revision, args.include, args.exclude)
         except UsageError as exc:
             raise UsageError(f"{exc}. Usage: {usage_of(self.tpu_fetch)}") from None
