@@ -549,15 +549,16 @@ class Slice:
         frames too, through py-spy on the hosts."""
         return stuck.slice_stacks(self, hosts, native)
 
-    def restart(self, hosts: str | list[int] | None = None):
+    def restart(self, hosts: str | list[int] | None = None, jax: bool = True):
         """Fresh Python sessions on the hosts (default all) of this same slice, the way back from a
         wedged runtime: agents that do not exit are killed; the node, connections and services stay;
-        JAX starts again over the whole slice if it ran. A ``tpunb.stuck.restart.Restart``."""
+        JAX starts again over the whole slice if it ran (``jax=False``: not, the chips left free for
+        another program). A ``tpunb.stuck.restart.Restart``."""
         from tpunb.stuck.restart import restart
 
         with self._revive_lock:
             self._check_not_deleted()
-            return restart(self, hosts)
+            return restart(self, hosts, jax)
 
     def compile_cache_stats(self, hosts: str | list[int] | None = None) -> dict[int, dict]:
         """Each host's compile-cache hits, misses and compiles that asked the cache in its current

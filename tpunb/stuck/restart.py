@@ -63,8 +63,9 @@ class Restart:
         return "; ".join(parts)
 
 
-def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
-    """End the chosen hosts' agents (all by default) and start fresh ones; see the module docstring."""
+def restart(sl: "HeldSlice", hosts: str | list[int] | None = None, start_jax: bool = True) -> Restart:
+    """End the chosen hosts' agents (all by default) and start fresh ones; see the module docstring.
+    ``start_jax=False``: JAX does not start again, so no process of tpunb's holds the chips."""
     session = sl.session
     indices = sl.layout.parse(hosts)
     jax = session.jax_started
@@ -85,7 +86,7 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
                 raise
             sl.connect(chosen)  # a standby ended meanwhile (its connection dropped): every host cold
     cache = _share_cache(sl, fresh) if len(fresh) == sl.num_hosts > 1 else None
-    if jax and len(fresh) == sl.num_hosts:
+    if jax and start_jax and len(fresh) == sl.num_hosts:
         session.start_jax_everywhere()
     elif fresh:
         session.jax_started = False  # JAX ran on agents that are gone; none of the fresh ones runs it
@@ -93,7 +94,8 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
         host.info.needs_restart = host.index in unreachable
     sl.save_hosts()
     sl.standbys.prepare_ahead(likely=True)  # the next restart's, once JAX's start and the next cell are done
-    return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened, cache)
+    return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and start_jax and bool(fresh), widened,
+                   cache)
 
 
 def _share_cache(sl: "HeldSlice", hosts: list[int]) -> str | None:
