@@ -100,6 +100,7 @@ ENTRIES = ("%%on_tpu\nimport hashlib, os\nimport jax\nfrom jax._src import compi
            "cache.get(k) is not None, os.path.exists(os.path.join(root, k + '-atime'))) for k in keys]")
 
 
+@pytest.mark.sandbox
 @pytest.mark.jax
 def test_restart_copies_process_0s_entries_to_every_host_and_counts_hits_per_host(cell, sshd, ssh_key, monkeypatch):
     """Two hosts, each its cache on its own disk: JAX writes from process 0 only, so host 1 has none;
