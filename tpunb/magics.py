@@ -394,27 +394,32 @@ class TpuMagics(Magics):
                          timeout=args.timeout, port=args.port)
 
     @magic_arguments()
-    @argument("source", help="hf://ORG/NAME, gs://BUCKET/PREFIX or https://...")
-    @argument("--to", required=True, metavar="PATH", help="where the files go on every host (~ is each host's home)")
+    @argument("source", help="hf://ORG/NAME, hf://datasets/ORG/NAME, gs://BUCKET/PREFIX or https://...")
+    @argument("--to", default=None, metavar="PATH",
+              help="where the files go on every host (~ is each host's home), as hf download --local-dir; "
+                   "default for hf://: each host's Hugging Face cache, where from_pretrained and vllm serve look")
     @argument("--include", nargs="+", action="extend", default=[], metavar="GLOB",
               help="only the files these patterns match (as huggingface_hub's allow_patterns)")
+    @argument("--exclude", nargs="+", action="extend", default=[], metavar="GLOB",
+              help="not the files these patterns match (as ignore_patterns), e.g. 'original/*'")
     @argument("--revision", default=None, metavar="R", help="a branch, tag or commit of an hf:// repository")
     @argument("--hosts", default=None, help="only these hosts (default: all)")
     @argument("--slice", dest="slice_name", default=None)
     @line_magic
     def tpu_fetch(self, line: str):
-        """The same files at PATH on every host, each byte from the source once per slice:
-        %tpu_fetch SOURCE --to PATH [--include GLOB ...] [--revision R] [--hosts H]."""
+        """The same files on every host, each byte from the source once per slice:
+        %tpu_fetch SOURCE [--to PATH] [--include GLOB ...] [--exclude GLOB ...] [--revision R] [--hosts H]."""
         args = parse_line(self.tpu_fetch, line)
         from tpunb.fetch.source import parse_source
 
-        try:
-            parse_source(args.source, args.revision, args.include)
+        args.include, args.exclude = ([p.strip("'\"") for p in globs] for globs in (args.include, args.exclude))  # IPython
+        try:  # keeps the quotes a user types around a glob
+            parse_source(args.source, args.revision, args.include, args.exclude)
         except UsageError as exc:
             raise UsageError(f"{exc}. Usage: {usage_of(self.tpu_fetch)}") from None
         sl = manager.current(args.slice_name)
         with one_line_interrupt():
-            done = sl.fetch(args.source, args.to, args.include, args.revision, args.hosts)
+            done = sl.fetch(args.source, args.to, args.include, args.revision, args.hosts, args.exclude)
         report.info(f"[tpunb] fetched {done}")
         return None
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tpunb import catalog, colab, provision, report
 from tpunb.engine.background import interrupt_all
 from tpunb.engine.masking import Masker
+from tpunb.fetch import hub as fetch_hub
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
 from tpunb.provision import LaunchRequest, Made, interrupts, warm
 from tpunb.registry import Registry
@@ -573,6 +574,9 @@ def secret_value(name: str) -> str | None:
     """The value this kernel was given for ``name`` with %tpu_secret or --secret (typed at the
     prompt included), or None; never read from the environment (read that where it applies)."""
     return MANAGER.named.value(name)
+
+
+fetch_hub.secret_lookup = secret_value  # %tpu_fetch's Hub token may be one given to %tpu_secret or --secret
 
 
 def attached(name: str) -> Slice | None:
