@@ -2,8 +2,8 @@
 Hub stand-in read by huggingface_hub, gcp-storage-emulator, an HTTP file), each file then fetched
 and verified by the host downloader; every bad input a one-line error naming what to do, and
 the token in none of them. Datasets, --exclude, a renamed repository, a token given to
-%tpu_secret's prompt, a presigned URL that refuses HEAD, and a bucket that refuses the host's own
-account (the kernel's token then, one per file)."""
+%tpu_secret's prompt or to --secret's, a presigned URL that refuses HEAD, and a bucket that refuses
+the host's own account (the kernel's token then, one per file)."""
 from __future__ import annotations
 
 import base64
@@ -234,6 +234,17 @@ def test_a_token_typed_at_tpu_secrets_prompt_lists_a_gated_repository(hub, monke
     assert manager.secret("HF_TOKEN") == ["HF_TOKEN"] and "HF_TOKEN" not in os.environ
     found = manifest("hf://org/gated")
     assert found.revision == hub.commits["gated"]
+    assert all(e.headers == {"Authorization": f"Bearer {TOKEN}"} for e in found.entries)
+
+
+def test_a_token_given_with_secret_on_a_launch_lists_a_gated_repository(hub, monkeypatch):
+    import getpass
+
+    monkeypatch.setattr(getpass, "getpass", lambda prompt="": TOKEN)  # typed at --secret's prompt
+    monkeypatch.setattr(manager.colab, "user_secret", lambda name: None)
+    assert manager.parse_env(None, ["HF_TOKEN"]) == {"HF_TOKEN": TOKEN} and "HF_TOKEN" not in os.environ
+    assert not manager.MANAGER.secrets  # --secret is not %tpu_secret: only the kernel's named secrets hold it
+    found = manifest("hf://org/gated")
     assert all(e.headers == {"Authorization": f"Bearer {TOKEN}"} for e in found.entries)
 
 
