@@ -354,5 +354,3 @@ def verify_or_remove(entry: Entry, checker: Checker, partial: str) -> None:
             pass
         raise FetchError(f"{entry.path}: verification failed, {wrong}: removed {partial}; fetch again (the "
                          "source changed or the bytes were damaged on the way)", "verify")
-
-
