@@ -47,9 +47,13 @@ def free_port() -> int:
 
 
 def start_server(args, log: Path) -> tuple[subprocess.Popen, int]:
+    return start_toy(["--ttft", str(args.ttft), "--itl", str(args.itl)], log)
+
+
+def start_toy(flags: list[str], log: Path) -> tuple[subprocess.Popen, int]:
+    """The toy server as a process of its own, logging its send times to ``log``; once it listens."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, toy_llm.__file__, "--port", str(port), "--ttft", str(args.ttft),
-                               "--itl", str(args.itl), "--log", str(log)])
+    server = subprocess.Popen([sys.executable, toy_llm.__file__, "--port", str(port), *flags, "--log", str(log)])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -68,8 +72,8 @@ def body(tokens: int) -> bytes:
 
 # -- the clients: each returns [{"id", "first", "end", "tokens"}] ------------------------------------
 def tpunb_client(port: int, concurrency: int, count: int, tokens: int) -> list[dict]:
-    config = {"base_url": f"http://127.0.0.1:{port}/", "model": "toy", "output_len": tokens, "requests": count,
-              "concurrency": [concurrency], "prompts": ["hello " * 16], "timeout": 120}
+    config = {"base_url": f"http://127.0.0.1:{port}/", "model": "toy", "timeout": 120,
+              "levels": [{"concurrency": concurrency, "requests": [{"prompt": "hello " * 16, "output_len": tokens}] * count}]}
     records = bench_client.run(config)[0]["records"]
     return [{"id": r["id"], "first": r["times"][0], "end": r["times"][-1], "tokens": r["usage"]["completion_tokens"]}
             for r in records if r["ok"]]

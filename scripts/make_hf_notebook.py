@@ -1,153 +1,66 @@
 """Writes notebooks/10_hf_finetune_serve.ipynb and executes it to store its outputs (nbval compares them):
 PYTHONPATH=. python3 scripts/make_hf_notebook.py"""
+import os
+
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from notebook_kit import IGNORE, JSON_REPLY, write
+from notebook_kit import IGNORE, write
 
 PORT = 18100  # the server's port on host 0 (08_serve uses 18000 and 18080; local hosts share this machine's ports)
 
-MAKE_MODEL = (
-    "import json, os, secrets, tempfile\n"
-    "from importlib.resources import files\n\n"
-    "import numpy as np\n"
-    "from safetensors.numpy import save_file\n"
-    "from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers\n\n"
-    'work = tempfile.mkdtemp(prefix="tpunb-hf-")   # the same path on the hosts\n'
-    'made = os.path.join(work, "made")             # the model as it is published\n'
-    "os.makedirs(made)\n"
-    'text = (files("tpunb") / "data" / "coriolanus.txt").read_text()   # Shakespeare, public domain\n\n'
-    "# a byte-level BPE tokenizer of 512 tokens (the text's characters and their commonest merges): tokenizer.json\n"
-    "tokenizer = Tokenizer(models.BPE())\n"
-    "tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)\n"
-    "tokenizer.decoder = decoders.ByteLevel()\n"
-    'tokenizer.train_from_iterator([text], trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],\n'
-    "                              show_progress=False))\n"
-    'tokenizer.save(f"{made}/tokenizer.json")\n'
-    'chat_template = ("{% for m in messages %}{{ m[\'role\'] }}: {{ m[\'content\'] }}\\n{% endfor %}"\n'
-    "                 \"{% if add_generation_prompt %}assistant:{% endif %}\")\n"
-    'json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "chat_template": chat_template},\n'
-    '          open(f"{made}/tokenizer_config.json", "w"), indent=1)\n\n'
-    "# config.json as transformers writes it for a Llama: 2 layers, 4 query heads sharing 2 key/value heads\n"
-    'config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "hidden_size": 64,\n'
-    '          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,\n'
-    '          "head_dim": 16, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,\n'
-    '          "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 0,\n'
-    '          "torch_dtype": "float32"}\n'
-    'json.dump(config, open(f"{made}/config.json", "w"), indent=1)\n\n'
-    "# the weights under Hugging Face's names, each linear layer [out, in] (random: they stand in for a pretrained model)\n"
-    'd, ff, vocab, hd = 64, 128, 512, 16\n'
-    'shapes = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,), "lm_head.weight": (vocab, d)}\n'
-    "for i in range(2):\n"
-    '    attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"\n'
-    '    shapes |= {f"{attn}.q_proj.weight": (4 * hd, d), f"{attn}.k_proj.weight": (2 * hd, d),\n'
-    '               f"{attn}.v_proj.weight": (2 * hd, d), f"{attn}.o_proj.weight": (d, 4 * hd),\n'
-    '               f"{mlp}.gate_proj.weight": (ff, d), f"{mlp}.up_proj.weight": (ff, d), f"{mlp}.down_proj.weight": (d, ff),\n'
-    '               f"model.layers.{i}.input_layernorm.weight": (d,), f"model.layers.{i}.post_attention_layernorm.weight": (d,)}\n'
-    "rng = np.random.default_rng(0)\n"
-    "weights = {name: (np.ones(shape) if len(shape) == 1 else\n"
-    '                  rng.normal(0, 1.0 if name.startswith("model.embed") else shape[1] ** -0.5, shape)).astype(np.float32)\n'
-    "           for name, shape in shapes.items()}\n"
-    'save_file(weights, f"{made}/model.safetensors", metadata={"format": "pt"})\n'
-    "for name in sorted(os.listdir(made)):\n"
-    '    print(f"{name:22} {os.path.getsize(os.path.join(made, name)):>8,} bytes")\n'
-    'print(f"{sum(w.size for w in weights.values()):,} parameters")'
-)
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_tutorial")
 
-LLAMA = (
-    '"""A Llama-shaped causal LM in plain JAX that reads Hugging Face\'s names and layout: the\n'
-    'fine-tuning cells and the server both import it."""\n'
-    "import json, os\n\n"
-    "import jax, jax.numpy as jnp\n"
-    "from jax.sharding import NamedSharding, PartitionSpec as P\n"
-    "from safetensors import safe_open\n\n"
-    'COLUMNS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")   # split by output rows on the "model" axis\n'
-    'ROWS = ("o_proj", "down_proj")                                      # split by input columns\n\n\n'
-    "def module(layer, name):\n"
-    '    """Hugging Face\'s name of a layer\'s linear module, e.g. model.layers.0.self_attn.q_proj."""\n'
-    "    block = \"mlp\" if name in (\"gate_proj\", \"up_proj\", \"down_proj\") else \"self_attn\"\n"
-    '    return f"model.layers.{layer}.{block}.{name}"\n\n\n'
-    "def spec(name):\n"
-    '    """How a weight ([out, in], as Hugging Face stores it) is split over the mesh\'s "model" axis."""\n'
-    '    if name.endswith(tuple(f"{n}.weight" for n in COLUMNS)) or name in ("model.embed_tokens.weight", "lm_head.weight"):\n'
-    '        return P("model", None)\n'
-    '    if name.endswith(tuple(f"{n}.weight" for n in ROWS)):\n'
-    '        return P(None, "model")\n'
-    "    return P()   # norms: whole on every device\n\n\n"
-    "def load(folder, mesh=None):\n"
-    '    """(config, weights) of a Hugging Face folder. With a mesh, every weight is a jax.Array split\n'
-    "    over it, and each process reads from model.safetensors only the slices its own devices hold.\"\"\"\n"
-    '    config = json.load(open(os.path.join(folder, "config.json")))\n'
-    "    weights = {}\n"
-    '    with safe_open(os.path.join(folder, "model.safetensors"), "numpy") as f:\n'
-    "        for name in f.keys():\n"
-    "            if mesh is None:\n"
-    "                weights[name] = jnp.asarray(f.get_tensor(name))\n"
-    "                continue\n"
-    "            part = f.get_slice(name)\n"
-    "            weights[name] = jax.make_array_from_callback(\n"
-    "                tuple(part.get_shape()), NamedSharding(mesh, spec(name)), lambda index, part=part: part[index])\n"
-    "    return config, weights\n\n\n"
-    "def rms_norm(x, weight, eps):\n"
-    "    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight\n\n\n"
-    "def rotate(x, positions, theta):\n"
-    '    """Rotary position embedding as Hugging Face\'s Llama applies it (two halves, not interleaved)."""\n'
-    "    half = x.shape[-1] // 2\n"
-    "    angles = positions[:, None] * theta ** (-jnp.arange(half) / half)\n"
-    "    cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]\n"
-    "    x1, x2 = x[..., :half], x[..., half:]\n"
-    "    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)\n\n\n"
-    "def forward(config, weights, lora, ids, pad=0):\n"
-    '    """Logits for ids [batch, seq]. ``lora`` maps a module\'s name to (A [r, in], B [out, r], scale):\n'
-    "    that layer computes x @ W.T + scale * x @ A.T @ B.T, as PEFT's LoRA does. The first ``pad``\n"
-    '    positions of every row are padding that no token attends to."""\n'
-    '    heads, kv_heads, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]\n'
-    '    eps, theta = config["rms_norm_eps"], config["rope_theta"]\n'
-    "    b, t = ids.shape\n"
-    "    positions = jnp.arange(t) - pad\n"
-    "    keep = jnp.tril(jnp.ones((t, t), bool)) & (jnp.arange(t) >= pad)[None, :]   # causal, padding masked\n\n"
-    "    def linear(x, name):\n"
-    '        y = x @ weights[f"{name}.weight"].T\n'
-    "        if name in lora:\n"
-    "            a, b_, scale = lora[name]\n"
-    "            y = y + (x @ a.T) @ b_.T * scale\n"
-    "        return y\n\n"
-    '    x = weights["model.embed_tokens.weight"][ids]\n'
-    '    for i in range(config["num_hidden_layers"]):\n'
-    '        h = rms_norm(x, weights[f"model.layers.{i}.input_layernorm.weight"], eps)\n'
-    '        q = rotate(linear(h, module(i, "q_proj")).reshape(b, t, heads, hd), positions, theta)\n'
-    '        k = rotate(linear(h, module(i, "k_proj")).reshape(b, t, kv_heads, hd), positions, theta)\n'
-    '        v = linear(h, module(i, "v_proj")).reshape(b, t, kv_heads, hd)\n'
-    "        k, v = (jnp.repeat(z, heads // kv_heads, axis=2) for z in (k, v))   # grouped-query attention\n"
-    '        scores = jnp.where(keep, jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(hd), -1e9)\n'
-    '        attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores), v).reshape(b, t, heads * hd)\n'
-    '        x = x + linear(attended, module(i, "o_proj"))\n'
-    '        h = rms_norm(x, weights[f"model.layers.{i}.post_attention_layernorm.weight"], eps)\n'
-    '        x = x + linear(jax.nn.silu(linear(h, module(i, "gate_proj"))) * linear(h, module(i, "up_proj")),\n'
-    '                       module(i, "down_proj"))\n'
-    '    return rms_norm(x, weights["model.norm.weight"], eps) @ weights["lm_head.weight"].T\n'
-)
+
+def source(name: str) -> str:
+    """A cell's code, kept in scripts/hf_tutorial/ as a file of its own (tests read the notebook's copy)."""
+    with open(os.path.join(HERE, name)) as kept:
+        return kept.read().rstrip("\n")
+
+
+MAKE_MODEL = source("make_model.py")
+LLAMA = source("llama.py")
+SERVER = source("server.py")
 
 LOAD = (
     "%%on_tpu\nimport json, os, sys\n\n"
     "import jax, jax.numpy as jnp, numpy as np, optax\n"
+    "from huggingface_hub import snapshot_download\n"
     "from jax.sharding import AxisType, NamedSharding, PartitionSpec as P\n"
     "from tokenizers import Tokenizer\n\n"
     "sys.path.insert(0, work)\nimport llama\n\n"
-    "folder = os.path.join(work, \"tiny-llama\")\n"
+    'folder = snapshot_download("tutorial/tiny-llama", local_files_only=True)   # where %tpu_fetch put it\n'
     'mesh = jax.make_mesh((jax.process_count(), jax.local_device_count()), ("data", "model"),\n'
     "                     axis_types=(AxisType.Auto,) * 2)   # hosts x chips\n"
-    "config, weights = llama.load(folder, mesh)\n"
+    "config, weights = llama.load(folder, mesh)   # two shards, bf16 on disk, float32 here\n"
     'q = weights["model.layers.0.self_attn.q_proj.weight"]\n'
-    'print(f"{len(weights)} tensors on {mesh.devices.size} devices; q_proj {q.shape} is split {q.sharding.spec}: "\n'
+    "frozen = sum(w.size for w in {id(w): w for w in weights.values()}.values())   # lm_head is the embedding\n"
+    "print(f\"{os.path.relpath(folder, os.environ['HF_HOME'])}: {len(weights)} tensors, {frozen:,} parameters, \"\n"
+    "      f\"head_dim {llama.head_dim(config)}, rope {config['rope_scaling']['rope_type']}\")\n"
+    'print(f"q_proj {q.shape} is split {q.sharding.spec} over {mesh.devices.size} devices: "\n'
     '      f"this host holds {len(q.addressable_shards)} pieces of {q.addressable_shards[0].data.shape}")'
 )
 
 FINETUNE_SETUP = (
-    '%%on_tpu\nRANK, ALPHA, TARGETS = 8, 16, ("q_proj", "v_proj")   # PEFT\'s default targets for a Llama\n'
-    "SEQ, BATCH = 32, 16\n"
+    "%%on_tpu\nimport jinja2\n\n"
+    'RANK, ALPHA, TARGETS = 8, 16, ("q_proj", "v_proj")   # PEFT\'s default targets for a Llama\n'
+    "SEQ, BATCH = 64, 16\n"
     "host, hosts = jax.process_index(), jax.process_count()\n"
-    'tokens = np.array(Tokenizer.from_file(f"{folder}/tokenizer.json").encode(text).ids, np.int32)\n'
-    "mine = np.array_split(tokens, hosts)[host]   # this host's half of the text\n\n"
+    'tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")\n'
+    'special = json.load(open(f"{folder}/tokenizer_config.json"))\n'
+    'template = jinja2.Environment().from_string(special["chat_template"])   # as vLLM renders a chat\n'
+    'EOT = tokenizer.token_to_id(special["eos_token"])\n\n'
+    "def example(said, answer):\n"
+    '    """A chat through the tokenizer\'s template: the tokens, and which of them the loss counts (the answer\'s)."""\n'
+    '    asked = [{"role": "user", "content": said}]\n'
+    '    prompt = template.render(messages=asked, bos_token=special["bos_token"], add_generation_prompt=True)\n'
+    '    chat = template.render(messages=asked + [{"role": "assistant", "content": answer}], bos_token=special["bos_token"])\n'
+    "    encoded = tokenizer.encode(chat)\n"
+    "    ids = (encoded.ids + [EOT] * (SEQ + 1))[: SEQ + 1]\n"
+    "    learned = [start >= len(prompt) for start, _ in encoded.offsets] + [False] * (SEQ + 1)\n"
+    "    return ids, learned[1 : SEQ + 1]   # a token is learned where the next one is the answer\'s\n\n"
+    "# chat turns from the play: a speech, and the speech that answers it; each host takes its own share\n"
+    'speeches = [part.strip() for part in text.split("\\n\\n") if part.strip()]\n'
+    "mine = [example(said, answer) for said, answer in list(zip(speeches, speeches[1:]))[host::hosts]]\n\n"
     "def adapter(key, name):\n"
     '    """A [r, in] small and random, B [out, r] zero (so training starts from the base model), each split\n'
     '    over "model" as the layer they adapt is."""\n'
@@ -158,25 +71,27 @@ FINETUNE_SETUP = (
     '            jax.device_put(jnp.zeros((out, RANK)), NamedSharding(mesh, P("model", None) if column else P())))\n\n'
     'names = [llama.module(i, t) for i in range(config["num_hidden_layers"]) for t in TARGETS]\n'
     "lora = {name: adapter(key, name) for name, key in zip(names, jax.random.split(jax.random.key(1), len(names)))}\n\n"
-    "def loss_fn(lora, x, y):\n"
+    "def loss_fn(lora, x, y, learned):\n"
     "    scaled = {name: (a, b, ALPHA / RANK) for name, (a, b) in lora.items()}\n"
-    "    return optax.softmax_cross_entropy_with_integer_labels(llama.forward(config, weights, scaled, x), y).mean()\n\n"
+    "    losses = optax.softmax_cross_entropy_with_integer_labels(llama.forward(config, weights, scaled, x), y)\n"
+    "    return (losses * learned).sum() / jnp.maximum(learned.sum(), 1)   # the answers\' tokens only\n\n"
     "optimizer = optax.adam(3e-2)\n"
     "opt_state = optimizer.init(lora)\n"
     "opt_state = jax.tree.map(lambda a: a if a.ndim else jax.device_put(a, NamedSharding(mesh, P())), opt_state)\n\n"
     "@jax.jit\n"
-    "def step(lora, opt_state, x, y):   # gradients for the adapters only: the base weights are constants\n"
-    "    loss, grads = jax.value_and_grad(loss_fn)(lora, x, y)\n"
+    "def step(lora, opt_state, x, y, learned):   # gradients for the adapters only: the base weights are constants\n"
+    "    loss, grads = jax.value_and_grad(loss_fn)(lora, x, y, learned)\n"
     "    updates, opt_state = optimizer.update(grads, opt_state)\n"
     "    return optax.apply_updates(lora, updates), opt_state, loss\n\n"
     'batch_sharding = NamedSharding(mesh, P("data"))   # each host feeds its own rows\n'
     "def batch(i):\n"
-    "    starts = np.random.default_rng([i, host]).integers(0, len(mine) - SEQ - 1, BATCH // hosts)\n"
-    "    windows = np.stack([mine[s : s + SEQ + 1] for s in starts])\n"
-    "    return [jax.make_array_from_process_local_data(batch_sharding, w) for w in (windows[:, :-1], windows[:, 1:])]\n\n"
+    "    rows = np.random.default_rng([i, host]).integers(0, len(mine), BATCH // hosts)\n"
+    "    ids = np.array([mine[r][0] for r in rows], np.int32)\n"
+    "    learned = np.array([mine[r][1] for r in rows], np.float32)\n"
+    "    return [jax.make_array_from_process_local_data(batch_sharding, a) for a in (ids[:, :-1], ids[:, 1:], learned)]\n\n"
     "trained = sum(a.size + b.size for a, b in lora.values())\n"
-    'print(f"LoRA trains {trained:,} parameters on {len(names)} layers; the {sum(w.size for w in weights.values()):,} "\n'
-    '      "of the base model stay frozen")'
+    'print(f"{len(mine)} chats on this host, e.g. {len(mine[0][0])} tokens of which {sum(mine[0][1])} are learned")\n'
+    'print(f"LoRA trains {trained:,} parameters on {len(names)} layers; the {frozen:,} of the base model stay frozen")'
 )
 
 FINETUNE = (
@@ -221,103 +136,6 @@ CHECK = (
     "    assert len(saved) == 2 * len(names) and all(re.fullmatch(pattern, name) for name in saved), saved"
 )
 
-SERVER = (
-    '"""An OpenAI-style server for the tiny Llama and its LoRA adapter, as `vllm serve --enable-lora` answers:\n'
-    "GET /v1/models, POST /tokenize, /v1/completions and /v1/chat/completions; with \"stream\": true one\n"
-    'server-sent event per token, and a last chunk with the usage when stream_options.include_usage asks."""\n'
-    "import json, os, sys, threading, time\n"
-    "from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer\n\n"
-    "import jax, jax.numpy as jnp\n"
-    "from safetensors.numpy import load_file\n"
-    "from tokenizers import Tokenizer\n\n"
-    "import llama\n\n"
-    "port, base, lora_name, lora_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]\n"
-    'BASE, CONTEXT = "tutorial/tiny-llama", 64   # tokens the model sees at a time\n'
-    "config, weights = llama.load(base)\n"
-    'tokenizer = Tokenizer.from_file(os.path.join(base, "tokenizer.json"))\n'
-    'settings = json.load(open(os.path.join(lora_dir, "adapter_config.json")))\n'
-    'tensors = load_file(os.path.join(lora_dir, "adapter_model.safetensors"))\n'
-    'scale = settings["lora_alpha"] / settings["r"]\n'
-    'lora = {name.removeprefix("base_model.model.").removesuffix(".lora_A.weight"):\n'
-    '        (jnp.asarray(a), jnp.asarray(tensors[name.replace("lora_A", "lora_B")]), scale)\n'
-    '        for name, a in tensors.items() if name.endswith(".lora_A.weight")}\n'
-    "# the base model is the adapter at scale 0, so one compiled program serves both (--lora-modules NAME=PATH)\n"
-    "MODELS = {BASE: {name: (a, b, 0.0) for name, (a, b, _) in lora.items()}, lora_name: lora}\n"
-    "lock = threading.Lock()   # one step at a time: this server does not batch requests (vLLM does)\n\n\n"
-    "@jax.jit\n"
-    "def next_token(lora, window, pad, temperature, key):\n"
-    "    logits = llama.forward(config, weights, lora, window[None], pad)[0, -1]\n"
-    "    sampled = jax.random.categorical(key, logits / jnp.maximum(temperature, 1e-6))\n"
-    "    return jnp.where(temperature > 0, sampled, jnp.argmax(logits))   # greedy at temperature 0\n\n\n"
-    "def generate(model, ids, max_tokens, temperature=0.0, seed=0):\n"
-    "    ids, key = list(ids), jax.random.key(seed)\n"
-    "    for step in range(max_tokens):\n"
-    "        window = ids[-CONTEXT:]\n"
-    "        with lock:\n"
-    "            token = int(next_token(MODELS[model], jnp.array([0] * (CONTEXT - len(window)) + window),\n"
-    "                                   CONTEXT - len(window), temperature, jax.random.fold_in(key, step)))\n"
-    "        ids.append(token)\n"
-    "        yield token\n\n\n"
-    "def prompt_of(body, chat):\n"
-    '    """The text the model continues: a chat\'s messages through the chat template of tokenizer_config.json."""\n'
-    "    if not chat:\n"
-    '        return body.get("prompt", "")\n'
-    '    return "".join(f"{m[\'role\']}: {m[\'content\']}\\n" for m in body.get("messages", [])) + "assistant:"\n\n\n'
-    "class Handler(BaseHTTPRequestHandler):\n"
-    "    def do_GET(self):\n"
-    '        if self.path == "/v1/models":\n'
-    '            return self.reply({"object": "list", "data": [{"id": m, "object": "model", "root": BASE if m == BASE else lora_dir,\n'
-    '                                                           "parent": None if m == BASE else BASE} for m in MODELS]})\n'
-    '        self.reply({"status": "ok"})   # /health, which --wait-http asks\n\n'
-    "    def do_POST(self):\n"
-    '        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")\n'
-    '        chat = self.path == "/v1/chat/completions"\n'
-    '        if self.path == "/tokenize":   # vLLM\'s: how many tokens a prompt is (%tpu_bench --input-len asks)\n'
-    '            ids = tokenizer.encode(prompt_of(body, "messages" in body)).ids\n'
-    '            return self.reply({"count": len(ids), "tokens": ids, "max_model_len": CONTEXT})\n'
-    '        if self.path not in ("/v1/completions", "/v1/chat/completions"):\n'
-    '            return self.reply({"error": {"message": f"no route {self.path}"}}, 404)\n'
-    '        model = body.get("model", BASE)\n'
-    "        if model not in MODELS:\n"
-    '            return self.reply({"error": {"message": f"the model {model} does not exist", "code": 404}}, 404)\n'
-    "        ids = tokenizer.encode(prompt_of(body, chat)).ids\n"
-    '        n = int(body.get("max_tokens", 16))   # it has no end-of-sequence: every answer is max_tokens long\n'
-    '        sampling = float(body.get("temperature", 0.0)), int(body.get("seed", 0))\n'
-    '        usage = {"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}\n'
-    '        kind, rid = ("chat.completion", "chatcmpl-1") if chat else ("text_completion", "cmpl-1")\n'
-    '        if not body.get("stream"):\n'
-    "            text = tokenizer.decode(list(generate(model, ids, n, *sampling)))\n"
-    '            choice = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}\n'
-    '            return self.reply({"id": rid, "object": kind, "model": model, "usage": usage,\n'
-    '                               "choices": [{"index": 0, **choice, "finish_reason": "length"}]})\n'
-    "        self.send_response(200)\n"
-    '        self.send_header("Content-Type", "text/event-stream")\n'
-    "        self.end_headers()\n"
-    '        made, shown = [], ""\n'
-    "        for token in generate(model, ids, n, *sampling):   # one event per token, sent as soon as it is made\n"
-    "            made.append(token)\n"
-    "            text = tokenizer.decode(made)\n"
-    "            piece, shown = text[len(shown):], text\n"
-    '            choice = {"delta": {"content": piece}} if chat else {"text": piece}\n'
-    '            self.event({"id": rid, "object": kind + (".chunk" if chat else ""), "model": model,\n'
-    '                        "choices": [{"index": 0, **choice, "finish_reason": None}]})\n'
-    '        if (body.get("stream_options") or {}).get("include_usage"):   # the usage chunk: no choices\n'
-    '            self.event({"id": rid, "object": kind + (".chunk" if chat else ""), "model": model, "choices": [],\n'
-    '                        "usage": usage})\n'
-    '        self.wfile.write(b"data: [DONE]\\n\\n")\n\n'
-    "    def event(self, value):\n"
-    '        self.wfile.write(b"data: " + json.dumps(value).encode() + b"\\n\\n")\n'
-    "        self.wfile.flush()\n\n"
-    + JSON_REPLY +
-    "    def log_message(self, fmt, *args):   # the service's log: completions only, without the clock\n"
-    '        if self.path.endswith("completions"):\n'
-    "            print(self.command, self.path, args[1], flush=True)\n\n\n"
-    "for model in MODELS:   # compile before answering: readiness means fast answers\n"
-    "    list(generate(model, [0], 1))\n"
-    'print(f"serving {BASE} and {lora_name} (LoRA r={settings[\'r\']}) on port {port}", flush=True)\n'
-    'ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()\n'
-)
-
 FORWARD = f"url = %tpu_forward {PORT}\nurl"
 
 ASK = (
@@ -346,26 +164,56 @@ CHAT = (
     '            print(event["usage"] if event.get("usage") else repr(event["choices"][0]["delta"]["content"]))'
 )
 
+#: the real model of the v6e-8 path: a Llama 3.2 instruct model, as the loader and vLLM's LoRA both take it
+#: (LlamaForCausalLM; its checkpoint sharded in two, bf16, rope_scaling llama3, tied embeddings)
+REAL_MODEL = "meta-llama/Llama-3.2-3B-Instruct"
+
+#: the real-slice path, one command per line: tests/test_hf_real_path.py runs them on the sandbox
+REAL_PATH = [
+    '%tpu_launch v6e-8 --zone us-east5-b --name llama --pip "safetensors tokenizers jinja2"',
+    "%tpu_secret HF_TOKEN",
+    f'%tpu_fetch hf://{REAL_MODEL} --exclude "original/*"',
+    "%tpu_push work text\n%tpu_sync $work $work",
+    f'# the cells above from "Load it sharded" on, with snapshot_download("{REAL_MODEL}", local_files_only=True,\n'
+    '# ignore_patterns=["original/*"]) and llama.load(folder, mesh, dtype=jnp.bfloat16), then SAVE with\n'
+    "# adapter_dir = ~/adapters/mine",
+    "%tpu_restart --no-jax",
+    "%%tpu_run\nUV=$(command -v uv || echo ~/.local/bin/uv)   # the uv that made tpunb's environment\n"
+    "$UV venv ~/vllm-env --python 3.12                 # vllm-tpu's wheels are for 3.12, its jax pins stay here\n"
+    "VIRTUAL_ENV=~/vllm-env $UV pip install vllm-tpu",
+    f"%tpu_serve vllm --wait-http 8000/health --timeout 1800 -- ~/vllm-env/bin/vllm serve {REAL_MODEL} "
+    "--tensor-parallel-size 8 --max-model-len 4096 --enable-lora --max-lora-rank 8 "
+    "--lora-modules mine=$HOME/adapters/mine --port 8000",
+    "%tpu_bench vllm --model mine --chat --concurrency 1,16,64 --input-len 1024 --output-len 128 --on-host",
+]
+
 VLLM = (
     "## The same on a real v6e-8, with vLLM\n\n"
     "`vllm serve` answers the same routes, and `--enable-lora --lora-modules NAME=PATH` serves the adapter "
-    "beside its base model, under its own name, from exactly the folder saved above. On a Cloud TPU v6e-8 "
-    "(one host, 8 chips), with vLLM's TPU backend (`pip install vllm-tpu` on the host) and a real model "
-    "fetched as above:\n\n"
-    "```\n"
-    "%tpu_launch v6e-8 --zone us-east5-b --name gemma\n"
-    "%tpu_secret HF_TOKEN\n"
-    "%tpu_fetch hf://google/gemma-3-4b-it --to ~/models/gemma\n"
-    "# ... fine-tune and save ~/adapters/mine as above ...\n"
-    "%tpu_run pip install vllm-tpu\n"
-    "%tpu_serve vllm --wait-http 8000/health --timeout 1800 -- vllm serve ~/models/gemma "
-    "--served-model-name google/gemma-3-4b-it --tensor-parallel-size 8 --max-model-len 4096 "
-    "--enable-lora --max-lora-rank 8 --lora-modules mine=~/adapters/mine --port 8000\n"
-    "%tpu_bench vllm --model mine --chat --concurrency 1,16,64 --input-len 1024 --output-len 128\n"
-    "```\n\n"
+    f"beside its base model, under its own name, from exactly the folder saved above. The model is `{REAL_MODEL}`: "
+    "a Llama like the toy (the loader above reads its two bf16 shards, its `llama3` rope scaling and its tied "
+    "embeddings), gated (ask for access on its Hub page first), and one whose LoRA vLLM serves. On a Cloud TPU "
+    "v6e-8 (one host, 8 chips):\n\n"
+    "```\n" + "\n".join(REAL_PATH) + "\n```\n\n"
+    "Step by step:\n\n"
+    "- `--exclude \"original/*\"` leaves out Meta's own checkpoint, which would double the download; the model lands "
+    "in each host's Hugging Face cache, where `snapshot_download(..., local_files_only=True)` and `vllm serve "
+    f"{REAL_MODEL}` find it without downloading again (give `snapshot_download` the same `ignore_patterns`: the "
+    "Hub's listing, kept beside the files, tells it the repository holds more).\n"
+    "- Fine-tune in bf16 (`llama.load(folder, mesh, dtype=jnp.bfloat16)`, the adapters in float32), through the "
+    "tokenizer's own chat template as above: a real instruct model's template is Llama 3's, the one the toy copies.\n"
+    "- `%tpu_restart --no-jax` frees the chips: the agent that fine-tuned holds the TPU (only one process can), "
+    "and `vllm serve` could not open it; a plain restart would start JAX again, and hold it again.\n"
+    "- vllm-tpu goes into an environment of its own (its wheels are for Python 3.12, and it pins its own jax and "
+    "libtpu); tpunb's environment keeps the kernel's jax. The `vllm/vllm-tpu` docker image works too: see "
+    "`08_serve.ipynb`, which mounts the host's Hugging Face cache into it.\n"
+    "- `--max-lora-rank` must be at least the adapter's `r`; `$HOME` (not `~`) in `--lora-modules`, which no shell "
+    "expands inside an argument.\n"
+    "- `--on-host` (the default for a service) runs the benchmark's client on the host, beside the server: figures "
+    "without the round trip from this notebook to the slice.\n\n"
     "The first start compiles for minutes; the compile cache (`VLLM_XLA_CACHE_PATH`, set on every host) makes the "
     "next start after `%tpu_restart` fast, and `%tpu_launch --compile-cache gs://BUCKET/PATH` keeps it across "
-    "slices. `--max-lora-rank` must be at least the adapter's `r`."
+    "slices."
 )
 
 cells = [
@@ -374,10 +222,11 @@ cells = [
         "The path most TPU work walks: bring a model from the Hugging Face Hub with a token, fine-tune it with "
         "LoRA, serve it with the adapter behind an OpenAI-style API, and measure time to first token and "
         "throughput. At toy scale, on a simulated **v4-16 (2 hosts x 4 chips)**:\n\n"
-        "1. make a tiny Llama-shaped model in Hugging Face's format (`config.json`, `tokenizer.json`, "
-        "`model.safetensors`) and publish it;\n"
-        "2. `%tpu_fetch` it to every host: one download per slice, not one per host;\n"
-        "3. load it **sharded** over the slice's 8 devices and LoRA-fine-tune it in JAX;\n"
+        "1. make a tiny Llama 3 in Hugging Face's format (`config.json`, `tokenizer.json` with a chat template, "
+        "two bf16 safetensors shards and their index) and publish it;\n"
+        "2. `%tpu_fetch` it into every host's Hugging Face cache: one download per slice, not one per host;\n"
+        "3. load it **sharded** over the slice's 8 devices and LoRA-fine-tune it in JAX on chats rendered by its "
+        "chat template;\n"
         "4. save the adapter in PEFT's layout, the one `vllm serve --lora-modules` reads;\n"
         "5. serve base model and adapter with `%tpu_serve`, and sweep them with `%tpu_bench`.\n\n"
         "**What stands in for the Hub here:** `tpunb.emulator.hub`, a local server that speaks the Hub's HTTP API "
@@ -385,14 +234,21 @@ cells = [
         "the real `huggingface_hub` client; it is not a mock that accepts anything. **On a real slice** skip the "
         "stand-in cell: launch with `%tpu_launch v4-16 --zone us-central2-b` (or a v6e-8), give your token with "
         "`%tpu_secret HF_TOKEN` (from the environment, Colab's secrets or a prompt; it never appears in outputs) "
-        "and fetch `hf://ORG/NAME` of a real model. The hosts need `safetensors` and `tokenizers` too: "
-        "`%tpu_launch ... --pip \"safetensors tokenizers\"`."),
-    new_code_cell("%load_ext tpunb\n%tpu_launch v4-16 --name hf"),
+        "and fetch `hf://ORG/NAME` of a real model (the last section has the whole real path). The hosts need "
+        "`safetensors`, `tokenizers` and `jinja2` too: `%tpu_launch ... --pip \"safetensors tokenizers jinja2\"`."),
     new_markdown_cell(
-        "## A tiny Llama in Hugging Face's format\n\n"
-        "A byte-level BPE tokenizer trained on Coriolanus with the `tokenizers` package, a `config.json` as "
-        "`transformers` writes one for Llama, and `model.safetensors` with the weights under Llama's names "
-        "(`model.layers.0.self_attn.q_proj.weight`, ...): a real checkpoint has the same files, only larger."),
+        "A local slice's hosts share this machine's home: `HF_HOME` gives them a Hugging Face cache of their own "
+        "in this tutorial's folder (`--env` is for settings like this one, never for secrets). On a real slice "
+        "each host has its own disk and cache (`~/.cache/huggingface`), and nothing needs setting."),
+    new_code_cell('%load_ext tpunb\nimport os, tempfile\n\nwork = tempfile.mkdtemp(prefix="tpunb-hf-")   # the same path on '
+                  'the hosts\n%tpu_launch v4-16 --name hf --env HF_HOME=$work/hf'),
+    new_markdown_cell(
+        "## A tiny Llama 3 in Hugging Face's format\n\n"
+        "A byte-level BPE tokenizer trained on Coriolanus with the `tokenizers` package (with Llama 3's chat "
+        "markers and its chat template in `tokenizer_config.json`), a `config.json` as `transformers` writes one "
+        "for Llama 3.2 (`rope_scaling` of type `llama3`, no `head_dim`, tied embeddings, bf16), and the weights "
+        "under Llama's names (`model.layers.0.self_attn.q_proj.weight`, ...) in two shards with their index: a "
+        "real checkpoint has the same files, only larger."),
     new_code_cell(MAKE_MODEL),
     new_markdown_cell(
         "## Publish it, and fetch it to every host\n\n"
@@ -413,15 +269,21 @@ cells = [
         "`%tpu_fetch` lists the repository in the kernel, then **one** host downloads each file and relays it "
         "to the others as it lands, so the bytes leave the Hub once per slice (every host running "
         "`huggingface_hub` itself would download them once per host). Files are checked against the Hub's "
-        "hashes. A local slice's hosts share this machine's disk, so the files are written once:"),
-    new_code_cell("%tpu_fetch hf://tutorial/tiny-llama --to $work/tiny-llama"),
+        "hashes and land in each host's Hugging Face cache in `huggingface_hub`'s own layout, where "
+        "`from_pretrained`, `snapshot_download` and `vllm serve` look (`--to PATH` puts them in a folder instead, "
+        "as `hf download --local-dir` does). A local slice's hosts share this machine's disk, so the files are "
+        "written once:"),
+    new_code_cell("%tpu_fetch hf://tutorial/tiny-llama"),
     new_markdown_cell("A second fetch finds them there and moves nothing:"),
-    new_code_cell("%tpu_fetch hf://tutorial/tiny-llama --to $work/tiny-llama"),
+    new_code_cell("%tpu_fetch hf://tutorial/tiny-llama"),
     new_markdown_cell(
         "## Load it sharded over the slice\n\n"
         "The model's code lives in a file, so that both the cells on the hosts and the server import it: a "
-        "Llama forward pass in plain JAX over a dict of Hugging Face's tensors (RMSNorm, rotary embeddings, "
-        "grouped-query attention, a SwiGLU MLP), with LoRA on any linear layer."),
+        "Llama forward pass in plain JAX over a dict of Hugging Face's tensors (RMSNorm, rotary embeddings with "
+        "Llama 3's frequency scaling, grouped-query attention, a SwiGLU MLP), with LoRA on any linear layer, and a "
+        "loader that reads what real Llama 3 checkpoints hold: the shards their index names, bf16, `head_dim` "
+        "derived when absent, the output tied to the embedding. `tests/test_hf_loader.py` checks its logits "
+        "against `transformers`' on this very model."),
     new_code_cell("%%writefile {work}/llama.py\n" + LLAMA),
     new_code_cell("%tpu_push work text\n%tpu_sync $work $work"),
     new_markdown_cell(
@@ -436,7 +298,10 @@ cells = [
         "## LoRA fine-tuning\n\n"
         "Each adapted layer gains `A` (r x in) and `B` (out x r, zeros at first) and computes "
         "`x @ W.T + (alpha / r) * x @ A.T @ B.T`, PEFT's LoRA. Only the adapters are trained (the gradient is taken "
-        "for them alone); each host feeds its own half of the text, split over `data`."),
+        "for them alone). The data are chats: a speech of the play as the user's turn and the speech that "
+        "answers it as the assistant's, rendered by the tokenizer's own chat template (as vLLM renders every "
+        "chat it serves), the loss counted on the answer's tokens only; each host feeds its own share, split over "
+        "`data`."),
     new_code_cell(FINETUNE_SETUP),
     new_code_cell(FINETUNE),
     new_markdown_cell(
@@ -450,15 +315,17 @@ cells = [
     new_code_cell(CHECK),
     new_markdown_cell(
         "## Serve base model and adapter\n\n"
-        "A small standard-library server, like `08_serve.ipynb`'s, now with `/v1/chat/completions`, the models "
-        "list and the usage chunk: it serves the base model as `tutorial/tiny-llama` and the adapter as "
-        "`coriolanus`, as `vllm serve --enable-lora --lora-modules coriolanus=PATH` would."),
+        "A small standard-library server, like `08_serve.ipynb`'s, now with `/v1/chat/completions` (through the "
+        "chat template), the models list and the usage chunk, started with `vllm serve`'s own arguments: it finds "
+        "`tutorial/tiny-llama` in the host's Hugging Face cache by its name and serves the adapter as "
+        "`coriolanus`, as `vllm serve tutorial/tiny-llama --enable-lora --lora-modules coriolanus=PATH` would."),
     new_code_cell("%%writefile {work}/server.py\n" + SERVER),
     new_markdown_cell(
         f"Start it as a service on host 0 (port {PORT}: a local slice's hosts share this machine's ports). "
         "`--wait-http` returns once it answers, and records the port for `%tpu_bench`."),
-    new_code_cell(f"%tpu_sync $work $work\n%tpu_serve lm --hosts 0 --wait-http {PORT}/health -- "
-                  f"cd $work && exec python3 server.py {PORT} tiny-llama coriolanus adapter"),
+    new_code_cell(f"%tpu_sync $work $work\n%tpu_serve lm --hosts 0 --wait-http {PORT}/health -- cd $work && exec "
+                  f"python3 server.py serve tutorial/tiny-llama --port {PORT} --enable-lora --max-lora-rank 8 "
+                  "--lora-modules coriolanus=$work/adapter"),
     new_markdown_cell(
         "`%tpu_forward` gives a URL on this machine that reaches the port on host 0 (over the slice's SSH "
         "connection on a real slice; a local host's own address here)."),
@@ -476,18 +343,23 @@ cells = [
         "## Benchmark it\n\n"
         "`%tpu_bench` streams chat requests to the service, as vLLM's `bench serve` does, at 1, 4 and 16 at "
         "once, with prompts of 24 tokens counted by the server's `/tokenize`, and reports TTFT, TPOT, ITL and "
-        "throughput per level, with a plot of latency against throughput (`--save` writes vLLM's key names)."),
+        "throughput per level, with a plot of latency against throughput. Every prompt is distinct, in every "
+        "level, so a server's prefix cache answers none from another; the client runs on the service's host, "
+        "as published figures are taken (`--from-kernel`: from here, with the round trip beside the figures). "
+        "`--save` writes `vllm bench sweep`'s folder: a `run=0.json` per level with vLLM's keys, and "
+        "`summary.csv`."),
     new_code_cell(f"%tpu_bench lm --model coriolanus --chat --concurrency 1,4,16 --requests 16 --input-len 24 "
-                  "--output-len 16 --save $work/bench.json", metadata=IGNORE),  # this run's timings
+                  "--output-len 16 --save $work/bench", metadata=IGNORE),  # this run's timings
     new_markdown_cell(
         "This server makes one token at a time, however many requests are in flight: more at once do not raise "
         "its throughput (16 threads contending for one lock can even lower it), and each request waits longer "
         "for its first token. vLLM batches the requests in flight, which is what lifts throughput with "
         "concurrency. What the saved file says about every level:"),
     new_code_cell(
-        'for level in json.load(open(f"{work}/bench.json")):\n'
-        "    print(f\"concurrency {level['concurrency']:2}: {level['completed']} completed, {level['failed']} failed, \"\n"
-        "          f\"{level['total_output_tokens']} output tokens\")"),
+        "for c in (1, 4, 16):\n"
+        '    level = json.load(open(f"{work}/bench/BENCH--max_concurrency={c}/run=0.json"))\n'
+        "    print(f\"concurrency {level['max_concurrency']:2}: {level['completed']} completed, {level['failed']} failed, \"\n"
+        "          f\"{level['total_input_tokens']} prompt and {level['total_output_tokens']} output tokens\")"),
     new_markdown_cell("## Stop\n\n`%tpu_down` ends the service and the slice; then the stand-in and this "
                       "machine's files go."),
     new_code_cell("%tpu_down\nhub.stop()\nimport shutil\n\nshutil.rmtree(work)"),

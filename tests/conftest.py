@@ -113,6 +113,7 @@ def isolated_home(tmp_path_factory, monkeypatch):
             sl.serving.stop_all()
     manager.detach_all()
     manager.MANAGER.secrets.clear()  # a kernel's secrets (%tpu_secret) are not the next test's
+    manager.MANAGER.named.forget()
     manager.MANAGER.masker = Masker()
 
 

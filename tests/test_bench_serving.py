@@ -3,10 +3,11 @@ with known delays, in this process or as a service of a local or SSH slice), in 
 from __future__ import annotations
 
 import json
-import random
 import socket
+import statistics
 import sys
 import threading
+import time
 import urllib.parse
 import uuid
 
@@ -48,23 +49,25 @@ def received(server: ToyLLM) -> list[float]:
 
 @pytest.mark.fresh_slice
 def test_done_when_bench_a_service_on_a_local_slice(cell, tmp_path):
-    """The issue's line: 12 requests at concurrency 1 of 16 tokens, first after 300 ms, then every 20 ms."""
+    """12 requests at concurrency 1 of 16 tokens, first after 300 ms, then every 20 ms: from the
+    kernel (--from-kernel) the round trip it measured is in each TTFT and shown beside the figures;
+    by default a service is measured from its own host."""
     sl = manager.launch(ACCELERATOR_FOR_HOSTS[1], name=f"bench-{uuid.uuid4().hex[:6]}")
     port, saved = free_port(), tmp_path / "bench.json"
     run = cell(f"%tpu_serve toy --wait-http {port}/health -- {toy_command(port, ttft=0.3, itl=0.02)}")
     assert run.error is None, run.shown
     assert [(s.name, s.port) for s in sl.services()] == [("toy", port)]
-    run = cell(f"%tpu_bench toy --requests 12 --concurrency 1 --output-len 16 --save {saved}")
+    run = cell(f"%tpu_bench toy --requests 12 --concurrency 1 --output-len 16 --from-kernel --save {saved}")
     assert run.error is None, run.shown
     figures = json.loads(saved.read_text())
     assert figures["completed"] == 12 and figures["failed"] == 0 and figures["total_output_tokens"] == 12 * 16
     rtt = figures["rtt_ms"]
-    assert rtt is not None and f"round trip {rtt:.2f} ms" in run.stdout
+    assert rtt is not None and f"round trip {rtt:.2f} ms, in every TTFT" in run.stdout and not figures["on_host"]
     assert abs(figures["median_ttft_ms"] - (300 + rtt)) <= 0.1 * (300 + rtt), figures["median_ttft_ms"]
     assert abs(figures["median_tpot_ms"] - 20) <= 2, figures["median_tpot_ms"]
     assert {"mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "request_throughput", "output_throughput"} <= set(figures)
 
-    on_host = tpunb.bench_serving("toy", requests=3, output_len=4, input_len=8, on_host=True)
+    on_host = tpunb.bench_serving("toy", requests=3, output_len=4, input_len=8)
     assert on_host.on_host and on_host.rtt_ms is None and on_host.levels[0]["completed"] == 3
     assert on_host.levels[0]["total_input_tokens"] == 3 * 8  # counted by the server's /tokenize, in its tokens
 
@@ -88,7 +91,8 @@ def test_through_a_forward_to_an_ssh_host_which_is_closed_afterwards(sshd, ssh_k
                         name=f"bench-{uuid.uuid4().hex[:6]}", accelerator=ACCELERATOR_FOR_HOSTS[1], env=CPU_AS_TPU_HOST)
     port = free_port()
     sl.serve("toy", toy_command(port, python=sshd.python, ttft=0.05, itl=0.005), wait_port=port)
-    result = tpunb.bench_serving("toy", requests=4, concurrency="2", output_len=4, input_len=4, chat=True)
+    result = tpunb.bench_serving("toy", requests=4, concurrency="2", output_len=4, input_len=4, chat=True,
+                                 on_host=False)
     assert result.levels[0]["completed"] == 4 and result.rtt_ms is not None
     used = urllib.parse.urlsplit(result.url).port
     assert used != port  # a forward of our own, not the host's port
@@ -150,28 +154,34 @@ def test_a_refused_connection_is_counted_and_failures_are_shown_per_kind(cell):
     assert f"concurrency 1: 3 of 3 failed (3 refused); first: connection refused by 127.0.0.1:{port}" in run.stderr
 
 
-def test_tokens_come_from_chunks_without_a_usage_chunk_and_the_output_ignores_eos(toy):
+def test_without_a_usage_chunk_output_tokens_are_the_text_counted_and_the_output_ignores_eos(toy):
     server = toy(ttft=0.01, itl=0.002, usage=False)
     level = tpunb.bench_serving(server.url, requests=3, output_len=7, input_len=5).levels[0]
     assert level["completed"] == 3 and level["output_lens"] == [7, 7, 7] and level["input_lens"] == [5, 5, 5]
+    assert level["generated_texts"] == [" t0 t1 t2 t3 t4 t5 t6"] * 3  # counted by the server's /tokenize
     asked = server.requests[0]
     assert (asked["max_tokens"], asked["min_tokens"], asked["ignore_eos"]) == (7, 7, True)
     assert asked["stream"] and asked["stream_options"] == {"include_usage": True} and asked["model"] == "toy"
-    tpunb.bench_serving(server.url, requests=1, output_len=3, input_len=2, ignore_eos=False)
+    assert "temperature" not in asked  # the server's default, as vllm bench serve leaves it
+    tpunb.bench_serving(server.url, requests=1, output_len=3, input_len=2, ignore_eos=False, temperature=0.7)
     assert "ignore_eos" not in server.requests[-1] and "min_tokens" not in server.requests[-1]
+    assert server.requests[-1]["temperature"] == 0.7
 
 
 def test_input_len_counts_the_tokens_of_a_tokenizer_given(toy, tmp_path):
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz [")}
     made = Tokenizer(models.WordLevel(vocab, unk_token="["))
     made.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")  # a token per character
+    made.decoder = decoders.Fuse()
     made.save(str(tmp_path / "tokenizer.json"))
     server = toy(ttft=0.01, itl=0.002)
     result = tpunb.bench_serving(server.url, requests=3, input_len=40, output_len=2, tokenizer=str(tmp_path))
     assert [len(r["prompt"]) for r in server.requests] == [40, 40, 40]
-    assert len({r["prompt"] for r in server.requests}) == 3  # a prefix cache cannot answer them all from the first
+    assert len({r["prompt"][:16] for r in server.requests}) == 3  # their first blocks differ: a prefix cache has none
+    alphabet = "abcdefghijklmnopqrstuvwxyz ["  # vLLM's random dataset: each a run of the vocabulary from an offset
+    assert all(alphabet[(alphabet.index(p[0]) + 1) % 28] == p[1] for p in (r["prompt"] for r in server.requests))
     assert result.levels[0]["completed"] == 3
     (tmp_path / "tokenizer.json").write_text("{not a tokenizer")
     with pytest.raises(tpunb.UsageError, match=r"^--tokenizer .*: cannot read it \("):
@@ -226,11 +236,11 @@ def test_every_framing_is_read_and_a_cut_stream_is_counted(raw_server, answer, k
         assert level["output_lens"] == [2] and level["input_lens"] == [2] and len(level["itls"]) == 1
 
 
-def test_a_sweep_saves_one_entry_per_level_and_plots_or_says_why_not(toy, cell, tmp_path, monkeypatch):
+def test_a_sweep_saves_one_run_per_level_and_plots_or_says_why_not(toy, cell, tmp_path, monkeypatch):
     server = toy(ttft=0.05, itl=0.005)
-    saved = tmp_path / "sweep.json"
+    saved = tmp_path / "sweep"
     result = tpunb.bench_serving(server.url, requests=4, concurrency="1,4", output_len=4, input_len=4, save=saved)
-    entries = json.loads(saved.read_text())
+    entries = [json.loads((saved / f"BENCH--max_concurrency={c}" / "run=0.json").read_text()) for c in (1, 4)]
     assert [(e["max_concurrency"], e["completed"]) for e in entries] == [(1, 4), (4, 4)]
     assert list(result.frame().index) == [1, 4]
     done = sorted(s.t for s in server.log if s.kind == "done")
@@ -247,16 +257,25 @@ def test_a_sweep_saves_one_entry_per_level_and_plots_or_says_why_not(toy, cell, 
     run = cell(f"%tpu_bench {server.url} --requests 2 --concurrency 1,2 --output-len 2 --input-len 2")
     assert run.error is None and "no plot: matplotlib is not installed" in run.stdout, run.shown
     table = "".join(o.data.get("text/plain", "") for o in run.outputs)
-    assert "completed" in table and "p99 E2EL ms" in table and "[2 rows x 18 columns]" in table
+    assert "completed" in table and "median queue ms" in table and "[2 rows x 19 columns]" in table, table
 
 
-def test_poisson_arrivals_follow_the_rate(toy):
+def test_arrivals_follow_the_rate_on_vllms_schedule(toy):
+    """Gaps drawn from a gamma distribution (burstiness 1: exponential), scaled so the last request
+    arrives at N / rate, as vllm's get_request; burstiness 4 evens them out."""
+    from tpunb.host.standalone.bench_client import arrivals
+
     server = toy(ttft=0.01, itl=0.002)
+    start = time.perf_counter()
     tpunb.bench_serving(server.url, requests=6, concurrency=6, request_rate=20.0, output_len=2, input_len=2, seed=3)
-    gaps = [b - a for a, b in zip(received(server), received(server)[1:])]
-    rng = random.Random(3)
-    expected = [rng.expovariate(20.0) for _ in range(5)]
-    assert abs(sum(gaps) - sum(expected)) < 0.05, (gaps, expected)
+    times = received(server)[-6:]
+    schedule = arrivals(6, 20.0, 1.0, 3)
+    assert schedule[-1] == pytest.approx(6 / 20.0)
+    assert all(abs((b - a) - (y - x)) < 0.03 for a, b, x, y in zip(times, times[1:], schedule, schedule[1:])), \
+        (times, schedule, start)
+    even, bursty = arrivals(200, 10.0, 4.0, 1), arrivals(200, 10.0, 0.25, 1)
+    spread = lambda t: statistics.pstdev([b - a for a, b in zip(t, t[1:])])  # noqa: E731
+    assert even[-1] == pytest.approx(20.0) and spread(even) < 0.1 < spread(bursty)
 
 
 def test_ctrl_c_stops_a_stalled_run_cleanly(toy, cell):
@@ -281,6 +300,14 @@ def test_ctrl_c_stops_a_stalled_run_cleanly(toy, cell):
     ("%tpu_bench http://127.0.0.1:8000/v1 --host 0", "--on-host and --host pick the host of a service"),
     ("%tpu_bench toy", "no slice yet"),
     ("%tpu_bench 127.0.0.1:1", "give --model M: http://127.0.0.1:1/ did not list its models"),
+    ("%tpu_bench 127.0.0.1:8000 --burstiness 0", "--burstiness is a number > 0 (1: Poisson arrivals)"),
+    ("%tpu_bench 127.0.0.1:8000 --prefix-len -1", "--prefix-len is a whole number >= 0, not -1"),
+    ("%tpu_bench 127.0.0.1:8000 --num-warmups -2", "--num-warmups is a whole number >= 0, not -2"),
+    ("%tpu_bench 127.0.0.1:8000 --goodput ttft=5", "--goodput takes KEY:MS pairs with KEY one of ttft, tpot, e2el"),
+    ("%tpu_bench 127.0.0.1:8000 --goodput itl:5", "--goodput takes KEY:MS pairs"),
+    ("%tpu_bench 127.0.0.1:8000 --dataset /no/such.json", "--dataset /no/such.json: cannot read it"),
+    ("%tpu_bench toy --on-host --from-kernel", "--on-host and --from-kernel pick opposite places"),
+    ("%tpu_bench 127.0.0.1:8000 --save /", "--save / is a folder: one level is saved as a file"),
 ])
 def test_bad_input_is_one_line_with_what_to_do(cell, line, says):
     run = cell(line)

@@ -2,9 +2,12 @@
 real huggingface_hub client reads it). On a 2-host cloud sandbox slice (real sshd hosts, each its
 own home) a gated repository lands identical on both hosts with one GET per file, relayed host to
 host while a cell holds the hosts' main threads (through the kernel when the relay is off or cannot
-reach a host), the token in no output even when a host prints it, nor in any file; on a local
-slice the files are written once; hosts without a route to the source get it from the kernel; a
-fetch cut short resumes; a second fetch moves nothing; every bad input is one line."""
+reach a host), the token in no output even when a host prints it, nor in any file; without --to
+it lands in each host's Hugging Face cache, where huggingface_hub finds it offline, and the
+kernel's HF_* settings stay out of every host's environment; a bucket is read with the VMs' own
+service account, and one that refuses it with the kernel's token, one per file. On a local slice
+the files are written once; hosts without a route to the source get it from the kernel; a fetch
+cut short resumes; a second fetch moves nothing; every bad input is one line."""
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +19,13 @@ from pathlib import Path
 import pytest
 
 from tpunb import manager
+from tpunb.emulator.accounts import default_service_account
 from tpunb.emulator.hub import Hub, HubServer
+from tpunb.emulator.storage import StorageEmulator, StorageGate
 from tpunb.engine.masking import MASK
+from tpunb.fetch import storage as listing
+from tpunb.host import gcs
+from tpunb.host.download import BUSY_TRIES
 from tpunb.host.fetch import CHUNK
 from tests.conftest import wait_for
 from tests.emulator_fixture import FAST, configure
@@ -28,6 +36,8 @@ TOKEN = "hf_fetch_magic_token_0123456789"
 WEIGHTS = os.urandom(3 * CHUNK + 4321)
 FILES = {"config.json": b'{"hidden_size": 8}', "model.safetensors": WEIGHTS, "tokenizer/vocab.json": b'{"a": 0}',
          "empty.txt": b""}
+#: a bucket's objects (gcp-storage-emulator drops an empty upload)
+OBJECTS = {path: data for path, data in FILES.items() if data}
 #: an empty file needs no GET
 ONE_GET_EACH = {path: int(bool(data)) for path, data in FILES.items()}
 
@@ -91,9 +101,10 @@ def test_a_fetch_cut_short_resumes_from_its_partial(cell, hub, tmp_path):
     assert cell("%tpu_launch v4-8 --name resumer").error is None
     target = tmp_path / "resume"
     hub.hub.cut("model.safetensors", CHUNK + 100)
-    hub.hub.busy("model.safetensors", times=9, ranged=True)  # the Range that would resume it at once is refused too
+    hub.hub.busy("model.safetensors", times=BUSY_TRIES + 1, ranged=True)  # the resuming Range is refused too
     failed = cell(f"%tpu_fetch hf://org/open --to {target}")
-    assert "answered HTTP 429 4 times (throttled or down): fetch again later, it resumes" in one_line(failed)
+    assert f"answered HTTP 429 {BUSY_TRIES + 1} times (throttled or down): fetch again later, it resumes" in \
+        one_line(failed)
     assert not (target / "model.safetensors").exists()
     assert (target / "model.safetensors.partial").stat().st_size == CHUNK + 100
     hub.hub.busy("model.safetensors", times=0)
@@ -146,8 +157,10 @@ def test_hosts_without_a_route_to_the_source_get_it_from_the_kernel_which_downlo
 @pytest.mark.fresh_slice
 def test_every_bad_input_is_one_line(cell, hub, tmp_path, monkeypatch):
     assert cell("%tpu_launch v4-8 --name bad").error is None
-    usage = "Usage: %tpu_fetch --to PATH [--include GLOB [GLOB ...]] [--revision R]"
-    assert one_line(cell("%tpu_fetch hf://org/gated")).startswith(f"the following arguments are required: --to. {usage}")
+    usage = "Usage: %tpu_fetch [--to PATH] [--include GLOB [GLOB ...]]"
+    assert one_line(cell("%tpu_fetch gs://bucket/m")).startswith("say where the files of gs://bucket/m go on the hosts: "
+                                                                 "--to PATH (only hf:// repositories go to the Hugging "
+                                                                 "Face cache by default)")
     bad = one_line(cell(f"%tpu_fetch ftp://x/y --to {tmp_path}"))
     assert bad.startswith("cannot fetch 'ftp://x/y': give hf://ORG/NAME, gs://BUCKET/PREFIX or https://...") and usage in bad
     assert "gated and the kernel has no Hugging Face token" in one_line(cell(f"%tpu_fetch hf://org/gated --to {tmp_path}/g"))
@@ -159,7 +172,7 @@ def test_every_bad_input_is_one_line(cell, hub, tmp_path, monkeypatch):
     with small_disk(tmp_path / "full") as full:
         text = one_line(cell(f"%tpu_fetch hf://org/gated --to {full}/m"))
         assert "no space left on the device" in text and "nothing was written" in text, text
-        assert os.listdir(full / "m") == []
+        assert os.listdir(full / "m") == [], [str(p) for p in (full / "m").rglob("*")]
     assert not any(p.is_file() for p in tmp_path.rglob("*") if "full" not in p.parts), "a bad fetch wrote a file"
 
 
@@ -202,9 +215,25 @@ def test_a_gated_repository_lands_identical_on_two_cloud_hosts_once_from_the_hub
     expected = sorted((p, hashlib.sha256(d).hexdigest()) for p, d in FILES.items())
     (root0, files0), (root1, files1) = host_files(cell, "~/models/x")
     assert root0 != root1 and files0 == files1 == expected
-    # the host environment has huggingface_hub, and the downloader the kernel's HF_ENDPOINT
-    hf = cell("%%on_tpu --hosts 0\nimport os, huggingface_hub\n(huggingface_hub.__name__, os.environ['HF_ENDPOINT'])")
-    assert f"('huggingface_hub', '{hub.url}')" in hf.shown, hf.shown
+    # the kernel's HF_ENDPOINT and HF_HUB_* did not stay in any host's environment
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "120")
+    # without --to: each host's Hugging Face cache, where huggingface_hub finds it with the Hub out of reach
+    cached = cell("%tpu_fetch hf://org/gated")
+    assert cached.error is None and "at the Hugging Face cache (" in cached.stdout, cached.shown
+    mark = dict(hub.hub.gets)
+    offline = cell("%%on_tpu\nimport os, subprocess, sys\nprogram = ('import huggingface_hub; print(huggingface_hub."
+                   "snapshot_download(\"org/gated\"))')\nfolder = subprocess.run([sys.executable, '-c', program], "
+                   "env={**os.environ, 'HF_HUB_OFFLINE': '1'}, capture_output=True, text=True, check=True).stdout.strip()\n"
+                   "(folder, sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, fs in os.walk(folder) for f in fs),"
+                   " open(os.path.join(folder, 'model.safetensors'), 'rb').read() == open(os.path.expanduser("
+                   "'~/models/x/model.safetensors'), 'rb').read(), sorted(k for k in os.environ if k.startswith('HF_') "
+                   "and k != 'HF_TOKEN'))")
+    assert offline.error is None, offline.shown
+    for found in manager.last_result().reprs.values():
+        folder, files, same, hf_env = eval(found)  # noqa: S307 - our own cell's repr
+        assert folder.endswith(f"/.cache/huggingface/hub/models--org--gated/snapshots/{hub.commits['gated']}"), folder
+        assert files == sorted(FILES) and same and hf_env == [], (files, hf_env)
+    assert dict(hub.hub.gets) == mark, "nothing was downloaded again"
     printed = cell("%%on_tpu\nimport os\nprint('token:', os.environ['HF_TOKEN'])")
     assert printed.error is None and printed.stdout.count(f"token: {MASK}") >= 1 and TOKEN not in printed.shown
     # the relay off (as between hosts that cannot reach each other): through the kernel, and it says so
@@ -222,7 +251,7 @@ def test_a_gated_repository_lands_identical_on_two_cloud_hosts_once_from_the_hub
     assert [files for _, files in host_files(cell, "~/models/z")] == [expected, expected]
     again = cell("%tpu_fetch hf://org/gated --to ~/models/x")
     assert again.error is None and "already there: no bytes moved" in again.stdout, again.shown
-    assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == {p: 3 * n for p, n in ONE_GET_EACH.items()}
+    assert {p: n - before[p] for p, n in gets(hub, "org/gated").items()} == {p: 4 * n for p, n in ONE_GET_EACH.items()}
     scan = cell("%%on_tpu\nimport os\nhome = os.path.expanduser('~')\n"
                 f"sum({TOKEN.encode()!r} in open(os.path.join(d, f), 'rb').read() for d, _, fs in os.walk(home) "
                 "for f in fs if os.path.isfile(os.path.join(d, f)) and os.path.getsize(os.path.join(d, f)) < 8 << 20)")
@@ -231,4 +260,45 @@ def test_a_gated_repository_lands_identical_on_two_cloud_hosts_once_from_the_hub
         assert TOKEN not in shown
     kept = [p for p in isolated_home.rglob("*") if p.is_file() and TOKEN.encode() in p.read_bytes()]
     assert not kept, f"the token is in {kept}"  # the registry, the hosts' logs kept here
+    buckets_read_with_the_vms_account_else_the_kernels_token(tpu_emulator, cell, monkeypatch)
     cell("%tpu_down hubby")
+
+
+def buckets_read_with_the_vms_account_else_the_kernels_token(tpu_emulator, cell, monkeypatch) -> None:
+    """On the slice above: a bucket that grants the VMs' service account is read with the token
+    their metadata server gives; one that grants only the kernel's user, with a token the kernel
+    makes for each file (masked); the manifest holds no token either way."""
+    handed: list[str] = []
+
+    def kernel_token() -> str:  # google-auth's refresh is Google's OAuth server: a fresh token per call
+        handed.append(f"ya29.kernel-token-{len(handed)}-0123456789")
+        return handed[-1]
+
+    def principal(token: str) -> str | None:
+        issued = tpu_emulator.emulator.tokens.get(token)  # what the VMs' metadata server gave them
+        return issued[2] if issued else ("user:me@example.com" if token in handed else None)
+
+    grants = {"vms-bucket": {default_service_account("proj"), "user:me@example.com"},  # the kernel lists both
+              "users-bucket": {"user:me@example.com"}}
+    with StorageEmulator(tuple(grants)) as storage, StorageGate(storage.url, principal, grants) as gate:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", storage.url)  # the objects, put there behind the gate's back
+        for name in grants:
+            for path, data in OBJECTS.items():
+                gcs.Bucket(name).write(f"m/{path}", data)
+        monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+        monkeypatch.setattr(gcs, "API", gate.url)  # the kernel takes the gate for Cloud Storage itself
+        monkeypatch.setattr(listing, "kernel_token", kernel_token)
+        vms = cell("%tpu_fetch gs://vms-bucket/m --to ~/gs-vms")
+        assert vms.error is None and "host 0 took" in vms.stdout, vms.shown
+        listed = len(handed)  # the kernel lists with its own credentials
+        users = cell("%tpu_fetch gs://users-bucket/m --to ~/gs-users")
+        assert users.error is None and "host 0 took" in users.stdout, users.shown
+        reads = [(who, token, path) for who, token, method, path in gate.log if "alt=media" in path]
+    vms_reads = [who for who, _, path in reads if "/b/vms-bucket/" in path]
+    assert vms_reads and set(vms_reads) == {default_service_account("proj")}, vms_reads
+    assert listed == 1 and len(handed) == 2 + len(OBJECTS), "one listing each, then a token per file read"
+    granted = [token for who, token, path in reads if who == "user:me@example.com"]
+    assert len(granted) == len(set(granted)) == len(OBJECTS), "each file its own token"
+    assert all(token not in vms.shown + users.shown for token in handed)
+    expected = sorted((p, hashlib.sha256(d).hexdigest()) for p, d in OBJECTS.items())
+    assert [files for _, files in host_files(cell, "~/gs-users")] == [expected, expected]

@@ -1,17 +1,26 @@
-"""The host side of %tpu_fetch (tpunb/host/fetch.py) against the Hub stand-in on 127.0.0.1: fresh
-downloads, resumes after a cut mid-file, a second fetch that moves nothing, verification
-failures, a full disk (a real 1 MB tmpfs), and the stream a relay forwards: chunks handed on as
-they land, and a receiver writing them at offsets."""
+"""The host side of %tpu_fetch (tpunb/host/download.py, fetch.py, receive.py) against the Hub
+stand-in on 127.0.0.1: fresh downloads, resumes after a cut mid-file, a second fetch that moves
+nothing, verification failures, a full disk (a real 1 MB tmpfs), the stream a relay forwards
+(chunks handed on as they land, and a receiver writing them at offsets), a large file as pieces
+in flight at once and resumed from the spans it kept, a source that ignores Range, a busy source's
+Retry-After as an HTTP date, and the kernel's stream that writes nothing."""
 from __future__ import annotations
 
+import email.utils
 import hashlib
+import http.server
+import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from tpunb.emulator.hub import Hub, HubServer, git_blob_sha1
-from tpunb.host.fetch import CHUNK, Entry, FetchError, download, fetch_all
+from tpunb.host import download as downloading
+from tpunb.host.download import BUSY_TRIES, download, fetch_all, retry_after, stream
+from tpunb.host.fetch import CHUNK, Entry, FetchError
 from tpunb.host.receive import Receiver
 from tests.test_snapshot import small_disk  # a real 1 MB tmpfs (tests run as root)
 
@@ -175,8 +184,118 @@ def test_a_throttled_source_is_asked_again_after_its_retry_after(hub, tmp_path):
     mark = len(hub.hub.log)
     assert download(entry(hub, "config.json"), str(tmp_path)).moved == len(SMALL)
     assert [m for m, p, _ in hub.hub.log[mark:] if p.endswith("/config.json")] == ["GET"] * 3
-    hub.hub.busy("config.json", times=9)
+    hub.hub.busy("config.json", times=BUSY_TRIES + 1)
     with pytest.raises(FetchError) as throttled:
         download(entry(hub, "config.json"), str(tmp_path / "again"))
-    assert "answered HTTP 429 4 times (throttled or down): fetch again later" in str(throttled.value)
+    assert f"answered HTTP 429 {BUSY_TRIES + 1} times (throttled or down): fetch again later" in str(throttled.value)
     hub.hub.busy("config.json", times=0)
+
+
+def test_retry_after_is_read_as_seconds_an_http_date_or_an_exhausted_rate_limit():
+    now = 1_700_000_000.0
+    assert retry_after({"Retry-After": "120"}, now) == 120.0
+    assert retry_after({"Retry-After": email.utils.formatdate(now + 42, usegmt=True)}, now) == 42.0
+    assert retry_after({"Retry-After": email.utils.formatdate(now - 5, usegmt=True)}, now) == 0.0
+    assert retry_after({"RateLimit": '"resolvers";r=0;t=55'}, now) == 55.0  # the Hub's header, window spent
+    assert retry_after({"RateLimit": '"resolvers";r=3;t=55'}, now) is None
+    assert retry_after({"Retry-After": "soon"}, now) is None and retry_after({}, now) is None
+
+
+def test_a_busy_source_is_waited_for_until_the_date_its_retry_after_names(hub, tmp_path):
+    hub.hub.busy("config.json", times=1, retry_after=email.utils.formatdate(time.time() + 2, usegmt=True))
+    started = time.monotonic()
+    assert download(entry(hub, "config.json"), str(tmp_path)).moved == len(SMALL)
+    assert time.monotonic() - started >= 1.0, "the date's second, not an immediate retry"  # whole seconds in a date
+
+
+@pytest.fixture
+def pieces(monkeypatch):
+    """Large files as pieces of 256 KiB (the real threshold is 64 MiB)."""
+    monkeypatch.setattr(downloading, "PIECE", 256 << 10)
+    return 256 << 10
+
+
+def lfs_gets(hub, mark: int) -> list:
+    return [span for method, path, span in hub.hub.log[mark:] if method == "GET" and path.startswith("/_lfs/")]
+
+
+def span(header: str) -> tuple[int, int]:
+    """A Range header's first and last byte ("bytes=A-": to the end of BIG)."""
+    lo, hi = header.removeprefix("bytes=").split("-")
+    return int(lo), int(hi) if hi else len(BIG) - 1
+
+
+def test_a_large_file_comes_as_pieces_at_once_hashed_in_order_as_they_land(hub, tmp_path, pieces):
+    mark, hub.hub.peak = len(hub.hub.log), 0
+    hub.hub.rate = 4 << 20  # each transfer held to 4 MiB/s: the pieces overlap
+    try:
+        outcome = download(entry(hub, "model.safetensors"), str(tmp_path))
+    finally:
+        hub.hub.rate = None
+    assert (tmp_path / "model.safetensors").read_bytes() == BIG and outcome.moved == len(BIG)
+    spans = lfs_gets(hub, mark)
+    assert spans[0] == f"bytes=0-{pieces - 1}", "the first piece alone, until the source shows it takes ranges"
+    cuts = sorted(span(s) for s in spans)
+    assert cuts == [(lo, min(lo + pieces, len(BIG)) - 1) for lo in range(0, len(BIG), pieces)]
+    assert hub.hub.peak > 1, "pieces in flight at once"
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_pieces_stopped_midway_resume_from_the_spans_kept_beside_the_partial(hub, tmp_path, pieces):
+    got = []
+    with pytest.raises(FetchError) as stopped:
+        download(entry(hub, "model.safetensors"), str(tmp_path), progress=got.append, streams=2,
+                 stop=lambda: sum(got) >= len(BIG) // 2)
+    assert stopped.value.kind == "cancelled"
+    kept = json.loads((tmp_path / "model.safetensors.partial.spans").read_text())
+    have = sum(hi - lo for lo, hi in kept)
+    assert 0 < have < len(BIG), kept
+    mark = len(hub.hub.log)
+    streamed = {}
+    outcome = download(entry(hub, "model.safetensors"), str(tmp_path), on_chunk=streamed.__setitem__)
+    assert outcome.resumed_from == have and outcome.moved == len(BIG) - have
+    asked = [span(s) for s in lfs_gets(hub, mark)]
+    assert sum(hi + 1 - lo for lo, hi in asked) == len(BIG) - have
+    assert not any(lo < k_hi and k_lo <= hi for lo, hi in asked for k_lo, k_hi in kept), "nothing held asked again"
+    assert b"".join(streamed[k] for k in sorted(streamed)) == BIG, "the stream holds the kept spans too"
+    assert (tmp_path / "model.safetensors").read_bytes() == BIG
+    assert not (tmp_path / "model.safetensors.partial.spans").exists()
+
+
+def test_a_source_that_ignores_range_is_read_in_one_stream(tmp_path, pieces):
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "weights.bin").write_bytes(BIG)
+
+    class Plain(http.server.SimpleHTTPRequestHandler):  # the standard library's: no Range support
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(served), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/weights.bin" % server.server_address[1]
+        wanted = Entry("weights.bin", len(BIG), url, "sha256", hashlib.sha256(BIG).hexdigest())
+        assert download(wanted, str(tmp_path / "out")).moved == len(BIG)
+        assert (tmp_path / "out" / "weights.bin").read_bytes() == BIG
+        assert not list((tmp_path / "out").glob("*.partial*"))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_kernels_stream_hands_every_byte_on_verified_and_writes_nothing(hub, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    got = {}
+    hub.hub.cut("model.safetensors", CHUNK + 100)
+    mark = len(hub.hub.log)
+    assert stream(entry(hub, "model.safetensors"), got.__setitem__) == len(BIG)
+    assert b"".join(got[k] for k in sorted(got)) == BIG
+    assert lfs_gets(hub, mark) == [None, f"bytes={CHUNK + 100}-"], "resumed after the last byte handed on"
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(FetchError) as wrong:
+        stream(entry(hub, "model.safetensors", digest="0" * 64), lambda at, data: None)
+    assert wrong.value.kind == "verify"

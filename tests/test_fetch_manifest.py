@@ -1,7 +1,9 @@
 """Manifests (tpunb/fetch/): each kind of SOURCE listed through the real thing on 127.0.0.1 (the
 Hub stand-in read by huggingface_hub, gcp-storage-emulator, an HTTP file), each file then fetched
 and verified by the host downloader; every bad input a one-line error naming what to do, and
-the token in none of them."""
+the token in none of them. Datasets, --exclude, a renamed repository, a token given to
+%tpu_secret's prompt or to --secret's, a presigned URL that refuses HEAD, and a bucket that refuses
+the host's own account (the kernel's token then, one per file)."""
 from __future__ import annotations
 
 import base64
@@ -11,13 +13,16 @@ import os
 import huggingface_hub.constants
 import pytest
 
+from tpunb import manager
 from tpunb.emulator.hub import Hub, HubServer, git_blob_sha1
-from tpunb.emulator.storage import StorageEmulator
+from tpunb.emulator.storage import StorageEmulator, StorageGate
 from tpunb.errors import UsageError
+from tpunb.fetch import storage as listing
 from tpunb.fetch.manifest import manifest
 from tpunb.fetch.source import parse_source
 from tpunb.host import gcs
-from tpunb.host.fetch import Checker, Entry, FetchError, crc32c, download
+from tpunb.host.download import Downloads, download
+from tpunb.host.fetch import Checker, Entry, FetchError, crc32c
 
 TOKEN = "hf_manifest_token_0123456789"
 OTHER = "hf_other_account_token_98765"
@@ -35,6 +40,10 @@ def hub():
                           "granted": state.add_repo("org/granted", FILES, gated=True, granted=(TOKEN,)),
                           "v1": state.add_repo("org/gated", {"config.json": b"{}"}, revision="v1", gated=True)}
         state.repos["org/gated"].refs["main"] = server.commits["gated"]
+        server.commits["data"] = state.add_repo("org/data", {"train.jsonl": b'{"text": "hi"}\n', "README.md": b"# d"},
+                                                repo_type="dataset", gated=True)
+        server.commits["moved"] = state.add_repo("org/old-name", FILES, gated=True)
+        state.rename("org/old-name", "neworg/new-name")
         yield server
 
 
@@ -60,7 +69,7 @@ def one_line(call) -> str:
 
 def test_a_gated_hub_repository_becomes_verified_entries_at_its_commit(hub, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "7")
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "7")
     found = manifest("hf://org/gated")
     assert found.revision == hub.commits["gated"] and found.total == sum(len(d) for d in FILES.values())
     checks = {e.path: (e.check, e.digest) for e in found.entries}
@@ -68,8 +77,10 @@ def test_a_gated_hub_repository_becomes_verified_entries_at_its_commit(hub, monk
                       "model.safetensors": ("sha256", hashlib.sha256(WEIGHTS).hexdigest()),
                       "tokenizer/tokenizer.json": ("git-sha1", git_blob_sha1(FILES["tokenizer/tokenizer.json"]))}
     assert all(f"/resolve/{found.revision}/" in e.url for e in found.entries)
-    assert found.settings.items() >= {"HF_ENDPOINT": hub.url, "HF_HUB_ETAG_TIMEOUT": "7"}.items()
-    assert all(k == "HF_ENDPOINT" or k.startswith("HF_HUB_") for k in found.settings)
+    assert found.timeout == 7.0 and (found.repo_id, found.repo_type, found.ref) == ("org/gated", "model", "main")
+    assert found.tree["model.safetensors"] == {"size": len(WEIGHTS), "blob_id": found.tree["model.safetensors"]["blob_id"],
+                                               "lfs_sha256": hashlib.sha256(WEIGHTS).hexdigest(),
+                                               "lfs_size": len(WEIGHTS)}  # huggingface_hub's tree cache record
     for text in (repr(found), str(found), repr(found.entries)):
         assert TOKEN not in text
     for entry in found.entries:
@@ -88,6 +99,13 @@ def test_include_picks_files_as_huggingface_hub_does(monkeypatch):
     text = one_line(lambda: manifest("hf://org/gated", include=["*.gguf"]))
     assert text == ("--include *.gguf matches none of the 3 files of hf://org/gated (config.json, model.safetensors, "
                     "tokenizer/tokenizer.json): fix the pattern")
+    # --exclude as ignore_patterns: a folder by its trailing "/", and after --include
+    assert [e.path for e in manifest("hf://org/gated", exclude=["tokenizer/"]).entries] == ["config.json",
+                                                                                          "model.safetensors"]
+    assert [e.path for e in manifest("hf://org/gated", include=["*.json"], exclude=["config*"]).entries] == [
+        "tokenizer/tokenizer.json"]
+    assert one_line(lambda: manifest("hf://org/gated", include=["*.json"], exclude=["*"])).startswith(
+        "--include *.json --exclude * match none of the 3 files")
 
 
 def test_hub_sources_that_cannot_be_read_are_one_line_each(monkeypatch, hub):
@@ -118,7 +136,9 @@ def test_hub_sources_that_cannot_be_read_are_one_line_each(monkeypatch, hub):
 def test_sources_that_are_not_sources_are_one_line_each():
     assert one_line(lambda: parse_source("s3://b/k")).startswith("cannot fetch 's3://b/k': give hf://ORG/NAME")
     assert "--revision is for hf:// sources only" in one_line(lambda: parse_source("gs://b/p", revision="main"))
-    assert "is not a model repository" in one_line(lambda: parse_source("hf://a/b/c"))
+    assert "is not a Hub repository" in one_line(lambda: parse_source("hf://a/b/c"))
+    assert "is not a Hub repository" in one_line(lambda: parse_source("hf://datasets/a/b/c"))
+    assert parse_source("hf://datasets/org/data").repo_type == "dataset"
     assert "names no bucket" in one_line(lambda: parse_source("gs://"))
 
 
@@ -176,3 +196,106 @@ def test_an_https_file_is_checked_by_size_and_etag(hub, tmp_path):
     assert "changed since it was listed" in str(moved_on.value) and not (tmp_path / "notes.txt").exists()
     assert "answered HTTP 404" in one_line(lambda: manifest(f"{hub.url}/org/public/resolve/main/absent.txt"))
     assert "names no file" in one_line(lambda: manifest(f"{hub.url}/"))
+
+
+def test_a_dataset_is_listed_as_a_dataset_with_its_files_under_datasets(hub, monkeypatch, tmp_path):
+    assert "gated and the kernel has no Hugging Face token" in one_line(lambda: manifest("hf://datasets/org/data"))
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    found = manifest("hf://datasets/org/data")
+    assert (found.repo_type, found.repo_id, found.revision) == ("dataset", "org/data", hub.commits["data"])
+    assert all(e.url.startswith(f"{hub.url}/datasets/org/data/resolve/{found.revision}/") for e in found.entries)
+    for entry in found.entries:
+        download(entry, str(tmp_path))
+    assert (tmp_path / "train.jsonl").read_bytes() == b'{"text": "hi"}\n'
+    assert hub.hub.gets[("datasets/org/data", "train.jsonl")] == 1
+    assert "hf://org/data is not at" in one_line(lambda: manifest("hf://org/data")), "not a model of that name"
+
+
+def test_a_renamed_repository_is_fetched_under_its_new_name_with_the_token(hub, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    found = manifest("hf://org/old-name")  # the Hub redirects the API (huggingface_hub follows it, token kept)
+    assert found.repo_id == "neworg/new-name" and found.revision == hub.commits["moved"]
+    assert all(f"{hub.url}/neworg/new-name/resolve/" in e.url for e in found.entries)
+    for entry in found.entries:  # urllib drops the token on a redirect: the new name needs none
+        download(entry, str(tmp_path))
+    assert (tmp_path / "model.safetensors").read_bytes() == WEIGHTS
+    old = Entry("config.json", len(FILES["config.json"]), f"{hub.url}/org/old-name/resolve/main/config.json",
+                "git-sha1", git_blob_sha1(FILES["config.json"]), {"Authorization": f"Bearer {TOKEN}"})
+    with pytest.raises(FetchError) as dropped:  # what the old name's URL did: the redirect loses the token
+        download(old, str(tmp_path / "old"))
+    assert "HTTP 401 (GatedRepo)" in str(dropped.value)
+
+
+def test_a_token_typed_at_tpu_secrets_prompt_lists_a_gated_repository(hub, monkeypatch):
+    import getpass
+
+    monkeypatch.setattr(getpass, "getpass", lambda prompt="": TOKEN)  # what the user types at the prompt
+    monkeypatch.setattr(manager.colab, "user_secret", lambda name: None)
+    assert manager.secret("HF_TOKEN") == ["HF_TOKEN"] and "HF_TOKEN" not in os.environ
+    found = manifest("hf://org/gated")
+    assert found.revision == hub.commits["gated"]
+    assert all(e.headers == {"Authorization": f"Bearer {TOKEN}"} for e in found.entries)
+
+
+def test_a_token_given_with_secret_on_a_launch_lists_a_gated_repository(hub, monkeypatch):
+    import getpass
+
+    monkeypatch.setattr(getpass, "getpass", lambda prompt="": TOKEN)  # typed at --secret's prompt
+    monkeypatch.setattr(manager.colab, "user_secret", lambda name: None)
+    assert manager.parse_env(None, ["HF_TOKEN"]) == {"HF_TOKEN": TOKEN} and "HF_TOKEN" not in os.environ
+    assert not manager.MANAGER.secrets  # --secret is not %tpu_secret: only the kernel's named secrets hold it
+    found = manifest("hf://org/gated")
+    assert all(e.headers == {"Authorization": f"Bearer {TOKEN}"} for e in found.entries)
+
+
+def test_a_presigned_url_that_refuses_head_is_listed_with_a_get_of_its_first_byte(hub):
+    location = huggingface_hub.get_hf_file_metadata(
+        huggingface_hub.hf_hub_url("org/gated", "model.safetensors", endpoint=hub.url), token=TOKEN).location
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as refused:  # signed for GET, as S3 signs it
+        urllib.request.urlopen(urllib.request.Request(location, method="HEAD"), timeout=10)
+    assert refused.value.code == 403
+    mark = len(hub.hub.log)
+    [entry] = manifest(location).entries
+    assert (entry.size, entry.digest) == (len(WEIGHTS), f'"{hashlib.sha256(WEIGHTS).hexdigest()}"')
+    assert [(m, r) for m, p, r in hub.hub.log[mark:]] == [("GET", "bytes=0-0")]
+    assert "sig=" not in str(manifest(location)), "a signed URL's query is not shown"
+
+
+def test_a_bucket_that_refuses_the_hosts_account_is_read_with_the_kernels_token_one_per_file(storage, tmp_path,
+                                                                                            monkeypatch):
+    bucket_name = "kernel-only"
+    storage.create_bucket(bucket_name)
+    handed = []
+
+    def kernel_token() -> str:  # google-auth's refresh is Google's OAuth server: a fresh token per call
+        handed.append(f"ya29.kernel-{len(handed)}")
+        return handed[-1]
+
+    issued = {"ya29.vm-account": "serviceAccount:vm@proj.iam.gserviceaccount.com"}
+    with StorageGate(storage.url, lambda token: issued.get(token) or ("user:me@example.com" if token in handed else None),
+                     {bucket_name: {"user:me@example.com"}}) as gate:
+        monkeypatch.setattr(gcs, "API", gate.url)  # the kernel takes the gate for Cloud Storage itself
+        monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+        monkeypatch.setattr(listing, "kernel_token", kernel_token)
+        bucket = gcs.Bucket(bucket_name, token=kernel_token)
+        for path, data in FILES.items():
+            bucket.write(f"m/{path}", data)
+        handed.clear()
+        found = manifest(f"gs://{bucket_name}/m")
+        assert all(e.auth == "gcs" and e.headers == {} for e in found.entries), "no token frozen in the manifest"
+        asked = []
+
+        def token(index: int, entry: Entry, refused: bool) -> str:
+            if not refused:
+                return "ya29.vm-account"  # the VM's own, from its metadata server
+            asked.append(entry.path)
+            return kernel_token()
+
+        done = Downloads(str(tmp_path), token=token).run(list(enumerate(found.entries)))
+    assert len(done) == 3 and all((tmp_path / p).read_bytes() == d for p, d in FILES.items())
+    assert sorted(asked) == sorted(FILES), "the kernel's token asked once per file"
+    media = [(who, token) for who, token, method, path in gate.log if "alt=media" in path]
+    assert {t for who, t in media if who == "user:me@example.com"} == set(handed[-3:]), "a fresh token per file"

@@ -20,7 +20,8 @@ from tpunb.emulator.hub import Hub, HubServer
 from tpunb.emulator.storage import StorageEmulator
 from tpunb.engine import connection
 from tpunb.host import gcs
-from tpunb.host.fetch import CHUNK, RETRIES
+from tpunb.host.download import RETRIES
+from tpunb.host.fetch import CHUNK
 from tests.conftest import CPU_AS_TPU_HOST
 
 BUCKET = "fetch-magic"
@@ -102,18 +103,20 @@ def test_an_https_file_lands_identical_checked_by_size_and_etag_and_a_404_is_one
                                                                                        monkeypatch, hub):
     connect(sshd, ssh_key, monkeypatch, "webby")
     url = f"{hub.url}/org/web/resolve/main/big.bin"
-    before = hub.hub.gets[("org/web", "big.bin")]
+    before, mark = hub.hub.gets[("org/web", "big.bin")], len(hub.hub.log)
     run = cell(f"%tpu_fetch {url} --to ~/web")
     assert run.error is None, run.shown
     assert "host 0 took 2.0 MiB from the source once; relayed to host 1" in run.stdout, run.stdout
-    assert hub.hub.gets[("org/web", "big.bin")] == before + 1
+    # listed by a GET of its first byte (the CDN's signed URL refuses a HEAD), then downloaded once
+    assert [(m, r) for m, p, r in hub.hub.log[mark:] if p.startswith("/_lfs/")] == [("GET", "bytes=0-0"), ("GET", None)]
+    assert hub.hub.gets[("org/web", "big.bin")] == before + 2
     for home in homes(sshd):
         assert (home / "web/big.bin").read_bytes() == WEIGHTS
         record = json.loads((home / "web/.cache/tpunb/big.bin.json").read_text())
         assert (record["check"], record["size"]) == ("etag", len(WEIGHTS)) and record["digest"].strip('"'), record
     again = cell(f"%tpu_fetch {url} --to ~/web")
     assert again.error is None and "already there: no bytes moved" in again.stdout, again.shown
-    assert hub.hub.gets[("org/web", "big.bin")] == before + 1
+    assert hub.hub.gets[("org/web", "big.bin")] == before + 3, "the listing's byte only"
     absent = one_line(cell(f"%tpu_fetch {hub.url}/org/web/resolve/main/absent.bin --to ~/web"))
     assert absent.startswith(f"{hub.url}/org/web/resolve/main/absent.bin answered HTTP 404"), absent
 
@@ -134,8 +137,9 @@ def test_a_source_that_drops_mid_file_is_a_resumable_failure_not_a_switch_to_the
     assert failed.startswith("host 0: mid.bin: the connection to "), failed
     assert f"kept breaking (IncompleteRead) with {cut:,} of {len(WEIGHTS):,} bytes" in failed and \
         failed.endswith("fetch again, it resumes"), failed
-    # the host's own tries (the first, then a resume per retry), and no download by the kernel after them
-    assert gets == [None] + [f"bytes={cut}-"] * (RETRIES + 1), gets
+    # the listing's first byte, the host's own tries (the first, then a resume per retry), and no download by
+    # the kernel after them
+    assert gets == ["bytes=0-0", None] + [f"bytes={cut}-"] * (RETRIES + 1), gets
     first, second = (home / "mid" for home in homes(sshd))
     assert (first / "mid.bin.partial").stat().st_size == cut
     assert not (first / "mid.bin").exists() and not (second / "mid.bin").exists()
@@ -143,5 +147,5 @@ def test_a_source_that_drops_mid_file_is_a_resumable_failure_not_a_switch_to_the
     resumed = cell(f"%tpu_fetch {url} --to ~/mid")
     assert resumed.error is None and "host 0 took" in resumed.stdout, resumed.shown
     assert [span for method, path, span in hub.hub.log[mark:] if method == "GET" and path.startswith("/_lfs/")] == \
-        [f"bytes={cut}-"]
+        ["bytes=0-0", f"bytes={cut}-"]
     assert (first / "mid.bin").read_bytes() == (second / "mid.bin").read_bytes() == WEIGHTS[::-1]

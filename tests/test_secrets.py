@@ -10,8 +10,9 @@ import pytest
 
 from tpunb import manager
 from tpunb.engine.masking import MASK, Masker
-from tpunb.host.standalone.service import MaskedLog
+from tpunb.host.standalone.log_mask import MaskedLog
 from tpunb.registry import Registry
+from tpunb.secrets.store import Secrets
 from tests.conftest import wait_for
 
 SECRET = "hf_s3cr3t_value_0123456789"
@@ -116,6 +117,7 @@ def test_no_value_on_disk_after_services_restart_and_use_in_a_new_kernel(cell, m
     assert again.stdout.strip() == f"{MASK} {MASK}", again.shown
     manager.detach_all()  # a kernel restart: this kernel's secrets are gone with it
     monkeypatch.setattr(manager.MANAGER, "secrets", {})
+    monkeypatch.setattr(manager.MANAGER, "named", Secrets())
     monkeypatch.setattr(manager.MANAGER, "masker", Masker())
     monkeypatch.delenv("MY_TOKEN")  # (local hosts inherit the kernel's environment)
     assert cell("%tpu_use vault").error is None
@@ -127,3 +129,121 @@ def test_no_value_on_disk_after_services_restart_and_use_in_a_new_kernel(cell, m
     found = [p for p in isolated_home.rglob("*") if p.is_file() and (SECRET.encode() in p.read_bytes()
                                                                       or hub.encode() in p.read_bytes())]
     assert not found and (isolated_home / "registry.db").exists() and log.exists()
+
+
+# -- every form a secret takes in output ------------------------------------------------------------
+def _encoded_at_every_offset(value: str) -> list[str]:
+    """base64 of user:VALUE, of user:VALUE + newline, and of a JSON object holding it after 0-2 more
+    bytes: each byte alignment the value can have inside an encoded stream."""
+    import base64
+    import json
+
+    texts = [f"user:{value}", f"user:{value}\n"] + [json.dumps({"pad": "x" * n, "token": value}) for n in range(3)]
+    return [base64.b64encode(t.encode()).decode() for t in texts]
+
+
+def test_a_secret_is_masked_in_base64_at_every_alignment_percent_encoded_json_escaped_and_line_by_line():
+    import json
+    import urllib.parse
+
+    masker = Masker()
+    secret = "s3cr3t+/value with space"
+    masker.add(secret)
+    for encoded in _encoded_at_every_offset(secret):
+        shown = masker.text(f"Authorization: Basic {encoded}")
+        assert MASK in shown and encoded not in shown, encoded
+    url = f"https://example.com/cb?token={urllib.parse.quote(secret, safe='')}&next={urllib.parse.quote_plus(secret)}"
+    assert masker.text(url) == f"https://example.com/cb?token={MASK}&next={MASK}"
+    key = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n  bKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj  \n-----END PRIVATE KEY-----"
+    masker.add(key)
+    escaped = json.dumps({"private_key": key})  # a service-account file, printed as JSON
+    assert "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in masker.text(escaped)
+    assert masker.text("line: bKcwggSjAgEAAoIBAQC7VJTUt9Us8cKj") == f"line: {MASK}"  # a line of it, trimmed
+    assert masker.text("an ordinary sentence, 8 chars+") == "an ordinary sentence, 8 chars+"
+
+
+def test_the_held_tail_covers_the_longest_form_and_hosts_mask_the_same_forms(tmp_path):
+    """A base64 form split across two frames (and two writes on a host) is masked whole: the tail
+    held back is as long as the longest form, and the supervisor derives the forms itself from the
+    values of the names it is given."""
+    import base64
+
+    masker = Masker()
+    masker.add(SECRET)
+    encoded = base64.b64encode(f"user:{SECRET}".encode()).decode()
+    out = masker.frames(0, {"op": "stream", "id": 1, "name": "stdout", "text": "auth " + encoded[:20]})
+    out += masker.frames(0, {"op": "stream", "id": 1, "name": "stdout", "text": encoded[20:] + " ok\n"})
+    out += masker.frames(0, {"op": "done", "id": 1})
+    shown = "".join(f.get("text", "") for f in out)
+    assert MASK in shown and encoded[8:30] not in shown and shown.endswith(" ok\n"), shown
+    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    written = MaskedLog(log, [SECRET])
+    os.write(written.out, ("auth " + encoded[:20]).encode())
+    written.drain()
+    os.write(written.out, (encoded[20:] + " ok\n").encode())
+    written.flush()
+    assert (tmp_path / "log").read_text() == masker.text("auth " + encoded + " ok\n")
+
+
+def test_done_when_a_secret_and_a_secret_looking_env_echoed_by_a_service_are_masked_and_a_setting_is_not(
+        cell, monkeypatch):
+    """--secret MY_TOKEN (typed at the prompt: no kernel variable) and --env HF_TOKEN=... (a name
+    that looks secret: masked, with a hint) echoed by a service, also as base64, are masked in
+    %tpu_logs and on the host's disk; --env MODEL=org/name is shown; the listing masks the command."""
+    import base64
+    import getpass
+
+    typed = "typed_at_the_prompt_0123"
+    monkeypatch.delenv("MY_TOKEN", raising=False)
+    monkeypatch.setattr(getpass, "getpass", lambda prompt: typed)  # the user typing: the one thing not real here
+    sl = manager.launch("v4-8", name="masked")
+    run = cell(f"%tpu_serve echo --env HF_TOKEN={SECRET} MODEL=org/name --secret MY_TOKEN -- "
+               "echo $HF_TOKEN $MODEL $MY_TOKEN; echo user:$MY_TOKEN | base64; echo " + SECRET)
+    assert run.error is None, run.shown
+    assert "--env HF_TOKEN looks secret: masked, but the value is in this cell" in run.stderr and \
+        "give --secret HF_TOKEN or %tpu_secret instead" in run.stderr, run.stderr
+    assert manager.secret_value("MY_TOKEN") == typed  # what %tpu_fetch reads
+    wait_for(lambda: {s.state for s in sl.services() if s.name == "echo"} == {"exited"}, what="echo to exit")
+    logs = cell("%tpu_logs echo").stdout
+    encoded = base64.b64encode(f"user:{typed}\n".encode()).decode()
+    assert f"{MASK} org/name {MASK}" in logs and SECRET not in logs and typed not in logs, logs
+    assert encoded[:8] in logs and encoded[8:28] not in logs, logs  # only the base64 of "user:" shows
+    [on_disk] = [Path(s.log).read_text() for s in sl.services() if s.name == "echo"]
+    assert SECRET not in on_disk and typed not in on_disk and "org/name" in on_disk
+    assert cell(f"%tpu_serve literal -- echo {SECRET}").error is None
+    listing = cell("%tpu_serve").stdout
+    assert f"echo {MASK}" in listing and SECRET not in listing, listing
+    assert not cell("%tpu_serve plain --env MODEL=org/name -- true").stderr  # a setting: no hint
+
+
+def test_hf_token_goes_to_a_launch_by_default_said_in_one_line_and_no_hf_token_keeps_it(cell, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    run = cell("%tpu_launch v4-8 --name given")
+    assert run.error is None and "'given' has this kernel's HF_TOKEN as a secret (masked)" in run.stdout, run.shown
+    assert "--no-hf-token leaves it out" in run.stdout
+    assert manager.MANAGER.env["given"]["HF_TOKEN"] == SECRET  # what the hosts are sent (local hosts also
+    kept = cell("%tpu_launch v4-8 --name kept --no-hf-token")  # inherit this process's environment)
+    assert kept.error is None and "HF_TOKEN" not in kept.stdout, kept.shown
+    assert "HF_TOKEN" not in manager.MANAGER.env["kept"] and not Registry().get_slice("kept").spec["hf_token"]
+    manager.detach_all()  # a new kernel: the record says the launch kept it out
+    assert cell("%tpu_use kept").error is None and "HF_TOKEN" not in manager.MANAGER.env["kept"]
+    assert cell("%tpu_use given").error is None and manager.MANAGER.env["given"]["HF_TOKEN"] == SECRET
+
+
+def test_no_presigned_signature_in_any_output(cell, monkeypatch):
+    """A presigned URL fetched: its query is in no output (the success line, a failure) and is
+    masked in whatever hosts print while and after it runs."""
+    from tpunb.emulator.hub import Hub, HubServer
+
+    signature = "X-Amz-Signature=5f1d0c0ffee0ddba11deadbeefcafe42&X-Amz-Expires=3600"
+    with HubServer(Hub()) as hub:
+        hub.hub.add_repo("org/signed", {"w.bin": b"weights" * 100})
+        manager.launch("v4-8", name="signed")
+        url = f"{hub.url}/org/signed/resolve/main/w.bin?{signature}"
+        run = cell(f"%tpu_fetch {url} --to ~/signed")
+        assert run.error is None and f"{hub.url}/org/signed/resolve/main/w.bin at ~/signed" in run.stdout, run.shown
+        missing = cell(f"%tpu_fetch {hub.url}/org/signed/resolve/main/absent.bin?{signature} --to ~/signed")
+        echoed = cell(f"%%on_tpu\nprint({url!r})")
+    for said in (run, missing, echoed):
+        assert "5f1d0c0ffee0ddba11deadbeefcafe42" not in said.shown + str(said.error), said.shown
+    assert MASK in echoed.stdout

@@ -10,15 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from tests.conftest import wait_for
 from tests.test_idle_delete import (BOUND, cell_done, cloud, host0_dir, kernel_process, kill,  # noqa: F401
                                     launch_line, node_names, tpu_emulator_options)
 from tpunb import manager
+from tpunb.engine.bundle import SERVICE_CONTROL, service_parts, service_source
 from tpunb.host.standalone import idle
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.fresh_slice
@@ -119,9 +117,10 @@ def test_starting_a_service_is_use_for_the_idle_watchdog(tmp_path):
     os.utime(activity, (1000.0, 1000.0))  # the last use, long ago
     request = {"op": "start", "name": "web", "command": "exec sleep 60", "root": str(tmp_path / "services"),
                "slice": "s", "host": 0}
-    code = f"from tpunb.host.standalone import service\nservice.control({request!r})"
-    env = {**os.environ, "TPUNB_HOST_DIR": str(host_dir), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
+    message = json.dumps({"source": service_source(), "parts": list(service_parts()), "request": request}).encode()
+    env = {**os.environ, "TPUNB_HOST_DIR": str(host_dir)}
+    done = subprocess.run([sys.executable, "-c", SERVICE_CONTROL], input=b"%012d" % len(message) + message, env=env,
+                          capture_output=True, timeout=60)
     state = json.loads(done.stdout[12:])["state"]
     try:
         assert state["state"] == "running"

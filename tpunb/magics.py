@@ -11,6 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from tpunb import provision, report, manager
 from tpunb.display import MODES, render_values
 from tpunb.errors import CellInterrupted, UsageError
+from tpunb.secrets import policy
 from tpunb.serve import seen
 from tpunb.snapshot import preempt
 
@@ -60,11 +61,13 @@ class TpuMagics(Magics):
               help="gcp (Cloud TPU) when a project is configured, else local (simulated here)")
     @argument("--slices", type=int, default=None, metavar="N",
               help="a multislice: N slices of ACCELERATOR joined in one JAX job (Cloud TPU: one queued resource)")
-    @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
+    @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help=policy.ENV_HELP.replace("%", "%%"))
+    @argument("--secret", nargs="+", action="extend", default=[], metavar="NAME", help=policy.SECRET_HELP.replace("%", "%%"))
     @argument("--compile-cache", metavar="gs://BUCKET/PATH", default=None,
               help="JAX's compilation cache in Cloud Storage, shared by every slice given it (default: on each "
                    "host's disk); whoever can write there can run code on the hosts")
     @cloud_arguments
+    @argument("--no-hf-token", action="store_true", help="keep this kernel's HF_TOKEN from the hosts (sent as a secret by default)")
     @argument("--recover", metavar="NAME", help="relaunch a preempted slice with the spec it had (and restore its last snapshot)")
     @argument("--snapshot-on-preempt", metavar="NAME[,NAME]", default=None,
               help="every host snapshots these variables when its VM gets the preemption notice (see %%tpu_snapshot)")
@@ -80,7 +83,8 @@ class TpuMagics(Magics):
                                  f"Usage: {usage_of(self.tpu_launch)}")
             armed = preempt.names_list(args.snapshot_on_preempt)
             sl = manager.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env,
-                               recover=args.recover, slices=args.slices, compile_cache=args.compile_cache, **cloud)
+                               recover=args.recover, slices=args.slices, compile_cache=args.compile_cache,
+                               secrets=args.secret, hf_token=not args.no_hf_token, **cloud)
         except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)
             raise CellInterrupted("%tpu_launch interrupted before it started anything: nothing is left running") \
                 from None
@@ -117,7 +121,8 @@ class TpuMagics(Magics):
     @argument("--key", default=None, help="private key (default: tpunb's own ed25519 key under $TPUNB_HOME/keys)")
     @argument("--port", type=int, default=22)
     @argument("--name", default=None, help="slice name")
-    @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help="set on every host; never shown or stored")
+    @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help=policy.ENV_HELP.replace("%", "%%"))
+    @argument("--secret", nargs="+", action="extend", default=[], metavar="NAME", help=policy.SECRET_HELP.replace("%", "%%"))
     @argument("--python", default="python3", help="Python >= 3.10 on the hosts (or A,B,... one per host); with "
                                                   "--setup, X.Y for the environment it makes (default: this notebook's)")
     @argument("--setup", action="store_true", help="make (or check) an environment on each host as a cloud slice "
@@ -136,7 +141,7 @@ class TpuMagics(Magics):
         try:  # a press while the line is parsed has made nothing either
             args = parse_line(self.tpu_connect, line)
             manager.connect(args.hosts, user=args.user, key=args.key, port=args.port, name=args.name, env=args.env,
-                           python=args.python, accelerator=args.accelerator,
+                            secrets=args.secret, python=args.python, accelerator=args.accelerator,
                            accept_new_host_key=args.accept_new_host_key, slices=args.slices,
                            coordinator_port=args.coordinator_port, setup=args.setup, jax=args.jax,
                            pip=args.pip and args.pip.strip("'\""), requirements=args.requirements)
@@ -354,7 +359,9 @@ class TpuMagics(Magics):
     @argument("--port", type=int, default=None, metavar="P", help="where it answers (else the wait's port): %%tpu_bench NAME reaches it")
     @argument("--timeout", type=float, default=120.0, help="seconds to wait for --wait-port/--wait-http")
     @argument("--env", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
-              help="for the command only; never shown or stored")
+              help="for the command only; " + policy.ENV_HELP.replace("%", "%%"))
+    @argument("--secret", nargs="+", action="extend", default=[], metavar="NAME",
+              help="for the command only: " + policy.SECRET_HELP.replace("%", "%%"))
     @argument("--stop", action="store_true", help="stop the service NAME on every host")
     @argument("--slice", dest="slice_name", default=None)
     @line_magic
@@ -383,31 +390,36 @@ class TpuMagics(Magics):
         else:
             with one_line_interrupt():
                 sl.serve(args.name, command.strip(), hosts=args.hosts, restart=args.restart,
-                         env=manager.parse_env(args.env), wait_port=args.wait_port, wait_http=args.wait_http,
+                         env=manager.parse_env(args.env, args.secret), wait_port=args.wait_port, wait_http=args.wait_http,
                          timeout=args.timeout, port=args.port)
 
     @magic_arguments()
-    @argument("source", help="hf://ORG/NAME, gs://BUCKET/PREFIX or https://...")
-    @argument("--to", required=True, metavar="PATH", help="where the files go on every host (~ is each host's home)")
+    @argument("source", help="hf://ORG/NAME, hf://datasets/ORG/NAME, gs://BUCKET/PREFIX or https://...")
+    @argument("--to", default=None, metavar="PATH",
+              help="where the files go on every host (~ is each host's home), as hf download --local-dir; "
+                   "default for hf://: each host's Hugging Face cache, where from_pretrained and vllm serve look")
     @argument("--include", nargs="+", action="extend", default=[], metavar="GLOB",
               help="only the files these patterns match (as huggingface_hub's allow_patterns)")
+    @argument("--exclude", nargs="+", action="extend", default=[], metavar="GLOB",
+              help="not the files these patterns match (as ignore_patterns), e.g. 'original/*'")
     @argument("--revision", default=None, metavar="R", help="a branch, tag or commit of an hf:// repository")
     @argument("--hosts", default=None, help="only these hosts (default: all)")
     @argument("--slice", dest="slice_name", default=None)
     @line_magic
     def tpu_fetch(self, line: str):
-        """The same files at PATH on every host, each byte from the source once per slice:
-        %tpu_fetch SOURCE --to PATH [--include GLOB ...] [--revision R] [--hosts H]."""
+        """The same files on every host, each byte from the source once per slice:
+        %tpu_fetch SOURCE [--to PATH] [--include GLOB ...] [--exclude GLOB ...] [--revision R] [--hosts H]."""
         args = parse_line(self.tpu_fetch, line)
         from tpunb.fetch.source import parse_source
 
-        try:
-            parse_source(args.source, args.revision, args.include)
+        args.include, args.exclude = ([p.strip("'\"") for p in globs] for globs in (args.include, args.exclude))  # IPython
+        try:  # keeps the quotes a user types around a glob
+            parse_source(args.source, args.revision, args.include, args.exclude)
         except UsageError as exc:
             raise UsageError(f"{exc}. Usage: {usage_of(self.tpu_fetch)}") from None
         sl = manager.current(args.slice_name)
         with one_line_interrupt():
-            done = sl.fetch(args.source, args.to, args.include, args.revision, args.hosts)
+            done = sl.fetch(args.source, args.to, args.include, args.revision, args.hosts, args.exclude)
         report.info(f"[tpunb] fetched {done}")
         return None
 

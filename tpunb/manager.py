@@ -18,11 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog, colab, provision, report
 from tpunb.engine.background import interrupt_all
-from tpunb.engine.masking import MIN_LENGTH, Masker
+from tpunb.engine.masking import Masker
+from tpunb.fetch import hub as fetch_hub
 from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
 from tpunb.provision import LaunchRequest, Made, interrupts, warm
 from tpunb.registry import Registry
 from tpunb.results import RunResult
+from tpunb.secrets import hub_token, policy
+from tpunb.secrets.store import Secrets
 from tpunb.slice import Slice
 from tpunb.status import HostRow, ServiceRow, versions_frame
 from tpunb.status.view import StatusView
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
 
 BACKENDS = provision.LAUNCH_BACKENDS
 #: the Hugging Face Hub's token: launched slices (cloud and local) get it as a secret when it is set
-HF_TOKEN = "HF_TOKEN"
+HF_TOKEN = hub_token.HF_TOKEN
 #: generations whose slices cannot be joined into a multislice (docs/cloud-facts.md)
 NO_MULTISLICE = ("v2", "v3")
 
@@ -45,18 +48,20 @@ def registry() -> Registry:
     return Registry()
 
 
-def parse_env(pairs: list[str] | dict | None) -> dict[str, str]:
-    """['KEY=VALUE', ...] -> dict; values are secrets and are never printed or stored."""
-    if not pairs:
-        return {}
-    if isinstance(pairs, dict):
-        return {str(k): str(v) for k, v in pairs.items()}
+def parse_env(pairs: list[str] | dict | None, secrets: list[str] | None = None) -> dict[str, str]:
+    """['KEY=VALUE', ...] -> dict, for settings that may be shown (never stored); a name that looks
+    secret is masked with a hint (``tpunb.secrets.policy``). ``secrets``: names whose values come
+    from this kernel (%tpu_secret, its environment, Colab's secrets or a prompt), masked."""
     env = {}
-    for pair in pairs:
+    if isinstance(pairs, dict):
+        env = {str(k): str(v) for k, v in pairs.items()}
+    for pair in [] if isinstance(pairs, dict) else pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key.isidentifier():
             raise UsageError(f"--env takes KEY=VALUE, got {key or pair!r}")
         env[key] = value
+    policy.guard(env, MANAGER.masker)
+    env.update({name: MANAGER.named.get(name, MANAGER.masker, "--secret") for name in secrets or []})
     return env
 
 
@@ -142,6 +147,8 @@ class SliceManager:
         self.secrets: dict[str, str] = {}
         #: every secret value this kernel knows, masked in all that hosts send back
         self.masker = Masker()
+        #: secrets by name (%tpu_secret, --secret), for their next use: memory only
+        self.named = Secrets()
         #: the fork server its local hosts' agents start from (tpunb.transport.forkserver)
         self.forks = LocalForks()
 
@@ -171,7 +178,8 @@ class SliceManager:
                 name: str | None = None, env: Any = None, python: str | list[str] = "python3", accelerator: str | None = None,
                 accept_new_host_key: bool = False, cwd: str | None = None, connect_timeout: float = 10.0,
                 slices: int | None = None, coordinator_port: int | None = None, setup: bool = False,
-                jax: str | None = None, pip: Any = None, requirements: str | None = None) -> Slice:
+                jax: str | None = None, pip: Any = None, requirements: str | None = None,
+                secrets: list[str] | None = None) -> Slice:
         """Make a slice of hosts you bring (TPU VMs created elsewhere, any Linux machines) over SSH.
 
         Host index follows the order given. ``accept_new_host_key`` forgets the recorded keys of
@@ -213,7 +221,7 @@ class SliceManager:
         if accept_new_host_key:
             for host, spec_port in places:
                 forget_host_key(host, spec_port, reg)
-        values = parse_env(env)
+        values = parse_env(env, secrets)
         if not isinstance(python, str):
             python = ",".join(python)
         if coordinator_port is not None and not 0 < int(coordinator_port) < 65536:
@@ -228,7 +236,7 @@ class SliceManager:
 
     def launch(self, accelerator: str | None = None, name: str | None = None, backend: str | None = None, env: Any = None,
                recover: str | None = None, slices: int | None = None, compile_cache: str | None = None,
-               **options: Any) -> Slice:
+               secrets: list[str] | None = None, hf_token: bool = True, **options: Any) -> Slice:
         """Create a slice and connect to every host; it becomes the current slice.
 
         ``backend`` is local (simulated on this machine) or gcp (Cloud TPU; options are the fields of
@@ -238,13 +246,16 @@ class SliceManager:
         ``recover=NAME`` relaunches a preempted cloud slice with its recorded spec.
         ``compile_cache="gs://BUCKET/PATH"``: JAX's compilation cache in Cloud Storage, shared with
         every slice given the same place (by default each host keeps its own, on its disk).
+        ``secrets``: names given to the hosts as secrets (``--secret``); ``hf_token=False`` keeps the
+        kernel's HF_TOKEN from the hosts (by default it goes, as a secret, and the launch says so).
         """
         cache = _compile_cache(compile_cache)
+        env = parse_env(env, secrets)
         with interrupts.latched():  # a Ctrl-C that Python drops (in a gc callback) still stops the launch
-            return self._launch(accelerator, name, env, backend, slices, recover, options, cache)
+            return self._launch(accelerator, name, env, backend, slices, recover, options, cache, hf_token)
 
     def _launch(self, accelerator: str | None, name: str | None, env: Any, backend: str | None, slices: Any,
-                recover: str | None, options: dict, cache: str | None = None) -> Slice:
+                recover: str | None, options: dict, cache: str | None = None, hf_token: bool = True) -> Slice:
         count = _slice_count(slices)
         if recover:
             if slices is not None:
@@ -268,7 +279,7 @@ class SliceManager:
                              "(hosts you bring: %tpu_connect HOST,HOST)")
         maker = provision.backend(backend)
         opts = maker.options(**options)
-        values = self._with_hub_token(parse_env(env))
+        values = hub_token.with_token(dict(env), self.masker, hf_token)
         reg = registry()
         base = maker.default_name(accel) + (f"-x{count}" if count > 1 else "")
         name = self._claim_name(name, base, reg)
@@ -276,7 +287,11 @@ class SliceManager:
             warm.ready("ipywidgets", "tpunb.widgets.launch")  # imported on a side thread, where Ctrl-C cannot cut it
             since = time.perf_counter()
             made = _with_cache(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), cache)
-            return self.start(made, reg, values, since)
+            made.record.spec["hf_token"] = hf_token
+            sl = self.start(made, reg, values, since)
+        if hub_token.HF_TOKEN in values and hub_token.HF_TOKEN not in env and hub_token.HF_TOKEN not in self.secrets:
+            hub_token.say_given(sl.name)
+        return sl
 
     def _launch_own_tpu(self, name: str | None, env: Any, backend: str | None, options: dict,
                         cache: str | None) -> Slice:
@@ -286,7 +301,7 @@ class SliceManager:
                              "--env; for Cloud TPU name an accelerator, e.g. %tpu_launch v5litepod-8 --backend gcp")
         accel = colab.own_accelerator()
         colab.check_tpu_free()
-        values = parse_env(env)
+        values = dict(env)
         reg = registry()
         name = self._claim_name(name, colab.OWN_TPU, reg)
         maker = provision.backend(provision.THIS_MACHINE)
@@ -305,7 +320,7 @@ class SliceManager:
     def _recover(self, name: str, env: Any, cache: str | None) -> Slice:
         """Relaunch a lost (preempted, terminated) slice with the spec it was launched with, where
         its backend can."""
-        values = parse_env(env) or self.env.get(name, {})
+        values = dict(env) or self.env.get(name, {})
         reg = registry()
         record = reg.get_slice(name)
         if record is None:
@@ -364,37 +379,15 @@ class SliceManager:
         sl.background.on_start = self._ran
         return sl
 
-    def _with_hub_token(self, values: dict[str, str]) -> dict[str, str]:
-        """A launched slice's environment gets the Hub's token from the kernel's without asking (as
-        a secret: masked), at its launch and whenever a kernel attaches it again; hosts brought with
-        %tpu_connect get it only when %tpu_secret names it."""
-        hub_token = os.environ.get(HF_TOKEN, "")
-        if len(hub_token) >= MIN_LENGTH and HF_TOKEN not in values:
-            self.masker.add(hub_token)
-            values[HF_TOKEN] = hub_token
-        return values
-
     def secret(self, *names: str) -> list[str]:
         """Put secrets in every slice's hosts' environment (now, and whenever hosts start again):
         each from this kernel's environment, else Colab's secrets, else a prompt that echoes
-        nothing. Their values are masked (``****``) in everything hosts send back and are never
-        stored. Returns the names set."""
-        import getpass
-
+        nothing (``tpunb.secrets.store``). Their values are masked (``****``) in everything hosts
+        send back and are never stored. Returns the names set."""
         if not names:
             raise UsageError("name at least one secret, e.g. %tpu_secret HF_TOKEN")
-        values = {}
-        for name in names:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise UsageError(f"{name!r} is not an environment variable name: letters, digits and _")
-            value = os.environ.get(name) or colab.user_secret(name) or getpass.getpass(f"{name} (not shown): ")
-            if len(value) < MIN_LENGTH:
-                raise UsageError(f"{name} has {len(value)} character{'s' if len(value) != 1 else ''}: a secret needs "
-                                 f"at least {MIN_LENGTH}, or masking it would hide ordinary text (pass it with --env)")
-            values[name] = value
-        for name, value in values.items():
-            self.masker.add(value)
-            self.secrets[name] = value
+        values = {name: self.named.get(name, self.masker) for name in names}
+        self.secrets.update(values)
         for sl in self.attached.values():
             self.env.setdefault(sl.name, {}).update(values)
             sl.send_environ(values)
@@ -451,7 +444,7 @@ class SliceManager:
             raise NoSliceError(f"no slice named {name!r}: {hint}")
         values = self.env.get(name, {})
         if record.backend in BACKENDS:  # a new kernel: the token as the launch gave it
-            values = self._with_hub_token(values)
+            values = hub_token.with_token(values, self.masker, record.spec.get("hf_token", True))
         backend = provision.backend(record.backend)
         sl = self.start(backend.attach(record, reg, values), reg, values, quiet=True)
         report.warn(f"[tpunb] started {len(record.hosts)} new host session{'s' if len(record.hosts) > 1 else ''} for "
@@ -575,6 +568,15 @@ services = MANAGER.services
 versions = MANAGER.versions
 last_result = MANAGER.last_result
 secret = MANAGER.secret
+
+
+def secret_value(name: str) -> str | None:
+    """The value this kernel was given for ``name`` with %tpu_secret or --secret (typed at the
+    prompt included), or None; never read from the environment (read that where it applies)."""
+    return MANAGER.named.value(name)
+
+
+fetch_hub.secret_lookup = secret_value  # %tpu_fetch's Hub token may be one given to %tpu_secret or --secret
 
 
 def attached(name: str) -> Slice | None:

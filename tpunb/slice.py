@@ -480,23 +480,22 @@ class Slice:
         self.idle.mark(False, tell_host=True)
         return assemble(name, self.session.gather(name, indices))
 
-    def fetch(self, source: str, to: str, include: tuple[str, ...] | list[str] = (), revision: str | None = None,
-              hosts: str | list[int] | None = None) -> FetchReport:
-        """Put SOURCE's files (``hf://ORG/NAME``, ``gs://BUCKET/PREFIX`` or ``https://...``) at ``to``
-        on every chosen host, each byte from the source once per slice (``tpunb.fetch.spread``):
-        resumable, verified, and a second fetch of the same revision moves nothing. A FetchReport."""
-        from tpunb.fetch.manifest import manifest
-        from tpunb.fetch.source import parse_source
+    def fetch(self, source: str, to: str | None = None, include: tuple[str, ...] | list[str] = (),
+              revision: str | None = None, hosts: str | list[int] | None = None,
+              exclude: tuple[str, ...] | list[str] = ()) -> FetchReport:
+        """Put SOURCE's files (``hf://ORG/NAME``, ``hf://datasets/ORG/NAME``, ``gs://BUCKET/PREFIX``
+        or ``https://...``) on every chosen host, each byte from the source once per slice
+        (``tpunb.fetch.spread``): at ``to`` (as ``hf download --local-dir`` leaves it), or, for a Hub
+        repository without it, in each host's Hugging Face cache. A FetchReport."""
+        from tpunb.fetch.manifest import manifest, wanted
         from tpunb.fetch.spread import fetch
 
-        if not isinstance(to, str) or not to.strip():
-            raise UsageError("say where the files go on the hosts: --to PATH, e.g. --to ~/models/gemma")
-        wanted = parse_source(source, revision, (include,) if isinstance(include, str) else tuple(include or ()))
+        found, to = wanted(source, to, include, revision, exclude)
         indices = self.layout.parse(hosts)
-        listed = manifest(wanted)
+        listed = manifest(found)
         self.revive()  # not only these hosts': a background cell may hold them, the fetch runs beside it
         with self.idle.busy():
-            return fetch(self.session, listed, to.strip(), indices, self.layout.names)
+            return fetch(self.session, listed, to, indices, self.layout.names)
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self, since: Any = None) -> "pandas.DataFrame":
@@ -568,15 +567,23 @@ class Slice:
         frames too, through py-spy on the hosts."""
         return stuck.slice_stacks(self, hosts, native)
 
-    def restart(self, hosts: str | list[int] | None = None):
+    def restart(self, hosts: str | list[int] | None = None, jax: bool = True):
         """Fresh Python sessions on the hosts (default all) of this same slice, the way back from a
         wedged runtime: agents that do not exit are killed; the node, connections and services stay;
-        JAX starts again over the whole slice if it ran. A ``tpunb.stuck.restart.Restart``."""
+        JAX starts again over the whole slice if it ran (``jax=False``: not, the chips left free for
+        another program). A ``tpunb.stuck.restart.Restart``."""
         from tpunb.stuck.restart import restart
 
         with self._revive_lock:
             self._check_not_deleted()
-            return restart(self, hosts)
+            return restart(self, hosts, jax)
+
+    def compile_cache_stats(self, hosts: str | list[int] | None = None) -> dict[int, dict]:
+        """Each host's compile-cache hits, misses and compiles that asked the cache in its current
+        Python session, as JAX's monitoring events (``/jax/compilation_cache/cache_hits``...) count them."""
+        from tpunb.fetch.jaxcache import stats
+
+        return stats(self.session, self.layout.parse(hosts))
 
     @property
     def needs_restart(self) -> list[int]:

@@ -1,15 +1,22 @@
 """A local Hugging Face Hub: the few HTTP routes the real ``huggingface_hub`` client calls to list
-and download a model repository, so ``%tpu_fetch hf://...`` and the client itself run here.
+and download a model or dataset repository, so ``%tpu_fetch hf://...`` and the client itself run here.
 
-Routes (what huggingface_hub 2.x sends; point it here with ``HF_ENDPOINT``):
-  GET  /api/models/{repo}[/revision/{rev}]     model_info (``sha`` is the commit, ``gated``, siblings)
-  GET  /api/models/{repo}/tree/{rev}[/{dir}]   the tree (?recursive=), ``Link: <...>; rel="next"``
+Routes (what huggingface_hub 2.x sends; point it here with ``HF_ENDPOINT``; ``{type}`` is
+``models`` or ``datasets``, and a dataset's files are under ``/datasets/{repo}``):
+  GET  /api/{type}/{repo}[/revision/{rev}]     repo_info (``sha`` is the commit, ``gated``, siblings)
+  GET  /api/{type}/{repo}/tree/{rev}[/{dir}]   the tree (?recursive=), ``Link: <...>; rel="next"``
                                                past ``page_size`` entries, as the Hub pages it
-  GET  /api/models/{repo}/auth-check           200, or 401/403 ``GatedRepo`` (HfApi.auth_check)
-  HEAD|GET /{repo}/resolve/{rev}/{path}        a small file: 200, ``ETag`` its git-blob SHA-1;
+  GET  /api/{type}/{repo}/auth-check           200, or 401/403 ``GatedRepo`` (HfApi.auth_check)
+  HEAD|GET /[datasets/]{repo}/resolve/{rev}/{path}
+                                               a small file: 200, ``ETag`` its git-blob SHA-1;
                                                an LFS file: 302 to the CDN's ``/_lfs/...``, with
                                                ``X-Linked-Etag`` (sha256) and ``X-Linked-Size``
-  HEAD|GET /_lfs/{repo}/{sha256}?sig=          the LFS blob, as the Hub's CDN serves a signed URL
+  GET  /_lfs/{repo}/{sha256}?sig=              the LFS blob, as the Hub's CDN serves a presigned URL:
+                                               a HEAD is refused (403), as S3 refuses one on a URL
+                                               signed for GET (the method is part of the signature)
+A renamed repository (``rename``) answers every route under its old name with a 307 to the same
+route under its new one, a relative Location (the redirect huggingface_hub follows itself,
+keeping its token: ``_httpx_follow_relative_redirects``; urllib's unredirected header drops it).
 Every file answer carries ``X-Repo-Commit``, ``Content-Length`` and ``Accept-Ranges``; a
 ``Range: bytes=A-[B]`` is answered 206. Errors carry ``X-Error-Code`` as the Hub sends them:
 ``RepoNotFound`` (401: the Hub does not say whether a repository it hides exists),
@@ -19,9 +26,11 @@ token that was not granted). A bearer token the Hub does not know is 401 "Invali
 Where it differs from the Hub: repositories live in memory (``add_repo``), a file is LFS when its
 name matches ``LFS_SUFFIXES`` or it is ``LFS_MIN`` bytes or more, any known token opens every
 gated or private repository unless ``granted`` names some, no Xet (the client falls back to plain HTTP, as with
-``HF_HUB_DISABLE_XET``), and the CDN is a second port of this server. Tests read ``gets`` (bytes-serving GETs
-per (repo, path)) and ``log``; ``rate`` limits bandwidth, ``cut(path, after)`` ends one
-transfer mid-file and ``busy(path, times)`` throttles (429). Stdlib only.
+``HF_HUB_DISABLE_XET``), and the CDN is a second port of this server (``cdn_routes`` maps the Host a
+client reached the Hub at to another CDN address, as a proxy per link needs). Tests read ``gets``
+(bytes-serving GETs per (repo, path); a dataset's repo as ``datasets/ORG/NAME``) and ``log``; ``rate``
+limits bandwidth, ``cut(path, after)`` ends one transfer mid-file and ``busy(path, times)`` throttles
+(429, with a Retry-After in seconds or as an HTTP date). Stdlib only.
 """
 from __future__ import annotations
 
@@ -79,6 +88,11 @@ class HubFile:
                 "lfs": {"oid": self.sha256, "size": len(self.data), "pointerSize": len(pointer)}}
 
 
+def repo_key(repo_id: str, repo_type: str = "model") -> str:
+    """How the stand-in keys a repository: ORG/NAME for a model, ``datasets/ORG/NAME`` for a dataset."""
+    return repo_id if repo_type == "model" else f"{repo_type}s/{repo_id}"
+
+
 @dataclass
 class HubRepo:
     repo_id: str
@@ -106,10 +120,16 @@ class Hub:
         #: bytes per second each transfer is held to (None: as fast as it goes)
         self.rate = rate
         self.repos: dict[str, HubRepo] = {}
+        #: a renamed repository's old key -> its new key (``repo_key``)
+        self.renamed: dict[str, str] = {}
+        #: the Host a client reached the Hub at -> the CDN address its LFS redirects name
+        self.cdn_routes: dict[str, str] = {}
         #: (repo, path) -> GETs that served the file's bytes (a redirect serves none)
         self.gets: Counter = Counter()
         #: (method, request path, Range header or None) of every request, in order
         self.log: list[tuple[str, str, str | None]] = []
+        #: transfers of a file's bytes under way now, and the most there were at once
+        self.in_flight = self.peak = 0
         #: where LFS answers redirect to: another origin, as the Hub's CDN is (so clients drop the token)
         self.cdn_url: str | None = None
         self._cuts: dict[str, tuple[int, int]] = {}
@@ -118,10 +138,11 @@ class Hub:
         self._lock = threading.Lock()
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], revision: str = "main", gated: bool = False,
-                 private: bool = False, granted: tuple[str, ...] | None = None) -> str:
-        """Commit ``files`` as ``revision`` of ``repo_id`` (made if new); the commit's sha. A gated
-        repository opens to the ``granted`` tokens (None: to every token the Hub knows)."""
-        repo = self.repos.setdefault(repo_id, HubRepo(repo_id))
+                 private: bool = False, granted: tuple[str, ...] | None = None, repo_type: str = "model") -> str:
+        """Commit ``files`` as ``revision`` of ``repo_id`` (made if new; a dataset with
+        ``repo_type="dataset"``); the commit's sha. A gated repository opens to the ``granted``
+        tokens (None: to every token the Hub knows)."""
+        repo = self.repos.setdefault(repo_key(repo_id, repo_type), HubRepo(repo_id))
         repo.gated, repo.private = gated, private
         repo.granted = None if granted is None else frozenset(granted)
         made = {path: HubFile(path, bytes(data), _is_lfs(path, data)) for path, data in files.items()}
@@ -131,13 +152,23 @@ class Hub:
         repo.refs[revision] = sha
         return sha
 
-    def busy(self, path: str, times: int, retry_after: int = 0, ranged: bool = False) -> None:
-        """The next ``times`` GETs of ``path`` answer 429 with this Retry-After, as a throttling Hub
-        does (``ranged``: only GETs that resume with a Range, so a first GET can be cut first)."""
+    def rename(self, old: str, new: str, repo_type: str = "model") -> None:
+        """The repository ``old`` is ``new`` from now on; requests naming ``old`` are redirected."""
+        before, after = repo_key(old, repo_type), repo_key(new, repo_type)
+        with self._lock:
+            repo = self.repos.pop(before)
+            repo.repo_id = new
+            self.repos[after] = repo
+            self.renamed[before] = after
+
+    def busy(self, path: str, times: int, retry_after: int | str = 0, ranged: bool = False) -> None:
+        """The next ``times`` GETs of ``path`` answer 429 with this Retry-After (seconds, or an HTTP
+        date), as a throttling Hub does (``ranged``: only GETs that resume with a Range, so a first
+        GET can be cut first)."""
         with self._lock:
             self._busy[path] = (times, retry_after, ranged)
 
-    def take_busy(self, path: str, ranged: bool = False) -> int | None:
+    def take_busy(self, path: str, ranged: bool = False) -> int | str | None:
         """The Retry-After to answer this GET of ``path`` with, or None to serve it."""
         with self._lock:
             times, after, only_ranged = self._busy.get(path, (0, 0, False))
@@ -176,9 +207,9 @@ class Hub:
         """The signature of a CDN URL (``REPO/SHA256``), as the Hub signs the URLs it redirects to."""
         return hmac.new(self._secret, blob.encode(), hashlib.sha256).hexdigest()[:32]
 
-    def blob(self, repo_id: str, sha256: str) -> HubFile | None:
-        """The LFS file of ``repo_id`` whose content is ``sha256``."""
-        repo = self.repos.get(repo_id)
+    def blob(self, key: str, sha256: str) -> HubFile | None:
+        """The LFS file of the repository ``key`` (``repo_key``) whose content is ``sha256``."""
+        repo = self.repos.get(key)
         for files in repo.commits.values() if repo else ():
             for found in files.values():
                 if found.lfs and found.sha256 == sha256:
@@ -198,7 +229,16 @@ class HubError(Exception):
         self.status, self.code, self.headers = status, code, headers or {}
 
 
-_API = re.compile(r"^/api/models/(?P<rest>.+)$")
+#: the API's and the files' URL prefix of each repository type
+API_TYPES = {"models": "model", "datasets": "dataset"}
+
+
+class _Moved(Exception):
+    """A request that named a renamed repository: redirect it to ``location``."""
+
+    def __init__(self, location: str) -> None:
+        super().__init__(location)
+        self.location = location
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -220,12 +260,18 @@ class _Handler(BaseHTTPRequestHandler):
         hub.record(self.command, url.path, self.headers.get("Range"))
         try:
             token = self._token()
-            if url.path.startswith("/api/models/"):
-                self._json(self._api(unquote_parts(url.path[len("/api/models/"):]), parse_qs(url.query), token))
+            parts = unquote_parts(url.path)
+            if parts[:1] == ["api"] and parts[1:2] and parts[1] in API_TYPES:
+                self._json(self._api(API_TYPES[parts[1]], parts[2:], parse_qs(url.query), token))
             elif url.path.startswith("/_lfs/"):
                 self._lfs(url.path[len("/_lfs/"):], parse_qs(url.query), head)
+            elif parts[:1] == ["datasets"]:
+                self._resolve("dataset", parts[1:], token, head)
             else:
-                self._resolve(unquote_parts(url.path.lstrip("/")), token, head)
+                self._resolve("model", parts, token, head)
+        except _Moved as moved:
+            query = f"?{url.query}" if url.query else ""
+            self._send(307, b"", {"Location": moved.location + query}, head=True)
         except HubError as exc:
             self._error(exc)
         except (BrokenPipeError, ConnectionResetError):
@@ -241,23 +287,32 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(401, None, "Invalid credentials in Authorization header")
         return token
 
-    def _repo(self, parts: list[str], keywords: tuple[str, ...], token: str | None) -> tuple[HubRepo, list[str]]:
-        """The repository ``parts`` start with (ORG/NAME or NAME), and the parts after it."""
+    def _repo(self, kind: str, parts: list[str], keywords: tuple[str, ...], token: str | None,
+              moved: str) -> tuple[HubRepo, list[str]]:
+        """The repository of type ``kind`` that ``parts`` start with (ORG/NAME or NAME), and the
+        parts after it; a renamed one's old name is _Moved to ``moved`` (a format with {repo} and
+        {rest}, the route under the new name)."""
         hub = self.server.hub
         single = len(parts) == 1 or parts[1] in keywords  # a name without an organisation ("gpt2")
-        cut = 2 if "/".join(parts[:2]) in hub.repos or not single else 1
-        repo = hub.repos.get("/".join(parts[:cut]))
+        known = set(hub.repos) | set(hub.renamed)
+        cut = 2 if repo_key("/".join(parts[:2]), kind) in known or not single else 1
+        key = repo_key("/".join(parts[:cut]), kind)
+        if key in hub.renamed:
+            new = hub.repos[hub.renamed[key]].repo_id
+            rest = "/".join(quote(p, safe="") for p in parts[cut:])
+            raise _Moved(moved.format(repo=new, rest=rest).rstrip("/"))
+        repo = hub.repos.get(key)
         if repo is None or (repo.private and token is None):
             raise HubError(401, "RepoNotFound", "Repository not found")
         return repo, parts[cut:]
 
-    def _granted(self, repo: HubRepo, token: str | None) -> None:
+    def _granted(self, kind: str, repo: HubRepo, token: str | None) -> None:
         if repo.gated and token is None:
-            raise HubError(401, "GatedRepo", f"Access to model {repo.repo_id} is restricted. You must have access "
+            raise HubError(401, "GatedRepo", f"Access to {kind} {repo.repo_id} is restricted. You must have access "
                                              "to it and be authenticated to access it. Please log in.")
         if repo.gated and repo.granted is not None and token not in repo.granted:
-            raise HubError(403, "GatedRepo", f"Access to model {repo.repo_id} is restricted and you are not in the "
-                                             "authorized list. Visit the model page to ask for access.")
+            raise HubError(403, "GatedRepo", f"Access to {kind} {repo.repo_id} is restricted and you are not in "
+                                             f"the authorized list. Visit the {kind} page to ask for access.")
 
     def _commit(self, repo: HubRepo, revision: str) -> tuple[str, dict[str, HubFile]]:
         sha = repo.commit_of(revision)
@@ -265,23 +320,25 @@ class _Handler(BaseHTTPRequestHandler):
             raise HubError(404, "RevisionNotFound", f"Invalid rev id: {revision}")
         return sha, repo.commits[sha]
 
-    # -- /api/models/... ------------------------------------------------------------------
-    def _api(self, parts: list[str], query: dict, token: str | None) -> tuple[Any, dict]:
-        repo, rest = self._repo(parts, ("tree", "revision", "auth-check"), token)
+    # -- /api/{type}/... ---------------------------------------------------------------------
+    def _api(self, kind: str, parts: list[str], query: dict, token: str | None) -> tuple[Any, dict]:
+        repo, rest = self._repo(kind, parts, ("tree", "revision", "auth-check"), token,
+                                f"/api/{kind}s/{{repo}}/{{rest}}")
         if rest[:1] == ["auth-check"]:
-            self._granted(repo, token)
+            self._granted(kind, repo, token)
             return {}, {}
         if rest[:1] == ["tree"] and len(rest) >= 2:
-            return self._tree(repo, rest[1], "/".join(rest[2:]), query)
+            return self._tree(kind, repo, rest[1], "/".join(rest[2:]), query)
         if not rest or (rest[:1] == ["revision"] and len(rest) == 2):
             sha, files = self._commit(repo, rest[1] if rest else "main")
-            return {"_id": sha[:24], "id": repo.repo_id, "modelId": repo.repo_id, "sha": sha,
-                    "private": repo.private, "gated": "auto" if repo.gated else False, "disabled": False,
+            info = {"_id": sha[:24], "id": repo.repo_id, "sha": sha, "private": repo.private,
+                    "gated": "auto" if repo.gated else False, "disabled": False,
                     "lastModified": "2026-01-01T00:00:00.000Z", "tags": [], "downloads": 0, "likes": 0,
-                    "siblings": [{"rfilename": p} for p in sorted(files)]}, {}
+                    "siblings": [{"rfilename": p} for p in sorted(files)]}
+            return ({**info, "modelId": repo.repo_id} if kind == "model" else info), {}
         raise HubError(404, None, "Sorry, we can't find the page you are looking for.")
 
-    def _tree(self, repo: HubRepo, revision: str, folder: str, query: dict) -> tuple[list, dict]:
+    def _tree(self, kind: str, repo: HubRepo, revision: str, folder: str, query: dict) -> tuple[list, dict]:
         _, files = self._commit(repo, revision)
         recursive = query.get("recursive", ["false"])[0].lower() in ("1", "true")
         prefix = folder.strip("/") + "/" if folder.strip("/") else ""
@@ -305,44 +362,50 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {}
         if start + size < len(listing):
             params = f"recursive={str(recursive).lower()}&expand=false&cursor={start + size}"
-            path = f"/api/models/{repo.repo_id}/tree/{quote(revision, safe='')}" + (f"/{quote(folder)}" if folder else "")
+            path = f"/api/{kind}s/{repo.repo_id}/tree/{quote(revision, safe='')}" + (f"/{quote(folder)}" if folder else "")
             headers["Link"] = f"<{self._base()}{path}?{params}>; rel=\"next\""
         return page, headers
 
     # -- files ------------------------------------------------------------------------------
-    def _resolve(self, parts: list[str], token: str | None, head: bool) -> None:
-        repo, rest = self._repo(parts, ("resolve",), token)
+    def _resolve(self, kind: str, parts: list[str], token: str | None, head: bool) -> None:
+        prefix = "" if kind == "model" else f"/{kind}s"
+        repo, rest = self._repo(kind, parts, ("resolve",), token, prefix + "/{repo}/{rest}")
         if len(rest) < 3 or rest[0] != "resolve":
             raise HubError(404, None, "Sorry, we can't find the page you are looking for.")
-        self._granted(repo, token)
+        self._granted(kind, repo, token)
         sha, files = self._commit(repo, rest[1])
         path = "/".join(rest[2:])
         found = files.get(path)
         if found is None:
             raise HubError(404, "EntryNotFound", f"{path} does not exist on \"{rest[1]}\"")
         headers = {"X-Repo-Commit": sha}
+        key = repo_key(repo.repo_id, kind)
         if found.lfs:
-            blob = f"{repo.repo_id}/{found.sha256}"
-            cdn = self.server.hub.cdn_url or self._base()
+            blob = f"{key}/{found.sha256}"
+            hub = self.server.hub
+            cdn = hub.cdn_routes.get(self.headers.get("Host") or "") or hub.cdn_url or self._base()
             headers.update({"Location": f"{cdn}/_lfs/{blob}?sig={self.server.hub.sign(blob)}",
                             "X-Linked-Etag": f'"{found.sha256}"', "X-Linked-Size": str(len(found.data)),
                             "ETag": f'"{git_blob_sha1(lfs_pointer(found.data))}"'})
             self._send(302, b"", headers, head=True)
             return
         headers["ETag"] = f'"{git_blob_sha1(found.data)}"'
-        self._file(repo.repo_id, found, headers, head)
+        self._file(key, found, headers, head)
 
     def _lfs(self, blob: str, query: dict, head: bool) -> None:
         hub = self.server.hub
+        if head:  # a URL presigned for GET: the method is part of what is signed
+            raise HubError(403, "SignatureDoesNotMatch", "The request signature we calculated does not match the "
+                                                         "signature you provided (signed for GET)")
         if not hmac.compare_digest(query.get("sig", [""])[0], hub.sign(blob)):
             raise HubError(403, None, "Request not signed")
-        repo_id, _, sha256 = blob.rpartition("/")
-        found = hub.blob(repo_id, sha256)
+        key, _, sha256 = blob.rpartition("/")
+        found = hub.blob(key, sha256)
         if found is None:
             raise HubError(404, None, "No such blob")
-        self._file(repo_id, found, {"ETag": f'"{sha256}"'}, head)
+        self._file(key, found, {"ETag": f'"{sha256}"'}, head)
 
-    def _file(self, repo_id: str, found: HubFile, headers: dict, head: bool) -> None:
+    def _file(self, key: str, found: HubFile, headers: dict, head: bool) -> None:
         data, status = found.data, 200
         span = self.headers.get("Range")
         if span:
@@ -362,9 +425,17 @@ class _Handler(BaseHTTPRequestHandler):
         after = self.server.hub.take_busy(found.path, ranged=bool(span))
         if after is not None:
             raise HubError(429, None, "You have been rate-limited; retry later", {"Retry-After": str(after)})
-        self.server.hub.count(repo_id, found.path)
-        cut = self.server.hub.take_cut(found.path)
-        self._send(status, data, headers, cut=None if cut is None else max(0, cut - start))
+        hub = self.server.hub
+        hub.count(key, found.path)
+        cut = hub.take_cut(found.path)
+        with hub._lock:
+            hub.in_flight += 1
+            hub.peak = max(hub.peak, hub.in_flight)
+        try:
+            self._send(status, data, headers, cut=None if cut is None else max(0, cut - start))
+        finally:
+            with hub._lock:
+                hub.in_flight -= 1
 
     # -- writing ------------------------------------------------------------------------------
     def _base(self) -> str:

@@ -17,8 +17,9 @@ PACKAGE = "tpunb_host"
 HOST = Path(__file__).resolve().parent.parent / "host"
 #: shipped in this order: each module's relative imports name only modules before it
 MODULES = ("protocol", "uv_wheel", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "metrics",
-           "profiler", "standalone.idle", "gcs", "snapshot", "preempt", "jax_start", "shards", "transfer", "relay",
-           "fetch", "receive", "spread", "stacks", "agent", "standalone.forkclient", "forkserver")
+           "profiler", "standalone.idle", "gcs", "snapshot", "preempt", "jaxcache", "jax_start", "shards", "transfer",
+           "relay", "fetch", "download", "receive", "hflayout", "spread", "stacks", "agent", "standalone.forkclient",
+           "forkserver")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from
 #: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)
@@ -78,10 +79,13 @@ for _name, _source in _message["modules"]:
 sys.modules["tpunb_host.prepare"].launch(_message["spec"], _read, _message["bootstrap"], _message.get("init"))
 """
 
-#: the service control process (``service.py``): its source and one request arrive on stdin
+#: the service control process (``service.py``): its source and one request arrive on stdin, with
+#: the files it runs on (``parts``: e.g. ``log_mask.py``), each run first in the same namespace
 SERVICE_CONTROL = READ + r"""_message = json.loads(_read(int(_read(12))))
 _module = types.ModuleType("tpunb_host_service")
 sys.modules["tpunb_host_service"] = _module
+for _name, _part in _message.get("parts", []):
+    exec(compile(_part, "<tpunb:" + _name + ">", "exec"), _module.__dict__)
 exec(compile(_message["source"], "<tpunb:service>", "exec"), _module.__dict__)
 _module.control(_message["request"])
 """
@@ -148,3 +152,9 @@ def worker_source() -> str:
 def service_source() -> str:
     """``service.py``, sent with each request to the service control process."""
     return (HOST / "standalone" / "service.py").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def service_parts() -> tuple[tuple[str, str], ...]:
+    """What ``service.py`` runs on, sent ahead of it: ``log_mask.py`` (its supervisor's masking)."""
+    return (("log_mask", (HOST / "standalone" / "log_mask.py").read_text()),)

@@ -1,5 +1,7 @@
 """Secrets masked in everything a host sends back, before it reaches the notebook, a log or a
-result: each value becomes ``****``, as CI systems mask theirs (GitHub Actions' ``add-mask``).
+result: each value becomes ``****``, as CI systems mask theirs (GitHub Actions' ``add-mask``), in
+every form it takes in output (``secret_forms``: each line, JSON and percent escapes, base64 at
+each byte alignment), the same forms the hosts' service supervisors mask in their logs.
 
 A host's output arrives in stream frames cut anywhere, so a value can straddle two frames: the end
 of a stream frame that could be the start of a secret is held back (per host, request and stream)
@@ -11,16 +13,18 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-MASK = "****"
+from tpunb.host.standalone.log_mask import MASK, MIN_SECRET, held_tail, secret_forms
+
 #: shorter values would mask ordinary words: they are refused as secrets
-MIN_LENGTH = 8
+MIN_LENGTH = MIN_SECRET
 
 
 class Masker:
     """The kernel's secret values and, per (host, request, stream), a tail held back."""
 
     def __init__(self) -> None:
-        self._values: tuple[str, ...] = ()
+        self._secrets: set[str] = set()
+        self._values: tuple[str, ...] = ()  # every form of every secret, longest first
         self._held: dict[tuple[int, Any, str], str] = {}
         self._lock = threading.Lock()
 
@@ -29,15 +33,16 @@ class Masker:
         return bool(self._values)
 
     def add(self, value: str) -> None:
-        """Mask ``value`` from now on (longest values first, so one inside another is masked whole)."""
+        """Mask ``value`` and its forms from now on (longest first, so one inside another is masked whole)."""
         if len(value) < MIN_LENGTH:
             raise ValueError(f"a secret of {len(value)} characters would mask ordinary text")
         with self._lock:
-            self._values = tuple(sorted(set(self._values) | {value}, key=len, reverse=True))
+            self._secrets.add(value)
+            self._values = tuple(sorted(set(self._values) | set(secret_forms(value)), key=len, reverse=True))
 
     def secret_names(self, env: dict[str, str]) -> list[str]:
         """The names in ``env`` whose values are secrets: what a host is told to mask (never the values)."""
-        return sorted(k for k, v in env.items() if v in self._values)
+        return sorted(k for k, v in env.items() if v in self._secrets)
 
     def text(self, text: str) -> str:
         """``text`` with every secret value replaced by ``****``."""
@@ -77,14 +82,8 @@ class Masker:
         return [{**message, "text": text}] if text else []
 
     def _partial(self, text: str) -> int:
-        """How many characters at the end of ``text`` could begin a secret value (0: none)."""
-        longest = 0
-        for value in self._values:
-            for size in range(min(len(value) - 1, len(text)), longest, -1):
-                if value.startswith(text[len(text) - size:]):
-                    longest = size
-                    break
-        return longest
+        """How many characters at the end of ``text`` could begin a secret's form (0: none)."""
+        return held_tail(text, self._values)
 
     def _release(self, host: int, rid: Any) -> list[dict]:
         """The tails held for this host (and request, if it has one), as the stream frames they were."""

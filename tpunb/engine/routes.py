@@ -39,6 +39,18 @@ def tell(request: Request, hosts: list[HostConnection], message: dict) -> None:
             pass
 
 
+def hand_on(request: Request, indices: list[int], message: dict, blob=b"") -> int:
+    """A frame for hosts the request already reached, which owe no new answer for it (a chunk
+    passed on, an acknowledgement, a token): its head encoded for each, its blob written from a
+    view (no copy). A host that cannot take it is lost to the request. The bytes of blob written."""
+    sent = 0
+    for index in indices:
+        host = request.connection(index)
+        if _send(request, host, {**message, "id": request.rid}, blob):
+            sent += len(blob)
+    return sent
+
+
 class Frame(Route):
     """One message for every host, encoded once per kind of host (``engine.frames.Broadcast``)."""
 

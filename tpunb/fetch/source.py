@@ -1,6 +1,7 @@
 """What a fetch reads (``Source``) and what it found there (``Manifest``), and how ``--include``
-globs pick files (as huggingface_hub's ``allow_patterns``: fnmatch, a pattern ending in "/" takes
-the folder). A manifest's headers hold tokens: they stay in its entries (never in a repr)."""
+and ``--exclude`` globs pick files (as huggingface_hub's ``allow_patterns`` and
+``ignore_patterns``: fnmatch, a pattern ending in "/" takes the folder). A manifest's headers hold
+tokens: they stay in its entries (never in a repr)."""
 from __future__ import annotations
 
 import os
@@ -9,12 +10,12 @@ from fnmatch import fnmatch
 
 from tpunb.errors import UsageError
 from tpunb.host.fetch import Entry
+from tpunb.secrets import urls
 
 #: the kinds of source, by their scheme
 SCHEMES = {"hf://": "hub", "gs://": "storage", "https://": "web", "http://": "web"}
-#: the kernel's Hugging Face settings that apply wherever the download runs (HF_TOKEN travels apart)
-HUB_SETTINGS = ("HF_ENDPOINT",)
-HUB_PREFIX = "HF_HUB_"
+#: hf://datasets/ORG/NAME: a repository of another type than a model (HfFileSystem's paths)
+REPO_TYPES = {"datasets": "dataset", "spaces": "space"}
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,14 @@ class Source:
     location: str  # ORG/NAME, BUCKET/PREFIX or the URL
     revision: str | None = None
     include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    #: a Hub repository's type: model, dataset or space
+    repo_type: str = "model"
+
+    @property
+    def shown(self) -> str:
+        """The source as messages show it: a URL without its query (a signed URL's signature)."""
+        return urls.bare(self.text)
 
 
 @dataclass
@@ -35,8 +44,14 @@ class Manifest:
     source: Source
     revision: str | None
     entries: list[Entry] = field(default_factory=list)
-    #: settings the hosts' downloads need (HF_ENDPOINT, HF_HUB_*): no secrets
-    settings: dict[str, str] = field(default_factory=dict)
+    #: seconds a host's connection to the source may stay silent (the kernel's HF_HUB_DOWNLOAD_TIMEOUT)
+    timeout: float | None = None
+    #: a Hub repository's id as the Hub names it now (a renamed one's new name), its type, the
+    #: revision asked for (refs/<it> in the hub cache) and each listed file's tree record
+    repo_id: str | None = None
+    repo_type: str = "model"
+    ref: str | None = None
+    tree: dict[str, dict] = field(default_factory=dict, repr=False)
 
     @property
     def total(self) -> int:
@@ -45,26 +60,33 @@ class Manifest:
 
     def __str__(self) -> str:
         at = f"@{self.revision[:12]}" if self.revision else ""
-        return f"{self.source.text}{at}: {len(self.entries)} files, {self.total:,} bytes"
+        return f"{self.source.shown}{at}: {len(self.entries)} files, {self.total:,} bytes"
 
 
-def parse_source(text: str, revision: str | None = None, include: tuple[str, ...] | list[str] = ()) -> Source:
-    """SOURCE (and --revision, --include) as a Source; UsageError (one line) for anything else."""
+def parse_source(text: str, revision: str | None = None, include: tuple[str, ...] | list[str] = (),
+                 exclude: tuple[str, ...] | list[str] = ()) -> Source:
+    """SOURCE (and --revision, --include, --exclude) as a Source; UsageError (one line) for anything else."""
     text = (text or "").strip()
+    shown = urls.bare(text)  # a presigned URL's query is a credential
     kind = next((k for scheme, k in SCHEMES.items() if text.startswith(scheme)), None)
     if kind is None:
-        raise UsageError(f"cannot fetch {text or 'nothing'!r}: give hf://ORG/NAME, gs://BUCKET/PREFIX or https://...")
+        raise UsageError(f"cannot fetch {shown or 'nothing'!r}: give hf://ORG/NAME, gs://BUCKET/PREFIX or https://...")
     if revision is not None and kind != "hub":
-        raise UsageError(f"--revision is for hf:// sources only: {text} has one version (drop --revision)")
+        raise UsageError(f"--revision is for hf:// sources only: {shown} has one version (drop --revision)")
     location = text if kind == "web" else text.split("://", 1)[1].strip("/")
+    repo_type = "model"
     if kind == "hub":
         parts = location.split("/")
+        if len(parts) > 1 and parts[0] in REPO_TYPES:
+            repo_type, parts = REPO_TYPES[parts[0]], parts[1:]
+            location = "/".join(parts)
         if not 1 <= len(parts) <= 2 or not all(parts) or any(p in (".", "..") for p in parts) or "@" in location:
-            raise UsageError(f"{text} is not a model repository: give hf://ORG/NAME (the revision with --revision)")
+            raise UsageError(f"{text} is not a Hub repository: give hf://ORG/NAME or hf://datasets/ORG/NAME (the "
+                             "revision with --revision)")
     if kind == "storage" and not location:
         raise UsageError(f"{text} names no bucket: give gs://BUCKET/PREFIX")
-    patterns = tuple(p for p in include if p)
-    return Source(text, kind, location, revision, patterns)
+    return Source(text, kind, location, revision, tuple(p for p in include if p), tuple(p for p in exclude if p),
+                  repo_type)
 
 
 def _pattern(glob: str) -> str:
@@ -72,21 +94,30 @@ def _pattern(glob: str) -> str:
     return glob + "*" if glob.endswith("/") else glob
 
 
-def matches(path: str, include: tuple[str, ...]) -> bool:
-    """Whether ``path`` is taken: every path when there are no patterns, else one that a pattern matches."""
-    return not include or any(fnmatch(path, _pattern(glob)) for glob in include)
+def matches(path: str, include: tuple[str, ...], exclude: tuple[str, ...] = ()) -> bool:
+    """Whether ``path`` is taken (huggingface_hub's filter_repo_objects): one an include pattern
+    matches (every path without any), and no exclude pattern."""
+    if include and not any(fnmatch(path, _pattern(glob)) for glob in include):
+        return False
+    return not any(fnmatch(path, _pattern(glob)) for glob in exclude)
 
 
 def pick(source: Source, entries: list[Entry]) -> list[Entry]:
-    """The entries ``--include`` takes; UsageError naming the patterns and a few paths when none is."""
-    picked = [entry for entry in entries if matches(entry.path, source.include)]
+    """The entries ``--include`` and ``--exclude`` take; UsageError naming the patterns and a few
+    paths when none is."""
+    picked = [entry for entry in entries if matches(entry.path, source.include, source.exclude)]
     if entries and not picked:
         sample = ", ".join(entry.path for entry in entries[:4]) + (", ..." if len(entries) > 4 else "")
-        raise UsageError(f"--include {' '.join(source.include)} matches none of the {len(entries)} files of "
-                         f"{source.text} ({sample}): fix the pattern")
+        said = [f"--{name} {' '.join(globs)}" for name, globs in (("include", source.include), ("exclude", source.exclude))
+                if globs]
+        raise UsageError(f"{' '.join(said)} match{'es' if len(said) == 1 else ''} none of the {len(entries)} files of "
+                         f"{source.shown} ({sample}): fix the pattern")
     return picked
 
 
-def hub_settings() -> dict[str, str]:
-    """The kernel's HF_ENDPOINT and HF_HUB_* settings, to apply where the download runs."""
-    return {k: v for k, v in os.environ.items() if k in HUB_SETTINGS or k.startswith(HUB_PREFIX)}
+def download_timeout() -> float | None:
+    """The kernel's HF_HUB_DOWNLOAD_TIMEOUT (seconds a download's connection may stay silent), if set."""
+    try:
+        return float(os.environ["HF_HUB_DOWNLOAD_TIMEOUT"])
+    except (KeyError, ValueError):
+        return None

@@ -1,7 +1,12 @@
 """Cloud Storage objects under ``gs://BUCKET/PREFIX`` as a manifest (the JSON API, through
 ``tpunb.host.gcs``; ``STORAGE_EMULATOR_HOST`` points it at a local server): each object pinned to
 the generation listed, verified by its md5, else (composite objects have none) its crc32c.
-PREFIX names one object, or a folder whose objects keep their paths below it."""
+PREFIX names one object, or a folder whose objects keep their paths below it.
+
+No credential travels in the manifest: a host reads with its VM's own service account (the
+metadata server's token, which the server refreshes), as ``gcloud storage`` on the VM would, and
+only when that account is refused does it ask the kernel for a token of the kernel's credentials,
+one per file (``kernel_token``), which the kernel refreshes when stale."""
 from __future__ import annotations
 
 from tpunb.errors import UsageError
@@ -9,17 +14,29 @@ from tpunb.fetch.source import Manifest, Source, pick
 from tpunb.host import gcs
 from tpunb.host.fetch import Entry
 
+#: how a gs:// entry is authorised: the host's own account, else the kernel's token for the file
+AUTH = "gcs"
+
+
+def kernel_token() -> str:
+    """A token of the kernel's own credentials (google-auth's default, refreshed when stale), for
+    a host whose VM account the bucket refused; UsageError when the kernel has none."""
+    from tpunb.snapshot.store import storage_token
+
+    try:
+        return storage_token()
+    except Exception as exc:  # google-auth's errors: no default credentials, a refresh refused
+        raise UsageError(f"the bucket refused the hosts' service account and the kernel has no Google credentials "
+                         f"to read it with ({type(exc).__name__}): grant the VMs' service account "
+                         "roles/storage.objectViewer on the bucket, or run gcloud auth application-default login"
+                         ) from None
+
 
 def list_files(source: Source) -> Manifest:
     """The manifest of ``gs://BUCKET/PREFIX``; one-line UsageError when the bucket cannot be read
     or nothing is under the prefix."""
     name, prefix = gcs.split(source.text)
-    token = None
-    if gcs.endpoint() == gcs.API:
-        from tpunb.snapshot.store import storage_token
-
-        token = storage_token
-    bucket = gcs.Bucket(name, token=token)
+    bucket = gcs.Bucket(name, token=kernel_token if gcs.endpoint() == gcs.API else None)
     try:
         items = bucket.items(prefix)
     except gcs.GcsError as exc:
@@ -29,7 +46,6 @@ def list_files(source: Source) -> Manifest:
     chosen = exact or [item for item in items if item["name"].startswith(folder) and not item["name"].endswith("/")]
     if not chosen:
         raise UsageError(f"nothing is under {source.text}: check the bucket and prefix (gcloud storage ls {source.text})")
-    headers = {"Authorization": f"Bearer {token()}"} if token else {}
     entries = []
     for item in sorted(chosen, key=lambda i: i["name"]):
         path = item["name"].rsplit("/", 1)[-1] if exact else item["name"][len(folder):]
@@ -37,5 +53,5 @@ def list_files(source: Source) -> Manifest:
         if not digest:
             raise UsageError(f"gs://{name}/{item['name']} has neither md5 nor crc32c: it cannot be verified")
         entries.append(Entry(path, int(item.get("size", 0)), bucket.media_url(item["name"], item.get("generation")),
-                             check, digest, dict(headers)))
+                             check, digest, {}, AUTH))
     return Manifest(source, None, pick(source, entries))

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from . import diagnose, preempt, protocol, shards, stacks, transfer, watchdog
+from . import diagnose, jaxcache, preempt, protocol, shards, stacks, transfer, watchdog
 from .inbox import make_inbox
 from .io import Channel, Flusher, NoStdin, OutputPump, quiet_thread
 from .jax_start import JaxStarter, settle_cache
@@ -31,6 +31,9 @@ from .relay import OPS as RELAY_OPS, Relay, RelayError
 from .spread import OPS as FETCH_OPS, Fetches
 from .runners import PlainRunner, cap_bundle, cap_text, flush_figures, make_ipython_runner, prefer_inline_matplotlib
 from .standalone import idle
+
+#: the compile cache's requests, answered beside cells
+CACHE_OPS = ("cache_stats", "cache_list", "cache_stage")
 
 
 #: an interrupt's SIGINT is sent again after this long while its handler has not run, this many times
@@ -233,7 +236,22 @@ class Agent:
                 self.send({"op": "done", "id": message.get("id"), **reply})
         elif op == "diagnose":  # answered on a side thread: works while a cell runs
             quiet_thread(self._diagnose, "tpunb-diagnose", message)
+        elif op in CACHE_OPS:  # the compile cache: its hits, its entries (staged on a side thread)
+            quiet_thread(self._compile_cache, "tpunb-compile-cache", message)
         return False
+
+    def _compile_cache(self, message: dict) -> None:
+        op = message.get("op")
+        try:
+            if op == "cache_stats":
+                reply = {"status": "ok", **jaxcache.stats()}
+            elif op == "cache_list":
+                reply = {"status": "ok", **jaxcache.listing()}
+            else:
+                reply = jaxcache.stage(list(message.get("keys") or ()))
+        except OSError as exc:
+            reply = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        self.send({"op": "done", "id": message.get("id"), **reply})
 
     def _diagnose(self, message: dict) -> None:
         try:

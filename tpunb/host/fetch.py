@@ -1,6 +1,6 @@
-"""Files fetched onto a host (``%tpu_fetch``): downloaded over HTTP into ``PATH.partial``, resumed
-with a Range from what the partial holds, verified, then renamed into place (``download``); a
-download hands each chunk on as it lands, for a relay to forward to ``receive.Receiver``.
+"""Files fetched onto a host (``%tpu_fetch``): what one file is (``Entry``), how its bytes are
+checked (``Checker``, fed in order by a ``Frontier`` however the pieces land), where it goes and
+how a finished one is recorded. ``download`` moves the bytes; ``receive`` writes a relayed stream.
 
 Shipped to hosts: standard library only (see the package docstring).
 
@@ -14,29 +14,20 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.client
 import json
 import os
-import time
-import urllib.error
-import urllib.request
+import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
 CHUNK = 1 << 20
-#: times a download resumes after its connection broke, while each try brings bytes
-RETRIES = 3
-#: seconds a connection may stay silent
-TIMEOUT = 60.0
 #: where each finished file's check is recorded, below the fetch's root
 RECORDS = os.path.join(".cache", "tpunb")
-#: answers after which a GET is tried again (after Retry-After, else a doubling pause)
-BUSY = (429, 500, 502, 503, 504)
-#: the longest pause before trying a busy source again
-MAX_PAUSE = 30.0
 #: how a file is verified: a digest (hex or base64 as the source gives it) or, for "etag", its
 #: size and the ETag the source answers with
 CHECKS = ("sha256", "git-sha1", "md5", "crc32c", "etag")
+#: the largest file whose CRC32C a host computes in Python when google_crc32c is missing (~11 MB/s:
+#: larger ones would be held to that rate, so they are refused with what to install)
+SLOW_CRC_MAX = 64 << 20
 
 
 class FetchError(Exception):
@@ -53,7 +44,9 @@ class FetchError(Exception):
 @dataclass
 class Entry:
     """One file of a manifest: where it goes (relative to the fetch's root), where to GET it, and
-    how to verify it. ``headers`` (a token) travel with it but never show in a repr."""
+    how to verify it. ``headers`` (a token) travel with it but never show in a repr. ``auth``
+    names credentials the host finds itself ("gcs": the VM's service account, else a token the
+    kernel gives for this file alone); they are never part of the entry."""
 
     path: str
     size: int
@@ -61,16 +54,17 @@ class Entry:
     check: str
     digest: str
     headers: dict = field(default_factory=dict, repr=False)
+    auth: str | None = None
 
     def to_wire(self) -> dict:
         """The entry as a frame carries it to a host (headers included: frames travel over SSH)."""
         return {"path": self.path, "size": self.size, "url": self.url, "check": self.check,
-                "digest": self.digest, "headers": dict(self.headers)}
+                "digest": self.digest, "headers": dict(self.headers), "auth": self.auth}
 
     @classmethod
     def from_wire(cls, data: dict) -> "Entry":
         return cls(data["path"], int(data["size"]), data["url"], data["check"], data["digest"],
-                   dict(data.get("headers") or {}))
+                   dict(data.get("headers") or {}), data.get("auth"))
 
 
 @dataclass
@@ -90,6 +84,11 @@ class Outcome:
         return self.moved / self.seconds if self.seconds > 0 else 0.0
 
 
+def bare(url: str) -> str:
+    """A URL without its query (a signed URL's signature stays out of messages)."""
+    return url.split("?", 1)[0]
+
+
 # -- verification -----------------------------------------------------------------------------
 def _crc32c_table() -> tuple[int, ...]:
     table = []
@@ -105,8 +104,8 @@ _CRC32C = _crc32c_table()
 
 
 def crc32c(data, crc: int = 0) -> int:
-    """CRC-32C (Castagnoli) of ``data``, continuing from ``crc``, in Python (slow: hosts without
-    google_crc32c, and objects that have no md5)."""
+    """CRC-32C (Castagnoli) of ``data``, continuing from ``crc``, in Python (slow: small objects on
+    hosts without google_crc32c)."""
     crc, table = crc ^ 0xFFFFFFFF, _CRC32C
     for byte in bytes(data):
         crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
@@ -114,13 +113,18 @@ def crc32c(data, crc: int = 0) -> int:
 
 
 class _Crc32c:
-    """CRC-32C as Cloud Storage gives it: google_crc32c's C code when the host has it, else Python."""
+    """CRC-32C as Cloud Storage gives it: google_crc32c's C code (tpunb's hosts install it), else
+    Python for files up to SLOW_CRC_MAX."""
 
-    def __init__(self) -> None:
+    def __init__(self, entry: "Entry") -> None:
         try:
             import google_crc32c
             self._fast = google_crc32c.Checksum()
         except ImportError:
+            if entry.size > SLOW_CRC_MAX:
+                raise FetchError(f"{entry.path}: its only checksum is a CRC32C (a composite object) and this host has "
+                                 "no google_crc32c to compute it at speed: install google-crc32c in the hosts' "
+                                 "environment (%tpu_run uv pip install google-crc32c) and fetch again", "path") from None
             self._fast = None
         self._crc = 0
 
@@ -149,7 +153,7 @@ class Checker:
         elif entry.check == "md5":
             self._hash = hashlib.md5()
         elif entry.check == "crc32c":
-            self._hash = _Crc32c()
+            self._hash = _Crc32c(entry)
         else:
             self._hash = None
 
@@ -169,6 +173,93 @@ class Checker:
         got = raw.hex() if entry.check in ("sha256", "git-sha1") else base64.b64encode(raw).decode()
         same = got.lower() == entry.digest.lower() if entry.check in ("sha256", "git-sha1") else got == entry.digest
         return None if same else f"its {entry.check} is {got}, the source says {entry.digest}"
+
+
+def merged(spans: list[list[int]]) -> list[list[int]]:
+    """Byte ranges [lo, hi) with overlapping and touching ones joined, in order."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(spans):
+        if hi <= lo:
+            continue
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out
+
+
+class Frontier:
+    """A file written at offsets in any order (pieces downloaded at once, a relay's stream) and
+    hashed in order as its contiguous start grows: bytes that land right at the frontier are
+    hashed as they come, later ones are read back from the file once the gap before them fills
+    (the page cache still holds them), so no file needs a second pass. Thread-safe."""
+
+    def __init__(self, entry: Entry, fd: int, spans: list[list[int]] | None = None) -> None:
+        self.entry, self.fd = entry, fd
+        self.checker = Checker(entry)
+        self.spans: list[list[int]] = []
+        self.next = 0  # bytes hashed so far, from the start
+        self._lock = threading.Lock()
+        self._hashing = False
+        if spans:
+            self.spans = merged([list(s) for s in spans])
+            self._catch_up()
+
+    @property
+    def received(self) -> int:
+        with self._lock:
+            return sum(hi - lo for lo, hi in self.spans)
+
+    @property
+    def complete(self) -> bool:
+        with self._lock:
+            return self.spans == ([[0, self.entry.size]] if self.entry.size else [])
+
+    def held(self) -> list[list[int]]:
+        with self._lock:
+            return [list(s) for s in self.spans]
+
+    def landed(self, offset: int, data) -> None:
+        """``data`` was written at ``offset``."""
+        with self._lock:
+            self.spans = merged(self.spans + [[offset, offset + len(data)]])
+            if self._hashing or offset != self.next:
+                direct = False
+            else:
+                direct, self._hashing = True, True
+        if direct:  # at the frontier: hashed from memory, no read back
+            self.checker.update(data)
+            with self._lock:
+                self.next += len(data)
+                self._hashing = False
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Hash what is contiguous past ``next`` (one thread at a time; the others leave it to it)."""
+        while True:
+            with self._lock:
+                end = self.spans[0][1] if self.spans and self.spans[0][0] == 0 else 0
+                if self._hashing or end <= self.next:
+                    return
+                self._hashing, start = True, self.next
+            try:
+                while start < end:
+                    piece = os.pread(self.fd, min(CHUNK, end - start), start)
+                    if not piece:
+                        raise FetchError(f"{self.entry.path}: the partial ends at {start:,} bytes while "
+                                         f"{end:,} were written", "disk")
+                    self.checker.update(piece)
+                    start += len(piece)
+            finally:
+                with self._lock:
+                    self.next, self._hashing = start, False
+
+    def mismatch(self) -> str | None:
+        """As Checker.mismatch, once every byte landed (what is missing, else)."""
+        self._catch_up()
+        if not self.complete:
+            return f"only {self.received:,} of {self.entry.size:,} bytes arrived"
+        return self.checker.mismatch()
 
 
 # -- places ---------------------------------------------------------------------------------------
@@ -263,175 +354,3 @@ def verify_or_remove(entry: Entry, checker: Checker, partial: str) -> None:
             pass
         raise FetchError(f"{entry.path}: verification failed, {wrong}: removed {partial}; fetch again (the "
                          "source changed or the bytes were damaged on the way)", "verify")
-
-
-def _bare(url: str) -> str:
-    """A URL without its query (a signed URL's signature stays out of messages)."""
-    return url.split("?", 1)[0]
-
-
-# -- downloading ------------------------------------------------------------------------------------
-class _Busy(Exception):
-    """The source said to come back later (429, or a 5xx): after ``delay`` seconds (None: backoff)."""
-
-    def __init__(self, code: int, delay: float | None) -> None:
-        super().__init__(code)
-        self.code, self.delay = code, delay
-
-
-class _Download:
-    """One file from its URL into PATH.partial: resumed, streamed to ``on_chunk``, verified, placed."""
-
-    def __init__(self, entry: Entry, root: str, on_chunk, progress, stop, timeout: float) -> None:
-        self.entry, self.root = entry, root
-        self.target = target_of(root, entry)
-        self.partial = self.target + ".partial"
-        self.on_chunk = on_chunk or (lambda offset, data: None)
-        self.progress = progress or (lambda n: None)
-        self.stop = stop or (lambda: False)
-        self.timeout = timeout
-        self.moved = 0
-        self.have = 0
-
-    def run(self) -> Outcome:
-        started = time.monotonic()
-        os.makedirs(os.path.dirname(self.target), exist_ok=True)
-        fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            checker = self._replay(fd)
-            resumed, tries = self.have, 0
-            while self.have < self.entry.size:
-                before = self.have
-                try:
-                    checker = self._get(fd, checker)
-                except _Busy as busy:
-                    tries += 1
-                    if tries > RETRIES:
-                        raise FetchError(f"{self.entry.path}: {_bare(self.entry.url)} answered HTTP {busy.code} "
-                                         f"{tries} times (throttled or down): fetch again later, it resumes",
-                                         "source") from None
-                    self._pause(busy.delay if busy.delay is not None else 2.0 ** tries)
-                except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
-                    tries = 0 if self.have > before else tries + 1
-                    if tries > RETRIES:
-                        raise FetchError(f"{self.entry.path}: the connection to {_bare(self.entry.url)} kept breaking "
-                                         f"({type(exc).__name__}) with {self.have:,} of {self.entry.size:,} bytes "
-                                         f"in {self.partial}: fetch again, it resumes", "network") from None
-        finally:
-            os.close(fd)
-        verify_or_remove(self.entry, checker, self.partial)
-        place(self.root, self.entry, self.partial)
-        return Outcome(self.target, self.entry.size, self.moved, time.monotonic() - started, resumed_from=resumed)
-
-    def _pause(self, seconds: float) -> None:
-        """Wait before asking a busy source again; a stop ends the wait."""
-        deadline = time.monotonic() + min(seconds, MAX_PAUSE)
-        while time.monotonic() < deadline:
-            if self.stop():
-                raise FetchError(f"{self.entry.path}: stopped with {self.have:,} bytes in {self.partial}", "cancelled")
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
-
-    def _replay(self, fd: int) -> Checker:
-        """A checker fed the bytes the partial already holds (and ``on_chunk`` given them too)."""
-        checker = Checker(self.entry)
-        size = os.fstat(fd).st_size
-        if size > self.entry.size:
-            os.ftruncate(fd, 0)
-            size = 0
-        while self.have < size:
-            piece = os.pread(fd, min(CHUNK, size - self.have), self.have)
-            if not piece:
-                break
-            checker.update(piece)
-            self.on_chunk(self.have, piece)
-            self.have += len(piece)
-        return checker
-
-    def _request(self) -> urllib.request.Request:
-        request = urllib.request.Request(self.entry.url)
-        for name, value in self.entry.headers.items():
-            request.add_unredirected_header(name, value)  # a token never follows a redirect to a CDN
-        request.add_header("Accept-Encoding", "identity")
-        if self.have:
-            request.add_header("Range", f"bytes={self.have}-")
-        return request
-
-    def _get(self, fd: int, checker: Checker) -> Checker:
-        """One GET from ``have`` on; the checker that has seen every byte in the partial."""
-        try:
-            response = urllib.request.urlopen(self._request(), timeout=self.timeout)
-        except urllib.error.HTTPError as exc:
-            if exc.code in BUSY:
-                after = (exc.headers.get("Retry-After") or "").strip()
-                raise _Busy(exc.code, min(float(after), MAX_PAUSE) if after.isdigit() else None) from None
-            code = exc.headers.get("X-Error-Code") or exc.reason
-            raise FetchError(f"{self.entry.path}: {_bare(self.entry.url)} answered HTTP {exc.code} ({code})",
-                             "source") from None
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, (ConnectionError, TimeoutError)):
-                raise exc.reason from None
-            raise FetchError(f"{self.entry.path}: cannot reach {_bare(self.entry.url)} ({exc.reason})", "network") from None
-        with response:
-            if self.entry.check == "etag":
-                self._same_etag(response)
-            if self.have and response.status != 206:  # the source ignored the Range: start over
-                os.ftruncate(fd, 0)
-                self.have, checker = 0, Checker(self.entry)
-            buffer = bytearray(CHUNK)
-            while self.have < self.entry.size:
-                if self.stop():
-                    raise FetchError(f"{self.entry.path}: stopped with {self.have:,} bytes in {self.partial}", "cancelled")
-                n = response.readinto(memoryview(buffer)[:min(CHUNK, self.entry.size - self.have)])
-                if not n:
-                    raise http.client.IncompleteRead(b"", self.entry.size - self.have)
-                piece = bytes(buffer[:n])
-                try:
-                    write_at(fd, piece, self.have)
-                except OSError as exc:
-                    raise disk_error(self.entry, self.partial, exc, self.have) from None
-                checker.update(piece)
-                self.on_chunk(self.have, piece)
-                self.have += n
-                self.moved += n
-                self.progress(n)
-        return checker
-
-    def _same_etag(self, response) -> None:
-        got = (response.headers.get("ETag") or "").removeprefix("W/").strip('"')
-        if got != self.entry.digest.removeprefix("W/").strip('"'):
-            raise FetchError(f"{self.entry.path}: {_bare(self.entry.url)} changed since it was listed (ETag "
-                             f"{got or 'none'}, listed as {self.entry.digest}): fetch again", "verify")
-
-
-def download(entry: Entry, root: str, on_chunk: Callable[[int, bytes], None] | None = None,
-             progress: Callable[[int], None] | None = None, stop: Callable[[], bool] | None = None,
-             timeout: float = TIMEOUT) -> Outcome:
-    """Fetch ``entry`` to ``root/entry.path``: nothing moves if it is already there and verified;
-    else into ``.partial`` (resumed from its size), each chunk handed to ``on_chunk(offset, bytes)``
-    as it lands (the bytes the partial held first, too, so a stream sees the whole file) and its
-    size to ``progress``, then verified and renamed. FetchError (one line) on any failure; a
-    failed verification removes the partial, a full disk or a broken connection keeps it."""
-    started = time.monotonic()
-    if already_there(root, entry):
-        return Outcome(target_of(root, entry), entry.size, 0, time.monotonic() - started, already=True)
-    job = _Download(entry, root, on_chunk, progress, stop, timeout)
-    try:
-        return job.run()
-    except FetchError as exc:
-        exc.moved = job.moved
-        raise
-    except OSError as exc:  # making folders or opening the partial
-        raise disk_error(entry, target_of(root, entry) + ".partial", exc, 0) from None
-
-
-def fetch_all(entries: list[dict], root: str, progress: Callable[[int], None] | None = None,
-              stop: Callable[[], bool] | None = None) -> dict:
-    """Every entry (as ``Entry.to_wire`` gives them) downloaded to ``root`` one after another, as a
-    host that fetches on its own does; what it did, for a reply frame: files, bytes moved, files
-    already there, seconds. The first FetchError ends it (the files before it stay in place)."""
-    started, moved, already = time.monotonic(), 0, 0
-    for wire in entries:
-        outcome = download(Entry.from_wire(wire), root, progress=progress, stop=stop)
-        moved += outcome.moved
-        already += outcome.already
-    return {"files": len(entries), "moved": moved, "already": already, "seconds": time.monotonic() - started}

@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 
-from . import diagnose
+from . import diagnose, jaxcache
 from .io import quiet_thread
 
 
@@ -21,12 +21,19 @@ CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "VLLM_XLA_CACHE_PATH")
 
 
 def settle_cache(environ=os.environ) -> None:
-    """The compile cache's place as this host spells it (neither JAX nor vLLM expands ~). Against
-    a Cloud Storage stand-in (the sandbox), gcsfs skips its bucket-layout lookup, an API the
-    stand-in lacks, which would warn at every cache access."""
+    """The compile cache's place as this host spells it (neither JAX nor vLLM expands ~). Its
+    size bound needs filelock (JAX's LRU eviction refuses to start without it): a host whose
+    environment lacks filelock keeps an unbounded cache rather than none. Against a Cloud
+    Storage stand-in (the sandbox), gcsfs skips its bucket-layout lookup, an API the stand-in
+    lacks, which would warn at every cache access."""
     for key in CACHE_VARIABLES:
         if environ.get(key, "").startswith("~"):
             environ[key] = os.path.expanduser(environ[key])
+    if environ.get("JAX_COMPILATION_CACHE_MAX_SIZE"):
+        import importlib.util
+
+        if importlib.util.find_spec("filelock") is None:
+            del environ["JAX_COMPILATION_CACHE_MAX_SIZE"]
     if environ.get("STORAGE_EMULATOR_HOST"):
         environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
@@ -139,6 +146,7 @@ class JaxStarter(importlib.abc.MetaPathFinder):
         self.started.set()
         self.state = "initializing"
         self.agent.send_event("jax_starting")
+        jaxcache.listen(jax_module)  # the compile cache's hits and misses on this host
         import inspect
         import jax.distributed as distributed
 

@@ -39,8 +39,8 @@ OPS = {
     "part": SIDE, "interrupt": SIDE, "release": SIDE, "start_jax": SIDE, "heartbeat": SIDE, "idle": SIDE,
     "metrics_interval": SIDE, "diagnose": SIDE, "profile_start": SIDE, "profile_stop": SIDE,
     "profile_status": SIDE, "relay_listen": SIDE, "relay_cancel": SIDE, "environ": SIDE,
-    "fetch": SIDE, "fetch_probe": SIDE, "fetch_look": SIDE, "fetch_chunk": SIDE, "fetch_ack": SIDE,
-    "fetch_cancel": SIDE,
+    "fetch": SIDE, "fetch_probe": SIDE, "fetch_unmark": SIDE, "fetch_chunk": SIDE, "fetch_ack": SIDE,
+    "fetch_cancel": SIDE, "fetch_token": SIDE, "cache_stats": SIDE, "cache_list": SIDE, "cache_stage": SIDE,
 }
 #: the requests that take a host's main thread
 MAIN_THREAD_OPS = frozenset(op for op, thread in OPS.items() if thread == MAIN)

@@ -11,7 +11,7 @@ import queue
 import threading
 import time
 
-from .fetch import CHUNK, Checker, Entry, FetchError, Outcome, disk_error, place, target_of, verify_or_remove, write_at
+from .fetch import Entry, FetchError, Frontier, Outcome, disk_error, place, target_of, verify_or_remove, write_at
 
 #: bytes a Receiver holds for its writer before ``put`` waits (the relay then slows to the disk)
 QUEUE_BYTES = 64 << 20
@@ -30,9 +30,6 @@ class Receiver:
         self.received = 0
         self.error: FetchError | None = None
         self._started = time.monotonic()
-        self._checker = Checker(entry)
-        self._next = 0  # bytes hashed in order so far (out-of-order chunks: re-read at the end)
-        self._spans: list[list[int]] = []
         self._queue: queue.Queue = queue.Queue()
         self._queued = 0
         self._cond = threading.Condition()
@@ -41,6 +38,7 @@ class Receiver:
             self._fd = os.open(self.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise disk_error(entry, self.partial, exc, 0) from None
+        self._frontier = Frontier(entry, self._fd)  # hashed in order as the chunks land, in any order
         self._thread = threading.Thread(target=self._write_loop, daemon=True, name="tpunb-fetch-writer")
         self._thread.start()
 
@@ -69,20 +67,16 @@ class Receiver:
             try:
                 if self.error is None:
                     write_at(self._fd, data, offset)
-                    self._landed(offset, data)
+                    self._frontier.landed(offset, data)
+                    self.received = self._frontier.received
+            except FetchError as exc:
+                self.error = exc
             except OSError as exc:
                 self.error = disk_error(self.entry, self.partial, exc, self.received)
             finally:
                 with self._cond:
                     self._queued -= len(data)
                     self._cond.notify_all()
-
-    def _landed(self, offset: int, data: bytes) -> None:
-        if offset == self._next:
-            self._checker.update(data)
-            self._next += len(data)
-        self._spans = _merged(self._spans + [[offset, offset + len(data)]])
-        self.received = sum(hi - lo for lo, hi in self._spans)
 
     def finish(self, timeout: float = 600.0) -> Outcome:
         """Wait for the writer, then verify and rename; FetchError if a byte is missing, writing
@@ -95,21 +89,15 @@ class Receiver:
                                  f"{self.partial}", "disk")
             if self.error is not None:
                 raise self.error
-            if self._spans != ([[0, self.entry.size]] if self.entry.size else []):
+            if not self._frontier.complete:
                 raise FetchError(f"{self.entry.path}: only {self.received:,} of {self.entry.size:,} bytes arrived "
                                  f"(kept in {self.partial}): fetch again", "network")
-            checker = self._checker if self._next == self.entry.size else self._reread()
+            self._frontier.mismatch()  # hashes what is still unhashed, while the file is open
         finally:
             self._close()
-        verify_or_remove(self.entry, checker, self.partial)
+        verify_or_remove(self.entry, self._frontier, self.partial)
         place(self.root, self.entry, self.partial)
         return Outcome(self.target, self.entry.size, self.received, time.monotonic() - self._started)
-
-    def _reread(self) -> Checker:
-        checker = Checker(self.entry)
-        for at in range(0, self.entry.size, CHUNK):
-            checker.update(os.pread(self._fd, min(CHUNK, self.entry.size - at), at))
-        return checker
 
     def abort(self) -> None:
         """Give up: the writer stops, the partial stays (a later fetch starts it over)."""
@@ -124,14 +112,3 @@ class Receiver:
         if self._fd is not None and not self._thread.is_alive():
             os.close(self._fd)
             self._fd = None
-
-
-def _merged(spans: list[list[int]]) -> list[list[int]]:
-    """Byte ranges [lo, hi) with overlapping and touching ones joined, in order."""
-    out: list[list[int]] = []
-    for lo, hi in sorted(spans):
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return out

@@ -1,14 +1,18 @@
-"""A fetch (``%tpu_fetch``) on the hosts of a slice, each byte from the source once: one host
-downloads (``fetch.download``) and hands each chunk on as it lands, over the slice's own network
-(a relay tree rooted on it, peers proving the slice's secret as ``relay`` does) and, for hosts
-that cannot be reached that way, as ``fetch_chunk`` frames through the kernel. Every receiver
-writes ``PATH.partial`` at offsets on a writer thread (``receive.Receiver``), verifies and renames.
-All of it runs off the agent's main thread, so cells run meanwhile.
+"""A fetch (``%tpu_fetch``) on the hosts of a slice, each byte from the source once, in two round
+trips: a probe (where the files go on this host, what it holds, its marker written and the markers
+it sees), then the fetch itself. One host downloads (``download.Downloads``: several GETs at once)
+and hands each chunk on as it lands, over the slice's own network (a relay tree rooted on it, peers
+proving the slice's secret as ``relay`` does) and, for hosts that cannot be reached that way, as
+``fetch_chunk`` frames through the kernel. Every receiver writes ``PATH.partial`` at offsets on a
+writer thread (``receive.Receiver``), verifies and renames. Once its files are in place a host
+writes what Hugging Face's tools read beside them (``hflayout.finish``). All of it runs off the
+agent's main thread, so cells run meanwhile.
 
 Shipped to hosts: standard library only (see the package docstring).
 
-The downloader alone gets the entries' headers (a token), inside its request; nothing here
-prints, logs or writes them.
+The downloader alone gets the entries' headers (a token), inside its request; a Cloud Storage
+token comes from the VM's metadata server, or from the kernel for one file at a time
+(``fetch_token``). Nothing here prints, logs or writes them, nor changes the agent's environment.
 """
 from __future__ import annotations
 
@@ -18,13 +22,18 @@ import struct
 import threading
 import time
 
-from .fetch import CHUNK, Entry, FetchError, already_there, download, target_of
+from .download import STREAMS, TIMEOUT, Downloads
+from .fetch import Entry, FetchError, already_there, target_of
+from .hflayout import finish, root_of
 from .io import quiet_thread
+from .jaxcache import publish
 from .receive import Receiver
 from .relay import UNREACHABLE, RelayError, forward, open_children
 
 #: the frames a fetch answers on a side thread
-OPS = ("fetch", "fetch_probe", "fetch_look", "fetch_chunk", "fetch_ack", "fetch_cancel")
+OPS = ("fetch", "fetch_probe", "fetch_unmark", "fetch_chunk", "fetch_ack", "fetch_cancel", "fetch_token")
+#: seconds a downloader waits for the kernel's token for a file the VM's account may not read
+TOKEN_WAIT = 60.0
 #: a chunk on a peer stream: file index, offset, length (then the bytes); END as the index ends it
 RECORD = struct.Struct("!IQI")
 END = 0xFFFFFFFF
@@ -50,6 +59,7 @@ class Job:
         self.root = message["root"]
         self.entries = [Entry.from_wire(w) for w in message["entries"]]
         self.need = set(message.get("need") or ())
+        self.layout = message.get("layout")
         self.cond = threading.Condition()
         self.receivers: dict[int, Receiver] = {}
         self.landed: dict[int, int] = {}
@@ -61,6 +71,7 @@ class Job:
         #: through the kernel: bytes sent, and bytes the kernel said it passed on
         self.sent = self.acked = 0
         self.window = int(message.get("window") or WINDOW)
+        self.tokens: dict[int, dict] = {}  # file -> the kernel's answer to fetch_token
         self._said = 0.0
 
     def put(self, index: int, offset: int, data) -> None:
@@ -81,6 +92,12 @@ class Job:
             if self.landed[index] >= self.entries[index].size:
                 self.ready.append(index)
                 self.cond.notify_all()
+        self.progress()
+
+    def counted(self, size: int) -> None:
+        """``size`` more bytes written here (a download's chunk, from any of its threads)."""
+        with self.cond:
+            self.bytes += size
         self.progress()
 
     def end(self) -> None:
@@ -112,6 +129,29 @@ class Job:
                 raise self.error
             self.sent += size
 
+    def kernel_token(self, index: int) -> str:
+        """The kernel's token for file ``index`` (asked once per file, refreshed by the kernel for
+        each); FetchError when it has none, the fetch stopped, or no answer came."""
+        with self.cond:
+            if index not in self.tokens:
+                self.tokens[index] = {}
+                self.send({"op": "fetch_token", "id": self.rid, "file": index})
+            deadline = time.monotonic() + TOKEN_WAIT
+            while not self.tokens[index] and self.error is None and time.monotonic() < deadline:
+                self.cond.wait(0.5)
+            if self.error is not None:
+                raise self.error
+            answer = self.tokens[index]
+        if not answer.get("token"):
+            raise FetchError(f"{self.entries[index].path}: the source refused this VM's service account, and "
+                             f"{answer.get('error') or 'the kernel gave no token in time'}", "source")
+        return answer["token"]
+
+    def token_answer(self, message: dict) -> None:
+        with self.cond:
+            self.tokens[int(message.get("file", -1))] = {"token": message.get("token"), "error": message.get("error")}
+            self.cond.notify_all()
+
     def progress(self, force: bool = False) -> None:
         """Bytes so far to the kernel (its bar), at most every PROGRESS_EVERY seconds."""
         now = time.monotonic()
@@ -119,9 +159,43 @@ class Job:
             self._said = now
             self.send({"op": "fetch_progress", "id": self.rid, "bytes": self.bytes})
 
+    def finish(self) -> None:
+        """Every file of this host in place: what Hugging Face's tools read beside them, or (a JAX
+        compile cache's entries) the entries published into the cache."""
+        if self.layout:
+            try:
+                if self.layout.get("kind") == "jax-cache":
+                    publish(self.root)
+                else:
+                    finish(self.root, self.layout)
+            except OSError as exc:
+                raise FetchError(f"cannot write the Hugging Face layout in {self.root}: {exc.strerror or exc}",
+                                 "disk") from None
+
     def answer(self, reply: dict) -> None:
         self.progress(force=True)
         self.send({"op": "done", "id": self.rid, **reply})
+
+
+class _VmToken:
+    """This VM's access token from its metadata server, for Cloud Storage entries; None on a host
+    that has no metadata server (asked once: a host off Google Cloud does not wait on every GET)."""
+
+    def __init__(self) -> None:
+        self._none = False
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str | None:
+        if self._none:
+            return None
+        from .gcs import metadata_token
+
+        try:
+            return metadata_token()
+        except (OSError, ValueError, KeyError):
+            with self._lock:
+                self._none = True
+            return None
 
 
 class Fetches:
@@ -133,24 +207,30 @@ class Fetches:
         self.jobs: dict = {}
         self._cond = threading.Condition()
         self._markers: set[str] = set()  # this host's markers (their paths) still in place
+        self._vm_token = _VmToken()
         relay.kinds["fetch"] = self.serve_peer
 
     def handle(self, message: dict, blob) -> None:
         op, rid = message.get("op"), message.get("id")
         if op == "fetch_probe":
             quiet_thread(self._probe, "tpunb-fetch-probe", message)
-        elif op == "fetch_look":
-            quiet_thread(self._look, "tpunb-fetch-look", message)
+        elif op == "fetch_unmark":  # a fetch that ended after its probe: its markers go
+            self._unmark(message["root"])
+            self.send({"op": "done", "id": rid, "status": "ok"})
         elif op == "fetch_ack":
             job = self.jobs.get(rid)
             if job is not None:
                 job.ack(int(message.get("passed", 0)))
+        elif op == "fetch_token":
+            job = self.jobs.get(rid)
+            if job is not None:
+                job.token_answer(message)
         elif op == "fetch":
             job = Job(rid, message, self.send)
             with self._cond:
                 self.jobs[rid] = job
                 self._cond.notify_all()
-            work = self._download if message.get("role") == "download" else self._receive
+            work = {"download": self._download, "receive": self._receive}.get(message.get("role"), self._settle)
             quiet_thread(work, "tpunb-fetch", job, message)
         elif op == "fetch_chunk":
             job = self.jobs.get(rid)
@@ -175,21 +255,24 @@ class Fetches:
                 self._cond.wait(0.5)
             return self.jobs.get(rid)
 
-    # -- the probe: where the files go on this host, and what is there already ------------------
+    # -- the probe: where the files go on this host, what is there already, who shares it -----------
     def _probe(self, message: dict) -> None:
-        root = os.path.abspath(os.path.expanduser(message["root"]))
+        root = None
         try:
+            root = root_of(message["place"])
             os.makedirs(root, exist_ok=True)
             disk = os.statvfs(root)
+            marker = self._mark(root)
             entries = [Entry.from_wire(w) for w in message["entries"]]
             have = [i for i, entry in enumerate(entries) if already_there(root, entry)]
             partial = sum(_size(target_of(root, e) + ".partial") for i, e in enumerate(entries) if i not in have)
-            reply = {"status": "ok", "root": root, "free": disk.f_bavail * disk.f_frsize, "have": have, "partial": partial,
-                     "marker": self._mark(root)}
+            reply = {"status": "ok", "root": root, "free": disk.f_bavail * disk.f_frsize, "have": have,
+                     "partial": partial, "marker": marker, "seen": self._seen(root)}
         except FetchError as exc:
-            reply = {"status": "error", "error": str(exc), "kind": exc.kind}
+            reply = {"status": "error", "error": str(exc), "kind": exc.kind, "root": root}
         except OSError as exc:
-            reply = {"status": "error", "error": f"cannot use {root}: {exc.strerror or exc}", "kind": "disk"}
+            reply = {"status": "error", "error": f"cannot use {root}: {exc.strerror or exc}", "kind": "disk",
+                     "root": root}
         self.send({"op": "done", "id": message.get("id"), **reply})
 
     def _mark(self, root: str) -> str | None:
@@ -207,17 +290,19 @@ class Fetches:
             self._markers.add(path)
         return name
 
-    def _look(self, message: dict) -> None:
-        """Which of the probe's markers this host sees in its folder; then its own are removed.
-        Every marker was written before any host looks (the kernel waited for every probe), so of
-        two hosts that share the folder the first to look sees both: the kernel joins the groups."""
-        root = os.path.abspath(os.path.expanduser(message["root"]))
-        folder = os.path.join(root, MARKERS)
+    @staticmethod
+    def _seen(root: str) -> list[str]:
+        """The markers in ``root``, listed after this host wrote its own. Of two hosts that share
+        the folder, the one that lists last sees the other's (each wrote before it listed), so
+        the kernel joins them; markers stay until the fetch's second frame."""
         try:
-            present = set(os.listdir(folder))
+            return sorted(os.listdir(os.path.join(root, MARKERS)))
         except OSError:
-            present = set()
-        seen = [name for name in message.get("markers") or () if name in present]
+            return []
+
+    def _unmark(self, root: str) -> None:
+        """This host's markers in ``root`` removed, and the folders a fetch made for them if empty."""
+        folder = os.path.join(root, MARKERS)
         with self._cond:
             mine = [p for p in self._markers if os.path.dirname(p) == folder]
             self._markers.difference_update(mine)
@@ -231,7 +316,6 @@ class Fetches:
                 os.rmdir(empty)  # only if empty: a fetch leaves no folder of its own behind
             except OSError:
                 break
-        self.send({"op": "done", "id": message.get("id"), "status": "ok", "seen": seen})
 
     # -- receiving ----------------------------------------------------------------------------
     def serve_peer(self, conn: socket.socket, header: dict) -> None:
@@ -267,8 +351,20 @@ class Fetches:
             for child in children:
                 child[1].close()
 
+    def _settle(self, job: Job, message: dict) -> None:
+        """Nothing to receive: its markers go, and (for a host that writes its folder) the layout."""
+        try:
+            self._unmark(job.root)
+            job.finish()
+            job.answer({"status": "ok", "files": 0, "moved": 0, "from_source": 0})
+        except FetchError as exc:
+            job.answer({"status": "error", "error": str(exc), "kind": exc.kind})
+        finally:
+            self.jobs.pop(job.rid, None)
+
     def _receive(self, job: Job, message: dict) -> None:
         """Finish each file as its last byte lands; done once the stream ended and every file is in place."""
+        self._unmark(job.root)
         finished: set[int] = set()
         try:
             while True:
@@ -291,6 +387,7 @@ class Fetches:
                     raise FetchError(f"{entry.path}: {job.landed.get(index, 0):,} of {entry.size:,} bytes arrived: "
                                      "fetch again", "network")
                 Receiver(entry, job.root).finish()  # an empty file: no chunk ever comes
+            job.finish()
             job.answer({"status": "ok", "files": len(job.need), "moved": job.bytes, "from_source": 0})
         except FetchError as exc:
             for receiver in job.receivers.values():
@@ -301,74 +398,56 @@ class Fetches:
 
     # -- downloading ----------------------------------------------------------------------------
     def _download(self, job: Job, message: dict) -> None:
-        """Every file not in place downloaded, and each one another host needs handed on as it lands."""
-        os.environ.update({str(k): str(v) for k, v in (message.get("settings") or {}).items()})
-        timeout = float(os.environ.get("HF_HUB_DOWNLOAD_TIMEOUT") or 60.0)
+        """Every file not in place downloaded, several at once, and each one another host needs
+        handed on as it lands (the files already here too)."""
+        self._unmark(job.root)
         others = set(message.get("forward") or ())
         via_kernel = bool(message.get("via_kernel"))
         children: list = []
-        from_source = already = 0
+        sending = threading.Lock()  # a record's head and bytes go to the children together
+        downloads = None
         try:
             if message.get("tree"):
                 children = open_children(self.relay.secret, message["tree"], job.rid, 0, message["me"], kind="fetch")
 
-            def handing(index: int):
-                def hand(at: int, data) -> None:
-                    if children:
+            def hand(index: int, at: int, data) -> None:
+                if index not in others:
+                    return
+                if children:
+                    with sending:
                         forward(children, memoryview(RECORD.pack(index, at, len(data))))
                         forward(children, memoryview(data))
-                    if via_kernel:
-                        job.room(len(data))  # the kernel holds at most a window of them
-                        self.send({"op": "fetch_chunk", "id": job.rid, "file": index, "at": at}, bytes(data))
-                    job.bytes += len(data)
-                    job.progress()
-                return hand
+                if via_kernel:
+                    job.room(len(data))  # the kernel holds at most a window of them
+                    self.send({"op": "fetch_chunk", "id": job.rid, "file": index, "at": at}, bytes(data))
 
-            for index, entry in enumerate(job.entries):
-                if job.stopped:
-                    raise job.error
-                hand = handing(index) if index in others else None
-                if hand is not None and already_there(job.root, entry):
-                    _stream_file(target_of(job.root, entry), hand, lambda: job.stopped)
-                    already += 1
-                    continue
-                counted = hand or (lambda at, data: _count(job, data))
-                try:
-                    outcome = download(entry, job.root, on_chunk=counted, stop=lambda: job.stopped, timeout=timeout)
-                except FetchError as exc:
-                    from_source += exc.moved  # bytes came: the source is reachable, a resumable failure
-                    raise
-                from_source += outcome.moved
-                already += outcome.already
+            def token(index: int, entry: Entry, refused: bool) -> str | None:
+                if entry.auth != "gcs":
+                    return None
+                return job.kernel_token(index) if refused else self._vm_token()
+
+            wanted = sorted(job.need | others)
+            downloads = Downloads(job.root, hand, job.counted, lambda: job.stopped,
+                                  float(message.get("timeout") or TIMEOUT), int(message.get("streams") or STREAMS),
+                                  token)
+            done = downloads.run([(i, job.entries[i]) for i in wanted])
             if children:
-                forward(children, memoryview(RECORD.pack(END, 0, 0)))
-            job.answer({"status": "ok", "files": len(job.entries), "moved": from_source, "from_source": from_source,
-                        "already": already})
+                with sending:
+                    forward(children, memoryview(RECORD.pack(END, 0, 0)))
+            job.finish()
+            moved = sum(o.moved for o in done.values())
+            job.answer({"status": "ok", "files": len(wanted), "moved": moved, "from_source": moved,
+                        "already": sum(o.already for o in done.values())})
         except FetchError as exc:
-            job.answer({"status": "error", "error": str(exc), "kind": exc.kind, "from_source": from_source})
+            moved = exc.moved if downloads is not None else 0  # bytes came: the source is reachable
+            job.answer({"status": "error", "error": str(exc), "kind": exc.kind, "from_source": moved})
         except (RelayError, OSError) as exc:
             kind = "unreachable" if UNREACHABLE in str(exc) else "network"
-            job.answer({"status": "error", "error": str(exc), "kind": kind, "from_source": from_source})
+            job.answer({"status": "error", "error": str(exc), "kind": kind, "from_source": 0})
         finally:
             for child in children:
                 child[1].close()
             self.jobs.pop(job.rid, None)
-
-
-def _count(job: Job, data) -> None:
-    job.bytes += len(data)
-    job.progress()
-
-
-def _stream_file(path: str, hand, stopped) -> None:
-    """A file already in place handed on chunk by chunk, as a download would hand it."""
-    with open(path, "rb") as held:
-        at = 0
-        for piece in iter(lambda: held.read(CHUNK), b""):
-            if stopped():
-                raise FetchError(f"{path}: stopped", "cancelled")
-            hand(at, piece)
-            at += len(piece)
 
 
 def _read(conn: socket.socket, n: int) -> bytearray:

@@ -21,15 +21,26 @@ DROP_NOISE = {"drop_output": GLOO_CHATTER, "drop_fragments": GLOO_FRAGMENTS}
 MEGASCALE_PORT = 8080
 
 
+#: the most a host's own compile cache keeps (JAX evicts the least recently used entries past it)
+LOCAL_CACHE_BYTES = 20 << 30
+
+
 def compile_cache_env(record: SliceRecord, home: str) -> dict[str, str]:
     """JAX's persistent compilation cache, on for every host: the slice's ``--compile-cache
     gs://...`` (shared by every slice given it), else ``jax-cache`` in the host's tpunb folder
-    (``home``: ~ is the host's own home), which a restart finds again. Programs are cached however
-    quickly they compile and however small (JAX's defaults skip those under a second). vLLM on TPU
+    (``home``: ~ is the host's own home), which a restart finds again (and ``%tpu_restart`` copies
+    process 0's entries to the other hosts: JAX writes from process 0 only). On a host's own disk
+    programs are cached however quickly they compile and however small, up to LOCAL_CACHE_BYTES
+    (JAX's LRU eviction, which needs filelock on the hosts); in Cloud Storage, where each write is a
+    request, JAX's own thresholds keep tiny compiles out (a second of compile time). vLLM on TPU
     reads its own variable for the same cache."""
-    place = record.spec.get("compile_cache") or f"{home}/jax-cache"
-    return {"JAX_COMPILATION_CACHE_DIR": place, "VLLM_XLA_CACHE_PATH": place,
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+    shared = record.spec.get("compile_cache")
+    place = shared or f"{home}/jax-cache"
+    env = {"JAX_COMPILATION_CACHE_DIR": place, "VLLM_XLA_CACHE_PATH": place}
+    if shared:
+        return env
+    return {**env, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+            "JAX_COMPILATION_CACHE_MAX_SIZE": str(LOCAL_CACHE_BYTES)}
 
 
 def host_env(record: SliceRecord, index: int, home: str = "~/.tpunb") -> dict[str, str]:

@@ -21,9 +21,10 @@ from tpunb.errors import UsageError
 #: ipython runs cells as the notebook does (!cmd, %timeit); tpu-info reads libtpu's metrics;
 #: orbax-checkpoint saves snapshots, and gcsfs lets it write them to gs:// (orbax's metadata goes
 #: through etils.epath, which needs it); py-spy reads native stacks of a stuck host; huggingface_hub
-#: reads what %tpu_fetch put there (and the Hub, with the HF_ENDPOINT and HF_HUB_* settings it applies).
+#: reads what %tpu_fetch put there; google-crc32c checks a gs:// object that has only a CRC32C (what
+#: gcloud storage's parallel uploads make) at speed; filelock lets JAX bound the compile cache.
 HOST_PACKAGES: list[str] = ["jax", "flax", "cloudpickle", "numpy", "ipython", "tpu-info", "orbax-checkpoint",
-                            "gcsfs", "py-spy", "huggingface_hub"]
+                            "gcsfs", "py-spy", "huggingface_hub", "google-crc32c", "filelock"]
 _VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 
 

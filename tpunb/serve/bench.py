@@ -1,10 +1,16 @@
 """``%tpu_bench``: benchmark an OpenAI-compatible server as ``vllm bench serve`` does.
 
 TARGET is a service of the current slice (reached on the lowest host that runs it, or ``host``,
-at the port it recorded, through a forward this call opens and closes), ``host:port`` or a base
-URL. The client (``tpunb/host/standalone/bench_client.py``) runs in the kernel, which then also
-measures the round trip to the server, or with ``on_host`` on the service's host by itself, as
-published figures are taken.
+at the port it recorded), ``host:port`` or a base URL. For a service the client
+(``tpunb/host/standalone/bench_client.py``) runs on the service's host by itself, as published
+figures are taken; with ``on_host=False`` (and for any other target) it runs in the kernel, through
+a forward this call opens and closes, and the round trip it measured to the server, which is in
+every TTFT then, is shown beside the figures.
+
+Each level gets prompts of its own (``tpunb/serve/prompts.py``, drawn from ``seed + level``), and
+the server's prefix cache is reset before each level where the server exposes
+``POST /reset_prefix_cache`` (vLLM does only with ``VLLM_SERVER_DEV_MODE=1``, which tpunb never
+turns on: it mounts unauthenticated control routes).
 """
 from __future__ import annotations
 
@@ -21,15 +27,17 @@ import urllib.parse
 from pathlib import Path
 from typing import Callable
 
-from tpunb import manager
+from tpunb import manager, report
 from tpunb.engine import programs
 from tpunb.engine.bundle import HOST
+from tpunb.engine.fanout import fan_out
 from tpunb.errors import CellInterrupted, ServiceError, TransportError, UsageError
 from tpunb.host.standalone import bench_client
 from tpunb.serve import control
 from tpunb.serve import forward as forwards
+from tpunb.serve import prompts, tokenizer as tokenizers
 from tpunb.serve.bench_result import BenchResult
-from tpunb.serve.prompts import prompts
+from tpunb.serve.bench_summary import parse_goodput, summarize
 from tpunb.serve.services import NAME
 
 HOST_PORT = re.compile(r"\[?([A-Za-z0-9.:-]+?)\]?:(\d{1,5})")
@@ -38,6 +46,8 @@ ROUND_TRIPS = 5
 #: seconds the requests around the run (models, round trips) wait for an answer
 ASIDE_TIMEOUT = 10.0
 TARGETS = "a service name of the current slice, HOST:PORT or a base URL (http://127.0.0.1:8000/v1)"
+#: --output-len when neither it nor a dataset says (vllm's random dataset default)
+OUTPUT_LEN = 128
 
 
 @dataclasses.dataclass
@@ -52,48 +62,104 @@ class Target:
     close: Callable[[], None] = lambda: None
 
 
-def bench_serving(target: str, model: str | None = None, requests: int = 100, concurrency: int | str | list = 1,
-                  request_rate: float | None = None, input_len: int = 128, output_len: int = 128,
-                  tokenizer: str | None = None, chat: bool = False, save: str | Path | None = None,
-                  on_host: bool = False, host: int | str | None = None, timeout: float = 300.0,
-                  ignore_eos: bool = True, slice_name: str | None = None, seed: int = 0) -> BenchResult:
-    """Stream ``requests`` completions per concurrency level (``concurrency`` "1,16,64" is a sweep)
-    from ``target`` and measure TTFT, TPOT, ITL and end-to-end latency; ``save`` writes the JSON
-    with vllm's key names. Each request ends within ``timeout`` seconds; Ctrl-C stops the run.
-    ``OPENAI_API_KEY``, when set, is sent as the bearer token (as vllm's client does), never shown."""
-    levels = concurrency_levels(concurrency)
-    _check(requests=requests, input_len=input_len, output_len=output_len)
+def bench_serving(target: str, model: str | None = None, requests: int = 100,
+                  concurrency: int | str | list | None = None, request_rate: float | None = None,
+                  input_len: int = 128, output_len: int | None = None, tokenizer: str | None = None,
+                  chat: bool = False, save: str | Path | None = None, on_host: bool | None = None,
+                  host: int | str | None = None, timeout: float = 300.0, ignore_eos: bool = True,
+                  slice_name: str | None = None, seed: int = 0, prefix_len: int = 0, num_warmups: int = 0,
+                  burstiness: float = 1.0, goodput: str | list | None = None, temperature: float | None = None,
+                  dataset: str | None = None) -> BenchResult:
+    """Stream ``requests`` completions per level (``concurrency`` "1,16,64" is a sweep; with
+    ``request_rate`` and no ``concurrency``, one level without a cap) from ``target``, and measure
+    TTFT, TPOT, ITL and end-to-end latency as vllm does; ``save`` writes vllm's files. Each request
+    ends within ``timeout`` seconds; Ctrl-C stops the run. ``OPENAI_API_KEY``, when set, is sent as
+    the bearer token (as vllm's client does), never shown."""
+    levels = concurrency_levels(concurrency if concurrency is not None else (None if request_rate else 1))
+    _check(requests=requests, input_len=input_len, **({"output_len": output_len} if output_len is not None else {}))
+    _check_from_zero(prefix_len=prefix_len, num_warmups=num_warmups, seed=seed)
     if request_rate is not None and not (isinstance(request_rate, (int, float)) and request_rate > 0):
         raise UsageError(f"--request-rate is requests per second > 0, not {request_rate!r}")
+    if not (isinstance(burstiness, (int, float)) and burstiness > 0):
+        raise UsageError(f"--burstiness is a number > 0 (1: Poisson arrivals), not {burstiness!r}")
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise UsageError(f"--timeout is seconds > 0, not {timeout!r}")
+    try:
+        limits = parse_goodput(goodput)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if save:
+        BenchResult.check_place(save, sweep=len(levels) > 1)
+    pairs = prompts.read_sharegpt(dataset) if dataset else None
     key = os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     where = resolve(target, host, on_host, slice_name)
+    on_host = where.host is not None if on_host is None else on_host
     try:
         model = model or served_model(where.url, headers)
-        texts, lens = prompts(requests, input_len, tokenizer, where.url, model, seed, headers)
+        tok = tokenizers.local(tokenizer) if tokenizer else tokenizers.server(where.url, model, headers)
+        plans = []
+        for k, cap in enumerate(levels):
+            warm, measured = prompts.level_requests(tok, requests, num_warmups, input_len,
+                                                    output_len if output_len is not None or pairs else OUTPUT_LEN,
+                                                    prefix_len, seed + k, pairs)
+            plans.append((cap, warm, measured, seed + k))
         rtt = None if on_host else round_trip_ms(where.url, headers)
-        config = {"base_url": where.url, "model": model, "chat": chat, "output_len": output_len,
-                  "requests": requests, "concurrency": levels, "request_rate": request_rate, "timeout": timeout,
-                  "ignore_eos": ignore_eos, "prompts": texts, "seed": seed, "headers": headers,
-                  "deadline": sum(timeout * math.ceil(requests / c) for c in levels) + (
-                      len(levels) * 4 * requests / request_rate if request_rate else 0) + 30}
+        config = {"base_url": where.url, "model": model, "chat": chat, "request_rate": request_rate,
+                  "burstiness": burstiness, "timeout": timeout, "ignore_eos": ignore_eos, "temperature": temperature,
+                  "headers": headers,
+                  "levels": [{"concurrency": cap, "requests": [r.wire() for r in measured],
+                              "warmups": [r.wire() for r in warm], "reset": True, "seed": level_seed}
+                             for cap, warm, measured, level_seed in plans],
+                  "deadline": sum(timeout * math.ceil((requests + num_warmups) / (cap or requests)) + (
+                      4 * requests / request_rate if request_rate else 0) for cap in levels) + 30}
         if on_host:
             raw = _run_on_host(where, {**config, "base_url": f"http://127.0.0.1:{where.port}/"})
         else:
             raw = _run_here(config)
+        counter = _output_counter(tok, raw)
+        summaries = [{**summarize(r, [q.input_len for q in plan[2]], counter, limits), "seed": plan[3]}
+                     for r, plan in zip(raw, plans)]
     finally:
         where.close()
-    result = BenchResult(target=where.label, model=model, levels=[bench_client.summarize(r, lens) for r in raw],
-                         rtt_ms=rtt, on_host=on_host, url=where.url, chat=chat)
+    _say_prefix_cache(summaries)
+    result = BenchResult(target=where.label, model=model, levels=summaries, rtt_ms=rtt, on_host=on_host,
+                         url=where.url, chat=chat, tokenizer=tokenizer, requests=requests, burstiness=burstiness,
+                         seed=seed)
     if save:
         result.save(save)
     return result
 
 
-def concurrency_levels(value) -> list[int]:
-    """``4``, ``"1,16,64"`` or ``[1, 16]`` as a list of levels >= 1."""
+def _output_counter(tok: tokenizers.Tokenizer | None, raw: list[dict]) -> Callable[[str], int] | None:
+    """Output tokens of requests without a usage chunk: their text counted by the tokenizer (the
+    server's /tokenize counted at once, here), as vllm counts them; None when there is none."""
+    if tok is None:
+        return None
+    texts = {r["text"] for level in raw for r in level["records"] if r["ok"] and not r.get("usage") and r["text"]}
+    if not texts:
+        return tok.count
+    counted = fan_out(sorted(texts), tok.count, workers=prompts.PARALLEL, name="tpunb-bench-count").by_key()
+    return lambda text: counted[text] if text in counted else tok.count(text)
+
+
+def _say_prefix_cache(summaries: list[dict]) -> None:
+    """One line: whether the server's prefix cache was reset before each level (prompts differ
+    in every level either way)."""
+    said = {s["prefix_cache"] for s in summaries}
+    if said == {"reset"}:
+        report.info("[tpunb] the server's prefix cache was reset before each level (POST /reset_prefix_cache "
+                    "answered 200); every prompt is distinct")
+    else:
+        report.info("[tpunb] every prompt is distinct, in every level; the server does not expose "
+                    "POST /reset_prefix_cache (vLLM: only with VLLM_SERVER_DEV_MODE=1), so its prefix cache was "
+                    "not reset")
+
+
+def concurrency_levels(value) -> list[int | None]:
+    """``4``, ``"1,16,64"`` or ``[1, 16]`` as a list of levels >= 1; None: one level without a cap."""
+    if value is None:
+        return [None]
     items = value if isinstance(value, (list, tuple)) else str(value).split(",")
     try:
         levels = [int(str(v).strip()) for v in items]
@@ -110,8 +176,14 @@ def _check(**numbers: int) -> None:
             raise UsageError(f"--{name.replace('_', '-')} is a whole number >= 1, not {value!r}")
 
 
+def _check_from_zero(**numbers: int) -> None:
+    for name, value in numbers.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"--{name.replace('_', '-')} is a whole number >= 0, not {value!r}")
+
+
 # -- the target -------------------------------------------------------------------------------------
-def resolve(target: str, host, on_host: bool, slice_name: str | None) -> Target:
+def resolve(target: str, host, on_host: bool | None, slice_name: str | None) -> Target:
     """The Target of ``target``; a service gets a forward (closed by ``Target.close``)."""
     text = str(target or "").strip()
     if re.match(r"https?://", text):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tpunb.engine import programs
 from tpunb.engine.fanout import FanOutTimeout
-from tpunb.engine.bundle import SERVICE_CONTROL, service_source
+from tpunb.engine.bundle import SERVICE_CONTROL, service_parts, service_source
 from tpunb.errors import TransportError
 from tpunb.registry import tpunb_home
 from tpunb.transport.base import Transport
@@ -35,7 +35,7 @@ def program(transport: Transport, request: dict, source: str | None = None, what
             ) -> programs.Program:
     """The control process on the host with one request (``source``: another standalone program
     its bootstrap runs instead, e.g. the benchmark client)."""
-    message = {"source": source or service_source(),
+    message = {"source": source or service_source(), "parts": [] if source else list(service_parts()),
                "request": request if source else {"root": root_for(transport), **request}}
     return programs.Program(transport, [transport.prepared_python or transport.python, "-c", SERVICE_CONTROL],
                             message, what)

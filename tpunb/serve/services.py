@@ -89,7 +89,7 @@ class Serving:
         else:
             self._wait_ready(name, indices, waited, path, timeout, where)
             report.info(f"[tpunb] {name!r} ready on {where} in {time.perf_counter() - started:.1f} s")
-        states = [ServiceState.from_host(r["state"]) for r in replies.values()]
+        states = [self._state(r["state"]) for r in replies.values()]
         seen.note_started(self.name, states)  # %tpu_status now asks this slice's hosts for their services
         return states
 
@@ -111,6 +111,11 @@ class Serving:
         raise ServiceError(f"service {name!r} is not ready ({why}); {still}; its last log lines on host "
                            f"{self.layout.name(first)}:", first, bad[first].get("tail", ""))
 
+    def _state(self, raw: dict) -> ServiceState:
+        """A host's state of a service, its command line masked (a value typed into it is a secret's
+        form too; the host masks what it knows)."""
+        return ServiceState.from_host({**raw, "command": self.masker.text(str(raw.get("command", "")))})
+
     def _on_hosts(self, indices: list[int], make, deadline: float = CONTROL_DEADLINE) -> dict[int, dict]:
         """A request per host (``make(host)``), all at once, each answered within ``deadline`` seconds."""
         return ask_hosts(self.transports, {h: {**make(h), "slice": self.name} for h in indices}, deadline)
@@ -128,7 +133,7 @@ class Serving:
         if gone:
             report.warn(f"[tpunb] host{'s' if len(gone) > 1 else ''} {self.layout.names(gone)} could not be reached: "
                         f"{'their' if len(gone) > 1 else 'its'} services are not listed")
-        found = sorted((ServiceState.from_host(s) for r in replies.values() for s in r.get("services", [])),
+        found = sorted((self._state(s) for r in replies.values() for s in r.get("services", [])),
                        key=lambda s: (s.name, s.host))
         seen.record_services(self.name, found)  # for the sidebar and other kernels, which cannot ask remote hosts
         return found

@@ -38,13 +38,16 @@ class HangMagics(Magics):
 
     @magic_arguments()
     @argument("--hosts", default=None, help="all (default); a subset only while no host runs JAX")
+    @argument("--no-jax", action="store_true",
+              help="do not start JAX again: the chips stay free for another program (vllm serve)")
     @argument("--slice", dest="slice_name", default=None)
     @line_magic
     def tpu_restart(self, line: str):
         """Fresh Python sessions on every host of the same slice (the node, its environment and
-        services stay; JAX starts again over the whole slice): the way back from a wedged runtime."""
+        services stay; JAX starts again over the whole slice, unless --no-jax): the way back from a
+        wedged runtime, and how a slice's chips are freed for a service."""
         args = parse_line(self.tpu_restart, line)
         sl = manager.current(args.slice_name)
         with one_line_interrupt():
-            done = sl.restart(hosts=args.hosts)
+            done = sl.restart(hosts=args.hosts, jax=not args.no_jax)
         report.info(done.line(sl.name, sl.layout.names))

@@ -37,6 +37,8 @@ class Restart:
     seconds: float = 0.0
     jax: bool = False
     widened: bool = False  # some hosts were asked for, but JAX needs every host restarted
+    #: what became of host 0's compile-cache entries (copied to the hosts that lacked them), if anything
+    cache: str | None = None
 
     def line(self, name: str, names) -> str:
         many = len(self.restarted) > 1
@@ -45,6 +47,8 @@ class Restart:
                  f"{'their' if many else 'its'} variables are gone"]
         if self.widened:
             parts.append("every host, since JAX's distributed runtime cannot take a restarted peer back")
+        if self.cache:
+            parts.append(self.cache)
         if self.jax:
             parts.append("JAX is starting again over the whole slice")
         if self.killed:
@@ -59,8 +63,9 @@ class Restart:
         return "; ".join(parts)
 
 
-def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
-    """End the chosen hosts' agents (all by default) and start fresh ones; see the module docstring."""
+def restart(sl: "HeldSlice", hosts: str | list[int] | None = None, start_jax: bool = True) -> Restart:
+    """End the chosen hosts' agents (all by default) and start fresh ones; see the module docstring.
+    ``start_jax=False``: JAX does not start again, so no process of tpunb's holds the chips."""
     session = sl.session
     indices = sl.layout.parse(hosts)
     jax = session.jax_started
@@ -80,7 +85,8 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
             if not ready:
                 raise
             sl.connect(chosen)  # a standby ended meanwhile (its connection dropped): every host cold
-    if jax and len(fresh) == sl.num_hosts:
+    cache = _share_cache(sl, fresh) if len(fresh) == sl.num_hosts > 1 else None
+    if jax and start_jax and len(fresh) == sl.num_hosts:
         session.start_jax_everywhere()
     elif fresh:
         session.jax_started = False  # JAX ran on agents that are gone; none of the fresh ones runs it
@@ -88,7 +94,22 @@ def restart(sl: "HeldSlice", hosts: str | list[int] | None = None) -> Restart:
         host.info.needs_restart = host.index in unreachable
     sl.save_hosts()
     sl.standbys.prepare_ahead(likely=True)  # the next restart's, once JAX's start and the next cell are done
-    return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and bool(fresh), widened)
+    return Restart(fresh, killed, unreachable, time.perf_counter() - started, jax and start_jax and bool(fresh), widened,
+                   cache)
+
+
+def _share_cache(sl: "HeldSlice", hosts: list[int]) -> str | None:
+    """Host 0's new compile-cache entries to the other hosts, before JAX starts again (JAX writes
+    them from process 0 only): what was done, as the restart's line says it. A copy that fails
+    costs those hosts a compile, never the restart."""
+    from tpunb.errors import FetchFailed
+    from tpunb.fetch.jaxcache import share
+
+    try:
+        done = share(sl.session, hosts, sl.layout.names)
+    except (FetchFailed, TransportError) as exc:
+        return f"host 0's compile-cache entries were not copied ({exc}): the other hosts compile again"
+    return None if done is None or not done.entries else done.line(sl.layout.names)
 
 
 def _unreachable(session, indices: list[int]) -> dict[int, str]:

@@ -8,22 +8,28 @@ behind another's JSON. It runs in the kernel (through a
 forward) and, for ``--on-host``, on a host by itself (``control``: one request on stdin, one reply
 on stdout, like the service control), so it is one file of the standard library.
 
-Per request it keeps the time of every chunk that carries text; the summary follows vllm: TTFT is
-the first such chunk, ITL the gaps between the next ones, TPOT (latency - TTFT) / (tokens - 1), and
-tokens come from the server's usage chunk when it sends one, else one per chunk.
+Per request it keeps the time of every chunk that carries a token, as ``vllm bench serve`` (v0.34.0,
+``vllm/benchmarks/lib/endpoint_request_func.py``) counts them: a completion chunk with ``choices``; a
+chat chunk whose delta has content, reasoning (``reasoning``, ``reasoning_content``) or a tool call,
+or an empty content without the opening ``role``. It also keeps when the first answer (content)
+came, and the text. Each level runs as vllm's: prompts arrive on a schedule (``request_rate``,
+gamma gaps of shape ``burstiness`` scaled to end at N/rate) and wait for a place when the level has
+a concurrency cap (the wait is their queue time); its warm-ups run first, after
+``POST /reset_prefix_cache`` when the level asks for it. The kernel makes the figures
+(``tpunb/serve/bench_summary.py``).
 """
 from __future__ import annotations
 
 import asyncio
 import bisect
 import gc
+import http.client
 import json
 import math
 import platform
 import random
 import selectors
 import socket
-import statistics
 import struct
 import sys
 import threading
@@ -32,10 +38,10 @@ import urllib.parse
 
 #: the longest error body or header block read from a failing server
 MAX_HEAD = 65536
-#: percentiles saved, as vllm's --metric-percentiles default
-PERCENTILES = (99,)
-#: the figures summarised, with vllm's names
-METRICS = ("ttft", "tpot", "itl", "e2el")
+#: what a chat delta carries when it streams a token (vllm's ``_choice_has_streamed_output``)
+TOKEN_FIELDS = ("content", "reasoning", "reasoning_content", "tool_calls", "function_call")
+#: seconds the reset of the server's prefix cache may take
+RESET_TIMEOUT = 30.0
 #: Linux's SO_TIMESTAMPNS (= SCM_TIMESTAMPNS; the socket module does not name it), the same number on
 #: the architectures below; elsewhere reads are stamped when the loop wakes
 SO_TIMESTAMPNS = 35
@@ -61,15 +67,18 @@ def endpoint(base_url: str, chat: bool) -> tuple[str, int, str, bool]:
             path + ("/chat/completions" if chat else "/completions"), tls)
 
 
-def request_body(config: dict, prompt: str) -> bytes:
-    body = {"model": config["model"], "stream": True, "stream_options": {"include_usage": True},
-            "max_tokens": config["output_len"], "temperature": 0.0}
-    if config.get("ignore_eos", True):  # vllm's own parameters: the output is as long as asked
-        body.update(ignore_eos=True, min_tokens=config["output_len"])
+def request_body(config: dict, request: dict) -> bytes:
+    """A streaming request for ``request`` ({"prompt", "output_len"}), as vllm's client sends it."""
+    body = {"model": config["model"], "stream": True, "stream_options": {"include_usage": True}}
+    out = int(request["output_len"])
     if config.get("chat"):
-        body["messages"] = [{"role": "user", "content": prompt}]
+        body.update(messages=[{"role": "user", "content": request["prompt"]}], max_completion_tokens=out)
     else:
-        body["prompt"] = prompt
+        body.update(prompt=request["prompt"], max_tokens=out)
+    if config.get("temperature") is not None:
+        body["temperature"] = config["temperature"]
+    if config.get("ignore_eos", True):  # vllm's own parameters: the output is as long as asked
+        body.update(ignore_eos=True, min_tokens=out)
     return json.dumps(body).encode()
 
 
@@ -286,10 +295,11 @@ class Connections:
         self.idle.clear()
 
 
-def read_events(pieces: list, chat: bool) -> tuple[list[float], dict | None, str, bool, str | None]:
-    """(time of each chunk that carries text, the usage dict or None, the text, whether [DONE]
-    came, the response's id)."""
-    times, usage, text, done, buffer, rid = [], None, [], False, b"", None
+def read_events(pieces: list, chat: bool) -> dict:
+    """The stream's events: ``times`` of the chunks that carry a token, ``answer`` (when the first
+    content came), ``usage`` (or None), ``text`` (content and reasoning), ``done`` ([DONE] came),
+    ``id``."""
+    times, usage, text, done, buffer, rid, answer = [], None, [], False, b"", None, None
     for stamp, data in pieces:
         buffer += data
         *events, buffer = buffer.replace(b"\r\n", b"\n").split(b"\n\n")
@@ -311,15 +321,26 @@ def read_events(pieces: list, chat: bool) -> tuple[list[float], dict | None, str
                 if message.get("error"):
                     raise Failure("stream error", str(message["error"])[:200])
                 choices = message.get("choices") or []
-                if choices:
-                    first = choices[0] if isinstance(choices[0], dict) else {}
-                    piece = (first.get("delta") or {}).get("content") if chat else first.get("text")
-                    if piece:
+                first = choices[0] if choices and isinstance(choices[0], dict) else {}
+                if chat:
+                    delta = first.get("delta") if isinstance(first.get("delta"), dict) else {}
+                    if any(delta.get(field) for field in TOKEN_FIELDS) or (
+                            delta.get("content") == "" and "role" not in delta):
                         times.append(stamp)
-                        text.append(piece)
+                        for field in ("reasoning", "reasoning_content", "content"):
+                            if isinstance(delta.get(field), str):
+                                text.append(delta[field])
+                        if delta.get("content") and answer is None:
+                            answer = stamp
+                elif choices:  # a completion chunk is a token, its text empty or not (a special token)
+                    times.append(stamp)
+                    if isinstance(first.get("text"), str):
+                        text.append(first["text"])
+                        if first["text"] and answer is None:
+                            answer = stamp
                 if isinstance(message.get("usage"), dict):
                     usage = message["usage"]
-    return times, usage, "".join(text), done, rid
+    return {"times": times, "answer": answer, "usage": usage, "text": "".join(text), "done": done, "id": rid}
 
 
 async def one_request(conns: Connections, path: str, body: bytes, chat: bool, extra: str = "") -> dict:
@@ -375,39 +396,93 @@ def read_record(record: dict, chat: bool) -> dict:
         return record
     pieces = body_pieces(*record.pop("capture"))
     try:
-        times, usage, text, done, rid = read_events(pieces, chat)
-        if not done and not times:
-            raise Failure("malformed", "the stream ended with no text and no [DONE]")
+        events = read_events(pieces, chat)
+        if not events["times"]:
+            raise Failure("malformed", "the stream carried no token" + ("" if events["done"] else " and no [DONE]"))
     except Failure as exc:
-        return {"ok": False, "kind": exc.kind, "error": str(exc), "start": record["start"], "index": record["index"]}
-    return {**record, "times": times, "usage": usage, "chars": len(text), "id": rid}
+        return {**{k: record[k] for k in ("start", "index", "arrival")}, "ok": False, "kind": exc.kind,
+                "error": str(exc)}
+    del events["done"]
+    return {**record, **events}
 
 
-async def run_level(config: dict, concurrency: int, prompts: list[str], clock: StampingSelector) -> dict:
-    """``config["requests"]`` requests, at most ``concurrency`` at once, Poisson arrivals at
-    ``request_rate`` per second (or all at once); stops at the run's deadline."""
-    host, port, path, tls = endpoint(config["base_url"], config.get("chat", False))
+def arrivals(count: int, rate: float | None, burstiness: float, seed: int) -> list[float]:
+    """When each request arrives, in seconds from the level's start, as vllm's ``get_request``:
+    gaps drawn from a gamma distribution (shape ``burstiness``: 1 is Poisson) at ``rate``, then
+    scaled so the last arrives at ``count / rate``; all at 0 without a rate."""
+    if not rate:
+        return [0.0] * count
+    rng = random.Random(seed)
+    if math.isinf(burstiness):
+        gaps = [1.0 / rate] * count
+    else:
+        gaps = [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(count)]
+    times, total = [], 0.0
+    for gap in gaps:
+        total += gap
+        times.append(total)
+    scale = count / rate / total if total else 1.0
+    return [t * scale for t in times]
+
+
+def reset_prefix_cache(base_url: str, headers: dict) -> str:
+    """``POST /reset_prefix_cache`` at the server's root: "reset" when it answers 200 (vLLM answers
+    so without saying what it did), else why not (vLLM has the route only in its dev mode)."""
+    parts = urllib.parse.urlsplit(base_url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=RESET_TIMEOUT)
+    try:
+        conn.request("POST", parts.path.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache", b"",
+                     {"Content-Length": "0", **headers})
+        reply = conn.getresponse()
+        reply.read()
+        return "reset" if reply.status == 200 else f"HTTP {reply.status}"
+    except (OSError, http.client.HTTPException) as exc:
+        return f"no answer ({type(exc).__name__})"
+    finally:
+        conn.close()
+
+
+async def run_level(config: dict, level: dict, clock: StampingSelector) -> dict:
+    """One level: the prefix cache reset if asked, its warm-ups, then its requests on their
+    schedule, at most ``level["concurrency"]`` at once (None: no cap); stops at the run's deadline."""
+    chat = config.get("chat", False)
+    host, port, path, tls = endpoint(config["base_url"], chat)
     conns = Connections(host, port, clock, tls)
-    gate = asyncio.Semaphore(concurrency)
-    rng = random.Random(config.get("seed", 0))
-    rate = config.get("request_rate")
+    cap = level.get("concurrency")
+    gate = asyncio.Semaphore(cap) if cap else None
     timeout = float(config.get("timeout", 300.0))
-    bodies = [request_body(config, prompts[i % len(prompts)]) for i in range(config["requests"])]
-    extra = "".join(f"{key}: {value}\r\n" for key, value in config.get("headers", {}).items())
+    headers = config.get("headers", {})
+    extra = "".join(f"{key}: {value}\r\n" for key, value in headers.items())
+    reset = await asyncio.to_thread(reset_prefix_cache, config["base_url"], headers) if level.get("reset") else None
 
-    async def limited(i: int) -> dict:
-        async with gate:
-            return await _guarded(conns, path, bodies[i], config.get("chat", False), extra, timeout, i)
+    async def limited(body: bytes, index: int, arrival: float) -> dict:
+        if gate is None:
+            record = await _guarded(conns, path, body, chat, extra, timeout, index)
+        else:
+            async with gate:
+                record = await _guarded(conns, path, body, chat, extra, timeout, index)
+        record["arrival"] = arrival
+        return record
 
-    started = time.perf_counter()
+    warmups = [request_body(config, r) for r in level.get("warmups", [])]
+    bodies = [request_body(config, r) for r in level["requests"]]
+    schedule = arrivals(len(bodies), config.get("request_rate"), float(config.get("burstiness", 1.0)),
+                        int(level.get("seed", 0)))
     tasks = []
     collecting = gc.isenabled()
     gc.disable()  # a collection while streams run would delay the chunks behind it
     try:
-        for i in range(len(bodies)):
-            tasks.append(asyncio.ensure_future(limited(i)))
-            if rate and i + 1 < len(bodies):
-                await asyncio.sleep(rng.expovariate(rate))  # Poisson arrivals: the gaps are exponential
+        if warmups:
+            tasks = [asyncio.ensure_future(limited(b, -1, time.perf_counter())) for b in warmups]
+            await asyncio.gather(*tasks)
+            tasks = []
+        started = time.perf_counter()
+        for i, body in enumerate(bodies):
+            wait = started + schedule[i] - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            tasks.append(asyncio.ensure_future(limited(body, i, time.perf_counter())))
         records = await asyncio.gather(*tasks)
     finally:
         for task in tasks:
@@ -416,64 +491,12 @@ async def run_level(config: dict, concurrency: int, prompts: list[str], clock: S
         if collecting:
             gc.enable()
     duration = time.perf_counter() - started
-    return {"concurrency": concurrency, "request_rate": rate, "duration": duration,
-            "records": [read_record(r, config.get("chat", False)) for r in records]}
-
-
-def percentile(values: list[float], q: float) -> float:
-    """numpy's default (linear) percentile, as vllm reports them."""
-    ordered = sorted(values)
-    where = (len(ordered) - 1) * q / 100
-    low, high = math.floor(where), math.ceil(where)
-    return ordered[low] + (ordered[high] - ordered[low]) * (where - low)
-
-
-def summarize(level: dict, input_lens: list[int]) -> dict:
-    """vllm ``bench serve``'s figures for one level, under its key names (ms for latencies)."""
-    records = level["records"]
-    done = [r for r in records if r["ok"]]
-    ttfts, tpots, itls, e2els, outs, ins = [], [], [], [], [], []
-    for r in done:
-        usage = r.get("usage") or {}
-        out = int(usage.get("completion_tokens") or len(r["times"]))
-        latency = (r["times"][-1] if r["times"] else r["end"]) - r["start"]  # to the last token, as vllm
-        ttft = r["times"][0] - r["start"] if r["times"] else latency
-        ttfts.append(ttft)
-        e2els.append(latency)
-        itls.extend(b - a for a, b in zip(r["times"], r["times"][1:]))
-        if out > 1:
-            tpots.append((latency - ttft) / (out - 1))
-        outs.append(out)
-        ins.append(int(usage.get("prompt_tokens") or input_lens[r["index"] % len(input_lens)]))
-    duration = max(level["duration"], 1e-9)
-    result = {"concurrency": level["concurrency"], "max_concurrency": level["concurrency"],
-              "request_rate": level["request_rate"] or "inf", "duration": duration, "completed": len(done),
-              "failed": len(records) - len(done), "total_input_tokens": sum(ins), "total_output_tokens": sum(outs),
-              "request_throughput": len(done) / duration, "output_throughput": sum(outs) / duration,
-              "total_token_throughput": (sum(ins) + sum(outs)) / duration}
-    for name, values in zip(METRICS, (ttfts, tpots, itls, e2els)):
-        ms = [v * 1000 for v in values]
-        result[f"mean_{name}_ms"] = statistics.fmean(ms) if ms else 0.0
-        result[f"median_{name}_ms"] = statistics.median(ms) if ms else 0.0
-        result[f"std_{name}_ms"] = statistics.pstdev(ms) if ms else 0.0
-        for q in PERCENTILES:
-            result[f"p{q}_{name}_ms"] = percentile(ms, q) if ms else 0.0
-    failures: dict[str, int] = {}
-    for r in records:
-        if not r["ok"]:
-            failures[r["kind"]] = failures.get(r["kind"], 0) + 1
-    result["failures"] = failures
-    result["errors"] = [r.get("error", "") for r in records]
-    result.update(input_lens=ins, output_lens=outs, ttfts=ttfts, itls=itls)
-    return result
+    return {"concurrency": cap, "request_rate": config.get("request_rate"), "duration": duration, "reset": reset,
+            "warmups": len(warmups), "records": [read_record(r, chat) for r in records]}
 
 
 async def run_all(config: dict, clock: StampingSelector) -> list[dict]:
-    levels = []
-    prompts = config["prompts"]
-    for concurrency in config["concurrency"]:
-        levels.append(await run_level(config, concurrency, prompts, clock))
-    return levels
+    return [await run_level(config, level, clock) for level in config["levels"]]
 
 
 def run(config: dict, stop: threading.Event | None = None) -> list[dict]:

@@ -9,9 +9,11 @@ later kernel's control process reads again. Environment values given by the kern
 the supervisor's memory and the command's environment: never in a file. The variables the kernel
 names as secrets (``secret_keys``: names only) are masked (``****``) in the log as it is written:
 the command's output then passes through the supervisor (``MaskedLog``), so no value reaches the
-host's disk, even one split across two writes.
+host's disk, even one split across two writes, nor any form it takes in output.
 
-Shipped to hosts: standard library only.
+``MaskedLog`` is ``log_mask.py``'s, which the kernel sends ahead of this file and runs in the same
+namespace (``bundle.service_parts``): the kernel's own masker uses the same file. Shipped to hosts:
+standard library only.
 """
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 
 #: how long a stopped service's process group gets to end before it is killed
@@ -39,8 +40,6 @@ ACTIVE = ("starting", "running", "restarting")
 CACHE_VARIABLES = ("JAX_COMPILATION_CACHE_DIR", "VLLM_XLA_CACHE_PATH")
 #: this worker's guest attribute that says when its services last ran (read by tpunb/host/standalone/idle.py)
 SERVING_ATTRIBUTE = "tpunb/serving"
-
-
 def frame(value: dict) -> bytes:
     """A length-prefixed JSON message, as the control process reads and writes them."""
     body = json.dumps(value).encode()
@@ -327,7 +326,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     for key in CACHE_VARIABLES:  # the compile cache: the kernel says ~ for this host's home
         if env.get(key, "").startswith("~"):
             env[key] = os.path.expanduser(env[key])
-    masked = MaskedLog(log, [env[k] for k in request.get("secret_keys", []) if k in env])
+    masked = MaskedLog(log, [env[k] for k in request.get("secret_keys", []) if k in env])  # noqa: F821 (log_mask.py)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -335,7 +334,7 @@ def _supervise(request: dict, directory: str, report_fd: int) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wake-up pipe hears the command end
-    state = {"name": request["name"], "host": request["host"], "command": request["command"],
+    state = {"name": request["name"], "host": request["host"], "command": masked.text(request["command"]),
              "env_keys": request.get("env_keys", []), "restart": request.get("restart", "no"), "port": request.get("port"),
              "supervisor": os.getpid(), "pid": None, "state": "starting", "exit_code": None, "restarts": 0,
              "started_at": time.time(), "log": os.path.join(directory, "log"), "message": ""}
@@ -438,6 +437,8 @@ def _touch_activity() -> None:
 
 def _metadata(path: str, value: str | None = None) -> str:
     """GET (or, with ``value``, PUT) one path of the GCE metadata server."""
+    import urllib.request  # only on a cloud VM: the kernel's masker imports this module too
+
     host = os.environ.get("GCE_METADATA_HOST") or os.environ.get("GCE_METADATA_IP") or "metadata.google.internal"
     request = urllib.request.Request(f"http://{host}/computeMetadata/v1/{path}", headers={"Metadata-Flavor": "Google"},
                                      method="GET" if value is None else "PUT",
@@ -494,7 +495,7 @@ def _publish_serving() -> Callable[[], None] | None:
     return end
 
 
-def _wait_child(child: subprocess.Popen, stopping: list, wake_r: int, masked: "MaskedLog") -> int:
+def _wait_child(child: subprocess.Popen, stopping: list, wake_r: int, masked: MaskedLog) -> int:  # noqa: F821
     """Wait for the command; on SIGTERM end its group (SIGTERM, then SIGKILL after STOP_GRACE)."""
     killed_at = None
     while True:
@@ -510,7 +511,7 @@ def _wait_child(child: subprocess.Popen, stopping: list, wake_r: int, masked: "M
         _pause(0.1, stopping, wake_r, masked)
 
 
-def _pause(seconds: float, stopping: list, wake_r: int, masked: "MaskedLog") -> None:
+def _pause(seconds: float, stopping: list, wake_r: int, masked: MaskedLog) -> None:  # noqa: F821
     """Sleep, but wake at once on a signal (SIGTERM: stop; SIGCHLD: the command ended), and copy
     the command's output to the log as it comes (when it is masked)."""
     if stopping and seconds > 0.1:
@@ -524,59 +525,3 @@ def _pause(seconds: float, stopping: list, wake_r: int, masked: "MaskedLog") -> 
         os.read(wake_r, 512)
     if masked.read_end in ready:
         masked.drain()
-
-
-class MaskedLog:
-    """The log as the command writes it, with each secret value replaced by ``****`` first.
-
-    With no secret, the command writes the log file itself (``out`` is the log). Otherwise ``out``
-    is a pipe that ``drain`` copies to the log, masked; a tail that could begin a value is held
-    back until the next read says whether it does (a value split across two writes), and let go
-    at the command's end."""
-
-    def __init__(self, log: int, values: list[str]) -> None:
-        self.log = log
-        self.values = sorted({v.encode() for v in values if len(v) >= 8}, key=len, reverse=True)
-        self.held = b""
-        self.read_end: int | None = None
-        self.out = log
-        if self.values:
-            self.read_end, self.out = os.pipe()
-            os.set_blocking(self.read_end, False)
-
-    def drain(self) -> None:
-        """Copy what the command wrote so far to the log, masked."""
-        if self.read_end is None:
-            return
-        data = self.held
-        for _ in range(64):  # at most 4 MiB a call: a command that writes without pause cannot hold the loop
-            try:
-                chunk = os.read(self.read_end, 1 << 16)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            data += chunk
-        for value in self.values:
-            data = data.replace(value, b"****")
-        keep = self._partial(data)
-        self.held = data[len(data) - keep:] if keep else b""
-        data = data[:len(data) - keep]
-        self._write(data)
-
-    def flush(self) -> None:
-        """The command ended (or the supervisor speaks): what it wrote goes to the log, a held tail too."""
-        self.drain()
-        held, self.held = self.held, b""
-        self._write(held)
-
-    def _write(self, data: bytes) -> None:
-        while data:
-            data = data[os.write(self.log, data):]
-
-    def _partial(self, data: bytes) -> int:
-        """How many bytes at the end of ``data`` could begin a secret value (0: none)."""
-        for size in range(min(len(data), max(len(v) for v in self.values) - 1), 0, -1):
-            if any(v.startswith(data[len(data) - size:]) for v in self.values):
-                return size
-        return 0
