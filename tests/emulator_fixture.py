@@ -45,7 +45,7 @@ def on_sshd(sshd) -> dict:
     kept between nodes (the emulator boots and powers off state dirs of its own), so a test
     session prepares each host's environment once; ``sshd.emulator_options()`` wipes them."""
     return {**FAST, "ssh_hosts": sshd.addresses, "ssh_port": sshd.port, "authorized_keys": str(sshd.authorized_keys),
-            "metadata_port": sshd.metadata_port}
+            "metadata_port": sshd.metadata_port, "shared_host_key": sshd.host_public_key}
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, zone: str, project: str = "proj") -> None:

@@ -89,7 +89,7 @@ def test_a_background_cell_in_a_notebook(kernel):  # noqa: F811 - the fixture
     pressed = time.monotonic()
     manager.interrupt_kernel()  # the stop button, while no cell runs
     out.until(lambda: "CellInterrupted" in out.text(waiting), 30)
-    assert time.monotonic() - pressed < 3.0  # before escalation (interrupt_grace) would kill them
+    assert time.monotonic() - pressed < 15  # the interrupt ended the 60 s sleep; none was killed (below)
     assert "interrupted on hosts 0-1; their state is kept" in out.text(waiting)
     after = out.run("r = tpunb.last_run()\nprint(r.done(), sorted(set(h.status for h in r.result().values())))")
     assert "True ['interrupted']" in out.text(after)

@@ -28,6 +28,7 @@ def uncached(tokens: int) -> float:
     return BASE_MS + PER_TOKEN_MS * tokens
 
 
+@pytest.mark.fresh_slice
 def test_done_when_a_sweep_measures_prefill_not_the_prefix_cache(cell, tmp_path):
     """On a 2-host slice, the toy as a service with vLLM's prefix cache and no reset route: 40
     requests of 1024 tokens at concurrency 1 then 4. Every prompt is distinct, in every level, so

@@ -92,6 +92,7 @@ def test_processes_a_cell_started_end_with_the_slice(make_slice, cell):
 
 @pytest.mark.parametrize("transport", ["local", "ssh"])
 @pytest.mark.fresh_slice
+@pytest.mark.sandbox
 def test_host_frozen_when_its_kernel_dies_does_not_stay_frozen(transport, request, tmp_path):
     """A kernel process (a real Python running tpunb) starts a slice and a child on host 0; host 0's
     agent is frozen, then the kernel is killed: the agent and its child end within seconds."""

@@ -107,6 +107,7 @@ ENTRIES = ("%%on_tpu\nimport hashlib, os\nimport jax\nfrom jax._src import compi
 
 @pytest.mark.sandbox
 @pytest.mark.jax
+@pytest.mark.fresh_slice
 def test_restart_copies_process_0s_entries_to_every_host_and_counts_hits_per_host(cell, sshd, ssh_key, monkeypatch):
     """Two hosts, each its cache on its own disk: JAX writes from process 0 only, so host 1 has none;
     %tpu_restart copies them, and JAX's cache on host 1 returns them by process 0's key (on a TPU

@@ -94,6 +94,7 @@ def test_a_waiting_bulk_mig_lists_its_vms_before_they_exist_and_says_why_it_wait
     assert teardown(p, V5P_ZONE, "flexed") == "" and nothing_in(google, V5P_ZONE)
 
 
+@pytest.mark.fresh_slice
 def test_a_capacity_refusal_waits_for_timeout_where_no_zone_is_left(cloud, cell):
     cloud.emulator.faults(no_capacity=[TPU7X_ZONE])
     run = cell(f"%tpu_launch tpu7x-16 --zone {TPU7X_ZONE} --name dry --timeout 1")
@@ -110,6 +111,7 @@ def test_a_capacity_refusal_waits_for_timeout_where_no_zone_is_left(cloud, cell)
     ({"topology_failed": [TPU7X_ZONE], "topology_code": "TOPOLOGY_FAILED", "topology_message": "ICI links down"},
      "the MIG stop's accelerator topology is FAILED: ICI links down (TOPOLOGY_FAILED)"),
 ], ids=["org-policy", "internal-error", "topology-failed"])
+@pytest.mark.fresh_slice
 def test_what_waiting_will_not_change_ends_the_launch_at_once(cloud, cell, faults, message):
     cloud.emulator.compute_faults(**faults)
     started = time.monotonic()

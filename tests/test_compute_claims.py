@@ -41,6 +41,7 @@ def other_notebook(monkeypatch, tmp_path, accelerator: str, **options) -> Provis
     return refused.value
 
 
+@pytest.mark.fresh_slice
 def test_a_mig_of_the_name_anothers_vm_holds_is_refused_and_the_vm_keeps_running(cloud, cell, isolated_home,
                                                                                     monkeypatch, tmp_path):
     google = Google(cloud)
@@ -67,6 +68,7 @@ def test_a_mig_of_the_name_anothers_vm_holds_is_refused_and_the_vm_keeps_running
     assert cell("%tpu_down team").error is None and google.everything(ZONE)["instances"] == []
 
 
+@pytest.mark.fresh_slice
 def test_default_names_hold_the_user_so_only_the_same_user_meets_their_own(cloud, cell, monkeypatch, tmp_path):
     google = Google(cloud)
     run = cell(f"%tpu_launch v6e-8 --zone {ZONE} --no-setup")
@@ -85,6 +87,7 @@ def test_default_names_hold_the_user_so_only_the_same_user_meets_their_own(cloud
     assert cell(f"%tpu_down {name}").error is None
 
 
+@pytest.mark.fresh_slice
 def test_on_the_cloud_tpu_api_too_the_second_notebook_is_refused_and_the_first_keeps_its_node(cloud, cell,
                                                                                                monkeypatch, tmp_path):
     run = cell(f"%tpu_launch v5p-8 --api tpu --name duo --zone {ZONE} --no-setup")

@@ -61,6 +61,7 @@ def test_a_launch_abandoned_as_its_vms_came_up_loses_them_to_the_boot_watchdog(c
     assert all(not v for z in (V6E_ZONE, V5P_ZONE) for v in google.everything(z).values())
 
 
+@pytest.mark.fresh_slice
 def test_a_kernel_that_says_its_launch_is_done_ends_the_grace_only_watchdog_which_says_what_it_may_not(
         cloud, cell, monkeypatch):
     google = Google(cloud)
@@ -103,6 +104,7 @@ def test_a_survey_deletes_a_waiting_mig_past_its_deadline_that_no_registry_holds
     assert cell("%tpu_down fresh").error is None and all(not v for v in google.everything(TPU7X_ZONE).values())
 
 
+@pytest.mark.fresh_slice
 def test_a_spot_mig_that_loses_a_vm_is_deleted_whole(cloud, cell, monkeypatch):
     google = Google(cloud)
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.2")
@@ -119,6 +121,7 @@ def test_a_spot_mig_that_loses_a_vm_is_deleted_whole(cloud, cell, monkeypatch):
     assert cell("%tpu_down spotted").error is None
 
 
+@pytest.mark.fresh_slice
 def test_flex_start_shows_no_price_it_cannot_cite(cloud, cell, ip):
     run = cell(f"%tpu_launch v6e-8 --flex 1 --name flexed --zone {V6E_ZONE} --no-setup")
     assert run.error is None and "(flex-start price not known)" in run.stdout, run.shown

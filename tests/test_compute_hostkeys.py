@@ -27,6 +27,7 @@ def published(google: Google, box, name: str) -> str:
     return {i.key: i.value for i in answer.query_value.items if i.namespace == "hostkeys"}["ssh-ed25519"]
 
 
+@pytest.mark.fresh_slice
 def test_each_vm_has_its_own_key_a_relaunch_on_its_address_works_and_a_forged_one_is_refused(cloud, cell,
                                                                                              isolated_home):
     google, reg = Google(cloud), Registry(isolated_home / "registry.db")

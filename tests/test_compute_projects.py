@@ -62,6 +62,7 @@ def nothing_left(project, *zones: str) -> bool:
 
 # -- reservations -----------------------------------------------------------------------------------
 
+@pytest.mark.fresh_slice
 def test_a_calendar_mode_reservation_gets_reservation_bound_vms_in_its_zone(project, cell):
     project.emulator.compute_faults(reservations={"cal-res": {"zone": V6E_ZONE, "mode": "CALENDAR"}})
     run = cell("%tpu_launch v6e-4 --reservation cal-res --no-setup --name cal")  # no --zone: the reservation's
@@ -74,6 +75,7 @@ def test_a_calendar_mode_reservation_gets_reservation_bound_vms_in_its_zone(proj
     assert cell("%tpu_down cal").error is None
 
 
+@pytest.mark.fresh_slice
 def test_a_refused_future_reservation_list_leaves_it_to_the_flag_and_the_refusal_says_which(project, cell):
     project.emulator.compute_faults(reservations={"cal-res": {"zone": V6E_ZONE, "mode": "CALENDAR"}},
                                     future_reservations_denied=True)
@@ -88,6 +90,7 @@ def test_a_refused_future_reservation_list_leaves_it_to_the_flag_and_the_refusal
     assert cell("%tpu_down bound").error is None
 
 
+@pytest.mark.fresh_slice
 def test_a_shared_reservation_is_read_in_its_owners_project(project, cell):
     project.emulator.compute_faults(reservations={"team": {"zone": V6E_ZONE, "project": "owner-project",
                                                            "shared_with": [project.project]}})
@@ -105,6 +108,7 @@ def test_a_shared_reservation_is_read_in_its_owners_project(project, cell):
 
 # -- organisation policies, --keep ------------------------------------------------------------------
 
+@pytest.mark.fresh_slice
 def test_os_login_enforced_by_the_organisation_is_read_or_named_and_keep_keeps(project, cell, isolated_home):
     project.emulator.accounts(org_policies={OS_LOGIN: True})
     run = cell(f"%tpu_launch v6e-4 --zone {V6E_ZONE} --no-setup --name org-login")
@@ -123,6 +127,7 @@ def test_os_login_enforced_by_the_organisation_is_read_or_named_and_keep_keeps(p
     assert cell("%tpu_down kept").error is None and nothing_left(project, V6E_ZONE)
 
 
+@pytest.mark.fresh_slice
 def test_an_organisation_that_requires_shielded_vm_is_named(project, cell):
     project.emulator.accounts(org_policies={SHIELDED: True})
     run = cell(f"%tpu_launch v6e-4 --zone {V6E_ZONE} --no-setup --name shielded")
@@ -136,6 +141,7 @@ def test_an_organisation_that_requires_shielded_vm_is_named(project, cell):
 
 # -- names, the survey, capacity --------------------------------------------------------------------
 
+@pytest.mark.fresh_slice
 def test_a_multi_host_name_that_its_policy_could_not_carry_is_refused_first(project, cell):
     name = "n" * 55
     text = str(cell(f"%tpu_launch tpu7x-16 --zone {TPU7X_ZONE} --no-setup --name {name}").error)
@@ -163,6 +169,7 @@ def test_a_survey_that_cannot_reach_a_zone_deletes_nothing_there(project, cell, 
     assert cell("%tpu_down far").error is None and nothing_left(project, TPU7X_ZONE)
 
 
+@pytest.mark.fresh_slice
 def test_a_flex_start_v6e_8_refused_as_one_vm_is_granted_as_two(project, cell):
     run = cell("%tpu_launch v6e-8 --flex 1 --zone us-east5-a --no-setup --name flexed")
     assert run.error is None, run.shown
@@ -221,6 +228,7 @@ def test_a_flex_start_vm_is_followed_by_its_status_while_its_insert_still_runs(p
     assert teardown(project.project, V6E_ZONE, "queued", vms=1) == ""
 
 
+@pytest.mark.fresh_slice
 def test_a_shared_vpc_slice_with_its_disk_size_and_an_idle_grace_through_activation(project, cell):
     project.emulator.compute_faults(subnets=[{"project": "host-project", "region": "us-central1", "name": "tpu-sub",
                                               "network": "shared"}])
@@ -243,6 +251,7 @@ def test_a_shared_vpc_slice_with_its_disk_size_and_an_idle_grace_through_activat
     assert mangled.startswith("--network projects/x/networks/y: give a network name, or a Shared VPC network as")
 
 
+@pytest.mark.fresh_slice
 def test_tpu7x_missing_from_a_project_names_the_allowlist(project, cell):
     project.emulator.compute_faults(hidden_types=["tpu7x-standard-4t"])
     text = str(cell("%tpu_launch tpu7x-8 --project hidden-project --no-setup").error)

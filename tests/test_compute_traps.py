@@ -62,6 +62,7 @@ def on_host(cell, command: str) -> str:
 
 
 @pytest.mark.jax
+@pytest.mark.fresh_slice
 def test_a_pipless_image_gets_uv_from_pypi_and_tpu7x_the_jax_it_needs(traps, cell, monkeypatch):
     """TPU7x's image (Ubuntu 24.04, Python 3.12 without pip) gets uv from PyPI's checked wheel. The
     notebook's jax (said to be 0.9.2 here) is older than the generation's minimum, so the hosts get
@@ -133,12 +134,14 @@ def test_a_uv_wheel_whose_sha256_differs_from_the_index_is_never_unpacked(tmp_pa
     assert not (tmp_path / "bin" / "uv").exists()
 
 
+@pytest.mark.fresh_slice
 def test_internal_ip_from_outside_the_vpc_is_refused_before_anything_exists(traps, cell):
     run = cell(f"%tpu_launch v6e-4 --zone {V6E_ZONE} --internal-ip --no-setup --name outside")
     assert "--internal-ip: this machine is not a Google Cloud VM" in str(run.error), run.shown
     assert "\n" not in str(run.error) and all(not v for v in Google(traps).everything(V6E_ZONE).values())
 
 
+@pytest.mark.fresh_slice
 def test_internal_ip_without_cloud_nat_is_warned_and_the_failed_preparation_names_it(traps, cell, monkeypatch):
     """The notebook on a VM of the default network (its metadata server says so); the slice's VM has
     no external IP and no Cloud NAT covers its subnetwork, so it cannot reach PyPI for uv."""
@@ -174,6 +177,7 @@ def test_internal_ip_without_cloud_nat_is_warned_and_the_failed_preparation_name
         google.instances.delete_unary(project=traps.project, zone=V6E_ZONE, instance="notebook-vm")
 
 
+@pytest.mark.fresh_slice
 def test_a_quota_refusal_names_the_other_pool_and_doctor_reads_both(traps, cell):
     traps.emulator.compute_faults(quotas={FAMILY: {"us-east5": 0, "us-central1": 0}})
     run = cell(f"%tpu_launch v6e-4 --zone {V6E_ZONE} --no-setup --name pooled")
@@ -194,6 +198,8 @@ def test_a_quota_refusal_names_the_other_pool_and_doctor_reads_both(traps, cell)
     assert v5p.status == "ok" and v5p.why.startswith("TPU-V5P-per-project-region in us-east5"), v5p.why
 
 
+@pytest.mark.fresh_slice
+@pytest.mark.jax
 def test_tpu7x_needs_python_3_11_and_its_jax_minimum(traps, cell, monkeypatch):
     python = str(cell(f"%tpu_launch tpu7x-8 --zone {TPU7X_ZONE} --python 3.10 --name old").error)
     assert python.startswith("TPU7x needs jax 0.10.2 or newer with libtpu 0.0.42.1 or newer, which needs Python 3.11")
@@ -209,6 +215,7 @@ def test_tpu7x_needs_python_3_11_and_its_jax_minimum(traps, cell, monkeypatch):
     assert "libtpu" not in host_setup(CloudOptions(), catalog.lookup("v6e-8"))["setup"]  # no minimum on record
 
 
+@pytest.mark.jax
 def test_jax_on_the_cpu_of_a_tpu_host_is_an_error_naming_jax_and_libtpu():
     import jax
 
@@ -228,6 +235,7 @@ def test_bad_minimums_and_options_are_one_line():
             CloudOptions(**given)
 
 
+@pytest.mark.jax
 def test_the_plan_counts_two_jax_devices_per_tpu7x_chip():
     """jax.make_mesh over a TPU7x slice sees twice its chips: the plan says so where it gives a mesh."""
     from tpunb.plan import plan

@@ -105,6 +105,7 @@ def results(cell, sshd, code: str) -> list:
     return [json.loads(text.strip().splitlines()[-1]) if text.startswith("{") else text for text in texts]
 
 
+@pytest.mark.fresh_slice
 def test_without_to_every_hosts_cache_holds_it_where_huggingface_finds_it_offline(cell, sshd, ssh_key, monkeypatch,
                                                                                   hub, kernel):
     connect(sshd, ssh_key, monkeypatch, "cached")

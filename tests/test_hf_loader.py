@@ -47,6 +47,7 @@ def test_the_published_copy_is_what_llama_3_checkpoints_are(tutorial):
         assert f.get_slice("model.embed_tokens.weight").get_dtype() == "BF16"
 
 
+@pytest.mark.jax
 def test_the_loaders_logits_are_transformers_logits(tutorial):
     import jax.numpy as jnp
     import torch

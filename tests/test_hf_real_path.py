@@ -74,6 +74,7 @@ def hub(tmp_path):
         yield server
 
 
+@pytest.mark.fresh_slice
 def test_the_real_v6e8_path_runs_on_the_sandbox_as_far_as_it_goes(cloud, cell, ip, hub, monkeypatch, tmp_path):
     cells, commands = notebook()
     launch, secret, fetch, push, sync, finetune, restart, venv, serve, bench = commands

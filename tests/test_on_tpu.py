@@ -90,7 +90,9 @@ def test_interrupt_during_sleep_stops_every_host_and_keeps_state(make_slice, cel
     stopped = time.perf_counter()
     assert isinstance(run.error, CellInterrupted)
     assert "interrupted on hosts 0-3" in str(run.error)
-    assert stopped - sent["at"] < 3.0  # before escalation (interrupt_grace) would kill them
+    # the interrupt ended the 60 s sleep (slack for a loaded machine); escalation (interrupt_grace) did
+    # not: every host says interrupted, none killed
+    assert stopped - sent["at"] < 15
     assert [r.status for r in run.error.results.values()] == ["interrupted"] * 4
     after = cell("%%on_tpu\nkept")
     assert "Out[0-3]: 'still here'" in after.shown
@@ -121,7 +123,7 @@ def test_killed_host_fails_cell_fast_and_restarts_with_lost_state(make_slice, ce
     threading.Thread(target=lambda: killed.setdefault("at", kill_when_ready()), daemon=True).start()
     run = cell(f"%%on_tpu\nimport os, time\nopen('{flags}/' + os.environ['TPUNB_HOST_INDEX'], 'w').close()\ntime.sleep(60)")
     assert isinstance(run.error, HostDiedError)
-    assert time.perf_counter() - killed["at"] < 2.0
+    assert time.perf_counter() - killed["at"] < 10  # its stream's end, not the 60 s sleep or a heartbeat limit
     assert "host 1 died" in str(run.error) and "SIGKILL" in str(run.error)
     assert run.error.results[0].status == "interrupted"  # the other host was interrupted, not killed
     after = cell("%%on_tpu\n'kept' in globals()")

@@ -185,6 +185,7 @@ def test_the_held_tail_covers_the_longest_form_and_hosts_mask_the_same_forms(tmp
     assert (tmp_path / "log").read_text() == masker.text("auth " + encoded + " ok\n")
 
 
+@pytest.mark.fresh_slice
 def test_done_when_a_secret_and_a_secret_looking_env_echoed_by_a_service_are_masked_and_a_setting_is_not(
         cell, monkeypatch):
     """--secret MY_TOKEN (typed at the prompt: no kernel variable) and --env HF_TOKEN=... (a name
@@ -216,6 +217,7 @@ def test_done_when_a_secret_and_a_secret_looking_env_echoed_by_a_service_are_mas
     assert not cell("%tpu_serve plain --env MODEL=org/name -- true").stderr  # a setting: no hint
 
 
+@pytest.mark.fresh_slice
 def test_hf_token_goes_to_a_launch_by_default_said_in_one_line_and_no_hf_token_keeps_it(cell, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     run = cell("%tpu_launch v4-8 --name given")
@@ -230,6 +232,7 @@ def test_hf_token_goes_to_a_launch_by_default_said_in_one_line_and_no_hf_token_k
     assert cell("%tpu_use given").error is None and manager.MANAGER.env["given"]["HF_TOKEN"] == SECRET
 
 
+@pytest.mark.fresh_slice
 def test_no_presigned_signature_in_any_output(cell, monkeypatch):
     """A presigned URL fetched: its query is in no output (the success line, a failure) and is
     masked in whatever hosts print while and after it runs."""

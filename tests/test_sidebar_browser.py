@@ -334,6 +334,7 @@ def test_metric_bars_move_and_stacks_show_while_a_cell_runs(lab_home, page, flag
 
 
 @pytest.mark.fresh_slice
+@pytest.mark.sandbox
 def test_a_cloud_slice_shows_its_price_per_hour(lab_home, page):
     from tpunb.emulator.sandbox import start_sandbox
 

@@ -182,9 +182,12 @@ class HostPool:
         accounts: str | Path | None = None,
         vm_image: dict | None = None,
         host_keys: dict[str, dict[str, str]] | None = None,
+        shared_host_key: str | None = None,
     ) -> None:
         self.addresses = list(addresses or [])
         self.host_keys = {a: dict(v) for a, v in (host_keys or {}).items()}
+        #: the public line of the one host key every address shows (an sshd without ``host_keys``)
+        self.shared_host_key = shared_host_key
         #: what Compute Engine VMs are made of (Sshd.emulator_options): {"pythons": {X.Y: bin dir},
         #: "nss_wrapper": its library, "hosts_file": the names every VM resolves}
         self.vm_image = dict(vm_image or {})
@@ -246,12 +249,13 @@ class HostPool:
     def rekey(self, address: str, timeout: float = 10.0) -> str | None:
         """A new host key for ``address``'s sshd (a new VM there): the key file replaced, then
         SIGHUP, on which sshd executes itself again and reads it (its open connections stay);
-        returns the key's public line once it listens again, None without ``host_keys``."""
+        returns the key's public line once it listens again. Without ``host_keys`` the address keeps
+        the key every address shows (``shared_host_key``: what its VM publishes), or None."""
         from tpunb.emulator.sshd import write_ed25519
 
         files = self.host_keys.get(address)
         if not files:
-            return None
+            return self.shared_host_key
         key, pid_file = Path(files["key"]), Path(files["pid_file"])
         fresh = key.with_name(f".{key.name}.{os.urandom(3).hex()}")
         line = write_ed25519(fresh)

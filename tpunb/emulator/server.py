@@ -309,13 +309,15 @@ def build_emulator(
     accounts: str | None = None,
     vm_image: dict | None = None,
     host_keys: dict[str, dict[str, str]] | None = None,
+    shared_host_key: str | None = None,
 ) -> Emulator:
     """An Emulator from the same options the command line takes. With ``metadata_port``, a
     metadata server answers on every host address at that port; ``host_environment`` (address ->
     variables, as the sshd gives its sessions) is what the hosts' boot runs with (by default
     ``GCE_METADATA_HOST`` and a ``TPUNB_HOST_DIR`` per host under a temp dir); ``vm_image`` is what
     a Compute Engine instance's host is made of (``HostPool.configure``); ``host_keys`` (address ->
-    its sshd's key file and pid file) gives each new VM on an address a host key of its own."""
+    its sshd's key file and pid file) gives each new VM on an address a host key of its own;
+    without it, ``shared_host_key`` is the one every address shows (and each VM publishes)."""
     emu_faults = Faults()
     emu_faults.update(faults or {})
     hosts = list(ssh_hosts or [])
@@ -327,7 +329,7 @@ def build_emulator(
     emu = Emulator(
         Timings(create_seconds, delete_seconds, queue_seconds),
         emu_faults,
-        HostPool(hosts, ssh_port, authorized_keys, host_environment, accounts, vm_image, host_keys),
+        HostPool(hosts, ssh_port, authorized_keys, host_environment, accounts, vm_image, host_keys, shared_host_key),
     )
     if disks:
         emu.closers.append(lambda: shutil.rmtree(disks, ignore_errors=True))

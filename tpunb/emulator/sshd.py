@@ -202,7 +202,7 @@ class Sshd:
                 "authorized_keys": str(self.authorized_keys), "metadata_port": self.metadata_port,
                 "host_environment": {a: self.host_environment(a) for a in self.addresses},
                 **({"host_keys": {a: {"key": str(self.key_path(a)), "pid_file": str(self.pid_path(a))}
-                                  for a in self.addresses}} if self.per_host else {}),
+                                  for a in self.addresses}} if self.per_host else {"shared_host_key": self.host_public_key}),
                 **({"vm_image": {"pythons": self.image.vm_pythons(), "nss_wrapper": nss_wrapper(),
                                  "hosts_file": str(self.dir / "vm" / "hosts")}} if self.image else {})}
 

@@ -31,6 +31,7 @@ LAUNCH_MODULES = (
     "google.api_core.exceptions",
     "requests",
     "netrc",  # requests reads ~/.netrc on the first call
+    "tpunb.host.standalone.idle",  # a cloud slice's watchdog: its settings and what it says
     "_strptime",  # datetime.strptime, on the first API timestamp
 )
 #: Compute Engine's client (TPU7x, v6e and v5p launch through it): 1.5-4 s to import. After the

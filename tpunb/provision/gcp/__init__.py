@@ -48,7 +48,10 @@ UNREACHED = "unreachable"
 
 
 def default_name(accelerator: catalog.Accelerator) -> str:
-    """``tpunb-USER-TYPE`` (common.default_name): two people in one project never share one."""
+    """``tpunb-USER-TYPE`` (common.default_name): two people in one project never share one. The
+    user is read from the credentials: their modules are imported on the warm-up thread first,
+    where a Ctrl-C cannot cut an import half-way (tpunb.provision.warm)."""
+    warm.ready()
     return common.default_name(accelerator.name, logins.owner())
 
 
