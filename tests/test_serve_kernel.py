@@ -25,6 +25,7 @@ def run_ok(client, code: str) -> str:
 
 @pytest.mark.parametrize("backend", ["local", "ssh"])
 @pytest.mark.fresh_slice
+@pytest.mark.sandbox
 def test_a_service_survives_a_killed_kernel_and_the_next_kernel_finds_it(isolated_home, backend, request):
     name = f"keep-{uuid.uuid4().hex[:6]}"
     if backend == "local":
