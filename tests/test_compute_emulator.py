@@ -25,6 +25,7 @@ from tests.conftest import wait_for
 from tpunb import catalog
 from tpunb.emulator import AdminError
 from tpunb.emulator.sandbox import start_sandbox
+from tpunb.emulator.server import Exchange
 
 P, Z, R = "sandbox-project", "us-central1-c", "us-central1"  # a TPU7x zone (tpu-machines / regions-zones)
 V6E_ZONE = "us-east5-b"
@@ -534,11 +535,30 @@ ANSWERS = [  # (method, path under projects/P/, the compute_v1 message of the an
 ]
 
 
-def test_every_answer_parses_strictly_as_compute_v1(sandbox):
-    """Every call the tests above made: its answer is the compute v1 message of that method, with
-    no field Google's definition lacks; an error has Compute Engine's shape."""
-    assert len(sandbox.exchanges) > 50
-    for exchange in sandbox.exchanges:
+@pytest.fixture(autouse=True)
+def answers_parse_strictly(sandbox):
+    """After each test of this module, every call it made: its answer is the compute v1 message
+    of that method, with no field Google's definition lacks; an error has Compute Engine's shape."""
+    before = len(sandbox.exchanges)
+    yield
+    check_answers(sandbox.exchanges[before:])
+
+
+def test_the_strict_check_refuses_what_google_would_not_send(sandbox):
+    """The check above, on answers planted here: a field compute v1 lacks, an int64 as a JSON
+    number (Google sends a string), an error without Compute Engine's shape."""
+    path = "/compute/v1/projects/p/zones/z/instances/vm"
+    good = {"kind": "compute#instance", "name": "vm", "id": "123"}
+    check_answers([Exchange("GET", path, {}, b"", 200, json.dumps(good).encode())])
+    for bad in ({**good, "noSuchField": 1}, {**good, "id": 123}):
+        with pytest.raises((AssertionError, json_format.ParseError)):
+            check_answers([Exchange("GET", path, {}, b"", 200, json.dumps(bad).encode())])
+    with pytest.raises(AssertionError):
+        check_answers([Exchange("GET", path, {}, b"", 404, json.dumps({"error": {"code": 404}}).encode())])
+
+
+def check_answers(exchanges) -> None:
+    for exchange in exchanges:
         rest = re.sub(r"^/compute/v1/projects/[^/]+/", "", exchange.path)
         answer = json.loads(exchange.response)
         if exchange.status != 200:
