@@ -67,7 +67,7 @@ def test_a_host_whose_metric_source_fails_still_runs_cells(make_slice):
     wait_for(lambda: latest(sl, "cpu_percent", 1) is not None, 20, "cpu samples from host 1")
 
 
-@pytest.mark.fresh_slice  # a warm host keeps the memory earlier tests freed: its rss would not grow
+@pytest.mark.fresh_slice
 def test_a_cells_logged_steps_arrive_with_the_cell(make_slice, ip):
     """Slice.metrics() and %tpu_metrics right after a cell hold every step it logged, without
     waiting for a sampler tick (an hour away here, so only the cell's end can bring them)."""
@@ -83,7 +83,7 @@ def test_a_cells_logged_steps_arrive_with_the_cell(make_slice, ip):
     assert len(rows) == 2 and all(row.split()[:2] == [str(h), "0.025"] for h, row in enumerate(rows)), said[0].text
 
 
-@pytest.mark.fresh_slice  # a warm host keeps the memory earlier tests freed: its rss would not grow
+@pytest.mark.fresh_slice
 def test_the_sampler_survives_a_tick_that_fails_and_says_so_once(make_slice, cell):
     """A sample no frame can carry makes host 1's tick fail for real; sampling goes on, and
     the host says it once."""
@@ -117,7 +117,7 @@ def test_the_ring_cap_holds_under_a_long_run(make_slice):
     assert sl.metrics().step.max() == 4999  # the newest are kept
 
 
-@pytest.mark.fresh_slice  # a warm host keeps the memory earlier tests freed: its rss would not grow
+@pytest.mark.fresh_slice
 def test_interval_can_be_changed_and_sampling_turned_off(make_slice, ip):
     sl = make_slice(1)
     wait_for(lambda: latest(sl, "rss_bytes", 0) is not None, 20, "first samples")
@@ -130,7 +130,7 @@ def test_interval_can_be_changed_and_sampling_turned_off(make_slice, ip):
     wait_for(lambda: len(sl.metrics()) > count, 20, "samples again")
 
 
-@pytest.mark.fresh_slice  # a warm host keeps the memory earlier tests freed: its rss would not grow
+@pytest.mark.fresh_slice
 def test_tpu_runtime_metrics_from_libtpus_grpc_service(monkeypatch):
     from tests.libtpu_metrics import HBM_TOTAL, serve
 
@@ -152,7 +152,7 @@ def test_tpu_runtime_metrics_from_libtpus_grpc_service(monkeypatch):
         server.stop(0)
 
 
-@pytest.mark.fresh_slice  # a warm host keeps the memory earlier tests freed: its rss would not grow
+@pytest.mark.fresh_slice
 @pytest.mark.jax
 def test_libtpus_slice_wide_chip_ids_are_the_hosts_chips_0_to_3(monkeypatch):
     """tpu-info's real output on a v6e host numbers its chips 8, 9, 12, 13 (tests/fixtures/tpu_info):
@@ -199,7 +199,7 @@ def test_widget_model_shows_hosts_values_and_stragglers():
     assert "<svg" in page and "loss" in page and "3.0 GiB" in page and "stragglers: 2" in page
 
 
-@pytest.mark.fresh_slice  # a warm host keeps the memory earlier tests freed: its rss would not grow
+@pytest.mark.fresh_slice
 def test_metrics_widget_updates_from_the_feed_thread(make_slice, monkeypatch):
     from tpunb.widgets.metrics import MetricsView
 
