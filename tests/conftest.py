@@ -168,6 +168,9 @@ def make_slice(request, warm_pool):
         if name is not None or lent:
             raise AssertionError("a warm slice has its own name and is one per test: mark the test "
                                  "@pytest.mark.fresh_slice to make slices of its own")
+        if "user_defaults" in request.fixturenames:  # a warm slice was made under the suite's settings
+            raise AssertionError("a test of a user's defaults needs a slice made under them: mark it "
+                                 "@pytest.mark.fresh_slice")
         key = warm.Key(request.param, count, jax)
         sl = warm_pool.borrow(key, lambda: launch(count, f"warm-{key.folder}-{os.urandom(2).hex()}"))
         lent.append(key)

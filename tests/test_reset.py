@@ -35,3 +35,16 @@ def test_reset_lists_what_lies_in_a_remote_hosts_tpunb_folders(make_slice, cell)
         assert sorted(set(after) - set(before)) == [os.path.join("left", "behind")]
     finally:
         cell("%%on_tpu\nimport os, shutil\nshutil.rmtree(os.path.expanduser('~/.tpunb/left'))")
+
+
+def test_a_folder_with_more_than_the_listing_holds_lists_its_newest(tmp_path):
+    from tpunb.host.agent import folders
+
+    for age, name in enumerate(["e", "d", "c", "b", "a"]):  # "a" oldest, "e" newest
+        (tmp_path / "sub").mkdir(exist_ok=True)
+        path = tmp_path / "sub" / name
+        path.write_text("")
+        os.utime(path, ns=(age * 10**9, (10 - age) * 10**9))
+    assert folders({str(tmp_path): True}, most=3) == {str(tmp_path): ["sub/c", "sub/d", "sub/e"]}
+    assert folders({str(tmp_path): False}, most=3) == {str(tmp_path): ["sub"]}  # its own entries only
+    assert folders({str(tmp_path): True}) == {str(tmp_path): [f"sub/{n}" for n in "abcde"]}

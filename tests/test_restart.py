@@ -177,6 +177,7 @@ def _running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.fresh_slice
 @pytest.mark.usefixtures("user_defaults")
 def test_a_prepared_restart_hands_the_hosts_to_standby_agents(make_slice, cell):
     """Standby agents (started ahead, past their imports) take the hosts' places: the restart starts
@@ -195,6 +196,7 @@ def test_a_prepared_restart_hands_the_hosts_to_standby_agents(make_slice, cell):
     assert not set(standbys) & {s.process.pid for s in sl.standbys.ready().values()}
 
 
+@pytest.mark.fresh_slice
 @pytest.mark.usefixtures("user_defaults")
 def test_a_quiet_slice_prepares_standbys_so_its_first_restart_starts_no_process(make_slice, cell):
     """By default a slice prepares its standby agents once no request has run for QUIET seconds,

@@ -10,7 +10,6 @@ import socket
 import struct
 import subprocess
 import sys
-import sysconfig
 
 import pytest
 
@@ -26,13 +25,23 @@ from tests.conftest import wait_for
 pytestmark = [pytest.mark.sandbox, pytest.mark.fresh_slice]
 
 
+@pytest.fixture(scope="module")
+def python(tmp_path_factory) -> str:
+    """A Python of this module's own: a venv over this machine's site-packages. Its servers are
+    this module's alone (a server is per Python), so another worker's slices never hold one of
+    them, and a package install into its site-packages touches nobody else's server."""
+    venv = tmp_path_factory.mktemp("forks") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    return str(venv / "bin" / "python")
+
+
 @pytest.fixture
-def connect(sshd, ssh_key, monkeypatch):
+def connect(sshd, ssh_key, monkeypatch, python):
     monkeypatch.setattr(connection, "MARSHAL_FRAMES", False)
 
     def made(count: int = 2, name: str | None = None, **options):
         return manager.connect([f"{a}:{sshd.port}" for a in sshd.addresses[:count]], key=str(ssh_key),
-                               python=sshd.python, name=name, **options)
+                               python=python, name=name, **options)
     return made
 
 
@@ -64,11 +73,13 @@ def test_every_connection_forks_its_agents_from_the_hosts_server_each_its_own(co
     second.delete()
 
 
-def test_a_package_install_makes_the_server_stale_and_a_new_one_serves(connect):
+def test_a_package_install_makes_the_server_stale_and_a_new_one_serves(connect, python):
     sl = connect(1, "before")
     old = parents(sl)[0]
     sl.delete()
-    site = sysconfig.get_paths()["purelib"]  # on sys.path of the hosts' Python (this machine's)
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert site.startswith(os.path.dirname(os.path.dirname(python)))  # the venv's own, on its hosts' sys.path
     os.utime(site)  # what pip does to it
     sl = connect(1, "after")
     assert parents(sl)[0] not in (old, None) and procs.parent(parents(sl)[0]) == 1

@@ -576,10 +576,11 @@ def _pickler():
         return pickle
 
 
-def folders(places: dict[str, bool], most: int = 200) -> dict[str, list[str]]:
+def folders(places: dict[str, bool], most: int = 200, walked: int = 20000) -> dict[str, list[str]]:
     """What lies in each place (``~`` and ``$VARIABLES`` expanded; one unset is left out):
-    relative paths, sorted, at most ``most`` a place; every file below it where its value is True
-    (but a compile cache's entries), else its own entries only."""
+    relative paths, sorted, every file below it where its value is True (but a compile cache's
+    entries), else its own entries only. Past ``most`` a place, the ``most`` newest: what a cell
+    just left is what a reset's reader looks for, in a home that has gathered years of files."""
     listed = {}
     for place, below in places.items():
         root = os.path.expanduser(os.path.expandvars(place))
@@ -587,12 +588,21 @@ def folders(places: dict[str, bool], most: int = 200) -> dict[str, list[str]]:
             continue
         found = []
         for top, dirs, files in os.walk(root):
+            found += [os.path.join(top, name) for name in (files if below else dirs + files)]
             dirs[:] = sorted(d for d in dirs if d != "jax-cache") if below else []
-            found += [os.path.relpath(os.path.join(top, name), root) for name in (files if below else dirs + files)]
-            if len(found) >= most:
+            if len(found) >= walked:
                 break
-        listed[place] = sorted(found)[:most]
+        if len(found) > most:
+            found = sorted(found, key=_changed, reverse=True)[:most]
+        listed[place] = sorted(os.path.relpath(path, root) for path in found)
     return listed
+
+
+def _changed(path: str) -> int:
+    try:
+        return os.lstat(path).st_mtime_ns
+    except OSError:  # gone since the walk
+        return 0
 
 
 def _jsonable(value):
