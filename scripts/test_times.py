@@ -38,11 +38,26 @@ def main(argv: list[str]) -> int:
                 over.append(name)
                 mark += "  OVER"
         print(f"  {name:<10} {took // 60:3d} min {took % 60:02d} s   {mark}")
+    print(parts(rows))
     if over:
         print(f"FAILED: {', '.join(over)} took more than {OVER:.0%} of {'its' if len(over) == 1 else 'their'} budget: "
               f"find what grew (the slowest tests above), or raise the budget in {budget_file} with the change that earns it")
         return 1
     return 0
+
+
+def parts(rows: list[tuple[float, str, str]]) -> str:
+    """Where each phase's time went, from its tests' own times: the profiles' parts, and the main
+    run's groups (pytest-xdist's, named after the ``@``): the notebooks and the JAX and browser tests
+    each keep one worker, the rest share both."""
+    spent: dict[str, float] = {}
+    for seconds, phase, test in rows:
+        part = phase
+        if phase == "main":
+            group = test.rsplit("@", 1)[-1] if "@" in test else "light"
+            part = {"notebooks": "main: notebooks", "heavy": "main: JAX and browser"}.get(group, "main: the rest")
+        spent[part] = spent.get(part, 0.0) + seconds
+    return "  tests' own time by part: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in spent.items())
 
 
 if __name__ == "__main__":
