@@ -13,6 +13,7 @@ from tests.test_serve import free_port, http_server, no_service_left  # noqa: F4
 from tests.test_serve_forward import ssh_children
 from tpunb import report, manager
 from tpunb.serve import openssh
+from tpunb.transport import procs
 
 pytestmark = pytest.mark.ends_services
 
@@ -50,8 +51,7 @@ def test_the_master_ends_with_a_killed_kernel(sshd, ssh_key):
     finally:
         if kernel.poll() is None:
             kill(kernel)
-    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
-                             for pid in masters), 10, "the ControlMaster to end with its kernel")
+    wait_for(lambda: not any(procs.alive(pid) for pid in masters), 10, "the ControlMaster to end with its kernel")
     manager.down(name)
 
 

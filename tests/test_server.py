@@ -19,6 +19,7 @@ from pytest_jupyter.jupyter_server import jp_server_cleanup  # noqa: F401
 from tests.conftest import wait_for
 from tpunb import manager
 from tpunb.registry import Registry
+from tpunb.transport import procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,12 +44,8 @@ def call(jp_fetch):
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # ended but not yet reaped counts as gone
-        return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    """Ended but not yet reaped counts as gone, as does one reaped while /proc was read."""
+    return procs.alive(pid)
 
 
 def _host_pids(sl) -> list[int]:

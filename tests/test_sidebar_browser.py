@@ -225,7 +225,7 @@ def _dead(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
+    except OSError:  # gone, or reaped while it was read (ESRCH)
         return True
 
 
