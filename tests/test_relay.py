@@ -255,7 +255,9 @@ def test_a_cloud_slice_relays_a_large_push_by_itself(cloud, sshd, monkeypatch):
     sent = _sent_bytes(sl, monkeypatch)
     value = np.arange(1 << 19)  # 4 MB to 4 hosts
     sl.push({"v": value})
-    assert max(sent[i] for i in (1, 2, 3)) < 4096 < value.nbytes < sent[0]
+    # it crossed the kernel's link once (directly it would cross it 4 times), in as many stripes as
+    # the link's measured round trip chose (one on a quiet machine; a loaded one measured more)
+    assert value.nbytes < sum(sent.values()) < value.nbytes + (64 << 10), sent
     assert sl.run("int(v.sum())").reprs == {i: str(int(value.sum())) for i in range(4)}
     manager.down("relayed")
 
