@@ -43,11 +43,6 @@ def call(jp_fetch):
     return call
 
 
-def _alive(pid: int) -> bool:
-    """Ended but not yet reaped counts as gone, as does one reaped while /proc was read."""
-    return procs.alive(pid)
-
-
 def _host_pids(sl) -> list[int]:
     return [host.info["pid"] for host in sl.session.hosts]
 
@@ -56,21 +51,21 @@ def _host_pids(sl) -> list[int]:
 def other_kernel(isolated_home):
     """Start a process that launches a local slice and keeps it, as another notebook's kernel does;
     returns (process, slice name)."""
-    procs = []
+    kernels = []
 
     def start(accelerator: str = "v4-8") -> tuple[subprocess.Popen, str]:
         code = (f"import sys, tpunb; sl = tpunb.launch({accelerator!r}); print('NAME', sl.name, flush=True); "
                 "sys.stdin.read()")
         proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": ROOT})
-        procs.append(proc)
+        kernels.append(proc)
         line = proc.stdout.readline()
         while line and not line.startswith("NAME "):  # launch's own messages come first
             line = proc.stdout.readline()
         return proc, line.split()[-1]
 
     yield start
-    for proc in procs:
+    for proc in kernels:
         proc.kill()
         proc.wait()
 
@@ -162,10 +157,10 @@ async def test_delete_ends_the_slice_and_answers_with_the_fresh_view(call):
     sl = manager.launch("v4-16")
     manager.launch("v4-8", name="kept")
     pids = _host_pids(sl)
-    assert all(_alive(p) for p in pids)
+    assert all(procs.alive(p) for p in pids)
     status, answer = await call("DELETE", "slices", "v4-16")
     assert (status, answer["deleted"], answer["messages"]) == (200, ["v4-16"], [])
-    assert not any(_alive(p) for p in pids)
+    assert not any(procs.alive(p) for p in pids)
     # the answer is the listing after the delete: the sidebar redraws from it, without another GET
     assert [row["name"] for row in answer["slices"]] == ["kept"] and answer["orphans"] == []
     assert _without_clocks(answer) == _without_clocks((await call("GET", "slices"))[1])
@@ -268,7 +263,7 @@ async def test_delete_ends_a_slice_another_kernel_owns(call, other_kernel):
     pids = [h.info.pid for h in Registry().get_slice(name).hosts]
     status, answer = await call("DELETE", "slices", name)
     assert (status, answer["deleted"], answer["messages"], answer["slices"]) == (200, [name], [], [])
-    assert not any(_alive(p) for p in pids)
+    assert not any(procs.alive(p) for p in pids)
     assert owner.poll() is None, "the owning kernel itself must keep running"
     assert (await call("GET", "slices"))[1]["slices"] == []
 

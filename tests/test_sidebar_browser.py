@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 import tpunb
+from tpunb.transport import procs
 from tpunb import manager
 from tpunb.errors import NoSliceError
 from tpunb.registry import Registry
@@ -222,11 +223,7 @@ def _listing(url: str) -> bool:
 
 
 def _dead(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:  # gone, or reaped while it was read (ESRCH)
-        return True
+    return not procs.alive(pid)  # ended, a zombie, or reaped while it was read
 
 
 def _wait_for_memory_bars(page, within: str, count: int) -> None:
