@@ -36,7 +36,7 @@ def kernel_alone(hosts: int, value: dict) -> tuple[float, float]:
     import timeit
 
     from tpunb.engine import frames
-    from tpunb.session import Session
+    from tpunb.engine.session import Session
     from tpunb.transport.local import LocalTransport
 
     session = Session([LocalTransport(f"local:{i}") for i in range(hosts)], lambda i: {})

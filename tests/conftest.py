@@ -83,7 +83,7 @@ def markers_are_true(request, warm_pool):
 
 def _watch_heartbeats(patch: pytest.MonkeyPatch) -> list[int]:
     """The hosts the liveness watch ended under the suite's own heartbeat limit (filled as it happens)."""
-    from tpunb.session import Session
+    from tpunb.engine.session import Session
 
     judged: list[int] = []
     check = Session.check_liveness

@@ -74,7 +74,7 @@ class Watch:
     def __init__(self, item, monkeypatch: pytest.MonkeyPatch, pool) -> None:
         from tpunb import manager
         from tpunb.emulator import server, sshd
-        from tpunb.session import Session
+        from tpunb.engine.session import Session
         from tpunb.transport import ssh
 
         self.seen: dict[str, str] = {}

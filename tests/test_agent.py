@@ -11,7 +11,7 @@ from tpunb.host import protocol
 from tpunb.errors import ProtocolError
 from tpunb.display import OutputSink
 from tpunb.engine.frames import Broadcast
-from tpunb.session import Session
+from tpunb.engine.session import Session
 from tpunb.transport.fanin import FrameCutter
 from tpunb.transport.local import LocalTransport
 

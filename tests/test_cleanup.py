@@ -230,7 +230,7 @@ def test_a_zombie_is_not_alive_for_any_caller():
     """One rule for process state: an ended child not yet reaped is dead to the registry, the
     server and the emulator alike, and a running one is alive with its parent and start time."""
     from tpunb.emulator import sshd
-    from tpunb.transport import procs
+    from tpunb.machine import procs
     from tpunb.provision.common import pid_alive
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)

@@ -1,4 +1,4 @@
-"""tpunb.engine.fanout: one deadline, one Ctrl-C rule and one partial-failure result for every fan-out."""
+"""tpunb.transport.fanout: one deadline, one Ctrl-C rule and one partial-failure result for every fan-out."""
 from __future__ import annotations
 
 import _thread
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.conftest import interrupt_main_unseen_when, main_thread_asleep
-from tpunb.engine.fanout import FanOutTimeout, fan_out
+from tpunb.transport.fanout import FanOutTimeout, fan_out
 
 
 def test_values_come_in_key_order_whatever_order_they_finish_in():

@@ -10,7 +10,7 @@ import signal
 
 from tpunb import manager
 from tpunb.engine.connection import describe_exit
-from tpunb.transport import procs
+from tpunb.machine import procs
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.fresh_slice

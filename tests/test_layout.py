@@ -102,6 +102,107 @@ def test_the_check_sees_a_circle_when_there_is_one():
     assert find_cycle(edges) is not None
 
 
+# -- rooms and layers ------------------------------------------------------------------------------
+README = PACKAGE.parent / "README.md"
+MAX_UPWARD = 3
+ROOM_ROW = re.compile(r"^\| `([\w.]+)` \| (\d+) ([\w ]+?) \|")
+UPWARD_ROW = re.compile(r"^\| `(tpunb[\w.]*)` → `(tpunb[\w.]*)` \| (.+?) \|$")
+
+
+def room(module: str) -> str:
+    """A module's room: its package right under tpunb/, or the top-level module itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def room_edges(edges: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """Every import between two rooms, with the module imports that make it."""
+    between: dict[tuple[str, str], list[str]] = {}
+    for module, targets in edges.items():
+        for target in targets:
+            if room(module) != room(target):
+                between.setdefault((room(module), room(target)), []).append(f"{module} -> {target}")
+    return between
+
+
+def declared_layers(text: str | None = None) -> tuple[dict[str, int], dict[tuple[str, str], str]]:
+    """The README's layer table (room, layer; lower first) and its list of imports that go up a
+    layer (module → module, why): the only place layers are defined."""
+    text = README.read_text() if text is None else text
+    layers: dict[str, int] = {}
+    upward: dict[tuple[str, str], str] = {}
+    for line in text.splitlines():
+        if found := ROOM_ROW.match(line):
+            name, layer = found.group(1), int(found.group(2))
+            assert name not in layers, f"room {name} is in the layer table twice"
+            assert not layers or layer >= max(layers.values()), f"the layer table lists lower layers first: {name}"
+            layers[name] = layer
+        elif found := UPWARD_ROW.match(line):
+            upward[(found.group(1), found.group(2))] = found.group(3)
+    return layers, upward
+
+
+def layer_problems(edges: dict[str, set[str]], layers: dict[str, int],
+                   upward: dict[tuple[str, str], str]) -> list[str]:
+    """Imports that go up a layer without being listed, rooms that import each other, a circle of
+    rooms, and rooms the table does not know (or knows but that do not exist)."""
+    problems = []
+    rooms = {room(m) for m in edges}
+    problems += [f"room {r} is not in the README's layer table" for r in sorted(rooms - set(layers))]
+    problems += [f"the layer table names {r}, which is not a room" for r in sorted(set(layers) - rooms)]
+    between = room_edges(edges)
+    for (a, b), why in sorted(between.items()):
+        if (b, a) in between and a < b:
+            problems.append(f"rooms {a} and {b} import each other: {why[0]}; {between[(b, a)][0]}")
+        if a in layers and b in layers and layers[b] > layers[a]:
+            problems += [f"{a} (layer {layers[a]}) imports {b} (layer {layers[b]}), up a layer: {edge}"
+                         for edge in why if tuple(edge.split(" -> ")) not in upward]
+    cycle = find_cycle({a: {b for (x, b) in between if x == a} for a in rooms})
+    if cycle:
+        problems.append("rooms in a circle: " + " -> ".join(cycle))
+    if len(upward) > MAX_UPWARD:
+        problems.append(f"{len(upward)} imports listed as going up a layer; at most {MAX_UPWARD}")
+    return problems
+
+
+def test_rooms_sit_in_the_readmes_layers_and_import_only_down():
+    layers, upward = declared_layers()
+    assert len(layers) >= 30, "the README's layer table was not found"
+    problems = layer_problems(graph(), layers, upward)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_layer_check_sees_an_upward_import_a_pair_a_circle_and_an_unknown_room():
+    layers, upward = declared_layers()
+    edges = {name: set(targets) for name, targets in graph().items()}
+    assert not layer_problems(edges, layers, upward)
+    up = {k: set(v) for k, v in edges.items()}
+    up["tpunb.transport.ssh"].add("tpunb.manager")  # transport climbs to the manager: up, and a circle
+    found = layer_problems(up, layers, upward)
+    assert any("imports manager" in p and "up a layer" in p for p in found) and any("circle" in p for p in found)
+    pair = {k: set(v) for k, v in edges.items()}
+    pair["tpunb.errors"] = {"tpunb.units"}  # units -> errors and errors -> units: one layer, a pair
+    found = layer_problems(pair, layers, upward)
+    assert any("errors and units import each other" in p for p in found), found
+    circle = {k: set(v) for k, v in edges.items()}
+    circle["tpunb.errors"] = {"tpunb.plan"}  # plan -> catalog -> errors -> plan: three rooms, no pair
+    assert any("rooms in a circle" in p for p in layer_problems(circle, layers, upward))
+    unknown = {**edges, "tpunb.newroom": {"tpunb.errors"}}
+    assert any("newroom is not in" in p for p in layer_problems(unknown, layers, upward))
+    listed = {**upward, ("tpunb.transport.ssh", "tpunb.manager"): "planted"}
+    assert not any("up a layer" in p for p in layer_problems(up, layers, listed))
+    many = {(f"tpunb.a{i}", "tpunb.b"): "planted" for i in range(MAX_UPWARD + 1)}
+    assert any("at most" in p for p in layer_problems(edges, layers, many))
+    table = "| `errors` | 1 base | x |\n| `units` | 1 base | y |\n| `catalog` | 2 records | z |\n"
+    assert declared_layers(table)[0] == {"errors": 1, "units": 1, "catalog": 2}
+    try:
+        declared_layers("| `catalog` | 2 records | z |\n| `errors` | 1 base | x |\n")
+    except AssertionError as e:
+        assert "lower layers first" in str(e)
+    else:
+        raise AssertionError("a table out of order was read")
+
+
 def test_at_most_twelve_modules_at_the_top_level():
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if not p.name.startswith("__"))  # __main__: `python -m tpunb`
     assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}"
@@ -171,7 +272,7 @@ def _shipped_imports(module: str) -> set[str]:
 def test_the_bundle_ships_the_host_folder_in_an_order_that_imports():
     """Every module of tpunb/host is shipped, and of tpunb/host/standalone exactly those a shipped
     module imports; each after the modules it imports (the bootstrap runs them in order)."""
-    from tpunb.engine.bundle import MODULES
+    from tpunb.transport.bundle import MODULES
 
     folder = {p.stem for p in HOST.glob("*.py") if p.name != "__init__.py"}
     shipped = set(MODULES)
@@ -185,18 +286,19 @@ def test_the_bundle_ships_the_host_folder_in_an_order_that_imports():
 
 def test_magics_speak_only_through_the_reporter():
     """Every message of the magics goes one way (tpunb.report), so captured() sees them all."""
-    tree = ast.parse((PACKAGE / "magics.py").read_text())
-    prints = [node.lineno for node in ast.walk(tree)
+    prints = [f"{path.name}:{node.lineno}" for path in sorted((PACKAGE / "magics").glob("*.py"))
+              for node in ast.walk(ast.parse(path.read_text()))
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
-    assert not prints, f"tpunb/magics.py calls print() on lines {prints}: use report.info or report.warn"
+    assert len(list((PACKAGE / "magics").glob("*.py"))) >= 6
+    assert not prints, f"tpunb/magics/ calls print() at {prints}: use report.info or report.warn"
 
 
 def test_process_state_is_read_in_one_place():
-    """/proc/PID/stat has one reader outside the host folder: tpunb/transport/procs.py (one
+    """/proc/PID/stat has one reader outside the host folder: tpunb/machine/procs.py (one
     zombie rule). The host modules keep their own: they may import nothing of tpunb."""
     readers = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                if "/stat" in p.read_text() and "/proc" in p.read_text() and HOST not in p.parents]
-    assert readers == ["transport/procs.py"], readers
+    assert readers == ["machine/procs.py"], readers
 
 
 #: the only places a test may pause for a fixed time, and why each is not standing in for a condition
@@ -248,7 +350,7 @@ def test_tests_wait_on_conditions_not_on_the_clock():
 
 
 #: the engine: the session, its parts and the transports under them
-ENGINE = ("tpunb.session", "tpunb.engine", "tpunb.transport")
+ENGINE = ("tpunb.engine.session", "tpunb.engine", "tpunb.transport")
 #: records and their rendering, which the engine hands results to and must not be pulled into
 RECORDS = ("tpunb.results", "tpunb.display")
 
@@ -296,7 +398,7 @@ MUTABLE_CALLS = {"list", "dict", "set", "defaultdict", "deque", "OrderedDict", "
 #: the kernel's module-level state, and why each is one: the issue 32 cap is three
 STATE_ALLOWED = {
     ("manager.py", "MANAGER"): "the kernel's slices, current slice, --env values, last profile and run: one object",
-    ("provision/cache.py", "_cache"): "Google Cloud clients, sessions, credentials, answers that do not change",
+    ("machine/cache.py", "_cache"): "Google Cloud clients, sessions, credentials, answers that do not change",
     ("report.py", "_once"): "what the kernel said or did once already (report.once)",
 }
 
@@ -442,7 +544,7 @@ def test_the_backend_check_sees_a_branch_an_import_and_an_attribute(tmp_path):
 
 
 # -- one way to fan out -----------------------------------------------------------------------------
-#: where kernel code may start a thread besides tpunb/engine/fanout.py: long-lived threads, one per
+#: where kernel code may start a thread besides tpunb/transport/fanout.py: long-lived threads, one per
 #: connection, feed or process, and the engine's own request machinery. (file, target) -> why
 THREADS_ALLOWED = {
     ("engine/connection.py", "self._read_loop"): "one per host connection: reads its frames",
@@ -451,7 +553,7 @@ THREADS_ALLOWED = {
     ("engine/routes.py", "self._stream"): "the engine's route: one sender per host of a request's parts",
     ("engine/request.py", "go"): "the engine: a request started in the background waits on its own thread",
     ("engine/request.py", "self.connection(i).signal"): "the engine's escalation: SIGTERM/SIGKILL one host",
-    ("session.py", "_watch"): "one per session: liveness (heartbeats and deaths)",
+    ("engine/session.py", "_watch"): "one per session: liveness (heartbeats and deaths)",
     ("transport/ssh.py", "self._drain_stderr"): "one per SSH agent process: its stderr",
     ("transport/ssh.py", "self._transport.kill_from_new_connection"): "one per SSH kill: a frozen connection",
     ("transport/ssh.py", "old.close"): "one per dropped SSH connection: closed without holding the caller",
@@ -485,7 +587,7 @@ SLEEPS_ALLOWED = {
 
 def _kernel_files() -> list[Path]:
     return [p for p in sorted(PACKAGE.rglob("*.py"))
-            if p.relative_to(PACKAGE).parts[0] not in ("host", "emulator") and str(p.relative_to(PACKAGE)) != "engine/fanout.py"]
+            if p.relative_to(PACKAGE).parts[0] not in ("host", "emulator") and str(p.relative_to(PACKAGE)) != "transport/fanout.py"]
 
 
 def threads_started(path: Path) -> list[tuple[str, str, bool]]:
@@ -524,14 +626,14 @@ def sleep_polls(path: Path) -> list[tuple[str, str]]:
 
 
 def test_threads_fan_out_in_one_place():
-    """Work on N hosts (or zones) at once goes through tpunb/engine/fanout.py: one deadline, one Ctrl-C rule,
+    """Work on N hosts (or zones) at once goes through tpunb/transport/fanout.py: one deadline, one Ctrl-C rule,
     one partial-failure result. Other threads are long-lived, one per connection, feed or process,
     each listed with its reason; none is started in a loop outside the engine."""
     found = [t for p in _kernel_files() for t in threads_started(p)]
     unlisted = [f"{file}: {target}" for file, target, _ in found if (file, target) not in THREADS_ALLOWED]
-    assert not unlisted, "threads started outside tpunb/engine/fanout.py: " + ", ".join(unlisted)
+    assert not unlisted, "threads started outside tpunb/transport/fanout.py: " + ", ".join(unlisted)
     loops = [f"{file}: {target}" for file, target, looped in found if looped and not file.startswith("engine/")]
-    assert not loops, "a thread per host in a loop (use tpunb.engine.fanout.fan_out): " + ", ".join(loops)
+    assert not loops, "a thread per host in a loop (use tpunb.transport.fanout.fan_out): " + ", ".join(loops)
     stale = set(THREADS_ALLOWED) - {(file, target) for file, target, _ in found}
     assert not stale, f"listed but gone: {sorted(stale)}"
 
@@ -584,8 +686,8 @@ def test_the_private_import_check_sees_one():
 
 
 # -- one status model: what a slice costs, when it idles out, which services hold it ------------------
-VIEW = PACKAGE / "status" / "view.py"
-#: the view's rules and rows: defined in status/view.py only, everyone else reads the view
+VIEW = PACKAGE / "overview.py"
+#: the view's rules and rows: defined in overview.py only, everyone else reads the view
 VIEW_RULES = {"usd_so_far", "idle_delete_in", "busy_services", "service_rows", "forward_rows", "snapshot_rows"}
 #: where a price over hours is computed for something that is not a slice's bill
 COST_ALLOWED = {"plan": "the planner's estimate of a job's cost before any slice exists"}
@@ -597,7 +699,7 @@ def _mentions_price(node: ast.AST) -> bool:
 
 
 def status_rules_outside_the_view(path: Path) -> list[str]:
-    """The idle rule, the cost rule or a status row made outside ``status/view.py``: a function of
+    """The idle rule, the cost rule or a status row made outside ``overview.py``: a function of
     that name, a dict key or keyword of that name given a value, the raw idle mark read
     (``.idle_mark(...)``: whoever reads it counts down), or a price times seconds over 3600."""
     if path == VIEW:
@@ -625,7 +727,7 @@ def status_rules_outside_the_view(path: Path) -> list[str]:
 
 def test_idle_cost_and_status_rows_are_computed_in_the_status_view_only():
     found = [hit for p in _kernel_files() for hit in status_rules_outside_the_view(p)]
-    assert not found, "computed outside tpunb/status/view.py (read the view instead): " + ", ".join(found)
+    assert not found, "computed outside tpunb/overview.py (read the view instead): " + ", ".join(found)
 
 
 def test_the_status_rule_check_sees_each_kind_of_copy():

@@ -18,7 +18,7 @@ import pytest
 from tpunb import manager
 from tpunb.errors import CellInterrupted, HostDiedError
 from tpunb.engine.request import PRESS_FLOOR
-from tpunb.session import HEARTBEAT_TIMEOUT
+from tpunb.engine.session import HEARTBEAT_TIMEOUT
 from tests.conftest import wait_for, wait_for_files
 
 #: a frozen host's cell must fail within this many seconds (the heartbeat timeout, plus slack)
@@ -218,7 +218,7 @@ def test_busy_hosts_keep_beating(make_slice, cell):
 
 
 def test_the_heartbeat_timeout_comes_from_the_environment(monkeypatch):
-    from tpunb.session import Session
+    from tpunb.engine.session import Session
 
     monkeypatch.setenv("TPUNB_HEARTBEAT_TIMEOUT", "2.5")
     assert Session([], lambda i: {}).heartbeat_timeout == 2.5

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import interrupt_kernel_when, interrupt_main_unseen_when, main_thread_asleep, wait_for
-from tpunb.engine.fanout import FanOutTimeout
+from tpunb.transport.fanout import FanOutTimeout
 from tpunb.engine.programs import Program, ask_hosts, follow_hosts
 from tpunb.host.standalone.service import alive
 from tpunb.transport.local import LocalTransport

@@ -16,7 +16,7 @@ from tpunb.display import OutputSink
 from tpunb.engine.request import Requests
 from tpunb.engine.routes import Frame
 from tpunb.errors import CellInterrupted
-from tpunb.session import Session
+from tpunb.engine.session import Session
 from tpunb.transport.local import LocalTransport
 
 

@@ -169,7 +169,7 @@ def test_a_start_that_fails_on_one_host_leaves_nothing_new_running(make_slice):
 
 @pytest.mark.fresh_slice
 def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
-    from tpunb.engine.bundle import SERVICE_CONTROL
+    from tpunb.transport.bundle import SERVICE_CONTROL
     from tpunb.transport.local import LocalTransport
 
     monkeypatch.setenv("TPUNB_STANDBY", "0")  # a quiet slice's standby agents would start mid-count

@@ -259,7 +259,7 @@ def test_a_host_that_stops_answering_gets_a_502_within_the_open_timeout(sshd, ss
     import signal
     import time
 
-    from tpunb.transport.procs import descendants
+    from tpunb.machine.procs import descendants
     from tpunb.serve import forward
 
     monkeypatch.setattr(forward, "OPEN_TIMEOUT", 2.0)

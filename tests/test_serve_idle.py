@@ -15,7 +15,7 @@ from tests.conftest import wait_for
 from tests.test_idle_delete import (BOUND, cell_done, cloud, host0_dir, kernel_process, kill,  # noqa: F401
                                     launch_line, node_names, tpu_emulator_options)
 from tpunb import manager
-from tpunb.engine.bundle import SERVICE_CONTROL, service_parts, service_source
+from tpunb.transport.bundle import SERVICE_CONTROL, service_parts, service_source
 from tpunb.host.standalone import idle
 
 

@@ -13,7 +13,7 @@ from tests.test_serve import free_port, http_server, no_service_left  # noqa: F4
 from tests.test_serve_forward import ssh_children
 from tpunb import report, manager
 from tpunb.serve import openssh
-from tpunb.transport import procs
+from tpunb.machine import procs
 
 pytestmark = pytest.mark.ends_services
 

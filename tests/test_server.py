@@ -19,7 +19,7 @@ from pytest_jupyter.jupyter_server import jp_server_cleanup  # noqa: F401
 from tests.conftest import wait_for
 from tpunb import manager
 from tpunb.registry import Registry
-from tpunb.transport import procs
+from tpunb.machine import procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

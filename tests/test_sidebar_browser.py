@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import tpunb
-from tpunb.transport import procs
+from tpunb.machine import procs
 from tpunb import manager
 from tpunb.errors import NoSliceError
 from tpunb.registry import Registry

@@ -15,11 +15,12 @@ import pytest
 
 from tpunb import manager
 from tpunb.engine import connection
-from tpunb.engine.bundle import fork_client_source
+from tpunb.transport.bundle import fork_client_source
 from tpunb.engine.connection import describe_exit
 from tpunb.host import forkserver
 from tpunb.host.standalone import forkclient
-from tpunb.transport import procs, ssh_forks
+from tpunb.machine import procs
+from tpunb.transport import ssh_forks
 from tests.conftest import wait_for
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.fresh_slice]
@@ -130,7 +131,7 @@ def _name_for(digest: str) -> str:
 def test_a_server_with_no_agent_ends_after_its_idle_time(monkeypatch):
     digest = "idle-" + os.urandom(4).hex()
     monkeypatch.setenv(forkserver.IDLE_ENV, "3")
-    from tpunb.engine.bundle import SSH_FORK_SERVER, agent_bundle
+    from tpunb.transport.bundle import SSH_FORK_SERVER, agent_bundle
 
     started = subprocess.run([sys.executable, "-c", SSH_FORK_SERVER, "0", digest], input=agent_bundle(),
                              capture_output=True, timeout=60)

@@ -16,7 +16,7 @@ from pathlib import Path
 from tpunb.stuck.frames import parse_faulthandler
 from tpunb.stuck.stacks import HostStacks, Stacks, from_reply
 from tpunb.host import stacks as host_stacks
-from tpunb.engine.bundle import STACKS_READER, stacks_source
+from tpunb.transport.bundle import STACKS_READER, stacks_source
 from tests.conftest import wait_for, wait_for_files
 
 ROOT = Path(__file__).resolve().parent.parent

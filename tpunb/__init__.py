@@ -5,17 +5,25 @@
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 from tpunb.doctor import doctor
 from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
-from tpunb.serve.bench import bench_serving
+from tpunb.serve import bench
 from tpunb.slice import Slice
 from tpunb.manager import connect, current, down, last_profile, last_result, last_run, launch, secret, status, use
 
 __version__ = "0.1.0"
+
+
+@functools.wraps(bench.bench_serving)
+def bench_serving(target: str, *args, **options) -> bench.BenchResult:
+    options.setdefault("current", current)  # a service TARGET is found on the current (or named) slice
+    return bench.bench_serving(target, *args, **options)
+
 __all__ = ["launch", "connect", "use", "current", "down", "status", "secret", "last_result", "last_run", "last_profile", "log",
            "plan", "doctor", "bench_serving", "Slice", "TpunbError"]
 
@@ -30,17 +38,9 @@ def log(step: int | None = None, **scalars: float) -> None:
 
 
 def load_ipython_extension(ipython) -> None:
-    from tpunb.stuck.magics import HangMagics
-    from tpunb.magics import TpuMagics
-    from tpunb.plan.magics import PlanMagics
-    from tpunb.serve.magics import BenchMagics
-    from tpunb.snapshot.magics import SnapshotMagics
+    from tpunb import magics
 
-    ipython.register_magics(TpuMagics)
-    ipython.register_magics(PlanMagics)
-    ipython.register_magics(SnapshotMagics)
-    ipython.register_magics(HangMagics)
-    ipython.register_magics(BenchMagics)
+    magics.register(ipython)
     warm.start()  # what a launch imports, on a side thread where Ctrl-C cannot cut it
 
 

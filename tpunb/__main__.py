@@ -1,4 +1,4 @@
-"""``python -m tpunb ...``: tpunb from a terminal, beside a busy notebook (see tpunb.stuck.cli)."""
-from tpunb.stuck.cli import main
+"""``python -m tpunb ...``: tpunb from a terminal, beside a busy notebook (see tpunb.doctor.cli)."""
+from tpunb.doctor.cli import main
 
 raise SystemExit(main())

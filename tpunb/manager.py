@@ -28,7 +28,7 @@ from tpunb.secrets import hub_token, policy
 from tpunb.secrets.store import Secrets
 from tpunb.slice import Slice
 from tpunb.status import HostRow, ServiceRow, versions_frame
-from tpunb.status.view import StatusView
+from tpunb.overview import StatusView
 from tpunb.transport.forkserver import LocalForks
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from tpunb.transport import procs
+from tpunb.machine import procs
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS slices (
@@ -244,7 +244,7 @@ class Registry:
 
     def idle_mark(self, name: str) -> IdleMark | None:
         """The slice's last idle mark (None: no idle autodelete, or never marked); the countdown
-        from it is the status view's idle rule (``tpunb.status.view.idle_delete_in``)."""
+        from it is the status view's idle rule (``tpunb.overview.idle_delete_in``)."""
         path = self._idle_path(name)
         try:
             mark = json.loads(path.read_text())

@@ -16,7 +16,7 @@ from tpunb.display import (CellOutput, HostLogs, LogOnly, MODES, OutputSink, ker
                            kernel_colors)
 from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
 from tpunb.engine.background import BackgroundCells, busy_error, refuse_if_busy
-from tpunb.stuck.held import Cell
+from tpunb.engine.cell import Cell
 from tpunb.stuck.laggards import Laggards
 from tpunb.engine.standby import Standbys
 from tpunb.display.hosts import Layout
@@ -28,7 +28,7 @@ from tpunb.results import RunResult
 from tpunb.serve import seen
 from tpunb.serve.services import ServiceState, Serving
 from tpunb.engine.masking import Masker
-from tpunb.session import Session
+from tpunb.engine.session import Session
 from tpunb.status.idle_clock import IdleClock
 from tpunb.transport.base import Transport
 from tpunb.transport.forkserver import LocalForks

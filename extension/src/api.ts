@@ -86,7 +86,7 @@ export interface ISnapshot {
   uri: string;
 }
 
-/** GET /tpunb/api/slices: the status view as JSON (tpunb.status.view.StatusView.to_json). */
+/** GET /tpunb/api/slices: the status view as JSON (tpunb.overview.StatusView.to_json). */
 export interface ISlices {
   slices: ISlice[];
   orphans: ISlice[];

@@ -10,7 +10,7 @@ from tpunb.errors import TransportError
 
 if TYPE_CHECKING:
     from tpunb.display.hosts import Layout
-    from tpunb.session import Session
+    from tpunb.engine.session import Session
 
 
 class Hosts(Protocol):

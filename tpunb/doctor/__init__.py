@@ -1,6 +1,6 @@
 """%tpu_doctor: what stands between this notebook and a working slice, one row per check.
 
-Each check is a small function registered with ``@check(CHECKS, "label")`` (tpunb.doctor.base),
+Each check is a small function registered with ``@check(CHECKS, "label")`` (tpunb.provision.checks),
 in the order the table shows: the slice's backend's own checks first (the cloud's credentials,
 project, API and quota: ``provision.doctor_checks``), then the modules imported below. It takes
 the ``Context`` (project, zone, accelerator, the slice if one is attached) and returns
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpunb.doctor import hosts, jax_ready  # noqa: F401 - importing them registers their checks, in this order
-from tpunb.doctor.base import CHECKS, FAILED, Check, Context, Row
+from tpunb.provision.checks import CHECKS, FAILED, Check, Context, Row
 
 
 class Report(list):

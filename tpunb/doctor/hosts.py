@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import time
 
-from tpunb.doctor.base import CHECKS, FAILED, OK, WARNING, Context, check
+from tpunb.provision.checks import CHECKS, FAILED, OK, WARNING, Context, check
 from tpunb.units import format_bytes
 
 #: one expression, so nothing is left in the hosts' namespaces

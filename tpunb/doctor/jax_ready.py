@@ -4,7 +4,7 @@ once, on a side thread of its agent, so this works while a cell runs)."""
 from __future__ import annotations
 
 from tpunb import diagnose
-from tpunb.doctor.base import CHECKS, FAILED, OK, WARNING, Context, check
+from tpunb.provision.checks import CHECKS, FAILED, OK, WARNING, Context, check
 
 
 def host_checks(ctx: Context) -> list[diagnose.HostCheck]:

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpunb.transport import procs
+from tpunb.machine import procs
 
 MARKER = "tpunb-emulator:"
 KEY_TYPES = ("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-")

@@ -46,7 +46,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from tpunb.emulator.image import Image
-from tpunb.transport import procs
+from tpunb.machine import procs
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 NSS_WRAPPER = "libnss_wrapper.so"

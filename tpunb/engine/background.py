@@ -28,8 +28,8 @@ from tpunb.errors import CellInterrupted, TpunbError, UsageError
 if TYPE_CHECKING:
     from tpunb.engine.request import Request
     from tpunb.results import RunResult
-    from tpunb.session import Session
-    from tpunb.stuck.held import Cell, HeldSlice
+    from tpunb.engine.session import Session
+    from tpunb.engine.cell import Cell, HeldSlice
 
 
 class Run(concurrent.futures.Future):

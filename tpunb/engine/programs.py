@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tpunb.engine.fanout import WAKE, GroupResult, fan_out
+from tpunb.transport.fanout import WAKE, GroupResult, fan_out
 from tpunb.errors import TransportError
 from tpunb.transport.base import AgentProcess, Transport
 

@@ -14,7 +14,7 @@ from tpunb.host.fetch import Entry
 from tpunb.host.jaxcache import INCOMING
 
 if TYPE_CHECKING:
-    from tpunb.session import Session
+    from tpunb.engine.session import Session
 
 #: seconds the hosts get to list their caches, and host 0 to stage (hash) its new entries
 TIMEOUT = 600.0

@@ -34,7 +34,7 @@ from tpunb.secrets import urls
 from tpunb.units import format_bytes
 
 if TYPE_CHECKING:
-    from tpunb.session import Session
+    from tpunb.engine.session import Session
 
 CANCEL = {"op": "fetch_cancel"}
 #: seconds hosts get to say where PATH is and what it holds (hashing files already there)

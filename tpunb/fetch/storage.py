@@ -13,16 +13,27 @@ from tpunb.errors import UsageError
 from tpunb.fetch.source import Manifest, Source, pick
 from tpunb.host import gcs
 from tpunb.host.fetch import Entry
+from tpunb.machine.cache import cached
 
 #: how a gs:// entry is authorised: the host's own account, else the kernel's token for the file
 AUTH = "gcs"
 
 
+def storage_token() -> str:
+    """An access token for Cloud Storage from google-auth's default credentials, refreshed when stale."""
+    import google.auth
+    import google.auth.transport.requests
+
+    credentials = cached("storage credentials", lambda: google.auth.default(
+        scopes=["https://www.googleapis.com/auth/devstorage.read_write"])[0])
+    if not credentials.valid:
+        credentials.refresh(google.auth.transport.requests.Request())
+    return credentials.token
+
+
 def kernel_token() -> str:
     """A token of the kernel's own credentials (google-auth's default, refreshed when stale), for
     a host whose VM account the bucket refused; UsageError when the kernel has none."""
-    from tpunb.snapshot.store import storage_token
-
     try:
         return storage_token()
     except Exception as exc:  # google-auth's errors: no default credentials, a refresh refused

@@ -4,7 +4,7 @@ with the Python and packages the kernel asks for, on a fresh TPU VM image that h
 Google's TPU VM images are Ubuntu 22.04 with Python 3.10 and no framework (cloud.google.com/tpu/
 docs/runtimes: pick the image, "then install the framework"). So on a cloud slice the agent's
 start goes through here first: the kernel spawns the host's bare ``python3`` with ``LAUNCHER``
-(tpunb/engine/bundle.py), which reads the spec and the agent bundle, calls ``launch``, and that
+(tpunb/transport/bundle.py), which reads the spec and the agent bundle, calls ``launch``, and that
 execs the environment's Python with the agent. A host whose environment is already right (a
 reconnect, a kernel restart, a kept disk) costs one file read here, no round trip.
 

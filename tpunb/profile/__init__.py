@@ -23,7 +23,7 @@ from tpunb.profile import summary as tables
 from tpunb.registry import tpunb_home
 
 if TYPE_CHECKING:
-    from tpunb.session import Session
+    from tpunb.engine.session import Session
 
 #: a recording started with %tpu_profile start and never stopped ends by itself after this long
 DEFAULT_LIMIT_S = 600.0

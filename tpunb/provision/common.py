@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from tpunb.transport import procs
+from tpunb.machine import procs
 from tpunb.registry import SliceRecord, process_start
 
 #: CPU collectives (gloo) print a line per communicator from C++ threads, unconditionally and

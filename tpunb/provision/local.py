@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from tpunb import catalog, colab, report
 from tpunb.catalog import Accelerator
 from tpunb.errors import OwnedElsewhere, TpunbError, UsageError
-from tpunb.transport import procs
+from tpunb.machine import procs
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, owner_running
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord, tpunb_home

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from tpunb import diagnose, report
 from tpunb.catalog import Accelerator
 from tpunb.errors import AuthenticationError, HostKeyError, ProvisionError, TpunbError, TransportError, UsageError
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.fanout import fan_out
 from tpunb.provision import hostenv, interrupts
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_running

@@ -12,7 +12,7 @@ import importlib
 import os
 import threading
 
-from tpunb.engine.fanout import WAKE
+from tpunb.transport.fanout import WAKE
 
 #: in the order a launch needs them: the launch widget (every backend), paramiko and what it pulls
 #: in (invoke, yaml), the Cloud TPU client over REST (requests, urllib3, google-auth)

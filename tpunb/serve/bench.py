@@ -25,12 +25,12 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from tpunb import manager, report
+from tpunb import report
 from tpunb.engine import programs
-from tpunb.engine.bundle import HOST
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.bundle import HOST
+from tpunb.transport.fanout import fan_out
 from tpunb.errors import CellInterrupted, ServiceError, TransportError, UsageError
 from tpunb.host.standalone import bench_client
 from tpunb.serve import control
@@ -69,12 +69,13 @@ def bench_serving(target: str, model: str | None = None, requests: int = 100,
                   host: int | str | None = None, timeout: float = 300.0, ignore_eos: bool = True,
                   slice_name: str | None = None, seed: int = 0, prefix_len: int = 0, num_warmups: int = 0,
                   burstiness: float = 1.0, goodput: str | list | None = None, temperature: float | None = None,
-                  dataset: str | None = None) -> BenchResult:
+                  dataset: str | None = None, current: Callable[[str | None], Any] | None = None) -> BenchResult:
     """Stream ``requests`` completions per level (``concurrency`` "1,16,64" is a sweep; with
     ``request_rate`` and no ``concurrency``, one level without a cap) from ``target``, and measure
     TTFT, TPOT, ITL and end-to-end latency as vllm does; ``save`` writes vllm's files. Each request
     ends within ``timeout`` seconds; Ctrl-C stops the run. ``OPENAI_API_KEY``, when set, is sent as
-    the bearer token (as vllm's client does), never shown."""
+    the bearer token (as vllm's client does), never shown. ``current`` finds the slice a service
+    TARGET runs on (``tpunb.current``, which ``tpunb.bench_serving`` passes)."""
     levels = concurrency_levels(concurrency if concurrency is not None else (None if request_rate else 1))
     _check(requests=requests, input_len=input_len, **({"output_len": output_len} if output_len is not None else {}))
     _check_from_zero(prefix_len=prefix_len, num_warmups=num_warmups, seed=seed)
@@ -93,7 +94,7 @@ def bench_serving(target: str, model: str | None = None, requests: int = 100,
     pairs = prompts.read_sharegpt(dataset) if dataset else None
     key = os.environ.get("OPENAI_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    where = resolve(target, host, on_host, slice_name)
+    where = resolve(target, host, on_host, slice_name, current)
     on_host = where.host is not None if on_host is None else on_host
     try:
         model = model or served_model(where.url, headers)
@@ -183,7 +184,8 @@ def _check_from_zero(**numbers: int) -> None:
 
 
 # -- the target -------------------------------------------------------------------------------------
-def resolve(target: str, host, on_host: bool | None, slice_name: str | None) -> Target:
+def resolve(target: str, host, on_host: bool | None, slice_name: str | None,
+            current: Callable[[str | None], Any] | None = None) -> Target:
     """The Target of ``target``; a service gets a forward (closed by ``Target.close``)."""
     text = str(target or "").strip()
     if re.match(r"https?://", text):
@@ -194,7 +196,7 @@ def resolve(target: str, host, on_host: bool | None, slice_name: str | None) -> 
     elif (host_port := HOST_PORT.fullmatch(text)) and int(host_port.group(2)) < 65536:
         where = Target(text, f"http://{text}/")
     elif NAME.fullmatch(text):
-        return _service(text, host, slice_name)
+        return _service(text, host, slice_name, current)
     else:
         raise UsageError(f"TARGET {text!r} is not {TARGETS}")
     if on_host or host is not None:
@@ -203,8 +205,11 @@ def resolve(target: str, host, on_host: bool | None, slice_name: str | None) -> 
     return where
 
 
-def _service(name: str, host, slice_name: str | None) -> Target:
-    sl = manager.current(slice_name)
+def _service(name: str, host, slice_name: str | None, current: Callable[[str | None], Any] | None) -> Target:
+    if current is None:
+        raise UsageError(f"TARGET {name!r} names a service, and services run on a slice: call tpunb.bench_serving "
+                         f"(it finds the slice), or give a URL or HOST:PORT")
+    sl = current(slice_name)
     listed = sl.services()
     states = [s for s in listed if s.name == name]
     if not states:

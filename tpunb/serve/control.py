@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tpunb.engine import programs
-from tpunb.engine.fanout import FanOutTimeout
-from tpunb.engine.bundle import SERVICE_CONTROL, service_parts, service_source
+from tpunb.transport.fanout import FanOutTimeout
+from tpunb.transport.bundle import SERVICE_CONTROL, service_parts, service_source
 from tpunb.errors import TransportError
 from tpunb.registry import tpunb_home
 from tpunb.transport.base import Transport

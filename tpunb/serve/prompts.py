@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from tpunb import report
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.fanout import fan_out
 from tpunb.errors import UsageError
 from tpunb.serve.tokenizer import Tokenizer
 

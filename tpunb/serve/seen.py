@@ -1,5 +1,5 @@
 """What is known of a slice's services and forwards, also in processes that do not hold the slice
-(the Jupyter server, another kernel): the status view (``tpunb.status.view``) makes their rows.
+(the Jupyter server, another kernel): the status view (``tpunb.overview``) makes their rows.
 
 Forwards live in the kernel that made them: it records them in a file per slice and kernel
 (``$TPUNB_HOME/forwards/<slice>/<pid>.json``), which readers skip once that kernel is gone.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tpunb.registry import tpunb_home
 from tpunb.status import ServiceRow
-from tpunb.transport.procs import alive
+from tpunb.machine.procs import alive
 
 
 @dataclasses.dataclass

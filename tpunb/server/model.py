@@ -18,14 +18,14 @@ from tpunb import catalog as _catalog, provision, report, manager
 from tpunb.errors import NoSliceError, OwnedElsewhere  # noqa: F401 - handlers map it to 409
 from tpunb.provision.common import owner_alive
 from tpunb.registry import Registry
-from tpunb.status.view import StatusView
+from tpunb.overview import StatusView
 
 
 # -- listing ---------------------------------------------------------------------------------
 
 def list_slices() -> dict[str, Any]:
     """Every slice the registry knows, newest last, plus tpunb nodes it does not (orphans): the
-    status view (``tpunb.status.view``) as JSON, the same model %tpu_status renders."""
+    status view (``tpunb.overview``) as JSON, the same model %tpu_status renders."""
     return StatusView.build(Registry()).to_json()
 
 
@@ -54,7 +54,7 @@ def delete_slice(name: str) -> dict[str, Any]:
 def stacks(name: str, hosts: str | None = None, native: bool = False) -> dict[str, Any]:
     """Every chosen host's stacks, grouped as %tpu_stacks prints them, and per host where its main
     thread is; read from this server through the registry while the owning kernel may be busy."""
-    from tpunb.stuck.outside import recorded_stacks
+    from tpunb.doctor.outside import recorded_stacks
 
     reg = Registry()
     record = reg.get_slice(name)

@@ -14,7 +14,7 @@ from typing import Any
 from tpunb.errors import UsageError
 from tpunb.host import gcs
 from tpunb.host.snapshot import MANIFEST
-from tpunb.provision.cache import cached
+from tpunb.fetch.storage import storage_token
 from tpunb.registry import tpunb_home
 
 #: the folder under a bucket that holds snapshots made without --to
@@ -103,18 +103,6 @@ def new_uri(cloud: bool, slice_name: str, to: str | None, reason: str = "") -> s
 
 
 # -- reading snapshots ----------------------------------------------------------------------------
-def storage_token() -> str:
-    """An access token for Cloud Storage from google-auth's default credentials, refreshed when stale."""
-    import google.auth
-    import google.auth.transport.requests
-
-    credentials = cached("storage credentials", lambda: google.auth.default(
-        scopes=["https://www.googleapis.com/auth/devstorage.read_write"])[0])
-    if not credentials.valid:
-        credentials.refresh(google.auth.transport.requests.Request())
-    return credentials.token
-
-
 def _bucket(name: str) -> gcs.Bucket:
     return gcs.Bucket(name, token=None if gcs.endpoint() != gcs.API else storage_token)
 

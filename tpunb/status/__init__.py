@@ -2,7 +2,7 @@
 services, forwards and snapshots, a backend's word on a recorded slice; and the DataFrame
 %tpu_status shows.
 
-Nothing here fetches anything: ``status.view`` builds the one status model per slice from the
+Nothing here fetches anything: ``tpunb.overview`` builds the one status model per slice from the
 slices, the registry and the backends, and renders it as these rows or as the sidebar's JSON.
 """
 from __future__ import annotations

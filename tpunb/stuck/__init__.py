@@ -1,7 +1,7 @@
 """When a run hangs: where every host is (``stacks``), and the way back (``restart``).
 
 ``slice_stacks`` reads an attached slice's hosts (the kernel that owns it, even while a cell
-runs); ``tpunb.stuck.outside.recorded_stacks`` reads them from what the registry says (any
+runs); ``tpunb.doctor.outside.recorded_stacks`` reads them from what the registry says (any
 other process: a terminal's ``python -m tpunb stacks NAME``, the sidebar's server). Both return
 a ``Stacks``.
 """
@@ -14,7 +14,7 @@ from tpunb.stuck.read import Target, read_hosts
 from tpunb.stuck.stacks import HostStacks, Stacks, from_reply
 
 if TYPE_CHECKING:
-    from tpunb.stuck.held import HeldSlice
+    from tpunb.engine.cell import HeldSlice
 
 __all__ = ["HostStacks", "Stacks", "show_stuck", "slice_stacks", "with_where"]
 

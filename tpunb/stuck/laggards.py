@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tpunb.engine.request import Request
-    from tpunb.stuck.held import HeldSlice
+    from tpunb.engine.cell import HeldSlice
 
 #: a laggard is a host still running this long after the cell started...
 AT_LEAST = 10.0

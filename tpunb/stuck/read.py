@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpunb.engine import programs
-from tpunb.engine.fanout import FanOutTimeout
+from tpunb.transport.fanout import FanOutTimeout
 from tpunb.errors import TransportError
 from tpunb.host import stacks as host_stacks
-from tpunb.engine.bundle import STACKS_READER, stacks_source
+from tpunb.transport.bundle import STACKS_READER, stacks_source
 from tpunb.transport.base import Transport
 
 #: seconds a remote reader may take beyond the dump itself (its SSH channel, a login shell, Python)

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tpunb.errors import TransportError
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.fanout import fan_out
 from tpunb.results import RESTARTED
 
 if TYPE_CHECKING:
-    from tpunb.stuck.held import HeldSlice
+    from tpunb.engine.cell import HeldSlice
 
 #: seconds an agent gets to exit by itself before it is killed
 EXIT_GRACE = 1.0

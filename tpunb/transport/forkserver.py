@@ -24,9 +24,9 @@ import sys
 import threading
 import weakref
 
-from tpunb.engine.bundle import FORK_SERVER, agent_bundle
+from tpunb.transport.bundle import FORK_SERVER, agent_bundle
 from tpunb.host.forkserver import startup_environment, supported
-from tpunb.transport import procs
+from tpunb.machine import procs
 
 #: seconds a spawn waits for the server's answer (its first one waits for IPython's import too)
 ANSWER_SECONDS = 60.0

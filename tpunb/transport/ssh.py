@@ -28,7 +28,7 @@ from paramiko.channel import Channel
 from paramiko.common import MSG_CHANNEL_REQUEST, cMSG_CHANNEL_REQUEST
 
 from tpunb.errors import AuthenticationError, HostKeyError, TransportError, UsageError
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.fanout import fan_out
 from tpunb.transport.keys import default_key, load_private_key
 from tpunb.registry import Registry
 from tpunb.transport import ssh_forks

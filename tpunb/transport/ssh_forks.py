@@ -19,7 +19,7 @@ import os
 import shlex
 from typing import Any
 
-from tpunb.engine.bundle import SSH_FORK_SERVER, agent_bundle, fork_client_source
+from tpunb.transport.bundle import SSH_FORK_SERVER, agent_bundle, fork_client_source
 from tpunb.errors import TransportError
 
 #: seconds a server's start may take to say it listens (it imports IPython first), and a client

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpunb.errors import SyncError, TransportError
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.fanout import fan_out
 from tpunb.transport.sftp import CREATE, TRUNCATE, WRITE_FLAG, PipelinedSFTP, attrs
 from tpunb.transport.ssh import SSHTransport
 from tpunb.units import format_bytes

@@ -18,7 +18,7 @@ import time
 
 from tpunb import catalog, diagnose, report
 from tpunb.errors import AuthenticationError, CellInterrupted, HostSetupError, ProvisionError, TpunbError, UsageError
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.fanout import fan_out
 from tpunb.provision import ssh
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import owner_alive

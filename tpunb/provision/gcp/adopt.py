@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.fanout import fan_out
 from tpunb.provision import ssh
 from tpunb.provision.gcp import api, logins
 from tpunb.provision.gcp import errors as gcp_errors

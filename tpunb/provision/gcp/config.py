@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpunb.errors import ProvisionError, UsageError
-from tpunb.provision.cache import cached  # noqa: F401 (imported from here by gcp/)
+from tpunb.machine.cache import cached  # noqa: F401 (imported from here by gcp/)
 from tpunb.units import format_duration, parse_duration  # noqa: F401 (imported from here by gcp/)
 
 

@@ -3,7 +3,7 @@ This backend offers them (its "doctor" capability); tpunb.doctor runs them befor
 from __future__ import annotations
 
 from tpunb import catalog
-from tpunb.doctor.base import FAILED, OK, WARNING, Check, Context, check
+from tpunb.provision.checks import FAILED, OK, WARNING, Check, Context, check
 from tpunb.errors import ProvisionError, UnknownAcceleratorError
 
 #: this backend's checks, in the order the table shows them

@@ -183,7 +183,7 @@ class CloudNode(WatchedNode):
         node whose boot did not arm it gets it now."""
         if index != 0 or not self.idle_seconds:
             return {}
-        from tpunb.engine.bundle import idle_script
+        from tpunb.transport.bundle import idle_script
 
         config = api.idle_config(self.project, self.zone, self.name, self.idle_seconds, self.queued)
         return {"idle": {**config, "source": idle_script()}}

@@ -88,7 +88,7 @@ def idle_config(project: str, zone: str, name: str, seconds: float, queued: bool
 def idle_metadata(spec: NodeSpec) -> dict[str, str]:
     """Node metadata that arms the watchdog at boot on worker 0, before any kernel attaches, and
     lets every worker tell it that a service runs there (guest attributes)."""
-    from tpunb.engine.bundle import idle_script
+    from tpunb.transport.bundle import idle_script
 
     config = idle_config(spec.project, spec.zone, spec.name, spec.idle_delete, spec.queued)
     config["grace"] = spec.connect_wait  # at boot, the launching kernel has this long to attach

@@ -348,7 +348,7 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
 def worker_order(transports: list["Transport"]) -> list[int]:
     """The transports' positions sorted by the worker id each VM's metadata gives (a single VM is
     worker 0: no round trip to ask it)."""
-    from tpunb.engine.bundle import worker_source
+    from tpunb.transport.bundle import worker_source
 
     if len(transports) == 1:
         return [0]

@@ -93,7 +93,7 @@ def labels(spec: VmSpec) -> dict[str, str]:
 def metadata(spec: VmSpec) -> Any:
     from google.cloud import compute_v1
 
-    from tpunb.engine.bundle import idle_script
+    from tpunb.transport.bundle import idle_script
 
     # guest attributes: the VMs' host keys (hostkeys/), the other workers' services for the watchdog
     items = {"enable-guest-attributes": "TRUE"}

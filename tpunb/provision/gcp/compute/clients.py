@@ -13,7 +13,7 @@ from typing import Any
 
 from tpunb.errors import ProvisionError
 from tpunb.provision import warm
-from tpunb.provision.cache import cached
+from tpunb.machine.cache import cached
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp.common import google_message
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, TpunbError
-from tpunb.engine.fanout import fan_out
+from tpunb.transport.fanout import fan_out
 from tpunb.provision.gcp import api
 from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.common import LAUNCH_LABEL, MARKER, read_marker

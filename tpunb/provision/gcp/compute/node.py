@@ -125,7 +125,7 @@ class ComputeNode(WatchedNode):
         """Host 0 arms the idle watchdog when it starts (an attaching kernel is activity)."""
         if index != 0 or not self.idle_seconds:
             return {}
-        from tpunb.engine.bundle import idle_script
+        from tpunb.transport.bundle import idle_script
         from tpunb.provision.gcp.compute.bodies import idle_config
 
         config = idle_config(self.project, self.zone, self.name, self.idle_seconds, self.multi_host,

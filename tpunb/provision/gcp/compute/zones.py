@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
-from tpunb.provision.cache import cached
+from tpunb.machine.cache import cached
 from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.config import user_region
 from tpunb.provision.gcp.failover import ANY, Candidate, Outcome

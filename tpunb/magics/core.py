@@ -1,54 +1,20 @@
-"""IPython magics: parse the arguments, make one call into the Python API, render the answer."""
+"""The slice magics (%tpu_launch, %%on_tpu, %tpu_push ...): parse the arguments, make one call into
+the Python API, render the answer."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 
-from IPython.core.error import UsageError as IPythonUsageError
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from tpunb import provision, report, manager
 from tpunb.display import MODES, render_values
 from tpunb.errors import CellInterrupted, UsageError
+from tpunb.magics.args import cloud_arguments, one_line_interrupt, parse_line, usage_of
 from tpunb.secrets import policy
 from tpunb.serve import seen
 from tpunb.snapshot import preempt
-
-
-def parse_line(magic, line: str):
-    """magic_arguments parsing whose errors are one line plus the magic's usage."""
-    try:
-        return parse_argstring(magic, line)
-    except (IPythonUsageError, SystemExit, ValueError) as exc:
-        raise UsageError(f"{exc}. Usage: {usage_of(magic)}") from None
-
-
-@contextlib.contextmanager
-def one_line_interrupt():
-    """A Ctrl-C that lands in tpunb's own code (starting hosts, rendering output) ends the cell with
-    one line, never a traceback of our internals."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        raise CellInterrupted("interrupted") from None
-
-
-def cloud_arguments(magic):
-    """One --flag per launch option a backend offers, so the options are listed once, in its dataclass."""
-    for option in reversed(provision.launch_flags()):
-        flag = "--" + option.name.replace("_", "-")
-        if option.type in (bool, "bool"):
-            magic = argument(flag, action="store_true", help=option.metadata["help"])(magic)
-        else:
-            kind = float if str(option.type) in ("float", "float | None") else None  # durations parse later
-            magic = argument(flag, type=kind, help=option.metadata["help"])(magic)
-    return magic
-
-
-def usage_of(magic) -> str:
-    usage = " ".join(magic.parser.format_usage().replace("::", "").split())
-    return "%" + usage if getattr(magic, "__name__", "") == "on_tpu" else usage
 
 
 @magics_class

@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tpunb import manager, report
-from tpunb.magics import one_line_interrupt, parse_line
+from tpunb.magics.args import one_line_interrupt, parse_line
 
 
 @magics_class
@@ -29,7 +29,7 @@ class HangMagics(Magics):
         args = parse_line(self.tpu_stacks, line)
         with one_line_interrupt():
             if args.slice_name and manager.attached(args.slice_name) is None:
-                from tpunb.stuck.cli import stacks_text
+                from tpunb.doctor.cli import stacks_text
 
                 report.info(stacks_text(args.slice_name, args.hosts, args.native))
                 return

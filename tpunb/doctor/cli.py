@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def stacks_text(name: str | None, hosts: str | None, native: bool) -> str:
     from tpunb.errors import NoSliceError
-    from tpunb.stuck.outside import recorded_stacks
+    from tpunb.doctor.outside import recorded_stacks
     from tpunb.registry import Registry
 
     registry = Registry()

@@ -1,5 +1,6 @@
-"""What tpunb.stuck asks of a slice this kernel holds: a ``Slice`` satisfies it, and it never
-imports Slice (Slice imports it for its stacks and restarts)."""
+"""A cell held for a slice: its request and where its output goes (``Cell``), beside the request
+itself; and what tpunb.stuck asks of a slice this kernel holds (``HeldSlice``: a ``Slice``
+satisfies it, and it never imports Slice, which imports it for its stacks and restarts)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ if TYPE_CHECKING:
     from tpunb.display.hosts import Layout
     from tpunb.engine.standby import Standbys
     from tpunb.registry import SliceRecord
-    from tpunb.session import Session
+    from tpunb.engine.session import Session
 
 
 @dataclass

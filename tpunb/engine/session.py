@@ -31,7 +31,7 @@ from tpunb.engine.routes import Frame, Memfd, Parts
 from tpunb.engine.transfer import Incoming, pack, pack_small, shares_memory
 from tpunb.errors import CellInterrupted, HostDiedError, HostSetupError, RemoteError, TransportError
 from tpunb.engine.masking import Masker
-from tpunb.engine.fanout import FanOutTimeout, fan_out
+from tpunb.transport.fanout import FanOutTimeout, fan_out
 from tpunb.host.protocol import MAIN_THREAD_OPS
 from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail

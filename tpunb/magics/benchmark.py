@@ -5,8 +5,8 @@ from __future__ import annotations
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from tpunb import report
-from tpunb.magics import one_line_interrupt, parse_line
+from tpunb import manager, report
+from tpunb.magics.args import one_line_interrupt, parse_line
 
 
 @magics_class
@@ -61,7 +61,8 @@ class BenchMagics(Magics):
                                    timeout=args.timeout, ignore_eos=not args.no_ignore_eos,
                                    slice_name=args.slice_name, seed=args.seed, prefix_len=args.prefix_len,
                                    num_warmups=args.num_warmups, burstiness=args.burstiness, goodput=args.goodput,
-                                   temperature=args.temperature, dataset=args.dataset)
+                                   temperature=args.temperature, dataset=args.dataset,
+                                   current=manager.current)
         where = ("on its host (no network path in the figures)" if result.on_host else
                  f"from this kernel: round trip {_ms(result.rtt_ms)}, in every TTFT and E2EL")
         report.info(f"[tpunb] {result.model} at {result.target}, {where}" +

@@ -6,7 +6,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from tpunb import report, manager
 from tpunb.errors import UsageError
-from tpunb.magics import one_line_interrupt, parse_line, usage_of
+from tpunb.magics.args import one_line_interrupt, parse_line, usage_of
 from tpunb.snapshot.preempt import names_list
 
 
