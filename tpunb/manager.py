@@ -9,22 +9,21 @@ backends can do (recover a lost slice, delete an orphaned node) is asked of them
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import signal
 import time
 from typing import TYPE_CHECKING, Any
 
-from tpunb import catalog, colab, provision, report
+from tpunb import catalog, provision, report
 from tpunb.engine.background import interrupt_all
 from tpunb.engine.masking import Masker
 from tpunb.fetch import hub as fetch_hub
-from tpunb.errors import CellInterrupted, NoSliceError, TpunbError, UsageError
+from tpunb.errors import NoSliceError, TpunbError, UsageError
+from tpunb.notebook import env as env_values, launch_args, names, own_tpu, stop_button
+from tpunb.notebook.brought import brought_hosts
 from tpunb.provision import LaunchRequest, Made, interrupts, warm
+from tpunb.provision.starting import interrupt_says_one_line, start_slice, with_spec
 from tpunb.registry import Registry
 from tpunb.results import RunResult
-from tpunb.secrets import hub_token, policy
+from tpunb.secrets import hub_token
 from tpunb.secrets.store import Secrets
 from tpunb.slice import Slice
 from tpunb.status import HostRow, ServiceRow, versions_frame
@@ -38,10 +37,6 @@ if TYPE_CHECKING:
     from tpunb.profile import Profile
 
 BACKENDS = provision.LAUNCH_BACKENDS
-#: the Hugging Face Hub's token: launched slices (cloud and local) get it as a secret when it is set
-HF_TOKEN = hub_token.HF_TOKEN
-#: generations whose slices cannot be joined into a multislice (docs/cloud-facts.md)
-NO_MULTISLICE = ("v2", "v3")
 
 
 def registry() -> Registry:
@@ -49,82 +44,9 @@ def registry() -> Registry:
 
 
 def parse_env(pairs: list[str] | dict | None, secrets: list[str] | None = None) -> dict[str, str]:
-    """['KEY=VALUE', ...] -> dict, for settings that may be shown (never stored); a name that looks
-    secret is masked with a hint (``tpunb.secrets.policy``). ``secrets``: names whose values come
-    from this kernel (%tpu_secret, its environment, Colab's secrets or a prompt), masked."""
-    env = {}
-    if isinstance(pairs, dict):
-        env = {str(k): str(v) for k, v in pairs.items()}
-    for pair in [] if isinstance(pairs, dict) else pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.isidentifier():
-            raise UsageError(f"--env takes KEY=VALUE, got {key or pair!r}")
-        env[key] = value
-    policy.guard(env, MANAGER.masker)
-    env.update({name: MANAGER.named.get(name, MANAGER.masker, "--secret") for name in secrets or []})
-    return env
-
-
-def _unset_env_note(name: str, env_keys: list[str], values: dict[str, str], what: str) -> None:
-    missing = [k for k in env_keys if k not in values]
-    if missing:
-        report.warn(f"[tpunb] --env values are never stored, so {', '.join(missing)} are not set on the hosts "
-                    f"now: {what}")
-
-
-def _slice_count(slices: Any) -> int:
-    """--slices N: a whole number >= 1 (None: one slice)."""
-    if slices is None:
-        return 1
-    if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
-        raise UsageError(f"--slices takes a whole number of slices >= 1, e.g. --slices 2, not {slices!r}")
-    return slices
-
-
-@contextlib.contextmanager
-def _interrupt_says_one_line(name: str, reg: Registry):
-    """Ctrl-C during a launch that a backend did not turn into its own error (before its cloud
-    call, or while its hosts start): one line, and the launch's own record forgotten. Backends
-    delete what they created themselves (local and SSH hosts are closed, a cloud node deleted)."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        record = reg.get_slice(name)
-        if record is not None and record.owner_pid == os.getpid() and record.state == "creating":
-            reg.delete_slice(name)  # nothing exists for it yet: the cloud call had not started
-        raise CellInterrupted(f"launch of {name} interrupted: nothing is left running") from None
-
-
-def _name_own_tpu(sl: Slice) -> catalog.Accelerator:
-    """This machine's TPU as JAX on its chips names it (device kind and count), recorded."""
-    import ast
-
-    result = sl.run(colab.DEVICE_PROBE, output=None)
-    result.raise_for_status()
-    kind, devices = ast.literal_eval(result.reprs[0])
-    named = colab.accelerator_from_devices(kind, int(devices))
-    sl.record.accelerator, sl.accelerator = named.name, named
-    sl.run(f"import os\nos.environ['TPUNB_ACCELERATOR'] = {named.name!r}", output=None).raise_for_status()
-    sl.registry.save_slice(sl.record)
-    return named
-
-
-def _compile_cache(place: str | None) -> str | None:
-    """``--compile-cache``: a Cloud Storage place, gs://BUCKET/PATH, or a one-line UsageError."""
-    if place is None:
-        return None
-    if not re.fullmatch(r"gs://[a-z0-9][-_.a-z0-9]{1,220}[a-z0-9](/\S*)?", str(place)):
-        raise UsageError(f"--compile-cache {place}: give a Cloud Storage place, gs://BUCKET/PATH (each host "
-                         "already keeps a cache on its own disk; only one in Cloud Storage outlives the slice)")
-    return str(place).rstrip("/")
-
-
-def _with_cache(made: Made, cache: str | None) -> Made:
-    """The launch's shared compile cache, in its record's spec: every start of its hosts (the
-    launch, restarts, %tpu_use from another kernel, --recover) points JAX there."""
-    if cache:
-        made.record.spec["compile_cache"] = cache
-    return made
+    """['KEY=VALUE', ...] -> dict, for settings that may be shown (never stored); ``secrets``: names
+    whose values come from this kernel, masked (``tpunb.notebook.env``)."""
+    return env_values.parse_env(pairs, secrets, MANAGER.masker, MANAGER.named)
 
 
 class SliceManager:
@@ -152,26 +74,8 @@ class SliceManager:
         #: the fork server its local hosts' agents start from (tpunb.transport.forkserver)
         self.forks = LocalForks()
 
-    # -- names ------------------------------------------------------------------------------------
-    def _taken(self, name: str, reg: Registry) -> bool:
-        """In use: attached here, or recorded (a local slice whose kernel is gone may be reused)."""
-        record = reg.get_slice(name)
-        return name in self.attached or (record is not None and not provision.backend(record.backend).name_reusable(record))
-
     def _claim_name(self, name: str | None, base: str, reg: Registry) -> str:
-        """The name a new slice gets: the one asked for if free (else a one-line error), or base, base-2, ..."""
-        if name is None:
-            candidate, n = base, 1
-            while self._taken(candidate, reg):
-                n += 1
-                candidate = f"{base}-{n}"
-            return candidate
-        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name):
-            raise UsageError(f"slice name {name!r}: use lowercase letters, digits and '-', starting with a letter "
-                             "(as Cloud TPU node names)")
-        if self._taken(name, reg):
-            raise UsageError(f"a slice named {name!r} exists: attach with %tpu_use {name}, or %tpu_down {name} first")
-        return name
+        return names.claim(name, base, reg, self.attached)
 
     # -- making and attaching slices ----------------------------------------------------------------
     def connect(self, hosts: list[str] | str, user: str | None = None, key: str | None = None, port: int = 22,
@@ -192,47 +96,20 @@ class SliceManager:
         the hosts and their Python are yours.
         """
         warm.ready("ipywidgets", "tpunb.widgets.launch", "tpunb.transport.ssh")  # where Ctrl-C cannot cut them
-        from tpunb.transport.ssh import forget_host_key, parse_host
+        from tpunb.transport.ssh import forget_host_key
 
-        specs = [h.strip() for h in (hosts.split(",") if isinstance(hosts, str) else hosts) if h.strip()]
-        if not specs:
-            raise UsageError("give at least one host, e.g. %tpu_connect 10.0.0.2,10.0.0.3")
-        count = _slice_count(slices)
-        if len(specs) % count and not accelerator:
-            raise UsageError(f"--slices {count}: {len(specs)} hosts do not make {count} equal slices; "
-                             f"give {count} x (hosts per slice) hosts, slice by slice")
-        if accelerator:
-            accel = catalog.lookup(accelerator)
-            if accel.hosts * count != len(specs):
-                what = f"{count} x {accel.name} have {accel.hosts * count}" if count > 1 else f"{accel.name} has {accel.hosts}"
-                raise UsageError(f"{what} host{'s' if accel.hosts * count > 1 else ''}, but {len(specs)} were given")
-            accelerator = accel.name
-        places, addresses = [], []
-        for spec in specs:
-            spec_user, host, spec_port = parse_host(spec, user, port)
-            places.append((host, spec_port))
-            addresses.append(host if spec_port == 22 else f"{host}:{spec_port}")
-            if spec_user != (user or spec_user):
-                raise UsageError(f"{spec}: give the user once with --user, or as user@host on every host")
-            user = spec_user
+        brought = brought_hosts(hosts, user, port, slices, accelerator, python, coordinator_port)
         reg = registry()
         maker = provision.backend(provision.BRING_YOUR_OWN)
         name = self._claim_name(name, maker.default_name(None), reg)
         if accept_new_host_key:
-            for host, spec_port in places:
+            for host, spec_port in brought.places:
                 forget_host_key(host, spec_port, reg)
         values = parse_env(env, secrets)
-        if not isinstance(python, str):
-            python = ",".join(python)
-        if coordinator_port is not None and not 0 < int(coordinator_port) < 65536:
-            raise UsageError(f"--coordinator-port {coordinator_port}: give a TCP port, 1-65535 (8476 passes GCP's TPU firewall rule)")
-        opts = maker.options(hosts=addresses, user=user, key=str(key) if key else None, python=python, cwd=cwd,
-                             connect_timeout=connect_timeout, coordinator_port=coordinator_port, setup=setup,
-                             jax=jax, pip=pip, requirements=requirements)
-        request = LaunchRequest(name, catalog.lookup(accelerator) if accelerator else None, reg, values, opts, count)
-        with _interrupt_says_one_line(name, reg):
-            since = time.perf_counter()
-            return self.start(maker.create(request), reg, values, since)
+        opts = maker.options(hosts=brought.addresses, user=brought.user, key=str(key) if key else None,
+                             python=brought.python, cwd=cwd, connect_timeout=connect_timeout,
+                             coordinator_port=coordinator_port, setup=setup, jax=jax, pip=pip, requirements=requirements)
+        return self._make(maker, LaunchRequest(name, brought.accelerator, reg, values, opts, brought.count))
 
     def launch(self, accelerator: str | None = None, name: str | None = None, backend: str | None = None, env: Any = None,
                recover: str | None = None, slices: int | None = None, compile_cache: str | None = None,
@@ -249,72 +126,43 @@ class SliceManager:
         ``secrets``: names given to the hosts as secrets (``--secret``); ``hf_token=False`` keeps the
         kernel's HF_TOKEN from the hosts (by default it goes, as a secret, and the launch says so).
         """
-        cache = _compile_cache(compile_cache)
+        cache = launch_args.compile_cache(compile_cache)
         env = parse_env(env, secrets)
         with interrupts.latched():  # a Ctrl-C that Python drops (in a gc callback) still stops the launch
             return self._launch(accelerator, name, env, backend, slices, recover, options, cache, hf_token)
 
     def _launch(self, accelerator: str | None, name: str | None, env: Any, backend: str | None, slices: Any,
                 recover: str | None, options: dict, cache: str | None = None, hf_token: bool = True) -> Slice:
-        count = _slice_count(slices)
+        count = launch_args.slice_count(slices)
         if recover:
             if slices is not None:
                 raise UsageError("--recover relaunches the recorded number of slices: give no --slices with it")
             return self._recover(recover, env, cache)
         if not accelerator:
             raise UsageError("name an accelerator, e.g. v4-16, or --recover NAME")
-        if accelerator == colab.OWN_TPU:  # this machine's own TPU chips, e.g. a Colab TPU runtime
-            if count > 1:
-                raise UsageError(f"%tpu_launch {colab.OWN_TPU} is this machine's own TPU, one slice: give no --slices "
-                                 "(a simulated multislice: %tpu_launch v4-16 --slices 2 --backend local)")
-            return self._launch_own_tpu(name, env, backend, options, cache)
+        if accelerator == own_tpu.NAME:  # this machine's own TPU chips, e.g. a Colab TPU runtime
+            own_tpu.check(count, backend, options)
+            return self._launch_own_tpu(name, env, cache)
         accel = catalog.lookup(accelerator)
-        if count > 1 and accel.generation in NO_MULTISLICE:
-            raise UsageError(f"--slices {count}: {accel.generation} has no multislice (Cloud TPU joins slices over "
-                             f"the data-centre network from v4 on): launch one {accel.name}, or a v4, v5e, v5p or v6e "
-                             "type")
-        backend = backend or provision.default_backend(options.get("project"))
-        if backend not in BACKENDS:
-            raise UsageError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)} "
-                             "(hosts you bring: %tpu_connect HOST,HOST)")
-        maker = provision.backend(backend)
+        launch_args.check_multislice(accel, count)
+        maker = provision.launch_backend(backend or provision.default_backend(options.get("project")))
         opts = maker.options(**options)
         values = hub_token.with_token(dict(env), self.masker, hf_token)
         reg = registry()
         base = maker.default_name(accel) + (f"-x{count}" if count > 1 else "")
         name = self._claim_name(name, base, reg)
-        with _interrupt_says_one_line(name, reg):
-            warm.ready("ipywidgets", "tpunb.widgets.launch")  # imported on a side thread, where Ctrl-C cannot cut it
-            since = time.perf_counter()
-            made = _with_cache(maker.create(LaunchRequest(name, accel, reg, values, opts, count)), cache)
-            made.record.spec["hf_token"] = hf_token
-            sl = self.start(made, reg, values, since)
-        if hub_token.HF_TOKEN in values and hub_token.HF_TOKEN not in env and hub_token.HF_TOKEN not in self.secrets:
-            hub_token.say_given(sl.name)
+        sl = self._make(maker, LaunchRequest(name, accel, reg, values, opts, count), compile_cache=cache,
+                        hf_token=hf_token)
+        hub_token.say_if_added(sl.name, values, given=(env, self.secrets))
         return sl
 
-    def _launch_own_tpu(self, name: str | None, env: Any, backend: str | None, options: dict,
-                        cache: str | None) -> Slice:
+    def _launch_own_tpu(self, name: str | None, env: Any, cache: str | None) -> Slice:
         """``%tpu_launch local``: a one-host slice whose host process runs on this machine's own TPU."""
-        if backend not in (None, provision.THIS_MACHINE) or options:
-            raise UsageError(f"%tpu_launch {colab.OWN_TPU} runs on this machine's own TPU and takes only --name and "
-                             "--env; for Cloud TPU name an accelerator, e.g. %tpu_launch v5litepod-8 --backend gcp")
-        accel = colab.own_accelerator()
-        colab.check_tpu_free()
-        values = dict(env)
-        reg = registry()
-        name = self._claim_name(name, colab.OWN_TPU, reg)
-        maker = provision.backend(provision.THIS_MACHINE)
-        request = LaunchRequest(name, accel, reg, values, maker.options(own_tpu=True))
-        sl = self.start(_with_cache(maker.create(request), cache), reg, values)
-        if accel is None:  # JAX on the chips says what they are (it starts there now, as a first cell would)
-            try:
-                named = _name_own_tpu(sl)
-            except BaseException:
-                self.down(sl.name)
-                raise
-            report.info(f"this machine's TPU is a {named.name} ({named.chips} chip{'s' if named.chips > 1 else ''}, "
-                        "from jax.devices() on it)")
+        values, reg = dict(env), registry()
+        maker, request = own_tpu.request(self._claim_name(name, own_tpu.NAME, reg), values, reg)
+        sl = self._make(maker, request, compile_cache=cache)
+        if request.accelerator is None:
+            own_tpu.name_or_end(sl, self.down)
         return sl
 
     def _recover(self, name: str, env: Any, cache: str | None) -> Slice:
@@ -335,38 +183,24 @@ class SliceManager:
         cache = cache or record.spec.get("compile_cache")  # a shared cache outlives the lost node
         accel, opts, env_keys, count = maker.recover(record, reg)
         request = LaunchRequest(self._claim_name(name, name, reg), accel, reg, values, opts, count)
-        recovered = self.start(_with_cache(maker.create(request), cache), reg, values)
-        _unset_env_note(name, env_keys, values, "pass them again with --env when recovering")
+        recovered = self._make(maker, request, compile_cache=cache)
+        env_values.note_unset(env_keys, values, "pass them again with --env when recovering")
         return recovered
+
+    def _make(self, maker: Any, request: LaunchRequest, **spec: Any) -> Slice:
+        """The backend makes the slice, which then starts and is attached here; a Ctrl-C on the way is
+        one line (``provision.starting``). ``spec``: what the launch keeps in the record's spec."""
+        with interrupt_says_one_line(request.name, request.registry):
+            warm.ready("ipywidgets", "tpunb.widgets.launch")  # imported on a side thread, where Ctrl-C cannot cut it
+            since = time.perf_counter()
+            return self.start(with_spec(maker.create(request), **spec), request.registry, request.env, since)
 
     def start(self, made: Made, reg: Registry, values: dict[str, str], since: float | None = None,
                quiet: bool = False) -> Slice:
-        """Every slice starts the same way, whichever backend made it: a Slice of what it made, every
-        host's agent started, the backend's last checks, and only then recorded as running (owned by
-        this kernel, its hosts' pids published for other processes). A failure or Ctrl-C on the way
-        closes the hosts and lets the backend undo what it made (``Made.failed``). ``since``: when the
-        launch began (its ready line counts from then)."""
-        started = time.perf_counter() if since is None else since
-        record = made.record
+        """Start what a backend made (``provision.starting``: connected, checked, recorded as
+        running) and attach it here, as the current slice. ``since``: when the launch began."""
         values.update(self.secrets)  # the backend's host_init reads this same dict: hosts start with them
-        sl = Slice(record, made.transports, made.host_init, reg, coordinator_port=made.coordinator_port, node=made.node,
-                   masker=self.masker, forks=self.forks)
-        try:
-            sl.connect(attaching=True)  # _attach ends it with mark_used
-            if made.check is not None:
-                made.check(sl)
-            record.owner_pid, record.state = os.getpid(), "running"
-            sl.publish_hosts()  # pids and stack dumps, for readers in other processes (the sidebar's server)
-            reg.save_slice(record)
-        except BaseException as exc:
-            sl.close()
-            if made.failed is not None:
-                made.failed(exc)
-            raise
-        if made.ready is not None:
-            made.ready()
-        elif not quiet:
-            report.info(f"Slice {sl.name!r} ready in {time.perf_counter() - started:.1f} s: run cells on it with %%on_tpu")
+        sl = start_slice(made, reg, self.masker, self.forks, since, quiet)
         return self._attach(sl, values)
 
     def _attach(self, sl: Slice, values: dict[str, str]) -> Slice:
@@ -394,25 +228,10 @@ class SliceManager:
         return sorted(values)
 
     def _ran(self, run: Run) -> None:
+        """From the first background cell on, the stop button between cells interrupts every held
+        slice's background cells (``tpunb.notebook.stop_button``)."""
         self.last_run = run
-        self._stop_button_interrupts_background()
-
-    def _stop_button_interrupts_background(self) -> None:
-        """In a Jupyter kernel, SIGINT while no cell runs is ignored; from the first background cell
-        on, it interrupts every held slice's background cells instead (while a cell runs,
-        ipykernel's own handler is in place and interrupts that cell). Outside a kernel (a terminal,
-        where Ctrl-C belongs to the prompt) nothing changes: use the handle's interrupt()."""
-        if self.stop_button is not None:
-            return
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
-        kernel = getattr(get_ipython(), "kernel", None)
-        # ipykernel puts its own handler in place while it runs a cell and restores the one it saved
-        # (SIG_IGN) after: ours is what it restores from now on
-        if getattr(kernel, "saved_sigint_handler", None) is signal.SIG_IGN:
-            kernel.saved_sigint_handler = self.stop_button = self.interrupt_background
+        self.stop_button = self.stop_button or stop_button.take(self.interrupt_background)
 
     def interrupt_background(self, signum: int | None = None, frame: Any = None) -> None:
         """Interrupt every held slice's background cells, running or waiting their turn (the stop
@@ -439,18 +258,14 @@ class SliceManager:
         reg = registry()
         record = reg.get_slice(name) or provision.adopt(name, reg)  # a node this registry lost (a Colab reset)
         if record is None:
-            known = [r.name for r in reg.list_slices()]
-            hint = f"known slices: {', '.join(known)}" if known else "launch one with %tpu_launch v4-16"
-            raise NoSliceError(f"no slice named {name!r}: {hint}")
-        values = self.env.get(name, {})
-        if record.backend in BACKENDS:  # a new kernel: the token as the launch gave it
-            values = hub_token.with_token(values, self.masker, record.spec.get("hf_token", True))
-        backend = provision.backend(record.backend)
-        sl = self.start(backend.attach(record, reg, values), reg, values, quiet=True)
+            raise names.unknown(name, reg)
+        values = self.env.get(name, {})  # a new kernel: the HF token as the launch gave it
+        values = hub_token.with_token(values, self.masker, provision.launched(record) and record.spec.get("hf_token", True))
+        sl = self.start(provision.backend(record.backend).attach(record, reg, values), reg, values, quiet=True)
         report.warn(f"[tpunb] started {len(record.hosts)} new host session{'s' if len(record.hosts) > 1 else ''} for "
                     f"{name!r}: the previous ones ended with their kernel, so their state was lost")
-        _unset_env_note(name, record.spec.get("env_keys", []), values,
-                        f"%tpu_down {name} and connect again with --env to set them")
+        env_values.note_unset(record.spec.get("env_keys", []), values,
+                              f"%tpu_down {name} and connect again with --env to set them")
         return sl
 
     def current(self, name: str | None = None) -> Slice:
@@ -470,14 +285,8 @@ class SliceManager:
         others: every other one is deleted, then one error names what was left.
         """
         reg = registry()
-        if all:
-            names = sorted(set(self.attached) | {r.name for r in reg.list_slices()})
-        elif name:
-            names = [name]
-        elif self.current_name:
-            names = [self.current_name]
-        else:
-            return []
+        names = (sorted(set(self.attached) | {r.name for r in reg.list_slices()}) if all
+                 else [n for n in [name or self.current_name] if n])
         deleted, refused = [], []
         for n in names:
             try:
@@ -496,13 +305,8 @@ class SliceManager:
         sl = self.attached.get(name)
         if sl is not None:
             sl.delete()
-        else:
-            record = reg.get_slice(name)
-            if record is not None:
-                provision.backend(record.backend).delete(record)  # before the registry forgets it
-                reg.delete_slice(name)
-            elif not any(made.delete_orphan(name, reg) for made in provision.supporting("orphans")):
-                return False
+        elif not provision.delete_recorded(name, reg):
+            return False
         self.env.pop(name, None)
         self.detach(name)
         return True
@@ -516,15 +320,14 @@ class SliceManager:
         self.env.clear()
 
     # -- status -------------------------------------------------------------------------------------
-    def view(self) -> StatusView:
+    def view(self, **parts: bool) -> StatusView:
         """Every known slice (live where this kernel holds it) and the orphaned cloud nodes: the
         one status model %tpu_status, the server's JSON and the sidebar show."""
-        return StatusView.build(registry(), self.attached, self.current_name)
+        return StatusView.build(registry(), self.attached, self.current_name, **parts)
 
     def host_rows(self) -> list[HostRow]:
         """%tpu_status's rows: every known slice's hosts, and tpunb nodes the registry does not know."""
-        return StatusView.build(registry(), self.attached, self.current_name, ask_services=False,
-                                snapshots=False).host_rows()
+        return self.view(ask_services=False, snapshots=False).host_rows()
 
     def status(self) -> pandas.DataFrame:
         """%tpu_status as a pandas DataFrame: one row per host; services, forwards and snapshots in

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tpunb.transport.base import Transport
 
 __all__ = ["Backend", "LaunchRequest", "Made", "BACKEND_NAMES", "BRING_YOUR_OWN", "LAUNCH_BACKENDS", "THIS_MACHINE", "Survey",
-           "adopt", "backend", "cloud_place", "default_backend", "default_place", "doctor_checks", "launch_flags",
+           "adopt", "backend", "cloud_place", "default_backend", "default_place", "delete_recorded", "doctor_checks", "launch_backend", "launch_flags", "launched",
            "local_transports", "record_transports", "snapshots_in_cloud", "supporting", "supports"]
 
 _MODULES = {"local": local, "ssh": ssh, "gcp": gcp}
@@ -41,6 +41,14 @@ def backend(name: str) -> Backend:
         return cast(Backend, _MODULES[name])
     except KeyError:
         raise UsageError(f"unknown backend {name!r}: use one of {', '.join(LAUNCH_BACKENDS)}") from None
+
+
+def launch_backend(name: str) -> Backend:
+    """The module of a backend %tpu_launch makes hosts with; hosts you bring are %tpu_connect's."""
+    if name not in LAUNCH_BACKENDS:
+        raise UsageError(f"unknown backend {name!r}: use one of {', '.join(LAUNCH_BACKENDS)} "
+                         "(hosts you bring: %tpu_connect HOST,HOST)")
+    return backend(name)
 
 
 def supports(made: Backend, capability: str) -> bool:
@@ -132,3 +140,20 @@ def local_transports(record: SliceRecord) -> list[Transport] | None:
 def default_backend(project: str | None = None) -> str:
     """gcp when a Google Cloud project is given or configured (environment, gcloud), else local."""
     return "gcp" if project or gcp.configured() else "local"
+
+
+def launched(record: SliceRecord) -> bool:
+    """The slice was made by %tpu_launch (its hosts are ours to give the kernel's defaults, such
+    as its HF_TOKEN), not brought with %tpu_connect."""
+    return record.backend in LAUNCH_BACKENDS
+
+
+def delete_recorded(name: str, reg: Registry) -> bool:
+    """Delete a slice this process does not hold: through its record's backend (before the registry
+    forgets it), else a cloud node of that name no record knows; False when there is neither."""
+    record = reg.get_slice(name)
+    if record is None:
+        return any(made.delete_orphan(name, reg) for made in supporting("orphans"))
+    backend(record.backend).delete(record)
+    reg.delete_slice(name)
+    return True

@@ -21,6 +21,13 @@ def with_token(values: dict[str, str], masker: Masker, wanted: bool = True) -> d
     return values
 
 
+def say_if_added(name: str, values: dict[str, str], given: tuple[dict, ...]) -> None:
+    """Say the default once it applied: ``values`` has the HF_TOKEN and none of ``given`` (the
+    launch's --env and --secret values, the kernel's %tpu_secret ones) named it."""
+    if HF_TOKEN in values and not any(HF_TOKEN in values_given for values_given in given):
+        say_given(name)
+
+
 def say_given(name: str) -> None:
     """The launch line that states the default: the hosts of ``name`` have this kernel's HF_TOKEN."""
     report.info(f"[tpunb] {name!r} has this kernel's HF_TOKEN as a secret (masked), as every launched slice does: "
