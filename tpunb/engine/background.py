@@ -114,12 +114,12 @@ class Run(concurrent.futures.Future):
         tokens = _route_output_here(parent)
         request = self._cell.request
         try:
-            if queue and (not self.slice.hold(self._cell, queue=True, given_up=lambda: request.presses > 0)
+            if queue and (not self.slice.cells.hold(self._cell, queue=True, given_up=lambda: request.presses > 0)
                           or request.presses):  # interrupted while its turn came: it never runs
                 raise CellInterrupted(f"cell {self.label} was interrupted before it started")
             self._turn.set()
-            self._outcome = self.slice.execute(self.code, self.hosts, request.timeout, output, None, shell=False,
-                                               cell=self._cell)
+            self._outcome = self.slice.cells.execute(self.code, self.hosts, request.timeout, output, None,
+                                                     shell=False, cell=self._cell)
             _show_end(self.slice, self._outcome, output)
         except BaseException as exc:  # kept for result(); said in the cell's own output area
             self._failure = exc
@@ -149,11 +149,11 @@ class BackgroundCells:
               queue: bool) -> Run:
         """Start ``code`` on these hosts of ``sl`` in the background; the Run at once. Its hosts are
         taken here (or it lines up for them, ``queue``), before anything else can ask for them."""
-        cell = sl.prepare_cell(code, indices, timeout, output)
+        cell = sl.cells.prepare(code, indices, timeout, output)
         if queue:
             sl.session.requests.line_up(cell.request)
         else:
-            sl.hold(cell)
+            sl.cells.hold(cell)
             try:
                 sl.revive(indices, mine=cell.request)  # its errors (hosts needing a restart, dead hosts): here, at once
             except BaseException:

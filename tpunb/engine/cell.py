@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class Cell:
-    """A cell's request, made and not sent yet (``Slice.prepare_cell``), with the sink its output
+    """A cell's request, made and not sent yet (``Cells.prepare``), with the sink its output
     goes to and, for hosts that would not stop, where each one was (``show_stuck`` fills it)."""
 
     request: "Request"
@@ -26,13 +26,18 @@ class Cell:
 
 
 class HeldSlice(Protocol):
-    """The members of ``tpunb.slice.Slice`` that stacks, background cells and restarts use."""
+    """The members of ``tpunb.slice.Slice`` that stacks, cells (background ones too) and restarts use."""
 
     session: "Session"
     layout: "Layout"
     record: "SliceRecord"
     standbys: "Standbys"
     background: Any  # its tpunb.engine.background.BackgroundCells (which names this protocol)
+    cells: Any  # its tpunb.slice.cells.Cells: prepare, hold, execute a cell
+    cell_logs: Any  # its tpunb.display.HostLogs
+    idle: Any  # its tpunb.status.idle_clock.IdleClock
+    node: Any  # what outlives its host processes (tpunb.slice.Node)
+    last_result: Any  # the RunResult of its last cell
 
     @property
     def name(self) -> str: ...
@@ -48,13 +53,5 @@ class HeldSlice(Protocol):
 
     def run(self, code: str, hosts: str | list[int] | None = None, timeout: float | None = None,
             output: str | None = "grouped", sink: Any = None, background: bool = False, queue: bool = False) -> Any: ...
-
-    def prepare_cell(self, code: str, indices: list[int], timeout: float | None, output: str | None,
-                     sink: Any = None, shell: bool = False) -> Cell: ...
-
-    def hold(self, cell: Cell, queue: bool = False, given_up: Any = None) -> bool: ...
-
-    def execute(self, code: str, indices: list[int], timeout: float | None, output: str | None, sink: Any,
-                shell: bool, queue: bool = False, cell: Cell | None = None) -> Any: ...
 
     def restart(self, hosts: str | list[int] | None = None, jax: bool = True) -> Any: ...

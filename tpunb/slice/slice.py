@@ -1,88 +1,51 @@
-"""Slice: a set of hosts with a persistent agent on each; what magics, widgets and users call.
-
-A Slice knows nothing of how its hosts were made: a backend (``tpunb.provision``) hands it
-transports, what each host is told at start, and a ``Node`` for whatever outlives the host
-processes (a Cloud TPU node: its state, its cost, its deletion).
-"""
+"""A Slice: its hosts' agents started, revived and ended, and what it says of them. It knows
+nothing of how its hosts were made: a backend (``tpunb.provision``) hands it transports, what each
+host is told at start, and a ``Node`` for whatever outlives the host processes."""
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from tpunb import catalog, diagnose, report, stuck
-from tpunb.display import (CellOutput, HostLogs, LogOnly, MODES, OutputSink, kernel_cell_number,
-                           kernel_colors)
-from tpunb.errors import CellInterrupted, HostDiedError, NoSliceError, TransportError, UsageError
-from tpunb.engine.background import BackgroundCells, busy_error, refuse_if_busy
-from tpunb.engine.cell import Cell
-from tpunb.stuck.laggards import Laggards
-from tpunb.engine.standby import Standbys
+from tpunb import catalog, diagnose, report
+from tpunb.display import HostLogs
 from tpunb.display.hosts import Layout
-from tpunb.display.output import show_between_cells
+from tpunb.engine.background import BackgroundCells, refuse_if_busy
+from tpunb.engine.masking import Masker
+from tpunb.engine.session import Session
+from tpunb.engine.standby import Standbys
+from tpunb.errors import HostDiedError, NoSliceError, TransportError, UsageError
+from tpunb.host.prepare import STEPS as SETUP_STEPS
 from tpunb.metrics import MetricsFeed, MetricsStore
-from tpunb.profile import Profile, Profiler, ProfileError
+from tpunb.profile import Profile, Profiler
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
 from tpunb.serve import seen
 from tpunb.serve.services import ServiceState, Serving
-from tpunb.engine.masking import Masker
-from tpunb.engine.session import Session
+from tpunb.slice.cells import Cells
+from tpunb.slice.node import Node
+from tpunb.slice.views import HostsView
 from tpunb.status.idle_clock import IdleClock
 from tpunb.transport.base import Transport
 from tpunb.transport.forkserver import LocalForks
-from tpunb.host.prepare import STEPS as SETUP_STEPS
 from tpunb.widgets.progress import SetupProgress
 
 if TYPE_CHECKING:
-    import numpy
     import pandas
 
     from tpunb.engine.request import Request
-    from tpunb.fetch.spread import FetchReport
 
 
-
-class Node:
-    """What a slice is beyond its host processes. Hosts brought over SSH and local host
-    processes have nothing more (this base); a Cloud TPU node overrides every method."""
-
-    #: seconds without activity after which a watchdog on host 0 deletes the node (0: never)
-    idle_seconds = 0.0
-    #: host 0 runs a boot watchdog that deletes the node unless a kernel says its launch is done
-    boot_guard = False
-
-    def host_init(self, index: int) -> dict:
-        """What host ``index``'s agent is told at start beyond the backend's settings."""
-        return {}
-
-    def check(self, fresh: bool = False) -> None:
-        """Before a cell: raise a one-line ProvisionError if the hosts are gone for good;
-        ``fresh``: ask now, not from the last look (hosts died: was their machine deleted?)."""
-
-    def explain_deaths(self) -> str | None:
-        """Hosts vanished mid-cell: the outside reason (preempted, ...), or None."""
-        return None
-
-    def status(self) -> dict:
-        """Extra status columns (cloud_state, health, usd_per_hour, uptime_s)."""
-        return {}
-
-    def close(self) -> None:
-        """Stop watching (the kernel detaches); the node itself stays."""
-
-    def delete(self) -> None:
-        """Delete what outlives the host processes and wait until it is gone; idempotent."""
-
-
-class Slice:
-    """A slice's hosts and their agents. Make one with tpunb.launch() or tpunb.use()."""
+class Slice(HostsView):
+    """A slice's hosts and their agents. Make one with tpunb.launch() or tpunb.use(). It is the view
+    of all its hosts (``HostsView``: run, push, pull, ...); ``sl[0:2]`` and ``sl.hosts("s1")`` are
+    views of some."""
 
     def __init__(self, record: SliceRecord, transports: list[Transport],
                  host_init: Callable[[int, int], dict], registry: Registry,
                  coordinator_port: Callable[[], int], node: Node | None = None, masker: Masker | None = None,
                  forks: LocalForks | None = None) -> None:
+        super().__init__(self)
         self.record = record
         #: the catalog entry; None for hosts brought with %tpu_connect and no --accelerator
         self.accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
@@ -93,6 +56,7 @@ class Slice:
         self.session = Session(transports, self._init_for_host, masker=masker, forks=forks)
         self.standbys = Standbys(self.session)  # agents started ahead of a restart (tpunb.engine.standby)
         self.background = BackgroundCells()  # its %%on_tpu --bg cells (tpunb.engine.background)
+        self.cells = Cells(self)  # how its cells run (tpunb.slice.cells)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
         self.layout = Layout(len(transports), record.num_slices)
         #: its services (tpunb.serve) and its profiler recordings (tpunb.profile), each made from
@@ -114,7 +78,7 @@ class Slice:
                               self.node.boot_guard)
         #: called with this slice once it is deleted (the kernel's list of slices forgets it)
         self.on_delete: list[Callable[["Slice"], None]] = []
-        self._revive_lock = threading.Lock()  # threads reviving the same dead hosts take turns
+        self.revive_lock = threading.Lock()  # threads reviving the same dead hosts take turns
         #: port forwards to hosts (tpunb.serve.forward), ended with the slice
         self.forwards: list = []
 
@@ -202,7 +166,7 @@ class Slice:
     def _deleted_elsewhere(self) -> None:
         self._gone = True
 
-    def _check_not_deleted(self) -> None:
+    def check_not_deleted(self) -> None:
         """A slice deleted from the sidebar (or by another kernel) says so at its next cell, and
         this kernel forgets it."""
         if not self._gone:
@@ -231,7 +195,7 @@ class Slice:
             raise HostDiedError(f"host{'s' if many else ''} {self.layout.names(waiting)} could not be reached by "
                                 f"%tpu_restart and still need{'' if many else 's'} a restart: %tpu_restart once "
                                 f"{'they answer' if many else 'it answers'}, or choose other hosts with --hosts")
-        with self._revive_lock:
+        with self.revive_lock:
             try:
                 return self._revive()
             except TransportError:
@@ -241,7 +205,7 @@ class Slice:
                                    f"launch a new one with %tpu_launch {self.launch_line}") from None
 
     def _revive(self) -> list[int]:
-        self._check_not_deleted()
+        self.check_not_deleted()
         # a preempted or deleted node: say so, rather than fail to reach its hosts or restart them
         self.node.check(fresh=bool(self.session.dead_hosts()))
         notices = self.session.take_notices()
@@ -255,7 +219,7 @@ class Slice:
             return []
         if self.registry.get_slice(self.name) is None:  # its hosts were ended with it, from outside
             self._gone = True
-            self._check_not_deleted()
+            self.check_not_deleted()
         if self.session.jax_started and self.num_hosts > 1:
             restart = list(range(self.num_hosts))
             why = (f"host {self.layout.names(dead)} had died and JAX's distributed runtime cannot take a restarted "
@@ -307,112 +271,6 @@ class Slice:
         self.node.delete()  # the registry forgets it only once the node is gone
         self.registry.delete_slice(self.name)
 
-    # -- cells --------------------------------------------------------------------------------
-    def run(self, code: str, hosts: str | list[int] | None = None, timeout: float | None = None,
-            output: str | None = "grouped", sink: OutputSink | None = None, background: bool = False,
-            queue: bool = False):
-        """Run ``code`` on the hosts at once; live output as ``output`` says; per-host results.
-
-        Errors on hosts are in the result (``result.raise_for_status()`` raises them); only a
-        kernel interrupt raises here, after every host was interrupted. ``background``: return at
-        once with a ``tpunb.engine.background.Run`` while the output still streams; ``queue``: wait
-        for a background cell that holds these hosts instead of refusing.
-        """
-        if output is not None and output not in MODES:
-            raise UsageError(f"output must be one of {', '.join(MODES)}, not {output!r}")
-        indices = self.layout.parse(hosts)
-        if len(indices) < self.num_hosts and self.num_hosts > 1 and (self.session.jax_started or "jax" in code):
-            some = (f"{self.layout.names(indices)} ({len(indices)} of {self.num_hosts})" if self.layout.multislice
-                    else f"{self.layout.names(indices)} of {self.num_hosts}")
-            report.warn(f"[tpunb] warning: running on host{'s' if len(indices) > 1 else ''} {some}: JAX collectives "
-                        "(jit over the whole slice, psum, ...) would hang waiting for the other hosts")
-        if background:
-            return self.background.start(self, code, indices, timeout, output, queue)
-        return self.execute(code, indices, timeout, output, sink, shell=False, queue=queue)
-
-    def prepare_cell(self, code: str, indices: list[int], timeout: float | None, output: str | None,
-                     sink: OutputSink | None = None, shell: bool = False) -> Cell:
-        """A cell's request, made (numbered as the notebook's cell, coloured as its tracebacks) and
-        not sent: ``hold`` takes its hosts, ``execute`` runs it."""
-        if timeout is not None and not (0 < timeout < math.inf):
-            raise UsageError(f"timeout must be a positive number of seconds, not {timeout}")
-        if sink is None:
-            sink = (CellOutput(indices, self.num_hosts, output, self.cell_logs, names=self.layout.names) if output
-                    else LogOnly(self.cell_logs))
-        self.session.colors = kernel_colors()  # hosts colour tracebacks as this kernel does
-        where: dict[int, str] = {}  # hosts that would not stop: where they were (tpunb.stuck)
-        request = self.session.cell(code, indices, timeout, sink, shell=shell, count=kernel_cell_number(),
-                                    on_stuck=lambda r, hosts: stuck.show_stuck(self, hosts, r.sink, where),
-                                    on_tick=Laggards(self) if len(indices) > 1 else None)
-        return Cell(request, sink, where)
-
-    def hold(self, cell: Cell, queue: bool = False, given_up: Callable[[], bool] | None = None) -> bool:
-        """Take the cell's hosts (``Session.holding`` counts it from now on): refused in one line
-        naming what holds them, or with ``queue`` once they are free; False if ``given_up()`` first."""
-        held = self.session.requests.claim(cell.request, queue, given_up)
-        if held and not queue:
-            raise busy_error(self, held[0])
-        return not held
-
-    def execute(self, code: str, indices: list[int], timeout: float | None, output: str | None,
-                sink: OutputSink | None, shell: bool, queue: bool = False, cell: Cell | None = None) -> RunResult:
-        """What cells and shell commands share: take the hosts (``hold``; ``queue``: wait for them),
-        revive them, stream output, turn an interrupt into one error. ``cell``: prepared already, its
-        hosts held (a background cell)."""
-        if cell is None:
-            cell = self.prepare_cell(code, indices, timeout, output, sink, shell)
-            self.hold(cell, queue)
-        try:
-            return self._run_cell(code, indices, timeout, shell, cell)
-        finally:
-            cell.request.release()
-
-    def _run_cell(self, code: str, indices: list[int], timeout: float | None, shell: bool, cell: Cell) -> RunResult:
-        request, sink, where = cell.request, cell.sink, cell.where
-        self.revive(indices, mine=request)
-        show_between_cells(self.session.backlog, self.cell_logs, self.layout.name)
-        self._say_jax_failures()
-        self.cell_logs.begin_cell(indices, "$ " + code if shell else code)
-        self.idle.mark(True, tell_host=True)
-        try:
-            results = stuck.with_where(request.run(), where)
-        except CellInterrupted as exc:
-            sink.finish()
-            self._say_jax_failures()
-            result = self.last_result = RunResult(stuck.with_where(exc.results, where), names=self.layout.names)
-            stopped = result.hosts_with("interrupted")
-            message = (f"interrupted on host{'s' if len(stopped) != 1 else ''} {self.layout.names(stopped)}; "
-                       f"{'their' if len(stopped) != 1 else 'its'} state is kept"
-                       if stopped else "interrupted")
-            raise CellInterrupted("; ".join([message] + [n for n in result.notes() if "stopped cleanly" not in n]),
-                                  result) from None
-        finally:
-            self.idle.mark(False, tell_host=True)
-        sink.finish()
-        self._say_jax_failures()
-        self.last_result = RunResult(results, timeout, names=self.layout.names)
-        if self.last_result.hosts_with("died"):
-            note = self.node.explain_deaths()  # e.g. the cloud says the node was preempted
-            if note:
-                self.last_result.extra_notes.append(note)
-        return self.last_result
-
-    def _say_jax_failures(self) -> None:
-        """Hosts that failed to join JAX when another host started it (no cell of theirs shows it)."""
-        for host, error in sorted(self.session.take_jax_failures().items()):
-            name = self.layout.name(host)
-            reason = (error.strip().splitlines() or ["no reason given"])[0][:300]
-            report.warn(f"[tpunb] host {name} could not start JAX when another host did ({reason}): JAX collectives "
-                        f"over the slice will wait for it; fix the cause, then run exit() on it (%%on_tpu --hosts "
-                        f"{name}) to restart the slice's hosts")
-
-    def run_shell(self, command: str, hosts: str | list[int] | None = None, timeout: float | None = None,
-                  output: str | None = "grouped") -> RunResult:
-        """Run a shell command on the hosts at once (with their environment); exit code per host."""
-        if not command.strip():
-            raise UsageError("give a shell command, e.g. %tpu_run nproc")
-        return self.execute(command, self.layout.parse(hosts), timeout, output, None, shell=True)
-
     def sync(self, local_dir: str = ".", remote_dir: str | None = None, exclude: tuple[str, ...] = (),
              progress: Callable[[int, int], None] | None = None):
         """Copy a working directory to every host (incremental, honours .gitignore); a SyncReport.
@@ -433,69 +291,6 @@ class Slice:
             transport.connect()
         target = remote_dir or Path(local_dir).resolve().name
         return sync_tree(transports, local_dir, target, exclude=exclude, progress=progress)
-
-    def reset(self, hosts: str | list[int] | None = None) -> dict[int, dict]:
-        """Empty every chosen host's namespace and put its environment and working directory back
-        as its session started, without a restart (JAX, once started, stays: imported modules are
-        kept). {host: what the host found}: ``environ``, the variables that had changed, and
-        ``folders``, what lies in tpunb's folders on a remote host (~/.tpunb, the host dir)."""
-        indices = self.layout.parse(hosts)
-        self.revive(indices)
-        remote = [i for i in indices if not self.session.transports[i].same_machine]  # local: the kernel's own files
-        local = [i for i in indices if i not in remote]
-        replies = self.session.call(local, {"op": "reset"}) if local else {}
-        if remote:
-            replies.update(self.session.call(remote, {"op": "reset", "folders": {"~/.tpunb": True, "$TPUNB_HOST_DIR": False}}))
-        return {i: {"environ": reply.get("environ", []), "folders": reply.get("folders", {})}
-                for i, (reply, _) in replies.items()}
-
-    # -- data ---------------------------------------------------------------------------------
-    def push(self, values: dict[str, Any], hosts: str | list[int] | None = None) -> None:
-        """Set these names to these values in every chosen host's namespace."""
-        if not isinstance(values, dict) or not all(isinstance(k, str) and k.isidentifier() for k in values):
-            raise UsageError("push takes a dict of {name: value} with valid Python names")
-        indices = self.layout.parse(hosts)
-        self.revive(indices)
-        diagnose.pythons.refuse_code(self.session.hosts, self.layout.names, values, indices)  # one line before anything is sent
-        self.idle.mark(False, tell_host=True)
-        self.session.push(values, indices)
-
-    def pull(self, name: str, hosts: str | list[int] | None = None) -> dict[int, Any]:
-        """{host: value of ``name``} from every chosen host."""
-        indices = self.layout.parse(hosts)
-        self.revive(indices)
-        self.idle.mark(False, tell_host=True)
-        replies = self.session.pull([name], indices)
-        return {host: values[name] for host, values in replies.items()}
-
-    def gather(self, name: str, hosts: str | list[int] | None = None) -> "numpy.ndarray":
-        """A global jax.Array ``name`` as one numpy array: each host sends only the shards it
-        owns (a replicated shard once, from its lowest host), assembled here by index."""
-        if not isinstance(name, str) or not name.isidentifier():
-            raise UsageError(f"gather takes a variable name, e.g. sl.gather('x'), not {name!r}")
-        from tpunb.engine.gather import assemble
-
-        indices = self.layout.parse(hosts)
-        self.revive(indices)
-        self.idle.mark(False, tell_host=True)
-        return assemble(name, self.session.gather(name, indices))
-
-    def fetch(self, source: str, to: str | None = None, include: tuple[str, ...] | list[str] = (),
-              revision: str | None = None, hosts: str | list[int] | None = None,
-              exclude: tuple[str, ...] | list[str] = ()) -> FetchReport:
-        """Put SOURCE's files (``hf://ORG/NAME``, ``hf://datasets/ORG/NAME``, ``gs://BUCKET/PREFIX``
-        or ``https://...``) on every chosen host, each byte from the source once per slice
-        (``tpunb.fetch.spread``): at ``to`` (as ``hf download --local-dir`` leaves it), or, for a Hub
-        repository without it, in each host's Hugging Face cache. A FetchReport."""
-        from tpunb.fetch.manifest import manifest, wanted
-        from tpunb.fetch.spread import fetch
-
-        found, to = wanted(source, to, include, revision, exclude)
-        indices = self.layout.parse(hosts)
-        listed = manifest(found)
-        self.revive()  # not only these hosts': a background cell may hold them, the fetch runs beside it
-        with self.idle.busy():
-            return fetch(self.session, listed, to, indices, self.layout.names)
 
     # -- metrics ------------------------------------------------------------------------------
     def metrics(self, since: Any = None) -> "pandas.DataFrame":
@@ -523,67 +318,10 @@ class Slice:
             if host.alive:
                 host.send({"op": "metrics_interval", "seconds": self.metrics_interval})
 
-    # -- profiles (tpunb.profile) --------------------------------------------------------------
-    def profile(self, code: str, hosts: str | list[int] | None = None, name: str | None = None,
-                python_tracer: bool = False, timeout: float | None = None, output: str | None = "grouped") -> Profile:
-        """Run ``code`` as ``run`` does with jax.profiler recording on each host: a Profile (the
-        cell's RunResult is its ``.result``). The profiler stops whatever the cell does (raise, be
-        interrupted) on every host."""
-        self.revive()
-        self.profiler.start(self.layout.parse(hosts), python_tracer=python_tracer, limit=None, name=name)
-        try:
-            result = self.run(code, hosts=hosts, timeout=timeout, output=output)
-        except BaseException:  # interrupted: stop everywhere all the same, and let the interrupt speak
-            try:
-                self.profiler.stop(self.last_result)
-            except Exception as exc:
-                report.warn(f"[tpunb] the profile of the interrupted cell was not collected: {exc}")
-            raise
-        try:
-            return self.profiler.stop(result)
-        except ProfileError:
-            result.raise_for_status()  # hosts died: the cell's own error says more
-            raise
-
-    def profile_start(self, hosts: str | list[int] | None = None, python_tracer: bool = False,
-                      limit: float | None = 600.0, name: str | None = None) -> None:
-        """Begin recording on the hosts; cells run as usual until ``profile_stop``, or ``limit`` seconds."""
-        self.revive()
-        self.profiler.start(self.layout.parse(hosts), python_tracer, limit, name)
-
+    # -- profiles (tpunb.profile; recording starts on hosts: HostsView.profile, profile_start) ------
     def profile_stop(self) -> Profile:
         """Stop the recording ``profile_start`` began: the Profile of everything in between."""
         return self.profiler.stop()
-
-    def capture(self, seconds: float, hosts: str | list[int] | None = None, python_tracer: bool = False,
-                name: str | None = None) -> Profile:
-        """Record ``seconds`` on the hosts, callable from another thread while a cell runs: a Profile."""
-        return self.profiler.capture(seconds, self.layout.parse(hosts), python_tracer, name)
-
-    # -- stuck runs (tpunb.stuck) ----------------------------------------------------------------
-    def stacks(self, hosts: str | list[int] | None = None, native: bool = False) -> stuck.Stacks:
-        """Every host's Python stacks, all threads, grouped by identical stacks; read from a signal
-        handler, so it works while a host is blocked in C and while a cell runs. ``native``: C/C++
-        frames too, through py-spy on the hosts."""
-        return stuck.slice_stacks(self, hosts, native)
-
-    def restart(self, hosts: str | list[int] | None = None, jax: bool = True):
-        """Fresh Python sessions on the hosts (default all) of this same slice, the way back from a
-        wedged runtime: agents that do not exit are killed; the node, connections and services stay;
-        JAX starts again over the whole slice if it ran (``jax=False``: not, the chips left free for
-        another program). A ``tpunb.stuck.restart.Restart``."""
-        from tpunb.stuck.restart import restart
-
-        with self._revive_lock:
-            self._check_not_deleted()
-            return restart(self, hosts, jax)
-
-    def compile_cache_stats(self, hosts: str | list[int] | None = None) -> dict[int, dict]:
-        """Each host's compile-cache hits, misses and compiles that asked the cache in its current
-        Python session, as JAX's monitoring events (``/jax/compilation_cache/cache_hits``...) count them."""
-        from tpunb.fetch.jaxcache import stats
-
-        return stats(self.session, self.layout.parse(hosts))
 
     @property
     def needs_restart(self) -> list[int]:
@@ -628,19 +366,6 @@ class Slice:
         return rows
 
     # -- services (tpunb.serve) ------------------------------------------------------------------
-    def serve(self, name: str, command: str, hosts: str | list[int] | None = None, restart: str = "no",
-              env: dict[str, str] | None = None, wait_port: int | None = None, wait_http: str | None = None,
-              timeout: float = 120.0, max_restarts: int = 5, port: int | None = None) -> list[ServiceState]:
-        """Run shell ``command`` as service ``name`` on the hosts (default: all), detached from cells
-        and this kernel; ``restart="on-failure"`` restarts it (``max_restarts`` times, backing off).
-        ``wait_port``/``wait_http`` ('PORT/PATH') return once it answers on every host; ``port`` (else the
-        wait's) is recorded as where it answers (``bench_serving`` reaches it). One ServiceState per
-        host; ``env`` values reach the command only, never a file or output."""
-        self.revive()
-        with self.idle.busy():  # starting is use (its SSH start may outlast a short idle limit); then its supervisor
-            return self.serving.serve(name, command, hosts, restart, env, wait_port, wait_http, timeout, max_restarts,
-                                      port=port)
-
     def services(self) -> list[ServiceState]:
         """Every service on every host, read from the hosts (a new kernel sees an old one's)."""
         return self.serving.services()
