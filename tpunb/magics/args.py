@@ -29,15 +29,18 @@ def one_line_interrupt():
         raise CellInterrupted("interrupted") from None
 
 
-def cloud_arguments(magic):
-    """One --flag per launch option a backend offers, so the options are listed once, in its dataclass."""
-    for option in reversed(provision.launch_flags()):
-        flag = "--" + option.name.replace("_", "-")
+def cloud_arguments(magic, flags: list | None = None):
+    """%tpu_launch's flags for every launch option a backend offers (``provision.launch_flags``:
+    ``--BACKEND-OPTION``, and ``--OPTION`` for the first backend offering it), listed once, in the
+    backend's dataclass."""
+    for flag in reversed(provision.launch_flags() if flags is None else flags):
+        option = flag.option
         if option.type in (bool, "bool"):
-            magic = argument(flag, action="store_true", help=option.metadata["help"])(magic)
+            magic = argument(*flag.flags, dest=flag.dest, action="store_true", help=option.metadata["help"])(magic)
         else:
             kind = float if str(option.type) in ("float", "float | None") else None  # durations parse later
-            magic = argument(flag, type=kind, help=option.metadata["help"])(magic)
+            magic = argument(*flag.flags, dest=flag.dest, type=kind, metavar=option.name.upper(),
+                             help=option.metadata["help"])(magic)
     return magic
 
 

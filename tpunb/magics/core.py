@@ -42,13 +42,12 @@ class TpuMagics(Magics):
         """Launch a slice and connect to every host: %tpu_launch v4-16 [--spot] [--zone Z|Z1,Z2|any] [--race N] ..."""
         try:  # a press while the line is parsed has made nothing either
             args = parse_line(self.tpu_launch, line)
-            cloud = {f.name: getattr(args, f.name) for f in provision.launch_flags()
-                     if getattr(args, f.name) not in (None, False)}
+            backend, cloud = provision.launch_options(vars(args), args.backend)
             if bool(args.recover) == bool(args.accelerator):
                 raise UsageError("give an ACCELERATOR (e.g. v4-16), or --recover NAME (which reuses the recorded one). "
                                  f"Usage: {usage_of(self.tpu_launch)}")
             armed = preempt.names_list(args.snapshot_on_preempt)
-            sl = manager.launch(args.accelerator, name=args.name, backend=args.backend, env=args.env,
+            sl = manager.launch(args.accelerator, name=args.name, backend=backend, env=args.env,
                                recover=args.recover, slices=args.slices, compile_cache=args.compile_cache,
                                secrets=args.secret, hf_token=not args.no_hf_token, **cloud)
         except KeyboardInterrupt:  # before the launch made anything (after, it says so itself)

@@ -20,7 +20,7 @@ def check(count: int, backend: str | None, options: dict) -> None:
     if count > 1:
         raise UsageError(f"%tpu_launch {NAME} is this machine's own TPU, one slice: give no --slices "
                          "(a simulated multislice: %tpu_launch v4-16 --slices 2 --backend local)")
-    if backend not in (None, provision.THIS_MACHINE) or options:
+    if not provision.runs_here(backend) or options:
         raise UsageError(f"%tpu_launch {NAME} runs on this machine's own TPU and takes only --name and "
                          "--env; for Cloud TPU name an accelerator, e.g. %tpu_launch v5litepod-8 --backend gcp")
 

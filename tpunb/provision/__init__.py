@@ -10,6 +10,10 @@ bring, ``gcp`` creates Cloud TPU nodes (and lists their zones for status and orp
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import os
+from importlib import metadata
 from typing import TYPE_CHECKING, Any, cast
 
 from tpunb.errors import UsageError
@@ -21,16 +25,44 @@ if TYPE_CHECKING:
     from tpunb.transport.base import Transport
 
 __all__ = ["Backend", "LaunchRequest", "Made", "BACKEND_NAMES", "BRING_YOUR_OWN", "LAUNCH_BACKENDS", "THIS_MACHINE", "Survey",
-           "adopt", "backend", "cloud_place", "default_backend", "default_place", "delete_recorded", "doctor_checks", "launch_backend", "launch_flags", "launched",
-           "local_transports", "record_transports", "snapshots_in_cloud", "supporting", "supports"]
+           "adopt", "backend", "cloud_place", "default_backend", "default_place", "delete_recorded", "doctor_checks", "launch_backend", "launch_flags", "launched", "runs_here",
+           "local_transports", "record_transports", "snapshots_in_cloud", "supporting", "supports", "LaunchFlag",
+           "launch_options", "registered", "ENTRY_POINTS", "ENVIRONMENT"]
 
-_MODULES = {"local": local, "ssh": ssh, "gcp": gcp}
+#: the entry-point group another package registers a backend in: ``name = "package.module"``
+ENTRY_POINTS = "tpunb.backends"
+#: ``name=package.module,...``: backends registered for this process (tests, a backend in development)
+ENVIRONMENT = "TPUNB_BACKENDS"
+
+
+def registered(environ: Any = os.environ, entry_points: Any = None) -> dict[str, Backend]:
+    """Every backend by name: tpunb's own, then those other packages register in the entry-point
+    group ``tpunb.backends``, then ``$TPUNB_BACKENDS`` (``name=module,...``). A name taken already
+    is refused: a backend cannot replace another one's records."""
+    found: dict[str, Any] = {local.NAME: local, ssh.NAME: ssh, gcp.NAME: gcp}
+    given = [(e.name, e.value) for e in (metadata.entry_points(group=ENTRY_POINTS) if entry_points is None
+                                         else entry_points)]
+    given += [tuple(pair.split("=", 1)) for pair in environ.get(ENVIRONMENT, "").split(",") if "=" in pair]
+    for name, where in given:
+        name = name.strip()
+        if name in found:
+            raise UsageError(f"backend {name!r} ({where}) is registered twice: give it another name")
+        module = importlib.import_module(where.strip().split(":")[0])
+        missing = [m for m in ("NAME", "CAPABILITIES", "create", "attach", "delete") if not hasattr(module, m)]
+        if missing or module.NAME != name:
+            raise UsageError(f"backend {name!r} ({where}) is not a tpunb backend: "
+                             f"{'it lacks ' + ', '.join(missing) if missing else f'its NAME is {module.NAME!r}'}")
+        found[name] = module
+    return cast(dict[str, Backend], found)
+
+
+_MODULES = registered()
 #: every backend's name, as records and --backend write it: only this package branches on them
 BACKEND_NAMES = tuple(_MODULES)
-#: ways %tpu_launch makes hosts
-LAUNCH_BACKENDS = ("local", "gcp")
 #: the backend %tpu_connect makes slices of hosts you bring with
 BRING_YOUR_OWN = ssh.NAME
+#: ways %tpu_launch makes hosts: every backend but the one for hosts you bring
+LAUNCH_BACKENDS = tuple(name for name in _MODULES if name != BRING_YOUR_OWN)
 #: the backend whose hosts are processes on this machine (simulated slices, or its own TPU chips)
 THIS_MACHINE = local.NAME
 
@@ -114,9 +146,53 @@ def doctor_checks(record: SliceRecord | None) -> list:
     return [check for m in made if supports(m, "doctor") for check in m.doctor_checks()]
 
 
-def launch_flags() -> list:
-    """Every launch option a backend offers as a %tpu_launch --flag (dataclass fields with help)."""
-    return [flag for made in supporting("flags") for flag in made.option_flags()]
+@dataclasses.dataclass(frozen=True)
+class LaunchFlag:
+    """One backend's launch option as a %tpu_launch flag: ``--BACKEND-OPTION`` always, and the bare
+    ``--OPTION`` for the first backend that offers it (Cloud TPU's ``--zone``), so two backends'
+    options never collide in argparse."""
+
+    backend: str
+    option: dataclasses.Field
+    flags: tuple[str, ...]
+
+    @property
+    def dest(self) -> str:
+        return f"{self.backend}__{self.option.name}"
+
+
+def launch_flags(backends: list[Backend] | None = None) -> list[LaunchFlag]:
+    """Every launch option a backend offers as %tpu_launch flags (its dataclass fields with help)."""
+    taken: set[str] = set()
+    found = []
+    for made in supporting("flags") if backends is None else backends:
+        for option in made.option_flags():
+            bare = "--" + option.name.replace("_", "-")
+            flags = (bare,) * (bare not in taken) + (f"--{made.NAME}-{option.name.replace('_', '-')}",)
+            taken.add(bare)
+            found.append(LaunchFlag(made.NAME, option, flags))
+    return found
+
+
+def launch_options(given: dict[str, Any], backend: str | None) -> tuple[str | None, dict[str, Any]]:
+    """The backend a launch's flags are for, and its options: ``given`` by flag ``dest`` (values None
+    or False were not given). Flags of two backends, or of another backend than ``--backend``, are
+    refused in one line; another backend's flags choose it when ``--backend`` is not given."""
+    chosen: dict[str, dict[str, Any]] = {}
+    for flag in launch_flags():
+        value = given.get(flag.dest)
+        if value not in (None, False):
+            chosen.setdefault(flag.backend, {})[flag.option.name] = value
+    if len(chosen) > 1:
+        raise UsageError(f"flags of the {' and the '.join(sorted(chosen))} backends at once: give one backend's")
+    if not chosen:
+        return backend, {}
+    (owner, options), = chosen.items()
+    if backend is not None and backend != owner:
+        raise UsageError(f"--{next(iter(options)).replace('_', '-')} is a {owner} option, and --backend is {backend}: "
+                         f"give --backend {owner}, or leave the {owner} flags out")
+    first = supporting("flags")[0].NAME  # its flags leave the default backend to the launch (local without a project)
+    return (backend if backend is not None or owner == first else owner), options
 
 
 def snapshots_in_cloud(record: SliceRecord) -> bool:
@@ -140,6 +216,11 @@ def local_transports(record: SliceRecord) -> list[Transport] | None:
 def default_backend(project: str | None = None) -> str:
     """gcp when a Google Cloud project is given or configured (environment, gcloud), else local."""
     return "gcp" if project or gcp.configured() else "local"
+
+
+def runs_here(name: str | None) -> bool:
+    """``--backend`` is none, or the one whose hosts are processes on this machine."""
+    return name in (None, THIS_MACHINE)
 
 
 def launched(record: SliceRecord) -> bool:
