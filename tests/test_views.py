@@ -29,6 +29,8 @@ def test_a_view_runs_pushes_and_pulls_on_its_hosts_only(make_slice):
     assert sl.run("'given' in globals()", output=None).reprs == {0: "False", 1: "True", 2: "True", 3: "False"}
     assert sl[-1].run(WHO, output=None).reprs == {3: "3"}
     assert middle[1].targets == [2] and middle.hosts("2").targets == [2]  # positions in a view; names in the slice
+    with pytest.raises(TypeError):
+        list(middle)  # not a sequence of hosts: no iteration through __getitem__ until it fails
 
 
 def test_a_verbs_hosts_outside_its_view_are_refused_in_one_line(make_slice):

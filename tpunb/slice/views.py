@@ -47,6 +47,8 @@ class HostsView:
             raise UsageError(f"hosts [{key!r}] picks no host of the {len(targets)} in this view")
         return HostsView(self._slice, sorted(chosen))
 
+    __iter__ = None  # a view is not a sequence of hosts: iterating it is a TypeError, not host after host
+
     def hosts(self, spec: Hosts) -> "HostsView":
         """A view of the hosts ``spec`` names, as ``--hosts`` does: '0,2', '1:3', 's1', 's1/0'."""
         return HostsView(self._slice, self._chosen(spec))
