@@ -614,6 +614,33 @@ def test_the_backend_check_sees_a_branch_an_import_and_an_attribute(tmp_path):
                              "probe.py:6 uses provision.ssh", "probe.py:7 compares with 'provision.THIS_MACHINE'"], found
 
 
+EXTENSION = PACKAGE.parent / "extension" / "src"
+TS_COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+TS_STRINGS = re.compile(r"'([^'\\\n]*)'|\"([^\"\\\n]*)\"|`([^`\\$]*)`")
+
+
+def ts_backend_names(text: str, names: tuple[str, ...], where: str) -> list[str]:
+    """String literals of the sidebar's TypeScript that are a backend's name (comments aside): the
+    panel gets backends from the server (``provision.describe``) and names none itself."""
+    code = TS_COMMENTS.sub("", text)
+    return [f"{where}:{code.count(chr(10), 0, m.start()) + 1} names {value!r}" for m in TS_STRINGS.finditer(code)
+            for value in m.groups() if value in names]
+
+
+def test_the_sidebar_names_no_backend():
+    names = backend_names()
+    found = [hit for p in sorted(EXTENSION.glob("*.ts")) for hit in ts_backend_names(p.read_text(), names, p.name)]
+    assert len(list(EXTENSION.glob("*.ts"))) >= 3
+    assert not found, "the sidebar branches on backend names (ask the server's catalog instead): " + "; ".join(found)
+
+
+def test_the_sidebar_check_sees_a_branch_and_a_menu_but_not_a_comment():
+    planted = ("// 'local' in a comment is fine\n/* so is 'gcp' */\nconst free = slice.backend === 'local';\n"
+               "const menu = [[\"gcp\", 'Cloud TPU']];\nconst label = `ssh`;\n")
+    assert ts_backend_names(planted, ("local", "ssh", "gcp"), "panel.ts") == [
+        "panel.ts:3 names 'local'", "panel.ts:4 names 'gcp'", "panel.ts:5 names 'ssh'"]
+
+
 # -- one way to fan out -----------------------------------------------------------------------------
 #: where kernel code may start a thread besides tpunb/transport/fanout.py: long-lived threads, one per
 #: connection, feed or process, and the engine's own request machinery. (file, target) -> why

@@ -111,10 +111,23 @@ export interface IStacks {
   hosts: { [host: string]: { where: string; error: string; state: string } };
 }
 
+/** A backend as the server describes it (tpunb.provision.describe): the panel names no backend itself. */
+export interface IBackend {
+  name: string;
+  /** 'local (simulated)', 'gcp (Cloud TPU)'. */
+  label: string;
+  /** Its hosts run on the notebook's machine: nothing bills. */
+  free: boolean;
+  /** What deleting one of its slices does; {hosts}: how many hosts it has. */
+  ends: string;
+  /** %tpu_launch makes slices of it (the launch form offers it). */
+  launch: boolean;
+}
+
 export interface ICatalog {
   accelerators: string[];
   zones: string[];
-  backends: string[];
+  backends: IBackend[];
   default_backend: string;
 }
 

@@ -5,7 +5,7 @@ import { INotebookTracker } from '@jupyterlab/notebook';
 import { Poll } from '@lumino/polling';
 import { Widget } from '@lumino/widgets';
 
-import { ICatalog, IDeleted, IForward, IHost, ISlice, ISlices, ISnapshot, IStacks, requestAPI } from './api';
+import { IBackend, ICatalog, IDeleted, IForward, IHost, ISlice, ISlices, ISnapshot, IStacks, requestAPI } from './api';
 import { tpuIcon } from './icon';
 import { fillDatalist, launchCommand, launchInNotebook, parseAccelerator, parseSlices } from './launch';
 
@@ -106,11 +106,11 @@ export function forwardLink(forward: IForward, baseUrl: string): string {
 
 /** What a slice serves: a line per service and host (its state), a line saying which services keep
  * it busy and at what price, and a link per forward. */
-function servingList(slice: ISlice): HTMLElement {
+function servingList(slice: ISlice, backend: IBackend | undefined): HTMLElement {
   const box = el('div', 'jp-tpunb-Serving');
   const busy = slice.busy_services ?? [];
   if (busy.length) {
-    const price = slice.backend === 'local' ? '$0.00/h (simulated)' : formatUsd(slice.usd_per_hour, '/h');
+    const price = backend?.free ? '$0.00/h (simulated)' : formatUsd(slice.usd_per_hour, '/h');
     const names = busy.join(', ');
     box.append(
       el('div', 'jp-tpunb-Busy', `${busy.length > 1 ? 'services' : 'service'} ${names} keep${busy.length > 1 ? '' : 's'} it busy · ${price}`)
@@ -205,7 +205,7 @@ export class SlicesPanel extends Widget {
       standby: 'when-hidden',
       name: 'tpunb:slices'
     });
-    void this.loadCatalog();
+    this.catalogLoaded = this.loadCatalog();
   }
 
   dispose(): void {
@@ -216,6 +216,7 @@ export class SlicesPanel extends Widget {
   /** Fetch the slices and redraw; a rejection makes the poll back off. */
   async refresh(): Promise<void> {
     try {
+      await this.catalogLoaded; // the backends' labels, before the first card
       const data = await requestAPI<ISlices>('slices');
       this.errorLine.textContent = '';
       this.render(data);
@@ -255,14 +256,15 @@ export class SlicesPanel extends Widget {
     title.append(el('span', 'jp-tpunb-Name', slice.name), el('span', 'jp-tpunb-Accel', slice.accelerator || '?'), remove);
 
     const meta = el('div', 'jp-tpunb-Meta');
-    const backend = slice.backend === 'local' ? 'local (simulated)' : slice.backend + (slice.spot ? ', spot' : '');
+    const described = this.backends.get(slice.backend);
+    const backend = described?.free ? described.label : slice.backend + (slice.spot ? ', spot' : '');
     meta.append(
       el('span', 'jp-tpunb-Backend', backend),
       el('span', 'jp-tpunb-State', slice.state),
       el('span', 'jp-tpunb-Uptime', `up ${formatDuration(slice.age_s)}`)
     );
     const cost = el('div', 'jp-tpunb-Cost');
-    if (slice.backend === 'local') {
+    if (described?.free) {
       const list = slice.list_usd_per_hour ? ` (${formatUsd(slice.list_usd_per_hour, '/h')} on Cloud TPU)` : '';
       cost.textContent = `$0.00/h · free${list}`;
     } else {
@@ -283,7 +285,7 @@ export class SlicesPanel extends Widget {
       );
     }
     if (slice.services?.length || slice.forwards?.length) {
-      card.append(servingList(slice));
+      card.append(servingList(slice, described));
     }
     return card;
   }
@@ -351,10 +353,8 @@ export class SlicesPanel extends Widget {
   }
 
   private async confirmDelete(slice: ISlice): Promise<void> {
-    const what =
-      slice.backend === 'local'
-        ? `its ${slice.hosts.length} host processes end and their state is lost`
-        : 'its Cloud TPU node is deleted and billing stops';
+    const ends = this.backends.get(slice.backend)?.ends ?? "its {hosts} hosts' processes end";
+    const what = ends.replace('{hosts}', String(slice.hosts.length));
     const result = await showDialog({
       title: `Delete ${slice.name}?`,
       body: `${slice.accelerator} on ${slice.backend}: ${what}.`,
@@ -383,17 +383,12 @@ export class SlicesPanel extends Widget {
     const backend = el('select', 'jp-mod-styled jp-tpunb-BackendSelect');
     backend.name = 'backend';
     backend.title = 'auto: Cloud TPU when a Google Cloud project is configured, else a local simulated slice';
-    for (const [value, label] of [
-      ['', 'backend: auto'],
-      ['local', 'backend: local (simulated)'],
-      ['gcp', 'backend: gcp (Cloud TPU)']
-    ]) {
-      const option = el('option', '', label);
-      option.value = value;
-      backend.append(option);
-    }
+    const auto = el('option', '', 'backend: auto');
+    auto.value = '';
+    backend.append(auto); // the backends %tpu_launch makes follow, as the server lists them (loadCatalog)
+    this.backendMenu = backend;
     const zone = el('input', 'jp-mod-styled jp-tpunb-Zone');
-    Object.assign(zone, { name: 'zone', placeholder: 'zone (gcp only)' });
+    Object.assign(zone, { name: 'zone', placeholder: 'zone (Cloud TPU)' });
     zone.setAttribute('list', 'tpunb-zones');
     zone.setAttribute('aria-label', 'zone');
     const spot = el('input', 'jp-tpunb-Spot');
@@ -439,12 +434,23 @@ export class SlicesPanel extends Widget {
       const catalog = await requestAPI<ICatalog>('catalog');
       fillDatalist(this.acceleratorList, catalog.accelerators);
       fillDatalist(this.zoneList, catalog.zones);
+      for (const described of catalog.backends) {
+        this.backends.set(described.name, described);
+        if (described.launch) {
+          const option = el('option', '', `backend: ${described.label}`);
+          option.value = described.name;
+          this.backendMenu?.append(option);
+        }
+      }
     } catch (error) {
       this.errorLine.textContent = `${(error as Error).message}`;
     }
   }
 
   private readonly poll: Poll;
+  private readonly catalogLoaded: Promise<void>;
+  private readonly backends = new Map<string, IBackend>();
+  private backendMenu: HTMLSelectElement | null = null;
   private readonly cards = el('div');
   private readonly snapshots = el('div', 'jp-tpunb-SnapshotsBox');
   private readonly errorLine = el('div');

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from tpunb.transport.base import Transport
 
 __all__ = ["Backend", "LaunchRequest", "Made", "BACKEND_NAMES", "BRING_YOUR_OWN", "LAUNCH_BACKENDS", "THIS_MACHINE", "Survey",
-           "adopt", "backend", "cloud_place", "default_backend", "default_place", "delete_recorded", "doctor_checks", "launch_backend", "launch_flags", "launched", "runs_here",
+           "adopt", "backend", "cloud_place", "default_backend", "default_place", "delete_recorded", "describe", "doctor_checks", "launch_backend", "launch_flags", "launched", "runs_here",
            "local_transports", "record_transports", "snapshots_in_cloud", "supporting", "supports", "LaunchFlag",
            "launch_options", "registered", "ENTRY_POINTS", "ENVIRONMENT"]
 
@@ -73,6 +73,14 @@ def backend(name: str) -> Backend:
         return cast(Backend, _MODULES[name])
     except KeyError:
         raise UsageError(f"unknown backend {name!r}: use one of {', '.join(LAUNCH_BACKENDS)}") from None
+
+
+def describe() -> list[dict[str, Any]]:
+    """Every backend as the sidebar shows it, so it branches on no backend's name: its label, whether
+    its hosts run here for free, what deleting one of its slices does, whether %tpu_launch makes it."""
+    return [{"name": name, "label": getattr(made, "LABEL", name), "free": supports(made, "hosts_here"),
+             "ends": getattr(made, "ENDS", "its {hosts} hosts' processes end"), "launch": name in LAUNCH_BACKENDS}
+            for name, made in _MODULES.items()]
 
 
 def launch_backend(name: str) -> Backend:

@@ -26,6 +26,9 @@ from tpunb.status import SliceStatus
 from tpunb.transport.local import LocalTransport
 
 NAME = "local"
+#: how the sidebar names it, and what deleting a slice of it does ({hosts}: how many)
+LABEL = "local (simulated)"
+ENDS = "its {hosts} host processes end and their state is lost"
 CAPABILITIES = frozenset({"hosts_here"})
 #: a local slice's one wording for "its kernel ended": %tpu_status, widgets and the sidebar
 STOPPED = "stopped: its kernel ended (%tpu_use restarts it)"

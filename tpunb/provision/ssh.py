@@ -23,6 +23,9 @@ from tpunb.slice import Node
 from tpunb.status import SliceStatus
 
 NAME = "ssh"
+#: how the sidebar names it, and what deleting a slice of it does ({hosts}: how many)
+LABEL = "ssh (hosts you brought)"
+ENDS = "its {hosts} host processes end; the hosts themselves stay yours"
 CAPABILITIES: frozenset[str] = frozenset()
 
 

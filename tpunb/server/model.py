@@ -68,7 +68,8 @@ def stacks(name: str, hosts: str | None = None, native: bool = False) -> dict[st
 # -- launch form -------------------------------------------------------------------------------
 
 def catalog() -> dict[str, Any]:
-    """Accelerator names and zones for the launch form's completion, and the default backend."""
+    """Accelerator names and zones for the launch form's completion, every backend as the sidebar
+    shows it (``provision.describe``: the panel names none itself), and the default backend."""
     launchable = [n for n in _catalog.names() if not _catalog.lookup(n).planning_only]
-    return {"accelerators": launchable, "zones": _catalog.zones(), "backends": list(provision.LAUNCH_BACKENDS),
+    return {"accelerators": launchable, "zones": _catalog.zones(), "backends": provision.describe(),
             "default_backend": provision.default_backend()}

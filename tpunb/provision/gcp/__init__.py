@@ -38,6 +38,9 @@ from tpunb.slice import Node, Slice
 from tpunb.status import OrphanStatus, SliceStatus
 
 NAME = "gcp"
+#: how the sidebar names it, and what deleting a slice of it does
+LABEL = "gcp (Cloud TPU)"
+ENDS = "its Cloud TPU node is deleted and billing stops"
 CAPABILITIES = frozenset({"survey", "orphans", "adopt", "recover", "cloud", "doctor", "flags"})
 #: a slice whose launch has not finished (or was cut off): one wording everywhere
 CREATING = "being created (or its launch was cut off: %tpu_down deletes it)"
