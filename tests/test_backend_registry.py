@@ -43,7 +43,7 @@ def test_two_cloud_backends_flags_are_namespaced_and_parse_apart():
     assert gcp_zone.flags == ("--zone", "--gcp-zone")
 
     def launch(line):
-        """a %tpu_launch with both backends' flags"""
+        """a launch magic with both backends' flags"""
     magic = magic_arguments()(cloud_arguments(launch, flags))  # argparse would raise on a second --zone
     args = parse_argstring(magic, "--zone us-central2-b --second-zone europe-west4-a --second-spot")
     assert (args.gcp__zone, args.second__zone, args.second__spot, args.gcp__spot) == (

@@ -13,7 +13,7 @@ import os
 import huggingface_hub.constants
 import pytest
 
-from tpunb import manager
+from tpunb import colab, manager
 from tpunb.emulator.hub import Hub, HubServer, git_blob_sha1
 from tpunb.emulator.storage import StorageEmulator, StorageGate
 from tpunb.errors import UsageError
@@ -230,7 +230,7 @@ def test_a_token_typed_at_tpu_secrets_prompt_lists_a_gated_repository(hub, monke
     import getpass
 
     monkeypatch.setattr(getpass, "getpass", lambda prompt="": TOKEN)  # what the user types at the prompt
-    monkeypatch.setattr(manager.colab, "user_secret", lambda name: None)
+    monkeypatch.setattr(colab, "user_secret", lambda name: None)
     assert manager.secret("HF_TOKEN") == ["HF_TOKEN"] and "HF_TOKEN" not in os.environ
     found = manifest("hf://org/gated")
     assert found.revision == hub.commits["gated"]
@@ -241,7 +241,7 @@ def test_a_token_given_with_secret_on_a_launch_lists_a_gated_repository(hub, mon
     import getpass
 
     monkeypatch.setattr(getpass, "getpass", lambda prompt="": TOKEN)  # typed at --secret's prompt
-    monkeypatch.setattr(manager.colab, "user_secret", lambda name: None)
+    monkeypatch.setattr(colab, "user_secret", lambda name: None)
     assert manager.parse_env(None, ["HF_TOKEN"]) == {"HF_TOKEN": TOKEN} and "HF_TOKEN" not in os.environ
     assert not manager.MANAGER.secrets  # --secret is not %tpu_secret: only the kernel's named secrets hold it
     found = manifest("hf://org/gated")

@@ -25,8 +25,14 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+def sources() -> list[Path]:
+    """tpunb's modules, less the probes this file's self-tests plant in the package for a moment
+    (another worker's scan must not see them)."""
+    return sorted(p for p in PACKAGE.rglob("*.py") if not p.name.startswith("_probe_"))
+
+
 def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    return {module_name(p): p for p in sources()}
 
 
 def _resolved(name: str, path: Path, node: ast.ImportFrom) -> str:
@@ -296,7 +302,7 @@ def test_magics_speak_only_through_the_reporter():
 def test_process_state_is_read_in_one_place():
     """/proc/PID/stat has one reader outside the host folder: tpunb/machine/procs.py (one
     zombie rule). The host modules keep their own: they may import nothing of tpunb."""
-    readers = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+    readers = [str(p.relative_to(PACKAGE)) for p in sources()
                if "/stat" in p.read_text() and "/proc" in p.read_text() and HOST not in p.parents]
     assert readers == ["machine/procs.py"], readers
 
@@ -427,7 +433,7 @@ STATE_CALLS = {"ContextVar", "Lock", "RLock", "Event", "Condition", "Semaphore",
 @functools.lru_cache(maxsize=1)
 def _our_names() -> tuple[frozenset[str], frozenset[str]]:
     """(tpunb's class names, tpunb's _private function names), read once."""
-    nodes = [n for p in PACKAGE.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))]
+    nodes = [n for p in sources() for n in ast.walk(ast.parse(p.read_text()))]
     classes = frozenset(n.name for n in nodes if isinstance(n, ast.ClassDef))
     private = frozenset(n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                         and n.name.startswith("_") and not n.name.startswith("__")
@@ -457,7 +463,7 @@ def _set_from_outside(tree: ast.AST) -> set[str]:
 
 @functools.lru_cache(maxsize=1)
 def _names_set_from_outside() -> frozenset[str]:
-    return frozenset(name for p in PACKAGE.rglob("*.py") for name in _set_from_outside(ast.parse(p.read_text())))
+    return frozenset(name for p in sources() for name in _set_from_outside(ast.parse(p.read_text())))
 
 
 def module_state(path: Path, set_elsewhere: frozenset[str] | None = None) -> list[str]:
@@ -493,7 +499,7 @@ def module_state(path: Path, set_elsewhere: frozenset[str] | None = None) -> lis
 def test_kernel_code_keeps_at_most_three_module_level_states():
     """Kernel state lives in one SliceManager; besides it, one cache and one once-only set. What
     guards or carries them, and what is filled at import, is listed apart, each with why."""
-    found = {(str(p.relative_to(PACKAGE)), name) for p in PACKAGE.rglob("*.py")
+    found = {(str(p.relative_to(PACKAGE)), name) for p in sources()
              if p.relative_to(PACKAGE).parts[0] not in KERNEL_EXCLUDED for name in module_state(p)}
     listed = set(STATE_ALLOWED) | set(SUPPORT_ALLOWED)
     assert found == listed, f"module-level state not listed: {sorted(found - listed)}; listed but gone: " \
@@ -535,7 +541,7 @@ def private_calls_on_others(path: Path) -> list[str]:
 
 
 def test_no_module_calls_another_objects_private_methods():
-    found = [call for p in sorted(PACKAGE.rglob("*.py")) for call in private_calls_on_others(p)]
+    found = [call for p in sources() for call in private_calls_on_others(p)]
     assert not found, "private methods called on other objects: " + ", ".join(found)
 
 
@@ -597,7 +603,7 @@ def backend_named(path: Path, names: tuple[str, ...]) -> list[str]:
 
 def test_no_module_outside_provision_names_a_backend():
     names = backend_names()
-    found = [hit for p in sorted(PACKAGE.rglob("*.py")) if not p.is_relative_to(PROVISION)
+    found = [hit for p in sources() if not p.is_relative_to(PROVISION)
              for hit in backend_named(p, names)]
     assert not found, "backends named outside tpunb/provision/: " + "; ".join(found)
 
@@ -701,7 +707,7 @@ PAUSES = ("sleep", "pause")
 
 
 def _kernel_files() -> list[Path]:
-    return [p for p in sorted(PACKAGE.rglob("*.py"))
+    return [p for p in sources()
             if p.relative_to(PACKAGE).parts[0] not in ("host", "emulator") and str(p.relative_to(PACKAGE)) != "transport/fanout.py"]
 
 
@@ -716,8 +722,13 @@ def _starts_thread(node: ast.AST) -> bool:
 @functools.lru_cache(maxsize=1)
 def classes_starting_threads() -> frozenset[str]:
     """tpunb's classes whose constructor starts a thread (in ``__init__``, or a method it calls on self)."""
+    return starting_in(sources())
+
+
+def starting_in(paths: list[Path]) -> frozenset[str]:
+    """The classes of these modules whose constructor starts a thread."""
     found = set()
-    for path in PACKAGE.rglob("*.py"):
+    for path in paths:
         for cls in ast.walk(ast.parse(path.read_text())):
             if isinstance(cls, ast.ClassDef):
                 methods = {m.name: m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -806,13 +817,11 @@ def test_the_thread_check_sees_a_thread_started_by_a_constructor_called_in_a_loo
                     "    def _read(self):\n        pass\n"
                     "def follow(hosts):\n    return [Reader(h) for h in hosts]\n")
     try:
-        classes_starting_threads.cache_clear()
-        assert "Reader" in classes_starting_threads()
-        assert threads_started(path) == [("_probe_ctor_for_test_layout.py", "Reader()", True),
-                                         ("_probe_ctor_for_test_layout.py", "self._read", False)]
+        assert starting_in([path]) == {"Reader"}
+        assert threads_started(path, starting_in([path])) == [("_probe_ctor_for_test_layout.py", "Reader()", True),
+                                                               ("_probe_ctor_for_test_layout.py", "self._read", False)]
     finally:
         path.unlink()
-        classes_starting_threads.cache_clear()
 
 
 def test_the_thread_and_sleep_checks_see_a_loop_of_threads_and_a_poll(tmp_path):
@@ -855,7 +864,7 @@ def private_imports(path: Path) -> list[str]:
 
 
 def test_no_private_name_is_imported_across_modules():
-    found = [hit for p in sorted(PACKAGE.rglob("*.py")) for hit in private_imports(p)]
+    found = [hit for p in sources() for hit in private_imports(p)]
     assert not found, "private names imported from other modules: " + ", ".join(found)
 
 
