@@ -18,8 +18,8 @@ HOST = Path(__file__).resolve().parent.parent / "host"
 #: shipped in this order: each module's relative imports name only modules before it
 MODULES = ("protocol", "uv_wheel", "prepare", "watchdog", "io", "inbox", "runners", "diagnose", "metrics",
            "profiler", "standalone.idle", "gcs", "snapshot", "preempt", "jaxcache", "jax_start", "shards", "transfer",
-           "relay", "fetch", "download", "receive", "hflayout", "spread", "stacks", "agent", "standalone.forkclient",
-           "forkserver")
+           "relay", "fetch", "download", "receive", "hflayout", "spread", "stacks", "exchange", "agent",
+           "standalone.forkclient", "forkserver")
 
 #: the start of every program given on a host's command line: read a length-prefixed message from
 #: stdin, or from the file descriptor given as the program's argument (the launcher's memfd)
