@@ -6,7 +6,8 @@ benchmark runs as its own process with ``PYTHONPATH`` set to the tree, a fresh `
 that tree's copy of the script (a script only this tree has, such as ``bench_small_push.py``,
 runs from here against both: it imports tpunb from ``PYTHONPATH``). Every number in every
 Markdown table row the benchmarks print is collected, and one table shows each row's median on
-both trees and their ratio (this tree / base: below 1 is faster for times, slower for rates).
+both trees, their ratio (this tree / base: below 1 is faster for times, slower for rates) and
+each side's spread (the rounds' lowest and highest).
 
     git worktree add /tmp/base e88b512
     python bench/bench_trees.py --base /tmp/base --rounds 3 \\
@@ -89,12 +90,18 @@ def main() -> None:
                 for key, value in rows(run(trees[side], command, args.timeout)).items():
                     seen[side].setdefault((command.split()[0], *key), []).append(value)
     print(f"\n### {trees['this']} against {trees['base']}: medians of {args.rounds} alternating rounds\n")
-    print("| benchmark | table | row | column | base | this tree | this / base |")
-    print("|---|---|---|---|---|---|---|")
+    print("| benchmark | table | row | column | base | this tree | this / base | base's spread | this tree's spread |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted(set(seen["base"]) & set(seen["this"])):
         base, this = statistics.median(seen["base"][key]), statistics.median(seen["this"][key])
         ratio = f"{this / base:.2f}" if base else "-"
-        print(f"| {' | '.join(key)} | {base:g} | {this:g} | {ratio} |")
+        print(f"| {' | '.join(key)} | {base:g} | {this:g} | {ratio} | {_spread(seen['base'][key])} | "
+              f"{_spread(seen['this'][key])} |")
+
+
+def _spread(values: list[float]) -> str:
+    """The rounds' lowest and highest, so a ratio can be read against the noise."""
+    return f"{min(values):g}-{max(values):g}"
 
 
 if __name__ == "__main__":
