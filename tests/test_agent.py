@@ -260,7 +260,7 @@ def test_the_ops_table_is_what_the_agent_dispatches():
     from tpunb.host.relay import OPS as RELAY_OPS
     from tpunb.host.spread import OPS as FETCH_OPS
 
-    requests = {name[3:] for name in vars(host_agent.Agent) if name.startswith("op_")}
+    requests = {name[3:] for name in dir(host_agent.Agent) if name.startswith("op_")}  # its mixins' too (exchange)
     assert requests == protocol.MAIN_THREAD_OPS
     assert set(PROFILE_OPS) | set(RELAY_OPS) | set(FETCH_OPS) <= {op for op, thread in protocol.OPS.items() if thread == protocol.SIDE}
     seen: list = []

@@ -17,7 +17,7 @@ import huggingface_hub.constants
 import pytest
 from safetensors.numpy import load
 
-from tpunb import manager
+from tpunb import colab
 from tpunb.emulator.hub import Hub, HubServer
 from tests.test_fetch_sources import connect, homes
 from tests.tiny_llama import tiny_llama_files
@@ -93,7 +93,7 @@ def kernel(monkeypatch, hub, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setattr(getpass, "getpass", lambda prompt="": TOKEN)
-    monkeypatch.setattr(manager.colab, "user_secret", lambda name: None)
+    monkeypatch.setattr(colab, "user_secret", lambda name: None)
 
 
 def results(cell, sshd, code: str) -> list:

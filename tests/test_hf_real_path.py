@@ -21,7 +21,7 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
-from tpunb import manager
+from tpunb import colab
 from tpunb.emulator.hub import Hub, HubServer
 from tpunb.emulator.image import kernel_prefix
 from tests.compute_fixture import cloud, sandbox  # noqa: F401 - cloud is a fixture
@@ -82,7 +82,7 @@ def test_the_real_v6e8_path_runs_on_the_sandbox_as_far_as_it_goes(cloud, cell, i
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setattr(getpass, "getpass", lambda prompt="": TOKEN)  # typed at %tpu_secret's prompt
-    monkeypatch.setattr(manager.colab, "user_secret", lambda name: None)
+    monkeypatch.setattr(colab, "user_secret", lambda name: None)
     assert cell(launch).error is None
     home = cloud.sshd.home(cloud.sshd.addresses[0])
     assert cell(secret).error is None
