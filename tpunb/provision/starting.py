@@ -9,10 +9,12 @@ import time
 from typing import Any
 
 from tpunb import report
+from tpunb.engine.masking import Masker
 from tpunb.errors import CellInterrupted
 from tpunb.provision.base import Made
 from tpunb.registry import Registry
 from tpunb.slice import Slice
+from tpunb.transport.forkserver import LocalForks
 
 
 @contextlib.contextmanager
@@ -37,8 +39,8 @@ def with_spec(made: Made, **entries: Any) -> Made:
     return made
 
 
-def start_slice(made: Made, reg: Registry, masker: Any, forks: Any, since: float | None = None,
-                quiet: bool = False) -> Slice:
+def start_slice(made: Made, reg: Registry, masker: Masker | None, forks: LocalForks | None,
+                since: float | None = None, quiet: bool = False) -> Slice:
     """The Slice of what a backend made, connected, checked and recorded as running (owned by this
     process, its hosts' pids published for other processes). ``since``: when the launch began (its
     ready line counts from then); ``quiet``: no ready line of ours."""
