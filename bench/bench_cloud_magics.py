@@ -37,7 +37,7 @@ def main() -> None:
     from tpunb.provision import ssh as ssh_backend
     from tpunb import slice as slice_module
     from tpunb.emulator.sandbox import start_sandbox
-    from tpunb.provision.gcp import api as gcp
+    from tpunb.provision.gcp.tpu import api as gcp
     from tpunb.provision import warm
     from tpunb.registry import SliceRecord
 

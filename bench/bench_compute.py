@@ -7,7 +7,7 @@ One sandbox (``start_sandbox``: both emulated APIs, real sshd hosts) serves ever
 alternating round by round. A launch (``manager.launch``, what ``%tpu_launch`` runs) is split into:
 the API (every HTTP request, timed at google-auth's ``AuthorizedSession.request``, which both
 google-cloud-tpu and google-cloud-compute use over REST, server-side waits included), tpunb's
-deliberate poll waits (``gcp.pause``), the hosts (SSH connections; reading each VM's worker id,
+deliberate poll waits (``shared.pause``), the hosts (SSH connections; reading each VM's worker id,
 Compute Engine only; the agents' start, with host preparation), and the rest: tpunb's own time.
 The emulated API's own delay is what the sandbox is told (``create_seconds``: a node CREATING, a
 VM PROVISIONING to RUNNING); "beyond the API's delay" is the API time plus poll waits less that.
@@ -159,12 +159,9 @@ def launch_rows(meter: Meter, google: Google, rounds: int) -> tuple[list[str], l
 
 def survey_rows(meter: Meter, views: int) -> list[str]:
     """The survey parts alone, and whole status views with no slice and with three of each API."""
-    import importlib
-
     from tpunb import manager
     from tpunb.provision.gcp.compute import found
-
-    adopt = importlib.import_module("tpunb.provision.gcp.adopt")  # the package's name ``adopt`` is a function
+    from tpunb.provision.gcp.tpu import adoption as adopt
 
     def timed(fn, n: int = views) -> tuple[float, float, float]:
         fn()  # once before: clients made

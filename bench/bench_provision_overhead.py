@@ -2,7 +2,7 @@
 
 Runs ``python -m tpunb.emulator`` in a subprocess and launches slices against it with
 tpunb.provision.gcp.create (create + wait for READY/ACTIVE). Every HTTP request is timed
-(google.auth's AuthorizedSession.request) and so is every deliberate poll wait (gcp.pause);
+(google.auth's AuthorizedSession.request) and so is every deliberate poll wait (shared.pause);
 tpunb's overhead is the wall time minus both: request building, response parsing, state
 tracking, error checks. Target: under 200 ms per launch.
 
@@ -37,9 +37,9 @@ class Meter:
     def install(self) -> None:
         from google.auth.transport.requests import AuthorizedSession
 
-        from tpunb.provision.gcp import api as gcp
+        from tpunb.provision.gcp import shared
 
-        request, sleep = AuthorizedSession.request, gcp.pause
+        request, sleep = AuthorizedSession.request, shared.pause
 
         def timed_request(session, *args, **kwargs):
             started = time.perf_counter()
@@ -55,11 +55,11 @@ class Meter:
             self.waits += time.perf_counter() - started
 
         AuthorizedSession.request = timed_request
-        gcp.pause = timed_sleep
+        shared.pause = timed_sleep
 
 
 def launch(meter: Meter, name: str, queued: bool) -> dict:
-    from tpunb.provision.gcp import api as gcp
+    from tpunb.provision.gcp.tpu import api as gcp
 
     meter.reset()
     started = time.perf_counter()

@@ -190,7 +190,7 @@ def test_a_press_python_drops_in_a_gc_callback_still_stops_the_launch(cloud, cel
 
 
 def test_status_lists_orphans_and_down_deletes_them(cloud, cell, ip):
-    from tpunb.provision.gcp import api as gcp
+    from tpunb.provision.gcp.tpu import api as gcp
 
     gcp.create(gcp.NodeSpec(name="forgotten", accelerator="v4-8", project="proj", zone=ZONE))
     cell("%tpu_status")
@@ -204,8 +204,8 @@ def test_status_lists_orphans_and_down_deletes_them(cloud, cell, ip):
 def test_a_zone_the_wildcard_list_cannot_reach_is_asked_on_its_own(cloud):
     """A locations/- list names the zones it could not reach (AIP-217 `unreachable`) and leaves
     their nodes out: the survey lists each of those zones itself, so an orphan there is still found."""
-    from tpunb.provision.gcp import api as gcp
-    from tpunb.provision.gcp.adopt import everywhere
+    from tpunb.provision.gcp.tpu import api as gcp
+    from tpunb.provision.gcp.tpu.adoption import everywhere
 
     gcp.create(gcp.NodeSpec(name="far", accelerator="v4-8", project="proj", zone=ZONE))
     cloud.faults(unreachable=[ZONE])

@@ -19,7 +19,7 @@ import tpunb.colab
 from tests import colab_stand_in
 from tpunb import provision, report, manager
 from tpunb.errors import ProvisionError, UsageError
-from tpunb.provision.gcp import api as gcp
+from tpunb.provision.gcp.tpu import api as gcp
 from tpunb.registry import Registry
 
 COLAB_SIGN_IN = "run `import tpunb.colab; tpunb.colab.authenticate('PROJECT')` (Colab's Google sign-in)"

@@ -17,7 +17,7 @@ from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - c
 from tests.conftest import wait_for
 from tpunb import catalog
 from tpunb.errors import ProvisionError
-from tpunb.provision.gcp.common import new_launch
+from tpunb.provision.gcp.shared import new_launch
 from tpunb.provision.gcp.compute import VmSpec, bodies, bulk, first_granted, teardown
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.registry import Registry, SliceRecord

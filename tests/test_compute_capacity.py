@@ -287,7 +287,7 @@ def test_ctrl_c_while_a_mig_fills_deletes_its_mig_template_and_policy(cloud, cel
     finally:
         cloud.emulator.compute_faults(unstable=False)
     assert isinstance(run.error, CellInterrupted), run.shown
-    assert str(run.error) == "launch of held interrupted: what it had created was deleted, nothing is left"
+    assert str(run.error) == "launch of held interrupted: what it had created was deleted, nothing is left running"
     assert nothing_in(google, zone) and Registry(isolated_home / "registry.db").list_slices() == []
 
 

@@ -15,7 +15,7 @@ from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.manager import SliceManager
 from tpunb.provision import gcp
-from tpunb.provision.gcp.common import new_launch, read_marker
+from tpunb.provision.gcp.shared import new_launch, read_marker
 from tpunb.provision.gcp.compute import VmSpec, first_granted, teardown
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.registry import Registry, SliceRecord

@@ -15,7 +15,7 @@ from tests.conftest import wait_for
 from tpunb import catalog, manager
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp import compute
-from tpunb.provision.gcp.common import new_launch
+from tpunb.provision.gcp.shared import new_launch
 from tpunb.provision.gcp.compute import VmSpec, bodies, first_granted, found
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.registry import Registry, SliceRecord

@@ -279,7 +279,7 @@ def test_probe_counts_a_refusal_as_reachable_and_silence_as_blocked(dropping_por
 
 @pytest.mark.jax
 def test_cloud_slices_use_the_port_gcp_opens_and_the_emulator_a_random_one(monkeypatch):
-    from tpunb.provision import gcp
+    from tpunb.provision.gcp import tpu as gcp
     from tpunb.registry import SliceRecord
 
     record = SliceRecord(name="n", accelerator="v4-16", backend="gcp", state="running", spec={"network": "my-vpc"})

@@ -13,7 +13,7 @@ from tests.emulator_fixture import configure, on_sshd
 from tpunb import doctor, manager
 from tpunb.doctor import hosts as host_checks
 from tpunb.errors import NoSliceError, UsageError
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp.tpu import api
 
 ZONE = "us-central2-b"  # offers v4
 

@@ -11,7 +11,7 @@ from tests.conftest import interrupt_kernel_when, wait_for
 from tests.emulator_fixture import configure, on_sshd
 from tpunb import catalog, manager
 from tpunb.errors import CellInterrupted, ProvisionError, UsageError
-from tpunb.provision.gcp import api, failover
+from tpunb.provision.gcp.tpu import api, failover
 from tpunb.registry import Registry
 
 # v5p-8 is one host, offered in three zones: a race of all three fits the sshd's four hosts

@@ -14,7 +14,7 @@ from tests.sshd import Sshd, _write_ed25519
 from tpunb.catalog import lookup
 from tpunb.emulator import start_emulator
 from tpunb.errors import ProvisionError, UnknownAcceleratorError
-from tpunb.provision.gcp import api as gcp
+from tpunb.provision.gcp.tpu import api as gcp
 
 
 P, Z = "proj", "us-central2-b"
@@ -470,7 +470,7 @@ def test_a_failed_cleanup_is_said_in_one_line_and_listed_as_an_orphan_until_gone
 def test_the_preemption_watch_says_once_that_it_cannot_watch_and_why(tpu_emulator, monkeypatch, capsys):
     """The API is switched off under a watched node: one line says so (with the API's reason),
     however many rounds fail; when the API is back, a preemption is still said."""
-    from tpunb.provision.gcp.node import CloudNode
+    from tpunb.provision.gcp.tpu.node import CloudNode
 
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.02")
     info = gcp.create(spec("watched", spot=True))

@@ -148,7 +148,7 @@ def test_a_package_that_does_not_exist(cloud, cell, isolated_home):
     text = launch_fails(cell, cloud, "%tpu_launch v5litepod-4 --pip tpunb-no-such-package-xyz", isolated_home)
     assert text.startswith("cannot prepare host 0 (127.0.0.2:")
     assert "package tpunb-no-such-package-xyz does not exist on the package index" in text
-    assert "deleted again" in text
+    assert "was deleted (--keep keeps it to look at)" in text
 
 
 @pytest.mark.fresh_slice

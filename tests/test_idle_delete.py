@@ -24,7 +24,7 @@ import pytest
 from tpunb import manager
 from tpunb.errors import CellInterrupted, UsageError
 from tpunb.host.standalone import idle
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp.tpu import api
 from tpunb.provision.gcp.config import CloudOptions
 from tpunb.units import format_duration, parse_duration
 from tests.conftest import wait_for
@@ -251,9 +251,9 @@ def test_a_launch_holds_its_node_past_the_idle_limit_until_its_checks_end(cloud,
     """A launch waits for the watchdog's permission answer once its hosts are up: that wait (or a
     loaded machine) may pass the idle limit, and the node must still be there when the launch
     returns (CI lost a 3 s idle node there). The idle time starts once the launch is done."""
-    from tpunb.provision import gcp
+    from tpunb.provision.gcp import tpu
 
-    seen, said = [], gcp._say_idle_problem
+    seen, said = [], tpu._say_idle_problem
 
     def say_idle_problem(project, zone, name, *args):  # held until the watchdog has looked past the limit
         log = host0_dir(cloud, sshd, name) / idle.LOG
@@ -264,7 +264,7 @@ def test_a_launch_holds_its_node_past_the_idle_limit_until_its_checks_end(cloud,
             seen.append(f"{e}; idle.log: {log.read_text() if log.exists() else '(none)'}")
         said(project, zone, name, *args)
 
-    monkeypatch.setattr(gcp, "_say_idle_problem", say_idle_problem)
+    monkeypatch.setattr(tpu, "_say_idle_problem", say_idle_problem)
     assert cell(launch_line(sshd, "--name held --idle-delete 2s")).error is None
     assert seen == [] and "held" in node_names(cloud)
     done = time.monotonic()
@@ -278,9 +278,9 @@ def test_ctrl_c_in_the_launchs_last_wait_deletes_its_node(cloud, sshd, cell, mon
     """The hosts are up and host 0 holds the node for its attaching kernel: Ctrl-C in the launch's
     wait for the watchdog's answer deletes the node, as it does while the hosts start, and the
     one line is true. (Before, the node stayed, unattached, held busy for as long as the kernel ran.)"""
-    from tpunb.provision import gcp
+    from tpunb.provision.gcp import tpu
 
-    monkeypatch.setattr(gcp, "_say_idle_problem", lambda *args: signal.raise_signal(signal.SIGINT))
+    monkeypatch.setattr(tpu, "_say_idle_problem", lambda *args: signal.raise_signal(signal.SIGINT))
     run = cell(launch_line(sshd, "--name cut --idle-delete 1h"))
     assert isinstance(run.error, CellInterrupted), run.shown
     assert "launch of cut interrupted: nothing is left running" in str(run.error)
@@ -539,7 +539,7 @@ def test_a_watchdog_that_may_not_delete_says_so_at_launch_and_in_status(cloud, s
 def test_a_refused_delete_is_written_where_a_kernel_reads_it(cloud, sshd):
     """The check passed at arming; the role is taken away before the limit: the watchdog's refused
     delete becomes its last error, on worker 0's guest attribute."""
-    from tpunb.provision.gcp import lookups
+    from tpunb.provision.gcp.tpu import lookups
 
     api.create(api.NodeSpec(name="revoked", accelerator="v4-8", project="proj", zone=ZONE, idle_delete=2,
                             connect_wait=0))

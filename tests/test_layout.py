@@ -673,7 +673,7 @@ THREADS_ALLOWED = {
     ("serve/openssh.py", "ThreadPoolExecutor"): "the OpenSSH spawner: one thread forks every ssh ControlMaster",
     ("serve/openssh.py", "self._run"): "one per OpenSSH ControlMaster: carries its mux socket",
     ("metrics/feed.py", "self._run"): "one per metrics feed",
-    ("provision/gcp/node.py", "self._watch"): "one per cloud node or Compute Engine slice: its preemption watch",
+    ("provision/gcp/watch.py", "self._watch"): "one per cloud node or Compute Engine slice: its preemption watch",
     ("provision/warm.py", "_import_all"): "one per kernel: imports what Ctrl-C must not cut, ahead of time",
     ("provision/warm.py", "_import_compute"): "once per kernel: google-cloud-compute, when first needed and "
                                               "not already on the warm-up thread",
@@ -689,16 +689,16 @@ THREADS_ALLOWED = {
 SLEEPS_ALLOWED = {
     ("provision/ssh.py", "connect_hosts"): "backoff between SSH tries while fresh VMs start their sshd",
     ("provision/local.py", "end_hosts"): "another kernel's host processes: only their state can be read",
-    ("provision/gcp/api.py", "create"): "API: Cloud TPU operations.get and nodes.get, until a create ends",
-    ("provision/gcp/failover.py", "run"): "API: Cloud TPU operations.get of every zone's attempt, raced",
-    ("provision/gcp/__init__.py", "_say_idle_problem"): "API: Cloud TPU nodes.getGuestAttributes (the watchdog's word)",
+    ("provision/gcp/tpu/api.py", "create"): "API: Cloud TPU operations.get and nodes.get, until a create ends",
+    ("provision/gcp/tpu/failover.py", "run"): "API: Cloud TPU operations.get of every zone's attempt, raced",
+    ("provision/gcp/tpu/__init__.py", "_say_idle_problem"): "API: Cloud TPU nodes.getGuestAttributes (the watchdog's word)",
     ("provision/gcp/compute/node.py", "say_idle_problem"): "API: Compute Engine instances.getGuestAttributes",
     ("provision/gcp/compute/make.py", "_wait_running"): "API: Compute Engine instances.get, until RUNNING",
     ("provision/gcp/compute/bulk.py", "wait_up"): "API: Compute Engine instanceGroupManagers.listManagedInstances",
     ("provision/gcp/compute/hostkeys.py", "pin"): "API: Compute Engine instances.getGuestAttributes (hostkeys/)",
     ("serve/openssh.py", "__init__"): "the ControlMaster's socket file: OpenSSH gives no event when it exists",
     ("metrics/feed.py", "_run"): "a period, not a poll: the feed reads the registry every interval until stopped",
-    ("provision/gcp/node.py", "_watch"): "a period, not a poll: the preemption watch asks the cloud every interval",
+    ("provision/gcp/watch.py", "_watch"): "a period, not a poll: the preemption watch asks the cloud every interval",
     ("provision/warm.py", "ready"): "an event's wait in ticks of WAKE, so a Ctrl-C is seen while imports finish",
 }
 #: calls that wait with a timeout: a sleep in another name when they are in a loop
@@ -1022,3 +1022,38 @@ def test_the_fast_loop_selects_tests_of_every_package():
     reached = set().union(*(_packages_named((root / f).read_text()) for f in files))
     packages = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
     assert not packages - reached, f"no test the fast loop runs names these packages: {sorted(packages - reached)}"
+
+
+#: the gcp backend's two handlers (handlers.py chooses between them)
+GCP = "tpunb.provision.gcp"
+HANDLER_PACKAGES = (f"{GCP}.tpu", f"{GCP}.compute")
+#: rooms that may reach into a handler: the sandbox stands in for the APIs the handlers call
+HANDLERS_READ_BY = ("tpunb.emulator",)
+
+
+def handler_crossings(edges: dict[str, set[str]]) -> list[str]:
+    """Imports that break the gcp backend's shape: a handler importing the other handler, or the
+    backend's own modules above the shared ones (its facade, handlers.py); a module outside the
+    backend importing a handler's parts instead of asking the backend."""
+    found = []
+    for name, targets in edges.items():
+        mine = next((h for h in HANDLER_PACKAGES if _within(name, (h,))), None)
+        for target in sorted(targets):
+            theirs = next((h for h in HANDLER_PACKAGES if _within(target, (h,))), None)
+            if mine and ((theirs and theirs != mine) or target in (GCP, f"{GCP}.handlers")):
+                found.append(f"{name} -> {target}")
+            elif (not mine and theirs and not _within(name, (GCP,))
+                  and not _within(name, HANDLERS_READ_BY)):
+                found.append(f"{name} -> {target}")
+    return found
+
+
+def test_the_gcp_handlers_share_only_the_backends_shared_modules():
+    assert handler_crossings(graph()) == []
+
+
+def test_the_handler_check_sees_a_crossing():
+    edges = {f"{GCP}.compute.make": {f"{GCP}.tpu.api", f"{GCP}.shared"}, f"{GCP}.tpu.node": {GCP},
+             "tpunb.overview": {f"{GCP}.compute.found"}, f"{GCP}.handlers": {f"{GCP}.tpu"}}
+    assert handler_crossings(edges) == [f"{GCP}.compute.make -> {GCP}.tpu.api", f"{GCP}.tpu.node -> {GCP}",
+                                        f"tpunb.overview -> {GCP}.compute.found"]

@@ -9,7 +9,8 @@ import pytest
 
 from tpunb import manager
 from tpunb.errors import CellInterrupted, ProvisionError
-from tpunb.provision.gcp import api, errors
+from tpunb.provision.gcp import errors
+from tpunb.provision.gcp.tpu import api
 from tpunb.registry import Registry
 from tests.conftest import interrupt_kernel_when, wait_for
 from tests.emulator_fixture import on_sshd

@@ -20,7 +20,7 @@ from google.rpc import code_pb2, status_pb2
 from tests.proto_check import check_error, check_operation, strict
 from tpunb.emulator.server import Exchange
 from tpunb.errors import ProvisionError
-from tpunb.provision.gcp import api as gcp
+from tpunb.provision.gcp.tpu import api as gcp
 
 P, Z = "proj", "us-central2-b"
 

@@ -22,15 +22,15 @@ from tpunb.host.standalone import idle
 @pytest.mark.fresh_slice
 def test_a_running_service_keeps_an_idle_node_and_its_end_lets_the_watchdog_delete_it(cloud, sshd, cell, ip,
                                                                                      monkeypatch):
-    from tpunb.provision import gcp
+    from tpunb.provision.gcp import tpu
 
-    asked, said = [], gcp._say_idle_problem
+    asked, said = [], tpu._say_idle_problem
 
     def say_idle_problem(project, zone, name, *args):  # the launch's last wait (up to 5 s), after its hosts are up
         asked.append((host0_dir(cloud, sshd, name) / idle.ACTIVITY).stat().st_mtime)
         said(project, zone, name, *args)
 
-    monkeypatch.setattr(gcp, "_say_idle_problem", say_idle_problem)
+    monkeypatch.setattr(tpu, "_say_idle_problem", say_idle_problem)
     assert cell(launch_line(sshd, "--name served --idle-delete 3s")).error is None
     activity = host0_dir(cloud, sshd, "served") / idle.ACTIVITY  # the idle time starts after the launch's wait
     wait_for(lambda: activity.stat().st_mtime > asked[0], 10, "the launch's end to be activity on host 0")

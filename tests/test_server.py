@@ -301,7 +301,7 @@ async def test_requests_without_a_token_are_refused(jp_fetch):
 
 
 async def test_orphaned_cloud_nodes_are_listed_and_deleted(call, tpu_emulator, monkeypatch):
-    from tpunb.provision.gcp import api as gcp
+    from tpunb.provision.gcp.tpu import api as gcp
 
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
     monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", "us-central2-b")
@@ -317,7 +317,7 @@ async def test_orphaned_cloud_nodes_are_listed_and_deleted(call, tpu_emulator, m
 
 
 async def test_an_orphaned_multislice_is_one_row_priced_for_every_slice(call, tpu_emulator, monkeypatch):
-    from tpunb.provision.gcp import api as gcp
+    from tpunb.provision.gcp.tpu import api as gcp
 
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "proj")
     monkeypatch.setenv("CLOUDSDK_COMPUTE_ZONE", "us-central2-b")
@@ -336,7 +336,7 @@ async def test_a_watchdog_that_cannot_delete_shows_why_instead_of_a_countdown(ca
     (tests/test_idle_delete.py), and the sidebar's row carries that line in place of the timer."""
     from tests.emulator_fixture import FAST
     from tpunb.emulator import start_emulator
-    from tpunb.provision.gcp import api as gcp
+    from tpunb.provision.gcp.tpu import api as gcp
     from tpunb.registry import HostRecord, SliceRecord
 
     url, emulator = start_emulator(**FAST, **sshd.emulator_options())
@@ -352,7 +352,7 @@ async def test_a_watchdog_that_cannot_delete_shows_why_instead_of_a_countdown(ca
                                    hosts=[HostRecord(0, info.hosts[0].address())]))
         reg.mark_idle("stuck", 3600, busy=False)
 
-        from tpunb.provision.gcp import lookups
+        from tpunb.provision.gcp.tpu import lookups
 
         wait_for(lambda: lookups.idle_problem("proj", "us-central2-b", "stuck"), 10, "the watchdog's check at boot")
         status, body = await call("GET", "slices")

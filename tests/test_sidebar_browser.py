@@ -451,7 +451,7 @@ def test_the_launch_form_brings_the_last_focused_notebook_forward_when_none_is_o
 
 def test_an_orphaned_cloud_node_shows_in_red_with_its_price_and_can_be_deleted(lab_home, emulator, page, tmp_path,
                                                                                 monkeypatch):
-    from tpunb.provision.gcp import api as gcp
+    from tpunb.provision.gcp.tpu import api as gcp
 
     for key, value in _cloud(emulator).items():
         monkeypatch.setenv(key, value)

@@ -1,8 +1,11 @@
-"""What every backend shares: the environment each host gets, and whether a slice's owner runs."""
+"""What every backend shares: the environment each host gets, whether a slice's owner runs, and
+what a slice costs (or would cost) on Cloud TPU at list price."""
 from __future__ import annotations
 
 import os
 
+from tpunb import catalog
+from tpunb.errors import TpunbError
 from tpunb.machine import procs
 from tpunb.registry import SliceRecord, process_start
 
@@ -78,3 +81,23 @@ def owner_running(record: SliceRecord) -> bool:
 def owner_alive(record: SliceRecord) -> bool:
     """Another live process (a kernel) owns this slice's host sessions."""
     return record.owner_pid != os.getpid() and owner_running(record)
+
+
+def price_per_hour(accelerator: catalog.Accelerator, spot: bool, slices: int = 1) -> float | None:
+    """The slice's list price (every slice of a multislice), or None for a generation without a public one."""
+    try:
+        return accelerator.price_per_hour(spot) * slices
+    except TpunbError:
+        return None
+
+
+def list_price(record: SliceRecord) -> float | None:
+    """What a recorded slice (every slice of a multislice) costs, or would cost, on Cloud TPU; None
+    when no source gives it (TPU7x, flex-start)."""
+    if record.spec.get("flex"):  # no source gives flex-start's price: never the on-demand rate in its place
+        return None
+    try:
+        accelerator = catalog.lookup(record.accelerator) if record.accelerator else None
+    except TpunbError:
+        return None
+    return price_per_hour(accelerator, bool(record.spec.get("spot")), record.num_slices) if accelerator else None

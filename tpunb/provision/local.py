@@ -171,7 +171,7 @@ def name_reusable(record: SliceRecord) -> bool:
 def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
     """Running while its kernel runs (each host while its process does), free, and what it
     would cost on Cloud TPU; the host's own process is its CPU and memory (hosts share this machine)."""
-    from tpunb.provision.gcp.node import list_price
+    from tpunb.provision.common import list_price
 
     hosts = _host_states(record)
     return SliceStatus(

@@ -21,7 +21,7 @@ LAUNCH_MODULES = (
     "tpunb.widgets.launch",
     "tpunb.transport.ssh",
     "tpunb.transport.keys",
-    "tpunb.provision.gcp.api",
+    "tpunb.provision.gcp.tpu.api",
     "google.cloud.tpu_v2",
     "google.cloud.oslogin_v1",
     "google.auth",

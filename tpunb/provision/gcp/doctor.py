@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpunb import catalog
 from tpunb.provision.checks import FAILED, OK, WARNING, Check, Context, check
-from tpunb.errors import ProvisionError, UnknownAcceleratorError
+from tpunb.errors import ProvisionError, UnknownAcceleratorError, UsageError
 
 #: this backend's checks, in the order the table shows them
 CHECKS: list[Check] = []
@@ -14,14 +14,16 @@ QUOTAS_URL = "https://console.cloud.google.com/iam-admin/quotas?project={project
 
 @check(CHECKS, "credentials")
 def credentials(ctx: Context) -> tuple[str, str] | None:
-    from tpunb.provision.gcp import api
+    from tpunb.provision.gcp.tpu import api
 
     if not ctx.cloud:
         return None
     if api.endpoint():
         return OK, f"anonymous, for the Cloud TPU API emulator at {api.endpoint()} (${api.ENDPOINT_ENV})"
     try:
-        found = api.default_credentials()
+        from tpunb.provision.gcp import shared
+
+        found = shared.default_credentials()
     except ProvisionError as e:
         return FAILED, str(e)
     who = getattr(found, "service_account_email", None) or getattr(found, "account", None) or "your gcloud login"
@@ -42,18 +44,22 @@ def project(ctx: Context) -> tuple[str, str] | None:
 
 
 def on_compute(ctx: Context) -> bool:
-    """The slice, or the launch being checked, goes through Compute Engine (not the Cloud TPU API)."""
+    """The slice, or the launch being checked, goes through Compute Engine (not the Cloud TPU API):
+    as its handler says (handlers.py, the one place that chooses)."""
+    from tpunb.provision.gcp import compute, handlers
+    from tpunb.provision.gcp.config import CloudOptions
+
     if ctx.slice is not None:
-        return ctx.slice.record.spec.get("api") == "compute"
+        return handlers.of(ctx.slice.record) is compute
     try:
-        return bool(ctx.accelerator) and catalog.lookup(ctx.accelerator).default_api == "compute"
-    except UnknownAcceleratorError:
+        return bool(ctx.accelerator) and handlers.for_launch(catalog.lookup(ctx.accelerator), CloudOptions()) is compute
+    except (UnknownAcceleratorError, UsageError):
         return False
 
 
 @check(CHECKS, "API enabled")
 def api_enabled(ctx: Context) -> tuple[str, str] | None:
-    from tpunb.provision.gcp import api
+    from tpunb.provision.gcp.tpu import api
 
     if not (ctx.cloud and ctx.project and ctx.zone) or on_compute(ctx):
         return None
@@ -68,7 +74,7 @@ def api_enabled(ctx: Context) -> tuple[str, str] | None:
 
 @check(CHECKS, "quota")
 def quota(ctx: Context) -> tuple[str, str] | None:
-    from tpunb.provision.gcp import lookups
+    from tpunb.provision.gcp.tpu import lookups
 
     if not ctx.memo.get("api"):
         return None
@@ -82,7 +88,7 @@ def quota(ctx: Context) -> tuple[str, str] | None:
 
 @check(CHECKS, "zone offers type")
 def zone_offers(ctx: Context) -> tuple[str, str] | None:
-    from tpunb.provision.gcp import lookups
+    from tpunb.provision.gcp.tpu import lookups
 
     if not (ctx.memo.get("api") and ctx.accelerator):
         return None

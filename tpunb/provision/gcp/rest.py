@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpunb.errors import ProvisionError
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp import shared
 from tpunb.provision.gcp.config import cached, endpoint
 from tpunb.provision.gcp import errors as gcp_errors
 
@@ -37,7 +37,7 @@ def credentials() -> Any:
         from google.auth.credentials import AnonymousCredentials
 
         return AnonymousCredentials()
-    return api.default_credentials()
+    return shared.default_credentials()
 
 
 def session() -> Any:

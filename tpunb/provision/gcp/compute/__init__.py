@@ -25,13 +25,14 @@ import time
 from typing import TYPE_CHECKING
 
 from tpunb import catalog, diagnose
-from tpunb.errors import (AuthenticationError, CellInterrupted, HostKeyError, HostSetupError, ProvisionError,
+from tpunb.errors import (AuthenticationError, HostKeyError, HostSetupError, ProvisionError,
                           TpunbError, UsageError)
 from tpunb.engine import programs
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
-from tpunb.provision.gcp import api, logins
-from tpunb.provision.gcp.common import LAUNCH_LABEL, NAME_LIMIT, new_launch, same_launch
+from tpunb.provision.gcp import logins
+from tpunb.provision.gcp import shared
+from tpunb.provision.gcp.shared import LAUNCH_LABEL, NAME_LIMIT, new_launch, same_launch
 from tpunb.provision.gcp.compute import adopt as adoption, clients, fallback, hostkeys, network, org_policy, preflight
 from tpunb.provision.gcp.compute.bodies import VmSpec
 from tpunb.provision.gcp.compute.delete import teardown
@@ -41,10 +42,8 @@ from tpunb.provision.gcp.compute.node import ComputeNode
 from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_failed, outcome
 from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format_duration, require_project_zone,
                                        resolve_project_zone)
-from tpunb.provision.gcp.failover import Candidate, Outcome
-from tpunb.provision.gcp.node import price_per_hour
 from tpunb.provision.gcp.prepare import host_setup, kept
-from tpunb.provision.gcp.spec import NAME_LABEL, label_value
+from tpunb.provision.gcp.shared import NAME_LABEL, SSH_PORT_LABEL, Candidate, Outcome, label_value, price_per_hour
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
 if TYPE_CHECKING:
@@ -65,7 +64,6 @@ TPU_API_ONLY = {
 #: how long a new slice's VMs may take to answer SSH once Compute Engine says RUNNING: a first boot
 #: of 12 minutes is on record (marin#7030); a VM deleted or stopped meanwhile ends the wait at once
 FIRST_BOOT_WAIT = 15 * 60.0
-SSH_PORT_LABEL = "tpunb-ssh-port"  # the sandbox's sshd, when not on port 22 (as on the Cloud TPU side)
 #: what a flex-start slice's cost says: no source tpunb can cite gives the flex-start rate (docs/cloud-facts.md)
 FLEX_PRICE = "flex-start price not known"
 
@@ -94,85 +92,132 @@ def check_options(opts: CloudOptions, slices: int, accel: catalog.Accelerator | 
         raise UsageError(f"{what} is for the Cloud TPU API: under Compute Engine {instead}{other}")
 
 
-def create(request: LaunchRequest) -> Made:
-    """Make the slice's VMs through Compute Engine and reach them; see the module's docstring."""
-    name, accel, env, reg = request.name, request.accelerator, request.env, request.registry
-    opts: CloudOptions = request.options or CloudOptions()
-    warm.ready(*warm.LAUNCH_MODULES, *warm.COMPUTE_MODULES)  # google-cloud-compute too, where Ctrl-C cannot cut it
-    from tpunb.transport import keys
-    from tpunb.widgets.launch import LaunchProgress
+class Plan:
+    """A Compute Engine launch, checked and prepared before anything exists (the reservation, the
+    network, the logins, the zones): the driver's verbs (tpunb.provision.launching.Plan)."""
 
-    project, default_zone = resolve_project_zone(opts.project, None)
-    if project is None:
-        require_project_zone(None, "-")  # the one line saying how to set a project
-    check_options(opts, request.slices, accel)
-    opts = colab_idle_default(opts, request.slices)
-    shape = catalog.compute_shape(accel)
-    if len(name) > NAME_LIMIT and (shape.multi_host or opts.flex):  # a flex v6e-8 may become a MIG (fallback.py)
-        raise UsageError(f"slice name {name!r} has {len(name)} characters: a multi-host slice's name has at most "
-                         f"{NAME_LIMIT} (its workload policy is NAME-tpunb-wp, at most 63): give a shorter --name")
-    zones = choose(project, shape, opts.zone, default_zone)
-    key_path, public_key = keys.default_key()
-    pre = preflight.run(project, opts, zones, public_key)  # reservation, network, logins: before anything exists
-    zones, access = pre.zones, pre.access
-    prepared = host_setup(opts, accel)  # the generation's minimum jax and libtpu, or one line
-    user = access.user or "tpunb"
-    launch = new_launch()  # on every resource this launch makes: only those are ever deleted by it
-    vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login, opts.spot,
-                opts.internal_ip, opts.network, pre.subnetwork, opts.service_account, tuple(opts.labels.items()),
-                opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)),
-                pre.reservation.affinity_value(project) if pre.reservation else None,
-                json.dumps({"user": user, "os_login": access.os_login, "python": opts.python, "network": opts.network,
-                            "service_account": opts.service_account, **prepared}, sort_keys=True),
-                project, float(opts.idle_delete or 0), boot_grace(shape, opts), launch,
-                reservation_bound=bool(pre.reservation and pre.reservation.bound), disk_size=opts.disk_size or 200)
-    fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
-    record = SliceRecord(name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
-                         spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
-                               "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms, "launch": launch,
-                               **({"os_login": True} if access.os_login else {})})
-    reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
-    devices = f"{accel.chips} chips, {accel.devices} JAX devices"  # TPU7x: 2 per chip (catalog devices_per_chip)
-    what = f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology}, {devices})" if shape.multi_host \
-        else f"one {shape.machine_type} ({devices})"
-    where = zones[0] if len(zones) == 1 else ", ".join(zones[:-1]) + " or " + zones[-1]
-    how = "spot " if opts.spot else f"flex-start ({opts.flex:g} h) " if opts.flex else ""
-    using = f", from reservation {opts.reservation}" if opts.reservation else ""
-    price = None if opts.flex else price_per_hour(accel, opts.spot)  # TPU7x, flex-start: no source gives one
-    progress = LaunchProgress(f"Launching {accel.name} {how}{name!r} through Compute Engine in {project}/{where}: "
-                              f"{what}{using}", price, FLEX_PRICE if opts.flex else "price unknown")
-    started = time.perf_counter()
-    try:
+    def __init__(self, request: LaunchRequest, opts: CloudOptions) -> None:
+        from tpunb.transport import keys
+
+        name, accel, env = request.name, request.accelerator, request.env
+        warm.ready(*warm.LAUNCH_MODULES, *warm.COMPUTE_MODULES)  # google-cloud-compute too, where Ctrl-C cannot cut it
+        project, default_zone = resolve_project_zone(opts.project, None)
+        if project is None:
+            require_project_zone(None, "-")  # the one line saying how to set a project
+        check_options(opts, request.slices, accel)
+        opts = colab_idle_default(opts, request.slices)
+        shape = catalog.compute_shape(accel)
+        if len(name) > NAME_LIMIT and (shape.multi_host or opts.flex):  # a flex v6e-8 may become a MIG (fallback.py)
+            raise UsageError(f"slice name {name!r} has {len(name)} characters: a multi-host slice's name has at most "
+                             f"{NAME_LIMIT} (its workload policy is NAME-tpunb-wp, at most 63): give a shorter --name")
+        zones = choose(project, shape, opts.zone, default_zone)
+        key_path, public_key = keys.default_key()
+        self.pre = pre = preflight.run(project, opts, zones, public_key)  # before anything exists
+        zones, access = pre.zones, pre.access
+        prepared = host_setup(opts, accel)  # the generation's minimum jax and libtpu, or one line
+        user = access.user or "tpunb"
+        launch = new_launch()  # on every resource this launch makes: only those are ever deleted by it
+        self.vm = VmSpec(name, shape, zones[0], access.account or logins.owner(), user, public_key, access.os_login,
+                         opts.spot, opts.internal_ip, opts.network, pre.subnetwork, opts.service_account,
+                         tuple(opts.labels.items()), opts.flex, int(min(max(opts.timeout or 7200, 90), 7200)),
+                         pre.reservation.affinity_value(project) if pre.reservation else None,
+                         json.dumps({"user": user, "os_login": access.os_login, "python": opts.python,
+                                     "network": opts.network, "service_account": opts.service_account, **prepared},
+                                    sort_keys=True),
+                         project, float(opts.idle_delete or 0), boot_grace(shape, opts), launch,
+                         reservation_bound=bool(pre.reservation and pre.reservation.bound),
+                         disk_size=opts.disk_size or 200)
+        fields = {f.name: getattr(opts, f.name) for f in dataclasses.fields(CloudOptions)}
+        self.record = SliceRecord(
+            name=name, accelerator=accel.name, backend="gcp", state="creating", owner_pid=os.getpid(),
+            spec={**fields, **prepared, "api": API, "project": project, "zone": zones[0], "user": user,
+                  "key": str(key_path), "env_keys": sorted(env), "vms": shape.vms, "launch": launch,
+                  **({"os_login": True} if access.os_login else {})})
+        self.opts, self.zones, self.project, self.registry = opts, zones, project, request.registry
+        self.accelerator, self.shape, self.tries, self.watched = accel.name, shape, "", []
+        devices = f"{accel.chips} chips, {accel.devices} JAX devices"  # TPU7x: 2 per chip (catalog devices_per_chip)
+        what = (f"{shape.vms} x {shape.machine_type} (a MIG, topology {shape.topology}, {devices})" if shape.multi_host
+                else f"one {shape.machine_type} ({devices})")
+        where = zones[0] if len(zones) == 1 else ", ".join(zones[:-1]) + " or " + zones[-1]
+        how = "spot " if opts.spot else f"flex-start ({opts.flex:g} h) " if opts.flex else ""
+        using = f", from reservation {opts.reservation}" if opts.reservation else ""
+        self.price = None if opts.flex else price_per_hour(accel, opts.spot)  # TPU7x, flex-start: no source gives one
+        self.unpriced = FLEX_PRICE if opts.flex else "price unknown"
+        self.title = (f"Launching {accel.name} {how}{name!r} through Compute Engine in {project}/{where}: "
+                      f"{what}{using}")
+        self.notes: list[str] = []
+
+    def make(self, progress) -> None:
+        record, vm = self.record, self.vm
         try:
-            hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
+            hosts, tried = first_granted(self.project, vm, self.zones, record, self.registry, progress.state, self.opts)
         except ProvisionError as exc:
-            vm = fallback.flex_alternative(vm, exc)  # a flex-start v6e-8's 8t refused: its 8 chips as 2 x 4t
+            self.vm = vm = fallback.flex_alternative(vm, exc)  # a flex-start v6e-8's 8t refused: its 8 chips as 2 x 4t
             if vm is None:
                 raise
-            progress.state(f"{shape.machine_type} refused under flex-start ({str(exc).splitlines()[0]}): trying "
-                           f"{vm.shape.vms} x {vm.shape.machine_type} (a MIG, topology {vm.shape.topology})", 0.0)
+            progress.state(f"{self.shape.machine_type} refused under "
+                           f"flex-start ({str(exc).splitlines()[0]}): trying {vm.shape.vms} x {vm.shape.machine_type} "
+                           f"(a MIG, topology {vm.shape.topology})", 0.0)
             record.spec["vms"] = vm.shape.vms
-            reg.save_slice(record)
-            hosts, tried = first_granted(project, vm, zones, record, reg, progress.state, opts)
-    except BaseException as exc:
-        left = "" if isinstance(exc, TpunbError) else teardown(project, record.spec["zone"], name,
-                                                                vms=record.spec["vms"], launch=launch)
-        reg.delete_slice(name)
-        if isinstance(exc, KeyboardInterrupt) and opts.flex:  # as --queued says it: the request that waited is gone
-            waited = " (it was waiting for capacity)" if progress.steps and WAITING in progress.steps[-1][0] else ""
-            message = (f"launch of {name} interrupted after {format_duration(time.perf_counter() - started)}: its "
-                       f"flex-start request{waited} was deleted{left or ', nothing is left running or waiting'}")
-            progress.failed(message)
-            raise CellInterrupted(message) from None
-        if isinstance(exc, KeyboardInterrupt):
-            message = f"launch of {name} interrupted: what it had created was deleted{left or ', nothing is left'}"
-            progress.failed(message)
-            raise CellInterrupted(message) from None
-        preflight.explain(exc, pre, accel.name, project, len(zones))
-        progress.failed(f"failed: {(str(exc) or repr(exc)).splitlines()[0]}{left}")
-        raise
-    record.hosts, record.state = hosts, "running"
-    return _reach(record, reg, env, opts, progress, started, "; ".join(str(o) for o in tried), pre)
+            self.registry.save_slice(record)
+            hosts, tried = first_granted(self.project, vm, self.zones, record, self.registry, progress.state, self.opts)
+        record.hosts, self.tries = hosts, "; ".join(str(o) for o in tried)
+
+    def undo(self, exc: BaseException) -> str:
+        if isinstance(exc, TpunbError):
+            return ""  # first_granted left each zone it tried empty
+        return teardown(self.project, self.record.spec["zone"], self.record.name, vms=self.record.spec["vms"],
+                        launch=self.vm.launch)
+
+    def waiting(self, progress) -> str | None:
+        if not self.opts.flex:
+            return None
+        waited = " (it was waiting for capacity)" if progress.steps and WAITING in progress.steps[-1][0] else ""
+        return f"its flex-start request{waited}"
+
+    def explain(self, exc: BaseException) -> None:
+        preflight.explain(exc, self.pre, self.accelerator, self.project, len(self.zones))
+
+    def reach(self, env: dict[str, str]) -> Made:
+        return _reach(self.record, self.registry, env, self.opts, self.watched)
+
+    def close(self) -> None:
+        for made_node in self.watched:
+            made_node.close()
+
+    def delete(self) -> str:
+        spec = self.record.spec
+        return teardown(self.project, spec["zone"], self.record.name, vms=spec.get("vms"), launch=spec.get("launch"))
+
+    def refused(self, exc: BaseException) -> BaseException | None:
+        spec = self.record.spec
+        if isinstance(exc, AuthenticationError) and not spec.get("os_login"):  # the metadata key refused
+            return AuthenticationError(org_policy.os_login_refusal(self.record.name, self.project, spec["user"],
+                                                                   spec["key"], self.pre.org_os_login))
+        return None
+
+    def setup_hint(self, exc: HostSetupError) -> str:
+        return network.egress_hint(self.pre.egress) if "no route to the package index" in str(exc) else ""
+
+    def keep(self, exc: BaseException, progress) -> bool:
+        return kept(self.opts, exc, self.record, self.registry, progress)
+
+    def check(self, sl) -> None:
+        # the watchdog armed as host 0 started (--idle-delete), or at boot (grace-only: its check is
+        # written by now, else waited for briefly): say at once if it may not delete the slice
+        sl.node.say_idle_problem(5.0 if self.opts.idle_delete else 2.0)
+
+    def ready(self, seconds: float) -> str:
+        name, hosts, opts = self.record.name, self.record.hosts, self.opts
+        idle = f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)" if opts.idle_delete else ""
+        return (f"Slice {name!r} ready in {seconds:.1f} s through Compute Engine"
+                f"{f' ({self.tries})' if self.tries else ''}: {len(hosts)} host{'s' if len(hosts) > 1 else ''}, run "
+                f"cells with %%on_tpu; it bills until %tpu_down {name}{idle}")
+
+
+def plan(request: LaunchRequest, opts: CloudOptions) -> Plan:
+    """A Compute Engine launch checked and prepared, for the launch driver."""
+    return Plan(request, opts)
 
 
 def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecord, reg: Registry, say,
@@ -224,7 +269,7 @@ def _wait_limit(vm: VmSpec, opts: CloudOptions) -> float:
     VM's requestValidForDuration, and a minute for its expiry to show)."""
     if vm.flex_hours and not vm.shape.multi_host:
         return vm.flex_wait + 60.0
-    return opts.timeout or (7200.0 if vm.flex_hours else api.DEFAULT_TIMEOUT)
+    return opts.timeout or (7200.0 if vm.flex_hours else shared.DEFAULT_TIMEOUT)
 
 
 def _changes(say, prefix: str):
@@ -273,35 +318,11 @@ def made_hosts(project: str, zone: str, name: str, multi_host: bool, internal_ip
     return hosts
 
 
-def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudOptions, progress, started: float,
-           tries: str = "", pre: preflight.Preflight | None = None) -> Made:
-    """SSH to every VM, number the hosts by their worker ids, and hand the slice to the manager;
-    a failure on the way deletes what the launch made (``--keep`` keeps it to look at). ``tries``:
-    each zone's outcome, for the ready line; ``pre``: what the launch read before (why a host could
-    not reach PyPI, whether the organisation enforces OS Login)."""
-    project, zone, name = record.spec["project"], record.spec["zone"], record.name
-
-    watched: list[ComputeNode] = []  # its node, once made: its watch ends with a launch that fails
-
-    def failed(exc: BaseException) -> None:
-        for made_node in watched:
-            made_node.close()
-        if kept(opts, exc, record, reg, progress):
-            return
-        reg.delete_slice(name)
-        left = teardown(project, zone, name, vms=record.spec.get("vms"), launch=record.spec.get("launch"))
-        if isinstance(exc, AuthenticationError) and not record.spec.get("os_login"):  # metadata key refused
-            refused = AuthenticationError(org_policy.os_login_refusal(name, project, record.spec["user"],
-                                                                      record.spec["key"], pre and pre.org_os_login))
-            progress.failed(f"could not connect to the hosts, so {name} was deleted{left}: {refused}")
-            raise refused from None
-        if isinstance(exc, HostSetupError):
-            why = network.egress_hint(pre and pre.egress) if "no route to the package index" in str(exc) else ""
-            exc.args = (f"{exc}{why}; so {name} was deleted{left} (--keep keeps it to look at)",)
-            progress.failed(str(exc))
-            return
-        progress.failed(f"could not reach or start the hosts, so {name} was deleted{left}: {exc}")
-
+def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudOptions,
+           watched: list[ComputeNode]) -> Made:
+    """SSH to every VM (each VM's own host key pinned, as it published it; sshd awaited through a
+    slow first boot), number the hosts by their worker ids, and attach the slice; its node goes
+    into ``watched`` once made, so a failed launch ends its watch."""
     booting = ComputeNode(record, delete, None, watch=False)
 
     def gone() -> str | None:
@@ -313,36 +334,17 @@ def _reach(record: SliceRecord, reg: Registry, env: dict[str, str], opts: CloudO
         return booting.lost_reason()
 
     try:
-        hostkeys.pin(record, reg, min(opts.connect_wait, hostkeys.PUBLISH_WAIT))  # each VM's own, as it published it
+        hostkeys.pin(record, reg, min(opts.connect_wait, hostkeys.PUBLISH_WAIT))
         transports = ssh.connect_hosts(record, reg, opts.connect_wait, gone, boot_wait=FIRST_BOOT_WAIT)
-        order = worker_order(transports)
-        record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
-        transports = [transports[i] for i in order]
-        reg.save_slice(record)
-        watched.append(node(record))
-        made = ssh.attach(record, reg, env, coordinator_port=None if clients.endpoint() else diagnose.COORDINATOR_PORT,
-                          network=opts.network, transports=transports, node=watched[0])
     except HostKeyError as exc:
-        refused = hostkeys.refused(record, exc)
-        failed(refused)
-        raise refused from None
-    except BaseException as exc:
-        failed(exc)
-        raise
-
-    def check(sl) -> None:
-        # the watchdog armed as host 0 started (--idle-delete), or at boot (grace-only: its check is
-        # written by now, else waited for briefly): say at once if it may not delete the slice
-        made.node.say_idle_problem(5.0 if opts.idle_delete else 2.0)
-
-    def ready() -> None:
-        idle = f" or {format_duration(opts.idle_delete)} without a cell (--idle-delete)" if opts.idle_delete else ""
-        progress.done(f"Slice {name!r} ready in {time.perf_counter() - started:.1f} s through Compute Engine"
-                      f"{f' ({tries})' if tries else ''}: "
-                      f"{len(record.hosts)} host{'s' if len(record.hosts) > 1 else ''}, run cells with %%on_tpu; it "
-                      f"bills until %tpu_down {name}{idle}")
-
-    return dataclasses.replace(made, check=check, failed=failed, ready=ready)
+        raise hostkeys.refused(record, exc) from None
+    order = worker_order(transports)
+    record.hosts = [dataclasses.replace(record.hosts[i], index=n) for n, i in enumerate(order)]
+    transports = [transports[i] for i in order]
+    reg.save_slice(record)
+    watched.append(node(record))
+    return ssh.attach(record, reg, env, coordinator_port=None if clients.endpoint() else diagnose.COORDINATOR_PORT,
+                      network=opts.network, transports=transports, node=watched[0])
 
 
 def worker_order(transports: list["Transport"]) -> list[int]:
@@ -371,7 +373,7 @@ def worker_order(transports: list["Transport"]) -> list[int]:
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
     """The slice's VMs again (agents not started), in the worker order the launch recorded (an
     adopted slice's: read from the VMs' metadata now, and recorded)."""
-    from tpunb.provision.gcp.adopt import connect_wait
+    from tpunb.provision.gcp.shared import connect_wait
 
     if record.state == "creating" or not record.hosts:
         raise ProvisionError(f"{record.name!r} has no hosts yet: its launch did not finish. %tpu_down {record.name} "
@@ -404,7 +406,7 @@ def adopt(name: str, reg: Registry) -> SliceRecord | None:
 
 def node(record: SliceRecord) -> ComputeNode:
     """The slice's cloud side, for an attached Slice: deleted in order by %tpu_down."""
-    from tpunb.provision.gcp.node import list_price
+    from tpunb.provision.gcp.shared import list_price
 
     return ComputeNode(record, delete, list_price(record))
 
@@ -479,3 +481,39 @@ def unknown(why: str) -> str:
 
 __all__ = ["API", "VmSpec", "adopt", "attach", "create", "delete", "first_granted", "machine_type", "slice_cloud",
            "slice_state", "teardown", "uses_compute"]
+
+
+def listed() -> bool:
+    """Compute Engine is asked in surveys and adoptions (its client is installed, or the sandbox's
+    endpoint is set)."""
+    from tpunb.provision.gcp.compute import found
+
+    return found.surveyed()
+
+
+def gone(record: SliceRecord) -> bool:
+    """The slice's resources are gone, as Compute Engine answers now."""
+    return slice_state(record) == "GONE"
+
+
+def replace_gone(old: SliceRecord) -> None:
+    """A launch takes the name of a recorded slice whose MIG is gone: what its launch left without
+    one (a template, a policy) goes, only its own launch's."""
+    spec = old.spec
+    if spec.get("launch"):
+        teardown(spec["project"], spec.get("zone"), old.name, quiet=True, vms=spec.get("vms"), launch=spec["launch"])
+
+
+def recover(record: SliceRecord) -> None:
+    """Delete a lost slice's resources (its MIG, template and policy, or its instance), in order."""
+    delete(record)
+
+
+def state(record: SliceRecord, seen: dict) -> tuple[str, dict, float | None]:
+    """The slice's state, its cloud columns (read from ``seen``, the survey's nodes, when it looked
+    at the slice's project) and its uptime (None: unknown)."""
+    from tpunb.provision.gcp.compute import found
+
+    cloud = {"api": API, "machine_type": machine_type(record),
+             **slice_cloud(record, seen.get((record.spec.get("project"), found.PLACE)))}
+    return cloud["cloud_state"], cloud, None

@@ -14,10 +14,9 @@ from tpunb import report
 from tpunb.errors import ProvisionError
 from tpunb.provision import ssh
 from tpunb.provision.gcp import logins
-from tpunb.provision.gcp.adopt import KEY_ADDED
+from tpunb.provision.gcp.shared import KEY_ADDED, SLICE_METADATA
 from tpunb.provision.gcp.compute import clients, found, hostkeys
 from tpunb.provision.gcp.config import resolve_project_zone
-from tpunb.provision.gcp.spec import SLICE_METADATA
 from tpunb.registry import Registry, SliceRecord
 
 #: in an adopted record's spec: its hosts are in the MIG's list order until the VMs say their worker ids

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpunb import catalog
-from tpunb.provision.gcp.common import LAUNCH_LABEL, Marker
+from tpunb.provision.gcp.shared import LAUNCH_LABEL, Marker
 from tpunb.provision.gcp.compute.network import network_path, subnetwork_path
-from tpunb.provision.gcp.records import TPUNB_LABELS
-from tpunb.provision.gcp.spec import IAM_ENDPOINT, IDLE_ATTRIBUTE, NAME_LABEL, OWNER_LABEL, SLICE_METADATA, label_value
+from tpunb.provision.gcp.shared import (IAM_ENDPOINT, IDLE_ATTRIBUTE, NAME_LABEL, OWNER_LABEL, SLICE_METADATA, TPUNB_LABELS,
+                                       label_value)
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 PUBLIC_ENDPOINT = "https://compute.googleapis.com"

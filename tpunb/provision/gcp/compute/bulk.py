@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpunb.errors import ProvisionError
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp import shared
 from tpunb.provision.gcp.config import format_duration
 from tpunb.provision.gcp.compute import clients
 
@@ -129,7 +129,7 @@ def wait_up(project: str, zone: str, name: str, say, deadline: float, flex: bool
     a refusal ends it at once (see the module's docstring). ``deadline``: the capacity wait's end
     (monotonic); ``more``: what a quota refusal adds (where to get quota)."""
     activating_until: float | None = None
-    for delay in api.poll_delays():
+    for delay in shared.poll_delays():
         seen = look(project, zone, name)
         say(seen.line(flex), 0.0)
         if seen.ready:
@@ -150,7 +150,7 @@ def wait_up(project: str, zone: str, name: str, say, deadline: float, flex: bool
                                      f"capacity{f' ({why})' if why else ''}", reason="timeout")
             raise ProvisionError(f"no capacity came for the MIG {name} before --timeout: "
                                  f"{why or 'Compute Engine listed no error'}", reason="timeout")
-        api.pause(delay)
+        shared.pause(delay)
 
 
 def _refuse(name: str, seen: Look, flex: bool, more_zones: bool, more: str) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError
-from tpunb.provision.gcp.common import launch_of, read_marker, same_launch
+from tpunb.provision.gcp.shared import launch_of, read_marker, same_launch
 from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.compute.bodies import Names
-from tpunb.provision.gcp.spec import OWNER_LABEL
+from tpunb.provision.gcp.shared import OWNER_LABEL
 
 #: the reason of every refusal here (not a zone's failure: another zone would not help)
 TAKEN = "exists"

@@ -14,8 +14,8 @@ from typing import Any
 from tpunb.errors import ProvisionError
 from tpunb.provision import warm
 from tpunb.machine.cache import cached
-from tpunb.provision.gcp import api
-from tpunb.provision.gcp.common import google_message
+from tpunb.provision.gcp import shared
+from tpunb.provision.gcp.shared import google_message
 
 ENDPOINT_ENV = "TPUNB_COMPUTE_API_ENDPOINT"
 #: how long the client waits for one operations.wait answer: Compute Engine holds the call until the
@@ -56,7 +56,7 @@ def _options(url: str | None) -> dict[str, Any]:
         from google.auth.credentials import AnonymousCredentials
 
         return {"credentials": AnonymousCredentials(), "client_options": ClientOptions(api_endpoint=url)}
-    return {"credentials": api.default_credentials()}
+    return {"credentials": shared.default_credentials()}
 
 
 def client(kind: str) -> Any:

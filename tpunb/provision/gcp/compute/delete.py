@@ -14,7 +14,7 @@ from typing import Any
 
 from tpunb import catalog, report
 from tpunb.errors import TpunbError
-from tpunb.provision.gcp.common import same_launch
+from tpunb.provision.gcp.shared import same_launch
 from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.compute.bodies import Names
 

@@ -25,12 +25,11 @@ from typing import Any
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, TpunbError
 from tpunb.transport.fanout import fan_out
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp.config import endpoint as tpu_endpoint
 from tpunb.provision.gcp.compute import clients
-from tpunb.provision.gcp.common import LAUNCH_LABEL, MARKER, read_marker
+from tpunb.provision.gcp.shared import LAUNCH_LABEL, MARKER, read_marker
 from tpunb.provision.gcp.compute.delete import teardown
-from tpunb.provision.gcp.records import TPUNB_LABELS
-from tpunb.provision.gcp.spec import NAME_LABEL
+from tpunb.provision.gcp.shared import NAME_LABEL, TPUNB_LABELS
 from tpunb.status import OrphanStatus
 
 #: a leftover of a slice this registry does not know is deleted only once this old: younger, it may
@@ -51,7 +50,7 @@ def surveyed() -> bool:
     """Whether a survey asks Compute Engine: always against Google; against a sandbox only when
     Compute Engine is pointed at it too (an emulated Cloud TPU API beside the real Compute Engine
     would mix a made-up project with a real one)."""
-    return clients.endpoint() is not None or api.endpoint() is None
+    return clients.endpoint() is not None or tpu_endpoint() is None
 
 
 @dataclass
@@ -138,7 +137,7 @@ class Found:
 
     def orphan(self) -> OrphanStatus:
         """The row %tpu_status and the sidebar show for it."""
-        from tpunb.provision.gcp.node import price_per_hour
+        from tpunb.provision.gcp.shared import price_per_hour
 
         accel, state = self.accelerator(), self.state()
         if self.leftover:

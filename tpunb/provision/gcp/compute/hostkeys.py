@@ -13,7 +13,7 @@ import time
 
 from tpunb import report
 from tpunb.errors import HostKeyError
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp import shared
 from tpunb.provision.gcp.compute import clients
 from tpunb.registry import Registry, SliceRecord
 
@@ -53,7 +53,7 @@ def pin(record: SliceRecord, reg: Registry, wait: float = PUBLISH_WAIT) -> None:
     publishes none within ``wait`` seconds gets its address's old key forgotten (trust on first use)."""
     spec = record.spec
     waiting = {h.index: h for h in record.hosts}
-    deadline, delays = time.monotonic() + wait, api.poll_delays()
+    deadline, delays = time.monotonic() + wait, shared.poll_delays()
     while waiting:
         for index, host in list(waiting.items()):
             keys = published(spec["project"], spec["zone"], host.info.extra.get("instance") or record.name)
@@ -65,7 +65,7 @@ def pin(record: SliceRecord, reg: Registry, wait: float = PUBLISH_WAIT) -> None:
                 del waiting[index]
         if not waiting or time.monotonic() > deadline:
             break
-        api.pause(min(next(delays), max(0.0, deadline - time.monotonic())))
+        shared.pause(min(next(delays), max(0.0, deadline - time.monotonic())))
     for host in waiting.values():
         address, port = _place(host.address)
         reg.forget_host_key(address, port)

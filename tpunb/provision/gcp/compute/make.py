@@ -10,7 +10,7 @@ import time
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp import shared
 from tpunb.provision.gcp.compute import claims, clients
 from tpunb.provision.gcp.compute.bodies import VmSpec, instance, mig, template, workload_policy
 from tpunb.provision.gcp.compute.bulk import WAITING, wait_up
@@ -67,7 +67,7 @@ def _wait_running(project: str, zone: str, name: str, say, deadline: float, flex
     from google.cloud import compute_v1
 
     c = clients.clients()
-    for delay in api.poll_delays():
+    for delay in shared.poll_delays():
         done = flex_op is not None and flex_op.status == compute_v1.Operation.Status.DONE
         if flex_op is not None and not done:
             flex_op = clients.call("read the VM's insert", c.zone_ops.get, project=project, zone=zone,
@@ -79,7 +79,7 @@ def _wait_running(project: str, zone: str, name: str, say, deadline: float, flex
             status = clients.call("read the VM", c.instances.get, project=project, zone=zone, instance=name).status
         except exceptions.NotFound:
             if flex_op is not None and not done and time.monotonic() < deadline:
-                api.pause(delay)  # accepted, not listed yet
+                shared.pause(delay)  # accepted, not listed yet
                 continue
             if flex_op is not None:
                 raise ProvisionError(f"no capacity came for {name} before its flex-start request expired (--timeout, "
@@ -91,4 +91,4 @@ def _wait_running(project: str, zone: str, name: str, say, deadline: float, flex
             return
         if status in ("TERMINATED", "STOPPED", "SUSPENDED") or time.monotonic() > deadline:
             raise ProvisionError(f"the VM {name} is {status}, not RUNNING", reason="failed")
-        api.pause(delay)
+        shared.pause(delay)

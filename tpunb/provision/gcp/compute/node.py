@@ -20,9 +20,10 @@ import time
 from typing import Callable, NamedTuple
 
 from tpunb import report
-from tpunb.provision.gcp import api, errors as gcp_errors
+from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import shared
 from tpunb.provision.gcp.config import format_duration
-from tpunb.provision.gcp.node import FRESH_SECONDS, WatchedNode
+from tpunb.provision.gcp.watch import FRESH_SECONDS, WatchedNode
 from tpunb.registry import SliceRecord
 
 #: a VM in one of these is gone for the slice (a preempted Spot VM is TERMINATED, or deleted)
@@ -160,7 +161,7 @@ class ComputeNode(WatchedNode):
         """At launch: once the watchdog has checked it may delete the slice, warn if it may not."""
         deadline = time.monotonic() + wait
         while (problem := self.read_idle_problem()) is None and time.monotonic() < deadline:
-            api.pause(0.1)
+            shared.pause(0.1)
         if problem:
             report.warn(gcp_errors.idle_problem_message(self.name, self.project, problem, compute=True,
                                                         boot=not self.idle_seconds))

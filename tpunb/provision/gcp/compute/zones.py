@@ -10,7 +10,7 @@ from tpunb.errors import ProvisionError, UsageError
 from tpunb.machine.cache import cached
 from tpunb.provision.gcp.compute import clients
 from tpunb.provision.gcp.config import user_region
-from tpunb.provision.gcp.failover import ANY, Candidate, Outcome
+from tpunb.provision.gcp.shared import ANY, Candidate, Outcome
 
 #: failures another zone may not have: the launch moves on (with nothing left in the zone)
 ZONE_FAILURES = frozenset({"no_capacity", "quota", "timeout"})

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp.tpu import api
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import cached
-from tpunb.provision.gcp.records import enum_name
+from tpunb.provision.gcp.tpu.records import enum_name
 
 
 def _call(project: str, zone: str, what: str, fn, **kw):

@@ -10,28 +10,20 @@ idle limit and slice count. ``ssh-keys`` carries tpunb's key outside OS Login; w
 from __future__ import annotations
 
 import json
-import re
 from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
 from tpunb.errors import UsageError
-from tpunb.provision.gcp.common import LAUNCH_LABEL  # noqa: F401 - a node carries its launch's token
+from tpunb.provision.gcp.shared import LAUNCH_LABEL  # noqa: F401 - a node carries its launch's token
 from tpunb.provision.gcp.config import endpoint
-from tpunb.provision.gcp.records import TPUNB_LABELS, NodeSpec
+from tpunb.provision.gcp.shared import (IAM_ENDPOINT, IDLE_ATTRIBUTE, IDLE_LABEL, NAME_LABEL, OWNER_LABEL, SLICE_METADATA,  # noqa: F401
+                                       TPUNB_LABELS, label_value)
+from tpunb.provision.gcp.tpu.records import NodeSpec
 
 if TYPE_CHECKING:
     from google.cloud import tpu_v2
 
-NAME_LABEL, OWNER_LABEL, IDLE_LABEL = "tpunb-name", "tpunb-owner", "tpunb-idle"
-SLICE_METADATA = "tpunb-slice"  # node metadata: what %tpu_use needs to rebuild the slice's record
-IDLE_ATTRIBUTE = "tpunb-idle"  # node metadata: the idle watchdog's settings (tpunb/host/standalone/idle.py)
 PUBLIC_ENDPOINT = "https://tpu.googleapis.com"
-IAM_ENDPOINT = "https://cloudresourcemanager.googleapis.com"
-
-
-def label_value(text: str) -> str:
-    """``text`` as a label value may be: lowercase letters, digits, - and _, at most 63 characters."""
-    return re.sub(r"[^a-z0-9_-]", "_", str(text).lower())[:63]
 
 
 def tpunb_labels(spec: NodeSpec) -> dict[str, str]:

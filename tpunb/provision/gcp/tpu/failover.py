@@ -12,54 +12,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, UsageError
-from tpunb.provision.gcp import api
+from tpunb.provision.gcp import shared
+from tpunb.provision.gcp.shared import ANY, PROJECT_WIDE, Candidate, Outcome
+from tpunb.provision.gcp.tpu import api
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import user_region
-
-ANY = "any"
-#: failures that concern the whole project: trying another zone cannot help
-PROJECT_WIDE = frozenset({"credentials", "api_disabled"})
-#: what each failure kind is called on the launch line
-LABELS = {"no_capacity": "no capacity", "quota": "quota exceeded", "permission": "permission denied",
-          "timeout": "timed out", "preempted": "preempted while created", "invalid_zone": "zone unknown",
-          "invalid_accelerator": "type not offered", "already_exists": "name taken"}
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One place to try: an accelerator type in a zone."""
-
-    accelerator: str
-    zone: str
-
-    def __str__(self) -> str:
-        return f"{self.zone} {self.accelerator}"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one try ended: ``kind`` is "granted" or a failure kind (no_capacity, quota, ...)."""
-
-    candidate: Candidate
-    kind: str
-    detail: str = ""
-
-    def __str__(self) -> str:
-        label = LABELS.get(self.kind, self.kind.replace("_", " "))
-        if self.kind == "timeout" and "WAITING_FOR_RESOURCES" in self.detail:
-            label = "no capacity came free before --timeout"
-        if self.kind == "cancelled":  # lost the race: what it was doing when it was deleted
-            label = f"{self.detail or 'not started'}, deleted"
-        if self.kind == "skipped":
-            label = f"not tried: {self.detail}"
-        known = self.kind in LABELS or self.kind in ("granted", "cancelled", "skipped")
-        return f"{self.candidate}: {label}" + ("" if known or not self.detail else f" ({self.detail})")
-
 
 def zones(accelerator: catalog.Accelerator, zone: str | None) -> list[str]:
     """The zones a --zone value names: Z1,Z2 in that order, or ``any`` (nearest region first)."""
@@ -112,7 +73,7 @@ class Search:
 
     def __init__(self, spec: api.NodeSpec, places: list[Candidate], width: int = 1,
                  on_state: Callable[[str, float], Any] | None = None,
-                 timeout: float | None = api.DEFAULT_TIMEOUT) -> None:
+                 timeout: float | None = shared.DEFAULT_TIMEOUT) -> None:
         self.spec, self.places, self.width = spec, places, max(1, width)
         self.on_state, self.timeout = on_state, timeout
         self.outcomes: list[Outcome] = []
@@ -122,7 +83,7 @@ class Search:
         """The first node granted and the spec that made it; a ProvisionError with one line per
         place when none is. Whatever is still in flight when this returns or raises is deleted."""
         waiting, running = list(self.places), {}
-        delays = api.poll_delays()
+        delays = shared.poll_delays()
         try:
             while waiting or running:
                 self._start(waiting, running)
@@ -143,7 +104,7 @@ class Search:
                             raise
                         return info, attempt.spec
                 if running:
-                    api.pause(min([next(delays)] + [a.time_left() for a in running.values()]))
+                    shared.pause(min([next(delays)] + [a.time_left() for a in running.values()]))
         except BaseException as e:
             self._cancel(running, "its launch was interrupted" if isinstance(e, KeyboardInterrupt)
                          else "its launch failed")

@@ -19,16 +19,15 @@ from tpunb import catalog, report
 from tpunb.errors import ProvisionError
 from tpunb.transport.fanout import fan_out
 from tpunb.provision import ssh
-from tpunb.provision.gcp import api, logins
+from tpunb.provision.gcp import logins
+from tpunb.provision.gcp.tpu import api
 from tpunb.provision.gcp import errors as gcp_errors
 from tpunb.provision.gcp.config import resolve_project_zone
-from tpunb.provision.gcp.records import TPUNB_LABELS, NodeInfo
-from tpunb.provision.gcp.spec import NAME_LABEL, SLICE_METADATA, label_value
+from tpunb.provision.gcp.tpu.records import NodeInfo
+from tpunb.provision.gcp.shared import KEY_ADDED, NAME_LABEL, SLICE_METADATA, TPUNB_LABELS, label_value
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
 #: after a key was added to a node's metadata, a connect retries this long (the guest agent applies it)
-KEY_PROPAGATION = 120.0
-KEY_ADDED = "key_added_at"  # in a record's spec: when adopt added the key
 
 
 def everywhere(project: str, label_filter: Mapping[str, str] | None = TPUNB_LABELS) -> list[NodeInfo]:
@@ -140,9 +139,3 @@ def adopt(name: str, reg: Registry) -> SliceRecord | None:
     report.info(f"[tpunb] {name} was in no registry here: found it in {project}/{info.zone} and gave this "
                 f"kernel's key to its hosts ({how}, as {access.user})")
     return record
-
-
-def connect_wait(record: SliceRecord) -> float:
-    """How long a connect retries: while a key adopt added may still be on its way to the VMs."""
-    added = float(record.spec.get(KEY_ADDED) or 0)
-    return max(0.0, added + KEY_PROPAGATION - time.time())

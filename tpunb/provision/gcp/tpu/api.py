@@ -16,20 +16,21 @@ their conversion from API messages live in ``records``.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
-from tpunb.provision import interrupts, warm
+from tpunb.provision import warm
 from tpunb.provision.gcp import errors as gcp_errors
-from tpunb.provision.gcp.common import launch_of, new_launch
+from tpunb.provision.gcp.shared import launch_of, new_launch
 from tpunb.provision.gcp.config import cached, format_duration
 from tpunb.provision.gcp.config import ENDPOINT_ENV, endpoint, require_project_zone, resolve_project_zone  # noqa: F401
-from tpunb.provision.gcp.spec import IDLE_ATTRIBUTE, LAUNCH_LABEL, idle_config, node_body  # noqa: F401
-from tpunb.provision.gcp.records import (  # noqa: F401 - the records are part of this seam's API
+from tpunb.provision.gcp import shared
+from tpunb.provision.gcp.shared import DEFAULT_TIMEOUT
+from tpunb.provision.gcp.tpu.spec import IDLE_ATTRIBUTE, LAUNCH_LABEL, idle_config, node_body  # noqa: F401
+from tpunb.provision.gcp.tpu.records import (  # noqa: F401 - the records are part of this seam's API
     TPUNB_LABELS,
     HostEndpoint,
     NodeInfo,
@@ -60,7 +61,6 @@ __all__ = [
 
 #: the registry's and %tpu_status's name for slices made through this API (Compute Engine's is ``compute``)
 API = "tpu"
-DEFAULT_TIMEOUT = 1200.0
 QUEUE_GRACE = 60.0  # after its valid_until_duration, how long a queued resource may take to be failed
 DELETE_TIMEOUT = 600.0
 #: what tpu.googleapis.com creates (tpu_v2's AcceleratorConfig.Type has these and no later one)
@@ -89,36 +89,9 @@ def client() -> tpu_v2.TpuClient:
 
             return tpu_v2.TpuClient(transport="rest", credentials=AnonymousCredentials(),
                                     client_options={"api_endpoint": url})
-        return tpu_v2.TpuClient(transport="rest", credentials=default_credentials())
+        return tpu_v2.TpuClient(transport="rest", credentials=shared.default_credentials())
 
     return cached(("tpu client", url or "google"), make)
-
-
-def default_credentials() -> Any:
-    """google.auth.default()'s credentials, or the one-line ProvisionError saying how to get some."""
-    import google.auth
-    from google.auth.exceptions import DefaultCredentialsError
-
-    try:
-        credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-    except DefaultCredentialsError:
-        raise ProvisionError(gcp_errors.credentials_message(), "credentials") from None
-    return credentials
-
-
-def poll_delays() -> Iterator[float]:
-    """Seconds between polls: short against the emulator, backing off against the real API."""
-    if endpoint():
-        return itertools.repeat(0.02)
-    return (min(10.0, 1.0 * 1.5**i) for i in itertools.count())
-
-
-def pause(seconds: float) -> None:
-    """The deliberate wait between polls (a seam the provisioning benchmark measures); a Ctrl-C
-    that Python dropped while the last poll ran is raised here."""
-    interrupts.check()
-    time.sleep(seconds)
-    interrupts.check()
 
 
 def _api_errors() -> tuple[type[BaseException], ...]:
@@ -223,10 +196,10 @@ def create(
     ProvisionErrors whose ``.reason`` names the kind (quota, no_capacity, permission, ...).
     """
     attempt = Attempt(spec, on_state, timeout)
-    delays = poll_delays()
+    delays = shared.poll_delays()
     try:
         while (info := attempt.poll()) is None:
-            pause(min(next(delays), attempt.time_left()))
+            shared.pause(min(next(delays), attempt.time_left()))
         return info
     except ProvisionError:
         raise  # poll() has cleaned up and said so
@@ -400,7 +373,7 @@ def _wait_or_time_out(delays: Iterator[float], deadline: float | None) -> None:
         if left <= 0:
             raise _TimedOut()
         delay = min(delay, left)
-    pause(delay)
+    shared.pause(delay)
 
 
 def _nodes_of(api: Any, qr: Any) -> list[Any]:
@@ -536,7 +509,7 @@ def delete(project: str, zone: str, name: str, wait: bool = True, timeout: float
 
 
 def _wait_gone(api: Any, node_names: list[str], qr_name: str | None, deadline: float) -> None:
-    delays = poll_delays()
+    delays = shared.poll_delays()
     while (qr_name is not None and _queued_or_none(api, qr_name) is not None) or any(
         _get_or_none(api.get_node, name) is not None for name in node_names
     ):

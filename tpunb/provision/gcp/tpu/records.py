@@ -10,15 +10,14 @@ from datetime import datetime
 from typing import Any
 
 from tpunb.provision.gcp.config import CloudOptions
+from tpunb.provision.gcp.shared import SSH_PORT_LABEL, TPUNB_LABELS  # noqa: F401 - the seam's API
 
-TPUNB_LABELS: Mapping[str, str] = {"created-by": "tpunb"}
 #: node states (tpu_v2 Node.State) whose hosts cannot run cells, and what each means for the user
 UNUSABLE_STATES: Mapping[str, str] = {
     "PREEMPTED": "preempted", "TERMINATED": "terminated", "STOPPED": "stopped", "STOPPING": "being stopped",
     "DELETING": "being deleted", "HIDDEN": "hidden", "REPAIRING": "being repaired by Google",
     "UNKNOWN": "in a state Google cannot tell",
 }
-SSH_PORT_LABEL = "tpunb-ssh-port"  # set by the emulator when its sshd is not on port 22
 
 
 @dataclass(kw_only=True)
