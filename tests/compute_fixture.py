@@ -9,6 +9,7 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog, manager
 from tpunb.emulator.sandbox import start_sandbox
 from tpunb.provision.gcp.compute import bodies
@@ -55,7 +56,7 @@ def cloud(box, isolated_home, monkeypatch):
 
 def made(google: Google, name: str, accelerator: str, zone: str, mig: bool = True) -> None:
     """What a tpunb launch makes (its own request bodies), as a kernel that then died left it."""
-    vm = bodies.VmSpec(name, catalog.compute_shape(accelerator), zone, "someone@example.com", "tpunb",
+    vm = bodies.VmSpec(name, apis.compute_shape(accelerator), zone, "someone@example.com", "tpunb",
                        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
     region, p = catalog.region_of(zone), google.project
     if not vm.shape.multi_host:

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.catalog import Accelerator, check_zone, lookup, table
 from tpunb.errors import ProvisionError, TpunbError, UnknownAcceleratorError
@@ -153,8 +154,8 @@ def test_every_name_round_trips():
     for name in catalog.names():
         acc = lookup(name)
         assert acc.name == name
-        assert bool(acc.zones) != bool(acc.no_tpu_api), f"{name}: Cloud TPU API zones, or none (tpu7x), not both"
-        assert acc.zones or acc.compute_zones, f"{name}: somewhere to launch it"
+        assert acc.zones, f"{name}: somewhere Google offers it"
+        assert set(apis.compute_zones(acc)) <= set(acc.zones), f"{name}: Compute Engine's zones are among Google's"
         assert acc.devices == acc.chips * catalog.generation(acc.generation).devices_per_chip
 
 

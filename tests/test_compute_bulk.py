@@ -15,6 +15,7 @@ import pytest
 
 from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - cloud is a fixture
 from tests.conftest import wait_for
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp.shared import new_launch
@@ -34,7 +35,7 @@ def box():
 
 def up_to_hosts(box, isolated_home, name: str, accelerator: str, zone: str, on_state=None, **options):
     """The backend's launch in one zone up to its hosts: (hosts, what it said)."""
-    vm = VmSpec(name, catalog.compute_shape(accelerator), zone, "someone@example.com", "tpunb",
+    vm = VmSpec(name, apis.compute_shape(accelerator), zone, "someone@example.com", "tpunb",
                 "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False, flex_hours=options.get("flex"),
                 launch=new_launch())
     record = SliceRecord(name=name, accelerator=accelerator, backend="gcp", state="creating",
@@ -81,7 +82,7 @@ def test_a_waiting_bulk_mig_lists_its_vms_before_they_exist_and_says_why_it_wait
     assert teardown(p, TPU7X_ZONE, "held") == ""
 
     cloud.emulator.faults(no_capacity=[V5P_ZONE])  # flex-start: made empty, resized, its members PENDING
-    vm = dataclasses.replace(VmSpec("flexed", catalog.compute_shape("v5p-16"), V5P_ZONE, "someone@example.com", "tpunb",
+    vm = dataclasses.replace(VmSpec("flexed", apis.compute_shape("v5p-16"), V5P_ZONE, "someone@example.com", "tpunb",
                                     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False), flex_hours=1.0)
     region = catalog.region_of(V5P_ZONE)
     google.policies.insert_unary(project=p, region=region, resource_policy_resource=bodies.workload_policy(vm))

@@ -16,6 +16,7 @@ import pytest
 
 from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - cloud is a fixture
 from tests.conftest import interrupt_kernel_when
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.errors import CellInterrupted, ProvisionError
 from tpunb.provision.gcp.compute import VmSpec, bodies, clients, first_granted, teardown, zones
@@ -32,7 +33,7 @@ def box():
 
 
 def spec(name: str, accelerator: str) -> VmSpec:
-    return VmSpec(name, catalog.compute_shape(accelerator), "", "someone@example.com", "tpunb",
+    return VmSpec(name, apis.compute_shape(accelerator), "", "someone@example.com", "tpunb",
                   "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
 
 
@@ -71,18 +72,18 @@ def test_zones_are_compute_engines_answer_asked_once_per_session(cloud, cell):
     first = zones.offered("zones-probe", "ct6e-standard-8t")  # a project no other test asked about
     again = zones.offered("zones-probe", "ct6e-standard-8t")
     asked = [c for c in calls[before:] if "aggregated/machineTypes" in c.path]
-    assert first == again == tuple(sorted(catalog.compute_shape("v6e-8").zones)) and len(asked) == 1
+    assert first == again == tuple(sorted(apis.compute_shape("v6e-8").zones)) and len(asked) == 1
     run = cell("%tpu_launch tpu7x-16 --name nowhere --zone us-east5-a")
     assert str(run.error) == f"us-east5-a has no tpu7x-standard-4t (tpu7x-16): zones with it: {', '.join(TPU7X_ZONES)}"
     assert "Traceback" not in run.shown and nothing_in(Google(cloud), "us-east5-a")
 
 
 def test_no_zone_picks_the_configured_one_or_else_the_nearest_that_have_it(cloud, monkeypatch):
-    shape = catalog.compute_shape("tpu7x-16")
+    shape = apis.compute_shape("tpu7x-16")
     assert zones.choose(cloud.project, shape, None, "us-central1-c") == ["us-central1-c"]
     monkeypatch.setenv("CLOUDSDK_COMPUTE_REGION", "us-east5")
     assert zones.choose(cloud.project, shape, None, None) == list(TPU7X_ZONES)  # no zone anywhere, as in Colab
-    near = zones.choose(cloud.project, catalog.compute_shape("v6e-8"), "any", None)
+    near = zones.choose(cloud.project, apis.compute_shape("v6e-8"), "any", None)
     assert near[:2] == ["us-east5-a", "us-east5-b"] and near[-1] == "europe-west4-a"
 
 
@@ -246,8 +247,8 @@ def test_tpu7x_spot_and_flex_start_without_the_allowlist(cloud, cell):
 
 
 def test_a_topology_the_machine_type_cannot_make_is_one_line_and_leaves_nothing(cloud, isolated_home, monkeypatch):
-    shape = dataclasses.replace(catalog.compute_shape("tpu7x-16"), topology="2x2x3")  # 12 chips: no whole VMs
-    monkeypatch.setattr(catalog, "compute_shape", lambda accelerator: shape)  # a catalog that went wrong
+    shape = dataclasses.replace(apis.compute_shape("tpu7x-16"), topology="2x2x3")  # 12 chips: no whole VMs
+    monkeypatch.setattr(apis, "compute_shape", lambda accelerator: shape)  # a catalog that went wrong
     with pytest.raises(ProvisionError) as info:
         launch_until_hosts(cloud, isolated_home, "odd", "tpu7x-16", TPU7X_ZONES[1:])
     assert "accelerator topology 2x2x3 cannot be made of tpu7x-standard-4t VMs" in str(info.value)

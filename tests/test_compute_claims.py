@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from tests.compute_fixture import Google, cloud, sandbox  # noqa: F401 - cloud is a fixture
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.manager import SliceManager
@@ -102,7 +103,7 @@ def test_on_the_cloud_tpu_api_too_the_second_notebook_is_refused_and_the_first_k
 
 def launching(box, isolated_home, who: str, name: str, accelerator: str, zone: str, results: dict) -> threading.Thread:
     """One notebook's launch of ``name`` up to its hosts (its own registry and launch token), on a thread."""
-    vm = VmSpec(name, catalog.compute_shape(accelerator), zone, f"{who}@example.com", "tpunb",
+    vm = VmSpec(name, apis.compute_shape(accelerator), zone, f"{who}@example.com", "tpunb",
                 "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False, launch=new_launch())
     record = SliceRecord(name=name, accelerator=accelerator, backend="gcp", state="creating",
                          spec={"api": "compute", "project": box.project, "zone": zone, "launch": vm.launch})
@@ -135,7 +136,7 @@ def test_two_overlapping_launches_of_one_name_leave_one_slice_and_nothing_else(c
     assert len(won) == 1 and len(lost) == 1, results
     assert lost[0].reason == "exists" and str(lost[0]).startswith("same is taken") and "\n" not in str(lost[0])
     (winner, token), = won.items()
-    shape = catalog.compute_shape(first if winner == "ann" else second)
+    shape = apis.compute_shape(first if winner == "ann" else second)
     left = google.everything(zone)
     if shape.multi_host:
         assert (left["migs"], left["templates"], left["policies"]) == (["same"], ["same-tpunb-t"], ["same-tpunb-wp"])
@@ -163,9 +164,9 @@ def test_every_kind_of_resource_answers_409_to_a_second_create_of_its_name(cloud
     google, p, region = Google(cloud), cloud.project, catalog.region_of(ZONE)
     made(google, "twice", "v5p-16", ZONE)
     made(google, "twice", "v6e-8", ZONE)  # a VM and a MIG of one name do not collide
-    vm = VmSpec("twice", catalog.compute_shape("v5p-16"), ZONE, "someone@example.com", "tpunb",
+    vm = VmSpec("twice", apis.compute_shape("v5p-16"), ZONE, "someone@example.com", "tpunb",
                 "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
-    one = VmSpec("twice", catalog.compute_shape("v6e-8"), ZONE, "someone@example.com", "tpunb",
+    one = VmSpec("twice", apis.compute_shape("v6e-8"), ZONE, "someone@example.com", "tpunb",
                  "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
     global_templates = compute_v1.InstanceTemplatesClient(credentials=AnonymousCredentials(),
                                                           client_options=ClientOptions(api_endpoint=cloud.compute_url))

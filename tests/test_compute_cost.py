@@ -12,6 +12,7 @@ import pytest
 
 from tests.compute_fixture import Google, cloud, sandbox  # noqa: F401 - cloud is a fixture
 from tests.conftest import wait_for
+from tpunb.provision.gcp import apis
 from tpunb import catalog, manager
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp import compute
@@ -32,7 +33,7 @@ def box():
 
 
 def spec(box, name: str, accelerator: str, zone: str, **fields) -> VmSpec:
-    return VmSpec(name, catalog.compute_shape(accelerator), zone, "someone@example.com", "tpunb", KEY, False,
+    return VmSpec(name, apis.compute_shape(accelerator), zone, "someone@example.com", "tpunb", KEY, False,
                   project=box.project, launch=new_launch(), **fields)
 
 

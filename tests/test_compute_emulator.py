@@ -22,6 +22,7 @@ from google.protobuf import json_format
 from tests.compute_schema_gen import SCHEMA, build, render
 from tests.proto_check import repeated
 from tests.conftest import wait_for
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.emulator import AdminError
 from tpunb.emulator.sandbox import start_sandbox
@@ -74,7 +75,7 @@ def ce(sandbox):
 
 def instance_body(name: str, machine: str, zone: str, **extra) -> compute_v1.Instance:
     """A TPU VM as docs/cloud-facts.md gives its body: image family, disk, gVNIC, TERMINATE, scopes."""
-    shape_image = {"tpu7x": "ubuntu-accel-2404-amd64-tpu-tpu7x"}.get(catalog.machine_type(machine).generation,
+    shape_image = {"tpu7x": "ubuntu-accel-2404-amd64-tpu-tpu7x"}.get(apis.machine_type(machine).generation,
                                                                      "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e")
     return compute_v1.Instance(
         name=name, machine_type=f"zones/{zone}/machineTypes/{machine}",
@@ -195,7 +196,7 @@ def test_a_single_v6e_instance_runs_and_goes(sandbox, ce):
 
 
 def test_a_tpu7x_32_slice_is_a_bulk_mig_of_four_tpu7x_standard_4t(sandbox, ce):
-    assert catalog.compute_shape("tpu7x-32").vms == 4
+    assert apis.compute_shape("tpu7x-32").vms == 4
     ce.wait(make_slice(ce, "t7", items={"enable-guest-attributes": "TRUE"}))
     wait_for(lambda: slice_up(ce, "t7"), 10, "the MIG stable, its topology ACTIVE, its VMs RUNNING")
     mig = ce.migs.get(project=P, zone=Z, instance_group_manager="t7")

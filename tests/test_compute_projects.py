@@ -22,7 +22,8 @@ import pytest
 
 from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - cloud is a fixture
 from tests.conftest import wait_for
-from tpunb import catalog, manager
+from tpunb.provision.gcp import apis
+from tpunb import manager
 from tpunb.emulator.accounts import USER
 from tpunb.errors import AuthenticationError, ProvisionError
 from tpunb.host import jax_start
@@ -186,7 +187,7 @@ def test_a_flex_start_v6e_8_refused_as_one_vm_is_granted_as_two(project, cell):
 def test_an_on_demand_vm_deleted_while_it_is_made_is_said_so(project, isolated_home):
     project.emulator.faults(slow_create=1.0)
     google = Google(project)
-    vm = VmSpec("vanished", catalog.compute_shape("v6e-4"), V6E_ZONE, "someone@example.com", "tpunb",
+    vm = VmSpec("vanished", apis.compute_shape("v6e-4"), V6E_ZONE, "someone@example.com", "tpunb",
                 "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False)
     record = SliceRecord(name="vanished", accelerator="v6e-4", backend="gcp", state="creating",
                          spec={"api": "compute", "project": project.project, "zone": V6E_ZONE})
@@ -207,7 +208,7 @@ def test_a_flex_start_vm_is_followed_by_its_status_while_its_insert_still_runs(p
     """Google's insert of a flex-start VM may stay RUNNING until capacity comes (up to 2 h; the
     sandbox holds it so): the launch says it waits for capacity from the VM's PENDING status meanwhile."""
     project.emulator.faults(no_capacity=[V6E_ZONE])
-    vm = dataclasses.replace(VmSpec("queued", catalog.compute_shape("v6e-4"), V6E_ZONE, "someone@example.com",
+    vm = dataclasses.replace(VmSpec("queued", apis.compute_shape("v6e-4"), V6E_ZONE, "someone@example.com",
                                     "tpunb", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGx0 someone", False), flex_hours=1)
     record = SliceRecord(name="queued", accelerator="v6e-4", backend="gcp", state="creating",
                          spec={"api": "compute", "project": project.project, "zone": V6E_ZONE})

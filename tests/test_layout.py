@@ -1057,3 +1057,40 @@ def test_the_handler_check_sees_a_crossing():
              "tpunb.overview": {f"{GCP}.compute.found"}, f"{GCP}.handlers": {f"{GCP}.tpu"}}
     assert handler_crossings(edges) == [f"{GCP}.compute.make -> {GCP}.tpu.api", f"{GCP}.tpu.node -> {GCP}",
                                         f"tpunb.overview -> {GCP}.compute.found"]
+
+
+#: what choosing between the Cloud TPU API and Compute Engine looks like in code
+API_CHOICE = re.compile(r"\b(default_api|no_tpu_api|uses_compute|on_compute|check_tpu_api)\b"
+                        r"|(?:get\(\s*[\"']api[\"']\s*\)|\[\s*[\"']api[\"']\s*\])\s*(?:==|!=|\bin\b)"
+                        r"|[\"'](?:compute|tpu)[\"']\s*(?:==|!=)\s*\w+(?:\.\w+)*(?:\.get\(\s*[\"']api[\"']\s*\)|\[[\"']api[\"']\])")
+#: modules outside provision/gcp/ that may (each with why)
+API_CHOICE_ALLOWED = {
+    "host/standalone/idle.py": "the gcp backend's idle watchdog, shipped to worker 0: it deletes its slice through "
+                               "the API whose resource path its handler gave it (the node or the MIG)",
+}
+
+
+def api_choices(files: dict[str, str]) -> list[str]:
+    """``path:line`` of each place outside provision/gcp/ that asks which Google API makes a slice."""
+    found = []
+    for path, text in sorted(files.items()):
+        if path.startswith("provision/gcp/") or path in API_CHOICE_ALLOWED:
+            continue
+        found += [f"{path}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                  if API_CHOICE.search(line.split("#", 1)[0])]
+    return found
+
+
+def test_only_the_gcp_backend_asks_which_api_makes_a_slice():
+    files = {str(p.relative_to(PACKAGE)): p.read_text() for p in sources()}
+    assert api_choices(files) == []
+    assert all(path in files for path in API_CHOICE_ALLOWED)
+
+
+def test_the_api_choice_check_sees_each_form():
+    planted = {"overview.py": "if record.spec.get('api') == 'compute':\n    pass\n",
+               "catalog.py": "default_api: str = 'tpu'\n",
+               "server/model.py": "x = 'compute' == record.spec['api']\n",
+               "magics/core.py": "show(cloud.get('api'))  # shown, not chosen\n",
+               "provision/gcp/handlers.py": "record.spec.get('api') == 'compute'\n"}
+    assert api_choices(planted) == ["catalog.py:1", "overview.py:1", "server/model.py:1"]

@@ -18,6 +18,7 @@ from google.longrunning import operations_pb2
 from google.rpc import code_pb2, status_pb2
 
 from tests.proto_check import check_error, check_operation, strict
+from tpunb.provision.gcp import apis
 from tpunb.emulator.server import Exchange
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp.tpu import api as gcp
@@ -263,7 +264,7 @@ def test_tpu7x_is_refused_before_any_call_and_by_the_emulator(tpu_emulator, monk
     from tpunb.catalog import lookup
     from tpunb.errors import UsageError
 
-    assert lookup("tpu7x-8").no_tpu_api and not lookup("tpu7x-8").zones  # no zone offers it to this API
+    assert apis.no_tpu_api(lookup("tpu7x-8"))  # the Cloud TPU API does not make it, in any zone
     exchanges, zone = tpu_emulator.record(), "us-central1-c"
     with pytest.raises(UsageError, match="tpu7x-8 cannot be created through the Cloud TPU API.*GKE"):
         gcp.create(spec("i7", "tpu7x-8", zone=zone))

@@ -53,9 +53,6 @@ class Generation:
     zone_sizes: dict[str, tuple[int, ...]]
     sources: dict[str, tuple[str, ...]]
     planning_only: str = ""  # why it can be planned for but not launched ("": it can be launched)
-    no_tpu_api: str = ""  # why the Cloud TPU API cannot make it (tpu7x: only Compute Engine and GKE do)
-    default_api: str = "tpu"  # which API makes its slices by default: "tpu" (Cloud TPU) or "compute" (Compute Engine)
-    compute: dict[str, Any] | None = None  # how Compute Engine makes them (catalog.json "compute"), None: it cannot
     #: the oldest (jax, libtpu) known to drive this generation: {"jax", "libtpu", "python"} (its
     #: sources under ``sources["jax"]``); None: no jax release a host's Python installs is known to fail it
     jax_min: dict[str, Any] | None = None
@@ -91,9 +88,6 @@ class Accelerator:
     default_runtime: str
     zones: tuple[str, ...]
     planning_only: str = ""  # why it can be planned for but not launched ("": it can be launched)
-    no_tpu_api: str = ""  # why the Cloud TPU API cannot make it ("": it can); Compute Engine may
-    default_api: str = "tpu"  # the API that makes it by default: "tpu" (Cloud TPU API) or "compute" (Compute Engine)
-    compute_zones: tuple[str, ...] = ()  # where Compute Engine offers it (empty: it does not make it)
 
     @property
     def hbm_bytes(self) -> float:
@@ -159,10 +153,7 @@ def _generations() -> dict[str, Generation]:
             zone_sizes={z: tuple(s) for z, s in g.get("zone_sizes", {}).items()},
             sources={k: tuple(v) for k, v in g["sources"].items()},
             planning_only=g.get("planning_only", ""),
-            no_tpu_api=g.get("no_tpu_api", ""),
-            default_api=g.get("default_api", "tpu"),
             jax_min=g.get("jax_min"),
-            compute=g.get("compute"),
         )
     return gens
 
@@ -270,9 +261,6 @@ def _build(g: Generation, topology: str, name: str, zones: tuple[str, ...]) -> A
         default_runtime=g.default_runtime,
         zones=zones,
         planning_only=g.planning_only,
-        no_tpu_api=g.no_tpu_api,
-        default_api=g.default_api,
-        compute_zones=tuple((g.compute or {}).get("zones", ())),
     )
 
 
@@ -353,14 +341,11 @@ def _unknown_message(norm: str) -> str:
 
 
 def check_launchable(acc: Accelerator) -> None:
-    """Through the Cloud TPU API: a planning-only type, or one only Compute Engine makes (tpu7x), is
-    a one-line UsageError before anything is asked of a cloud."""
+    """A planning-only type is a one-line UsageError before anything is asked of a cloud (which API
+    can make a type is the backend's: tpunb/provision/gcp/apis.py)."""
     if acc.planning_only:
         raise UsageError(f"{acc.name} is for planning only ({acc.planning_only}): %tpu_plan and %tpu_catalog "
                          "show it; launch a v6e or older type")
-    if acc.no_tpu_api:
-        raise UsageError(f"{acc.name} is made only through Compute Engine ({acc.no_tpu_api}): launch it without "
-                         "--api tpu")
 
 
 def check_zone(acc: Accelerator | str, zone: str) -> None:
@@ -443,7 +428,7 @@ def _row(acc: Accelerator) -> dict[str, Any]:
             acc.price_per_hour(spot=True) if acc.spot_price_per_chip_hour is not None else None
         ),
         "default_runtime": acc.default_runtime,
-        "zones": f"planning only: {acc.planning_only}" if acc.planning_only else ", ".join(acc.zones or acc.compute_zones),
+        "zones": f"planning only: {acc.planning_only}" if acc.planning_only else ", ".join(acc.zones),
     }
 
 
@@ -485,80 +470,6 @@ def table(filter: str | None = None) -> "pandas.DataFrame":
     rows = [_row(a) for a in select(filter)]
     frame = pandas.DataFrame(rows) if rows else pandas.DataFrame(columns=list(_row(lookup("v4-8"))))
     return frame.set_index("name")
-
-
-IMAGE_PROJECT = "ubuntu-os-accelerator-images"  # Google's TPU-optimized Ubuntu images (catalog source gce-images)
-
-
-@dataclass(frozen=True)
-class MachineType:
-    """A Compute Engine TPU machine type: what one VM holds."""
-
-    name: str
-    generation: str
-    chips: int
-    jax_devices: int  # TPU7x shows each chip as two JAX devices
-    topology: str  # the slice one VM of it makes alone
-
-
-@dataclass(frozen=True)
-class ComputeShape:
-    """How Compute Engine makes one slice: ``vms`` instances of ``machine_type`` (a MIG whose
-    workload policy names ``topology`` when there is more than one)."""
-
-    accelerator: str
-    machine_type: str
-    vms: int
-    chips_per_vm: int
-    devices_per_vm: int
-    topology: str
-    image_family: str
-    ubuntu: str
-    python: str  # the image's system Python
-    disk_type: str
-    zones: tuple[str, ...]
-
-    @property
-    def multi_host(self) -> bool:
-        return self.vms > 1
-
-    @property
-    def source_image(self) -> str:
-        return f"projects/{IMAGE_PROJECT}/global/images/family/{self.image_family}"
-
-
-@functools.lru_cache(maxsize=1)
-def machine_types() -> dict[str, MachineType]:
-    """Every Compute Engine TPU machine type tpunb knows, by name."""
-    return {name: MachineType(name, m["generation"], m["chips"], m["jax_devices"], m["topology"])
-            for name, m in _load()["compute_machine_types"].items()}
-
-
-def machine_type(name: str) -> MachineType:
-    """A machine type by name; UnknownAcceleratorError (with the known ones) otherwise."""
-    found = machine_types().get(name)
-    if found is None:
-        raise UnknownAcceleratorError(f"unknown TPU machine type {name!r}: Compute Engine's are {', '.join(machine_types())}")
-    return found
-
-
-def compute_shape(acc: Accelerator | str) -> ComputeShape:
-    """The machine type and VM count Compute Engine makes ``acc`` with (``tpu7x-32``: 4 VMs of
-    ``tpu7x-standard-4t``; ``v6e-8``: one ``ct6e-standard-8t``, ``v6e-16``: 4 of ``ct6e-standard-4t``)."""
-    acc = lookup(acc) if isinstance(acc, str) else acc
-    g = _generations()[acc.generation]
-    if g.compute is None:
-        raise UsageError(f"{acc.name} is made only through the Cloud TPU API: Compute Engine offers TPU7x, v6e and "
-                         "v5p; use --api tpu")
-    size = {g.name(s): s for s in g.sizes}.get(acc.name)  # None: a hypothetical shape
-    name = g.compute["machine_types"].get(str(size))
-    if name is None and acc.chips <= machine_type(g.compute["multi_host_machine_type"]).chips:
-        raise UsageError(f"{acc.name} has no Compute Engine machine type (Google documents "
-                         f"{_or(sorted(set(g.compute['machine_types'].values())))} for {g.key}); pick a larger size")
-    mt = machine_type(name or g.compute["multi_host_machine_type"])
-    return ComputeShape(acc.name, mt.name, math.ceil(acc.chips / mt.chips), mt.chips, mt.jax_devices, acc.topology,
-                        g.compute["image_family"], g.compute["ubuntu"], g.compute["python"], g.compute["disk_type"],
-                        tuple(g.compute["zones"]))
 
 
 def from_topology(generation_key: str, topology: str) -> Accelerator:

@@ -16,10 +16,11 @@ import time
 from typing import Any
 
 from tpunb import catalog
-from tpunb.emulator import compute_project, quotas
+from tpunb.emulator import compute_project, machines, quotas
 from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, in_use, invalid, matches, not_found
 from tpunb.emulator.compute_migs import MigSide
 from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, short
+from tpunb.emulator.machines import compute_zones, machine_types_in
 
 #: what the admin can turn on: MIGs that never fill (everywhere or in zones; what listErrors shows), the allowlist,
 #: inserts held until that many wait (overlapping launches), a topology that fails (everywhere or in zones; its
@@ -34,16 +35,6 @@ FLEX_WAIT = (90, 7200)
 NEVER_FLEX = ("ct6e-standard-8t",)
 #: the organisation policy whose refusal of a VM without Secure Boot field reports quote (TPU images lack it)
 SHIELDED_VM = "constraints/compute.requireShieldedVm"
-
-
-def compute_zones() -> list[str]:
-    """Every zone where some TPU machine type is offered (catalog: each generation's compute zones)."""
-    return sorted({z for g in catalog.generations() if g.compute for z in g.compute["zones"]})
-
-
-def machine_types_in(zone: str) -> list[catalog.MachineType]:
-    return [m for m in catalog.machine_types().values()
-            if zone in (catalog.generation(m.generation).compute or {}).get("zones", ())]
 
 
 class ComputeEngine(MigSide):
@@ -120,9 +111,9 @@ class ComputeEngine(MigSide):
         if zone not in compute_zones() and zone not in catalog.zones():
             raise not_found(f"projects/{project}/zones/{zone}")
 
-    def _machine_type(self, project: str, zone: str, value: Any, field: str) -> catalog.MachineType:
+    def _machine_type(self, project: str, zone: str, value: Any, field: str) -> machines.MachineType:
         name = short(value or "")
-        found = catalog.machine_types().get(name)
+        found = machines.machine_types().get(name)
         if name in (self.faults.get("hidden_types") or ()):
             found = None  # not offered to this project at all
         if found is None or found not in machine_types_in(zone):
@@ -132,7 +123,7 @@ class ComputeEngine(MigSide):
                           f"exist in zone '{zone}'.{hint}")
         return found
 
-    def _check_capacity_rules(self, project: str, machine: catalog.MachineType, properties: dict,
+    def _check_capacity_rules(self, project: str, machine: machines.MachineType, properties: dict,
                               zone: str = "") -> None:
         """TPU7x Spot and Flex-start need the project on Google's allowlist (tpu-machines' footnote);
         Flex-start needs maxRunDuration; a named reservation must take these VMs (compute_project.py);
@@ -152,7 +143,7 @@ class ComputeEngine(MigSide):
                                "field. See https://cloud.google.com/resource-manager/docs/organization-policy/"
                                "org-policy-constraints for more information.")
 
-    def _quota_error(self, zone: str, machine: catalog.MachineType, properties: dict,
+    def _quota_error(self, zone: str, machine: machines.MachineType, properties: dict,
                      vms: int = 1) -> ComputeError | None:
         """QUOTA_EXCEEDED when ``vms`` more VMs would pass Compute Engine's own TPU quota in the region
         (quotas.py: its pool, not the Cloud TPU API's), or the quota fault is on there."""
@@ -171,7 +162,7 @@ class ComputeEngine(MigSide):
         """The chips the region's VMs already spend of quota ``metric``."""
         spent = 0
         for vm in self.instances.values():
-            machine = catalog.machine_type(vm.machine_type)
+            machine = machines.machine_type(vm.machine_type)
             model = (vm.properties.get("scheduling") or {}).get("provisioningModel", "STANDARD")
             if catalog.region_of(vm.zone) == region and quotas.compute_quota_id(machine.generation, model) == metric:
                 spent += machine.chips
@@ -210,7 +201,7 @@ class ComputeEngine(MigSide):
         self._start(vm, op)
         return op.to_json()
 
-    def _pending(self, vm: Vm, machine: catalog.MachineType, op: ComputeOperation) -> dict:
+    def _pending(self, vm: Vm, machine: machines.MachineType, op: ComputeOperation) -> dict:
         """A flex-start VM: PENDING (its insert accepted and RUNNING until the VM is, unverified: the
         harsher reading of gcloud blocking until provisioning ends), tried every queue_seconds, gone
         without an error once requestValidForDuration passes (field reports)."""
@@ -225,7 +216,7 @@ class ComputeEngine(MigSide):
         self.emu.at(wait, self._expire, vm, op)
         return op.to_json()
 
-    def _grant(self, vm: Vm, machine: catalog.MachineType, op: ComputeOperation) -> None:
+    def _grant(self, vm: Vm, machine: machines.MachineType, op: ComputeOperation) -> None:
         """Capacity for a PENDING flex-start VM: its insert ends once it RUNs. A ct6e-standard-8t is
         never granted so (field reports: 0 of 4 tries, each INTERNAL_ERROR after minutes in STAGING,
         the VM gone): it goes STAGING, then fails."""
@@ -254,14 +245,14 @@ class ComputeEngine(MigSide):
             del self.instances[vm.path]
             self._finish(op)
 
-    def _allocate(self, vm: Vm, machine: catalog.MachineType):
+    def _allocate(self, vm: Vm, machine: machines.MachineType):
         found = self.emu.hosts.allocate(vm.path, 1, bool(_nic(vm.properties).get("accessConfigs")))
         if not found:
             return None
         vm.endpoint = found[0]
         vm.host_key = self.emu.hosts.rekey(vm.endpoint.internal_ip)  # a new VM: a host key of its own
         try:
-            self.emu.hosts.configure(vm.endpoint.internal_ip, python=catalog.generation(machine.generation).compute["python"],
+            self.emu.hosts.configure(vm.endpoint.internal_ip, python=machine.python,
                                      devices=machine.jax_devices, names={**self.host_names(), vm.name: vm.endpoint.internal_ip},
                                      egress=compute_project.egress(self.faults, vm.project, vm.zone, _nic(vm.properties)))
         except ValueError as e:  # the sandbox lacks this image's Python: say so, keep the host free
@@ -304,9 +295,9 @@ class ComputeEngine(MigSide):
         """The VMs of ``vm``'s slice in worker order (its MIG's, or itself) and the slice's topology."""
         mig = self.migs.get(vm.mig)
         if mig is None:
-            return [vm], catalog.machine_type(vm.machine_type).topology
+            return [vm], machines.machine_type(vm.machine_type).topology
         peers = sorted((self.instances[p] for p in mig.vms if p in self.instances), key=lambda v: v.worker)
-        return peers, mig.topology or catalog.machine_type(vm.machine_type).topology
+        return peers, mig.topology or machines.machine_type(vm.machine_type).topology
 
     def get_instance(self, project: str, zone: str, name: str) -> dict:
         return self._vm(project, zone, name).to_json(self.emu.hosts.ssh_port)
@@ -439,7 +430,7 @@ class ComputeEngine(MigSide):
             self.emu.hosts.release(old.path)
         vm = Vm(old.project, old.zone, old.name, old.machine_type, old.properties, old.mig, old.worker,
                 status="STAGING", current_action="RECREATING")
-        if self._allocate(vm, catalog.machine_type(vm.machine_type)) is None:
+        if self._allocate(vm, machines.machine_type(vm.machine_type)) is None:
             raise ComputeError(503, "ZONE_RESOURCE_POOL_EXHAUSTED", "no free host to recreate the instance on")
         self.instances[vm.path] = vm
         self._start(vm)

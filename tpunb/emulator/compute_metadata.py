@@ -6,6 +6,7 @@ instance names, bare, comma-separated, in worker order (JAX's "new format"). No
 ``agent-worker-number``: no report shows one on a Compute Engine VM."""
 from __future__ import annotations
 
+from tpunb.emulator import machines
 from tpunb import catalog
 from tpunb.emulator.compute_records import Vm
 
@@ -23,7 +24,7 @@ def google_accelerator_type(generation: str, topology: str) -> str:
 
 def instance_attributes(vm: Vm, peers: list[Vm], topology: str) -> dict[str, str]:
     """The TPU attributes of ``vm``, one of ``peers`` (its slice's VMs in worker order)."""
-    machine = catalog.machine_type(vm.machine_type)
+    machine = machines.machine_type(vm.machine_type)
     accelerator = google_accelerator_type(machine.generation, topology)
     per_host = _bounds(machine.topology)
     hosts = [s // h for s, h in zip(_bounds(topology), per_host)]

@@ -19,6 +19,7 @@ import string
 import time
 from typing import Any
 
+from tpunb.emulator import machines
 from tpunb import catalog
 from tpunb.emulator.compute_checks import ComputeError, check_body, check_name, invalid, matches, not_found
 from tpunb.emulator.compute_records import ComputeOperation, Core, Mig, Stored, Vm, link, ref, timestamp
@@ -27,7 +28,7 @@ BULK_REQUIRED = "MIGs with TPU accelerator topology require BULK mode in target 
 NO_RESIZE_REQUESTS = "Creating resize requests for managed instance group with TPU is not allowed"
 
 
-def vms_for(topology: str, machine: catalog.MachineType) -> int:
+def vms_for(topology: str, machine: machines.MachineType) -> int:
     """How many VMs of ``machine`` a workload policy's topology takes (chips / chips per VM), 0 if
     the machine type cannot make that topology."""
     try:
@@ -111,7 +112,7 @@ class MigSide:
             mig.waiting = False
             return
         template = self.templates[mig.template].body["properties"]
-        machine = catalog.machine_type(template["machineType"].rsplit("/", 1)[-1])
+        machine = machines.machine_type(template["machineType"].rsplit("/", 1)[-1])
         base = mig.body.get("baseInstanceName") or mig.name
         while len(mig.planned) < need:  # named from the first try on: listed before they exist
             mig.planned.append(f"{base}-{''.join(random.choices(string.ascii_lowercase + string.digits, k=4))}")
@@ -215,7 +216,7 @@ class MigSide:
         if not str(size).isdigit():
             raise invalid(f"Invalid value for field 'size': '{size}'. Must be a non-negative integer.")
         new = int(size)
-        machine = catalog.machine_type(self.templates[mig.template].body["properties"]["machineType"].rsplit("/", 1)[-1])
+        machine = machines.machine_type(self.templates[mig.template].body["properties"]["machineType"].rsplit("/", 1)[-1])
         if mig.topology and new not in (0, vms_for(mig.topology, machine)):
             raise invalid(f"Invalid value for field 'size': {new}. Accelerator topology {mig.topology} takes "
                           f"{vms_for(mig.topology, machine)} {machine.name} VMs (or 0).")

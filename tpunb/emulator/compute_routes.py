@@ -21,9 +21,9 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tpunb import catalog
+from tpunb.emulator import machines
 from tpunb.emulator import compute_project
-from tpunb.emulator.compute import compute_zones, machine_types_in
+from tpunb.emulator.machines import compute_zones, machine_types_in
 from tpunb.emulator.compute_checks import ComputeError, not_found
 from tpunb.emulator.compute_records import link
 
@@ -138,7 +138,7 @@ def _stored(ce: ComputeEngine, method: str, project: str, scope: str, kind: str,
     raise ComputeError(405, "methodNotAllowed", f"{method} is not served on {kind}")
 
 
-def _machine_type_json(project: str, zone: str, machine: catalog.MachineType) -> dict:
+def _machine_type_json(project: str, zone: str, machine: machines.MachineType) -> dict:
     cpus, memory = SIZES[machine.name]
     path = f"projects/{project}/zones/{zone}/machineTypes/{machine.name}"
     return {"kind": "compute#machineType", "id": MACHINE_TYPE_IDS[machine.name], "name": machine.name,

@@ -2,6 +2,7 @@
 This backend offers them (its "doctor" capability); tpunb.doctor runs them before its own."""
 from __future__ import annotations
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.provision.checks import FAILED, OK, WARNING, Check, Context, check
 from tpunb.errors import ProvisionError, UnknownAcceleratorError, UsageError
@@ -133,7 +134,7 @@ def zone_offers_machine_type(ctx: Context) -> tuple[str, str] | None:
 
     if not (ctx.memo.get("compute") and ctx.accelerator):
         return None
-    shape = catalog.compute_shape(ctx.accelerator)
+    shape = apis.compute_shape(ctx.accelerator)
     try:
         clients.call("read the machine type", clients.clients().machine_types.get, project=ctx.project,
                      zone=ctx.zone, machine_type=shape.machine_type)

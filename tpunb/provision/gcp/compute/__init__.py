@@ -24,6 +24,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog, diagnose
 from tpunb.errors import (AuthenticationError, HostKeyError, HostSetupError, ProvisionError,
                           TpunbError, UsageError)
@@ -70,11 +71,11 @@ FLEX_PRICE = "flex-start price not known"
 
 def uses_compute(accel: catalog.Accelerator, opts: CloudOptions) -> bool:
     """Whether Compute Engine makes this slice: --api, else the type's default (TPU7x, v6e, v5p)."""
-    chosen = opts.api or accel.default_api
+    chosen = opts.api or apis.default_api(accel)
     if chosen == "tpu":
-        catalog.check_launchable(accel)  # planning only, or only Compute Engine makes it: one line
+        apis.check_tpu_api(accel)  # planning only, or only Compute Engine makes it: one line
     if chosen == API:
-        catalog.compute_shape(accel)  # a type Compute Engine does not make: one line, with what to do
+        apis.compute_shape(accel)  # a type Compute Engine does not make: one line, with what to do
     return chosen == API
 
 
@@ -87,7 +88,7 @@ def check_options(opts: CloudOptions, slices: int, accel: catalog.Accelerator | 
         given.insert(0, ("--slices (a multislice)", "launch one slice"))
     if given:
         what, instead = given[0]
-        other = "" if accel is not None and accel.no_tpu_api else \
+        other = "" if accel is not None and apis.no_tpu_api(accel) else \
             "; or add --api tpu (the Cloud TPU API makes v2-v5e, v4, v5p, v6e)"
         raise UsageError(f"{what} is for the Cloud TPU API: under Compute Engine {instead}{other}")
 
@@ -106,7 +107,7 @@ class Plan:
             require_project_zone(None, "-")  # the one line saying how to set a project
         check_options(opts, request.slices, accel)
         opts = colab_idle_default(opts, request.slices)
-        shape = catalog.compute_shape(accel)
+        shape = apis.compute_shape(accel)
         if len(name) > NAME_LIMIT and (shape.multi_host or opts.flex):  # a flex v6e-8 may become a MIG (fallback.py)
             raise UsageError(f"slice name {name!r} has {len(name)} characters: a multi-host slice's name has at most "
                              f"{NAME_LIMIT} (its workload policy is NAME-tpunb-wp, at most 63): give a shorter --name")
@@ -257,7 +258,7 @@ def first_granted(project: str, vm: VmSpec, zones: list[str], record: SliceRecor
     raise everywhere_failed(vm.name, project, outcomes, vm.spot)
 
 
-def boot_grace(shape: catalog.ComputeShape, opts: CloudOptions) -> float:
+def boot_grace(shape: apis.ComputeShape, opts: CloudOptions) -> float:
     """How long after boot worker 0's watchdog waits for the launching kernel to say its launch is
     done: the slice's activation (its topology may become ACTIVE long after the VMs boot), then the
     kernel's connect wait; a kernel preparing the hosts marks activity, which extends it."""
@@ -423,7 +424,7 @@ def delete(record: SliceRecord) -> None:
 def machine_type(record: SliceRecord) -> str | None:
     """The machine type of the slice's VMs (``tpu7x-standard-4t``), for %tpu_status and the sidebar."""
     try:
-        return catalog.compute_shape(catalog.lookup(record.accelerator)).machine_type
+        return apis.compute_shape(catalog.lookup(record.accelerator)).machine_type
     except TpunbError:
         return None
 

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.provision.gcp.shared import LAUNCH_LABEL, Marker
 from tpunb.provision.gcp.compute.network import network_path, subnetwork_path
@@ -46,7 +47,7 @@ class VmSpec:
     """What every VM of the slice gets, beside its machine type."""
 
     name: str
-    shape: catalog.ComputeShape
+    shape: apis.ComputeShape
     zone: str
     owner: str
     user: str

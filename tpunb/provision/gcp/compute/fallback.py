@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tpunb import catalog
+from tpunb.provision.gcp import apis
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp.compute.bodies import VmSpec
 from tpunb.provision.gcp.compute.bulk import activation_limit
@@ -27,7 +27,7 @@ def flex_alternative(vm: VmSpec, error: BaseException) -> VmSpec | None:
         return None
     if error.reason not in REFUSED and "INTERNAL_ERROR" not in str(error):
         return None
-    half = catalog.machine_type(HALF_HOST)
+    half = apis.machine_type(HALF_HOST)
     shape = dataclasses.replace(vm.shape, machine_type=half.name, vms=vm.shape.chips_per_vm // half.chips,
                                 chips_per_vm=half.chips, devices_per_vm=half.jax_devices)
     return dataclasses.replace(vm, shape=shape, idle_grace=vm.idle_grace + activation_limit(shape.vms))

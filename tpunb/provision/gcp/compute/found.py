@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, TpunbError
 from tpunb.transport.fanout import fan_out
@@ -103,7 +104,7 @@ class Found:
     def accelerator(self) -> str:
         """Its accelerator as users name it (``tpu7x-32``), from the machine type and the policy's
         topology; "" when neither says."""
-        mt = catalog.machine_types().get(self.machine_type() or "")
+        mt = apis.machine_types().get(self.machine_type() or "")
         if mt is None:
             return ""
         topology = self.policy.workload_policy.accelerator_topology if self.policy else mt.topology

@@ -5,6 +5,7 @@ left with nothing in it, and the next one is tried (``--zone Z1,Z2``, ``--zone a
 zone where the configured one lacks the type), as the Cloud TPU path's failover does."""
 from __future__ import annotations
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.machine.cache import cached
@@ -28,7 +29,7 @@ def offered(project: str, machine_type: str) -> tuple[str, ...]:
     return cached(("compute zones", clients.endpoint(), project, machine_type), ask)
 
 
-def choose(project: str, shape: catalog.ComputeShape, given: str | None, default: str | None) -> list[str]:
+def choose(project: str, shape: apis.ComputeShape, given: str | None, default: str | None) -> list[str]:
     """The zones to try, in order: ``--zone`` (Z, Z1,Z2 or any), else the configured zone, else (no
     zone anywhere, as in Colab) every zone that offers the machine type, nearest first. A named or
     configured zone without it is one line naming the zones that have it."""
@@ -67,7 +68,7 @@ def everywhere_failed(name: str, project: str, outcomes: list[Outcome], spot: bo
 def other_pool(accelerator: str) -> str:
     """For a type the Cloud TPU API also makes (v6e, v5p): its quota is a pool of its own, the one
     TRC and older projects hold (docs/cloud-facts.md); "" for TPU7x, which only Compute Engine makes."""
-    if catalog.lookup(accelerator).no_tpu_api:
+    if apis.no_tpu_api(catalog.lookup(accelerator)):
         return ""
     return (" or --api tpu: the Cloud TPU API's TPU quota is a separate pool (the one TRC and older projects hold; "
             "%tpu_doctor reads both)")

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog, report
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision.gcp import shared
@@ -35,11 +36,11 @@ def candidates(accelerator: catalog.Accelerator, zone_list: list[str], alternati
                any_zone: bool = False) -> list[Candidate]:
     """Every (type, zone) to try, ACCELERATOR's zones first, then each alternative's. A type is
     tried only in zones that offer it (``any_zone``: in every zone that does, nearest first)."""
-    catalog.check_launchable(accelerator)
+    apis.check_tpu_api(accelerator)
     types = [accelerator] + [catalog.lookup(t) for t in _names(alternatives)]
-    for alt in [t for t in types[1:] if t.planning_only or t.no_tpu_api]:  # never tried: one note, and on
+    for alt in [t for t in types[1:] if t.planning_only or apis.no_tpu_api(t)]:  # never tried: one note, and on
         report.info(f"[tpunb] --alternatives: skipping {alt.name}, which the Cloud TPU API cannot make "
-                    f"({alt.planning_only or alt.no_tpu_api})")
+                    f"({alt.planning_only or apis.no_tpu_api(alt)})")
         types.remove(alt)
     for alt in types[1:]:
         if alt.hosts != accelerator.hosts:

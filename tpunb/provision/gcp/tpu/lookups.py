@@ -4,6 +4,7 @@ runtime versions it has, which queued resources failed on quota, what the idle w
 ``api`` (the one seam for cloud calls). What a zone offers is asked once per session."""
 from __future__ import annotations
 
+from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp.tpu import api
@@ -51,7 +52,7 @@ def accelerator_types(project: str, zone: str) -> frozenset[str] | None:
 def check_offered(project: str, zone: str, accelerator: catalog.Accelerator) -> None:
     """%tpu_launch's zone check: what the API lists for the zone decides; where it cannot be asked,
     tpunb's catalog does. A one-line ProvisionError naming what the zone does offer."""
-    catalog.check_launchable(accelerator)
+    apis.check_tpu_api(accelerator)
     offered = accelerator_types(project, zone)
     if offered is None:
         catalog.check_zone(accelerator, zone)
