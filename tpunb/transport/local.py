@@ -75,6 +75,12 @@ class LocalAgentProcess(AgentProcess):
         except (ValueError, OSError):  # closed
             return False
 
+    def end_input(self) -> None:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+
     def signal_group(self, pgid: int, sig: int) -> None:
         for each in (sig, signal.SIGCONT):  # a stopped group is woken to take the signal
             try:
