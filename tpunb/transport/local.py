@@ -53,7 +53,14 @@ class LocalAgentProcess(AgentProcess):
     def _drain_stderr(self) -> None:
         with self._proc.stderr:  # closed at its end, not left to the garbage collector (one fd a host)
             for line in iter(self._proc.stderr.readline, b""):
-                self._stderr_lines.append(line.decode(errors="replace").rstrip("\n"))
+                self._stderr_line(line.decode(errors="replace").rstrip("\n"))
+        self._stderr_ended()
+
+    def _stderr_line(self, line: str) -> None:
+        self._stderr_lines.append(line)
+
+    def _stderr_ended(self) -> None:
+        """Its stderr is closed: no more lines will come."""
 
     def send(self, data) -> None:
         data = memoryview(data).cast("B")
