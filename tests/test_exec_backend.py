@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +29,7 @@ from tests.test_backends import EXEC
 from tests.test_sync import EXCLUDE, EXPECTED, remote_files, tree  # noqa: F401 (tree: the fixture)
 
 pytestmark = pytest.mark.fresh_slice
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +90,7 @@ def test_sync_copies_a_tree_into_each_pod_through_tpunb_s_own_sftp_server(pods, 
     assert first.files_sent == 2 * len(EXPECTED)
     for home in homes(pods):
         dest = os.path.join(home, "work")
-        assert remote_files(__import__("pathlib").Path(dest)) == EXPECTED
+        assert remote_files(Path(dest)) == EXPECTED
         assert open(os.path.join(dest, "train.py")).read() == (tree / "train.py").read_text()
     (tree / "train.py").write_text("print('changed')\n")
     again = sl.sync(str(tree), "work", exclude=EXCLUDE)
@@ -198,8 +202,14 @@ def test_stacks_from_this_kernel_and_from_outside_then_a_restart_that_kills_a_ho
         sl.stacks()), 30, "both hosts' stacks inside training()")
     assert re.search(r"training -> match$", stacks[1].where) and "training" in stacks[0].where
 
-    outside = recorded_stacks(reg.get_slice(sl.name), reg)  # as a terminal would: the record, its backend's transports
+    outside = recorded_stacks(reg.get_slice(sl.name), reg)  # the record and its backend's transports alone
     assert re.search(r"^\[1\] main thread: .*training -> match$", outside.text(), re.M), outside.text()
+    terminal = subprocess.run(  # another process, which knows the backend through $TPUNB_BACKENDS alone
+        [sys.executable, "-m", "tpunb", "stacks", sl.name], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TPUNB_HOME": str(reg.path.parent),
+             provision.ENVIRONMENT: EXEC})
+    assert terminal.returncode == 0, terminal.stderr
+    assert re.search(r"^\[1\] main thread: .*training -> match$", terminal.stdout, re.M), terminal.stdout
 
     agents = [h.info["pid"] for h in sl.session.hosts]
     done = sl.restart()
