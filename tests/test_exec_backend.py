@@ -1,9 +1,10 @@
 """A slice whose hosts are reached only through an exec channel (tests/backends/exec_hosts.py: each
-"pod" entered with ``env -i ... sh -c``, as ``kubectl exec -i POD --`` enters a pod), registered as
-another package's backend: cells, push and pull (by relay among the pods too), sync, services and
-their logs, forwards, stacks (from this kernel and from outside it) and restart, each through the
-transport's capabilities alone (tpunb/transport/exec.py, streams.py). One slice of 2 pods for the
-module; the contract itself runs in tests/test_backends.py."""
+"pod" entered with ``setsid -w env -i ... sh -c``, as ``kubectl exec -i POD --`` enters a pod),
+registered as another package's backend: cells, push and pull (by relay among the pods too), a fetch
+whose bytes the pods relay, sync, a service with its logs and a forward, signals, a frozen host,
+stacks (from this kernel and from outside it) and restart, each through the transport's capabilities
+alone (tpunb/transport/exec.py, streams.py). One slice of 2 pods for the module; the backend
+contract itself runs in tests/test_backends.py."""
 from __future__ import annotations
 
 import os
@@ -20,6 +21,8 @@ import pytest
 
 from tpunb import catalog, provision
 from tpunb.doctor.outside import recorded_stacks
+from tpunb.emulator.hub import Hub, HubServer
+from tpunb.host.fetch import CHUNK
 from tpunb.manager import SliceManager
 from tpunb.provision import LaunchRequest
 from tpunb.registry import Registry
@@ -82,6 +85,21 @@ def test_push_and_pull_directly_and_by_relay_among_the_pods(pods, monkeypatch):
     assert not relay.unreachable and {i: address for i, (_, (address, _)) in relay.listeners.items()} == \
         {0: "127.0.0.10", 1: "127.0.0.11"}  # each pod listens where its backend says it is (TPUNB_PEER_ADDRESS)
     sl.run("del small, big", output=None)
+
+
+@pytest.mark.sandbox  # the Hub stand-in serves the file
+def test_a_fetch_takes_each_byte_from_the_source_once_and_the_pods_relay_it(pods):
+    sl = pods[0]
+    weights = os.urandom(2 * CHUNK + 777)
+    with HubServer(Hub()) as server:
+        server.hub.add_repo("org/files", {"big.bin": weights})
+        done = sl.fetch(f"{server.url}/org/files/resolve/main/big.bin", to="~/m")
+        assert server.hub.gets[("org/files", "big.bin")] == 2  # the listing's first byte, then the file once
+    assert (done.route, done.downloader, done.through_kernel, done.received) == \
+        ("relay", 0, 0, {0: len(weights), 1: len(weights)})
+    for home in homes(pods):
+        assert Path(home, "m", "big.bin").read_bytes() == weights
+    sl.run_shell("rm -rf ~/m", output=None)
 
 
 def test_sync_copies_a_tree_into_each_pod_through_tpunb_s_own_sftp_server(pods, tree):  # noqa: F811
