@@ -219,6 +219,8 @@ def test_stacks_from_this_kernel_and_from_outside_then_a_restart_that_kills_a_ho
     stacks = wait_for(lambda: (lambda s: s if all(s[i].main and "training" in s[i].where for i in (0, 1)) else None)(
         sl.stacks()), 30, "both hosts' stacks inside training()")
     assert re.search(r"training -> match$", stacks[1].where) and "training" in stacks[0].where
+    native = sl.stacks(hosts=[0], native=True)  # py-spy run in the pod: C frames under the Python ones
+    assert any(f.kind == "native" for f in native[0].main.frames) and not native[0].native_error, native.text()
 
     outside = recorded_stacks(reg.get_slice(sl.name), reg)  # the record and its backend's transports alone
     assert re.search(r"^\[1\] main thread: .*training -> match$", outside.text(), re.M), outside.text()
