@@ -1,6 +1,7 @@
 """The backend contract in code: every member of provision.base.Backend, called on each backend
 with real parts (local host processes, a real sshd, the Cloud TPU API emulator whose hosts are
-that sshd), and what each returns checked."""
+that sshd, and tests/backends/exec_hosts.py's pods reached only through an exec channel), and what
+each returns checked."""
 from __future__ import annotations
 
 import getpass
@@ -17,6 +18,16 @@ from tpunb.status import SliceStatus
 from tests.conftest import CPU_AS_TPU_HOST
 from tests.emulator_fixture import on_sshd
 
+#: the test backend whose hosts are reached through an exec channel, registered as another package's would be
+EXEC = "exec=tests.backends.exec_hosts"
+
+
+def register_exec(monkeypatch) -> Backend:
+    """The exec backend, found through ``$TPUNB_BACKENDS`` and made known to this process's registry."""
+    module = provision.registered({provision.ENVIRONMENT: EXEC}, entry_points=[])["exec"]
+    monkeypatch.setitem(provision._MODULES, "exec", module)
+    return module
+
 ZONE = "us-central2-b"
 MEMBERS = ("options", "default_name", "create", "attach", "delete", "record_transports", "name_reusable",
            "slice_status")
@@ -27,11 +38,14 @@ def tpu_emulator_options(sshd):
     return on_sshd(sshd)
 
 
-@pytest.fixture(params=["local", "ssh", "gcp"])
+@pytest.fixture(params=["local", "ssh", "gcp", "exec"])
 def backend(request, sshd, ssh_key):
     """(backend module, its options record, what slice_status says of its live slice)."""
     if request.param == "local":
         return local, local.options(), ("running", ["running", "running"])
+    if request.param == "exec":
+        module = register_exec(request.getfixturevalue("monkeypatch"))
+        return module, module.options(), ("running", ["running", "running"])
     if request.param == "ssh":
         opts = ssh.options(hosts=[f"{a}:{sshd.port}" for a in sshd.addresses[:2]], key=str(ssh_key),
                            python=sshd.python)
@@ -50,7 +64,8 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
         module.options(no_such_option=1)
     accel = catalog.lookup("v4-16")
     name = module.default_name(accel)
-    assert name == {"local": "v4-16", "ssh": "hosts", "gcp": f"tpunb-{getpass.getuser()}-v4-16"}[module.NAME]
+    assert name == {"local": "v4-16", "ssh": "hosts", "gcp": f"tpunb-{getpass.getuser()}-v4-16",
+                    "exec": "exec-v4-16"}[module.NAME]
 
     reg = Registry()
     made = module.create(LaunchRequest(name, accel, reg, dict(CPU_AS_TPU_HOST), opts))
@@ -67,7 +82,7 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
         nodes = gcp.Survey([record], reg).nodes
         seen = module.slice_status(record, nodes)
         assert isinstance(seen, SliceStatus) and (seen.state, seen.host_states) == (live_state, live_hosts)
-        assert seen.usd_per_hour == {"local": 0.0, "ssh": None, "gcp": 25.76}[module.NAME]
+        assert seen.usd_per_hour == {"local": 0.0, "ssh": None, "gcp": 25.76, "exec": None}[module.NAME]
         reached = module.record_transports(record, reg, [1, 0])  # from the record alone: as another process would
         try:
             assert sorted(reached) == [0, 1]
@@ -76,8 +91,8 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
                 process = transport.spawn(["sh", "-c", f"echo host-{i}"])
                 assert process.recv_exact(7) == f"host-{i}\n".encode(), (module.NAME, i)
                 process.close()
-                if not transport.same_machine:  # each SSH host by its own address, as recorded
-                    assert record.hosts[i].address.rsplit(":", 1)[0] == transport.host
+                if not transport.same_machine:  # each remote host by its own address, as recorded
+                    assert record.hosts[i].address.rsplit(":", 1)[0] == transport.address.rsplit(":", 1)[0]
         finally:
             for transport in reached.values():
                 transport.close()
@@ -104,12 +119,12 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
         assert gone.state == "GONE" and gone.cloud["cloud_state"] == "GONE"
 
 
-def test_optional_capabilities_are_declared_and_present_together():
+def test_optional_capabilities_are_declared_and_present_together(monkeypatch):
     """A backend has the members of exactly the capabilities it declares (SkyPilot's supports()),
     so callers ask ``provision.supports`` instead of naming a backend."""
     from tpunb.provision.base import OPTIONAL
 
-    for module in (local, ssh, gcp):
+    for module in (local, ssh, gcp, register_exec(monkeypatch)):
         assert module.CAPABILITIES <= set(OPTIONAL), module.CAPABILITIES
         for capability, members in OPTIONAL.items():
             has = all(callable(getattr(module, m, None)) for m in members)

@@ -665,6 +665,8 @@ THREADS_ALLOWED = {
     ("transport/ssh.py", "old.close"): "one per dropped SSH connection: closed without holding the caller",
     ("transport/local.py", "self._drain_stderr"): "one per local host process: its stderr",
     ("transport/local.py", "self.close"): "one per local host process: reaped without holding the caller",
+    ("transport/exec.py", "self._reap"): "one per abandoned exec agent: the kill run in its pod (its channel "
+                                          "may be stuck), and its command reaped",
     ("transport/forkserver.py", "self._read"): "one per fork server (one a kernel): its answers and its agents' ends",
     ("transport/fanin.py", "self._run"): "one per session: the selector that reads every local host's frames",
     ("transport/sftp.py", "self._read_replies"): "one per SFTP connection: its replies",

@@ -46,9 +46,16 @@ class RelayError(Exception):
     """A transfer that cannot go on; its text names the peer and what happened."""
 
 
+#: the host's slice-internal address, where its backend knows it (a pod's IP): its init environment says
+PEER_ADDRESS = "TPUNB_PEER_ADDRESS"
+
+
 def own_address() -> str:
-    """This host's slice-internal address: the server address of SSH_CONNECTION (where sshd was
-    reached), else loopback (a host on this machine)."""
+    """This host's slice-internal address: what its backend said (``$TPUNB_PEER_ADDRESS``), else the
+    server address of SSH_CONNECTION (where sshd was reached), else loopback (a host on this machine)."""
+    given = os.environ.get(PEER_ADDRESS)
+    if given:
+        return given
     parts = os.environ.get("SSH_CONNECTION", "").split()
     return parts[2] if len(parts) == 4 else "127.0.0.1"
 

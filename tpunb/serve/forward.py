@@ -1,10 +1,11 @@
 """Port forwards: a listening port on the notebook's machine that reaches a port on a host.
 
-For SSH and cloud hosts every accepted connection becomes a direct-tcpip channel: handed to an
-OpenSSH ControlMaster when ``ssh`` is on PATH (openssh.py: the bytes are copied in C), else, or
-once that master has ended (its host died), on the slice's existing paramiko connection (what
-``ssh -L`` does); for local hosts, a plain connection to the port here. A connection tpunb
-copies is copied both ways by a thread of its own until both sides have ended.
+For remote hosts every accepted connection becomes a stream its transport opens
+(``Transport.open_stream``: on SSH a direct-tcpip channel on the slice's existing connection, what
+``ssh -L`` does), or, when the transport says how OpenSSH logs in (``openssh_login``) and ``ssh`` is
+on PATH, is handed to an OpenSSH ControlMaster (openssh.py: the bytes are copied in C) until that
+master has ended (its host died); for hosts on this machine, a plain connection to the port here.
+A connection tpunb copies is copied both ways by a thread of its own until both sides have ended.
 """
 from __future__ import annotations
 
@@ -26,10 +27,10 @@ OPEN_TIMEOUT = 10.0
 
 def opener(transport: Transport, port: int) -> Callable[[], object]:
     """How to reach ``port`` on the host behind ``transport``: a socket-like object per call."""
-    if transport.can_forward:
+    if not transport.same_machine:
         def tunnel():
             transport.connect()  # a dropped connection is made again; a dead host fails here, at once
-            return transport.open_tunnel(port, timeout=OPEN_TIMEOUT)
+            return transport.open_stream(port, timeout=OPEN_TIMEOUT)
         return tunnel
 
     def direct():
@@ -170,7 +171,7 @@ class Forward:
 
 
 def _relay(client: socket.socket, remote) -> None:
-    """Copy both ways on this one thread (a paramiko channel has a file descriptor to wait on)
+    """Copy both ways on this one thread (a transport's stream has a file descriptor to wait on)
     until both sides have ended; an end one way is passed on as a half close, the other goes on."""
     other = {client: remote, remote: client}
     reading = [client, remote]
@@ -212,7 +213,7 @@ def forward(transports: list[Transport], host: int, port: int, local_port: int |
     if local_port is not None and (not isinstance(local_port, int) or not 0 < local_port < 65536):
         raise UsageError(f"--local-port is a number from 1 to 65535, not {local_port!r}")
     transport = transports[host]
-    if not transport.can_forward and local_port in (None, port):
+    if transport.same_machine and local_port in (None, port):
         return f"http://127.0.0.1:{port}/"
-    master = (lambda: openssh.master_for(transport)) if transport.can_forward else None
+    master = None if transport.same_machine else (lambda: openssh.master_for(transport.openssh_login))
     return Forward(opener(transport, port), host, port, local_port, master)

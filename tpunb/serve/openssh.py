@@ -26,14 +26,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from tpunb import report
 from tpunb.errors import TransportError
+from tpunb.transport.base import OpenSSHLogin
 from tpunb.transport.keys import default_key
-
-if TYPE_CHECKING:
-    from tpunb.transport.ssh import SSHTransport
 
 # PROTOCOL.mux (OpenSSH): messages are uint32 length + body; strings are uint32 length + bytes
 HELLO, STDIO_FWD, VERSION = 0x00000001, 0x10000008, 4
@@ -66,36 +63,31 @@ def _string(value: bytes) -> bytes:
 
 
 class Master:
-    """One ``ssh -M`` (a ControlMaster) to the host behind an SSH transport, with its control socket."""
+    """One ``ssh -M`` (a ControlMaster) to a host as its transport logs in (``login``), with its control socket."""
 
-    def __init__(self, transport: SSHTransport) -> None:
-        registry = transport.registry
-        if registry is None:
-            from tpunb.registry import Registry
-
-            registry = Registry()
-        known = registry.get_host_key(transport.host, transport.port)
+    def __init__(self, login: OpenSSHLogin) -> None:
+        known = login.known_key
         if known is None:
-            raise TransportError(f"no recorded host key for {transport.address}")
-        self.address = transport.address
+            raise TransportError(f"no recorded host key for {login.address}")
+        self.address = login.address
         self._dir = tempfile.mkdtemp(prefix="tpunb-ssh-")  # 0700: the socket and files are ours alone
         self.socket_path = os.path.join(self._dir, "control")
         known_hosts = os.path.join(self._dir, "known_hosts")
-        name = transport.host if transport.port == 22 else f"[{transport.host}]:{transport.port}"
+        name = login.host if login.port == 22 else f"[{login.host}]:{login.port}"
         with open(known_hosts, "w", encoding="utf-8") as f:
             f.write(f"{name} {known[0]} {known[1]}\n")
-        key = transport.key_path or default_key()[0]
+        key = login.key_path or default_key()[0]
         # a session with a pty, doing nothing: sshd (and ssh) then mark the connection interactive and
         # send small packets at once (TCP_NODELAY); with -N, a reply written in two parts waited for a
         # delayed ACK, 40 ms, on several requests in a hundred. The pty's hang-up ends the remote sleep.
         argv = ["ssh", "-F", "/dev/null", "-M", "-S", self.socket_path, "-tt", "-i", str(key),
-                "-p", str(transport.port), "-l", transport.user,
+                "-p", str(login.port), "-l", login.user,
                 "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes",
                 "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ControlPersist=no",
-                "-o", f"ConnectTimeout={max(1, int(transport.connect_timeout))}",
-                "-o", f"ServerAliveInterval={max(1, int(transport.keepalive or 15))}", "-o", "ServerAliveCountMax=3",
-                "-o", "LogLevel=ERROR", transport.host, "exec sleep 2147483647"]
+                "-o", f"ConnectTimeout={max(1, int(login.connect_timeout))}",
+                "-o", f"ServerAliveInterval={max(1, int(login.keepalive or 15))}", "-o", "ServerAliveCountMax=3",
+                "-o", "LogLevel=ERROR", login.host, "exec sleep 2147483647"]
         errors = open(os.path.join(self._dir, "stderr"), "w+b")
         try:
             self._proc = _SPAWNER.submit(subprocess.Popen, argv, stdin=subprocess.DEVNULL,
@@ -105,7 +97,7 @@ class Master:
             errors.close()
             self.close()
             raise TransportError(f"cannot run ssh ({exc.strerror or exc})") from None
-        deadline = time.monotonic() + transport.connect_timeout + 5
+        deadline = time.monotonic() + login.connect_timeout + 5
         while not os.path.exists(self.socket_path):  # OpenSSH makes it once authenticated
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 errors.seek(0)
@@ -129,15 +121,19 @@ class Master:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def master_for(transport: SSHTransport) -> Master | None:
-    """A Master for this SSH transport, or None (said once) when OpenSSH cannot carry it."""
+def master_for(login_of: Callable[[], OpenSSHLogin | None]) -> Master | None:
+    """A Master for the host a transport's ``openssh_login`` (``login_of``) describes, or None (said once, unless
+    the transport has no such login) when OpenSSH cannot carry its forwards."""
     if not wanted():
         return None
+    login = login_of()
+    if login is None:
+        return None
     try:
-        return Master(transport)
+        return Master(login)
     except TransportError as exc:
         if report.once("openssh forwards"):
-            report.warn(f"[tpunb] OpenSSH cannot carry forwards to {transport.address} ({exc}): "
+            report.warn(f"[tpunb] OpenSSH cannot carry forwards to {login.address} ({exc}): "
                         "they use tpunb's own SSH channels, which are slower with many connections")
         return None
 

@@ -283,7 +283,7 @@ class Slice(HostsView):
             raise UsageError(f"{local_dir}: no such directory here; %tpu_sync copies a directory of this machine "
                              "(default: the notebook's)")
         transports = self.session.transports
-        if not all(t.has_sftp for t in transports):
+        if all(t.same_machine for t in transports):
             return None
         from tpunb.transport.sync import sync_tree
 
@@ -382,7 +382,8 @@ class Slice(HostsView):
 
     def forward(self, port: int, host: int | str = 0, local_port: int | None = None) -> str:
         """The URL (``http://127.0.0.1:L/``) on this machine that reaches ``port`` on ``host``: over
-        the slice's SSH connection, or a local host's own address; ended with the slice."""
+        the host's transport (a stream it opens: an SSH channel, a relay over an exec channel), or a local
+        host's own address; ended with the slice."""
         from tpunb.serve import forward
 
         chosen = self.layout.parse(host)

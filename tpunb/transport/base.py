@@ -8,9 +8,11 @@ Everything else (interrupts, output, values) travels as frames over these two st
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Callable
 
 from tpunb.errors import TransportError
+from tpunb.transport import streams
 
 
 def read_exact(recv: Callable[[int], bytes], n: int) -> bytes:
@@ -50,6 +52,10 @@ class AgentProcess(ABC):
         behind (its reader thread starved), so its silence is not the host's."""
         return False
 
+    def end_input(self) -> None:
+        """Close the agent's stdin and nothing else (a half close: it still answers); where the
+        transport cannot, nothing."""
+
     @abstractmethod
     def signal_group(self, pgid: int, sig: int) -> None:
         """Deliver ``sig`` to the process group ``pgid`` on the agent's host (escalation)."""
@@ -74,16 +80,31 @@ class AgentProcess(ABC):
         may be frozen, its connection dead): returns at once, the rest happens in the background."""
 
 
+@dataclass(frozen=True)
+class OpenSSHLogin:
+    """How OpenSSH's own client logs in to a host as tpunb does: what a ControlMaster that carries
+    forwards in C needs (``tpunb.serve.openssh``). ``known_key``: the recorded (type, base64) host key."""
+
+    address: str
+    host: str
+    port: int
+    user: str
+    key_path: str | None
+    known_key: tuple[str, str] | None
+    connect_timeout: float
+    keepalive: int
+
+
 class Transport(ABC):
     """A way to start agents on one host, and what else it can do (its capabilities, declared by
-    each kind of transport so that callers never test its type)."""
+    each kind of transport so that callers never test its type).
+
+    Beyond agents, features reach a host through three capabilities, each with a generic way over
+    ``spawn`` that a transport replaces with a faster one of its own (SSH: its channels):
+    ``open_stream`` (forwards), ``open_files`` (%tpu_sync) and ``openssh_login`` (forwards in C)."""
 
     #: its agents run on this machine: they map this process's memfds and share its files and ports
     same_machine = False
-    #: ``sftp()`` gives an SFTP client to the host (%tpu_sync copies files with it)
-    has_sftp = False
-    #: ``open_tunnel(port)`` reaches a TCP port on the host over the transport (%tpu_forward)
-    can_forward = False
     #: hosts on it reach each other over a network of their own, apart from the kernel's link to
     #: them, so a large push crosses that link once and is relayed among them (tpunb.engine.relay)
     reaches_peers = False
@@ -107,6 +128,22 @@ class Transport(ABC):
         """An agent that holds its bundle already (forked from a process that loaded it, from
         ``forks``: the kernel's ``tpunb.transport.forkserver.LocalForks``), waiting for its init
         frame; None (here: always): ``spawn`` the bootstrap and ship the bundle."""
+        return None
+
+    def open_stream(self, port: int, timeout: float | None = None) -> streams.Stream:
+        """A byte stream to TCP ``port`` on the host's loopback (a forward's connection): here a relay
+        program started with ``spawn``, its stdin and stdout the stream; TransportError naming the
+        port if nothing answers there."""
+        return streams.relayed(self, port, timeout)
+
+    def open_files(self) -> streams.Stream:
+        """A byte stream to an SFTP v3 server on the host, paths relative to its home (%tpu_sync
+        speaks it): here tpunb's own small server started with ``spawn``."""
+        return streams.served_files(self)
+
+    def openssh_login(self) -> OpenSSHLogin | None:
+        """How OpenSSH's client would log in to the host (forwards are then carried in C); None:
+        OpenSSH cannot reach it, forwards go over ``open_stream``."""
         return None
 
     def close(self) -> None:

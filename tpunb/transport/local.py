@@ -53,7 +53,14 @@ class LocalAgentProcess(AgentProcess):
     def _drain_stderr(self) -> None:
         with self._proc.stderr:  # closed at its end, not left to the garbage collector (one fd a host)
             for line in iter(self._proc.stderr.readline, b""):
-                self._stderr_lines.append(line.decode(errors="replace").rstrip("\n"))
+                self._stderr_line(line.decode(errors="replace").rstrip("\n"))
+        self._stderr_ended()
+
+    def _stderr_line(self, line: str) -> None:
+        self._stderr_lines.append(line)
+
+    def _stderr_ended(self) -> None:
+        """Its stderr is closed: no more lines will come."""
 
     def send(self, data) -> None:
         data = memoryview(data).cast("B")
@@ -74,6 +81,12 @@ class LocalAgentProcess(AgentProcess):
             return bool(select.select([self._stdout], [], [], 0)[0])
         except (ValueError, OSError):  # closed
             return False
+
+    def end_input(self) -> None:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
 
     def signal_group(self, pgid: int, sig: int) -> None:
         for each in (sig, signal.SIGCONT):  # a stopped group is woken to take the signal

@@ -1,4 +1,4 @@
-"""A small pipelined SFTP v3 client on a paramiko channel, for bulk uploads.
+"""A small pipelined SFTP v3 client on a stream (a paramiko channel, a program's stdin/stdout), for bulk uploads.
 
 paramiko's SFTPClient waits for a reply on every open and close and sends every request as its
 own SSH packet; for a tree of small files that is slower than rsync. Here requests are queued
@@ -13,10 +13,9 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from paramiko.channel import Channel
-
 from tpunb.errors import TransportError
-from tpunb.transport.ssh import read_exact
+from tpunb.transport.base import read_exact
+from tpunb.transport.streams import Stream
 
 # request types (draft-ietf-secsh-filexfer-02, version 3)
 INIT, VERSION, OPEN, CLOSE, READ, WRITE, LSTAT = 1, 2, 3, 4, 5, 6, 7
@@ -117,7 +116,7 @@ class PipelinedSFTP:
     FLUSH_AT = 256 * 1024  # bytes queued before they go out without being asked for
     WRITE_CHUNK = 64 * 1024  # data per WRITE; OpenSSH's sftp-server takes up to 256 KiB
 
-    def __init__(self, channel: Channel, label: str) -> None:
+    def __init__(self, channel: Stream, label: str) -> None:
         self.channel = channel
         self.label = label
         self.errors: list[str] = []

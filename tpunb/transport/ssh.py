@@ -32,7 +32,7 @@ from tpunb.transport.fanout import fan_out
 from tpunb.transport.keys import default_key, load_private_key
 from tpunb.registry import Registry
 from tpunb.transport import ssh_forks
-from tpunb.transport.base import AgentProcess, Transport, read_exact
+from tpunb.transport.base import AgentProcess, OpenSSHLogin, Transport, read_exact
 
 PID_MARK = "tpunb-pid "
 NO_FORK = "tpunb-nofork "  # a start through the host's fork server that it did not make (forkclient.py)
@@ -197,6 +197,12 @@ class SSHAgentProcess(AgentProcess):
     def has_unread(self) -> bool:
         return self._channel.recv_ready()
 
+    def end_input(self) -> None:
+        try:
+            self._channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
     def signal_group(self, pgid: int, sig: int) -> None:
         """Runs ``kill`` on the host over a second channel; a no-op once the connection is gone."""
         self._transport.kill_group(pgid, sig)
@@ -243,8 +249,6 @@ class SSHAgentProcess(AgentProcess):
 class SSHTransport(Transport):
     """One authenticated SSH connection to one host, checked against the registry's host key."""
 
-    has_sftp = True
-    can_forward = True
     reaches_peers = True
 
     def __init__(
@@ -433,6 +437,20 @@ class SSHTransport(Transport):
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise TransportError(f"cannot open a tunnel to {self.address} ({exc}): reconnect") from None
 
+    def open_stream(self, port: int, timeout: float | None = None) -> Channel:
+        """A direct-tcpip channel on this connection (``open_tunnel``)."""
+        return self.open_tunnel(port, timeout=timeout)
+
+    def open_files(self) -> Channel:
+        """The host's own SFTP server (sshd's sftp subsystem)."""
+        return self.open_subsystem("sftp")
+
+    def openssh_login(self) -> OpenSSHLogin:
+        """This connection's user, key and recorded host key, for OpenSSH's client."""
+        return OpenSSHLogin(self.address, self.host, self.port, self.user, str(self.key_path) if self.key_path else None,
+                            (self.registry or Registry()).get_host_key(self.host, self.port), self.connect_timeout,
+                            self.keepalive)
+
     def spawn(self, argv: list[str]) -> SSHAgentProcess:
         """Start ``argv`` on the host; its pid is reported first so ``close`` can always end it. The
         program's input may follow at once (no wait for sshd's reply to the exec)."""
@@ -475,13 +493,6 @@ class SSHTransport(Transport):
             channel.status_event.wait(timeout)
         finally:
             channel.close()
-
-    def sftp(self) -> paramiko.SFTPClient:
-        """A new SFTP session on this connection (callers close it)."""
-        try:
-            return paramiko.SFTPClient.from_transport(self._require())
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise TransportError(f"cannot open SFTP on {self.address} ({exc}): is the sftp subsystem enabled?") from None
 
     def __repr__(self) -> str:
         return f"SSHTransport({self.user}@{self.address}, {'connected' if self.connected else 'closed'})"

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from tpunb.errors import SyncError, TransportError
 from tpunb.transport.fanout import fan_out
+from tpunb.transport.base import Transport
 from tpunb.transport.sftp import CREATE, TRUNCATE, WRITE_FLAG, PipelinedSFTP, attrs
-from tpunb.transport.ssh import SSHTransport
 from tpunb.units import format_bytes
 
 MANIFEST = ".tpunb-sync.json"
@@ -134,7 +134,7 @@ class _Progress:
 class _HostJob:
     """Sync to one host in two steps, so the total is known before the first byte is counted."""
 
-    def __init__(self, transport: SSHTransport, local_dir: Path, remote_dir: str, files: list[LocalFile]) -> None:
+    def __init__(self, transport: Transport, local_dir: Path, remote_dir: str, files: list[LocalFile]) -> None:
         self.transport = transport
         self.local_dir = local_dir
         self.root = remote_dir
@@ -150,7 +150,7 @@ class _HostJob:
 
     def plan(self) -> int:
         """Connect SFTP, make the remote dir, read the manifest, check candidates; bytes to send."""
-        self.sftp = sftp = PipelinedSFTP(self.transport.open_subsystem("sftp"), self.transport.address)
+        self.sftp = sftp = PipelinedSFTP(self.transport.open_files(), self.transport.address)
         parts = self.root.split("/")
         for i in range(1, len(parts) + 1):
             if parts[:i] != [""]:
@@ -251,13 +251,14 @@ def _remote_root(remote_dir: str) -> str:
 # -- all hosts ------------------------------------------------------------------------------------
 
 def sync_tree(
-    transports: Sequence[SSHTransport],
+    transports: Sequence[Transport],
     local_dir: str | os.PathLike,
     remote_dir: str | Sequence[str],
     exclude: Iterable[str] = (),
     progress: Callable[[int, int], None] | None = None,
 ) -> SyncReport:
-    """Make ``remote_dir`` on every host match ``local_dir``, in parallel over SFTP.
+    """Make ``remote_dir`` on every host match ``local_dir``, in parallel over SFTP (each transport's
+    ``open_files``: sshd's own server, or tpunb's over an exec channel).
 
     ``remote_dir`` is one path for all hosts (relative paths start at the login directory), or
     a list with one path per host. Hosts sharing a filesystem may share the path: each write is
