@@ -69,7 +69,7 @@ def main() -> None:
     manager.down("bench4")
 
     # 1b. 4 hosts over SSH (real OpenSSH sshd on 4 loopback addresses)
-    from tpunb.emulator.sshd import Sshd, write_ed25519
+    from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519
 
     server = Sshd(hosts=4)
     key = os.path.join(os.environ["TPUNB_HOME"], "bench_key")

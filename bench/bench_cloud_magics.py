@@ -2,7 +2,7 @@
 
     python bench/bench_cloud_magics.py [--runs 10] [--slices 50]
 
-Runs against the sandbox (tpunb.emulator.sandbox: the Cloud TPU API emulator whose nodes'
+Runs against the sandbox (tpunb.sandbox.box: the Cloud TPU API emulator whose nodes'
 hosts are a real sshd here). A launch's wall time is split into: waiting on the API (every HTTP
 request and every poll wait, timed), waiting on the hosts (SSH connect and the agents' start,
 timed), and the rest, which is tpunb's own overhead (target < 200 ms). %tpu_status is timed with
@@ -36,7 +36,7 @@ def main() -> None:
     from tpunb import manager as api
     from tpunb.provision import ssh as ssh_backend
     from tpunb import slice as slice_module
-    from tpunb.emulator.sandbox import start_sandbox
+    from tpunb.sandbox.box import start_sandbox
     from tpunb.provision.gcp.tpu import api as gcp
     from tpunb.provision import warm
     from tpunb.registry import SliceRecord
@@ -77,7 +77,7 @@ def main() -> None:
 
     sandbox.stop()
     # %tpu_status with N cloud slices: nodes in an emulator (no SSH hosts needed), records in the registry
-    from tpunb.emulator import start_emulator
+    from tpunb.sandbox import start_emulator
 
     url, emulator = start_emulator(create_seconds=0.01, delete_seconds=0.01)
     project, zone = "bench", "us-central2-b"

@@ -65,7 +65,7 @@ def main() -> None:
     from IPython.testing.globalipapp import get_ipython
 
     import tpunb
-    from tpunb.emulator.storage import StorageEmulator
+    from tpunb.sandbox.storage.cloud_storage import StorageEmulator
 
     get_ipython().run_cell("%load_ext tpunb")
     program = PROGRAM.format(layers=args.layers)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from tpunb import manager  # noqa: E402
-from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
+from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519  # noqa: E402
 
 CPU_AS_TPU_HOST = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 PROGRAM = """

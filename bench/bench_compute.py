@@ -205,7 +205,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, args.tree)
     os.environ["TPUNB_HOME"] = tempfile.mkdtemp(prefix="tpunb-bench-")
-    from tpunb.emulator.sandbox import start_sandbox
+    from tpunb.sandbox.box import start_sandbox
 
     started = time.perf_counter()
     box = start_sandbox(hosts=6, create_seconds=CREATE)

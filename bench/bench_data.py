@@ -3,7 +3,7 @@
 Sections (``--section``, default all of them):
 - ``local``: a local simulated slice of 4 hosts, a 64 MB numpy array pushed and pulled, against
   ipyparallel's DirectView and BroadcastView with 4 engines on this same machine.
-- ``ssh``: 4 and 16 real sshd hosts on loopback (tpunb.emulator.sshd), a 64 MB array pushed,
+- ``ssh``: 4 and 16 real sshd hosts on loopback (tpunb.sandbox.hosts.sshd), a 64 MB array pushed,
   against ``sync_tree`` (what %tpu_sync runs) of one 64 MB file to the same hosts over the same
   connections, each host into a directory of its own, in MB/s per host.
 - ``relay``: 16 sshd hosts behind bench/delay_proxy.py (100 ms RTT; no rate limit, then a shared
@@ -97,7 +97,7 @@ def section_ssh(args: argparse.Namespace) -> None:
     import numpy as np
 
     from tpunb import manager
-    from tpunb.emulator.sshd import Sshd, write_ed25519
+    from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519
     from tpunb.transport.sync import sync_tree
 
     counts = [int(n) for n in args.ssh_hosts.split(",")]
@@ -143,7 +143,7 @@ def section_relay(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from bench_relay import relay_section
 
-    from tpunb.emulator.sshd import Sshd, write_ed25519
+    from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519
 
     work = Path(tempfile.mkdtemp(prefix="tpunb-bench-data-relay-"))
     sshd = Sshd(hosts=16, directory=work / "sshd")

@@ -3,7 +3,7 @@ each have their own link to the Hub, as TPU VMs each have their own NIC.
 
     python bench/bench_fetch.py [--mb 1024] [--files 4] [--hosts 4] [--mbit 400] [--delay 0.02] [--ssh-delay 0.02]
 
-The source is the Hub stand-in (tpunb/emulator/hub.py, the real huggingface_hub client reads it).
+The source is the Hub stand-in (tpunb/sandbox/hub/hub_server.py, the real huggingface_hub client reads it).
 Each host reaches it through a link of its own: a bench/delay_proxy.py pair (the Hub and its CDN,
 ``--delay`` s each way, ``--mbit`` Mbit/s each way per link, shared only by that host's
 connections), whose LFS redirects stay on that link (``Hub.cdn_routes``). The hosts are real
@@ -35,8 +35,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from delay_proxy import DelayProxy  # noqa: E402
 
 from tpunb import manager  # noqa: E402
-from tpunb.emulator.hub import Hub, HubServer  # noqa: E402
-from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
+from tpunb.sandbox.hub.hub_server import Hub, HubServer  # noqa: E402
+from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519  # noqa: E402
 
 #: what every host runs for the baseline, its own link's address in HF_ENDPOINT (set before the import).
 #: A connection may wait on its link longer than huggingface_hub's 10 s read timeout, raised here

@@ -2,7 +2,7 @@
 
 Run: python bench/bench_forward.py [--megabytes 256] [--requests 400] [--repeat 3]
 
-One real sshd host on loopback (tpunb.emulator.sshd), one HTTP server on it started as a tpunb
+One real sshd host on loopback (tpunb.sandbox.hosts.sshd), one HTTP server on it started as a tpunb
 service (``/big``: the download, from memory; ``/small``: 16 bytes). Three ways to reach it from
 here: ``Slice.forward`` as it is by default with ``ssh`` on PATH (each connection handed to an
 OpenSSH ControlMaster), ``Slice.forward`` with ``TPUNB_FORWARD=paramiko`` (direct-tcpip channels
@@ -129,7 +129,7 @@ def main() -> None:
     os.environ["CLOUDSDK_CONFIG"] = str(home / "gcloud")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tpunb import report, manager
-    from tpunb.emulator.sshd import Sshd, write_ed25519
+    from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519
 
     sshd = Sshd(hosts=1, directory=home / "sshd")
     key = home / "id_ed25519"

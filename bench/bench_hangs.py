@@ -53,7 +53,7 @@ def main() -> None:
     from IPython.testing.globalipapp import start_ipython
     import tpunb
     from tpunb import manager
-    from tpunb.emulator.sshd import Sshd, write_ed25519
+    from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519
 
     shell = start_ipython()
     shell.run_cell("%load_ext tpunb")

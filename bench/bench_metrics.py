@@ -42,7 +42,7 @@ def main() -> None:
 
     import tpunb
     from tpunb import manager
-    from tpunb.widgets.metrics import MetricsView
+    from tpunb.widgets.live_metrics import MetricsView
 
     shell = start_ipython()
     shell.run_cell("%load_ext tpunb")

@@ -53,7 +53,7 @@ quiet = io.StringIO()
 value = np.random.default_rng(0).integers(0, 255, 64 << 20, dtype=np.uint8)
 with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
     if where == "ssh":
-        from tpunb.emulator.sshd import Sshd, write_ed25519
+        from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519
         server = Sshd(hosts=4)
         os.makedirs(os.environ["TPUNB_HOME"], exist_ok=True)
         key = os.path.join(os.environ["TPUNB_HOME"], "pair_key")

@@ -214,8 +214,8 @@ def main() -> None:
     # 3. SSH: connecting N hosts of one sshd on loopback addresses
     ssh = {}
     if args.ssh_hosts:
-        from tpunb.emulator.sshd import Sshd, write_ed25519
-        from tpunb.transport.ssh import connect_all
+        from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519
+        from tpunb.transport.ssh_hosts import connect_all
 
         work = Path(tempfile.mkdtemp(prefix="tpunb-bench-pod-ssh-"))
         # OpenSSH listens on at most 16 sockets (MAX_LISTEN_SOCKS): one sshd per 16 addresses

@@ -1,4 +1,4 @@
-"""Preparing 4 fresh TPU VM hosts (tpunb.emulator.image: a bare Python 3.10 each, its own home)
+"""Preparing 4 fresh TPU VM hosts (tpunb.sandbox.hosts.image: a bare Python 3.10 each, its own home)
 for their first cell, side by side with pip in the same run:
 
 - cold: empty uv and pip caches, 4 hosts at once (`%tpu_connect --setup`, what a cloud launch does),
@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT)]
 from tests.sshd import Sshd, _write_ed25519  # noqa: E402
 
 from tpunb import manager  # noqa: E402
-from tpunb.emulator.image import Image, kernel_prefix  # noqa: E402
+from tpunb.sandbox.hosts.image import Image, kernel_prefix  # noqa: E402
 from tpunb.provision import hostenv  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """How long a launch spends in tpunb's own code rather than waiting on the Cloud TPU API.
 
-Runs ``python -m tpunb.emulator`` in a subprocess and launches slices against it with
+Runs ``python -m tpunb.sandbox`` in a subprocess and launches slices against it with
 tpunb.provision.gcp.create (create + wait for READY/ACTIVE). Every HTTP request is timed
 (google.auth's AuthorizedSession.request) and so is every deliberate poll wait (shared.pause);
 tpunb's overhead is the wall time minus both: request building, response parsing, state
@@ -87,7 +87,7 @@ def launch(meter: Meter, name: str, queued: bool) -> dict:
 
 
 def start_emulator(create_seconds: float) -> tuple[subprocess.Popen, str]:
-    from tpunb.emulator import start_emulator_process
+    from tpunb.sandbox import start_emulator_process
 
     flags = ["--create-seconds", str(create_seconds), "--queue-seconds", str(create_seconds / 2)]
     return start_emulator_process(*flags, "--delete-seconds", "0.05", cwd=ROOT)

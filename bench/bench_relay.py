@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT)]
 import numpy as np  # noqa: E402
 
 from tpunb import manager  # noqa: E402
-from tpunb.emulator.sshd import Sshd, write_ed25519  # noqa: E402
+from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519  # noqa: E402
 from tpunb.engine import relay  # noqa: E402
 
 STRIPES, FAST_LINK = relay.STRIPES, relay.FAST_LINK  # the shipped choices
@@ -141,7 +141,7 @@ def relay_section(server: Sshd, key: Path, hosts: int, mb: float, delay: float, 
 def cells_section(work: Path, hosts: int, rounds: int = 100) -> None:
     """What a relay could save a trivial cell: the kernel's CPU per host per cell, against its CPU
     to send one small frame to a host (the half a cell sent once through the tree would save)."""
-    from tpunb.engine.frames import Broadcast
+    from tpunb.engine.wire import Broadcast
 
     servers = [Sshd(hosts=min(16, hosts - i), directory=work / f"cells-{i}") for i in range(0, hosts, 16)]
     key = work / "cells_key"

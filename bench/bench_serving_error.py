@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 import tpunb  # noqa: E402
 from bench.bench_serving_client import start_toy  # noqa: E402
 from tpunb.host.standalone import bench_client  # noqa: E402
-from tpunb.serve.bench_summary import percentile  # noqa: E402
+from tpunb.bench.bench_summary import percentile  # noqa: E402
 
 BASE_S, PER_TOKEN_MS, ITL_S = 0.02, 0.3, 0.01
 

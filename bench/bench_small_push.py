@@ -35,9 +35,9 @@ def kernel_alone(hosts: int, value: dict) -> tuple[float, float]:
     """Microseconds of the kernel's code per push and per trivial cell, hosts answering at once."""
     import timeit
 
-    from tpunb.engine import frames
+    from tpunb.engine import wire as frames
     from tpunb.engine.session import Session
-    from tpunb.transport.local import LocalTransport
+    from tpunb.transport.pipes import LocalTransport
 
     session = Session([LocalTransport(f"local:{i}") for i in range(hosts)], lambda i: {})
     encode = frames.Broadcast.for_host

@@ -105,7 +105,7 @@ def throughput(mb: int, runs: int) -> dict:
 
 def notice_to_snapshot(mb: int) -> dict:
     import tpunb
-    from tpunb.emulator.sandbox import start_sandbox
+    from tpunb.sandbox.box import start_sandbox
     from tpunb.snapshot import preempt
 
     sandbox = start_sandbox(hosts=4, create_seconds=0.2)

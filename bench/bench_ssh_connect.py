@@ -26,7 +26,7 @@ from bench.bench_sync import print_table
 from tests.sshd import Sshd, _write_ed25519
 from concurrent.futures import ThreadPoolExecutor
 
-from tpunb.transport.ssh import connect_all
+from tpunb.transport.ssh_hosts import connect_all
 
 
 def tpunb_connect(specs: list[str], key: Path, home: Path, command: bool) -> float:

@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT)]
 from tests.sshd import Sshd
 from tpunb.transport.keys import default_key
 from tpunb.transport.sync import sync_tree
-from tpunb.transport.ssh import connect_all
+from tpunb.transport.ssh_hosts import connect_all
 
 
 def make_tree(root: Path, files: int, total_mb: int) -> None:

@@ -111,7 +111,7 @@ class Harness:
         self.record()
 
     def start_emulator(self, **faults) -> None:
-        from tpunb.emulator import start_emulator
+        from tpunb.sandbox import start_emulator
 
         url, self.emulator = start_emulator(create_seconds=0.1, delete_seconds=0.05, queue_seconds=0.05,
                                             faults=faults or None, **self.sshd["emulator"])
@@ -750,7 +750,7 @@ def main() -> int:
     if args.run:
         run_in_child(args)
         return 0
-    from tpunb.emulator.sshd import Sshd, write_ed25519
+    from tpunb.sandbox.hosts.sshd import Sshd, write_ed25519
 
     chosen = [(c, w) for c in CASES for w in c.where
               if (not args.fast or c.fast) and (not args.only or args.only in c.name or args.only in c.run.__name__)

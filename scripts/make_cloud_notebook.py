@@ -20,7 +20,7 @@ cells = [
         "`tpunb.colab.authenticate(\"my-project\")`. Then `%tpu_launch v5p-16 --zone us-east5-a` "
         "makes a real slice, and every other cell runs as below."),
     new_code_cell("%load_ext tpunb"),
-    new_code_cell("from tpunb.emulator.sandbox import start_sandbox\n\n"
+    new_code_cell("from tpunb.sandbox.box import start_sandbox\n\n"
                   "sandbox = start_sandbox()   # both APIs + sshd hosts; sets their endpoints, a project and a zone\n"
                   "sandbox"),
     new_markdown_cell("With a project configured, `%tpu_launch` uses Google Cloud (`--backend gcp`). A `v5p-16` is 8 "

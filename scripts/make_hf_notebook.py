@@ -229,7 +229,7 @@ cells = [
         "chat template;\n"
         "4. save the adapter in PEFT's layout, the one `vllm serve --lora-modules` reads;\n"
         "5. serve base model and adapter with `%tpu_serve`, and sweep them with `%tpu_bench`.\n\n"
-        "**What stands in for the Hub here:** `tpunb.emulator.hub`, a local server that speaks the Hub's HTTP API "
+        "**What stands in for the Hub here:** `tpunb.sandbox.hub.hub_server`, a local server that speaks the Hub's HTTP API "
         "(the tree listing, `resolve` with LFS redirects, gated repositories that answer 401 without a token) to "
         "the real `huggingface_hub` client; it is not a mock that accepts anything. **On a real slice** skip the "
         "stand-in cell: launch with `%tpu_launch v4-16 --zone us-central2-b` (or a v6e-8), give your token with "
@@ -258,7 +258,7 @@ cells = [
         "`huggingface_hub` (and `%tpu_fetch`) at it, as it would at a Hub mirror. The token is made up here; "
         "`%tpu_secret` puts it in the hosts' environment and masks it in everything they print."),
     new_code_cell(
-        "from tpunb.emulator.hub import Hub, HubServer\n\n"
+        "from tpunb.sandbox.hub.hub_server import Hub, HubServer\n\n"
         'os.environ["HF_TOKEN"] = "hf_" + secrets.token_hex(16)   # a real slice: your own token, never in a cell\n'
         'hub = HubServer(Hub(tokens=(os.environ["HF_TOKEN"],)))   # the Hub stand-in, on free loopback ports\n'
         'os.environ["HF_ENDPOINT"] = hub.url\n'

@@ -11,7 +11,7 @@ from google.cloud import compute_v1
 
 from tpunb.provision.gcp import apis
 from tpunb import catalog, manager
-from tpunb.emulator.sandbox import start_sandbox
+from tpunb.sandbox.box import start_sandbox
 from tpunb.provision.gcp.compute import bodies
 
 

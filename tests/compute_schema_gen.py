@@ -1,4 +1,4 @@
-"""Writes (``--write``) or checks tpunb/emulator/compute_schema.json: the compute v1 messages the
+"""Writes (``--write``) or checks tpunb/sandbox/compute/compute_schema.json: the compute v1 messages the
 sandbox's Compute Engine API accepts in request bodies, read from google-cloud-compute's own
 message classes (field JSON names, scalar kinds, nested messages, and the enum each string field
 names: compute v1's enums travel as plain strings). The emulator validates every body with it;
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.proto_check import repeated
 
-SCHEMA = Path(__file__).resolve().parent.parent / "tpunb" / "emulator" / "compute_schema.json"
+SCHEMA = Path(__file__).resolve().parent.parent / "tpunb" / "sandbox" / "compute" / "compute_schema.json"
 ROOTS = ("Instance", "InstanceTemplate", "ResourcePolicy", "InstanceGroupManager",
          "InstanceGroupManagerResizeRequest", "Metadata")
 #: enum values the floor (1.48.0) has that later releases dropped (absent from 1.57.0): the sandbox

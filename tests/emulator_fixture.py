@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests import proto_check
-from tpunb.emulator import EmulatorHandle, start_emulator
+from tpunb.sandbox import EmulatorHandle, start_emulator
 
 FAST = {"create_seconds": 0.1, "delete_seconds": 0.05, "queue_seconds": 0.05}
 

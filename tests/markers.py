@@ -73,9 +73,10 @@ class Watch:
 
     def __init__(self, item, monkeypatch: pytest.MonkeyPatch, pool) -> None:
         from tpunb import manager
-        from tpunb.emulator import server, sshd
+        from tpunb.sandbox import server
+        from tpunb.sandbox.hosts import sshd
         from tpunb.engine.session import Session
-        from tpunb.transport import ssh
+        from tpunb.transport import ssh_hosts as ssh
 
         self.seen: dict[str, str] = {}
         marked = {m: item.get_closest_marker(m) is not None for m in MARKERS}

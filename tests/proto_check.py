@@ -19,7 +19,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from google.rpc import code_pb2, error_details_pb2, status_pb2  # noqa: F401 (registers the detail types)
 
-from tpunb.emulator.server import Exchange
+from tpunb.sandbox.server import Exchange
 
 TYPE = "type.googleapis.com/"
 NODE, QR, EMPTY = "google.cloud.tpu.v2.Node", "google.cloud.tpu.v2.QueuedResource", "google.protobuf.Empty"

@@ -1,4 +1,4 @@
-"""Pytest fixtures around a real OpenSSH sshd on loopback addresses (tpunb.emulator.sshd.Sshd).
+"""Pytest fixtures around a real OpenSSH sshd on loopback addresses (tpunb.sandbox.hosts.sshd.Sshd).
 
 Use: ``from tests.sshd import hosts, ssh_key, sshd, transports`` (fixtures; conftest imports them).
 """
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb.emulator.sshd import Sshd, alive, write_ed25519 as _write_ed25519  # noqa: F401 - re-exported for tests
+from tpunb.sandbox.hosts.sshd import Sshd, alive, write_ed25519 as _write_ed25519  # noqa: F401 - re-exported for tests
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +36,7 @@ def hosts(sshd: Sshd) -> list[str]:
 @pytest.fixture
 def transports(sshd: Sshd, ssh_key: Path, hosts: list[str]):
     """SSHTransports connected to every host (closed after the test)."""
-    from tpunb.transport.ssh import connect_all
+    from tpunb.transport.ssh_hosts import connect_all
 
     connected = connect_all(hosts, key_path=ssh_key, python=sshd.python)
     yield connected

@@ -10,10 +10,10 @@ from tpunb.engine import connection
 from tpunb.host import protocol
 from tpunb.errors import ProtocolError
 from tpunb.display import OutputSink
-from tpunb.engine.frames import Broadcast
+from tpunb.engine.wire import Broadcast
 from tpunb.engine.session import Session
 from tpunb.transport.fanin import FrameCutter
-from tpunb.transport.local import LocalTransport
+from tpunb.transport.pipes import LocalTransport
 
 
 @pytest.mark.parametrize("same_python", [True, False], ids=["marshal", "json"])

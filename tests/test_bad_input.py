@@ -108,7 +108,7 @@ def test_use_of_a_cloud_slice_whose_launch_was_cut_off(cell, isolated_home):
 
 
 def test_paramiko_unrequested_channel_noise_is_not_shown(caplog):
-    import tpunb.transport.ssh  # noqa: F401 - installs the filter
+    import tpunb.transport.ssh_hosts  # noqa: F401 - installs the filter
 
     logger = logging.getLogger("paramiko.transport")
     logger.error("Success for unrequested channel! [??]")

@@ -16,7 +16,7 @@ from tests.conftest import ACCELERATOR_FOR_HOSTS
 from tests.test_bench_serving import toy, toy_command  # noqa: F401 - fixture
 from tests.test_serve import free_port, no_service_left  # noqa: F401 - autouse fixture
 from tpunb import manager
-from tpunb.serve.bench_result import EXTRA_KEYS, LISTS
+from tpunb.bench.bench_result import EXTRA_KEYS, LISTS
 
 pytestmark = pytest.mark.sandbox
 VLLM = Path(__file__).parent / "fixtures" / "vllm_bench" / "sweep"

@@ -88,9 +88,9 @@ def test_an_unknown_topology_lists_the_ones_there_are():
 
 def test_the_backends_machine_types_are_what_the_sandbox_offers():
     """The gcp backend's table (apis.json) and the Compute Engine stand-in's own copy of Google's
-    (tpunb/emulator/machine_types.json) agree: a type, a VM's chips, devices and topology, the
+    (tpunb/sandbox/machine_types.json) agree: a type, a VM's chips, devices and topology, the
     zones and the image's Python; a launch the backend plans is one the sandbox would make."""
-    from tpunb.emulator import machines
+    from tpunb.sandbox.compute import machines
 
     offered = machines.machine_types()
     assert set(offered) == set(apis.machine_types())

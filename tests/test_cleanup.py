@@ -229,7 +229,7 @@ def test_deleting_a_slice_while_another_thread_revives_it_leaves_no_agent(pause)
 def test_a_zombie_is_not_alive_for_any_caller():
     """One rule for process state: an ended child not yet reaped is dead to the registry, the
     server and the emulator alike, and a running one is alive with its parent and start time."""
-    from tpunb.emulator import sshd
+    from tpunb.sandbox.hosts import sshd
     from tpunb.machine import procs
     from tpunb.provision.common import pid_alive
 

@@ -1,6 +1,6 @@
 """Cloud TPU slices end to end: the real google-cloud-tpu client speaks HTTP to our Cloud TPU API
 emulator, whose nodes' hosts are real sshd hosts, each a fresh TPU VM image (a bare Python 3.10, a
-home of its own: tpunb.emulator.image); agents, host preparation, multi-host JAX, faults, preemption.
+home of its own: tpunb.sandbox.hosts.image); agents, host preparation, multi-host JAX, faults, preemption.
 
 The session's sshd keeps its hosts' homes between nodes (a kept disk), so only the first launch
 here makes the environments; tests/test_host_setup.py prepares fresh hosts."""

@@ -24,9 +24,9 @@ from tests.proto_check import repeated
 from tests.conftest import wait_for
 from tpunb.provision.gcp import apis
 from tpunb import catalog
-from tpunb.emulator import AdminError
-from tpunb.emulator.sandbox import start_sandbox
-from tpunb.emulator.server import Exchange
+from tpunb.sandbox import AdminError
+from tpunb.sandbox.box import start_sandbox
+from tpunb.sandbox.server import Exchange
 
 P, Z, R = "sandbox-project", "us-central1-c", "us-central1"  # a TPU7x zone (tpu-machines / regions-zones)
 V6E_ZONE = "us-east5-b"
@@ -456,7 +456,7 @@ def test_each_vm_boots_its_machine_types_python_and_devices_and_resolves_its_pee
     guest attributes; an SSH session on a TPU7x host sees the same image."""
     import paramiko
 
-    from tpunb.emulator.sshd import write_ed25519
+    from tpunb.sandbox.hosts.sshd import write_ed25519
 
     public = write_ed25519(tmp_path / "key")
     items = {"startup-script": PROBE, "enable-guest-attributes": "TRUE", "ssh-keys": f"root:{public}"}

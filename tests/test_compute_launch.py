@@ -79,7 +79,7 @@ def test_what_compute_engine_cannot_do_is_one_line_and_makes_nothing(cloud, cell
 
 
 def test_doctor_asks_compute_engine_for_a_type_it_makes(cloud):
-    from tpunb.doctor import doctor
+    from tpunb.magics.checkup import doctor
 
     rows = {r.check: r for r in doctor(accelerator="tpu7x-32", zone=TPU7X_ZONE)}
     assert rows["Compute Engine API"].status == "ok" and "compute.googleapis.com answers" in rows["Compute Engine API"].why

@@ -24,7 +24,7 @@ from tests.compute_fixture import Google, cloud, made, sandbox  # noqa: F401 - c
 from tests.conftest import wait_for
 from tpunb.provision.gcp import apis
 from tpunb import manager
-from tpunb.emulator.accounts import USER
+from tpunb.sandbox.iam.accounts import USER
 from tpunb.errors import AuthenticationError, ProvisionError
 from tpunb.host import jax_start
 from tpunb.provision.gcp.compute import VmSpec, first_granted, teardown

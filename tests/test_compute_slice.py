@@ -25,7 +25,7 @@ from tests.conftest import run_cell, wait_for
 from tests.test_serve import free_port, http_server
 import tpunb
 from tpunb import catalog, manager
-from tpunb.emulator.sandbox import start_sandbox
+from tpunb.sandbox.box import start_sandbox
 from tpunb.host import gcs
 from tpunb.provision.gcp.compute import found
 from tpunb.status import readable

@@ -33,7 +33,7 @@ from tpunb.host import jax_start, prepare, uv_wheel
 from tpunb.provision import hostenv
 from tpunb.provision.gcp.compute import network
 from tpunb.provision.gcp.config import CloudOptions
-from tpunb.provision.gcp.prepare import host_setup
+from tpunb.provision.gcp.vm_setup import host_setup
 
 pytestmark = pytest.mark.sandbox
 
@@ -187,7 +187,7 @@ def test_a_quota_refusal_names_the_other_pool_and_doctor_reads_both(traps, cell)
     tpu7x = str(cell(f"%tpu_launch tpu7x-8 --zone {TPU7X_ZONE} --no-setup --name only-compute").error)
     assert "exceeded" in tpu7x and "--api tpu" not in tpu7x, tpu7x  # only Compute Engine makes TPU7x
     assert all(not v for z in (V6E_ZONE, TPU7X_ZONE) for v in Google(traps).everything(z).values())
-    from tpunb.doctor import doctor
+    from tpunb.magics.checkup import doctor
 
     rows = {r.check: r for r in doctor(accelerator="v6e-4", zone=V6E_ZONE)}
     assert rows["Compute Engine TPU quota"].status == "failed" and "is 0 chips" in rows["Compute Engine TPU quota"].why

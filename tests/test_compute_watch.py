@@ -153,7 +153,7 @@ def test_a_slices_watchdog_checks_reads_and_deletes_through_compute_engine(watch
 
 
 def test_doctor_reads_the_compute_engine_tpu_quota_the_launch_spends(watched):
-    from tpunb.doctor import doctor
+    from tpunb.magics.checkup import doctor
 
     def quota_row() -> tuple[str, str]:
         row = {r.check: r for r in doctor(accelerator="v6e-16", zone=V6E_ZONE)}["Compute Engine TPU quota"]

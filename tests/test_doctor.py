@@ -11,7 +11,7 @@ from google.cloud import tpu_v2
 from tests.conftest import wait_for
 from tests.emulator_fixture import configure, on_sshd
 from tpunb import doctor, manager
-from tpunb.doctor import hosts as host_checks
+from tpunb.diagnose import host_checks
 from tpunb.errors import NoSliceError, UsageError
 from tpunb.provision.gcp.tpu import api
 

@@ -10,7 +10,7 @@ from google.api_core.future.polling import DEFAULT_POLLING
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import tpu_v2
 
-from tpunb.emulator import AdminClient, AdminError, start_emulator, start_emulator_process
+from tpunb.sandbox import AdminClient, AdminError, start_emulator, start_emulator_process
 
 
 ZONE = "us-central2-b"
@@ -58,7 +58,7 @@ def api(tpu_emulator):
 
 
 def test_module_runs_as_subprocess_with_fault_flags():
-    """`python -m tpunb.emulator` serves the real client; a zone-scoped fault flag applies."""
+    """`python -m tpunb.sandbox` serves the real client; a zone-scoped fault flag applies."""
     flags = ["--create-seconds", "0.05", "--delete-seconds", "0.02", "--fault-no-capacity", "us-central1-a"]
     proc, url = start_emulator_process(*flags)
     try:

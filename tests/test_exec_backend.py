@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from tpunb import catalog, provision
-from tpunb.doctor.outside import recorded_stacks
-from tpunb.emulator.hub import Hub, HubServer
+from tpunb.server.outside import recorded_stacks
+from tpunb.sandbox.hub.hub_server import Hub, HubServer
 from tpunb.host.fetch import CHUNK
 from tpunb.manager import SliceManager
 from tpunb.provision import LaunchRequest

@@ -1,4 +1,4 @@
-"""%tpu_fetch on slices, from the Hub stand-in (tpunb/emulator/hub.py: the Hub's HTTP API as the
+"""%tpu_fetch on slices, from the Hub stand-in (tpunb/sandbox/hub/hub_server.py: the Hub's HTTP API as the
 real huggingface_hub client reads it). On a 2-host cloud sandbox slice (real sshd hosts, each its
 own home) a gated repository lands identical on both hosts with one GET per file, relayed host to
 host while a cell holds the hosts' main threads (through the kernel when the relay is off or cannot
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from tpunb import manager
-from tpunb.emulator.accounts import default_service_account
-from tpunb.emulator.hub import Hub, HubServer
-from tpunb.emulator.storage import StorageEmulator, StorageGate
+from tpunb.sandbox.iam.accounts import default_service_account
+from tpunb.sandbox.hub.hub_server import Hub, HubServer
+from tpunb.sandbox.storage.cloud_storage import StorageEmulator, StorageGate
 from tpunb.engine.masking import MASK
 from tpunb.fetch import storage as listing
 from tpunb.host import gcs

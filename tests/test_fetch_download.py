@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tpunb.emulator.hub import Hub, HubServer, git_blob_sha1
+from tpunb.sandbox.hub.hub_server import Hub, HubServer, git_blob_sha1
 from tpunb.host import download as downloading
 from tpunb.host.download import BUSY_TRIES, download, fetch_all, retry_after, stream
 from tpunb.host.fetch import CHUNK, Entry, FetchError

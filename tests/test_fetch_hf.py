@@ -18,7 +18,7 @@ import pytest
 from safetensors.numpy import load
 
 from tpunb import colab
-from tpunb.emulator.hub import Hub, HubServer
+from tpunb.sandbox.hub.hub_server import Hub, HubServer
 from tests.test_fetch_sources import connect, homes
 from tests.tiny_llama import tiny_llama_files
 

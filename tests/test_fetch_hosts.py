@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tpunb import manager
-from tpunb.emulator.hub import Hub, HubServer
+from tpunb.sandbox.hub.hub_server import Hub, HubServer
 from tpunb.engine.ctrl_c import Inbox
 from tpunb.fetch import spread
 from tpunb.host.fetch import CHUNK

@@ -1,4 +1,4 @@
-"""The Hub stand-in (tpunb/emulator/hub.py) against the real huggingface_hub client, pointed at
+"""The Hub stand-in (tpunb/sandbox/hub/hub_server.py) against the real huggingface_hub client, pointed at
 it as HF_ENDPOINT points it: snapshots of public and gated repositories, the Hub's errors, tree
 pages, and file answers (ETags, commits, ranges) as the client reads them."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ import huggingface_hub
 from huggingface_hub import HfApi, snapshot_download
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
-from tpunb.emulator.hub import Hub, HubServer, git_blob_sha1
+from tpunb.sandbox.hub.hub_server import Hub, HubServer, git_blob_sha1
 
 TOKEN = "hf_standin_token_0123456789"
 WEIGHTS = os.urandom(300_000)

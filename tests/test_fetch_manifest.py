@@ -14,8 +14,8 @@ import huggingface_hub.constants
 import pytest
 
 from tpunb import colab, manager
-from tpunb.emulator.hub import Hub, HubServer, git_blob_sha1
-from tpunb.emulator.storage import StorageEmulator, StorageGate
+from tpunb.sandbox.hub.hub_server import Hub, HubServer, git_blob_sha1
+from tpunb.sandbox.storage.cloud_storage import StorageEmulator, StorageGate
 from tpunb.errors import UsageError
 from tpunb.fetch import storage as listing
 from tpunb.fetch.manifest import manifest

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tpunb import manager
-from tpunb.emulator.hub import Hub, HubServer
-from tpunb.emulator.storage import StorageEmulator
+from tpunb.sandbox.hub.hub_server import Hub, HubServer
+from tpunb.sandbox.storage.cloud_storage import StorageEmulator
 from tpunb.engine import connection
 from tpunb.host import gcs
 from tpunb.host.download import RETRIES

@@ -12,7 +12,7 @@ from google.cloud import tpu_v2
 from tests.conftest import wait_for
 from tests.sshd import Sshd, _write_ed25519
 from tpunb.catalog import lookup
-from tpunb.emulator import start_emulator
+from tpunb.sandbox import start_emulator
 from tpunb.errors import ProvisionError, UnknownAcceleratorError
 from tpunb.provision.gcp.tpu import api as gcp
 
@@ -470,7 +470,7 @@ def test_a_failed_cleanup_is_said_in_one_line_and_listed_as_an_orphan_until_gone
 def test_the_preemption_watch_says_once_that_it_cannot_watch_and_why(tpu_emulator, monkeypatch, capsys):
     """The API is switched off under a watched node: one line says so (with the API's reason),
     however many rounds fail; when the API is back, a preemption is still said."""
-    from tpunb.provision.gcp.tpu.node import CloudNode
+    from tpunb.provision.gcp.tpu.cloud_node import CloudNode
 
     monkeypatch.setenv("TPUNB_WATCH_INTERVAL", "0.02")
     info = gcp.create(spec("watched", spot=True))

@@ -22,8 +22,8 @@ import huggingface_hub.constants
 import pytest
 
 from tpunb import colab
-from tpunb.emulator.hub import Hub, HubServer
-from tpunb.emulator.image import kernel_prefix
+from tpunb.sandbox.hub.hub_server import Hub, HubServer
+from tpunb.sandbox.hosts.image import kernel_prefix
 from tests.compute_fixture import cloud, sandbox  # noqa: F401 - cloud is a fixture
 from tests.test_hf_loader import NOTEBOOK, cell_starting
 
@@ -52,7 +52,7 @@ def notebook() -> tuple[list, list[str]]:
 @pytest.fixture(scope="module")
 def box():
     """One fresh VM image host; uv finds Python 3.12 there as it would after downloading it on a VM."""
-    from tpunb.emulator.sandbox import start_sandbox
+    from tpunb.sandbox.box import start_sandbox
 
     made = start_sandbox(hosts=1, create_seconds=0.3, pythons=[kernel_prefix(), "3.12"])
     made.emulator.timings(delete_seconds=0.1, queue_seconds=0.1)

@@ -1,5 +1,5 @@
 """The first cell on a fresh Cloud TPU VM: hosts of a bare image (Python 3.10, no JAX, each its own
-home; tpunb.emulator.image) are prepared by tpunb at %tpu_launch, in a uv environment with the
+home; tpunb.sandbox.hosts.image) are prepared by tpunb at %tpu_launch, in a uv environment with the
 notebook's Python, jax, flax and the host side's packages; bad input and faults end in one line
 naming the host and the cause, and leave no node behind.
 

@@ -300,7 +300,7 @@ def test_power_off_leaves_no_process_of_the_vm_even_one_forked_while_it_looked(t
     """A node's deletion powers its VMs off: every process carrying the host's dir is killed, again
     until none is left. One pass missed a watchdog spawned meanwhile, which then held the next
     node's host dir on the same address (a CI run: a served node's watchdog was a Colab test's)."""
-    from tpunb.emulator.hosts import HostPool, processes_of
+    from tpunb.sandbox.hosts.pool import HostPool, processes_of
 
     host_dir = tmp_path / "host"
     host_dir.mkdir()
@@ -477,9 +477,9 @@ def test_a_queued_resource_is_deleted_with_its_node(cloud):
 
 
 def test_metadata_port_alone_gives_each_host_its_own_metadata_server_and_disk(sshd, monkeypatch):
-    """What ``python -m tpunb.emulator --metadata-port P`` sets up without an sshd's per-host settings."""
-    from tpunb.emulator import start_emulator
-    from tpunb.emulator.sshd import _free_port
+    """What ``python -m tpunb.sandbox --metadata-port P`` sets up without an sshd's per-host settings."""
+    from tpunb.sandbox import start_emulator
+    from tpunb.sandbox.hosts.sshd import _free_port
 
     url, emulator = start_emulator(**FAST, ssh_hosts=sshd.addresses, ssh_port=sshd.port,
                                    metadata_port=_free_port(sshd.addresses))

@@ -183,7 +183,7 @@ def test_the_layer_check_sees_an_upward_import_a_pair_a_circle_and_an_unknown_ro
     edges = {name: set(targets) for name, targets in graph().items()}
     assert not layer_problems(edges, layers, upward)
     up = {k: set(v) for k, v in edges.items()}
-    up["tpunb.transport.ssh"].add("tpunb.manager")  # transport climbs to the manager: up, and a circle
+    up["tpunb.transport.ssh_hosts"].add("tpunb.manager")  # transport climbs to the manager: up, and a circle
     found = layer_problems(up, layers, upward)
     assert any("imports manager" in p and "up a layer" in p for p in found) and any("circle" in p for p in found)
     pair = {k: set(v) for k, v in edges.items()}
@@ -195,7 +195,7 @@ def test_the_layer_check_sees_an_upward_import_a_pair_a_circle_and_an_unknown_ro
     assert any("rooms in a circle" in p for p in layer_problems(circle, layers, upward))
     unknown = {**edges, "tpunb.newroom": {"tpunb.errors"}}
     assert any("newroom is not in" in p for p in layer_problems(unknown, layers, upward))
-    listed = {**upward, ("tpunb.transport.ssh", "tpunb.manager"): "planted"}
+    listed = {**upward, ("tpunb.transport.ssh_hosts", "tpunb.manager"): "planted"}
     assert not any("up a layer" in p for p in layer_problems(up, layers, listed))
     many = {(f"tpunb.a{i}", "tpunb.b"): "planted" for i in range(MAX_UPWARD + 1)}
     assert any("at most" in p for p in layer_problems(edges, layers, many))
@@ -390,14 +390,14 @@ def test_records_and_display_never_import_the_engine():
 def test_the_check_sees_the_engine_reached_through_another_module():
     edges = {"tpunb.results": {"tpunb.display.hosts"}, "tpunb.display.hosts": {"tpunb.errors"},
              "tpunb.display.sink": set(), "tpunb.errors": {"tpunb.engine.connection"},
-             "tpunb.engine.connection": {"tpunb.transport.base"}, "tpunb.transport.base": set()}
+             "tpunb.engine.connection": {"tpunb.transport.seam"}, "tpunb.transport.seam": set()}
     reached = engine_reached_from_records(edges)
     assert reached == {"tpunb.results": ["tpunb.results", "tpunb.display.hosts", "tpunb.errors", "tpunb.engine.connection"],
                        "tpunb.display.hosts": ["tpunb.display.hosts", "tpunb.errors", "tpunb.engine.connection"]}
 
 
 #: kernel code: everything but what ships to hosts and the Cloud TPU emulator (a stand-in for Google)
-KERNEL_EXCLUDED = ("host", "emulator")
+KERNEL_EXCLUDED = ("host", "sandbox", "emulator", "serve")
 #: containers that hold state when bound at module level
 MUTABLE_CALLS = {"list", "dict", "set", "defaultdict", "deque", "OrderedDict", "Counter", "WeakKeyDictionary",
                  "WeakValueDictionary", "WeakSet"}
@@ -413,7 +413,7 @@ STATE_ALLOWED = {
 SUPPORT_ALLOWED = {
     ("machine/cache.py", "_cache_lock"): "guards _cache",
     ("report.py", "_collector"): "a ContextVar: the messages of the capture in progress (report.captured), per context",
-    ("provision/checks.py", "CHECKS"): "filled at import by @check (the doctor's own checks), never after",
+    ("diagnose/checks.py", "CHECKS"): "filled at import by @check (the doctor's own checks), never after",
     ("provision/gcp/doctor.py", "CHECKS"): "filled at import by @check (the cloud's checks), never after",
     ("fetch/hub.py", "secret_lookup"): "set once at import by tpunb.manager: where %tpu_fetch finds a --secret token",
     ("provision/warm.py", "_lock"): "guards the warm-up's one start per process",
@@ -421,9 +421,9 @@ SUPPORT_ALLOWED = {
     ("provision/warm.py", "_compute_started"): "Compute Engine's client imported: once per process",
     ("provision/warm.py", "IMPORTED"): "one event per launch module, set once it is imported: once per process",
     ("provision/interrupts.py", "_dropped"): "a Ctrl-C Python dropped during a launch (set from the signal handler)",
-    ("serve/openssh.py", "_SPAWNER"): "the one thread that forks every ssh ControlMaster (a fork from a thread "
+    ("forwards/openssh.py", "_SPAWNER"): "the one thread that forks every ssh ControlMaster (a fork from a thread "
                                       "that holds no lock)",
-    ("transport/ssh.py", "_RECORD_LOCK"): "guards the registry's host keys while two hosts record theirs",
+    ("transport/ssh_hosts.py", "_RECORD_LOCK"): "guards the registry's host keys while two hosts record theirs",
 }
 #: calls that make state at module level, whatever the name they are bound to
 STATE_CALLS = {"ContextVar", "Lock", "RLock", "Event", "Condition", "Semaphore", "BoundedSemaphore",
@@ -660,20 +660,20 @@ THREADS_ALLOWED = {
     ("engine/request.py", "go"): "the engine: a request started in the background waits on its own thread",
     ("engine/request.py", "self.connection(i).signal"): "the engine's escalation: SIGTERM/SIGKILL one host",
     ("engine/session.py", "_watch"): "one per session: liveness (heartbeats and deaths)",
-    ("transport/ssh.py", "self._drain_stderr"): "one per SSH agent process: its stderr",
-    ("transport/ssh.py", "self._transport.kill_from_new_connection"): "one per SSH kill: a frozen connection",
-    ("transport/ssh.py", "old.close"): "one per dropped SSH connection: closed without holding the caller",
-    ("transport/local.py", "self._drain_stderr"): "one per local host process: its stderr",
-    ("transport/local.py", "self.close"): "one per local host process: reaped without holding the caller",
+    ("transport/ssh_hosts.py", "self._drain_stderr"): "one per SSH agent process: its stderr",
+    ("transport/ssh_hosts.py", "self._transport.kill_from_new_connection"): "one per SSH kill: a frozen connection",
+    ("transport/ssh_hosts.py", "old.close"): "one per dropped SSH connection: closed without holding the caller",
+    ("transport/pipes.py", "self._drain_stderr"): "one per local host process: its stderr",
+    ("transport/pipes.py", "self.close"): "one per local host process: reaped without holding the caller",
     ("transport/exec.py", "self._reap"): "one per abandoned exec agent: the kill run in its pod (its channel "
                                           "may be stuck), and its command reaped",
     ("transport/forkserver.py", "self._read"): "one per fork server (one a kernel): its answers and its agents' ends",
     ("transport/fanin.py", "self._run"): "one per session: the selector that reads every local host's frames",
     ("transport/sftp.py", "self._read_replies"): "one per SFTP connection: its replies",
-    ("serve/forward.py", "self._accept"): "one per port forward: its listener",
-    ("serve/forward.py", "self._serve"): "one per forwarded connection",
-    ("serve/openssh.py", "ThreadPoolExecutor"): "the OpenSSH spawner: one thread forks every ssh ControlMaster",
-    ("serve/openssh.py", "self._run"): "one per OpenSSH ControlMaster: carries its mux socket",
+    ("forwards/port_forward.py", "self._accept"): "one per port forward: its listener",
+    ("forwards/port_forward.py", "self._serve"): "one per forwarded connection",
+    ("forwards/openssh.py", "ThreadPoolExecutor"): "the OpenSSH spawner: one thread forks every ssh ControlMaster",
+    ("forwards/openssh.py", "self._run"): "one per OpenSSH ControlMaster: carries its mux socket",
     ("metrics/feed.py", "self._run"): "one per metrics feed",
     ("provision/gcp/watch.py", "self._watch"): "one per cloud node or Compute Engine slice: its preemption watch",
     ("provision/warm.py", "_import_all"): "one per kernel: imports what Ctrl-C must not cut, ahead of time",
@@ -684,7 +684,7 @@ THREADS_ALLOWED = {
     ("engine/standby.py", "standby.close"): "one per dropped standby: ended without holding the caller",
     ("engine/background.py", "self._serve"): "one per slice: runs its queue of background cells",
     ("stuck/laggards.py", "self._read"): "one per slow request: reads the late hosts' stacks",
-    ("serve/bench.py", "work"): "one per %tpu_bench run: its asyncio client, which the notebook's Ctrl-C stops",
+    ("bench/__init__.py", "work"): "one per %tpu_bench run: its asyncio client, which the notebook's Ctrl-C stops",
 }
 #: sleep-poll loops kernel code may keep outside tpunb/engine/ and fan_out: (file, function) -> why.
 #: A poll of a remote API names the API it waits on; a period is a timer, not a poll.
@@ -694,11 +694,11 @@ SLEEPS_ALLOWED = {
     ("provision/gcp/tpu/api.py", "create"): "API: Cloud TPU operations.get and nodes.get, until a create ends",
     ("provision/gcp/tpu/failover.py", "run"): "API: Cloud TPU operations.get of every zone's attempt, raced",
     ("provision/gcp/tpu/__init__.py", "_say_idle_problem"): "API: Cloud TPU nodes.getGuestAttributes (the watchdog's word)",
-    ("provision/gcp/compute/node.py", "say_idle_problem"): "API: Compute Engine instances.getGuestAttributes",
+    ("provision/gcp/compute/compute_node.py", "say_idle_problem"): "API: Compute Engine instances.getGuestAttributes",
     ("provision/gcp/compute/make.py", "_wait_running"): "API: Compute Engine instances.get, until RUNNING",
     ("provision/gcp/compute/bulk.py", "wait_up"): "API: Compute Engine instanceGroupManagers.listManagedInstances",
     ("provision/gcp/compute/hostkeys.py", "pin"): "API: Compute Engine instances.getGuestAttributes (hostkeys/)",
-    ("serve/openssh.py", "__init__"): "the ControlMaster's socket file: OpenSSH gives no event when it exists",
+    ("forwards/openssh.py", "__init__"): "the ControlMaster's socket file: OpenSSH gives no event when it exists",
     ("metrics/feed.py", "_run"): "a period, not a poll: the feed reads the registry every interval until stopped",
     ("provision/gcp/watch.py", "_watch"): "a period, not a poll: the preemption watch asks the cloud every interval",
     ("provision/warm.py", "ready"): "an event's wait in ticks of WAKE, so a Ctrl-C is seen while imports finish",
@@ -710,7 +710,7 @@ PAUSES = ("sleep", "pause")
 
 def _kernel_files() -> list[Path]:
     return [p for p in sources()
-            if p.relative_to(PACKAGE).parts[0] not in ("host", "emulator") and str(p.relative_to(PACKAGE)) != "transport/fanout.py"]
+            if p.relative_to(PACKAGE).parts[0] not in ("host", "sandbox", "emulator", "serve") and str(p.relative_to(PACKAGE)) != "transport/fanout.py"]
 
 
 LOOPS = (ast.For, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -1026,23 +1026,23 @@ def test_the_fast_loop_selects_tests_of_every_package():
     assert not packages - reached, f"no test the fast loop runs names these packages: {sorted(packages - reached)}"
 
 
-#: the gcp backend's two handlers (handlers.py chooses between them)
+#: the gcp backend's two handlers (choice.py chooses between them)
 GCP = "tpunb.provision.gcp"
 HANDLER_PACKAGES = (f"{GCP}.tpu", f"{GCP}.compute")
 #: rooms that may reach into a handler: the sandbox stands in for the APIs the handlers call
-HANDLERS_READ_BY = ("tpunb.emulator",)
+HANDLERS_READ_BY = ("tpunb.sandbox",)
 
 
 def handler_crossings(edges: dict[str, set[str]]) -> list[str]:
     """Imports that break the gcp backend's shape: a handler importing the other handler, or the
-    backend's own modules above the shared ones (its facade, handlers.py); a module outside the
+    backend's own modules above the shared ones (its facade, choice.py); a module outside the
     backend importing a handler's parts instead of asking the backend."""
     found = []
     for name, targets in edges.items():
         mine = next((h for h in HANDLER_PACKAGES if _within(name, (h,))), None)
         for target in sorted(targets):
             theirs = next((h for h in HANDLER_PACKAGES if _within(target, (h,))), None)
-            if mine and ((theirs and theirs != mine) or target in (GCP, f"{GCP}.handlers")):
+            if mine and ((theirs and theirs != mine) or target in (GCP, f"{GCP}.choice")):
                 found.append(f"{name} -> {target}")
             elif (not mine and theirs and not _within(name, (GCP,))
                   and not _within(name, HANDLERS_READ_BY)):
@@ -1056,7 +1056,7 @@ def test_the_gcp_handlers_share_only_the_backends_shared_modules():
 
 def test_the_handler_check_sees_a_crossing():
     edges = {f"{GCP}.compute.make": {f"{GCP}.tpu.api", f"{GCP}.shared"}, f"{GCP}.tpu.node": {GCP},
-             "tpunb.overview": {f"{GCP}.compute.found"}, f"{GCP}.handlers": {f"{GCP}.tpu"}}
+             "tpunb.overview": {f"{GCP}.compute.found"}, f"{GCP}.choice": {f"{GCP}.tpu"}}
     assert handler_crossings(edges) == [f"{GCP}.compute.make -> {GCP}.tpu.api", f"{GCP}.tpu.node -> {GCP}",
                                         f"tpunb.overview -> {GCP}.compute.found"]
 
@@ -1094,5 +1094,92 @@ def test_the_api_choice_check_sees_each_form():
                "catalog.py": "default_api: str = 'tpu'\n",
                "server/model.py": "x = 'compute' == record.spec['api']\n",
                "magics/core.py": "show(cloud.get('api'))  # shown, not chosen\n",
-               "provision/gcp/handlers.py": "record.spec.get('api') == 'compute'\n"}
+               "provision/gcp/choice.py": "record.spec.get('api') == 'compute'\n"}
     assert api_choices(planted) == ["catalog.py:1", "overview.py:1", "server/model.py:1"]
+
+
+# -- names: every path the architecture names exists; basenames repeat only where listed -------------
+
+#: basenames that may repeat under tpunb/, each with why
+REPEATED_BASENAMES = {
+    "__init__.py": "every package has one",
+    "__main__.py": "`python -m tpunb`, `python -m tpunb.sandbox` and its old name `python -m tpunb.emulator`",
+    "magics.py": "a feature's magics beside the feature (none today: they are in magics/)",
+}
+#: host halves: tpunb/host/X.py beside the kernel-side X.py of the same feature (one copy in host/)
+HOST_HALVES = {
+    "forkserver.py": "host/: the fork server local agents come from; transport/: the kernel's client of it",
+    "jaxcache.py": "host/: stages and publishes compile-cache entries; fetch/: the kernel copies them to the other hosts",
+    "preempt.py": "host/: watches for the notice and saves; snapshot/: arms it and recovers",
+    "relay.py": "host/: forwards a push's chunks down the tree; engine/: the kernel's side of the relay",
+    "spread.py": "host/: hands a fetched file's chunks on; fetch/: runs a fetch on a slice",
+    "stacks.py": "host/: the faulthandler dump and its reader; stuck/: the Stacks record and its text",
+    "transfer.py": "host/: reads a pushed value into place; engine/: pickles and sends it",
+}
+def repeated_basename_problems(paths: list[str]) -> list[str]:
+    """Basenames (paths relative to tpunb/) that repeat outside the lists, and allowances that no
+    longer repeat (so the lists stay the truth)."""
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        by_name.setdefault(path.rpartition("/")[2], []).append(path)
+    problems = []
+    for name, where in sorted(by_name.items()):
+        if len(where) < 2 or name in REPEATED_BASENAMES:
+            continue
+        if name in HOST_HALVES and len(where) == 2 and any(w.startswith("host/") for w in where):
+            continue
+        problems.append(f"{name} repeats: {sorted(where)}")
+    for name in HOST_HALVES:
+        if len(by_name.get(name, [])) < 2:
+            problems.append(f"{name} is listed as repeating but does not: drop it from the list")
+    return problems
+
+
+def test_basenames_repeat_only_where_listed():
+    paths = [p.relative_to(PACKAGE).as_posix() for p in sources()]
+    assert not repeated_basename_problems(paths), repeated_basename_problems(paths)
+
+
+def test_the_basename_check_sees_a_repeat_and_a_stale_allowance():
+    paths = [p.relative_to(PACKAGE).as_posix() for p in sources()]
+    assert any("frames.py repeats" in p for p in repeated_basename_problems(paths + ["engine/frames.py", "stuck/frames.py"]))
+    assert any("stacks.py repeats" in p for p in repeated_basename_problems(paths + ["display/stacks.py"]))
+    assert any("relay.py is listed" in p for p in repeated_basename_problems([p for p in paths if p != "host/relay.py"]))
+
+
+def architecture_section(text: str) -> str:
+    return text.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+
+
+PATH_LIKE = re.compile(r"`((?:tpunb/)?(?:[\w.-]+/)+(?:[\w.-]+\.(?:py|json|ts|md))?)`")
+
+
+def missing_architecture_paths(text: str) -> list[str]:
+    """Paths the README's architecture section names in backticks (``tpunb/x/y.py``, ``x/y.py``,
+    ``folder/``) that exist nowhere: not from the repository's root, not from tpunb/, not from a
+    folder of tpunb/ (a paragraph names its package's files relative to it: ``compute/`` in the
+    sandbox's). A folder exists when it holds something besides ``__pycache__``."""
+    root = PACKAGE.parent
+    folders = [PACKAGE, *(p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+    missing = []
+    for name in sorted(set(PATH_LIKE.findall(architecture_section(text)))):
+        places = [root / name] if name.startswith("tpunb/") else [root / name, *(f / name for f in folders)]
+        if not any(_exists(p) for p in places):
+            missing.append(name)
+    return missing
+
+
+def _exists(path: Path) -> bool:
+    return path.is_file() or (path.is_dir() and any(c.name != "__pycache__" for c in path.iterdir()))
+
+
+def test_every_path_the_architecture_names_exists():
+    text = README.read_text()
+    assert len(PATH_LIKE.findall(architecture_section(text))) >= 50, "the README's architecture section was not found"
+    assert not missing_architecture_paths(text), missing_architecture_paths(text)
+
+
+def test_the_path_check_sees_a_name_that_is_gone():
+    planted = ("## Architecture\nsee `tpunb/emulator/hub.py`, `serve/forward.py` and `nowhere/`, beside "
+               "`engine/wire.py` and `hosts/pool.py`\n## Next\n")
+    assert missing_architecture_paths(planted) == ["nowhere/", "serve/forward.py", "tpunb/emulator/hub.py"]

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import wait_for
 from tpunb import report, manager
 from tpunb.metrics import MetricsStore
-from tpunb.widgets.metrics import render_html, stragglers
+from tpunb.widgets.live_metrics import render_html, stragglers
 
 
 def latest(sl, metric: str, host: int):
@@ -201,7 +201,7 @@ def test_widget_model_shows_hosts_values_and_stragglers():
 
 @pytest.mark.fresh_slice
 def test_metrics_widget_updates_from_the_feed_thread(make_slice, monkeypatch):
-    from tpunb.widgets.metrics import MetricsView
+    from tpunb.widgets.live_metrics import MetricsView
 
     sl = make_slice(1)
     view = MetricsView("t", sl.metrics_store, sl.metrics_feed, sl.num_hosts)

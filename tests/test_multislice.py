@@ -82,7 +82,7 @@ def test_output_values_and_errors_are_labelled_slice_slash_host():
 
 def test_metrics_name_hosts_slice_by_slice():
     from tpunb.metrics import MetricsStore
-    from tpunb.widgets.metrics import render_text
+    from tpunb.widgets.live_metrics import render_text
 
     text = render_text("pair", MetricsStore(4), 4, None, 1.0, TWO_BY_TWO.names)
     assert [line.split()[0] for line in text.splitlines()[2:]] == ["s0/0", "s0/1", "s1/0", "s1/1"]

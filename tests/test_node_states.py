@@ -9,7 +9,7 @@ import pytest
 
 from tpunb import manager
 from tpunb.errors import CellInterrupted, ProvisionError
-from tpunb.provision.gcp import errors
+from tpunb.provision.gcp import failures as errors
 from tpunb.provision.gcp.tpu import api
 from tpunb.registry import Registry
 from tests.conftest import interrupt_kernel_when, wait_for

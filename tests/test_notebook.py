@@ -11,7 +11,7 @@ from tpunb.errors import NoSliceError, UsageError
 from tpunb.notebook import env, launch_args, names, stop_button
 from tpunb.notebook.brought import brought_hosts
 from tpunb.registry import Registry, SliceRecord
-from tpunb.secrets.store import Secrets
+from tpunb.secrets.vault import Secrets
 
 
 def test_brought_hosts_are_read_with_their_users_ports_and_slices():

@@ -14,7 +14,7 @@ from tests.conftest import interrupt_kernel_when, interrupt_main_unseen_when, ma
 from tpunb.transport.fanout import FanOutTimeout
 from tpunb.engine.programs import Program, ask_hosts, follow_hosts
 from tpunb.host.standalone.service import alive
-from tpunb.transport.local import LocalTransport
+from tpunb.transport.pipes import LocalTransport
 
 #: answers its message back
 ECHO = "import os; n = int(os.read(0, 12)); m = os.read(0, n); os.write(1, b'%012d' % len(m) + m)"

@@ -19,7 +19,7 @@ from google.rpc import code_pb2, status_pb2
 
 from tests.proto_check import check_error, check_operation, strict
 from tpunb.provision.gcp import apis
-from tpunb.emulator.server import Exchange
+from tpunb.sandbox.server import Exchange
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp.tpu import api as gcp
 
@@ -165,7 +165,7 @@ def _http_exception(status: int, body: dict) -> Exception:
 
 def _read(fixture: dict) -> ProvisionError:
     """What tpunb makes of the fixture, by the path its own code takes for that kind of answer."""
-    from tpunb.provision.gcp import errors
+    from tpunb.provision.gcp import failures as errors
 
     ctx = errors.Context("demo-tpu", "my-project", fixture["context"]["zone"], fixture["context"]["accelerator"],
                          fixture["context"].get("spot", False), fixture["context"].get("queued", False))

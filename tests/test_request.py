@@ -17,7 +17,7 @@ from tpunb.engine.request import Requests
 from tpunb.engine.routes import Frame
 from tpunb.errors import CellInterrupted
 from tpunb.engine.session import Session
-from tpunb.transport.local import LocalTransport
+from tpunb.transport.pipes import LocalTransport
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tpunb import manager
-from tpunb.emulator.sshd import Sshd
+from tpunb.sandbox.hosts.sshd import Sshd
 from tpunb.engine import standby
 from tests.conftest import CPU_AS_TPU_HOST, wait_for
 

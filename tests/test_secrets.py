@@ -12,7 +12,7 @@ from tpunb import manager
 from tpunb.engine.masking import MASK, Masker
 from tpunb.host.standalone.log_mask import MaskedLog
 from tpunb.registry import Registry
-from tpunb.secrets.store import Secrets
+from tpunb.secrets.vault import Secrets
 from tests.conftest import wait_for
 
 SECRET = "hf_s3cr3t_value_0123456789"
@@ -236,7 +236,7 @@ def test_hf_token_goes_to_a_launch_by_default_said_in_one_line_and_no_hf_token_k
 def test_no_presigned_signature_in_any_output(cell, monkeypatch):
     """A presigned URL fetched: its query is in no output (the success line, a failure) and is
     masked in whatever hosts print while and after it runs."""
-    from tpunb.emulator.hub import Hub, HubServer
+    from tpunb.sandbox.hub.hub_server import Hub, HubServer
 
     signature = "X-Amz-Signature=5f1d0c0ffee0ddba11deadbeefcafe42&X-Amz-Expires=3600"
     with HubServer(Hub()) as hub:

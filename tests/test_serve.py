@@ -1,4 +1,4 @@
-"""Services on hosts (tpunb.serve): detached from cells, logged, restarted, ended with the slice.
+"""Services on hosts (tpunb.services): detached from cells, logged, restarted, ended with the slice.
 Over local hosts and real sshd hosts; the services are real HTTP servers asked by a real client."""
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ def test_a_start_that_fails_on_one_host_leaves_nothing_new_running(make_slice):
 @pytest.mark.fresh_slice
 def test_deleting_a_local_slice_without_services_asks_no_host(monkeypatch):
     from tpunb.transport.bundle import SERVICE_CONTROL
-    from tpunb.transport.local import LocalTransport
+    from tpunb.transport.pipes import LocalTransport
 
     monkeypatch.setenv("TPUNB_STANDBY", "0")  # a quiet slice's standby agents would start mid-count
 

@@ -260,7 +260,7 @@ def test_a_host_that_stops_answering_gets_a_502_within_the_open_timeout(sshd, ss
     import time
 
     from tpunb.machine.procs import descendants
-    from tpunb.serve import forward
+    from tpunb.forwards import port_forward as forward
 
     monkeypatch.setattr(forward, "OPEN_TIMEOUT", 2.0)
     sl = manager.connect([f"{sshd.addresses[0]}:{sshd.port}"], key=str(ssh_key), python=sshd.python,

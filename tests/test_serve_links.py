@@ -18,7 +18,7 @@ from tests.test_colab import colab  # noqa: F401 - the stand-in google.colab
 from tests.test_serve import free_port, get, http_server, no_service_left  # noqa: F401
 from tests.test_sidebar_browser import _answers
 from tpunb import manager
-from tpunb.serve.links import browser_link
+from tpunb.forwards.links import browser_link
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import urllib.request
 
 import pytest
 
-import tpunb.serve
+import tpunb.services
 from tests.conftest import interrupt_kernel_when, wait_for
 from tests.test_serve import PYTHON, free_port, http_server, no_service_left  # noqa: F401 - autouse fixture
 
@@ -65,7 +65,7 @@ def test_follow_prints_new_lines_and_ends_cleanly_on_interrupt(make_slice, cell,
     script = "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.05; done"
     assert cell(f"%tpu_serve ticker -- {script}").error is None
     followed = threading.Event()
-    real = tpunb.serve.Serving.follow
+    real = tpunb.services.Serving.follow
 
     def watched(*args, **kwargs):  # the real follow; says when it has printed twice
         for count, chunk in enumerate(real(*args, **kwargs)):
@@ -73,7 +73,7 @@ def test_follow_prints_new_lines_and_ends_cleanly_on_interrupt(make_slice, cell,
             if count == 1:
                 followed.set()
 
-    monkeypatch.setattr(tpunb.serve.Serving, "follow", watched)
+    monkeypatch.setattr(tpunb.services.Serving, "follow", watched)
     interrupt_kernel_when(followed.is_set)
     run = cell("%tpu_logs ticker --follow --tail 2")
     assert run.error is None, run.shown
@@ -102,7 +102,7 @@ def test_logs_tail_and_follow_a_file_on_every_host(make_slice, cell, monkeypatch
     both.write_text("one\ntwo\n")
     assert cell(f"%tpu_logs --file {both} --tail 1").stdout == "[0] two\n[1] two\n"
     followed = threading.Event()
-    real = tpunb.serve.Serving.follow
+    real = tpunb.services.Serving.follow
 
     def watched(*args, **kwargs):
         for count, chunk in enumerate(real(*args, **kwargs)):
@@ -113,7 +113,7 @@ def test_logs_tail_and_follow_a_file_on_every_host(make_slice, cell, monkeypatch
             if count >= 3:
                 followed.set()
 
-    monkeypatch.setattr(tpunb.serve.Serving, "follow", watched)
+    monkeypatch.setattr(tpunb.services.Serving, "follow", watched)
     interrupt_kernel_when(followed.is_set)
     run = cell(f"%tpu_logs --file {both} --follow --tail 1")
     assert run.error is None, run.shown

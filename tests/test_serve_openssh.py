@@ -1,4 +1,4 @@
-"""OpenSSH carries SSH forwards (tpunb/serve/openssh.py): its ControlMaster ends with the kernel
+"""OpenSSH carries SSH forwards (tpunb/forwards/openssh.py): its ControlMaster ends with the kernel
 that started it, even a SIGKILLed one, and a forward without ssh on PATH says nothing and works."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.test_idle_delete import cell_done, kernel_process, kill
 from tests.test_serve import free_port, http_server, no_service_left  # noqa: F401 - autouse fixture
 from tests.test_serve_forward import ssh_children
 from tpunb import report, manager
-from tpunb.serve import openssh
+from tpunb.forwards import openssh
 from tpunb.machine import procs
 
 pytestmark = pytest.mark.ends_services

@@ -69,7 +69,7 @@ def test_a_slice_no_kernel_holds_still_shows_its_services_and_no_stale_forward(m
 def test_status_asks_hosts_for_services_only_once_the_slice_has_some(make_slice, monkeypatch):
     """Listing services starts a process on every host: a slice without any does not pay that on
     every %tpu_status (4 SSH hosts: 100 ms a call); once one is started, %tpu_status asks them all."""
-    from tpunb.serve import control
+    from tpunb.services import control
 
     asked = []
     real_program = control.program

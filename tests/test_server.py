@@ -335,7 +335,7 @@ async def test_a_watchdog_that_cannot_delete_shows_why_instead_of_a_countdown(ca
     """A cloud slice whose VMs' service account may not delete TPUs: its watchdog says so on worker 0
     (tests/test_idle_delete.py), and the sidebar's row carries that line in place of the timer."""
     from tests.emulator_fixture import FAST
-    from tpunb.emulator import start_emulator
+    from tpunb.sandbox import start_emulator
     from tpunb.provision.gcp.tpu import api as gcp
     from tpunb.registry import HostRecord, SliceRecord
 

@@ -105,7 +105,7 @@ def _answers(url: str) -> bool:
 def emulator() -> Iterator[str]:
     """The Cloud TPU API emulator, which the lab's server lists for orphaned nodes."""
     from tests.emulator_fixture import FAST
-    from tpunb.emulator import start_emulator
+    from tpunb.sandbox import start_emulator
 
     url, handle = start_emulator(**FAST)
     yield url
@@ -333,7 +333,7 @@ def test_metric_bars_move_and_stacks_show_while_a_cell_runs(lab_home, page, flag
 @pytest.mark.fresh_slice
 @pytest.mark.sandbox
 def test_a_cloud_slice_shows_its_price_per_hour(lab_home, page):
-    from tpunb.emulator.sandbox import start_sandbox
+    from tpunb.sandbox.box import start_sandbox
 
     sandbox = start_sandbox(hosts=2)
     try:

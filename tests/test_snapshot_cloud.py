@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from tpunb import manager
-from tpunb.emulator.storage import StorageEmulator
+from tpunb.sandbox.storage.cloud_storage import StorageEmulator
 from tpunb.host import gcs
 from tests.conftest import wait_for
 from tests.emulator_fixture import FAST

@@ -71,7 +71,7 @@ def test_per_host_values_on_another_host_count():
 
 def test_cloud_slices_need_a_bucket_named_once(monkeypatch):
     from tpunb.errors import UsageError
-    from tpunb.snapshot import store
+    from tpunb.snapshot import places as store
 
     monkeypatch.delenv("TPUNB_BUCKET", raising=False)
     with pytest.raises(UsageError, match="^a cloud slice snapshots to Cloud Storage: give --to gs://BUCKET/PATH, or "

@@ -15,8 +15,8 @@ from tests.sshd import Sshd, _write_ed25519, alive
 from tpunb.transport import keys
 from tpunb.errors import HostKeyError, TransportError
 from tpunb.registry import Registry
-from tpunb.transport import ssh as ssh_module
-from tpunb.transport.ssh import SSHTransport, connect_all, forget_host_key, parse_host
+from tpunb.transport import ssh_hosts as ssh_module
+from tpunb.transport.ssh_hosts import SSHTransport, connect_all, forget_host_key, parse_host
 
 ECHO = ("import sys\n"
         "while True:\n"

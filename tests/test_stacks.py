@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tpunb.stuck.frames import parse_faulthandler
+from tpunb.stuck.stack_frames import parse_faulthandler
 from tpunb.stuck.stacks import HostStacks, Stacks, from_reply
 from tpunb.host import stacks as host_stacks
 from tpunb.transport.bundle import STACKS_READER, stacks_source

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from tpunb.errors import TransportError
-from tpunb.transport.local import LocalTransport
+from tpunb.transport.pipes import LocalTransport
 from tpunb.transport.sync import MANIFEST, sync_tree
 from tests.test_sync import EXCLUDE, EXPECTED, remote_files, tree  # noqa: F401 (tree: the fixture)
 

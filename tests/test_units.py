@@ -36,7 +36,7 @@ def test_off_is_only_a_duration_where_the_flag_allows_it():
 
 
 def test_the_copy_progress_bar_says_binary_rates(capsys):
-    from tpunb.widgets.progress import byte_progress
+    from tpunb.widgets.copy_progress import byte_progress
 
     with byte_progress("sync") as update:
         update(3 * 2**20, 3 * 2**20)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import functools
 import sys
 
-from tpunb.doctor import doctor
+from tpunb.magics.checkup import doctor
 from tpunb.provision import warm
 from tpunb.errors import TpunbError, UsageError
 from tpunb.plan import plan
-from tpunb.serve import bench
+from tpunb import bench
 from tpunb.slice import Slice
 from tpunb.manager import connect, current, down, last_profile, last_result, last_run, launch, secret, status, use
 

@@ -24,7 +24,7 @@ from tpunb.provision.starting import interrupt_says_one_line, start_slice, with_
 from tpunb.registry import Registry
 from tpunb.results import RunResult
 from tpunb.secrets import hub_token
-from tpunb.secrets.store import Secrets
+from tpunb.secrets.vault import Secrets
 from tpunb.slice import Slice
 from tpunb.status import HostRow, ServiceRow, versions_frame
 from tpunb.overview import StatusView
@@ -95,8 +95,8 @@ class SliceManager:
         as X.Y (default this kernel's), ``jax``, ``pip`` and ``requirements``; off by default, since
         the hosts and their Python are yours.
         """
-        warm.ready("ipywidgets", "tpunb.widgets.launch", "tpunb.transport.ssh")  # where Ctrl-C cannot cut them
-        from tpunb.transport.ssh import forget_host_key
+        warm.ready("ipywidgets", "tpunb.widgets.launch", "tpunb.transport.ssh_hosts")  # where Ctrl-C cannot cut them
+        from tpunb.transport.ssh_hosts import forget_host_key
 
         brought = brought_hosts(hosts, user, port, slices, accelerator, python, coordinator_port)
         reg = registry()
@@ -216,7 +216,7 @@ class SliceManager:
     def secret(self, *names: str) -> list[str]:
         """Put secrets in every slice's hosts' environment (now, and whenever hosts start again):
         each from this kernel's environment, else Colab's secrets, else a prompt that echoes
-        nothing (``tpunb.secrets.store``). Their values are masked (``****``) in everything hosts
+        nothing (``tpunb.secrets.vault``). Their values are masked (``****``) in everything hosts
         send back and are never stored. Returns the names set."""
         if not names:
             raise UsageError("name at least one secret, e.g. %tpu_secret HF_TOKEN")

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tpunb import provision
 from tpunb.display.hosts import Layout
 from tpunb.provision.common import owner_running
-from tpunb.serve import recorded_services, seen
+from tpunb.services import recorded_services, seen
 from tpunb.status import ForwardRow, HostRow, OrphanStatus, ServiceRow, SliceStatus, SnapshotRow, frame
 
 if TYPE_CHECKING:
     import pandas
 
     from tpunb.registry import IdleMark, Registry, SliceRecord
-    from tpunb.serve.seen import ServiceState
+    from tpunb.services.seen import ServiceState
     from tpunb.slice import Slice
 
 #: a service's states that keep its slice busy (and billing): the idle timer does not run
@@ -75,7 +75,7 @@ def snapshot_rows(now: float) -> tuple[list[SnapshotRow], str | None]:
     first, and why some could not be listed (a bucket that cannot be read: one line, never a failure)."""
     from tpunb.errors import TpunbError
     from tpunb.host import gcs
-    from tpunb.snapshot import store
+    from tpunb.snapshot import places as store
 
     try:
         found, problem = store.snapshots(), None

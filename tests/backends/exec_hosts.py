@@ -24,7 +24,7 @@ from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_running
 from tpunb.provision.local import free_port, host_environment, jax_settings
 from tpunb.registry import HostRecord, Registry, SliceRecord, tpunb_home
-from tpunb.serve.cleanup import stop_recorded
+from tpunb.services.cleanup import stop_recorded
 from tpunb.status import SliceStatus
 from tpunb.transport.exec import ExecTransport
 

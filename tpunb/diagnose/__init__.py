@@ -3,7 +3,7 @@ holds, a coordinator port a firewall drops. Each check is a small public functio
 ``%tpu_doctor`` can run it too; the hosts' half of each lives in ``tpunb/host/diagnose.py``.
 """
 from tpunb.diagnose import pythons
-from tpunb.diagnose.hosts import HostCheck, check_hosts, problems
+from tpunb.diagnose.probe import HostCheck, check_hosts, problems
 from tpunb.diagnose.reach import COORDINATOR_PORT, PROBE_SECONDS, firewall_fix, probe_settings
 from tpunb.diagnose.versions import PACKAGES, VersionRow, kernel_versions, skew_line, version_rows
 

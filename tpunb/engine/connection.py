@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from tpunb.errors import HostSetupError, ProtocolError, TransportError
 from tpunb.host import protocol
 from tpunb.transport.bundle import BOOTSTRAP, LAUNCHER, agent_bundle, launcher_message
-from tpunb.transport.base import AgentProcess, Transport
+from tpunb.transport.seam import AgentProcess, Transport
 from tpunb.transport.fanin import FanIn, Frames, Stream
 
 if TYPE_CHECKING:

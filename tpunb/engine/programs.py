@@ -24,7 +24,7 @@ from typing import Generic, TypeVar
 
 from tpunb.transport.fanout import WAKE, GroupResult, fan_out
 from tpunb.errors import TransportError
-from tpunb.transport.base import AgentProcess, Transport
+from tpunb.transport.seam import AgentProcess, Transport
 
 K = TypeVar("K", bound=Hashable)
 #: seconds every host's program gets to end on end of input when a follow stops (it ends at once)

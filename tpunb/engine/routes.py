@@ -15,7 +15,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from tpunb.engine.frames import Broadcast
+from tpunb.engine.wire import Broadcast
 from tpunb.engine.request import Request, Route
 from tpunb.engine import transfer as values
 from tpunb.errors import TransportError

@@ -35,7 +35,7 @@ from tpunb.transport.fanout import FanOutTimeout, fan_out
 from tpunb.host.protocol import MAIN_THREAD_OPS
 from tpunb.host.transfer import INLINE, join
 from tpunb.results import KEEP_DISPLAYS, HostResult, Tail
-from tpunb.transport.base import Transport
+from tpunb.transport.seam import Transport
 from tpunb.transport.forkserver import LocalForks
 from tpunb.transport.fanin import FanIn
 

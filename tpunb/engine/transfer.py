@@ -180,7 +180,7 @@ class Meter:
         with self._lock:
             self.total += nbytes
             if self._update is None and value_bytes >= BAR_BYTES:
-                from tpunb.widgets.progress import byte_progress
+                from tpunb.widgets.copy_progress import byte_progress
                 self._update = self._stack.enter_context(byte_progress(self.description))
             self._show()
 

@@ -1,4 +1,4 @@
-"""%tpu_bench: parse the line, make one call into ``tpunb.serve.bench``, show the table (and a
+"""%tpu_bench: parse the line, make one call into ``tpunb.bench``, show the table (and a
 plot of latency against throughput for a sweep)."""
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class BenchMagics(Magics):
         from IPython.display import display
 
         from tpunb.errors import UsageError
-        from tpunb.serve.bench import bench_serving
+        from tpunb.bench import bench_serving
 
         args = parse_line(self.tpu_bench, line)
         if args.on_host and args.from_kernel:

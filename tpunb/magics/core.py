@@ -13,7 +13,7 @@ from tpunb.display import MODES, render_values
 from tpunb.errors import CellInterrupted, UsageError
 from tpunb.magics.args import cloud_arguments, one_line_interrupt, parse_line, usage_of
 from tpunb.secrets import policy
-from tpunb.serve import seen
+from tpunb.services import seen
 from tpunb.snapshot import preempt
 
 
@@ -142,7 +142,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_sync(self, line: str):
         """Copy a working directory to every host, only what changed, honouring .gitignore."""
-        from tpunb.widgets.progress import byte_progress
+        from tpunb.widgets.copy_progress import byte_progress
 
         args = parse_line(self.tpu_sync, line)
         sl = manager.current(args.slice_name)
@@ -185,7 +185,7 @@ class TpuMagics(Magics):
     def tpu_metrics(self, line: str):
         """Live metrics of every host, updated while cells run: %tpu_metrics [--interval S] [METRIC ...]."""
         from tpunb.widgets import in_widget_frontend
-        from tpunb.widgets.metrics import MetricsView, render_text
+        from tpunb.widgets.live_metrics import MetricsView, render_text
 
         args = parse_line(self.tpu_metrics, line)
         sl = manager.current(args.slice_name)
@@ -208,7 +208,7 @@ class TpuMagics(Magics):
     @line_magic
     def tpu_doctor(self, line: str):
         """Check credentials, project, API, quota, zone and every host's clock and disk: one row each."""
-        from tpunb.doctor import doctor
+        from tpunb.magics.checkup import doctor
 
         args = parse_line(self.tpu_doctor, line)
         with one_line_interrupt():
@@ -313,7 +313,7 @@ class TpuMagics(Magics):
         else:
             report.info(sl.profiler.describe())
 
-    # -- serving (tpunb.serve) -------------------------------------------------------------------
+    # -- serving (tpunb.services) -------------------------------------------------------------------
     @magic_arguments()
     @argument("name", nargs="?", default=None, help="the service's name (letters, digits, . _ -)")
     @argument("--hosts", default=None, help="all (default), 0, 0,2 or 1:3")
@@ -424,7 +424,7 @@ class TpuMagics(Magics):
     def tpu_forward(self, line: str):
         """Reach PORT on a host from this machine: %tpu_forward 8000 [--host N]; returns the URL, and
         prints the link for a browser on another machine (Colab's proxy, or jupyter-server-proxy's)."""
-        from tpunb.serve.links import browser_link
+        from tpunb.forwards.links import browser_link
 
         args = parse_line(self.tpu_forward, line)
         sl = manager.current(args.slice_name)

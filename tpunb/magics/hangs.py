@@ -29,7 +29,7 @@ class HangMagics(Magics):
         args = parse_line(self.tpu_stacks, line)
         with one_line_interrupt():
             if args.slice_name and manager.attached(args.slice_name) is None:
-                from tpunb.doctor.cli import stacks_text
+                from tpunb.server.stacks_cli import stacks_text
 
                 report.info(stacks_text(args.slice_name, args.hosts, args.native))
                 return

@@ -1,6 +1,6 @@
 """The kernel side of metrics: every host's samples in a bounded ring (``store``), and a feed
 thread that publishes the latest values to the registry and wakes the widgets (``feed``)."""
 from tpunb.metrics.feed import MetricsFeed
-from tpunb.metrics.store import COLUMNS, MetricsStore
+from tpunb.metrics.rings import COLUMNS, MetricsStore
 
 __all__ = ["COLUMNS", "MetricsFeed", "MetricsStore"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from tpunb.metrics.store import MetricsStore
+from tpunb.metrics.rings import MetricsStore
 from tpunb.registry import Registry
 
 PUBLISH_EVERY = 2.0  # seconds between registry writes: the sidebar polls no faster

@@ -27,7 +27,7 @@ def brought_hosts(hosts: list[str] | str, user: str | None, port: int, slices: i
     if coordinator_port is not None and not 0 < int(coordinator_port) < 65536:
         raise UsageError(f"--coordinator-port {coordinator_port}: give a TCP port, 1-65535 (8476 passes GCP's TPU "
                          "firewall rule)")
-    from tpunb.transport.ssh import parse_host
+    from tpunb.transport.ssh_hosts import parse_host
 
     specs = [h.strip() for h in (hosts.split(",") if isinstance(hosts, str) else hosts) if h.strip()]
     if not specs:

@@ -6,7 +6,7 @@ from tpunb import report
 from tpunb.engine.masking import Masker
 from tpunb.errors import UsageError
 from tpunb.secrets import policy
-from tpunb.secrets.store import Secrets
+from tpunb.secrets.vault import Secrets
 
 
 def parse_env(pairs: list[str] | dict | None, secrets: list[str] | None, masker: Masker,

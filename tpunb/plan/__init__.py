@@ -32,7 +32,7 @@ from tpunb.plan.roofline import (
     Mesh, SliceEstimate, evaluate, fsdp_min_tokens_per_chip, fsdp_tp_split,
     hbm_intensity, ici_intensity, max_tensor_parallel, mixed_min_tokens_per_chip,
 )
-from tpunb.plan.units import DTYPE_BYTES, GIB, dtype_bytes, parse_count
+from tpunb.plan.quantities import DTYPE_BYTES, GIB, dtype_bytes, parse_count
 from tpunb.units import parse_duration
 from tpunb.plan.workloads import (
     OPTIMIZER_STATES, REMAT_POLICIES, Memory, Serving, Training, Workload, require, serve_memory,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Union
 
 from tpunb.errors import UsageError
-from tpunb.plan.units import human_count, dtype_bytes, parse_count
+from tpunb.plan.quantities import human_count, dtype_bytes, parse_count
 
 MODELS_PATH = Path(__file__).parent.parent / "data" / "models.json"
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")

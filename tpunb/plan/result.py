@@ -14,7 +14,7 @@ from tpunb.catalog import Accelerator
 from tpunb.errors import UsageError
 from tpunb.plan.models import ModelSpec
 from tpunb.plan.roofline import SliceEstimate, custom_slice, evaluate
-from tpunb.plan.units import GIB, human_count, human_time, money
+from tpunb.plan.quantities import GIB, human_count, human_time, money
 from tpunb.plan.workloads import Memory, Training, Workload, require
 
 if TYPE_CHECKING:

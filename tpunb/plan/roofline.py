@@ -13,7 +13,7 @@ from typing import Any
 from tpunb import catalog
 from tpunb.catalog import Accelerator
 from tpunb.plan.models import ModelSpec
-from tpunb.plan.units import GIB, human_time, dtype_bytes
+from tpunb.plan.quantities import GIB, human_time, dtype_bytes
 from tpunb.plan.workloads import Memory, Serving, Training, Workload
 
 @dataclass(frozen=True)

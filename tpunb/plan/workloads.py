@@ -10,7 +10,7 @@ from typing import Union
 
 from tpunb.errors import UsageError
 from tpunb.plan.models import LORA_TARGETS, ModelSpec, lora_params
-from tpunb.plan.units import dtype_bytes
+from tpunb.plan.quantities import dtype_bytes
 
 # Optimizer state elements kept per trainable parameter (the master fp32 copy is separate).
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "lion": 1, "momentum": 1, "sgd": 0, "adafactor": 0}

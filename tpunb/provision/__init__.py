@@ -22,7 +22,7 @@ from tpunb.provision.base import OPTIONAL, Backend, LaunchRequest, Made, Nodes
 
 if TYPE_CHECKING:
     from tpunb.registry import Registry, SliceRecord
-    from tpunb.transport.base import Transport
+    from tpunb.transport.seam import Transport
 
 __all__ = ["Backend", "LaunchRequest", "Made", "BACKEND_NAMES", "BRING_YOUR_OWN", "LAUNCH_BACKENDS", "THIS_MACHINE", "Survey",
            "adopt", "backend", "cloud_place", "default_backend", "default_place", "delete_recorded", "describe", "doctor_checks", "launch_backend", "launch_flags", "launched", "runs_here",

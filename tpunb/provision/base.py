@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from tpunb.registry import Registry, SliceRecord
     from tpunb.slice import Node, Slice
     from tpunb.status import SliceStatus
-    from tpunb.transport.base import Transport
+    from tpunb.transport.seam import Transport
 
 #: what a cloud survey found: {(project, zone): {node name: the backend's record of the node}};
 #: places not listed are absent

@@ -20,10 +20,10 @@ from tpunb.machine import procs
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_alive, owner_running
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord, tpunb_home
-from tpunb.serve.cleanup import stop_recorded
+from tpunb.services.cleanup import stop_recorded
 from tpunb.units import parse_duration
 from tpunb.status import SliceStatus
-from tpunb.transport.local import LocalTransport
+from tpunb.transport.pipes import LocalTransport
 
 NAME = "local"
 #: how the sidebar names it, and what deleting a slice of it does ({hosts}: how many)

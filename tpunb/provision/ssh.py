@@ -18,7 +18,7 @@ from tpunb.provision import hostenv, interrupts
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import DROP_NOISE, host_env, owner_running
 from tpunb.registry import HostRecord, Registry, SliceRecord
-from tpunb.serve.cleanup import stop_recorded
+from tpunb.services.cleanup import stop_recorded
 from tpunb.slice import Node
 from tpunb.status import SliceStatus
 
@@ -71,7 +71,7 @@ def connect_hosts(record: SliceRecord, reg: Registry, wait: float = 0.0, gone=No
     ``boot_wait``: hosts that do not answer at all (a slow first boot) are waited for this long, a
     refused login only ``wait``; ``gone()``: why the hosts will never answer (a VM deleted or
     stopped), asked before each retry, so a long wait never hides a host that is gone."""
-    from tpunb.transport.ssh import connect_all
+    from tpunb.transport.ssh_hosts import connect_all
 
     spec = record.spec
     started, delay = time.monotonic(), 1.0
@@ -190,7 +190,7 @@ def delete(record: SliceRecord, force: bool = False) -> None:
 def record_transports(record: SliceRecord, reg: Registry, indices: list[int]) -> dict:
     """{host: an SSH transport to it with tpunb's key and the recorded host keys, or why none could
     be made}; hosts are reached in parallel, and one that cannot be does not stop the others."""
-    from tpunb.transport.ssh import SSHTransport, parse_host
+    from tpunb.transport.ssh_hosts import SSHTransport, parse_host
 
     spec = record.spec
     python = pythons(spec.get("interpreter") or spec.get("python") or "python3", len(record.hosts))

@@ -19,7 +19,7 @@ from tpunb.transport.fanout import WAKE
 LAUNCH_MODULES = (
     "ipywidgets",
     "tpunb.widgets.launch",
-    "tpunb.transport.ssh",
+    "tpunb.transport.ssh_hosts",
     "tpunb.transport.keys",
     "tpunb.provision.gcp.tpu.api",
     "google.cloud.tpu_v2",

@@ -54,7 +54,7 @@ def delete_slice(name: str) -> dict[str, Any]:
 def stacks(name: str, hosts: str | None = None, native: bool = False) -> dict[str, Any]:
     """Every chosen host's stacks, grouped as %tpu_stacks prints them, and per host where its main
     thread is; read from this server through the registry while the owning kernel may be busy."""
-    from tpunb.doctor.outside import recorded_stacks
+    from tpunb.server.outside import recorded_stacks
 
     reg = Registry()
     record = reg.get_slice(name)

@@ -20,15 +20,15 @@ from tpunb.metrics import MetricsFeed, MetricsStore
 from tpunb.profile import Profile, Profiler
 from tpunb.registry import Registry, SliceRecord, tpunb_home
 from tpunb.results import RunResult
-from tpunb.serve import seen
-from tpunb.serve.services import ServiceState, Serving
+from tpunb.services import seen
+from tpunb.services.serving import ServiceState, Serving
 from tpunb.slice.cells import Cells
 from tpunb.slice.node import Node
 from tpunb.slice.views import HostsView
 from tpunb.status.idle_clock import IdleClock
-from tpunb.transport.base import Transport
+from tpunb.transport.seam import Transport
 from tpunb.transport.forkserver import LocalForks
-from tpunb.widgets.progress import SetupProgress
+from tpunb.widgets.copy_progress import SetupProgress
 
 if TYPE_CHECKING:
     import pandas
@@ -59,7 +59,7 @@ class Slice(HostsView):
         self.cells = Cells(self)  # how its cells run (tpunb.slice.cells)
         #: which slice of a multislice each host is in, and how hosts are named ("s1/3")
         self.layout = Layout(len(transports), record.num_slices)
-        #: its services (tpunb.serve) and its profiler recordings (tpunb.profile), each made from
+        #: its services (tpunb.services) and its profiler recordings (tpunb.profile), each made from
         #: what it needs of the slice: name, transports or session, host names, hosts' environment
         self.serving = Serving(record.name, transports, self.layout, self._init_for_host, self.session.masker)
         self.profiler = Profiler(record.name, self.session)
@@ -79,7 +79,7 @@ class Slice(HostsView):
         #: called with this slice once it is deleted (the kernel's list of slices forgets it)
         self.on_delete: list[Callable[["Slice"], None]] = []
         self.revive_lock = threading.Lock()  # threads reviving the same dead hosts take turns
-        #: port forwards to hosts (tpunb.serve.forward), ended with the slice
+        #: port forwards to hosts (tpunb.forwards.port_forward), ended with the slice
         self.forwards: list = []
 
     @property
@@ -365,7 +365,7 @@ class Slice(HostsView):
             row.env = (host.info.get("env") or {}).get("env")
         return rows
 
-    # -- services (tpunb.serve) ------------------------------------------------------------------
+    # -- services (tpunb.services) ------------------------------------------------------------------
     def services(self) -> list[ServiceState]:
         """Every service on every host, read from the hosts (a new kernel sees an old one's)."""
         return self.serving.services()
@@ -384,7 +384,7 @@ class Slice(HostsView):
         """The URL (``http://127.0.0.1:L/``) on this machine that reaches ``port`` on ``host``: over
         the host's transport (a stream it opens: an SSH channel, a relay over an exec channel), or a local
         host's own address; ended with the slice."""
-        from tpunb.serve import forward
+        from tpunb.forwards import port_forward as forward
 
         chosen = self.layout.parse(host)
         if len(chosen) != 1:

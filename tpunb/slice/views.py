@@ -13,7 +13,7 @@ from tpunb.display import MODES, OutputSink
 from tpunb.errors import UsageError
 from tpunb.profile import Profile, ProfileError
 from tpunb.results import RunResult
-from tpunb.serve.services import ServiceState
+from tpunb.services.serving import ServiceState
 
 if TYPE_CHECKING:
     import numpy
@@ -226,7 +226,7 @@ class HostsView:
 
         return stats(self._slice.session, self._chosen(hosts))
 
-    # -- services (tpunb.serve) -----------------------------------------------------------------
+    # -- services (tpunb.services) -----------------------------------------------------------------
     def serve(self, name: str, command: str, hosts: Hosts = None, restart: str = "no",
               env: dict[str, str] | None = None, wait_port: int | None = None, wait_http: str | None = None,
               timeout: float = 120.0, max_restarts: int = 5, port: int | None = None) -> list[ServiceState]:

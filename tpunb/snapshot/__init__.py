@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 from tpunb import provision, report
 from tpunb.errors import SnapshotError, TpunbError, UsageError
 from tpunb.host.snapshot import compose_manifest
-from tpunb.snapshot import remote, store
+from tpunb.snapshot import remote, places as store
 from tpunb.snapshot.plan import plan_restore
-from tpunb.snapshot.store import Snapshot, snapshots
+from tpunb.snapshot.places import Snapshot, snapshots
 from tpunb.units import format_bytes
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ class _Bytes:
         if self._bar is None and max(done, self.total or 0) < PROGRESS_BYTES:
             return
         if self._bar is None:
-            from tpunb.widgets.progress import byte_progress
+            from tpunb.widgets.copy_progress import byte_progress
 
             self._bar = byte_progress(self.what)
             self._update = self._bar.__enter__()

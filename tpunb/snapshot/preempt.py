@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from tpunb import provision, report
 from tpunb.errors import TpunbError, UsageError
 from tpunb.host.preempt import WINDOW
-from tpunb.snapshot import remote, store
-from tpunb.snapshot.store import Snapshot
+from tpunb.snapshot import remote, places as store
+from tpunb.snapshot.places import Snapshot
 
 if TYPE_CHECKING:
     from tpunb.slice import Slice

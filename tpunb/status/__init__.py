@@ -90,7 +90,7 @@ class ServiceRow:
     slice: str
     service: str
     host: int
-    state: str  # one wording (tpunb.serve.seen.describe): ready, exited with code 3, restarting (restart 2), ...
+    state: str  # one wording (tpunb.services.seen.describe): ready, exited with code 3, restarting (restart 2), ...
     restarts: int
     exit_code: int | None
     pid: int | None

@@ -1,7 +1,7 @@
 """When a run hangs: where every host is (``stacks``), and the way back (``restart``).
 
 ``slice_stacks`` reads an attached slice's hosts (the kernel that owns it, even while a cell
-runs); ``tpunb.doctor.outside.recorded_stacks`` reads them from what the registry says (any
+runs); ``tpunb.server.outside.recorded_stacks`` reads them from what the registry says (any
 other process: a terminal's ``python -m tpunb stacks NAME``, the sidebar's server). Both return
 a ``Stacks``.
 """

@@ -15,7 +15,7 @@ from tpunb.transport.fanout import FanOutTimeout
 from tpunb.errors import TransportError
 from tpunb.host import stacks as host_stacks
 from tpunb.transport.bundle import STACKS_READER, stacks_source
-from tpunb.transport.base import Transport
+from tpunb.transport.seam import Transport
 
 #: seconds a remote reader may take beyond the dump itself (its SSH channel, a login shell, Python)
 REMOTE_SLACK = 15.0

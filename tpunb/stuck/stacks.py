@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from tpunb.display.hosts import HostNames, format_hosts
-from tpunb.stuck.frames import Frame, ThreadStack, parse_faulthandler, parse_pyspy
+from tpunb.stuck.stack_frames import Frame, ThreadStack, parse_faulthandler, parse_pyspy
 
 #: library frames in a row shown before and after the ones left out
 LIBRARY_HEAD, LIBRARY_TAIL = 3, 2

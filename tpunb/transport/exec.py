@@ -19,8 +19,8 @@ import threading
 from collections.abc import Sequence
 
 from tpunb.errors import TransportError
-from tpunb.transport.local import LocalAgentProcess
-from tpunb.transport.base import Transport
+from tpunb.transport.pipes import LocalAgentProcess
+from tpunb.transport.seam import Transport
 
 PID_MARK = "tpunb-pid "
 #: seconds a kill run on the host may take: a stuck channel must not hold escalation

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from tpunb.errors import TransportError
-from tpunb.transport.base import read_exact
+from tpunb.transport.seam import read_exact
 from tpunb.transport.streams import Stream
 
 # request types (draft-ietf-secsh-filexfer-02, version 3)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tpunb.errors import SyncError, TransportError
 from tpunb.transport.fanout import fan_out
-from tpunb.transport.base import Transport
+from tpunb.transport.seam import Transport
 from tpunb.transport.sftp import CREATE, TRUNCATE, WRITE_FLAG, PipelinedSFTP, attrs
 from tpunb.units import format_bytes
 

@@ -4,4 +4,4 @@ relative imports (checked by tests/test_layout.py), since each runs with nothing
 ``idle.py`` is a node's startup-script and the idle watchdog process, and is also shipped with
 the agent (as ``tpunb_host.standalone.idle``), which arms and touches it; ``service.py`` is the
 service control program and supervisor, sent with each request to a short-lived process
-(``tpunb.serve.control``)."""
+(``tpunb.services.control``)."""

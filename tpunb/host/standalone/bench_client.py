@@ -16,7 +16,7 @@ came, and the text. Each level runs as vllm's: prompts arrive on a schedule (``r
 gamma gaps of shape ``burstiness`` scaled to end at N/rate) and wait for a place when the level has
 a concurrency cap (the wait is their queue time); its warm-ups run first, after
 ``POST /reset_prefix_cache`` when the level asks for it. The kernel makes the figures
-(``tpunb/serve/bench_summary.py``).
+(``tpunb/bench/bench_summary.py``).
 """
 from __future__ import annotations
 

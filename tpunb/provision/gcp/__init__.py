@@ -1,7 +1,7 @@
 """The ``gcp`` backend: Cloud TPU slices, made through the Cloud TPU API or Compute Engine.
 
 One registry backend, so every record keeps working, with two handlers behind one interface
-(handlers.py): ``tpu/`` (nodes and queued resources) and ``compute/`` (instances and BULK MIGs,
+(choice.py): ``tpu/`` (nodes and queued resources) and ``compute/`` (instances and BULK MIGs,
 the API Google builds TPU7x on). The handler is chosen once per launch (``--api`` or the type's
 default) and read from the record ever after. What both use is in ``shared`` (launch tokens,
 labels, credentials, polling, places, prices), ``config`` (options, project and zone), ``errors``
@@ -22,14 +22,14 @@ from tpunb.transport.fanout import fan_out
 from tpunb.provision import launching, ssh, warm
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import owner_alive
-from tpunb.provision.gcp import compute, handlers, logins, shared, tpu
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import choice, compute, logins, shared, tpu
+from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.provision.gcp.compute import found as on_compute
 from tpunb.provision.gcp.config import CloudOptions, resolve_project_zone
 from tpunb.provision.gcp.shared import list_price
 from tpunb.provision.gcp.tpu import adoption
 from tpunb.provision.gcp.tpu import api
-from tpunb.provision.gcp.tpu.node import CloudNode
+from tpunb.provision.gcp.tpu.cloud_node import CloudNode
 from tpunb.registry import Registry, SliceRecord
 from tpunb.slice import Node
 from tpunb.status import OrphanStatus, SliceStatus
@@ -93,7 +93,7 @@ def create(request: LaunchRequest) -> Made:
     when all are; its workers are one slice here, numbered node by node."""
     opts: CloudOptions = request.options or CloudOptions()
     _replace_gone(request.registry.get_slice(request.name))
-    handler = handlers.for_launch(request.accelerator, opts)
+    handler = choice.for_launch(request.accelerator, opts)
     return launching.launch(handler.plan(request, opts), request)
 
 
@@ -105,7 +105,7 @@ def recorded_options(record: SliceRecord) -> CloudOptions:
 
 def _on_compute(record: SliceRecord) -> bool:
     """The slice was made through Compute Engine (instances, a MIG), not the Cloud TPU API."""
-    return handlers.of(record) is compute
+    return choice.of(record) is compute
 
 
 def adopt(name: str, reg: Registry) -> SliceRecord | None:
@@ -114,7 +114,7 @@ def adopt(name: str, reg: Registry) -> SliceRecord | None:
     neither has it. An API that cannot be asked (the Cloud TPU API, not enabled in a project that
     uses only Compute Engine) is said only when no other has such a slice either."""
     refused = None
-    for handler in handlers.in_order():
+    for handler in choice.in_order():
         if not handler.listed():
             continue
         try:
@@ -133,13 +133,13 @@ def adopt(name: str, reg: Registry) -> SliceRecord | None:
 
 def attach(record: SliceRecord, reg: Registry, env: dict[str, str]) -> Made:
     """The slice's hosts over SSH (agents not started); a lost slice is said before any SSH error."""
-    return handlers.of(record).attach(record, reg, env)
+    return choice.of(record).attach(record, reg, env)
 
 
 def delete(record: SliceRecord, force: bool = False) -> None:
     """Delete the slice's resources and wait until they are gone (before the registry forgets it),
     whoever attached it (``force`` changes nothing: a cloud slice is deleted from anywhere)."""
-    handlers.of(record).delete(record)
+    choice.of(record).delete(record)
 
 
 def name_reusable(record: SliceRecord) -> bool:
@@ -148,7 +148,7 @@ def name_reusable(record: SliceRecord) -> bool:
     if record.state == "creating" and owner_alive(record):
         return False  # its launch is under way
     try:
-        return handlers.of(record).gone(record)
+        return choice.of(record).gone(record)
     except Exception:  # cannot tell: the name stays taken
         return False
 
@@ -158,7 +158,7 @@ def _replace_gone(old: SliceRecord | None) -> None:
     its own launch left (a template, a policy) goes, and the launch says so."""
     if old is None or old.backend != NAME:
         return
-    handlers.of(old).replace_gone(old)
+    choice.of(old).replace_gone(old)
     report.info(shared.gone_record_notice(old.name, f"{old.spec.get('project')}/{old.spec.get('zone')}"))
 
 
@@ -169,7 +169,7 @@ def slice_status(record: SliceRecord, nodes: Nodes) -> SliceStatus:
     if record.state == "creating":
         state = CREATING
     else:
-        state, cloud, uptime = handlers.of(record).state(record, nodes)
+        state, cloud, uptime = choice.of(record).state(record, nodes)
     price = list_price(record)
     return SliceStatus(state=state, host_states=ssh.slice_status(record, nodes).host_states, usd_per_hour=price,
                        list_usd_per_hour=price, running_s=uptime if uptime is not None else time.time() - record.created,
@@ -180,7 +180,7 @@ def recover(record: SliceRecord, reg: Registry) -> tuple[catalog.Accelerator, Cl
     """Delete a lost (preempted, terminated) slice's resources and forget it; what to launch again:
     its accelerator, its options, the names of its --env values (never stored) and its slices."""
     report.info(f"Recovering {record.name!r}: deleting its lost node, then launching {record.kind} again")
-    handlers.of(record).recover(record)
+    choice.of(record).recover(record)
     reg.delete_slice(record.name)
     return (catalog.lookup(record.accelerator), recorded_options(record), record.spec.get("env_keys", []),
             record.num_slices)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tpunb.provision.gcp import apis
 from tpunb import catalog
-from tpunb.provision.checks import FAILED, OK, WARNING, Check, Context, check
+from tpunb.diagnose.checks import FAILED, OK, WARNING, Check, Context, check
 from tpunb.errors import ProvisionError, UnknownAcceleratorError, UsageError
 
 #: this backend's checks, in the order the table shows them
@@ -46,14 +46,14 @@ def project(ctx: Context) -> tuple[str, str] | None:
 
 def on_compute(ctx: Context) -> bool:
     """The slice, or the launch being checked, goes through Compute Engine (not the Cloud TPU API):
-    as its handler says (handlers.py, the one place that chooses)."""
-    from tpunb.provision.gcp import compute, handlers
+    as its handler says (choice.py, the one place that chooses)."""
+    from tpunb.provision.gcp import choice, compute
     from tpunb.provision.gcp.config import CloudOptions
 
     if ctx.slice is not None:
-        return handlers.of(ctx.slice.record) is compute
+        return choice.of(ctx.slice.record) is compute
     try:
-        return bool(ctx.accelerator) and handlers.for_launch(catalog.lookup(ctx.accelerator), CloudOptions()) is compute
+        return bool(ctx.accelerator) and choice.for_launch(catalog.lookup(ctx.accelerator), CloudOptions()) is compute
     except (UnknownAcceleratorError, UsageError):
         return False
 

@@ -83,7 +83,7 @@ def login(project: str, public_key: str, user: str | None = None,
     except ProvisionError:
         raise
     except Exception as exc:  # google.api_core's errors from the OS Login client
-        from tpunb.provision.gcp import errors as gcp_errors
+        from tpunb.provision.gcp import failures as gcp_errors
 
         failure = gcp_errors.from_exception(exc)
         if failure.status == "PERMISSION_DENIED":

@@ -16,7 +16,7 @@ from typing import Any
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp import shared
 from tpunb.provision.gcp.config import cached, endpoint
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failures as gcp_errors
 
 HOSTS = {"compute": "https://compute.googleapis.com", "crm": "https://cloudresourcemanager.googleapis.com",
          "oauth2": "https://oauth2.googleapis.com", "oslogin": "https://oslogin.googleapis.com",

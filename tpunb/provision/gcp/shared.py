@@ -24,7 +24,7 @@ from typing import Any
 
 from tpunb.errors import ProvisionError
 from tpunb.provision import interrupts
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.provision.common import list_price, price_per_hour  # noqa: F401 - the handlers' prices
 from tpunb.provision.gcp.config import endpoint
 from tpunb.registry import SliceRecord

@@ -10,7 +10,7 @@ import time
 
 from tpunb import report
 from tpunb.errors import ProvisionError, TpunbError
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.slice import Node
 
 FRESH_SECONDS = 10.0  # a state this recent is trusted before a cell without asking the API again

@@ -39,16 +39,16 @@ from tpunb.provision.gcp.compute.bodies import VmSpec
 from tpunb.provision.gcp.compute.delete import teardown
 from tpunb.provision.gcp.compute.bulk import activation_limit
 from tpunb.provision.gcp.compute.make import WAITING, make_resources
-from tpunb.provision.gcp.compute.node import ComputeNode
+from tpunb.provision.gcp.compute.compute_node import ComputeNode
 from tpunb.provision.gcp.compute.zones import ZONE_FAILURES, choose, everywhere_failed, outcome
 from tpunb.provision.gcp.config import (CloudOptions, colab_idle_default, format_duration, require_project_zone,
                                        resolve_project_zone)
-from tpunb.provision.gcp.prepare import host_setup, kept
+from tpunb.provision.gcp.vm_setup import host_setup, kept
 from tpunb.provision.gcp.shared import NAME_LABEL, SSH_PORT_LABEL, Candidate, Outcome, label_value, price_per_hour
 from tpunb.registry import HostInfo, HostRecord, Registry, SliceRecord
 
 if TYPE_CHECKING:
-    from tpunb.transport.base import Transport
+    from tpunb.transport.seam import Transport
 
 API = "compute"
 #: options that mean nothing (or nothing yet) under Compute Engine: what each is, and what to do there instead
@@ -475,7 +475,7 @@ def slice_state(record: SliceRecord, surveyed: dict | None = None) -> str:
 
 def unknown(why: str) -> str:
     """The state of a slice Compute Engine could not be asked about, with why, on one line."""
-    from tpunb.provision.gcp.errors import one_line
+    from tpunb.provision.gcp.failures import one_line
 
     return f"UNKNOWN ({one_line(why, 160)})"
 

@@ -87,7 +87,7 @@ class Found:
     def broken(self) -> bool:
         """A Spot or flex-start MIG slice that lost a VM (one not RUNNING for good, or fewer than
         its size and none being made): it cannot be whole again, and the rest bills."""
-        from tpunb.provision.gcp.compute.node import LOST_STATES
+        from tpunb.provision.gcp.compute.compute_node import LOST_STATES
 
         if self.mig is None or not self.instances or self.model() not in ("SPOT", "FLEX_START"):
             return False

@@ -42,7 +42,7 @@ def published(project: str, zone: str, instance: str) -> dict[str, str]:
 
 
 def _place(address: str) -> tuple[str, int]:
-    from tpunb.transport.ssh import parse_host
+    from tpunb.transport.ssh_hosts import parse_host
 
     _, host, port = parse_host(address)
     return host, port

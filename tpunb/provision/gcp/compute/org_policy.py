@@ -48,7 +48,7 @@ def os_login_refusal(name: str, project: str, user: str, key_path: str, org_enfo
     """SSH refused the key in the VMs' ssh-keys metadata: OS Login ignores metadata keys. The
     project's metadata did not turn it on (tpunb read it), so it is the organisation's policy,
     unless that policy was read and is not enforced."""
-    from tpunb.provision.gcp import errors as gcp_errors
+    from tpunb.provision.gcp import failures as gcp_errors
 
     if org_enforced is False:
         return gcp_errors.os_login_message(name, project, user, key_path)

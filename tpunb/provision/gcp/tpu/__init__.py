@@ -22,15 +22,15 @@ from tpunb.errors import AuthenticationError, HostSetupError, ProvisionError, Us
 from tpunb.provision import ssh, warm
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.provision.common import owner_alive
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.provision.gcp import logins, rest
 from tpunb.provision.gcp.config import CloudOptions, colab_idle_default, format_duration, require_project_zone
-from tpunb.provision.gcp.prepare import host_setup, kept
+from tpunb.provision.gcp.vm_setup import host_setup, kept
 from tpunb.provision.gcp.shared import ANY, DEFAULT_TIMEOUT, Candidate, connect_wait, pause, price_per_hour
 from tpunb.provision.gcp.tpu import adoption
 from tpunb.provision.gcp.tpu import api, failover, lookups
 from tpunb.provision.gcp.tpu.adoption import host_records
-from tpunb.provision.gcp.tpu.node import CloudNode
+from tpunb.provision.gcp.tpu.cloud_node import CloudNode
 from tpunb.registry import Registry, SliceRecord
 
 API = api.API

@@ -21,7 +21,7 @@ from tpunb.transport.fanout import fan_out
 from tpunb.provision import ssh
 from tpunb.provision.gcp import logins
 from tpunb.provision.gcp.tpu import api
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.provision.gcp.config import resolve_project_zone
 from tpunb.provision.gcp.tpu.records import NodeInfo
 from tpunb.provision.gcp.shared import KEY_ADDED, NAME_LABEL, SLICE_METADATA, TPUNB_LABELS, label_value
@@ -90,7 +90,7 @@ def add_ssh_key(project: str, zone: str, node_ids: list[str], user: str, public_
 def host_records(info: NodeInfo, internal_ip: bool, reg: Registry) -> list[HostRecord]:
     """The node's workers as the registry keeps them (address, port, internal IP, slice); a new VM
     has a new host key, even where an old one had its address, so none recorded there is kept."""
-    from tpunb.transport.ssh import forget_host_key
+    from tpunb.transport.ssh_hosts import forget_host_key
 
     hosts = []
     for h in info.hosts:

@@ -8,7 +8,7 @@ later, and a create that fails, times out or is interrupted deletes what it crea
 error reaches the user.
 
 ``TPUNB_TPU_API_ENDPOINT=http://127.0.0.1:8470`` points every call at the local emulator
-(``python -m tpunb.emulator``) with anonymous credentials and fast polling; otherwise
+(``python -m tpunb.sandbox``) with anonymous credentials and fast polling; otherwise
 google.auth.default() credentials talk to the real API. google.cloud.tpu_v2 is imported on
 first use, so ``import tpunb`` stays fast. The records (NodeSpec, NodeInfo, HostEndpoint) and
 their conversion from API messages live in ``records``.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision import warm
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.provision.gcp.shared import launch_of, new_launch
 from tpunb.provision.gcp.config import cached, format_duration
 from tpunb.provision.gcp.config import ENDPOINT_ENV, endpoint, require_project_zone, resolve_project_zone  # noqa: F401

@@ -20,7 +20,7 @@ from tpunb.errors import ProvisionError, UsageError
 from tpunb.provision.gcp import shared
 from tpunb.provision.gcp.shared import ANY, PROJECT_WIDE, Candidate, Outcome
 from tpunb.provision.gcp.tpu import api
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.provision.gcp.config import user_region
 
 def zones(accelerator: catalog.Accelerator, zone: str | None) -> list[str]:

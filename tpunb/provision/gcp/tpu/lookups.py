@@ -8,7 +8,7 @@ from tpunb.provision.gcp import apis
 from tpunb import catalog
 from tpunb.errors import ProvisionError
 from tpunb.provision.gcp.tpu import api
-from tpunb.provision.gcp import errors as gcp_errors
+from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.provision.gcp.config import cached
 from tpunb.provision.gcp.tpu.records import enum_name
 

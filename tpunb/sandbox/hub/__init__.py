@@ -1,0 +1,1 @@
+"""The Hugging Face Hub here: the routes huggingface_hub calls."""

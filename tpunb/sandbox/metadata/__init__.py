@@ -1,0 +1,1 @@
+"""The GCE metadata server each sandbox host has at its own address."""

@@ -1,0 +1,1 @@
+"""Cloud Storage here: gcp-storage-emulator behind Cloud Storage's authentication and IAM."""
