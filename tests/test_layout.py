@@ -1183,3 +1183,29 @@ def test_the_path_check_sees_a_name_that_is_gone():
     planted = ("## Architecture\nsee `tpunb/emulator/hub.py`, `serve/forward.py` and `nowhere/`, beside "
                "`engine/wire.py` and `hosts/pool.py`\n## Next\n")
     assert missing_architecture_paths(planted) == ["nowhere/", "serve/forward.py", "tpunb/emulator/hub.py"]
+
+
+# -- sizes: a module a reader can hold; the Slice and the manager smaller still ----------------------
+
+MODULE_LIMIT = 600
+#: the two classes every user touches stay small: what does not fit is a part of its own
+SMALLER = {"slice/slice.py": 400, "manager.py": 400}
+
+
+def size_problems(lengths: dict[str, int]) -> list[str]:
+    """Modules (paths relative to tpunb/) over 600 lines, and the Slice's or the manager's at 400 or more."""
+    over = [f"{path}: {n} lines, more than {MODULE_LIMIT}" for path, n in sorted(lengths.items())
+            if path not in SMALLER and n > MODULE_LIMIT]
+    return over + [f"{path}: {lengths[path]} lines, {limit} or more" for path, limit in SMALLER.items()
+                   if lengths.get(path, 0) >= limit]
+
+
+def test_no_module_is_over_600_lines_and_the_slice_and_manager_are_under_400():
+    lengths = {p.relative_to(PACKAGE).as_posix(): len(p.read_text().splitlines()) for p in sources()}
+    assert all(path in lengths for path in SMALLER)
+    assert size_problems(lengths) == []
+
+
+def test_the_size_check_sees_a_module_too_long():
+    assert size_problems({"engine/x.py": 601, "engine/y.py": 600, "slice/slice.py": 400, "manager.py": 399}) == [
+        "engine/x.py: 601 lines, more than 600", "slice/slice.py: 400 lines, 400 or more"]

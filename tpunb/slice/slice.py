@@ -381,9 +381,8 @@ class Slice(HostsView):
         return self.serving.stop(name)
 
     def forward(self, port: int, host: int | str = 0, local_port: int | None = None) -> str:
-        """The URL (``http://127.0.0.1:L/``) on this machine that reaches ``port`` on ``host``: over
-        the host's transport (a stream it opens: an SSH channel, a relay over an exec channel), or a local
-        host's own address; ended with the slice."""
+        """The URL (``http://127.0.0.1:L/``) on this machine that reaches ``port`` on ``host``: a stream
+        its transport opens (an SSH channel, a relay over exec), or a local host's own; ended with the slice."""
         from tpunb.forwards import port_forward as forward
 
         chosen = self.layout.parse(host)
