@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tpunb import catalog
+from tpunb.provision.gcp import apis
 from tpunb.errors import ProvisionError, UsageError
 from tests.test_cloud import cloud, launch, tpu_emulator_options  # noqa: F401 - fixtures
 
@@ -42,7 +43,7 @@ def test_tpu7x_is_launched_through_compute_engine_only(cloud, cell, ip, launch, 
     assert all(z == "us-central1-ai1a, us-central1-c" for z in table["zones"])  # Compute Engine's zones
     plan = cell("%tpu_plan llama3-8b --tpu tpu7x").shown
     assert "tpu7x-8" in plan and "planning only" not in plan
-    assert "tpu7x" not in catalog.zones() and not catalog.lookup("tpu7x-8").zones  # none through the Cloud TPU API
+    assert apis.no_tpu_api("tpu7x-8") and apis.default_api("tpu7x-8") == "compute"  # none through the Cloud TPU API
     refused = cell("%tpu_launch tpu7x-8 --api tpu")
     assert isinstance(refused.error, UsageError) and "tpu7x-8 is made only through Compute Engine" in str(refused.error)
     elsewhere = cell("%tpu_launch tpu7x-8")  # the zone configured here (us-central2-b) has no TPU7x VMs
