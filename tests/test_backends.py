@@ -5,6 +5,8 @@ each returns checked."""
 from __future__ import annotations
 
 import getpass
+import importlib
+import pkgutil
 
 import pytest
 
@@ -114,7 +116,7 @@ def test_every_backend_satisfies_the_protocol_member_by_member(backend):
     module.delete(record)  # idempotent
     reg.delete_slice(name)
     if module is gcp:
-        assert gcp.api.get("proj", ZONE, name) is None
+        assert gcp.tpu.api.get("proj", ZONE, name) is None
         gone = module.slice_status(record, gcp.Survey([record], reg).nodes)
         assert gone.state == "GONE" and gone.cloud["cloud_state"] == "GONE"
 
@@ -132,3 +134,22 @@ def test_optional_capabilities_are_declared_and_present_together(monkeypatch):
     assert provision.supporting("survey") == [gcp] and provision.supporting("hosts_here") == [local]
     with pytest.raises(ValueError, match="no backend capability"):
         provision.supports(local, "teleport")
+
+
+def test_the_gcp_backends_two_handlers_offer_the_same_verbs():
+    """One interface behind the gcp backend (provision/gcp/choice.py): every verb on both handlers,
+    and each API's records, old ones without ``api`` included, read by their own handler."""
+    from tpunb.provision.gcp import choice, compute, tpu
+    from tpunb.registry import SliceRecord
+
+    verbs = ("plan", "attach", "delete", "state", "gone", "replace_gone", "adopt", "recover", "survey", "surveyed",
+             "delete_orphan", "listed")
+    for handler in (tpu, compute):
+        for module in pkgutil.iter_modules(handler.__path__):  # a submodule named as a verb would replace it
+            importlib.import_module(f"{handler.__name__}.{module.name}")
+        assert [v for v in verbs if not callable(getattr(handler, v, None))] == [], handler.__name__
+    made = {api: SliceRecord(name="n", accelerator="v5p-8", backend="gcp", state="running", spec=spec)
+            for api, spec in (("old", {"project": "p", "zone": "z"}), ("tpu", {"api": "tpu"}),
+                              ("compute", {"api": "compute"}))}
+    assert [choice.of(r) for r in made.values()] == [tpu, tpu, compute]
+    assert choice.in_order() == [tpu, compute]

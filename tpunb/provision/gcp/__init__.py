@@ -22,14 +22,10 @@ from tpunb.transport.fanout import fan_out
 from tpunb.provision import launching, ssh, warm
 from tpunb.provision.base import LaunchRequest, Made, Nodes
 from tpunb.provision.common import owner_alive
-from tpunb.provision.gcp import choice, compute, logins, shared, tpu
+from tpunb.provision.gcp import choice, logins, shared, tpu
 from tpunb.provision.gcp import failures as gcp_errors
-from tpunb.provision.gcp.compute import found as on_compute
 from tpunb.provision.gcp.config import CloudOptions, resolve_project_zone
 from tpunb.provision.gcp.shared import list_price
-from tpunb.provision.gcp.tpu import adoption
-from tpunb.provision.gcp.tpu import api
-from tpunb.provision.gcp.tpu.cloud_node import CloudNode
 from tpunb.registry import Registry, SliceRecord
 from tpunb.slice import Node
 from tpunb.status import OrphanStatus, SliceStatus
@@ -101,11 +97,6 @@ def recorded_options(record: SliceRecord) -> CloudOptions:
     """The options a slice was launched with, from its record (for --recover)."""
     names = {f.name for f in dataclasses.fields(CloudOptions)}
     return CloudOptions(**{k: v for k, v in record.spec.items() if k in names and v is not None})
-
-
-def _on_compute(record: SliceRecord) -> bool:
-    """The slice was made through Compute Engine (instances, a MIG), not the Cloud TPU API."""
-    return choice.of(record) is compute
 
 
 def adopt(name: str, reg: Registry) -> SliceRecord | None:
@@ -192,114 +183,46 @@ def cloud_place(record: SliceRecord) -> tuple[str | None, str | None]:
 
 
 class Survey:
-    """The configured project's nodes in every zone at once (adopt.everywhere: a node whose
-    registry was wiped, as Colab's is, is found wherever it runs), and one list call per other
-    project and zone in use; nodes a failed launch could not delete are re-checked here and
-    forgotten once they are gone. The project's Compute Engine instances and MIGs are surveyed
-    the same way (compute/found.py), which deletes the templates and policies left without a MIG."""
+    """What a status view asks Google: each handler's survey (tpu/listing.py: nodes in every zone of
+    the configured project and in each other place in use; compute/found.py: instances and MIGs,
+    deleting leftovers), both APIs asked at once, so a view waits for the slower, not for both in
+    turn. An API that cannot be asked is said once and its slices' state is UNKNOWN with why."""
 
     def __init__(self, records: list[SliceRecord], reg: Registry | None = None) -> None:
         self.registry = reg or Registry()
-        self.recorded = {(p, z, n): why for p, z, n, why in self.registry.orphans()}
-        places = {(r.spec["project"], r.spec["zone"]) for r in records if r.backend == NAME and not _on_compute(r)}
-        places |= {(p, z) for p, z, _ in self.recorded}
         project, _ = resolve_project_zone(None, None)
+        mine = [r for r in records if r.backend == NAME]
+        asked = [h for h in choice.in_order() if h.surveyed(project)]
+        seen = fan_out(asked, lambda h: h.survey(project, [r for r in mine if choice.of(r) is h], self.registry),
+                       deadline=None, name="tpunb-survey")
+        for exc in seen.failed.values():
+            raise exc  # each handler says what it could not list; what escapes is a bug or a Ctrl-C
         self.nodes: Nodes = {}
-        self.compute = None
-        on_compute_here = {r.name: (r.state, r.spec.get("launch")) for r in records
-                           if _on_compute(r) and r.spec.get("project") == project}
-
-        def look(part: str):
-            if part == "compute":  # instances and MIGs of every zone: their own four calls
-                return on_compute.ComputeSurvey(project, on_compute_here)
-            return list(adoption.everywhere(project))
-
-        # the two APIs are asked at once: a status view waits for the slower, not for both in turn
-        parts = (["compute"] if project and on_compute.surveyed() else []) + (["tpu"] if project else [])
-        seen = fan_out(parts, look, deadline=None, name="tpunb-survey")
-        for part, exc in seen.failed.items():  # a status view never fails on a cloud it cannot ask
-            if not isinstance(exc, Exception):
-                raise exc
-            what = "Compute Engine resources" if part == "compute" else "nodes"
-            why = str(exc) if isinstance(exc, TpunbError) else f"{type(exc).__name__}: {exc}"
-            self.nodes.setdefault((project, UNREACHED), {})[part] = gcp_errors.one_line(why, 160)
-            report.warn(f"[tpunb] cannot list the {what} of {project}: {why}")
-        if "compute" in seen.succeeded:
-            self.compute = seen.succeeded["compute"]
-            self.nodes[(project, on_compute.PLACE)] = self.compute.found  # what slice_status reads: no call per slice
-        if "tpu" in seen.succeeded:
-            for info in seen.succeeded["tpu"]:
-                self.nodes.setdefault((project, info.zone), {})[info.name] = info
-            for place in [p for p in places if p[0] == project]:  # listed: none there is an answer too
-                self.nodes.setdefault(place, {})
-            places = {p for p in places if p[0] != project}
-        for place in sorted(places):
-            try:
-                self.nodes[place] = {info.name: info for info in api.list_nodes(*place)}
-            except TpunbError as exc:
-                report.warn(f"[tpunb] cannot list nodes in {place[0]}/{place[1]}: {exc}")
+        self.parts = [seen.succeeded[h] for h in asked]
+        for handler, part in zip(asked, self.parts):
+            if part.unreached is not None:
+                exc = part.unreached
+                why = str(exc) if isinstance(exc, TpunbError) else f"{type(exc).__name__}: {exc}"
+                self.nodes.setdefault((project, UNREACHED), {})[handler.API] = gcp_errors.one_line(why, 160)
+                report.warn(f"[tpunb] cannot list the {part.surveyed} of {project}: {why}")
+            self.nodes.update(part.nodes)
 
     def refresh(self, record: SliceRecord, node: Node | None) -> None:
         """Give an attached slice's node what the survey saw of it (one list call covers a zone)."""
-        place = (record.spec.get("project"), record.spec.get("zone"))
-        if isinstance(node, CloudNode) and place in self.nodes:
-            node.update(self.nodes[place].get(record.name))
+        for part in self.parts:
+            part.refresh(record, node)
 
     def orphans(self, known: set[str]) -> list[OrphanStatus]:
-        """tpunb nodes the registry does not hold as slices: still billed, deletable here."""
-        found = []
-        for (project, zone), nodes in self.nodes.items():
-            if zone in (on_compute.PLACE, UNREACHED):  # Compute Engine's own, below; an API not listed
-                continue
-            for node_name, info in sorted(nodes.items()):
-                if node_name in known or not info.tpunb_owned:
-                    continue
-                why = self.recorded.get((project, zone, node_name))
-                message = (f"{why}; still billed: delete it here, with %tpu_down {node_name} or "
-                           f"{api.delete_command(project, zone, node_name, info.queued_resource is not None)}"
-                           if why else
-                           f"not in this registry and still billed: %tpu_use {node_name} re-attaches it, "
-                           f"%tpu_down {node_name} deletes it")
-                found.append(self._orphan(project, zone, node_name, info, message))
-        if self.compute is not None:
-            found += self.compute.orphans(known)
-        for (project, zone, node_name), why in self.recorded.items():
-            if (project, zone) not in self.nodes:  # not listed now: say what is known, check again later
-                found.append(self._orphan(project, zone, node_name, None, f"{why}; %tpu_down {node_name} deletes it"))
-            elif node_name not in self.nodes[(project, zone)]:
-                self.registry.forget_orphan(project, zone, node_name)  # gone since: nothing bills any more
-        return found
-
-    @staticmethod
-    def _orphan(project: str, zone: str, name: str, info: api.NodeInfo | None, message: str) -> OrphanStatus:
-        if info is None:
-            return OrphanStatus(name=name, accelerator="", num_slices=1, project=project, zone=zone, state="UNKNOWN",
-                                spot=False, usd_per_hour=None, uptime_s=None, message=message,
-                                cloud={"api": api.API, "cloud_state": "UNKNOWN"}, backend=NAME)
-        node = CloudNode(name, info.accelerator, project, zone, info.spot, info, watch=False, slices=info.slices)
-        cloud = {"api": api.API, **node.status()}
-        return OrphanStatus(name=name, accelerator=info.kind, num_slices=info.slices, project=project, zone=zone,
-                            state=cloud["cloud_state"], spot=info.spot, usd_per_hour=cloud["usd_per_hour"],
-                            uptime_s=cloud["uptime_s"], message=message, cloud=cloud, backend=NAME)
+        """Slices of tpunb's that no record here holds: still billed, deletable here."""
+        return [row for part in self.parts for row in part.orphans(known, NAME)]
 
 
 survey = Survey  # the capability's member: survey(records, reg)
 
 
 def delete_orphan(name: str, reg: Registry | None = None) -> bool:
-    """A tpunb node the registry does not hold as a slice (in any zone of the configured project,
-    or recorded as left by a failed launch): delete it."""
+    """A slice of tpunb's no record holds (in any zone of the configured project, or recorded as
+    left by a failed launch): deleted by the first handler that has it."""
     reg = reg or Registry()
-    places = [(p, z) for p, z, n, _ in reg.orphans() if n == name]
     project, _ = resolve_project_zone(None, None)
-    found = adoption.find(project, name) if project else None
-    if found is not None:
-        places.append((project, found.zone))
-    for place in dict.fromkeys(places):
-        info = api.get(*place, name)
-        if info is not None and info.tpunb_owned and api.delete(*place, name, wait=True):
-            reg.forget_orphan(*place, name)
-            return True
-        if info is None:
-            reg.forget_orphan(*place, name)
-    return bool(project and on_compute.surveyed() and on_compute.delete_orphan(project, name))  # instances, MIGs, leftovers
+    return any(handler.delete_orphan(project, name, reg) for handler in choice.in_order())

@@ -5,9 +5,10 @@ Engine were). Every member of the ``gcp`` backend asks its slice's handler; noth
 asks which API.
 
 A handler is a module with the same verbs: ``plan`` (a launch checked and prepared, whose
-``make``/``reach`` the launch driver runs), ``attach``, ``delete``, ``state``, ``gone``,
-``replace_gone``, ``adopt``, ``recover`` and ``node``; the survey of both is the backend's
-(tpunb/provision/gcp/__init__.py), since one status view asks both APIs at once.
+``make`` (create, wait, hosts) and ``reach`` the launch driver runs), ``attach``, ``delete``,
+``state``, ``gone``, ``replace_gone``, ``adopt``, ``recover``, ``survey`` (with ``surveyed``:
+whether a status view asks it) and ``delete_orphan``. The backend asks both handlers' surveys at
+once (tpunb/provision/gcp/__init__.py), so one status view waits for the slower API only.
 """
 from __future__ import annotations
 

@@ -518,3 +518,48 @@ def state(record: SliceRecord, seen: dict) -> tuple[str, dict, float | None]:
     cloud = {"api": API, "machine_type": machine_type(record),
              **slice_cloud(record, seen.get((record.spec.get("project"), found.PLACE)))}
     return cloud["cloud_state"], cloud, None
+
+
+def surveyed(project: str | None) -> bool:
+    """A status view asks Compute Engine for a configured project's instances and MIGs (found.py)."""
+    from tpunb.provision.gcp.compute import found
+
+    return bool(project) and found.surveyed()
+
+
+class Seen:
+    """What a status view found in a project's Compute Engine: ``nodes`` as the survey's map holds it
+    (found.PLACE: every slice, read by ``state`` without a call per slice), the orphans, and why the
+    project could not be listed (``unreached``, None when it was)."""
+
+    surveyed = "Compute Engine resources"
+
+    def __init__(self, project: str, records: list[SliceRecord]) -> None:
+        from tpunb.provision.gcp.compute import found
+
+        here = {r.name: (r.state, r.spec.get("launch")) for r in records if r.spec.get("project") == project}
+        self.nodes, self.unreached, self.look = {}, None, None
+        try:
+            self.look = found.ComputeSurvey(project, here)
+        except Exception as exc:  # a status view never fails on an API it cannot ask: it says why
+            self.unreached = exc
+        else:
+            self.nodes[(project, found.PLACE)] = self.look.found
+
+    def refresh(self, record: SliceRecord, node) -> None:
+        """Nothing to hand on: a Compute Engine slice's node reads its state itself."""
+
+    def orphans(self, known: set[str], backend: str) -> list:
+        return self.look.orphans(known) if self.look is not None else []
+
+
+def survey(project: str | None, records: list[SliceRecord], reg: Registry) -> Seen:
+    """What a status view asks Compute Engine: instances and MIGs of every zone, in four calls."""
+    return Seen(project, records)
+
+
+def delete_orphan(project: str | None, name: str, reg: Registry) -> bool:
+    """Delete whatever Compute Engine has of a slice no record holds (in order); False when nothing."""
+    from tpunb.provision.gcp.compute import found
+
+    return bool(project and found.surveyed() and found.delete_orphan(project, name))

@@ -4,7 +4,7 @@
 exists; the launch driver (tpunb/provision/launching.py) then runs it: ``make`` creates the node
 through the failover search (one zone or many, raced with --race) and waits for READY, ``reach``
 connects to every worker over SSH. The other verbs act on a recorded slice: ``attach``, ``delete``,
-``state``, ``survey``, ``adopt``, ``recover``.
+``state``, ``survey``, ``adopt``, ``recover``, ``delete_orphan``.
 
 The parts: ``api`` is the one seam for every Cloud TPU call, ``node`` the cloud side of an
 attached slice, ``failover`` the zones (and types) a launch tries until one grants it,
@@ -288,3 +288,25 @@ UNREACHED = "unreachable"
 
 
 __all__ = ["API", "Plan", "adopt", "attach", "delete", "gone", "node", "plan", "recover", "state"]
+
+
+def surveyed(project: str | None) -> bool:
+    """A status view asks the Cloud TPU API always: for the configured project's nodes, and for
+    those of each other project and zone a record or a failed launch names."""
+    return True
+
+
+def survey(project: str | None, records: list[SliceRecord], reg: Registry):
+    """What a status view asks the Cloud TPU API (tpu/listing.py): the nodes found, their orphans."""
+    from tpunb.provision.gcp.tpu.listing import SURVEYED, Seen
+
+    seen = Seen(project, records, reg)
+    seen.surveyed = SURVEYED
+    return seen
+
+
+def delete_orphan(project: str | None, name: str, reg: Registry) -> bool:
+    """Delete a node of that name no record holds; False when there is none."""
+    from tpunb.provision.gcp.tpu import listing
+
+    return listing.delete_orphan(project, name, reg)
