@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpunb.errors import ProvisionError, UnknownAcceleratorError, UsageError
+from tpunb.units import either
 
 if TYPE_CHECKING:
     import pandas
@@ -173,7 +174,7 @@ def generation(name: str) -> Generation:
     key = _alias_index().get(name.strip().lower())
     if key is None:
         close = difflib.get_close_matches(name.lower(), list(_alias_index()), n=3, cutoff=0.5)
-        hint = f"; did you mean {_or(close)}?" if close else ""
+        hint = f"; did you mean {either(close)}?" if close else ""
         raise UnknownAcceleratorError(
             f"unknown TPU generation {name!r}: known are {', '.join(_generations())}{hint}"
         )
@@ -294,10 +295,6 @@ def _factor(n: int, dims: int) -> list[int]:
     return sorted(out)
 
 
-def _or(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
-
-
 def _sizes_listing(g: Generation, limit: int = 6) -> str:
     listed = g.size_names()
     text = ", ".join(listed[:limit]) + (", ..." if len(listed) > limit else "")
@@ -315,7 +312,7 @@ def _wrong_size_message(norm: str, g: Generation, size: int) -> str:
     )
     return (
         f"unknown accelerator {norm!r}: {_sizes_listing(g)}{unit}; "
-        f"did you mean {_or([g.name(s) for s in near])}?"
+        f"did you mean {either([g.name(s) for s in near])}?"
     )
 
 
@@ -335,7 +332,7 @@ def _unknown_message(norm: str) -> str:
             close.append(g.name(fits[0]))
     if not close:
         close = difflib.get_close_matches(norm, names(), n=3, cutoff=0.6)
-    hint = f"; did you mean {_or(close)}?" if close else ""
+    hint = f"; did you mean {either(close)}?" if close else ""
     gens = ", ".join(f"{g.prefix}-N" for g in generations())
     return f"unknown accelerator {norm!r}: names look like {gens}{hint}"
 

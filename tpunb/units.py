@@ -51,3 +51,8 @@ def format_bytes(n: float) -> str:
             return f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def either(items: list[str]) -> str:
+    """A list as a sentence offers it: ``a``, ``a or b``, ``a, b or c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]

@@ -21,6 +21,7 @@ import dataclasses
 import time
 from typing import Any, Protocol
 
+from tpunb import report
 from tpunb.errors import CellInterrupted, HostSetupError
 from tpunb.provision.base import LaunchRequest, Made
 from tpunb.registry import SliceRecord
@@ -83,8 +84,6 @@ def launch(plan: Plan, request: LaunchRequest) -> Made:
     reg, name, record = request.registry, request.name, plan.record
     reg.save_slice(record)  # before anything exists: even a crashed kernel leaves a trace to clean up
     progress = LaunchProgress(plan.title, plan.price, plan.unpriced)
-    from tpunb import report
-
     for note in plan.notes:
         report.info(note)
     started = time.perf_counter()

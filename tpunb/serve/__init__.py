@@ -5,11 +5,7 @@ module path (``tpunb.serve.forward``) is the new module itself, so patching thro
 Remove this package in tpunb 0.3 (0.2 is the one release that keeps it)."""
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-import warnings
+from tpunb.machine import old_names
 
 #: each old module path and the module it is now
 MOVED = {
@@ -28,33 +24,4 @@ MOVED = {
 }
 
 
-class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Answers an old module path with the module at its new one (one object under two names)."""
-
-    def find_spec(self, name, path=None, target=None):
-        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
-
-    def create_module(self, spec):
-        module = importlib.import_module(MOVED[spec.name])
-        self.specs[spec.name] = module.__spec__  # the import system sets the alias's spec on it
-        return module
-
-    def exec_module(self, module) -> None:
-        for name, spec in list(self.specs.items()):
-            if sys.modules.get(name) is module:
-                module.__spec__ = self.specs.pop(name)
-
-
-if not any(isinstance(f, _OldPaths) and getattr(f, "old", None) == __name__ for f in sys.meta_path):
-    _finder = _OldPaths()
-    _finder.old, _finder.specs = __name__, {}
-    sys.meta_path.insert(0, _finder)
-
-warnings.warn(f"{__name__} is deprecated: use tpunb.services, tpunb.forwards and tpunb.bench (the old name goes in tpunb 0.3)", DeprecationWarning,
-              stacklevel=2)  # the importer's line: warnings skips the import machinery's frames
-
-
-def __getattr__(name: str):
-    if f"{__name__}.{name}" in MOVED:  # an old submodule: the module it is now
-        return importlib.import_module(f"{__name__}.{name}")
-    return getattr(importlib.import_module("tpunb.services"), name)
+__getattr__ = old_names.keep(__name__, MOVED, "tpunb.services", "tpunb.services, tpunb.forwards and tpunb.bench")

@@ -16,6 +16,7 @@ from typing import Any
 
 from tpunb import catalog
 from tpunb.errors import UnknownAcceleratorError, UsageError
+from tpunb.units import either
 
 APIS_PATH = Path(__file__).with_name("apis.json")
 IMAGE_PROJECT = "ubuntu-os-accelerator-images"  # Google's TPU-optimized Ubuntu images (catalog source gce-images)
@@ -113,10 +114,6 @@ def machine_type(name: str) -> MachineType:
     return found
 
 
-def _or(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
-
-
 def compute_shape(accelerator: catalog.Accelerator | str) -> ComputeShape:
     """The machine type and VM count Compute Engine makes ``acc`` with (``tpu7x-32``: 4 VMs of
     ``tpu7x-standard-4t``; ``v6e-8``: one ``ct6e-standard-8t``, ``v6e-16``: 4 of ``ct6e-standard-4t``)."""
@@ -130,7 +127,7 @@ def compute_shape(accelerator: catalog.Accelerator | str) -> ComputeShape:
     name = compute["machine_types"].get(str(size))
     if name is None and acc.chips <= machine_type(compute["multi_host_machine_type"]).chips:
         raise UsageError(f"{acc.name} has no Compute Engine machine type (Google documents "
-                         f"{_or(sorted(set(compute['machine_types'].values())))} for {g.key}); pick a larger size")
+                         f"{either(sorted(set(compute['machine_types'].values())))} for {g.key}); pick a larger size")
     mt = machine_type(name or compute["multi_host_machine_type"])
     return ComputeShape(acc.name, mt.name, math.ceil(acc.chips / mt.chips), mt.chips, mt.jax_devices, acc.topology,
                         compute["image_family"], compute["ubuntu"], compute["python"], compute["disk_type"],

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError, UnknownAcceleratorError
+from tpunb.units import either
 
 CREDENTIALS_MESSAGE = (
     "no Google Cloud credentials: run `gcloud auth application-default login` "
@@ -213,10 +214,6 @@ def _permission(f: Failure, ctx: Context) -> str:
     )
 
 
-def _either(options: list[str]) -> str:
-    return options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
-
-
 def quota_region(message: str) -> str | None:
     """The region a quota message names ("... Limit 0 in region us-east5"): its zones share it."""
     found = re.search(r"\bin region ([a-z]+-[a-z]+\d+)", message)
@@ -251,7 +248,7 @@ def _quota(f: Failure, ctx: Context) -> str:
     region = quota_region(f.message)
     options.append(f"try a zone outside {region}" if region else "try another zone")
     what = f"quota exceeded for {ctx.accelerator} in {ctx.zone} (RESOURCE_EXHAUSTED: {f.message})"
-    return f"{what}: {_either(options)}"
+    return f"{what}: {either(options)}"
 
 
 def _no_capacity(f: Failure, ctx: Context) -> str:
@@ -261,7 +258,7 @@ def _no_capacity(f: Failure, ctx: Context) -> str:
         options.append("--queued to wait for capacity")
     if not ctx.spot:
         options.append("--spot")
-    return f"no capacity for {ctx.accelerator} in {ctx.zone} right now: {_either(options)}"
+    return f"no capacity for {ctx.accelerator} in {ctx.zone} right now: {either(options)}"
 
 
 def _preempted(f: Failure, ctx: Context) -> str:

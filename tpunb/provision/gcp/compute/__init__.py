@@ -452,7 +452,7 @@ def slice_state(record: SliceRecord, surveyed: dict | None = None) -> str:
     spec, launch = record.spec, record.spec.get("launch")
     if surveyed is not None:
         if spec.get("zone") in getattr(surveyed, "unreachable", ()):
-            return unknown(f"Compute Engine could not reach {spec['zone']} now")
+            return shared.unknown(f"Compute Engine could not reach {spec['zone']} now")
         seen = next(iter(found.named(surveyed, record.name, launch)), None)
         if seen is None or seen.leftover:
             return "GONE"
@@ -468,20 +468,9 @@ def slice_state(record: SliceRecord, surveyed: dict | None = None) -> str:
     except exceptions.NotFound:
         return "GONE"
     except TpunbError as exc:  # no credentials, most often: said once, in short
-        return unknown(str(exc))
+        return shared.unknown(str(exc))
     except Exception as exc:
-        return unknown(f"{type(exc).__name__}: {exc}")
-
-
-def unknown(why: str) -> str:
-    """The state of a slice Compute Engine could not be asked about, with why, on one line."""
-    from tpunb.provision.gcp.failures import one_line
-
-    return f"UNKNOWN ({one_line(why, 160)})"
-
-
-__all__ = ["API", "VmSpec", "adopt", "attach", "create", "delete", "first_granted", "machine_type", "slice_cloud",
-           "slice_state", "teardown", "uses_compute"]
+        return shared.unknown(f"{type(exc).__name__}: {exc}")
 
 
 def listed() -> bool:
@@ -563,3 +552,8 @@ def delete_orphan(project: str | None, name: str, reg: Registry) -> bool:
     from tpunb.provision.gcp.compute import found
 
     return bool(project and found.surveyed() and found.delete_orphan(project, name))
+
+
+__all__ = ["API", "Plan", "VmSpec", "adopt", "attach", "delete", "delete_orphan", "first_granted", "gone", "listed",
+           "machine_type", "plan", "recover", "replace_gone", "slice_cloud", "slice_state", "state", "survey",
+           "surveyed", "teardown", "uses_compute"]

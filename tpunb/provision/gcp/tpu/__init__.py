@@ -32,10 +32,13 @@ from tpunb.provision.gcp.tpu import api, failover, lookups
 from tpunb.provision.gcp.tpu.adoption import host_records
 from tpunb.provision.gcp.tpu.cloud_node import CloudNode
 from tpunb.registry import Registry, SliceRecord
+from tpunb.units import either
 
 API = api.API
 #: a failover's record, while it launches: every zone it may have made something in
 TRIED = "failover_zones"
+#: in a survey's nodes, (project, UNREACHED) -> {"tpu" | "compute": why that API could not be listed}
+UNREACHED = "unreachable"
 
 
 def fields(opts: CloudOptions) -> dict:
@@ -82,7 +85,7 @@ class Plan:
                 else "queued resource" if opts.queued else "node")
         self.price = price_per_hour(accel, opts.spot, slices)
         self.unpriced = "price unknown"
-        where = _either([p.zone for p in dict.fromkeys(places)]) if len(places) > 1 else places[0].zone
+        where = either([p.zone for p in dict.fromkeys(places)]) if len(places) > 1 else places[0].zone
         self.title = (f"Launching {self.record.kind} {'spot ' if opts.spot else ''}{kind} {name!r} in "
                       f"{project}/{where} (backend gcp)")
         self.notes = []
@@ -194,10 +197,6 @@ def _places(accel: catalog.Accelerator, project: str, zone: str, alternatives: s
     return failover.candidates(accel, zone_list, alternatives, any_zone=zone.strip().lower() == ANY)
 
 
-def _either(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
-
-
 def jax_coordinator(record: SliceRecord) -> dict:
     """Where JAX's coordinator listens on a node's worker 0: on Google's API port 8476, which the
     firewall rule GCP makes for TPU pods opens (a random port hangs on a custom network, see
@@ -283,13 +282,6 @@ def adopt(name: str, reg: Registry) -> SliceRecord | None:
     return adoption.adopt(name, reg)
 
 
-#: in a survey's nodes, (project, UNREACHED) -> {"tpu" | "compute": why that API could not be listed}
-UNREACHED = "unreachable"
-
-
-__all__ = ["API", "Plan", "adopt", "attach", "delete", "gone", "node", "plan", "recover", "state"]
-
-
 def surveyed(project: str | None) -> bool:
     """A status view asks the Cloud TPU API always: for the configured project's nodes, and for
     those of each other project and zone a record or a failed launch names."""
@@ -298,11 +290,9 @@ def surveyed(project: str | None) -> bool:
 
 def survey(project: str | None, records: list[SliceRecord], reg: Registry):
     """What a status view asks the Cloud TPU API (tpu/listing.py): the nodes found, their orphans."""
-    from tpunb.provision.gcp.tpu.listing import SURVEYED, Seen
+    from tpunb.provision.gcp.tpu.listing import Seen
 
-    seen = Seen(project, records, reg)
-    seen.surveyed = SURVEYED
-    return seen
+    return Seen(project, records, reg)
 
 
 def delete_orphan(project: str | None, name: str, reg: Registry) -> bool:
@@ -310,3 +300,7 @@ def delete_orphan(project: str | None, name: str, reg: Registry) -> bool:
     from tpunb.provision.gcp.tpu import listing
 
     return listing.delete_orphan(project, name, reg)
+
+
+__all__ = ["API", "Plan", "adopt", "attach", "delete", "delete_orphan", "gone", "listed", "node", "plan", "recover",
+           "replace_gone", "state", "survey", "surveyed"]

@@ -11,13 +11,11 @@ from tpunb.provision.gcp.tpu.cloud_node import CloudNode
 from tpunb.registry import Registry, SliceRecord
 from tpunb.status import OrphanStatus
 
-#: what a survey that cannot ask the API says it could not list
-SURVEYED = "nodes"
-
-
 class Seen:
     """The nodes one survey found, by (project, zone); ``unreached``: why the project's own could not
     be listed (None: they were)."""
+
+    surveyed = "nodes"  # what a survey that cannot ask the API says it could not list
 
     def __init__(self, project: str | None, records: list[SliceRecord], registry: Registry) -> None:
         self.registry, self.unreached = registry, None
