@@ -171,14 +171,14 @@ def test_doctor_reads_the_compute_engine_tpu_quota_the_launch_spends(watched):
         watched.emulator.compute_faults(quotas=None)
 
 
-@pytest.mark.parametrize("attributes, node, worker", [
-    ({"agent-worker-number": "2", "worker-id": "5"}, "projects/p/locations/z/nodes/n", "2"),  # a Cloud TPU VM
-    ({"worker-id": "1", "tpu-env": "TPU_WORKER_ID: '3'\n"}, "projects/p/zones/z/instanceGroupManagers/m", "1"),
-    ({"tpu-env": "TOPOLOGY: '2x2x2'\nTPU_WORKER_ID: '3'\n"}, "projects/p/zones/z/instanceGroupManagers/m", "3"),
-    ({}, "projects/p/zones/z/instances/i", "0"),  # a single instance is worker 0
-    ({}, "projects/p/zones/z/instanceGroupManagers/m", ""),  # a MIG's VM that says nothing: not worker 0
+@pytest.mark.parametrize("attributes, multi_host, worker", [
+    ({"agent-worker-number": "2", "worker-id": "5"}, True, "2"),  # a Cloud TPU VM
+    ({"worker-id": "1", "tpu-env": "TPU_WORKER_ID: '3'\n"}, True, "1"),
+    ({"tpu-env": "TOPOLOGY: '2x2x2'\nTPU_WORKER_ID: '3'\n"}, True, "3"),
+    ({}, False, "0"),  # a single instance is worker 0 (its handler armed it as one VM)
+    ({}, True, ""),  # a MIG's VM that says nothing: not worker 0
 ])
-def test_the_boot_finds_worker_0_without_agent_worker_number(monkeypatch, attributes, node, worker):
+def test_the_boot_finds_worker_0_without_agent_worker_number(monkeypatch, attributes, multi_host, worker):
     def answer(path: str, timeout: float = 5.0) -> str:
         key = path.removeprefix("instance/attributes/")
         if key not in attributes:  # as the metadata server answers a key it does not have
@@ -186,4 +186,6 @@ def test_the_boot_finds_worker_0_without_agent_worker_number(monkeypatch, attrib
         return attributes[key]
 
     monkeypatch.setattr(idle, "metadata", answer)
-    assert idle.worker_id({"node": node}) == worker
+    from tpunb.provision.gcp.compute.bodies import idle_config
+
+    assert idle.worker_id(idle_config("p", "us-east5-a", "n", 0, multi_host)) == worker

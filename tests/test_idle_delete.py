@@ -211,7 +211,7 @@ def test_the_boot_arming_just_after_a_kernel_armed_gives_no_grace(tmp_path, monk
     hold the node idle for the grace (a CI run saw a service never said to keep the node)."""
     monkeypatch.setenv("TPUNB_HOST_DIR", str(tmp_path))
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # the permission check fails at once
-    config = {"seconds": 600, "node": "projects/p/locations/z/nodes/n", "endpoint": "http://127.0.0.1:9"}
+    config = {"seconds": 600, "node": "projects/p/locations/z/nodes/n", "api": "http://127.0.0.1:9/v2"}
     source = Path(idle.__file__).read_text()
     try:
         assert idle.arm(config, source)
@@ -231,7 +231,7 @@ def test_an_attaching_kernel_is_busy_until_it_says_its_launch_is_done(tmp_path, 
     limit. A boot arming after it leaves it busy; the kernel's ``idle`` message ends it."""
     monkeypatch.setenv("TPUNB_HOST_DIR", str(tmp_path))
     monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")
-    config = {"seconds": 600, "node": "projects/p/locations/z/nodes/n", "endpoint": "http://127.0.0.1:9"}
+    config = {"seconds": 600, "node": "projects/p/locations/z/nodes/n", "api": "http://127.0.0.1:9/v2"}
     source = Path(idle.__file__).read_text()
     try:
         assert idle.arm(config, source, attaching=True)

@@ -1066,10 +1066,7 @@ API_CHOICE = re.compile(r"\b(default_api|no_tpu_api|uses_compute|on_compute|chec
                         r"|(?:get\(\s*[\"']api[\"']\s*\)|\[\s*[\"']api[\"']\s*\])\s*(?:==|!=|\bin\b)"
                         r"|[\"'](?:compute|tpu)[\"']\s*(?:==|!=)\s*\w+(?:\.\w+)*(?:\.get\(\s*[\"']api[\"']\s*\)|\[[\"']api[\"']\])")
 #: modules outside provision/gcp/ that may (each with why)
-API_CHOICE_ALLOWED = {
-    "host/standalone/idle.py": "the gcp backend's idle watchdog, shipped to worker 0: it deletes its slice through "
-                               "the API whose resource path its handler gave it (the node or the MIG)",
-}
+API_CHOICE_ALLOWED: dict[str, str] = {}
 
 
 def api_choices(files: dict[str, str]) -> list[str]:
@@ -1087,6 +1084,32 @@ def test_only_the_gcp_backend_asks_which_api_makes_a_slice():
     files = {str(p.relative_to(PACKAGE)): p.read_text() for p in sources()}
     assert api_choices(files) == []
     assert all(path in files for path in API_CHOICE_ALLOWED)
+
+
+#: a Google API's own resource names and paths: the watchdog shipped to worker 0 gets each call from its
+#: handler's configuration (provision/gcp/*/idle_config), so its code names none of them
+API_RESOURCES = re.compile(r"instanceGroupManagers|queuedResources|/nodes/|/instances/|instanceTemplates|"
+                           r"resourcePolicies|getGuestAttributes|listManagedInstances|compute/v1|/v2\b|"
+                           r"(?:tpu|compute)\.googleapis")
+
+
+def api_resources_named(text: str) -> list[str]:
+    """The string constants of a module's code (docstrings aside) that name a Google API's resource."""
+    tree = ast.parse(text)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{node.lineno}: {node.value}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and API_RESOURCES.search(node.value)]
+
+
+def test_the_idle_watchdog_makes_only_the_calls_its_handler_describes():
+    assert api_resources_named((PACKAGE / "host" / "standalone" / "idle.py").read_text()) == []
+    planted = ('"""Deletes a MIG via instanceGroupManagers."""\n'
+               'def f(state):\n    """the node\'s /nodes/ path"""\n'
+               '    return "/instanceGroupManagers/" in state["node"] or f"{state[\'api\']}/compute/v1"\n')
+    assert api_resources_named(planted) == ["4: /instanceGroupManagers/", "4: /compute/v1"]
 
 
 def test_the_api_choice_check_sees_each_form():

@@ -4,7 +4,7 @@ STANDARD LIBRARY ONLY, and no relative imports: this file is shipped with the ag
 unchanged, the node's ``startup-script`` (a Python script), and the watchdog process itself.
 
 Why on the slice: a laptop that sleeps or a kernel killed mid-launch must not leave a node
-billing. The node is created with metadata ``tpunb-idle`` (JSON: seconds, endpoint, node, queued,
+billing. The node is created with metadata ``tpunb-idle`` (JSON: seconds, node, api, delete,
 grace, launch...) and this file as its startup script, so worker 0 arms the watchdog at boot even
 if no kernel ever attaches (giving the launching kernel ``grace`` seconds to attach). Host 0's
 agent arms it too as a kernel attaches, and marks activity for every request the kernel sends.
@@ -18,16 +18,19 @@ in use; ``attached`` a kernel said its launch is done (grace-only, below). A sup
 worker writes the time as its guest attribute ``tpunb/serving`` while it runs: before it deletes,
 the watchdog reads the workers' attributes (the TPU API sees them all) and counts the latest as use.
 
-A Compute Engine slice (``node``: ``projects/P/zones/Z/instanceGroupManagers/M`` or
-``.../instances/I``): the watchdog deletes the MIG (its VMs, this one too) or the instance, only
-if it carries the launch token it was armed with (``launch``: never another notebook's slice of
-the name). A MIG's template and policy cannot go while it exists, and its end ends this VM: they
-are tried after it while this VM lives (``template``, ``policy``), the next survey deletes the
-rest. It reads the other VMs' guest attributes with ``listManagedInstances`` and
-``instances.getGuestAttributes``. Worker 0 is ``worker-id`` (or ``TPU_WORKER_ID`` in ``tpu-env``;
-no ``agent-worker-number`` there), a single instance worker 0. Every Compute Engine slice arms it,
-without idle autodelete grace-only (``seconds`` 0): the slice goes unless a kernel says its launch
-is done (``launched``) within ``grace`` of the boot or of the last activity.
+Which API made the slice is not this file's business: the gcp backend's handler that made it
+describes every call in the configuration, as data (``provision/gcp/tpu/spec.py``,
+``provision/gcp/compute/bodies.py``): ``api`` the API's root (with its version), ``delete`` what to
+DELETE (a node, its queued resource, a MIG or an instance), ``after`` what to delete after it while
+this VM lives (a MIG's template and policy cannot go while it exists, and its end ends this VM; the
+next survey deletes the rest), ``permissions`` what those deletes need, ``launch`` the launch token
+the slice must carry before it is deleted (never another notebook's slice of the name), and
+``attributes`` how to read the workers' guest attributes: ``all``, one call that answers for every
+worker in worker order, or ``members`` (a list of the slice's VMs) and ``member`` (each VM's own
+call, ``{name}`` in it). Worker 0 is ``worker-id`` (or ``TPU_WORKER_ID`` in ``tpu-env``; no
+``agent-worker-number`` there), a single instance worker 0. A slice armed without idle autodelete is
+grace-only (``seconds`` 0): it goes unless a kernel says its launch is done (``launched``) within
+``grace`` of the boot or of the last activity.
 
 The access token comes from the metadata server (``$GCE_METADATA_HOST``, else
 metadata.google.internal) on every delete attempt and stays in memory. At arming it asks Cloud
@@ -55,7 +58,6 @@ SERVING_ATTRIBUTE = "tpunb/serving"  # a worker's guest attribute: when its serv
 ERROR_ATTRIBUTE = "tpunb/idle-error"  # worker 0's guest attribute: why the watchdog cannot delete ("": it can)
 ERROR = "idle.error"  # the same, in the host dir
 IAM_ENDPOINT = "https://cloudresourcemanager.googleapis.com"
-COMPUTE_PATH = "/zones/"  # a Compute Engine slice's ``node`` (a MIG or an instance) is zonal; a TPU node's is not
 CHECK_TIMEOUT = 5.0  # the permission check at arming: an API out of reach must not hold up a connect
 POLL = 5.0  # the watchdog looks at least this often (activity only moves the deadline later)
 RETRY = (15.0, 300.0)  # after a failed delete: first wait, doubling up to the last
@@ -194,8 +196,8 @@ def _arm(config: dict, source: str, attaching: bool) -> bool:
         return False
     # not running, or running for another node (a disk that outlived its node): its state is replaced,
     # and a running watchdog reads it at its next look
-    state = {k: config[k] for k in ("seconds", "node", "endpoint", "iam_endpoint", "queued", "grace", "launch",
-                                    "template", "policy") if k in config}
+    state = {k: config[k] for k in ("seconds", "node", "api", "iam_endpoint", "delete", "after", "permissions",
+                                    "attributes", "grace", "launch") if k in config}
     _mark(attaching)
     state["armed_at"] = last_activity()[0]  # a later touch means a kernel attached (ends the grace)
     tmp = _path(f".{STATE}.{os.getpid()}")
@@ -253,19 +255,11 @@ def metadata(path: str, timeout: float = 5.0, value: str | None = None) -> str:
         return response.read().decode()
 
 
-def on_compute(state: dict) -> bool:
-    """The slice is Compute Engine's (a MIG or an instance), not a Cloud TPU node."""
-    return COMPUTE_PATH in str(state.get("node") or "")
-
-
 def _api(state: dict, method: str, path: str, body: dict | None = None) -> bytes:
-    """One TPU API (or Compute Engine API) call with the VM's own credentials; raises HTTPError as urllib does."""
+    """One call to the slice's API (``api``: its root) with the VM's own credentials; raises HTTPError as urllib does."""
     token = json.loads(metadata("instance/service-accounts/default/token"))["access_token"]
-    compute = on_compute(state)
-    endpoint = (state.get("endpoint") or ("https://compute.googleapis.com" if compute
-                                          else "https://tpu.googleapis.com")).rstrip("/")
     headers = {"Authorization": f"Bearer {token}", **({"Content-Type": "application/json"} if body is not None else {})}
-    request = urllib.request.Request(f"{endpoint}/{'compute/v1' if compute else 'v2'}/{path}", method=method,
+    request = urllib.request.Request(f"{state['api'].rstrip('/')}/{path}", method=method,
                                      headers=headers, data=None if body is None else json.dumps(body).encode())
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.read()
@@ -297,9 +291,9 @@ def say_problem(problem: str | None) -> None:
 def permission_problem(state: dict) -> str | None:
     """Why the VM's service account cannot delete the node, or None: testIamPermissions with the VM's own token."""
     project = state["node"].split("/")[1]
-    needed = ["tpu.nodes.delete"] + (["tpu.queuedResources.delete"] if state.get("queued") else [])
-    if on_compute(state):  # Compute Engine names a delete's permission after the collection (MIG, template, policy)
-        needed = [f"compute.{state[k].split('/')[-2]}.delete" for k in ("node", "template", "policy") if state.get(k)]
+    needed = list(state.get("permissions") or [])
+    if not needed:
+        return None
     endpoint = (state.get("iam_endpoint") or IAM_ENDPOINT).rstrip("/")
     try:
         token = json.loads(metadata("instance/service-accounts/default/token", CHECK_TIMEOUT))["access_token"]
@@ -333,8 +327,9 @@ def _message(error: urllib.error.HTTPError) -> str:
 
 
 def ours(state: dict) -> bool:
-    """The MIG (instance) carries this watchdog's launch token (label, or ``launch=`` in its description)."""
-    if not on_compute(state) or not state.get("launch"):
+    """The slice carries this watchdog's launch token (label, or ``launch=`` in its description);
+    armed without one (the handler asked for no check), any slice of the name is."""
+    if not state.get("launch"):
         return True
     try:
         found = json.loads(_api(state, "GET", state["node"]) or b"{}")
@@ -347,11 +342,12 @@ def ours(state: dict) -> bool:
 
 
 def delete_rest(state: dict, until: float) -> None:
-    """A deleted MIG's template, then its policy, tried while this VM lives (the MIG's end is its end)."""
-    for key in [k for k in ("template", "policy") if state.get(k)]:
+    """What goes after the slice (``after``: a MIG's template, then its policy), tried while this VM
+    lives (the MIG's end is its end)."""
+    for path in state.get("after") or []:
         while time.time() < until:
             try:
-                _api(state, "DELETE", state[key])
+                _api(state, "DELETE", path)
                 break
             except Exception as e:  # 404: gone; else (in use until the MIG is gone) again
                 if getattr(e, "code", None) == 404:
@@ -363,13 +359,8 @@ def delete_node(state: dict) -> str:
     """Delete the node with the VM's own credentials: 'deleted', 'gone' (404), 'not ours' or raise."""
     if not ours(state):
         return "not ours"  # another launch's slice holds the name now
-    node = state["node"]
-    if state.get("queued"):  # the queued resource (force: with its node), as the kernel deletes it
-        path = f"{node.replace('/nodes/', '/queuedResources/')}?force=true"
-    else:
-        path = node
     try:
-        _api(state, "DELETE", path)
+        _api(state, "DELETE", state.get("delete") or state["node"])
         return "deleted"
     except urllib.error.HTTPError as e:
         if e.code == 404:
@@ -378,23 +369,23 @@ def delete_node(state: dict) -> str:
 
 
 def _workers_attributes(state: dict) -> list[tuple[int | str, list[dict]]]:
-    """Each worker's ``tpunb/`` guest attributes: (worker, items). A Cloud TPU node answers for all
-    its workers in one call, in worker order; a Compute Engine MIG's VMs are each asked (named by
-    instance: the MIG's list is not in worker order), and a single instance has no other worker."""
-    if not on_compute(state):
-        answer = json.loads(_api(state, "POST", f"{state['node']}:getGuestAttributes", {"queryPath": "tpunb/"}) or b"{}")
+    """Each worker's ``tpunb/`` guest attributes: (worker, items), as ``attributes`` says to read them:
+    ``all``, one call that answers for every worker in worker order (a Cloud TPU node); or the slice's
+    ``members`` listed, then each asked by ``member`` (named by VM: the list is not in worker order).
+    Neither: a single VM, no other worker."""
+    how = state.get("attributes") or {}
+    if how.get("all"):
+        answer = json.loads(_api(state, "POST", how["all"], {"queryPath": "tpunb/"}) or b"{}")
         return [(worker, (entry.get("queryValue") or {}).get("items") or [])
                 for worker, entry in enumerate(answer.get("guestAttributes") or [])]
-    if "/instanceGroupManagers/" not in state["node"]:
+    if not how.get("members"):
         return []
-    listed = json.loads(_api(state, "POST", f"{state['node']}/listManagedInstances") or b"{}")
-    zone = state["node"].split("/instanceGroupManagers/")[0]
+    listed = json.loads(_api(state, "POST", how["members"]) or b"{}")
     found = []
     for vm in listed.get("managedInstances") or []:
         name = str(vm.get("instance") or vm.get("name") or "").rsplit("/", 1)[-1]
         try:
-            answer = json.loads(_api(state, "GET", f"{zone}/instances/{name}/getGuestAttributes?queryPath=tpunb%2F")
-                                or b"{}")
+            answer = json.loads(_api(state, "GET", how["member"].format(name=name)) or b"{}")
         except urllib.error.HTTPError as e:
             if e.code == 404:  # no attribute under the path yet (or the VM just went)
                 continue
@@ -564,8 +555,8 @@ def boot() -> int:
 
 def worker_id(config: dict) -> str:
     """This VM's worker number: a Cloud TPU VM's ``agent-worker-number``; a Compute Engine TPU VM's
-    ``worker-id``, else ``TPU_WORKER_ID`` in ``tpu-env`` (they publish no agent-worker-number), and
-    a single instance (``node`` names it) is worker 0."""
+    ``worker-id``, else ``TPU_WORKER_ID`` in ``tpu-env`` (they publish no agent-worker-number); a
+    slice its handler armed as one VM (``single_vm``) is worker 0, another VM that says none ""."""
     for key in ("agent-worker-number", "worker-id"):
         try:
             return metadata(f"instance/attributes/{key}").strip()
@@ -580,7 +571,7 @@ def worker_id(config: dict) -> str:
     except urllib.error.HTTPError as e:
         if e.code != 404:
             raise
-    return "0" if "/instances/" in str(config.get("node") or "") else ""
+    return "0" if config.get("single_vm") else ""
 
 
 def main(argv: list[str]) -> int:

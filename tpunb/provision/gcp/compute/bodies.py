@@ -79,11 +79,19 @@ def idle_config(project: str, zone: str, name: str, seconds: float, multi_host: 
     from tpunb.provision.gcp.compute.clients import endpoint
 
     kind = "instanceGroupManagers" if multi_host else "instances"
-    names, region = Names(name), catalog.region_of(zone)
-    rest = {"template": f"projects/{project}/regions/{region}/instanceTemplates/{names.template}",
-            "policy": f"projects/{project}/regions/{region}/resourcePolicies/{names.policy}"} if multi_host else {}
-    return {"seconds": seconds, "endpoint": endpoint() or PUBLIC_ENDPOINT, "iam_endpoint": endpoint() or IAM_ENDPOINT,
-            "node": f"projects/{project}/zones/{zone}/{kind}/{name}", **rest, **({"launch": launch} if launch else {})}
+    names, region, zonal = Names(name), catalog.region_of(zone), f"projects/{project}/zones/{zone}"
+    node = f"{zonal}/{kind}/{name}"
+    after = [f"projects/{project}/regions/{region}/instanceTemplates/{names.template}",
+             f"projects/{project}/regions/{region}/resourcePolicies/{names.policy}"] if multi_host else []
+    # Compute Engine names a delete's permission after the collection: compute.instanceGroupManagers.delete ...
+    permissions = [f"compute.{path.split('/')[-2]}.delete" for path in [node, *after]]
+    # a MIG's VMs are listed, then each asked (listManagedInstances is not in worker order); an instance is alone
+    attributes = {"members": f"{node}/listManagedInstances",
+                  "member": f"{zonal}/instances/{{name}}/getGuestAttributes?queryPath=tpunb%2F"} if multi_host else {}
+    return {"seconds": seconds, "api": f"{(endpoint() or PUBLIC_ENDPOINT).rstrip('/')}/compute/v1",
+            "iam_endpoint": endpoint() or IAM_ENDPOINT, "node": node, "delete": node, "after": after,
+            "permissions": permissions, "attributes": attributes, **({} if multi_host else {"single_vm": True}),
+            **({"launch": launch} if launch else {})}
 
 
 def labels(spec: VmSpec) -> dict[str, str]:

@@ -72,9 +72,16 @@ def node_body(tpu: Any, spec: NodeSpec, acc: catalog.Accelerator, launch: str) -
 
 
 def idle_config(project: str, zone: str, name: str, seconds: float, queued: bool = False) -> dict:
-    """What the slice's idle watchdog needs: its limit, the APIs it calls, the node it deletes."""
-    return {"seconds": seconds, "endpoint": endpoint() or PUBLIC_ENDPOINT, "queued": bool(queued),
-            "iam_endpoint": endpoint() or IAM_ENDPOINT, "node": f"projects/{project}/locations/{zone}/nodes/{name}"}
+    """What the slice's idle watchdog (tpunb/host/standalone/idle.py) needs, every Cloud TPU API call
+    it makes as data: its limit, the API's root, the node and what it deletes (a queued resource,
+    forced, with its node; as the kernel deletes it), the permissions that takes, and the one call
+    that reads every worker's guest attributes."""
+    node = f"projects/{project}/locations/{zone}/nodes/{name}"
+    return {"seconds": seconds, "api": f"{(endpoint() or PUBLIC_ENDPOINT).rstrip('/')}/v2",
+            "iam_endpoint": endpoint() or IAM_ENDPOINT, "node": node,
+            "delete": f"{node.replace('/nodes/', '/queuedResources/')}?force=true" if queued else node,
+            "permissions": ["tpu.nodes.delete"] + (["tpu.queuedResources.delete"] if queued else []),
+            "attributes": {"all": f"{node}:getGuestAttributes"}}
 
 
 def idle_metadata(spec: NodeSpec) -> dict[str, str]:
