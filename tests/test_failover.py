@@ -2,6 +2,8 @@
 order, queued resources raced, types widened; the hosts that win are the emulator's real sshd hosts."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -84,6 +86,65 @@ def test_interrupting_a_race_deletes_every_queued_resource(cloud, launch, isolat
     assert isinstance(run.error, CellInterrupted), run.shown
     assert "nothing is left running" in str(run.error)
     state = cloud.state()  # deleted before the cell ended, not later
+    assert state["nodes"] == [] and state["queuedResources"] == []
+    assert Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_a_ctrl_c_during_a_create_call_waits_for_the_call_then_is_raised():
+    """Cut in the middle, a create call leaves the launch not knowing whether the node exists (the
+    API may make it after the cleanup looked): the press is held until the call returns."""
+    from tpunb.provision import interrupts
+
+    made = []
+
+    def create():
+        os.kill(os.getpid(), signal.SIGINT)  # the user's press, while the request is on its way
+        made.append("node")  # the API made it
+        return "operation"
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.whole(create)
+    assert made == ["node"]
+    assert interrupts.whole(lambda: "operation") == "operation"  # no press: the call's answer
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Python's own handler again
+
+
+def test_a_ctrl_c_as_a_zone_is_granted_deletes_that_node_too(cloud, launch, monkeypatch, isolated_home):
+    """A press that lands while the winner is announced (after the search took it out of its list of
+    tries in flight, before it returned it) used to leave that node running, deleted by nobody."""
+    cloud.faults(no_capacity=[Z1])
+    said = failover.Search._say
+
+    def say(self, outcome):
+        said(self, outcome)
+        if outcome.kind == "granted":
+            os.kill(os.getpid(), signal.SIGINT)  # the user's press, as the line says "granted"
+
+    monkeypatch.setattr(failover.Search, "_say", say)
+    run = launch(f"--zone {Z1},{Z2}")
+    assert isinstance(run.error, CellInterrupted), run.shown
+    assert "nothing is left running" in str(run.error)
+    state = cloud.state()  # deleted before the cell ended
+    assert state["nodes"] == [] and state["queuedResources"] == []
+    assert Registry(isolated_home / "registry.db").list_slices() == []
+
+
+def test_a_ctrl_c_while_the_granted_nodes_hosts_are_read_deletes_it(cloud, launch, monkeypatch, isolated_home):
+    """The search returned its node; the launch is reading the node's hosts when the press lands:
+    that node goes, not only the requests still in flight."""
+    import tpunb.provision.gcp.tpu as handler
+
+    read = handler.host_records
+
+    def host_records(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's press, as the hosts are read
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(handler, "host_records", host_records)
+    run = launch(f"--zone {Z1}")
+    assert isinstance(run.error, CellInterrupted), run.shown
+    assert "nothing is left running" in str(run.error)
+    state = cloud.state()
     assert state["nodes"] == [] and state["queuedResources"] == []
     assert Registry(isolated_home / "registry.db").list_slices() == []
 

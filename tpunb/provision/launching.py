@@ -87,19 +87,6 @@ def launch(plan: Plan, request: LaunchRequest) -> Made:
     for note in plan.notes:
         report.info(note)
     started = time.perf_counter()
-    try:
-        plan.make(progress)
-    except BaseException as exc:
-        left = plan.undo(exc)
-        reg.delete_slice(name)
-        if isinstance(exc, KeyboardInterrupt):
-            message = interrupted(name, plan.waiting(progress), left, time.perf_counter() - started)
-            progress.failed(message)
-            raise CellInterrupted(message) from None
-        plan.explain(exc)
-        progress.failed(f"failed: {(str(exc) or repr(exc)).splitlines()[0]}{left}")  # the error says the rest
-        raise
-    record.state = "running"
 
     def failed(exc: BaseException) -> None:
         """The hosts could not be reached or started (or Ctrl-C came then): the slice is deleted
@@ -117,15 +104,31 @@ def launch(plan: Plan, request: LaunchRequest) -> Made:
             exc.args = (f"{exc}{plan.setup_hint(exc)}; so {name} was {fate} (--keep keeps it to look at)",)
             progress.failed(str(exc))
             return
+        if isinstance(exc, KeyboardInterrupt):
+            progress.failed(f"interrupted while it reached or started the hosts, so {name} was {fate}")
+            return
         progress.failed(f"could not reach or start the hosts, so {name} was {fate}: {exc}")
 
     try:
+        plan.make(progress)
+    except BaseException as exc:
+        left = plan.undo(exc)
+        reg.delete_slice(name)
+        if isinstance(exc, KeyboardInterrupt):
+            message = interrupted(name, plan.waiting(progress), left, time.perf_counter() - started)
+            progress.failed(message)
+            raise CellInterrupted(message) from None
+        plan.explain(exc)
+        progress.failed(f"failed: {(str(exc) or repr(exc)).splitlines()[0]}{left}")  # the error says the rest
+        raise
+    try:  # from here to the return, a failure or a Ctrl-C deletes the slice (``failed``)
+        record.state = "running"
         made = plan.reach(request.env)
+        return dataclasses.replace(made, check=plan.check, failed=failed,
+                                   ready=lambda: progress.done(plan.ready(time.perf_counter() - started)))
     except BaseException as exc:
         failed(exc)
         raise
-    return dataclasses.replace(made, check=plan.check, failed=failed,
-                               ready=lambda: progress.done(plan.ready(time.perf_counter() - started)))
 
 
 def interrupted(name: str, waiting: str | None, left: str, seconds: float) -> str:

@@ -10,6 +10,7 @@ import time
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError
+from tpunb.provision import interrupts
 from tpunb.provision.gcp import shared
 from tpunb.provision.gcp.compute import claims, clients
 from tpunb.provision.gcp.compute.bodies import VmSpec, instance, mig, template, workload_policy
@@ -29,7 +30,8 @@ def make_resources(project: str, vm: VmSpec, say, deadline: float, more_zones: b
         """The insert's operation, waited for unless ``wait`` is false."""
         say(f"creating its {what}", 0.0)
         try:
-            operation = clients.call(f"create the {what}", insert, project=project, **where)
+            # a Ctrl-C waits for the call: then what it made exists, and the caller's teardown finds it
+            operation = interrupts.whole(clients.call, f"create the {what}", insert, project=project, **where)
         except ProvisionError as exc:
             if exc.reason == claims.TAKEN:  # another launch took the name since the look
                 raise claims.taken(project, vm.zone, vm.name, vm.launch) from None

@@ -107,9 +107,14 @@ class Plan:
             record.spec.pop(TRIED, None)  # the losers are gone: only the winner's zone holds anything
         self.info = info
         record.hosts = host_records(info, opts.internal_ip, self.registry)
+        self.search.granted = None  # made: from here the record holds the node (a failure deletes it by name)
 
     def undo(self, exc: BaseException) -> str:
-        return ""  # the search deletes every request it made before it raises
+        # the search deleted every request it made before it raised; one it granted, that ``make``
+        # did not finish with (stopped while it read the hosts), goes here
+        if self.search is None:
+            return ""
+        return self.search.undo("its launch was interrupted" if isinstance(exc, KeyboardInterrupt) else "its launch failed")
 
     def waiting(self, progress) -> str | None:
         if not self.opts.queued:

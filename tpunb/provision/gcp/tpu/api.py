@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpunb import catalog
 from tpunb.errors import ProvisionError, UsageError
-from tpunb.provision import warm
+from tpunb.provision import interrupts, warm
 from tpunb.provision.gcp import failures as gcp_errors
 from tpunb.provision.gcp.shared import launch_of, new_launch
 from tpunb.provision.gcp.config import cached, format_duration
@@ -230,8 +230,8 @@ class Attempt:
         _, self.node_name, self.qr_name = _names(spec.project, spec.zone, spec.name)
         self.api = client()
         launch = new_launch()
-        try:
-            self.op = self._submit(node_body(_tpu(), spec, acc, launch))
+        try:  # a Ctrl-C waits for the call: then the node (or request) exists, and is deleted below
+            self.op = interrupts.whole(self._submit, node_body(_tpu(), spec, acc, launch))
         except _api_errors() as e:
             raise _translate(e, self.ctx) from None  # the API refused: nothing was created
         except BaseException:

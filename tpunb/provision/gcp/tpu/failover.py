@@ -79,6 +79,9 @@ class Search:
         self.on_state, self.timeout = on_state, timeout
         self.outcomes: list[Outcome] = []
         self.started = time.monotonic()
+        #: the attempt granted, from the moment it is seen until what launched it is done with it:
+        #: deleted by ``run`` if anything stops it before it returns, by ``undo`` after
+        self.granted: api.Attempt | None = None
 
     def run(self) -> tuple[api.NodeInfo, api.NodeSpec]:
         """The first node granted and the spec that made it; a ProvisionError with one line per
@@ -96,21 +99,26 @@ class Search:
                         self._failed(place, e, waiting)
                         continue
                     if info is not None:
+                        self.granted = attempt  # before it leaves ``running``: whatever comes, it is deleted
                         del running[place]
                         self._say(Outcome(place, "granted"))
-                        try:
-                            self._cancel(running, "another zone was granted first")
-                        except BaseException:  # interrupted while the losers are deleted: the winner goes too
-                            attempt.cancel("its launch was interrupted")
-                            raise
+                        self._cancel(running, "another zone was granted first")
                         return info, attempt.spec
                 if running:
                     shared.pause(min([next(delays)] + [a.time_left() for a in running.values()]))
         except BaseException as e:
-            self._cancel(running, "its launch was interrupted" if isinstance(e, KeyboardInterrupt)
-                         else "its launch failed")
+            why = "its launch was interrupted" if isinstance(e, KeyboardInterrupt) else "its launch failed"
+            self._cancel(running, why)
+            self.undo(why)  # stopped after a zone granted it (the losers being deleted): the winner goes too
             raise
         raise self.everywhere_failed()
+
+    def undo(self, why: str) -> str:
+        """Delete the granted node (what launched it failed or was interrupted after ``run`` saw it):
+        "" when nothing of it is left, else what is ("; could not delete ...", said above as well)."""
+        granted, self.granted = self.granted, None
+        note = granted.cancel(why) if granted is not None else ""
+        return f"; {note}" if note.startswith("could not delete") else ""
 
     def _start(self, waiting: list[Candidate], running: dict) -> None:
         """Start tries until ``width`` are in flight; never two in one zone (they share the name)."""
