@@ -194,3 +194,43 @@ def test_a_host_record_is_typed_and_an_older_or_newer_registry_still_loads(tmp_p
     again = reg.get_slice("old").hosts[0].info
     assert (again.pid, again.needs_restart, again.stacks, again.extra) == (42, False, {"main": "/proc/42/fd/9"},
                                                                            {"watchdog": 7})
+
+
+@pytest.mark.fresh_slice
+@pytest.mark.sandbox
+def test_a_ctrl_c_while_agents_start_leaves_no_agent_running(isolated_home, monkeypatch, sshd, ssh_key):
+    """A press ends the connect's wait for its hosts' agents and closes the slice; a host whose agent
+    was still on its way (in its fan-out thread) reconnects and starts it after that close: it is
+    ended there too, not left running on a host one brought, with nobody to end it."""
+    import signal
+    import threading
+
+    from tpunb.engine import connection
+    from tpunb.errors import CellInterrupted
+    from tpunb.machine import procs
+
+    launch, closed, late = connection.HostConnection.launch, threading.Event(), []
+
+    def slow_launch(self, init=None):
+        if self.index == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # the user's press while host 1's agent is on its way
+            closed.wait(30)  # ... which starts only once the launch has given up and closed the slice
+            try:
+                launch(self, init)
+            except BaseException as e:
+                late.append(e)
+                raise
+            late.append(self.process)
+            return
+        launch(self, init)
+
+    monkeypatch.setattr(connection.HostConnection, "launch", slow_launch)
+    with pytest.raises(CellInterrupted, match="nothing is left running"):
+        manager.connect([f"{a}:{sshd.port}" for a in sshd.addresses[:2]], key=str(ssh_key), python=sshd.python,
+                        name="cut")
+    closed.set()
+    wait_for(lambda: late, 30, "host 1's late agent start")
+    assert not isinstance(late[0], BaseException), repr(late[0])
+    pid = late[0].pid
+    wait_for(lambda: not procs.alive(pid), 30, "the late agent to be ended")
+    assert Registry().list_slices() == []

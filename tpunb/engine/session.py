@@ -135,6 +135,9 @@ class Session:
                 host.close()
                 host.on_prepare = self.on_prepare
                 host.launch(init)
+                if self.closed:  # closed meanwhile (a Ctrl-C ended the wait): close() may have missed this agent
+                    host.close()
+                    raise TransportError("this slice's host sessions were closed while starting")
             host.handshake(init, self.start_timeout)
 
         started = fan_out(chosen, start, name="tpunb-start", after_failure=SETUP_GRACE)
