@@ -45,13 +45,14 @@ def pytest_configure(config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items) -> None:
+def pytest_collection_modifyitems(config, items) -> None:
     """Markers given by what a test is, and pytest-xdist's groups (tests/markers.py).
     ``TPUNB_TEST_REVERSE=1`` runs the tests in reverse order (warm slices must not care)."""
     for item in items:
         for marker in markers.given_markers(item):
             item.add_marker(marker)
         item.add_marker(pytest.mark.xdist_group(markers.xdist_group(item)))
+    config.stash[markers.COLLECTED] = markers.collected(items)  # before -m deselects any
     if os.environ.get("TPUNB_TEST_REVERSE") == "1":
         items.reverse()
 

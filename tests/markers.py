@@ -45,6 +45,16 @@ SANDBOX_FIXTURES = frozenset({"sshd", "ssh_key", "hosts", "transports", "tpu_emu
 HEAVY = ("jax", "browser")
 
 
+#: every test the session collected, before -m deselected any: (its file, whether --fast selects it)
+COLLECTED = pytest.StashKey[list]()
+
+
+def collected(items) -> list[tuple[str, bool]]:
+    """Each item's file (relative to the repository) and whether FAST_EXPRESSION selects it: its
+    markers (given ones included) name none of SLOW."""
+    return [(item.nodeid.split("::")[0], not any(item.get_closest_marker(m) for m in SLOW)) for item in items]
+
+
 def given_markers(item) -> list[str]:
     """The markers an item gets from what it is: a notebook's cell, or a test using the sandbox."""
     given = []

@@ -31,6 +31,17 @@ def sources() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if not p.name.startswith("_probe_"))
 
 
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once per version of the file: nearly every rule here walks every
+    module, and parsing them again for each took a third of this file's time. Read, never changed."""
+    return _parsed(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(path: Path, version: int) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sources()}
 
@@ -49,7 +60,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """tpunb modules this one imports: every import, at module level, inside functions and under
     TYPE_CHECKING alike (a type-only import is still an edge a reader follows)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -225,7 +236,7 @@ def test_the_graph_counts_type_checking_and_function_level_imports(tmp_path):
 def test_host_modules_import_only_the_standard_library_and_each_other():
     allowed = set(sys.stdlib_module_names) | {"__future__"}
     for path in HOST.rglob("*.py"):
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         for node in tree.body:  # module level: functions may use IPython/jax when the host has them
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -243,7 +254,7 @@ def test_host_modules_import_only_the_standard_library_and_each_other():
 
 
 def _relative_imports(path: Path) -> list[ast.ImportFrom]:
-    return [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom) and n.level]
+    return [n for n in ast.walk(parsed(path)) if isinstance(n, ast.ImportFrom) and n.level]
 
 
 def test_relative_imports_stay_inside_their_package_and_standalone_programs_have_none():
@@ -293,7 +304,7 @@ def test_the_bundle_ships_the_host_folder_in_an_order_that_imports():
 def test_magics_speak_only_through_the_reporter():
     """Every message of the magics goes one way (tpunb.report), so captured() sees them all."""
     prints = [f"{path.name}:{node.lineno}" for path in sorted((PACKAGE / "magics").glob("*.py"))
-              for node in ast.walk(ast.parse(path.read_text()))
+              for node in ast.walk(parsed(path))
               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
     assert len(list((PACKAGE / "magics").glob("*.py"))) >= 6
     assert not prints, f"tpunb/magics/ calls print() at {prints}: use report.info or report.warn"
@@ -347,11 +358,11 @@ def test_tests_wait_on_conditions_not_on_the_clock():
     tests = Path(__file__).resolve().parent
     offenders = []
     for path in sorted(tests.rglob("*.py")):
-        for function, line in _pauses(ast.parse(path.read_text())):
+        for function, line in _pauses(parsed(path)):
             if (path.name, function) not in SLEEP_ALLOWED:
                 offenders.append(f"{path.relative_to(tests)}:{line} in {function}")
     assert not offenders, "fixed pauses in tests (wait on a condition instead): " + ", ".join(offenders)
-    seen = {(p.name, f) for p in tests.rglob("*.py") for f, _ in _pauses(ast.parse(p.read_text()))}
+    seen = {(p.name, f) for p in tests.rglob("*.py") for f, _ in _pauses(parsed(p))}
     assert seen >= set(SLEEP_ALLOWED), f"allow-list entries no longer needed: {set(SLEEP_ALLOWED) - seen}"
 
 
@@ -433,7 +444,7 @@ STATE_CALLS = {"ContextVar", "Lock", "RLock", "Event", "Condition", "Semaphore",
 @functools.lru_cache(maxsize=1)
 def _our_names() -> tuple[frozenset[str], frozenset[str]]:
     """(tpunb's class names, tpunb's _private function names), read once."""
-    nodes = [n for p in sources() for n in ast.walk(ast.parse(p.read_text()))]
+    nodes = [n for p in sources() for n in ast.walk(parsed(p))]
     classes = frozenset(n.name for n in nodes if isinstance(n, ast.ClassDef))
     private = frozenset(n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                         and n.name.startswith("_") and not n.name.startswith("__")
@@ -463,7 +474,7 @@ def _set_from_outside(tree: ast.AST) -> set[str]:
 
 @functools.lru_cache(maxsize=1)
 def _names_set_from_outside() -> frozenset[str]:
-    return frozenset(name for p in sources() for name in _set_from_outside(ast.parse(p.read_text())))
+    return frozenset(name for p in sources() for name in _set_from_outside(parsed(p)))
 
 
 def module_state(path: Path, set_elsewhere: frozenset[str] | None = None) -> list[str]:
@@ -471,7 +482,7 @@ def module_state(path: Path, set_elsewhere: frozenset[str] | None = None) -> lis
     lowercase name (UPPER names are constant tables), or an empty one bound to any name (filled at
     import, by a decorator or later); an instance of one of tpunb's classes bound to an UPPER name;
     a lock, event, ContextVar or pool (alone or in a container); and a name another module assigns."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     found = {name for node in ast.walk(tree) if isinstance(node, ast.Global) for name in node.names}
     classes = _our_names()[0]
     set_elsewhere = _names_set_from_outside() if set_elsewhere is None else set_elsewhere
@@ -523,13 +534,13 @@ def test_the_state_check_sees_contextvars_locks_registries_and_names_set_from_ou
     assert module_state(path, frozenset({"lookup"})) == ["CHECKS", "READY", "_LOCK", "_POOL", "_current", "lookup"]
     setter = tmp_path / "n.py"
     setter.write_text("from tpunb.fetch import hub\nhub.secret_lookup = print\n")
-    assert _set_from_outside(ast.parse(setter.read_text())) == {"secret_lookup"}
+    assert _set_from_outside(parsed(setter)) == {"secret_lookup"}
 
 
 def private_calls_on_others(path: Path) -> list[str]:
     """Calls of a ``_private`` method of tpunb's on an object that is not ``self`` or ``cls`` (a module's
     own functions, called by bare name, are fine)."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     ours = _our_names()[1]
     found = []
     for node in ast.walk(tree):
@@ -583,7 +594,7 @@ def backend_named(path: Path, names: tuple[str, ...]) -> list[str]:
             [ast.unparse(i) for i in items if isinstance(i, ast.Attribute) and i.attr in NAME_CONSTANTS
              and ast.unparse(i.value).split(".")[-1] == "provision"]
 
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Compare):
             for side in [node.left, *node.comparators]:
                 found += [f"{where}:{node.lineno} compares with {n!r}" for n in literal_names(side)]
@@ -731,7 +742,7 @@ def starting_in(paths: list[Path]) -> frozenset[str]:
     """The classes of these modules whose constructor starts a thread."""
     found = set()
     for path in paths:
-        for cls in ast.walk(ast.parse(path.read_text())):
+        for cls in ast.walk(parsed(path)):
             if isinstance(cls, ast.ClassDef):
                 methods = {m.name: m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}
                 init = methods.get("__init__")
@@ -748,7 +759,7 @@ def threads_started(path: Path, starting: frozenset[str] | None = None) -> list[
     """(file, target, in a loop) for every thread or pool a module starts: ``threading.Thread(target=X)``,
     ``ThreadPoolExecutor(...)``, and a class of ours whose constructor starts one (target: the class);
     "in a loop": inside a for, while or comprehension."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     starting = classes_starting_threads() if starting is None else starting
     looped = {id(inner) for node in ast.walk(tree) if isinstance(node, LOOPS) for inner in ast.walk(node)}
     found = []
@@ -782,7 +793,7 @@ def _pauses_in(node: ast.AST) -> bool:
 
 def sleep_polls(path: Path) -> list[tuple[str, str]]:
     """(file, function) for every sleep, pause or timed wait inside a loop."""
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     found = []
     for function in ast.walk(tree):
         if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -857,7 +868,7 @@ def test_the_poll_check_sees_pauses_and_timed_waits_but_not_an_apis_wait():
 def private_imports(path: Path) -> list[str]:
     """``from tpunb.x import _name``: a module's private name used by another (an alias is fine)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tpunb") or \
                 isinstance(node, ast.ImportFrom) and node.level:
             found += [f"{path.relative_to(PACKAGE)}:{node.lineno} {a.name}" for a in node.names
@@ -902,7 +913,7 @@ def status_rules_outside_the_view(path: Path) -> list[str]:
         return []
     where = str(path.relative_to(PACKAGE))
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         named = None
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in VIEW_RULES:
             named = f"def {node.name}"
@@ -1011,16 +1022,27 @@ def _packages_named(text: str) -> set[str]:
     return found
 
 
-def test_the_fast_loop_selects_tests_of_every_package():
-    """./scripts/test --fast (tests/markers.py's FAST_EXPRESSION) is worth running: what it selects,
-    from pytest's own --collect-only, reaches every package under tpunb/."""
-    from tests.markers import FAST_EXPRESSION
+def fast_loop_files(request, root: Path) -> set[str]:
+    """The test files ./scripts/test --fast runs tests of: from this session's own collection when it
+    collected every test file (the suite's fast phase does), else from pytest's --collect-only."""
+    from tests.markers import COLLECTED, FAST_EXPRESSION
 
-    root = Path(__file__).resolve().parent.parent
+    every = {p.relative_to(root).as_posix() for p in (root / "tests").glob("test_*.py")}
+    items = request.config.stash.get(COLLECTED, [])
+    if every <= {path for path, _ in items}:
+        return {path for path, fast in items if fast}
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                              "-m", FAST_EXPRESSION, "tests"], cwd=root, capture_output=True, text=True, timeout=300)
     files = {line.split("::")[0] for line in listed.stdout.splitlines() if "::" in line}
     assert files, listed.stdout[-2000:] + listed.stderr[-2000:]
+    return files
+
+
+def test_the_fast_loop_selects_tests_of_every_package(request):
+    """./scripts/test --fast (tests/markers.py's FAST_EXPRESSION) is worth running: what it selects
+    reaches every package under tpunb/."""
+    root = Path(__file__).resolve().parent.parent
+    files = fast_loop_files(request, root)
     reached = set().union(*(_packages_named((root / f).read_text()) for f in files))
     packages = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
     assert not packages - reached, f"no test the fast loop runs names these packages: {sorted(packages - reached)}"
