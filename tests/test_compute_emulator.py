@@ -403,6 +403,45 @@ def test_a_spot_vm_gets_its_notice_then_is_terminated(sandbox, ce):
     ce.wait(ce.instances.delete_unary(project=P, zone=V6E_ZONE, instance="spot6"))
 
 
+#: a boot that says it is up (guest attribute tpunb/up), then runs until the guest's shutdown ends it;
+#: with ``trap '' TERM`` it ignores the shutdown's SIGTERM (its sleep inherits that)
+UP = """#!/bin/bash
+{trap}
+python3 -c 'import os, urllib.request; urllib.request.urlopen(urllib.request.Request("http://" + os.environ["GCE_METADATA_HOST"] + "/computeMetadata/v1/instance/guest-attributes/tpunb/up", data=b"1", method="PUT", headers={{"Metadata-Flavor": "Google"}}))'
+sleep 600 & wait
+"""
+
+
+def test_a_spot_guest_that_halts_within_its_notice_is_terminated_then(sandbox, ce):
+    """Compute Engine's soft-off gives a Spot VM's guest up to the window to stop (docs/cloud-facts.md):
+    the VM whose last process ended on the shutdown's SIGTERM is TERMINATED then, long before its
+    120 s window ends; the one whose process ignores SIGTERM is still RUNNING."""
+    for name, trap in (("halts", ""), ("holds", "trap '' TERM")):
+        items = {"startup-script": UP.format(trap=trap), "enable-guest-attributes": "TRUE"}
+        ce.wait(ce.instances.insert_unary(project=P, zone=V6E_ZONE, instance_resource=instance_body(
+            name, "ct6e-standard-4t", V6E_ZONE, metadata=metadata(items),
+            scheduling={"provisioning_model": "SPOT", "instance_termination_action": "STOP"})))
+
+    def up(name: str) -> bool:
+        try:
+            return ce.instances.get_guest_attributes(request={"project": P, "zone": V6E_ZONE, "instance": name,
+                                                               "variable_key": "tpunb/up"}).variable_value == "1"
+        except exceptions.NotFound:
+            return False
+
+    for name in ("halts", "holds"):
+        wait_for(lambda name=name: up(name), 30, f"{name}'s boot up")
+        sandbox.preempt(name, notice=120)
+    status = {}
+    wait_for(lambda: status.update({n: ce.instances.get(project=P, zone=V6E_ZONE, instance=n).status
+                                    for n in ("halts", "holds")}) or status["halts"] == "TERMINATED", 30, "halts TERMINATED")
+    assert status["holds"] == "RUNNING", status
+    assert metadata_value(sandbox, ce.instances.get(project=P, zone=V6E_ZONE, instance="holds").network_interfaces[0]
+                          .network_i_p, "instance/preempted") == "TRUE"  # it had the notice: its guest did not halt
+    for name in ("halts", "holds"):
+        ce.wait(ce.instances.delete_unary(project=P, zone=V6E_ZONE, instance=name))
+
+
 def test_bodies_are_checked_against_compute_v1(sandbox, ce):
     with pytest.raises(exceptions.BadRequest, match=r"Invalid value at 'resource\.targetSizePolicy\.mode' \(TYPE_ENUM\), \"BULKK\""):
         make_slice(ce, "typo", mode="BULKK")

@@ -462,7 +462,7 @@ class Emulator(RequestChecks, VmSide):
         node = matches[0]
         if notice is not None:  # 0: no notice at all, the VMs just die
             if notice > 0:
-                self._at(float(after or 0), self._notice, node)
+                self._at(float(after or 0), self._notice, node, state, float(notice))
             self._at(float(after or 0) + float(notice), self._preempt_off, node, state)
         else:
             self._at(float(after or 0), self._preempt, node, state)
@@ -470,14 +470,22 @@ class Emulator(RequestChecks, VmSide):
         return {"node": node.name, "state": state, "after": float(after or 0),
                 **({"notice": float(notice)} if notice is not None else {})}
 
-    def _notice(self, node: Node) -> None:
+    def _notice(self, node: Node, state: str, window: float) -> None:
         """The preemption notice reaches the node's VMs: metadata says so, and the guest's shutdown
-        begins: SIGTERM to every process, sshd stopped (so the hosts' connections drop)."""
+        begins: SIGTERM to every process, sshd stopped (so the hosts' connections drop). The node is
+        off when the window ends, or sooner once its VMs' last processes have ended."""
         if self.nodes.get(node.name) is not node or node.state != "READY":
             return
         self.noticed[node.name] = node
+        self.hosts.when_shut_down([e.internal_ip for e in node.endpoints], window,
+                                  lambda: self.call_soon(self._preempt_off, node, state))
         for endpoint in node.endpoints:
             self.hosts.signal_processes(endpoint.internal_ip, signal.SIGTERM, sessions=True)
+
+    def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)`` on the clock now, from any thread."""
+        with self._wake:
+            self._at(0, fn, *args)
 
     def _preempt_off(self, node: Node, state: str) -> None:
         """The window is over: the node is preempted and its VMs are powered off."""

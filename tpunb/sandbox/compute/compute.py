@@ -403,14 +403,18 @@ class ComputeEngine(MigSide):
         if vm is None:
             raise not_found(ref)
         if notice > 0:
-            self.emu.at(after, self._notice, vm)
+            self.emu.at(after, self._notice, vm, notice)
         self.emu.at(after + notice, self._preempted, vm)
         self.emu.advance()
         return {"instance": vm.path, "state": "TERMINATED", "after": after, "notice": notice}
 
-    def _notice(self, vm: Vm) -> None:
+    def _notice(self, vm: Vm, window: float) -> None:
+        """Spot's notice: the guest's shutdown begins; the VM is TERMINATED when the window ends, or
+        sooner once its last process has ended (the guest halted)."""
         if self.instances.get(vm.path) is vm and vm.status == "RUNNING":
             vm.noticed = True
+            self.emu.hosts.when_shut_down([vm.endpoint.internal_ip], window,
+                                          lambda: self.emu.call_soon(self._preempted, vm))
             self.emu.hosts.signal_processes(vm.endpoint.internal_ip, signal.SIGTERM, sessions=True)
 
     def _preempted(self, vm: Vm) -> None:

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +102,36 @@ def processes_of(host_dir: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _ended(host_dirs: list[str], deadline: float) -> bool:
+    """Whether every process of these VMs ends before ``deadline``: waits on each one's pidfd (an exit
+    wakes it, a zombie counts as ended), then looks again for any started meanwhile."""
+    while pids := [p for d in host_dirs for p in processes_of(d)]:
+        waiting = []
+        try:
+            for pid in pids:
+                try:
+                    waiting.append(os.pidfd_open(pid))
+                except ProcessLookupError:
+                    continue  # ended between the look and now
+            poller = select.poll()
+            for fd in waiting:
+                poller.register(fd, select.POLLIN)
+            left = len(waiting)
+            while left:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                for fd, _ in poller.poll(remaining * 1000):
+                    poller.unregister(fd)
+                    left -= 1
+        except OSError:  # no pidfds here (Linux before 5.3): the window ends the guest
+            return False
+        finally:
+            for fd in waiting:
+                os.close(fd)
+    return time.monotonic() < deadline
 
 
 def _stop_then_kill(host_dir: str) -> None:
@@ -332,6 +363,18 @@ class HostPool:
             home = self.host_environment.get(address, {}).get("HOME", "")
             if home.startswith(host_dir.rstrip("/") + "/"):  # the next VM on this address has a fresh, empty home
                 os.makedirs(home, exist_ok=True)
+
+    def when_shut_down(self, addresses: list[str], window: float, then: Callable[[], None]) -> None:
+        """Call ``then()`` (on a thread) once every process of ``addresses`` has ended, if that is within
+        ``window`` seconds: a guest whose shutdown is over (its last process ended) is powered off
+        then, not at the window's end. Compute Engine's ACPI soft-off gives the guest up to the window
+        to stop; a guest that stops sooner is off sooner. Called before the shutdown's SIGTERM: a VM
+        with no process of ours then keeps the whole window (how long a bare guest takes to halt is
+        not modelled)."""
+        dirs = [d for a in addresses if (d := self.host_environment.get(a, {}).get("TPUNB_HOST_DIR"))]
+        if any(processes_of(d) for d in dirs):
+            threading.Thread(target=lambda: _ended(dirs, time.monotonic() + window) and then(), daemon=True,
+                             name="tpu-emulator-shutdown").start()
 
     def signal_processes(self, address: str, sig: int, sessions: bool = False) -> str | None:
         """Send ``sig`` to every process of ``address``; its TPUNB_HOST_DIR, or None for a host
