@@ -477,10 +477,8 @@ class Emulator(RequestChecks, VmSide):
         if self.nodes.get(node.name) is not node or node.state != "READY":
             return
         self.noticed[node.name] = node
-        self.hosts.when_shut_down([e.internal_ip for e in node.endpoints], window,
-                                  lambda: self.call_soon(self._preempt_off, node, state))
-        for endpoint in node.endpoints:
-            self.hosts.signal_processes(endpoint.internal_ip, signal.SIGTERM, sessions=True)
+        self.hosts.shut_down([e.internal_ip for e in node.endpoints], window,
+                             lambda: self.call_soon(self._preempt_off, node, state))
 
     def call_soon(self, fn: Callable[..., None], *args: Any) -> None:
         """``fn(*args)`` on the clock now, from any thread."""
@@ -488,7 +486,8 @@ class Emulator(RequestChecks, VmSide):
             self._at(0, fn, *args)
 
     def _preempt_off(self, node: Node, state: str) -> None:
-        """The window is over: the node is preempted and its VMs are powered off."""
+        """The window is over (or every VM's guest halted sooner): the node is preempted and its VMs
+        are powered off."""
         self._preempt(node, state)
         if self.nodes.get(node.name) is node:
             for endpoint in node.endpoints:

@@ -413,9 +413,7 @@ class ComputeEngine(MigSide):
         sooner once its last process has ended (the guest halted)."""
         if self.instances.get(vm.path) is vm and vm.status == "RUNNING":
             vm.noticed = True
-            self.emu.hosts.when_shut_down([vm.endpoint.internal_ip], window,
-                                          lambda: self.emu.call_soon(self._preempted, vm))
-            self.emu.hosts.signal_processes(vm.endpoint.internal_ip, signal.SIGTERM, sessions=True)
+            self.emu.hosts.shut_down([vm.endpoint.internal_ip], window, lambda: self.emu.call_soon(self._preempted, vm))
 
     def _preempted(self, vm: Vm) -> None:
         if self.instances.get(vm.path) is not vm or vm.status in ("STOPPING", "TERMINATED"):

@@ -364,15 +364,18 @@ class HostPool:
             if home.startswith(host_dir.rstrip("/") + "/"):  # the next VM on this address has a fresh, empty home
                 os.makedirs(home, exist_ok=True)
 
-    def when_shut_down(self, addresses: list[str], window: float, then: Callable[[], None]) -> None:
-        """Call ``then()`` (on a thread) once every process of ``addresses`` has ended, if that is within
-        ``window`` seconds: a guest whose shutdown is over (its last process ended) is powered off
-        then, not at the window's end. Compute Engine's ACPI soft-off gives the guest up to the window
-        to stop; a guest that stops sooner is off sooner. Called before the shutdown's SIGTERM: a VM
-        with no process of ours then keeps the whole window (how long a bare guest takes to halt is
-        not modelled)."""
+    def shut_down(self, addresses: list[str], window: float, then: Callable[[], None]) -> None:
+        """A guest's shutdown (the preemption notice's ACPI soft-off): SIGTERM to every process of
+        ``addresses`` and to the sshd session above each (sshd stops, so connections drop); then, on a
+        thread, ``then()`` once every one of those processes (and any started since) has ended, if that
+        is within ``window`` seconds. Compute Engine gives the guest up to the window to stop; a guest
+        that stops sooner is off sooner. A VM with no process of ours keeps the whole window (how long
+        a bare guest takes to halt is not modelled)."""
         dirs = [d for a in addresses if (d := self.host_environment.get(a, {}).get("TPUNB_HOST_DIR"))]
-        if any(processes_of(d) for d in dirs):
+        running = any(processes_of(d) for d in dirs)  # looked for before the signal, which may end them at once
+        for address in addresses:
+            self.signal_processes(address, signal.SIGTERM, sessions=True)
+        if running:
             threading.Thread(target=lambda: _ended(dirs, time.monotonic() + window) and then(), daemon=True,
                              name="tpu-emulator-shutdown").start()
 
